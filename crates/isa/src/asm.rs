@@ -1,0 +1,1 @@
+//! Assembler for the bpf_conformance / uBPF syntax. (placeholder, being written)

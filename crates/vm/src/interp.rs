@@ -1,0 +1,1 @@
+//! The interpreter. (being written)

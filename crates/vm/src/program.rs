@@ -1,0 +1,469 @@
+//! A checked program: instructions that passed the load-time checks, pseudo `lddw`s
+//! resolved, helpers bound, subprograms found. Nothing runs a program that is not one.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use userbpf_isa::helper_names::helper_name;
+use userbpf_isa::*;
+
+use crate::helpers::HelperRegistry;
+use crate::memory::MemoryPolicy;
+
+/// Most instruction slots in one program (the kernel's BPF_COMPLEXITY_LIMIT_INSNS).
+pub const MAX_INSNS: usize = 1_000_000;
+/// Most frames on the call stack at once, the entry frame included (the kernel's MAX_CALL_FRAMES).
+pub const MAX_CALL_FRAMES: usize = 8;
+/// Bytes of stack each frame gets; r10 points one past its end.
+pub const STACK_SIZE: usize = 512;
+
+/// Why a program was refused, with the index of the instruction at fault.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    #[error("program is empty")]
+    Empty,
+    #[error("program has {0} instructions, more than the limit of {MAX_INSNS}")]
+    TooLong(usize),
+    #[error("instruction {index}: {message}")]
+    Insn { index: usize, message: String },
+}
+
+fn err<T>(index: usize, message: impl Into<String>) -> Result<T, LoadError> {
+    Err(LoadError::Insn { index, message: message.into() })
+}
+
+/// Resolves pseudo `lddw` instructions (map by fd, map value, map by index, BTF ids) to the
+/// 64-bit value the program sees. The object loader implements it over its maps.
+pub trait Relocator {
+    /// `src` is the pseudo kind (`BPF_PSEUDO_MAP_FD`, ...), `imm` and `next_imm` the two
+    /// immediates as the instruction has them (for map values, `next_imm` is the offset).
+    fn resolve_lddw(&self, index: usize, src: u8, imm: i32, next_imm: i32) -> Result<u64, String>;
+}
+
+/// What a program is loaded with besides its instructions.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Helpers the program may call; `call N` to an id not here is refused.
+    pub helpers: Arc<HelperRegistry>,
+    /// Memory the interpreter lets the program touch besides its stack and the regions of
+    /// each run (map values, for example).
+    pub memory: Option<Arc<dyn MemoryPolicy>>,
+    /// Allow `callx REG` (bpf_conformance's call-by-register; not in the kernel's ISA).
+    pub allow_callx: bool,
+}
+
+/// A program that passed the checks. Both executors take it.
+pub struct Program {
+    /// The instruction slots. Pseudo `lddw`s other than `BPF_PSEUDO_FUNC` are rewritten to
+    /// plain ones (src 0) holding the resolved value.
+    pub(crate) insns: Vec<Insn>,
+    pub(crate) helpers: Arc<HelperRegistry>,
+    pub(crate) memory: Option<Arc<dyn MemoryPolicy>>,
+    /// Start indices of the subprograms, the entry (0) first, ascending.
+    pub(crate) subprogs: Vec<usize>,
+    /// Deepest chain of frames a run can build, the entry frame included.
+    pub(crate) max_depth: usize,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program")
+            .field("insns", &self.insns.len())
+            .field("subprogs", &self.subprogs)
+            .field("max_depth", &self.max_depth)
+            .finish()
+    }
+}
+
+impl Program {
+    /// Checks `insns` and builds a program. `relocator` resolves pseudo `lddw`s; without one
+    /// they are refused.
+    pub fn load(
+        insns: &[Insn],
+        options: &LoadOptions,
+        relocator: Option<&dyn Relocator>,
+    ) -> Result<Program, LoadError> {
+        let mut insns = insns.to_vec();
+        if insns.is_empty() {
+            return Err(LoadError::Empty);
+        }
+        if insns.len() > MAX_INSNS {
+            return Err(LoadError::TooLong(insns.len()));
+        }
+        // Pass 1: each instruction on its own; find subprogram starts and lddw halves.
+        let n = insns.len();
+        let mut second_half = vec![false; n];
+        let mut subprogs = vec![0usize];
+        let mut pc = 0;
+        while pc < n {
+            let insn = insns[pc];
+            check_fields(pc, insn, options)?;
+            if insn.is_lddw() {
+                if pc + 1 >= n {
+                    return err(pc, "lddw is missing its second half at the end of the program");
+                }
+                let next = insns[pc + 1];
+                if next.op != 0 || next.dst != 0 || next.src != 0 || next.off != 0 {
+                    return err(pc + 1, "second half of lddw has non-zero opcode, register or offset fields");
+                }
+                second_half[pc + 1] = true;
+                match insn.src {
+                    0 => {}
+                    BPF_PSEUDO_FUNC => {
+                        if next.imm != 0 {
+                            return err(pc, "lddw of a function has a non-zero upper immediate");
+                        }
+                        let target = jump_target(pc, insn.imm as i64);
+                        if target < 0 || target >= n as i64 {
+                            return err(pc, format!("lddw of a function points to instruction {target}, outside the program"));
+                        }
+                        subprogs.push(target as usize);
+                    }
+                    BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_BTF_ID | BPF_PSEUDO_MAP_IDX
+                    | BPF_PSEUDO_MAP_IDX_VALUE => {
+                        let Some(r) = relocator else {
+                            return err(pc, format!("lddw with pseudo source {} ({}) needs a relocation, and none was given", insn.src, pseudo_name(insn.src)));
+                        };
+                        let value = r
+                            .resolve_lddw(pc, insn.src, insn.imm, next.imm)
+                            .or_else(|m| err(pc, m))?;
+                        insns[pc] = Insn { src: 0, imm: value as u32 as i32, ..insn };
+                        insns[pc + 1].imm = (value >> 32) as u32 as i32;
+                    }
+                    s => return err(pc, format!("lddw with unknown pseudo source {s}")),
+                }
+                pc += 2;
+                continue;
+            }
+            if insn.op == OP_CALL && insn.src == BPF_PSEUDO_CALL {
+                let target = jump_target(pc, insn.imm as i64);
+                if target < 0 || target >= n as i64 {
+                    return err(pc, format!("call to instruction {target}, outside the program of {n} instructions"));
+                }
+                subprogs.push(target as usize);
+            }
+            pc += 1;
+        }
+        subprogs.sort_unstable();
+        subprogs.dedup();
+        for &s in &subprogs {
+            if second_half[s] {
+                return err(s, "a call target is the second half of an lddw");
+            }
+        }
+        // Pass 2: control flow within each subprogram.
+        let sub_of = |pc: usize| subprogs.partition_point(|&s| s <= pc) - 1;
+        for (k, &start) in subprogs.iter().enumerate() {
+            let end = subprogs.get(k + 1).copied().unwrap_or(n);
+            let mut last = end - 1;
+            if second_half[last] {
+                last -= 1;
+            }
+            let l = insns[last];
+            if !(l.op == OP_EXIT || l.op == OP_JA || l.op == OP_JA32) {
+                return err(last, format!(
+                    "the last instruction of the {} is not exit or an unconditional jump, so execution could fall off its end",
+                    if start == 0 { "program".to_string() } else { format!("function at instruction {start}") }
+                ));
+            }
+        }
+        for pc in 0..n {
+            let insn = insns[pc];
+            if second_half[pc] || !insn.is_jump() {
+                continue;
+            }
+            let rel = if insn.op == OP_JA32 { insn.imm as i64 } else { insn.off as i64 };
+            let target = jump_target(pc, rel);
+            if target < 0 || target >= n as i64 {
+                return err(pc, format!("jump to instruction {target}, outside the program of {n} instructions"));
+            }
+            let target = target as usize;
+            if second_half[target] {
+                return err(pc, format!("jump into the middle of the lddw at instruction {}", target - 1));
+            }
+            if sub_of(target) != sub_of(pc) {
+                return err(pc, format!("jump to instruction {target} leaves the function that starts at instruction {}", subprogs[sub_of(pc)]));
+            }
+        }
+        // Pass 3: call graph depth; recursion is refused as the kernel refuses it.
+        let mut callees: Vec<Vec<(usize, usize)>> = vec![Vec::new(); subprogs.len()];
+        for pc in 0..n {
+            let insn = insns[pc];
+            if !second_half[pc] && insn.op == OP_CALL && insn.src == BPF_PSEUDO_CALL {
+                let t = jump_target(pc, insn.imm as i64) as usize;
+                callees[sub_of(pc)].push((sub_of(t), pc));
+            }
+        }
+        let max_depth = call_depth(&subprogs, &callees)?;
+        Ok(Program { insns, helpers: options.helpers.clone(), memory: options.memory.clone(), subprogs, max_depth })
+    }
+
+    /// The instruction slots as the executors run them.
+    pub fn insns(&self) -> &[Insn] {
+        &self.insns
+    }
+    pub fn helpers(&self) -> &Arc<HelperRegistry> {
+        &self.helpers
+    }
+    pub fn memory_policy(&self) -> Option<&Arc<dyn MemoryPolicy>> {
+        self.memory.as_ref()
+    }
+    /// Start indices of the subprograms, 0 first.
+    pub fn subprogs(&self) -> &[usize] {
+        &self.subprogs
+    }
+    /// Deepest chain of frames a run can build, the entry frame included.
+    pub fn max_depth(&self) -> usize {
+        self.max_depth
+    }
+}
+
+fn jump_target(pc: usize, rel: i64) -> i64 {
+    pc as i64 + 1 + rel
+}
+
+fn pseudo_name(src: u8) -> &'static str {
+    match src {
+        BPF_PSEUDO_MAP_FD => "map by fd",
+        BPF_PSEUDO_MAP_VALUE => "map value",
+        BPF_PSEUDO_BTF_ID => "BTF id",
+        BPF_PSEUDO_FUNC => "function",
+        BPF_PSEUDO_MAP_IDX => "map by index",
+        BPF_PSEUDO_MAP_IDX_VALUE => "map value by index",
+        _ => "unknown",
+    }
+}
+
+/// Longest chain of frames from the entry, or an error for recursion or too deep a chain.
+fn call_depth(subprogs: &[usize], callees: &[Vec<(usize, usize)>]) -> Result<usize, LoadError> {
+    // Iterative DFS over subprograms; depth counts frames.
+    fn visit(
+        s: usize,
+        depth: usize,
+        on_path: &mut Vec<bool>,
+        best: &mut Vec<usize>,
+        subprogs: &[usize],
+        callees: &[Vec<(usize, usize)>],
+    ) -> Result<usize, LoadError> {
+        if best[s] != 0 {
+            // Deepest chain below s is known.
+            let d = depth + best[s] - 1;
+            return Ok(d);
+        }
+        on_path[s] = true;
+        let mut below = 1usize;
+        for &(t, pc) in &callees[s] {
+            if on_path[t] {
+                return err(pc, format!("recursive call to the function at instruction {}", subprogs[t]));
+            }
+            if depth + 1 > MAX_CALL_FRAMES {
+                return err(pc, format!("call chain is more than {MAX_CALL_FRAMES} frames deep"));
+            }
+            let d = visit(t, depth + 1, on_path, best, subprogs, callees)?;
+            below = below.max(d - depth + 1);
+        }
+        on_path[s] = false;
+        best[s] = below;
+        Ok(depth + below - 1)
+    }
+    let mut on_path = vec![false; subprogs.len()];
+    let mut best = vec![0usize; subprogs.len()];
+    let deepest = visit(0, 1, &mut on_path, &mut best, subprogs, callees)?;
+    if deepest > MAX_CALL_FRAMES {
+        return err(0, format!("call chain is {deepest} frames deep, more than {MAX_CALL_FRAMES}"));
+    }
+    // Functions reached only as callbacks (lddw of a function) are entries of their own.
+    for s in 0..subprogs.len() {
+        if best[s] == 0 {
+            let d = visit(s, 1, &mut on_path, &mut best, subprogs, callees)?;
+            if d > MAX_CALL_FRAMES {
+                return err(subprogs[s], format!("call chain is {d} frames deep, more than {MAX_CALL_FRAMES}"));
+            }
+        }
+    }
+    Ok(deepest.max(best.iter().copied().max().unwrap_or(1)))
+}
+
+/// The checks one instruction passes on its own: a known opcode, registers in range, no write
+/// to r10, reserved fields zero, helper known.
+fn check_fields(pc: usize, insn: Insn, options: &LoadOptions) -> Result<(), LoadError> {
+    let op = insn.op;
+    if insn.dst > MAX_REG {
+        return err(pc, format!("invalid destination register r{}", insn.dst));
+    }
+    if insn.src > MAX_REG && !(insn.is_lddw() || op == OP_CALL) {
+        return err(pc, format!("invalid source register r{}", insn.src));
+    }
+    let unknown = || err(pc, format!("unknown opcode {op:#04x}"));
+    let reserved = |what: &str| err(pc, format!("{} (opcode {op:#04x}) uses reserved fields: {what} must be zero", describe(insn)));
+    let no_r10 = || {
+        if insn.dst == FRAME_REG {
+            err(pc, "r10 is the read-only frame pointer and cannot be written")
+        } else {
+            Ok(())
+        }
+    };
+    match insn.class() {
+        BPF_ALU | BPF_ALU64 => {
+            let is64 = insn.class() == BPF_ALU64;
+            no_r10()?;
+            let code = insn.code();
+            match code {
+                BPF_NEG => {
+                    if insn.source() != BPF_K || insn.src != 0 || insn.off != 0 || insn.imm != 0 {
+                        return reserved("source, offset and immediate");
+                    }
+                }
+                BPF_END => {
+                    if is64 && insn.source() != BPF_K {
+                        return unknown();
+                    }
+                    if insn.src != 0 || insn.off != 0 {
+                        return reserved("source register and offset");
+                    }
+                    if !matches!(insn.imm, 16 | 32 | 64) {
+                        return err(pc, format!("byte swap width {} is not 16, 32 or 64", insn.imm));
+                    }
+                }
+                BPF_ADD | BPF_SUB | BPF_MUL | BPF_DIV | BPF_OR | BPF_AND | BPF_LSH | BPF_RSH | BPF_MOD
+                | BPF_XOR | BPF_MOV | BPF_ARSH => {
+                    let off_ok = match code {
+                        BPF_DIV | BPF_MOD => insn.off == 0 || insn.off == 1,
+                        BPF_MOV if insn.source() == BPF_X => {
+                            insn.off == 0 || insn.off == 8 || insn.off == 16 || (is64 && insn.off == 32)
+                        }
+                        _ => insn.off == 0,
+                    };
+                    if !off_ok {
+                        return err(pc, format!("{} has invalid offset {}", describe(insn), insn.off));
+                    }
+                    if insn.source() == BPF_K && insn.src != 0 {
+                        return reserved("source register");
+                    }
+                    if insn.source() == BPF_X && insn.imm != 0 {
+                        return reserved("immediate");
+                    }
+                }
+                _ => return unknown(),
+            }
+        }
+        BPF_JMP | BPF_JMP32 => {
+            let is32 = insn.class() == BPF_JMP32;
+            match insn.code() {
+                BPF_JA => {
+                    if insn.source() != BPF_K || insn.src != 0 || insn.dst != 0 {
+                        return reserved("registers");
+                    }
+                    if !is32 && insn.imm != 0 {
+                        return reserved("immediate");
+                    }
+                    if is32 && insn.off != 0 {
+                        return reserved("offset");
+                    }
+                }
+                BPF_CALL if !is32 => {
+                    if op == OP_CALLX {
+                        if !options.allow_callx {
+                            return err(pc, "callx (call by register) is not part of the kernel's instruction set");
+                        }
+                        if insn.src != 0 || insn.off != 0 || insn.imm != 0 {
+                            return reserved("source register, offset and immediate");
+                        }
+                        return Ok(());
+                    }
+                    if insn.dst != 0 || insn.off != 0 {
+                        return reserved("destination register and offset");
+                    }
+                    match insn.src {
+                        0 => {
+                            let id = insn.imm as u32;
+                            if options.helpers.get(id).is_none() {
+                                return err(pc, match helper_name(id) {
+                                    Some(name) => format!("helper bpf_{name} (id {id}) is not supported"),
+                                    None => format!("call to unknown helper id {}", insn.imm),
+                                });
+                            }
+                        }
+                        BPF_PSEUDO_CALL => {}
+                        BPF_PSEUDO_KFUNC_CALL => {
+                            return err(pc, format!("kfunc calls (BTF id {}) are not supported", insn.imm));
+                        }
+                        s => return err(pc, format!("call with unknown source {s}")),
+                    }
+                }
+                BPF_EXIT if !is32 => {
+                    if insn.source() != BPF_K || insn.src != 0 || insn.dst != 0 || insn.off != 0 || insn.imm != 0 {
+                        return reserved("registers, offset and immediate");
+                    }
+                }
+                BPF_JEQ | BPF_JGT | BPF_JGE | BPF_JSET | BPF_JNE | BPF_JSGT | BPF_JSGE | BPF_JLT | BPF_JLE
+                | BPF_JSLT | BPF_JSLE => {
+                    if insn.source() == BPF_K && insn.src != 0 {
+                        return reserved("source register");
+                    }
+                    if insn.source() == BPF_X && insn.imm != 0 {
+                        return reserved("immediate");
+                    }
+                }
+                _ => return unknown(),
+            }
+        }
+        BPF_LD => {
+            if insn.is_lddw() {
+                no_r10()?;
+                if insn.off != 0 {
+                    return reserved("offset");
+                }
+            } else if matches!(insn.mode(), BPF_ABS | BPF_IND) {
+                return err(pc, "legacy packet loads (BPF_LD_ABS/BPF_LD_IND) are not supported");
+            } else {
+                return unknown();
+            }
+        }
+        BPF_LDX => {
+            no_r10()?;
+            match insn.mode() {
+                BPF_MEM => {}
+                BPF_MEMSX if insn.size() != BPF_DW => {}
+                _ => return unknown(),
+            }
+            if insn.imm != 0 {
+                return reserved("immediate");
+            }
+        }
+        BPF_ST => {
+            if insn.mode() != BPF_MEM {
+                return unknown();
+            }
+            if insn.src != 0 {
+                return reserved("source register");
+            }
+        }
+        BPF_STX => match insn.mode() {
+            BPF_MEM => {
+                if insn.imm != 0 {
+                    return reserved("immediate");
+                }
+            }
+            BPF_ATOMIC => {
+                if insn.size() != BPF_W && insn.size() != BPF_DW {
+                    return err(pc, "atomic operations must be 32 or 64 bits wide");
+                }
+                const OPS: [i32; 6] = [0x00, 0x40, 0x50, 0xa0, BPF_XCHG, BPF_CMPXCHG];
+                let base = insn.imm & !BPF_FETCH;
+                let ok = OPS.contains(&insn.imm) || (OPS[..4].contains(&base) && insn.imm & BPF_FETCH != 0);
+                if !ok {
+                    return err(pc, format!("unknown atomic operation {:#x}", insn.imm));
+                }
+            }
+            _ => return unknown(),
+        },
+        _ => unreachable!("class is three bits"),
+    }
+    Ok(())
+}
+
+/// A short name for error messages: the disassembly of the instruction.
+fn describe(insn: Insn) -> String {
+    userbpf_isa::disasm::mnemonic(insn)
+}
