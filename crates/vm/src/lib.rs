@@ -15,6 +15,7 @@ pub mod program;
 pub use error::VmError;
 pub use helpers::{Helper, HelperFn, HelperRegistry};
 
+pub use interp::Interpreter;
 pub use jit::JitProgram;
 pub use memory::{MemoryPolicy, Region};
 pub use program::{LoadError, LoadOptions, Program, Relocator, MAX_CALL_FRAMES, STACK_SIZE};

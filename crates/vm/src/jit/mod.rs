@@ -27,3 +27,15 @@ impl JitProgram {
         unimplemented!()
     }
 }
+
+impl JitProgram {
+    /// Runs on a buffer: r1 = its address (0 when empty), r2 = its length.
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run): the program's accesses must stay in memory that is valid.
+    pub unsafe fn run_mem(&self, mem: &mut [u8]) -> Result<u64, VmError> {
+        let r1 = if mem.is_empty() { 0 } else { mem.as_mut_ptr() as u64 };
+        // SAFETY: forwarded to the caller's guarantee.
+        unsafe { self.run(r1, mem.len() as u64) }
+    }
+}
