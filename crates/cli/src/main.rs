@@ -1,1 +1,55 @@
-fn main() {}
+//! `userbpf`: the command line of the userspace eBPF runtime.
+
+mod exec;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "userbpf", version, about = "A userspace eBPF runtime")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one program given as hex text on stdin; print r0 in hex.
+    ///
+    /// This is the plugin protocol of the bpf_conformance suite: MEM, if given, is the
+    /// memory as hex bytes; r1 holds its address and r2 its length.
+    Exec(exec::ExecArgs),
+}
+
+fn main() {
+    let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
+    let result = match cli.command {
+        Command::Exec(args) => exec::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("userbpf: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// The conformance runner puts the memory argument right after the program name
+/// (`userbpf MEM exec ...`); move it behind the subcommand.
+fn conformance_order(mut args: Vec<String>) -> Vec<String> {
+    if args.len() >= 3 && args[2] == "exec" && !args[1].starts_with('-') && args[1] != "exec" {
+        let mem = args.remove(1);
+        args.push(mem);
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conformance_order;
+
+    #[test]
+    fn memory_before_subcommand_moves_behind_it() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(conformance_order(v(&["u", "00 01", "exec", "--interpreter"])), v(&["u", "exec", "--interpreter", "00 01"]));
+        assert_eq!(conformance_order(v(&["u", "exec", "00"])), v(&["u", "exec", "00"]));
+        assert_eq!(conformance_order(v(&["u", "exec"])), v(&["u", "exec"]));
+    }
+}

@@ -8,6 +8,8 @@ use thiserror::Error;
 pub enum VmError {
     #[error("instruction {pc}: {kind} of {len} bytes at {addr:#x} is outside the memory the program may access")]
     OutOfBounds { pc: usize, addr: u64, len: u64, kind: AccessKind },
+    #[error("instruction {pc}: atomic operation on {addr:#x}, which is not aligned to its width")]
+    MisalignedAtomic { pc: usize, addr: u64 },
     #[error("instruction {pc}: callx to helper id {id}, which is not registered")]
     UnknownHelper { pc: usize, id: u64 },
     #[error("instruction {pc}: call chain deeper than {max} frames")]

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing userbpf needs, from Debian's packages. Idempotent: a
+# package is installed only when the command it provides is missing.
+set -euo pipefail
+
+need=()
+want() { # want COMMAND PACKAGE
+    command -v "$1" >/dev/null 2>&1 || need+=("$2")
+}
+want python3 python3
+want llvm-objdump llvm
+want llvm-mc llvm
+want clang clang
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: cargo (Rust 1.95) is required and is not on PATH" >&2
+    exit 1
+fi
+
+if [ ${#need[@]} -gt 0 ]; then
+    mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+    echo "install-deps: installing ${need[*]}"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
