@@ -6,6 +6,7 @@
 //! hot path (lookup, update, delete from a program) takes no lock that can block, makes no
 //! system call and allocates nothing.
 
+pub mod shm;
 pub mod types;
 
 pub use types::*;
