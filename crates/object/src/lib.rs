@@ -1,0 +1,1 @@
+//! eBPF object loader (being written).
