@@ -1,6 +1,7 @@
 //! `userbpf`: the command line of the userspace eBPF runtime.
 
 mod exec;
+mod tools;
 
 use clap::{Parser, Subcommand};
 
@@ -18,12 +19,18 @@ enum Command {
     /// This is the plugin protocol of the bpf_conformance suite: MEM, if given, is the
     /// memory as hex bytes; r1 holds its address and r2 its length.
     Exec(exec::ExecArgs),
+    /// Assemble bpf_conformance syntax into hex text (what `exec` reads).
+    Asm(tools::AsmArgs),
+    /// Disassemble hex text (or raw bytes) as llvm-objdump prints BPF.
+    Disasm(tools::DisasmArgs),
 }
 
 fn main() {
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
     let result = match cli.command {
         Command::Exec(args) => exec::run(args),
+        Command::Asm(args) => tools::asm(args),
+        Command::Disasm(args) => tools::disasm(args),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

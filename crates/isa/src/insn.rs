@@ -185,7 +185,7 @@ impl Insn {
 
 /// Decodes a program's bytes into instruction slots.
 pub fn decode(bytes: &[u8]) -> Result<Vec<Insn>, DecodeError> {
-    if bytes.len() % INSN_SIZE != 0 {
+    if !bytes.len().is_multiple_of(INSN_SIZE) {
         return Err(DecodeError::BadLength(bytes.len()));
     }
     Ok(bytes
@@ -209,7 +209,7 @@ pub fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
     if digits.starts_with(b"0x") {
         digits = &digits[2..];
     }
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(format!("odd number of hex digits ({})", digits.len()));
     }
     digits

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use userbpf_isa::helper_names::helper_name;
+use userbpf_isa::validate;
 use userbpf_isa::*;
 
 use crate::helpers::HelperRegistry;
@@ -284,186 +285,38 @@ fn call_depth(subprogs: &[usize], callees: &[Vec<(usize, usize)>]) -> Result<usi
     Ok(deepest.max(best.iter().copied().max().unwrap_or(1)))
 }
 
-/// The checks one instruction passes on its own: a known opcode, registers in range, no write
-/// to r10, reserved fields zero, helper known.
+/// The checks one instruction passes on its own: a valid encoding (known opcode, registers in
+/// range, unused fields zero), no write to r10, and calls this VM can make.
 fn check_fields(pc: usize, insn: Insn, options: &LoadOptions) -> Result<(), LoadError> {
-    let op = insn.op;
-    if insn.dst > MAX_REG {
-        return err(pc, format!("invalid destination register r{}", insn.dst));
-    }
-    if insn.src > MAX_REG && !(insn.is_lddw() || op == OP_CALL) {
-        return err(pc, format!("invalid source register r{}", insn.src));
-    }
-    let unknown = || err(pc, format!("unknown opcode {op:#04x}"));
-    let reserved = |what: &str| err(pc, format!("{} (opcode {op:#04x}) uses reserved fields: {what} must be zero", describe(insn)));
-    let no_r10 = || {
-        if insn.dst == FRAME_REG {
-            err(pc, "r10 is the read-only frame pointer and cannot be written")
-        } else {
-            Ok(())
-        }
+    validate::check_insn(insn).or_else(|m| err(pc, m))?;
+    let writes_dst = match insn.class() {
+        BPF_ALU | BPF_ALU64 | BPF_LDX => true,
+        BPF_LD => insn.is_lddw(),
+        _ => false,
     };
-    match insn.class() {
-        BPF_ALU | BPF_ALU64 => {
-            let is64 = insn.class() == BPF_ALU64;
-            no_r10()?;
-            let code = insn.code();
-            match code {
-                BPF_NEG => {
-                    if insn.source() != BPF_K || insn.src != 0 || insn.off != 0 || insn.imm != 0 {
-                        return reserved("source, offset and immediate");
-                    }
+    if writes_dst && insn.dst == FRAME_REG {
+        return err(pc, "r10 is the read-only frame pointer and cannot be written");
+    }
+    if insn.class() == BPF_LD && !insn.is_lddw() {
+        return err(pc, "legacy packet loads (BPF_LD_ABS/BPF_LD_IND) are not supported");
+    }
+    if insn.op == OP_CALLX && !options.allow_callx {
+        return err(pc, "callx (call by register) is not part of the kernel's instruction set");
+    }
+    if insn.op == OP_CALL {
+        match insn.src {
+            0 => {
+                let id = insn.imm as u32;
+                if options.helpers.get(id).is_none() {
+                    return err(pc, match helper_name(id) {
+                        Some(name) => format!("helper bpf_{name} (id {id}) is not supported"),
+                        None => format!("call to unknown helper id {}", insn.imm),
+                    });
                 }
-                BPF_END => {
-                    if is64 && insn.source() != BPF_K {
-                        return unknown();
-                    }
-                    if insn.src != 0 || insn.off != 0 {
-                        return reserved("source register and offset");
-                    }
-                    if !matches!(insn.imm, 16 | 32 | 64) {
-                        return err(pc, format!("byte swap width {} is not 16, 32 or 64", insn.imm));
-                    }
-                }
-                BPF_ADD | BPF_SUB | BPF_MUL | BPF_DIV | BPF_OR | BPF_AND | BPF_LSH | BPF_RSH | BPF_MOD
-                | BPF_XOR | BPF_MOV | BPF_ARSH => {
-                    let off_ok = match code {
-                        BPF_DIV | BPF_MOD => insn.off == 0 || insn.off == 1,
-                        BPF_MOV if insn.source() == BPF_X => {
-                            insn.off == 0 || insn.off == 8 || insn.off == 16 || (is64 && insn.off == 32)
-                        }
-                        _ => insn.off == 0,
-                    };
-                    if !off_ok {
-                        return err(pc, format!("{} has invalid offset {}", describe(insn), insn.off));
-                    }
-                    if insn.source() == BPF_K && insn.src != 0 {
-                        return reserved("source register");
-                    }
-                    if insn.source() == BPF_X && insn.imm != 0 {
-                        return reserved("immediate");
-                    }
-                }
-                _ => return unknown(),
             }
+            BPF_PSEUDO_KFUNC_CALL => return err(pc, format!("kfunc calls (BTF id {}) are not supported", insn.imm)),
+            _ => {}
         }
-        BPF_JMP | BPF_JMP32 => {
-            let is32 = insn.class() == BPF_JMP32;
-            match insn.code() {
-                BPF_JA => {
-                    if insn.source() != BPF_K || insn.src != 0 || insn.dst != 0 {
-                        return reserved("registers");
-                    }
-                    if !is32 && insn.imm != 0 {
-                        return reserved("immediate");
-                    }
-                    if is32 && insn.off != 0 {
-                        return reserved("offset");
-                    }
-                }
-                BPF_CALL if !is32 => {
-                    if op == OP_CALLX {
-                        if !options.allow_callx {
-                            return err(pc, "callx (call by register) is not part of the kernel's instruction set");
-                        }
-                        if insn.src != 0 || insn.off != 0 || insn.imm != 0 {
-                            return reserved("source register, offset and immediate");
-                        }
-                        return Ok(());
-                    }
-                    if insn.dst != 0 || insn.off != 0 {
-                        return reserved("destination register and offset");
-                    }
-                    match insn.src {
-                        0 => {
-                            let id = insn.imm as u32;
-                            if options.helpers.get(id).is_none() {
-                                return err(pc, match helper_name(id) {
-                                    Some(name) => format!("helper bpf_{name} (id {id}) is not supported"),
-                                    None => format!("call to unknown helper id {}", insn.imm),
-                                });
-                            }
-                        }
-                        BPF_PSEUDO_CALL => {}
-                        BPF_PSEUDO_KFUNC_CALL => {
-                            return err(pc, format!("kfunc calls (BTF id {}) are not supported", insn.imm));
-                        }
-                        s => return err(pc, format!("call with unknown source {s}")),
-                    }
-                }
-                BPF_EXIT if !is32 => {
-                    if insn.source() != BPF_K || insn.src != 0 || insn.dst != 0 || insn.off != 0 || insn.imm != 0 {
-                        return reserved("registers, offset and immediate");
-                    }
-                }
-                BPF_JEQ | BPF_JGT | BPF_JGE | BPF_JSET | BPF_JNE | BPF_JSGT | BPF_JSGE | BPF_JLT | BPF_JLE
-                | BPF_JSLT | BPF_JSLE => {
-                    if insn.source() == BPF_K && insn.src != 0 {
-                        return reserved("source register");
-                    }
-                    if insn.source() == BPF_X && insn.imm != 0 {
-                        return reserved("immediate");
-                    }
-                }
-                _ => return unknown(),
-            }
-        }
-        BPF_LD => {
-            if insn.is_lddw() {
-                no_r10()?;
-                if insn.off != 0 {
-                    return reserved("offset");
-                }
-            } else if matches!(insn.mode(), BPF_ABS | BPF_IND) {
-                return err(pc, "legacy packet loads (BPF_LD_ABS/BPF_LD_IND) are not supported");
-            } else {
-                return unknown();
-            }
-        }
-        BPF_LDX => {
-            no_r10()?;
-            match insn.mode() {
-                BPF_MEM => {}
-                BPF_MEMSX if insn.size() != BPF_DW => {}
-                _ => return unknown(),
-            }
-            if insn.imm != 0 {
-                return reserved("immediate");
-            }
-        }
-        BPF_ST => {
-            if insn.mode() != BPF_MEM {
-                return unknown();
-            }
-            if insn.src != 0 {
-                return reserved("source register");
-            }
-        }
-        BPF_STX => match insn.mode() {
-            BPF_MEM => {
-                if insn.imm != 0 {
-                    return reserved("immediate");
-                }
-            }
-            BPF_ATOMIC => {
-                if insn.size() != BPF_W && insn.size() != BPF_DW {
-                    return err(pc, "atomic operations must be 32 or 64 bits wide");
-                }
-                const OPS: [i32; 6] = [0x00, 0x40, 0x50, 0xa0, BPF_XCHG, BPF_CMPXCHG];
-                let base = insn.imm & !BPF_FETCH;
-                let ok = OPS.contains(&insn.imm) || (OPS[..4].contains(&base) && insn.imm & BPF_FETCH != 0);
-                if !ok {
-                    return err(pc, format!("unknown atomic operation {:#x}", insn.imm));
-                }
-            }
-            _ => return unknown(),
-        },
-        _ => unreachable!("class is three bits"),
     }
     Ok(())
-}
-
-/// A short name for error messages: the disassembly of the instruction.
-fn describe(insn: Insn) -> String {
-    userbpf_isa::disasm::mnemonic(insn)
 }

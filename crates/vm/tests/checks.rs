@@ -60,11 +60,11 @@ fn bad_registers() {
 #[test]
 fn reserved_fields() {
     assert_refused(&[Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 0, 0, 3, 1), EXIT], 0, "offset");
-    assert_refused(&[Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 0, 1, 0, 1), EXIT], 0, "reserved");
-    assert_refused(&[MOV0, Insn::new(OP_EXIT, 0, 0, 0, 1)], 1, "reserved");
+    assert_refused(&[Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 0, 1, 0, 1), EXIT], 0, "source register is not used");
+    assert_refused(&[MOV0, Insn::new(OP_EXIT, 0, 0, 0, 1)], 1, "immediate is not used");
     assert_refused(&[Insn::new(BPF_ALU64 | BPF_END, 0, 0, 0, 24), EXIT], 0, "byte swap width 24");
     assert_refused(&[MOV0, Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 10, 0, -8, 0x30), EXIT], 1, "atomic");
-    assert_refused(&[MOV0, Insn::new(BPF_STX | BPF_ATOMIC | BPF_B, 10, 0, -8, 0), EXIT], 1, "32 or 64");
+    assert_refused(&[MOV0, Insn::new(BPF_STX | BPF_ATOMIC | BPF_B, 10, 0, -8, 0), EXIT], 1, "unknown opcode 0xd3");
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn lddw_forms() {
         0,
         "needs a relocation",
     );
-    assert_refused(&[Insn::new(OP_LDDW, 1, 9, 0, 3), Insn::new(0, 0, 0, 0, 0), MOV0, EXIT], 0, "unknown pseudo");
+    assert_refused(&[Insn::new(OP_LDDW, 1, 9, 0, 3), Insn::new(0, 0, 0, 0, 0), MOV0, EXIT], 0, "invalid pseudo source 9");
 
     struct Maps;
     impl Relocator for Maps {

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make demo`: the bundled example programs, assembled, disassembled and run by the JIT and
+# by the interpreter, which must agree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+u=target/release/userbpf
+for src in examples/vm/*.asm; do
+    name=${src%.asm}
+    echo "== $src: $(head -n 1 "$src" | sed 's/^# *//')"
+    hex=$("$u" asm "$src")
+    echo "$hex" | "$u" disasm - | sed 's/^/   /'
+    mem=()
+    [ -f "$name.mem" ] && mem=("$(cat "$name.mem")")
+    jit=$(echo "$hex" | "$u" exec "${mem[@]}")
+    int=$(echo "$hex" | "$u" exec --interpreter "${mem[@]}")
+    echo "   r0 = $jit (JIT), $int (interpreter)"
+    [ "$jit" = "$int" ] || { echo "demo: JIT and interpreter disagree on $src" >&2; exit 1; }
+done
