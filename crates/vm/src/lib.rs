@@ -6,6 +6,7 @@
 //! or overflow) and agree bit for bit.
 
 pub mod error;
+pub mod guard;
 pub mod helpers;
 pub mod interp;
 pub mod jit;
