@@ -11,6 +11,7 @@ want python3 python3
 want llvm-objdump llvm
 want llvm-mc llvm
 want clang clang
+want bpftool bpftool
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -1,0 +1,2 @@
+// Compiled for the host, not BPF: refused for its ELF machine.
+int host_function(int x) { return x + 1; }
