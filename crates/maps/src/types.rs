@@ -120,6 +120,11 @@ pub const BPF_RINGBUF_BUSY_BIT: u32 = 1 << 31;
 pub const BPF_RINGBUF_DISCARD_BIT: u32 = 1 << 30;
 pub const BPF_RINGBUF_HDR_SZ: u32 = 8;
 
+/// The kernel's internal `ENOTSUPP` (524), which bpf() returns to userspace for operations a
+/// map type lacks (`lookup_and_delete_elem` on an array, a hash map without preallocation
+/// for LRU). Not `libc::ENOTSUP` (95), which is `EOPNOTSUPP`.
+pub const ENOTSUPP: i32 = 524;
+
 /// What a map is created with (the fields of BPF_MAP_CREATE that matter here).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapSpec {
@@ -171,7 +176,10 @@ fn errno_name(e: i32) -> &'static str {
         libc::EFAULT => "EFAULT",
         libc::ENOSPC => "ENOSPC",
         libc::EPERM => "EPERM",
-        libc::ENOTSUP => "ENOTSUP",
+        libc::ENOTSUP => "EOPNOTSUPP",
+        ENOTSUPP => "ENOTSUPP",
+        libc::EBADF => "EBADF",
+        libc::EIO => "EIO",
         _ => "errno",
     }
 }

@@ -1,0 +1,809 @@
+//! HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH and HASH_OF_MAPS: preallocated hash tables.
+//!
+//! File layout (`ks8 = round_up(key_size, 8)`, `vs8 = round_up(value_size, 8)`,
+//! `n_buckets = roundup_pow_of_two(max_entries)`, `n_elems = max_entries + reserve` where
+//! `reserve = min(max_entries, 2 * nr_cpus + 6)` spare elements let an update of an existing
+//! key build the new element before unlinking the old one, as the kernel's extra_elems do):
+//!
+//! ```text
+//! 0       MapHeader
+//! 128     count: u32 (live elements), clock_hand: u32 (LRU), seed: u64 (hash seed),
+//!         free_head: u64 (free list: tag << 32 | element index)
+//! 4096    buckets[n_buckets]: { lock: u32 (0 or holder pid), head: u32 }
+//! E       (64-aligned) elements[n_elems], each
+//!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
+//!           +4  hash: u32
+//!           +8  flink: u32  free-list link
+//!           +12 state: u8 (0 free, 1 linked), +13 ref: u8 (LRU "recently used")
+//!           +16 key (ks8 bytes)
+//!           +16+ks8 value (vs8 bytes; absent for per-CPU types; a u32 id for hash of maps)
+//! P       (per-CPU types, 64-aligned) nr_cpus regions, each values[n_elems] of vs8 bytes
+//!         rounded up to 64 bytes
+//! end     rounded up to a page
+//! ```
+//!
+//! Concurrency. Lookups (program and syscall side) take no lock: they hash the key, load the
+//! bucket head (acquire) and walk `next` links comparing hash and key, bounded by `n_elems`
+//! steps. Chains end in a "nulls" marker naming their bucket (as the kernel's
+//! hlist_nulls): a reader that was carried into another chain because the element it stood
+//! on was deleted and reused ends on a foreign marker and restarts (at most 4 times).
+//! Elements are never unmapped, so a racing reader is always memory-safe; like the kernel's
+//! preallocated maps, a value pointer may end up pointing at an element reused for another
+//! key. Updates and deletes take the bucket's [`SpinLock`] (bounded spinning, then `EBUSY`).
+//! An update of an existing key fills a spare element and swaps it into the chain with one
+//! release store (readers see the old or the new value, never a mix), then frees the old one;
+//! per-CPU types update in place, as the kernel does. Free elements sit on a lock-free
+//! [`FreeList`]; `count` bounds the live elements by `max_entries` (`E2BIG` when full). LRU
+//! types evict instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep
+//! clears it and takes the first element without it, locking the victim's bucket with a
+//! single try so two updaters never wait for each other).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use crate::map::*;
+use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, round8, round_up, zero};
+use crate::shm::PAGE_SIZE;
+use crate::sync::{FreeList, SpinLock, Wait, NIL};
+use crate::types::*;
+
+const NULLS: u32 = 1 << 31;
+
+const H_COUNT: usize = EXT_OFF;
+const H_HAND: usize = EXT_OFF + 4;
+const H_SEED: usize = EXT_OFF + 8;
+const H_FREE: usize = EXT_OFF + 16;
+
+const E_NEXT: usize = 0;
+const E_HASH: usize = 4;
+const E_FLINK: usize = 8;
+const E_STATE: usize = 12;
+const E_REF: usize = 13;
+const E_KEY: usize = 16;
+
+const FREE: u8 = 0;
+const LINKED: u8 = 1;
+
+const HTAB_CREATE_FLAG_MASK: u32 = BPF_F_NO_PREALLOC | BPF_F_NO_COMMON_LRU | BPF_F_NUMA_NODE | ACCESS_MASK | BPF_F_ZERO_SEED;
+/// sizeof(struct htab_elem) in the kernel (x86-64), which enters its size check.
+const KERNEL_HTAB_ELEM: u64 = 48;
+
+/// Where an update's value comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// A program's value: the whole value of a non-per-CPU map, or `cpu`'s slot.
+    Cpu(*const u8, usize),
+    /// A syscall buffer of nr_cpus values, vs8 apart.
+    All(*const u8),
+}
+
+struct Geometry {
+    n_buckets: u32,
+    n_elems: u32,
+    elem_size: usize,
+    elems_off: usize,
+    pcpu_off: usize,
+    pcpu_stride: usize,
+    size: u64,
+}
+
+fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
+    let percpu = spec.map_type.is_percpu();
+    if spec.max_entries > 1 << 30 {
+        return None;
+    }
+    let n_buckets = spec.max_entries.checked_next_power_of_two()?;
+    let reserve = (2 * nr_cpus.min(MAX_CPUS) + 6).min(spec.max_entries);
+    let n_elems = spec.max_entries + reserve;
+    let ks8 = round_up(spec.key_size as u64, 8);
+    let vs8 = round_up(spec.value_size as u64, 8);
+    let elem_size = 16 + ks8 + if percpu { 0 } else { vs8 };
+    let elems_off = round_up(DATA_OFF as u64 + 8 * n_buckets as u64, 64);
+    let pcpu_off = round_up(elems_off.checked_add(elem_size.checked_mul(n_elems as u64)?)?, 64);
+    let pcpu_stride = if percpu { round_up(vs8.checked_mul(n_elems as u64)?, 64) } else { 0 };
+    let size = round_up(pcpu_off.checked_add(pcpu_stride.checked_mul(nr_cpus as u64)?)?, PAGE_SIZE as u64);
+    if size > MAX_MAP_FILE_SIZE {
+        return None;
+    }
+    Some(Geometry {
+        n_buckets,
+        n_elems,
+        elem_size: elem_size as usize,
+        elems_off: elems_off as usize,
+        pcpu_off: pcpu_off as usize,
+        pcpu_stride: pcpu_stride as usize,
+        size,
+    })
+}
+
+pub struct HashMap {
+    base: Base,
+    percpu: bool,
+    lru: bool,
+    ids: bool,
+    ks: usize,
+    vs: usize,
+    vs8: usize,
+    val_off: usize,
+    elem_size: usize,
+    n_elems: u32,
+    n_buckets: u32,
+    mask: u32,
+    max: u32,
+    nr_cpus: u32,
+    seed: u64,
+    buckets: *mut u8,
+    elems: *mut u8,
+    pcpu: *mut u8,
+    pcpu_stride: usize,
+}
+
+// SAFETY: the raw pointers point into `base.shm`, which is Send + Sync and lives as long as
+// the struct; shared state is accessed through atomics and the bucket locks.
+unsafe impl Send for HashMap {}
+// SAFETY: as above.
+unsafe impl Sync for HashMap {}
+
+impl HashMap {
+    pub(crate) fn check(spec: &MapSpec) -> Result<(), MapError> {
+        let t = spec.map_type;
+        let percpu = t.is_percpu();
+        let lru = matches!(t, MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH);
+        let f = spec.map_flags;
+        if t == MapType::BPF_MAP_TYPE_HASH_OF_MAPS && spec.value_size != 4 {
+            return Err(einval("hash of maps holds 4-byte ids"));
+        }
+        if f & !HTAB_CREATE_FLAG_MASK != 0 || !access_ok(f) {
+            return Err(einval("invalid hash map flags"));
+        }
+        if !lru && f & BPF_F_NO_COMMON_LRU != 0 {
+            return Err(einval("BPF_F_NO_COMMON_LRU is for LRU maps"));
+        }
+        if lru && f & BPF_F_NO_PREALLOC != 0 {
+            return Err(MapError::new(ENOTSUPP, "LRU maps are always preallocated"));
+        }
+        if f & BPF_F_NUMA_NODE != 0 && (percpu || f & BPF_F_NO_COMMON_LRU != 0) {
+            return Err(einval("BPF_F_NUMA_NODE with per-CPU storage"));
+        }
+        if spec.max_entries == 0 || spec.key_size == 0 || spec.value_size == 0 {
+            return Err(einval("invalid hash map sizes"));
+        }
+        if spec.key_size as u64 + spec.value_size as u64 >= KMALLOC_MAX_SIZE - KERNEL_HTAB_ELEM {
+            return Err(e2big("key and value too large"));
+        }
+        if percpu && round_up(spec.value_size as u64, 8) > PCPU_MIN_UNIT_SIZE {
+            return Err(e2big("per-CPU value too large"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn file_size(spec: &MapSpec, nr_cpus: u32) -> Option<u64> {
+        geometry(spec, nr_cpus).map(|g| g.size)
+    }
+
+    fn from_base(base: Base) -> HashMap {
+        let spec = &base.spec;
+        // The layout was checked by Map::create/open before this is called.
+        let g = geometry(spec, base.nr_cpus).unwrap_or(Geometry {
+            n_buckets: 1,
+            n_elems: 0,
+            elem_size: 16,
+            elems_off: DATA_OFF,
+            pcpu_off: DATA_OFF,
+            pcpu_stride: 0,
+            size: 0,
+        });
+        let t = spec.map_type;
+        // SAFETY: offsets computed by the layout that sized the file.
+        let (buckets, elems, pcpu) = unsafe { (base.at(DATA_OFF), base.at(g.elems_off), base.at(g.pcpu_off)) };
+        // SAFETY: H_SEED is an aligned field of the type header in the first page.
+        let seed = unsafe { a64(base.at(H_SEED)) }.load(Relaxed);
+        HashMap {
+            percpu: t.is_percpu(),
+            lru: matches!(t, MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH),
+            ids: t == MapType::BPF_MAP_TYPE_HASH_OF_MAPS,
+            ks: spec.key_size as usize,
+            vs: spec.value_size as usize,
+            vs8: round8(spec.value_size as usize),
+            val_off: E_KEY + round8(spec.key_size as usize),
+            elem_size: g.elem_size,
+            n_elems: g.n_elems,
+            n_buckets: g.n_buckets,
+            mask: g.n_buckets - 1,
+            max: spec.max_entries,
+            nr_cpus: base.nr_cpus,
+            seed,
+            buckets,
+            elems,
+            pcpu,
+            pcpu_stride: g.pcpu_stride,
+            base,
+        }
+    }
+
+    pub(crate) fn create(base: Base) -> Result<HashMap, MapError> {
+        let mut seed = 0u64;
+        if base.spec.map_flags & BPF_F_ZERO_SEED == 0 {
+            let mut b = [0u8; 8];
+            // SAFETY: getrandom writes at most 8 bytes into the local buffer.
+            let r = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+            seed = if r == 8 {
+                u64::from_ne_bytes(b)
+            } else {
+                // No entropy source: fall back on the clock and the pid.
+                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+                (t as u64) ^ ((std::process::id() as u64) << 32)
+            };
+        }
+        // SAFETY: H_SEED is an aligned field of the type header in the first page.
+        unsafe { a64(base.at(H_SEED)) }.store(seed, Relaxed);
+        let m = HashMap::from_base(base);
+        // SAFETY: every index below is < n_buckets or < n_elems, inside the layout.
+        unsafe {
+            for b in 0..m.n_buckets {
+                m.head(b).store(NULLS | b, Relaxed);
+            }
+            for i in 0..m.n_elems {
+                let e = m.elem(i);
+                a32(e.add(E_NEXT)).store(NIL, Relaxed);
+                a32(e.add(E_FLINK)).store(if i + 1 < m.n_elems { i + 1 } else { NIL }, Relaxed);
+            }
+            m.free_head().store(if m.n_elems > 0 { 0 } else { NIL as u64 }, Release);
+        }
+        Ok(m)
+    }
+
+    pub(crate) fn open(base: Base) -> HashMap {
+        HashMap::from_base(base)
+    }
+
+    pub(crate) fn base(&self) -> &Base {
+        &self.base
+    }
+
+    // ---- layout accessors ----
+
+    #[inline(always)]
+    fn head(&self, b: u32) -> &AtomicU32 {
+        // SAFETY: callers pass b <= mask < n_buckets; bucket b's head is at 8b + 4, aligned.
+        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize + 4)) }
+    }
+    #[inline(always)]
+    fn lock_word(&self, b: u32) -> &AtomicU32 {
+        // SAFETY: as in `head`; the lock word is at 8b.
+        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize)) }
+    }
+    #[inline(always)]
+    fn count(&self) -> &AtomicU32 {
+        // SAFETY: aligned field of the type header.
+        unsafe { a32(self.base.at(H_COUNT)) }
+    }
+    #[inline(always)]
+    fn hand(&self) -> &AtomicU32 {
+        // SAFETY: aligned field of the type header.
+        unsafe { a32(self.base.at(H_HAND)) }
+    }
+    #[inline(always)]
+    fn free_head(&self) -> &AtomicU64 {
+        // SAFETY: aligned field of the type header.
+        unsafe { a64(self.base.at(H_FREE)) }
+    }
+    /// Element `i`.
+    ///
+    /// # Safety
+    /// `i < n_elems`.
+    #[inline(always)]
+    unsafe fn elem(&self, i: u32) -> *mut u8 {
+        // SAFETY: i < n_elems (caller): inside the element array.
+        unsafe { self.elems.add(i as usize * self.elem_size) }
+    }
+    /// # Safety
+    /// `i < n_elems`.
+    #[inline(always)]
+    unsafe fn next(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: field of element i (caller: i < n_elems), aligned.
+        unsafe { a32(self.elem(i).add(E_NEXT)) }
+    }
+    /// Value of element `i` for `cpu` (ignored unless per-CPU).
+    ///
+    /// # Safety
+    /// `i < n_elems`, `cpu < nr_cpus`.
+    #[inline(always)]
+    unsafe fn val(&self, i: u32, cpu: usize) -> *mut u8 {
+        // SAFETY: inside the element array or the per-CPU regions (caller's bounds).
+        unsafe {
+            if self.percpu {
+                self.pcpu.add(cpu * self.pcpu_stride + i as usize * self.vs8)
+            } else {
+                self.elem(i).add(self.val_off)
+            }
+        }
+    }
+    #[inline(always)]
+    fn cpu(&self, cpu: u32) -> usize {
+        (if cpu < self.nr_cpus { cpu } else { cpu % self.nr_cpus }) as usize
+    }
+
+    fn freelist<'a>(&'a self) -> FreeList<'a, impl Fn(u32) -> Option<&'a AtomicU32> + 'a> {
+        FreeList {
+            head: self.free_head(),
+            // SAFETY: i < n_elems is checked; flink is an aligned field of the element.
+            link: move |i: u32| (i < self.n_elems).then(|| unsafe { a32(self.elem(i).add(E_FLINK)) }),
+        }
+    }
+
+    /// # Safety
+    /// `key` readable for key_size bytes.
+    #[inline(always)]
+    unsafe fn hash(&self, key: *const u8) -> u32 {
+        // SAFETY: forwarded.
+        unsafe { hash_key(key, self.ks, self.seed) }
+    }
+
+    /// Lock-free search: the element holding `key`, or NIL.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes.
+    #[inline(always)]
+    unsafe fn find(&self, key: *const u8, h: u32) -> u32 {
+        let b = h & self.mask;
+        for _ in 0..4 {
+            let mut cur = self.head(b).load(Acquire);
+            let mut steps = self.n_elems;
+            while cur & NULLS == 0 {
+                if cur >= self.n_elems || steps == 0 {
+                    return NIL;
+                }
+                steps -= 1;
+                // SAFETY: cur < n_elems; fields are aligned; key readable (caller).
+                unsafe {
+                    let e = self.elem(cur);
+                    if a32(e.add(E_HASH)).load(Relaxed) == h && eq(e.add(E_KEY), key, self.ks) {
+                        return cur;
+                    }
+                    cur = self.next(cur).load(Acquire);
+                }
+            }
+            if cur == NULLS | b {
+                return NIL;
+            }
+        }
+        NIL
+    }
+
+    /// Search under bucket `b`'s lock: (predecessor or NIL for the head, element).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; the caller holds `b`'s lock.
+    unsafe fn find_locked(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
+        let mut prev = NIL;
+        let mut cur = self.head(b).load(Relaxed);
+        let mut steps = self.n_elems;
+        while cur & NULLS == 0 && cur < self.n_elems && steps > 0 {
+            steps -= 1;
+            // SAFETY: cur < n_elems; key readable (caller).
+            unsafe {
+                let e = self.elem(cur);
+                if a32(e.add(E_HASH)).load(Relaxed) == h && eq(e.add(E_KEY), key, self.ks) {
+                    return Some((prev, cur));
+                }
+                prev = cur;
+                cur = self.next(cur).load(Relaxed);
+            }
+        }
+        None
+    }
+
+    /// The link that points at the element after `prev` (the head if `prev` is NIL).
+    ///
+    /// # Safety
+    /// `prev` is NIL or < n_elems.
+    unsafe fn slot(&self, b: u32, prev: u32) -> &AtomicU32 {
+        if prev == NIL {
+            self.head(b)
+        } else {
+            // SAFETY: prev < n_elems (caller).
+            unsafe { self.next(prev) }
+        }
+    }
+
+    /// Unlinks element `i` whose predecessor is `prev`, under `b`'s lock.
+    ///
+    /// # Safety
+    /// `i < n_elems`, `prev` NIL or < n_elems; the caller holds `b`'s lock.
+    unsafe fn unlink(&self, b: u32, prev: u32, i: u32) {
+        // SAFETY: bounds from the caller.
+        unsafe {
+            let nxt = self.next(i).load(Relaxed);
+            self.slot(b, prev).store(nxt, Release);
+            a8(self.elem(i).add(E_STATE)).store(FREE, Relaxed);
+        }
+    }
+
+    /// Writes `src` into element `i`'s value(s). `fresh`: a new element (a per-CPU update
+    /// of one CPU zeroes the others).
+    ///
+    /// # Safety
+    /// `i < n_elems`; `src` readable as its variant says.
+    unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
+        // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
+        unsafe {
+            match src {
+                Src::Cpu(p, c) => {
+                    if !self.percpu {
+                        copy_in(self.val(i, 0), p, self.vs);
+                    } else if fresh {
+                        for cpu in 0..self.nr_cpus as usize {
+                            if cpu == c {
+                                copy_in(self.val(i, cpu), p, self.vs);
+                            } else {
+                                zero(self.val(i, cpu), self.vs);
+                            }
+                        }
+                    } else {
+                        copy_in(self.val(i, c), p, self.vs);
+                    }
+                }
+                Src::All(p) => {
+                    if self.percpu {
+                        // Whole rounded slots, padding included, as the kernel's
+                        // copy_map_value_long.
+                        for cpu in 0..self.nr_cpus as usize {
+                            copy_in(self.val(i, cpu), p.add(cpu * self.vs8), self.vs8);
+                        }
+                    } else {
+                        copy_in(self.val(i, 0), p, self.vs);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies element `i`'s value(s) out: per-CPU maps nr_cpus × vs8 bytes.
+    ///
+    /// # Safety
+    /// `i < n_elems`; `out` writable for value_buf_size bytes.
+    unsafe fn read_value(&self, i: u32, out: *mut u8) {
+        // SAFETY: bounds from the caller.
+        unsafe {
+            if self.percpu {
+                for cpu in 0..self.nr_cpus as usize {
+                    copy_out(self.val(i, cpu), out.add(cpu * self.vs8), self.vs8);
+                }
+            } else {
+                copy_out(self.val(i, 0), out, self.vs);
+            }
+        }
+    }
+
+    /// Fills a free element with key, hash and value, marked linked (not yet published).
+    ///
+    /// # Safety
+    /// `n < n_elems` owned by the caller; `key`, `src` readable.
+    unsafe fn fill(&self, n: u32, key: *const u8, h: u32, src: Src) {
+        // SAFETY: bounds from the caller.
+        unsafe {
+            let e = self.elem(n);
+            copy_in(e.add(E_KEY), key, self.ks);
+            a32(e.add(E_HASH)).store(h, Relaxed);
+            self.write_value(n, src, true);
+            // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
+            // without their ref bit).
+            a8(e.add(E_REF)).store(0, Relaxed);
+            a8(e.add(E_STATE)).store(LINKED, Relaxed);
+        }
+    }
+
+    fn reserve_count(&self) -> bool {
+        self.count().fetch_update(Relaxed, Relaxed, |c| (c < self.max).then(|| c + 1)).is_ok()
+    }
+    fn release_count(&self) {
+        let _ = self.count().fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
+    }
+
+    /// A free element for a new key, under `held`'s lock: counted against max_entries, or
+    /// (LRU) evicted from the least recently used.
+    fn take_for_insert(&self, held: u32) -> Result<u32, MapError> {
+        if self.reserve_count() {
+            if let Some(n) = self.freelist().pop() {
+                return Ok(n);
+            }
+            self.release_count();
+        }
+        if !self.lru {
+            return Err(e2big("hash map is full"));
+        }
+        self.evict(held).ok_or(MapError::new(libc::ENOMEM, "no LRU element could be evicted"))
+    }
+
+    /// CLOCK eviction: unlinks an element (keeping its place in `count`) and returns it.
+    fn evict(&self, held: u32) -> Option<u32> {
+        let n = self.n_elems;
+        let mut fallback = NIL;
+        for _ in 0..n.min(128) * 2 + 8 {
+            let i = self.hand().fetch_add(1, Relaxed) % n;
+            // SAFETY: i < n_elems.
+            let e = unsafe { self.elem(i) };
+            // SAFETY: fields of element i.
+            let (state, r) = unsafe { (a8(e.add(E_STATE)), a8(e.add(E_REF))) };
+            if state.load(Relaxed) != LINKED {
+                continue;
+            }
+            if r.load(Relaxed) != 0 {
+                r.store(0, Relaxed);
+                if fallback == NIL {
+                    fallback = i;
+                }
+                continue;
+            }
+            if self.try_unlink(i, held) {
+                return Some(i);
+            }
+        }
+        if fallback != NIL && self.try_unlink(fallback, held) {
+            return Some(fallback);
+        }
+        // SAFETY: i < n_elems.
+        (0..n).find(|&i| unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == LINKED && self.try_unlink(i, held))
+    }
+
+    /// Unlinks element `i` if it is in its bucket's chain, taking that bucket's lock with a
+    /// single try unless it is `held` (already ours).
+    fn try_unlink(&self, i: u32, held: u32) -> bool {
+        // SAFETY: i < n_elems (callers).
+        let h = unsafe { a32(self.elem(i).add(E_HASH)) }.load(Relaxed);
+        let b = h & self.mask;
+        let _guard = if b == held {
+            None
+        } else {
+            match SpinLock::new(self.lock_word(b)).lock(Wait::Try) {
+                Ok(g) => Some(g),
+                Err(_) => return false,
+            }
+        };
+        let mut prev = NIL;
+        let mut cur = self.head(b).load(Relaxed);
+        let mut steps = self.n_elems;
+        while cur & NULLS == 0 && cur < self.n_elems && steps > 0 {
+            steps -= 1;
+            if cur == i {
+                // SAFETY: i and prev are elements of b's chain; we hold b's lock.
+                unsafe { self.unlink(b, prev, i) };
+                return true;
+            }
+            prev = cur;
+            // SAFETY: cur < n_elems.
+            cur = unsafe { self.next(cur) }.load(Relaxed);
+        }
+        false
+    }
+
+    /// The update every entry point shares.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `src` readable as its variant says.
+    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait) -> Result<(), MapError> {
+        if (flags & !BPF_F_LOCK) > BPF_EXIST {
+            return Err(EBAD_FLAGS);
+        }
+        if flags & BPF_F_LOCK != 0 {
+            return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
+        }
+        // SAFETY: key readable (caller).
+        let h = unsafe { self.hash(key) };
+        let b = h & self.mask;
+        let guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
+        // SAFETY: we hold b's lock; key readable.
+        let found = unsafe { self.find_locked(b, key, h) };
+        match (found, flags) {
+            (Some(_), BPF_NOEXIST) => return Err(EEXIST),
+            (None, BPF_EXIST) => return Err(ENOENT),
+            _ => {}
+        }
+        if let Some((prev, old)) = found {
+            if !self.percpu {
+                if let Some(n) = self.freelist().pop() {
+                    // SAFETY: n is ours (popped); old/prev are in b's chain under b's lock.
+                    unsafe {
+                        self.fill(n, key, h, src);
+                        self.next(n).store(self.next(old).load(Relaxed), Relaxed);
+                        self.slot(b, prev).store(n, Release);
+                        a8(self.elem(old).add(E_STATE)).store(FREE, Relaxed);
+                    }
+                    drop(guard);
+                    self.freelist().push(old);
+                    return Ok(());
+                }
+            }
+            // Per-CPU maps (as the kernel), or no spare element: in place.
+            // SAFETY: old < n_elems under b's lock; src readable.
+            unsafe { self.write_value(old, src, false) };
+            return Ok(());
+        }
+        let n = self.take_for_insert(b)?;
+        // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
+        unsafe {
+            self.fill(n, key, h, src);
+            self.next(n).store(self.head(b).load(Relaxed), Relaxed);
+            self.head(b).store(n, Release);
+        }
+        Ok(())
+    }
+
+    /// Delete (optionally copying the value out first).
+    ///
+    /// # Safety
+    /// `key` readable; `out` null or writable for value_buf_size bytes.
+    unsafe fn delete_impl(&self, key: *const u8, out: *mut u8, wait: Wait) -> Result<(), MapError> {
+        // SAFETY: key readable (caller).
+        let h = unsafe { self.hash(key) };
+        let b = h & self.mask;
+        let guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
+        // SAFETY: we hold b's lock.
+        let Some((prev, i)) = (unsafe { self.find_locked(b, key, h) }) else {
+            return Err(ENOENT);
+        };
+        // SAFETY: i/prev in b's chain under its lock; out writable (caller).
+        unsafe {
+            if !out.is_null() {
+                self.read_value(i, out);
+            }
+            self.unlink(b, prev, i);
+        }
+        self.release_count();
+        drop(guard);
+        self.freelist().push(i);
+        Ok(())
+    }
+
+    // ---- program side ----
+
+    /// # Safety
+    /// `key` readable for key_size bytes.
+    #[inline(never)]
+    pub(crate) unsafe fn lookup(&self, key: *const u8, cpu: u32) -> *mut u8 {
+        // SAFETY: key readable (caller).
+        let i = unsafe { self.find(key, self.hash(key)) };
+        if i == NIL {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: find returns indices < n_elems.
+        unsafe {
+            if self.lru {
+                let r = a8(self.elem(i).add(E_REF));
+                if r.load(Relaxed) == 0 {
+                    r.store(1, Relaxed);
+                }
+            }
+            self.val(i, self.cpu(cpu))
+        }
+    }
+
+    /// # Safety
+    /// `key` readable for key_size bytes, `value` for value_size bytes.
+    pub(crate) unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
+        if self.ids {
+            return Err(einval("hash of maps is not updated by programs"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
+    }
+
+    /// # Safety
+    /// `key` readable for key_size bytes.
+    pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
+        // SAFETY: forwarded contract; no value out.
+        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot) }
+    }
+
+    // ---- syscall side ----
+
+    pub(crate) fn lookup_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
+        let k = key.as_ptr();
+        // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
+        unsafe {
+            let h = self.hash(k);
+            for _ in 0..4 {
+                let i = self.find(k, h);
+                if i == NIL {
+                    return Err(ENOENT);
+                }
+                self.read_value(i, out.as_mut_ptr());
+                // The element may have been deleted and reused while we copied: keep the
+                // copy only if it still holds our key.
+                let e = self.elem(i);
+                if a8(e.add(E_STATE)).load(Acquire) == LINKED
+                    && a32(e.add(E_HASH)).load(Relaxed) == h
+                    && eq(e.add(E_KEY), k, self.ks)
+                {
+                    return Ok(());
+                }
+            }
+            let b = h & self.mask;
+            let _g = SpinLock::new(self.lock_word(b)).lock(Wait::Sys)?;
+            match self.find_locked(b, k, h) {
+                Some((_, i)) => {
+                    self.read_value(i, out.as_mut_ptr());
+                    Ok(())
+                }
+                None => Err(ENOENT),
+            }
+        }
+    }
+
+    pub(crate) fn update_elem(&self, key: &[u8], value: &[u8], flags: u64) -> Result<(), MapError> {
+        if self.ids && value[..4] == [0; 4] {
+            return Err(MapError::new(libc::EBADF, "id 0 names no map"));
+        }
+        // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
+        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys) }
+    }
+
+    pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
+        // SAFETY: key holds key_size bytes.
+        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys) }
+    }
+
+    pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
+        // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
+        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys) }
+    }
+
+    pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
+        let mut start = 0;
+        if let Some(k) = key {
+            // SAFETY: k holds key_size bytes.
+            let h = unsafe { self.hash(k.as_ptr()) };
+            // SAFETY: as above.
+            let i = unsafe { self.find(k.as_ptr(), h) };
+            if i != NIL {
+                // SAFETY: i < n_elems.
+                let nxt = unsafe { self.next(i) }.load(Acquire);
+                if nxt & NULLS == 0 && nxt < self.n_elems {
+                    // SAFETY: nxt < n_elems; out holds key_size bytes.
+                    unsafe { copy_out(self.elem(nxt).add(E_KEY), out.as_mut_ptr(), self.ks) };
+                    return Ok(());
+                }
+                start = (h & self.mask) + 1;
+            }
+        }
+        for b in start..self.n_buckets {
+            let head = self.head(b).load(Acquire);
+            if head & NULLS == 0 && head < self.n_elems {
+                // SAFETY: head < n_elems; out holds key_size bytes.
+                unsafe { copy_out(self.elem(head).add(E_KEY), out.as_mut_ptr(), self.ks) };
+                return Ok(());
+            }
+        }
+        Err(ENOENT)
+    }
+
+    /// Live elements (approximate while updates run).
+    pub fn len(&self) -> u32 {
+        self.count().load(Relaxed)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        if self.ids || len > self.vs as u64 {
+            return false;
+        }
+        if self.percpu {
+            let off = addr.wrapping_sub(self.pcpu as u64);
+            if off >= self.pcpu_stride as u64 * self.nr_cpus as u64 {
+                return false;
+            }
+            let off = off % self.pcpu_stride as u64;
+            off < self.n_elems as u64 * self.vs8 as u64 && off % self.vs8 as u64 + len <= self.vs as u64
+        } else {
+            let off = addr.wrapping_sub(self.elems as u64);
+            if off >= self.n_elems as u64 * self.elem_size as u64 {
+                return false;
+            }
+            let within = off % self.elem_size as u64;
+            within >= self.val_off as u64 && within - self.val_off as u64 + len <= self.vs as u64
+        }
+    }
+}

@@ -1,0 +1,830 @@
+//! `BPF_MAP_TYPE_PERF_EVENT_ARRAY` as userspace perf rings: one ring per index, each laid
+//! out exactly as `perf_event_open` + `mmap` of a `PERF_COUNT_SW_BPF_OUTPUT` event gives it,
+//! written as the kernel writes `PERF_RECORD_SAMPLE` (with `PERF_SAMPLE_RAW`) and
+//! `PERF_RECORD_LOST` records.
+//!
+//! # File layout
+//!
+//! ```text
+//! page 0               MapHeader (offset 0), PerfMeta (offset 128): futex words, geometry
+//! pages 1..            ring controls, 64 bytes per index: spinlock, attached flag, lost count
+//! rings_off + i*stride ring i: one struct perf_event_mmap_page, then 2^n data pages
+//! ```
+//!
+//! Each ring is page-aligned and `(1 + data_pages) * 4096` bytes long
+//! ([`PerfEventArray::ring_file_range`]): mapping that range gives what mmap of a perf event
+//! fd gives (`data_head` at 1024, `data_tail` at 1032, `data_offset` = 4096 at 1040,
+//! `data_size` at 1048, data from the second page on).
+//!
+//! # Records
+//!
+//! A sample is `{ perf_event_header { u32 type = 9; u16 misc; u16 size }; u32 raw_size;
+//! raw bytes }` with `raw_size = round_up(size + 4, 8) - 4`, so records stay 8-byte aligned
+//! (the kernel's padding; we write the pad bytes as zeros). A sample that does not fit counts
+//! as lost; the next one that fits is preceded by `{ header { type = 2, misc 0, size 24 };
+//! u64 id; u64 lost }`, as the kernel does.
+//!
+//! # Concurrency and wakeups
+//!
+//! Writers to one ring are serialised by a spinlock in its control slot (the crate's
+//! `SpinLock`: bounded spinning, giving up counts the sample as lost and returns `EBUSY`; the
+//! lock of a dead process is taken over). The writer reads `data_tail` with acquire, writes
+//! the records past `data_head`, then stores `data_head` (release). The consumer reads
+//! `data_head` with acquire and stores `data_tail` with release after each record; it trusts
+//! no size (a ring whose positions or records do not add up is reset to empty and reported as
+//! `EINVAL`). Wakeups as in the ring buffer module: a map-wide `waiting` word and futex word;
+//! writers make the `FUTEX_WAKE` call only when the consumer waits. One consumer at a time
+//! (an `flock`, as for the ring buffer).
+
+use std::mem::offset_of;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::map::Base;
+use crate::ringbuf::{
+    claim_consumer, futex_wait, futex_wake, header_nr_cpus, io_error, publish_header, read_header, write_header,
+};
+use crate::shm::{MapHeader, Shm, PAGE_SIZE};
+use crate::sync::{SpinLock, Wait};
+use crate::types::{MapError, MapSpec, MapType, BPF_F_NUMA_NODE, BPF_F_PRESERVE_ELEMS, BPF_F_RDONLY, BPF_F_WRONLY};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// `perf_event_header.type` of a sample.
+pub const PERF_RECORD_SAMPLE: u32 = 9;
+/// `perf_event_header.type` of a lost-samples record.
+pub const PERF_RECORD_LOST: u32 = 2;
+/// `perf_event_header.misc` of our samples: the program observed a user-mode context (what
+/// the kernel writes for samples taken from uprobes).
+pub const PERF_RECORD_MISC_USER: u16 = 2;
+/// The index bits of `bpf_perf_event_output`'s flags.
+pub const BPF_F_INDEX_MASK: u64 = 0xffff_ffff;
+/// Index meaning "the current CPU".
+pub const BPF_F_CURRENT_CPU: u64 = BPF_F_INDEX_MASK;
+/// Data pages per ring unless told otherwise.
+pub const DEFAULT_PERF_DATA_PAGES: u32 = 8;
+
+/// Offsets in `struct perf_event_mmap_page` (uapi).
+pub const PERF_MMAP_DATA_HEAD: usize = 1024;
+pub const PERF_MMAP_DATA_TAIL: usize = 1032;
+pub const PERF_MMAP_DATA_OFFSET: usize = 1040;
+pub const PERF_MMAP_DATA_SIZE: usize = 1048;
+
+/// `struct perf_event_mmap_page` from the kernel's uapi (the first page of each ring).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PerfEventMmapPage {
+    pub version: u32,
+    pub compat_version: u32,
+    pub lock: u32,
+    pub index: u32,
+    pub offset: i64,
+    pub time_enabled: u64,
+    pub time_running: u64,
+    /// Bit 0 cap_bit0, bit 1 cap_bit0_is_deprecated, bit 2 cap_user_rdpmc, ...
+    pub capabilities: u64,
+    pub pmc_width: u16,
+    pub time_shift: u16,
+    pub time_mult: u32,
+    pub time_offset: u64,
+    pub time_zero: u64,
+    pub size: u32,
+    pub reserved_1: u32,
+    pub time_cycles: u64,
+    pub time_mask: u64,
+    pub reserved: [u8; 116 * 8],
+    pub data_head: u64,
+    pub data_tail: u64,
+    pub data_offset: u64,
+    pub data_size: u64,
+    pub aux_offset: u64,
+    pub aux_head: u64,
+    pub aux_tail: u64,
+    pub aux_size: u64,
+}
+
+const _: () = assert!(std::mem::offset_of!(PerfEventMmapPage, data_head) == PERF_MMAP_DATA_HEAD);
+const _: () = assert!(std::mem::offset_of!(PerfEventMmapPage, data_tail) == PERF_MMAP_DATA_TAIL);
+const _: () = assert!(std::mem::offset_of!(PerfEventMmapPage, data_offset) == PERF_MMAP_DATA_OFFSET);
+const _: () = assert!(std::mem::offset_of!(PerfEventMmapPage, data_size) == PERF_MMAP_DATA_SIZE);
+const _: () = assert!(std::mem::offset_of!(PerfEventMmapPage, reserved) == 96);
+
+const META_OFF: usize = 128;
+const PERF_MAGIC: u64 = u64::from_le_bytes(*b"UBPFPE\x01\0");
+const CTL_SIZE: usize = 64;
+/// `sizeof(struct perf_event_header) + u32 raw_size`.
+const SAMPLE_HDR: u64 = 12;
+/// `PERF_RECORD_LOST`: header, id, lost.
+const LOST_REC: u64 = 24;
+
+/// Our metadata in the header page.
+#[repr(C)]
+struct PerfMeta {
+    magic: AtomicU64,
+    nr_rings: AtomicU32,
+    data_pages: AtomicU32,
+    ctl_off: AtomicU64,
+    rings_off: AtomicU64,
+    ring_stride: AtomicU64,
+    _pad0: [u64; 11],
+    /// 1 while the consumer is about to sleep or sleeping in `poll`.
+    waiting: AtomicU32,
+    /// Futex word, bumped by each wakeup.
+    wake_seq: AtomicU32,
+    /// FUTEX_WAKE calls made by writers (statistics).
+    wakeups: AtomicU64,
+    _pad1: [u32; 2],
+}
+
+const _: () = assert!(META_OFF + std::mem::size_of::<PerfMeta>() <= PAGE_SIZE);
+
+/// Per-ring control, in its own cache line.
+#[repr(C)]
+struct RingCtl {
+    lock: AtomicU32,
+    /// 1 if the index has a ring ("a perf event fd is stored at this index"), else ENOENT.
+    attached: AtomicU32,
+    /// Samples lost since the last PERF_RECORD_LOST.
+    lost: AtomicU64,
+    /// Samples lost ever (statistics).
+    total_lost: AtomicU64,
+    /// The `id` written in PERF_RECORD_LOST (the perf event's id).
+    id: AtomicU64,
+    _pad: [u64; 4],
+}
+
+const _: () = assert!(std::mem::size_of::<RingCtl>() == CTL_SIZE);
+
+struct Geometry {
+    nr: u32,
+    data_pages: u32,
+    ctl_off: u64,
+    rings_off: u64,
+    stride: u64,
+    file_size: u64,
+}
+
+fn geometry(nr: u32, data_pages: u32) -> Result<Geometry, MapError> {
+    let too_big = MapError::new(libc::E2BIG, "perf event array too large");
+    let ctl_len = (nr as u64 * CTL_SIZE as u64).div_ceil(PAGE) * PAGE;
+    let stride = (1 + data_pages as u64) * PAGE;
+    let rings_off = PAGE + ctl_len;
+    let file_size = (nr as u64).checked_mul(stride).and_then(|r| r.checked_add(rings_off)).ok_or(too_big)?;
+    if file_size > crate::MAX_MAP_FILE_SIZE {
+        return Err(too_big);
+    }
+    Ok(Geometry { nr, data_pages, ctl_off: PAGE, rings_off, stride, file_size })
+}
+
+/// Number of rings for `spec`: max_entries, or the CPU count if it is 0.
+fn nr_rings(spec: &MapSpec, nr_cpus: u32) -> u32 {
+    if spec.max_entries == 0 {
+        nr_cpus.max(1)
+    } else {
+        spec.max_entries
+    }
+}
+
+struct Inner {
+    /// The file's mapping, spec (max_entries resolved) and CPU count.
+    base: Base,
+    /// For reopening the file for the consumer's lock when /proc is not mounted.
+    path: Option<PathBuf>,
+    geo: Geometry,
+    data_size: u64,
+}
+
+/// A `BPF_MAP_TYPE_PERF_EVENT_ARRAY` map. Cloning is cheap and shares the mapping.
+#[derive(Clone)]
+pub struct PerfEventArray {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PerfEventArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerfEventArray")
+            .field("name", &self.inner.base.spec.name)
+            .field("rings", &self.inner.geo.nr)
+            .field("data_pages", &self.inner.geo.data_pages)
+            .finish()
+    }
+}
+
+impl PerfEventArray {
+    /// The kernel's checks at BPF_MAP_CREATE for a perf event array
+    /// (fd_array_map_alloc_check + array_map_alloc_check): key_size and value_size 4, flags
+    /// among `BPF_F_NUMA_NODE`, `BPF_F_RDONLY`, `BPF_F_WRONLY` (not both) and
+    /// `BPF_F_PRESERVE_ELEMS` (`EINVAL`). Unlike the kernel, max_entries 0 is accepted and
+    /// means the number of possible CPUs (libbpf's default).
+    pub fn check(spec: &MapSpec) -> Result<(), MapError> {
+        if spec.map_type != MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
+            return Err(MapError::new(libc::EINVAL, "not a perf_event_array map spec"));
+        }
+        if spec.key_size != 4 || spec.value_size != 4 {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: key_size and value_size must be 4"));
+        }
+        if spec.map_flags & !(BPF_F_NUMA_NODE | BPF_F_RDONLY | BPF_F_WRONLY | BPF_F_PRESERVE_ELEMS) != 0
+            || spec.map_flags & (BPF_F_RDONLY | BPF_F_WRONLY) == (BPF_F_RDONLY | BPF_F_WRONLY)
+        {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: unsupported map_flags"));
+        }
+        Ok(())
+    }
+
+    /// Bytes of the file for `spec` with [`DEFAULT_PERF_DATA_PAGES`] per ring (`nr_cpus`
+    /// rings if max_entries is 0); None if the spec is invalid or the file too large.
+    pub fn file_size(spec: &MapSpec, nr_cpus: u32) -> Option<u64> {
+        Self::check(spec).ok()?;
+        geometry(nr_rings(spec, nr_cpus), DEFAULT_PERF_DATA_PAGES).ok().map(|g| g.file_size)
+    }
+
+    /// The smallest file a valid perf event array with this spec can have (one data page per
+    /// ring): the bound for a generic truncation check at open, since the page count is
+    /// chosen at creation.
+    pub fn min_file_size(spec: &MapSpec, nr_cpus: u32) -> Option<u64> {
+        Self::check(spec).ok()?;
+        geometry(nr_rings(spec, nr_cpus), 1).ok().map(|g| g.file_size)
+    }
+
+    /// Creates the map file at `path` with [`DEFAULT_PERF_DATA_PAGES`] data pages per ring
+    /// (see [`PerfEventArray::check`]). Every index starts attached (has a ring).
+    pub fn create(path: &Path, spec: &MapSpec) -> Result<PerfEventArray, MapError> {
+        Self::create_with_pages(path, spec, DEFAULT_PERF_DATA_PAGES)
+    }
+
+    /// As [`PerfEventArray::create`] with `data_pages` data pages per ring (a power of 2, as
+    /// perf's mmap requires, else `EINVAL`).
+    pub fn create_with_pages(path: &Path, spec: &MapSpec, data_pages: u32) -> Result<PerfEventArray, MapError> {
+        Self::check(spec)?;
+        if !data_pages.is_power_of_two() {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: data pages must be a power of 2"));
+        }
+        let nr_cpus = header_nr_cpus();
+        let geo = geometry(nr_rings(spec, nr_cpus), data_pages)?;
+        let len =
+            usize::try_from(geo.file_size).map_err(|_| MapError::new(libc::E2BIG, "perf event array too large"))?;
+        let shm = Shm::create(path, len).map_err(|e| io_error(e, "perf_event_array: cannot create the map file"))?;
+        let spec = write_header(&shm, spec, nr_cpus);
+        match Self::init_with(Base { shm, spec, nr_cpus }, data_pages, Some(path.to_path_buf())) {
+            Ok(pa) => {
+                publish_header(&pa.inner.base.shm);
+                Ok(pa)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Initialises a fresh (zero-filled, [`PerfEventArray::file_size`] long) map file whose
+    /// common header has been written, with the default page count. For `Map::create`; the
+    /// caller publishes the header's magic afterwards. A max_entries of 0 is replaced by
+    /// `base.nr_cpus`, in the header too.
+    #[allow(dead_code)] // called by `Map` once wired
+    pub(crate) fn init(base: Base) -> Result<PerfEventArray, MapError> {
+        Self::init_with(base, DEFAULT_PERF_DATA_PAGES, None)
+    }
+
+    fn init_with(mut base: Base, data_pages: u32, path: Option<PathBuf>) -> Result<PerfEventArray, MapError> {
+        Self::check(&base.spec)?;
+        if !data_pages.is_power_of_two() {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: data pages must be a power of 2"));
+        }
+        let nr = nr_rings(&base.spec, base.nr_cpus);
+        let geo = geometry(nr, data_pages)?;
+        if (base.shm.len() as u64) < geo.file_size {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: map file is too short"));
+        }
+        if base.spec.max_entries != nr {
+            base.spec.max_entries = nr;
+            // SAFETY: the header's max_entries field, 4-aligned, in the first page; nobody
+            // uses the file before its magic is published.
+            unsafe {
+                AtomicU32::from_ptr(base.shm.as_ptr().add(offset_of!(MapHeader, max_entries)).cast())
+                    .store(nr, Ordering::Relaxed)
+            };
+        }
+        let data_size = data_pages as u64 * PAGE;
+        let pa = PerfEventArray { inner: Arc::new(Inner { base, path, geo, data_size }) };
+        for i in 0..nr {
+            let ctl = pa.ctl(i);
+            ctl.id.store(i as u64, Ordering::Relaxed);
+            ctl.attached.store(1, Ordering::Relaxed);
+            let page = pa.ring_page(i).cast::<PerfEventMmapPage>();
+            // SAFETY: the ring's first page is inside the fresh file, page-aligned, and nobody
+            // else uses the file yet; we write fields of the zero-filled page as the kernel's
+            // perf_event_init_userpage does.
+            unsafe {
+                (*page).capabilities = 1 << 1; // cap_bit0_is_deprecated
+                (*page).size = offset_of!(PerfEventMmapPage, reserved) as u32;
+                (*page).data_offset = PAGE;
+                (*page).data_size = data_size;
+            }
+        }
+        let m = pa.meta();
+        m.nr_rings.store(nr, Ordering::Relaxed);
+        m.data_pages.store(data_pages, Ordering::Relaxed);
+        m.ctl_off.store(pa.inner.geo.ctl_off, Ordering::Relaxed);
+        m.rings_off.store(pa.inner.geo.rings_off, Ordering::Relaxed);
+        m.ring_stride.store(pa.inner.geo.stride, Ordering::Relaxed);
+        m.magic.store(PERF_MAGIC, Ordering::Release);
+        Ok(pa)
+    }
+
+    /// Opens an existing perf event array file, checking that it is one and consistent
+    /// (`EINVAL` otherwise).
+    pub fn open(path: &Path) -> Result<PerfEventArray, MapError> {
+        let shm = Shm::open(path).map_err(|e| io_error(e, "perf_event_array: cannot open the map file"))?;
+        let (spec, nr_cpus) = read_header(&shm)?;
+        if spec.map_type != MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
+            return Err(MapError::new(libc::EINVAL, "not a perf_event_array map file"));
+        }
+        Self::open_checked(Base { shm, spec, nr_cpus }, Some(path.to_path_buf()))
+    }
+
+    /// Maps an existing map file whose common header was read: checks our metadata against
+    /// the spec and the file size (`EINVAL`). For `Map::open`.
+    #[allow(dead_code)] // called by `Map` once wired
+    pub(crate) fn open_base(base: Base) -> Result<PerfEventArray, MapError> {
+        Self::open_checked(base, None)
+    }
+
+    fn open_checked(base: Base, path: Option<PathBuf>) -> Result<PerfEventArray, MapError> {
+        let bad = |what| MapError::new(libc::EINVAL, what);
+        Self::check(&base.spec).map_err(|_| bad("perf_event_array: invalid spec in the map file"))?;
+        if base.shm.len() < PAGE_SIZE {
+            return Err(bad("perf_event_array: map file is truncated"));
+        }
+        // SAFETY: PerfMeta lies within the first page (asserted at compile time).
+        let m = unsafe { &*(base.shm.as_ptr().add(META_OFF) as *const PerfMeta) };
+        if m.magic.load(Ordering::Acquire) != PERF_MAGIC {
+            return Err(bad("perf_event_array: bad metadata"));
+        }
+        let nr = m.nr_rings.load(Ordering::Relaxed);
+        let data_pages = m.data_pages.load(Ordering::Relaxed);
+        if nr == 0 || nr != base.spec.max_entries || !data_pages.is_power_of_two() {
+            return Err(bad("perf_event_array: bad geometry"));
+        }
+        let geo = geometry(nr, data_pages).map_err(|_| bad("perf_event_array: bad geometry"))?;
+        if m.ctl_off.load(Ordering::Relaxed) != geo.ctl_off
+            || m.rings_off.load(Ordering::Relaxed) != geo.rings_off
+            || m.ring_stride.load(Ordering::Relaxed) != geo.stride
+            || base.shm.len() as u64 != geo.file_size
+        {
+            return Err(bad("perf_event_array: file does not match its geometry"));
+        }
+        let data_size = data_pages as u64 * PAGE;
+        Ok(PerfEventArray { inner: Arc::new(Inner { base, path, geo, data_size }) })
+    }
+
+    /// What every map type keeps (the mapping, spec, CPU count).
+    #[allow(dead_code)] // called by `Map` once wired
+    pub(crate) fn base(&self) -> &Base {
+        &self.inner.base
+    }
+
+    /// The spec (max_entries resolved: never 0).
+    pub fn spec(&self) -> &MapSpec {
+        &self.inner.base.spec
+    }
+
+    /// Number of indices (rings).
+    pub fn max_entries(&self) -> u32 {
+        self.inner.geo.nr
+    }
+
+    /// Data pages per ring.
+    pub fn data_pages(&self) -> u32 {
+        self.inner.geo.data_pages
+    }
+
+    /// `(file offset, length)` of ring `index`: its perf_event_mmap_page then its data pages,
+    /// exactly what `mmap(NULL, length, ..., perf_fd, 0)` maps for a perf event.
+    pub fn ring_file_range(&self, index: u32) -> Option<(u64, u64)> {
+        (index < self.inner.geo.nr)
+            .then(|| (self.inner.geo.rings_off + index as u64 * self.inner.geo.stride, self.inner.geo.stride))
+    }
+
+    /// Puts a ring at `index` (like storing a perf event fd there): outputs go to it.
+    pub fn attach(&self, index: u32) -> Result<(), MapError> {
+        self.check_index(index)?;
+        self.ctl(index).attached.store(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes the ring at `index` (like deleting the element): outputs get `ENOENT`.
+    pub fn detach(&self, index: u32) -> Result<(), MapError> {
+        self.check_index(index)?;
+        self.ctl(index).attached.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether `index` has a ring.
+    pub fn is_attached(&self, index: u32) -> bool {
+        index < self.inner.geo.nr && self.ctl(index).attached.load(Ordering::Acquire) != 0
+    }
+
+    /// Samples lost on ring `index` since creation.
+    pub fn lost_total(&self, index: u32) -> u64 {
+        if index < self.inner.geo.nr {
+            self.ctl(index).total_lost.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    /// FUTEX_WAKE calls writers made so far (statistics).
+    pub fn wakeups(&self) -> u64 {
+        self.meta().wakeups.load(Ordering::Relaxed)
+    }
+
+    fn check_index(&self, index: u32) -> Result<(), MapError> {
+        if index >= self.inner.geo.nr {
+            return Err(MapError::new(libc::E2BIG, "perf_event_array: index out of range"));
+        }
+        Ok(())
+    }
+
+    // ---- views of the shared memory ----
+
+    fn meta(&self) -> &PerfMeta {
+        // SAFETY: PerfMeta lies in the header page, mapped for self's life; all atomics.
+        unsafe { &*(self.inner.base.shm.as_ptr().add(META_OFF) as *const PerfMeta) }
+    }
+
+    /// Precondition: index < nr (callers check).
+    fn ctl(&self, index: u32) -> &RingCtl {
+        let off = self.inner.geo.ctl_off as usize + (index.min(self.inner.geo.nr - 1) as usize) * CTL_SIZE;
+        // SAFETY: the control area holds nr 64-byte slots from ctl_off, inside the file
+        // (geometry checked at create/open); the index is clamped; all fields atomic.
+        unsafe { &*(self.inner.base.shm.as_ptr().add(off) as *const RingCtl) }
+    }
+
+    /// The ring's perf_event_mmap_page. Precondition: index < nr.
+    fn ring_page(&self, index: u32) -> *mut u8 {
+        let off = self.inner.geo.rings_off as usize
+            + (index.min(self.inner.geo.nr - 1) as usize) * self.inner.geo.stride as usize;
+        // SAFETY: ring `index` (clamped) lies inside the file, as the geometry says.
+        unsafe { self.inner.base.shm.as_ptr().add(off) }
+    }
+
+    fn head(&self, page: *mut u8) -> &AtomicU64 {
+        // SAFETY: `page` is a ring's first page (from ring_page); data_head is at 1024, aligned.
+        unsafe { &*(page.add(PERF_MMAP_DATA_HEAD) as *const AtomicU64) }
+    }
+
+    fn tail(&self, page: *mut u8) -> &AtomicU64 {
+        // SAFETY: as for `head`, at 1032.
+        unsafe { &*(page.add(PERF_MMAP_DATA_TAIL) as *const AtomicU64) }
+    }
+
+    /// Copies `len` bytes from `src` (or zeros if null) into the ring's data at logical
+    /// position `pos`, wrapping at the end.
+    ///
+    /// # Safety
+    /// `page` is a ring page of this map, `len` <= data size, and `src` (if not null) is
+    /// readable for `len` bytes.
+    unsafe fn write_wrapped(&self, page: *mut u8, pos: u64, src: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let size = self.inner.data_size as usize;
+        let off = (pos & (self.inner.data_size - 1)) as usize;
+        let first = len.min(size - off);
+        // SAFETY: data = page + 4096 spans `size` bytes; [off, off + first) and
+        // [0, len - first) are inside it; `src` is readable for len bytes by contract.
+        unsafe {
+            let data = page.add(PAGE_SIZE);
+            if src.is_null() {
+                ptr::write_bytes(data.add(off), 0, first);
+                ptr::write_bytes(data, 0, len - first);
+            } else {
+                ptr::copy(src, data.add(off), first);
+                ptr::copy(src.add(first), data, len - first);
+            }
+        }
+    }
+
+    // ---- producer side ----
+
+    /// `bpf_perf_event_output(ctx, map, flags, data, size)`: writes a PERF_RECORD_SAMPLE with
+    /// the raw `data` to the ring of the index in the low 32 bits of `index_flags`
+    /// (`BPF_F_CURRENT_CPU` means `cpu`). Errors as the kernel's: other flag bits → `EINVAL`,
+    /// index ≥ max_entries → `E2BIG`, no ring at the index → `ENOENT`, no room → `ENOSPC`
+    /// (the sample is counted as lost). Also `E2BIG` if the record would not fit the 16-bit
+    /// `perf_event_header.size`, and `EBUSY` if the ring's lock stayed taken (counted lost).
+    ///
+    /// # Safety
+    /// `data` must be readable for `size` bytes.
+    pub unsafe fn output(&self, index_flags: u64, cpu: u32, data: *const u8, size: u64) -> Result<(), MapError> {
+        if index_flags & !BPF_F_INDEX_MASK != 0 {
+            return Err(MapError::new(libc::EINVAL, "perf_event_output: unknown flags"));
+        }
+        let mut index = index_flags & BPF_F_INDEX_MASK;
+        if index == BPF_F_CURRENT_CPU {
+            index = cpu as u64;
+        }
+        if index >= self.inner.geo.nr as u64 {
+            return Err(MapError::new(libc::E2BIG, "perf_event_output: index out of range"));
+        }
+        let index = index as u32;
+        let ctl = self.ctl(index);
+        if ctl.attached.load(Ordering::Acquire) == 0 {
+            return Err(MapError::new(libc::ENOENT, "perf_event_output: no perf event at this index"));
+        }
+        if size > u16::MAX as u64 {
+            return Err(MapError::new(libc::E2BIG, "perf_event_output: sample too large"));
+        }
+        let raw_size = ((size + 4 + 7) & !7) - 4;
+        let rec = 8 + 4 + raw_size;
+        if rec > u16::MAX as u64 {
+            return Err(MapError::new(libc::E2BIG, "perf_event_output: sample too large"));
+        }
+        let Ok(guard) = SpinLock::new(&ctl.lock).lock(Wait::Hot) else {
+            ctl.lost.fetch_add(1, Ordering::Relaxed);
+            ctl.total_lost.fetch_add(1, Ordering::Relaxed);
+            return Err(MapError::new(libc::EBUSY, "perf_event_output: ring lock busy"));
+        };
+        let page = self.ring_page(index);
+        let head_a = self.head(page);
+        let head = head_a.load(Ordering::Relaxed);
+        // Pairs with the consumer's release store: its reads of the data are done.
+        let tail = self.tail(page).load(Ordering::Acquire);
+        let lost = ctl.lost.load(Ordering::Relaxed);
+        let need = rec + if lost > 0 { LOST_REC } else { 0 };
+        let space = tail.wrapping_sub(head).wrapping_sub(1) & (self.inner.data_size - 1);
+        if space < need {
+            ctl.lost.fetch_add(1, Ordering::Relaxed);
+            ctl.total_lost.fetch_add(1, Ordering::Relaxed);
+            drop(guard);
+            return Err(MapError::new(libc::ENOSPC, "perf_event_output: ring full"));
+        }
+        let mut pos = head;
+        if lost > 0 {
+            let n = ctl.lost.swap(0, Ordering::Relaxed);
+            let mut r = [0u8; LOST_REC as usize];
+            r[0..4].copy_from_slice(&PERF_RECORD_LOST.to_ne_bytes());
+            r[4..6].copy_from_slice(&0u16.to_ne_bytes());
+            r[6..8].copy_from_slice(&(LOST_REC as u16).to_ne_bytes());
+            r[8..16].copy_from_slice(&ctl.id.load(Ordering::Relaxed).to_ne_bytes());
+            r[16..24].copy_from_slice(&n.to_ne_bytes());
+            // SAFETY: page is ring `index`'s; 24 bytes <= data size (checked by space).
+            unsafe { self.write_wrapped(page, pos, r.as_ptr(), r.len()) };
+            pos = pos.wrapping_add(LOST_REC);
+        }
+        let mut h = [0u8; SAMPLE_HDR as usize];
+        h[0..4].copy_from_slice(&PERF_RECORD_SAMPLE.to_ne_bytes());
+        h[4..6].copy_from_slice(&PERF_RECORD_MISC_USER.to_ne_bytes());
+        h[6..8].copy_from_slice(&(rec as u16).to_ne_bytes());
+        h[8..12].copy_from_slice(&(raw_size as u32).to_ne_bytes());
+        // SAFETY: the whole record (rec bytes) fits in the free space, checked above; `data`
+        // is readable for `size` bytes by the caller's contract; the pad is zeroed.
+        unsafe {
+            self.write_wrapped(page, pos, h.as_ptr(), h.len());
+            self.write_wrapped(page, pos.wrapping_add(SAMPLE_HDR), data, size as usize);
+            self.write_wrapped(page, pos.wrapping_add(SAMPLE_HDR + size), ptr::null(), (raw_size - size) as usize);
+        }
+        pos = pos.wrapping_add(rec);
+        // Release publishes the records; sequentially consistent for the wakeup protocol.
+        head_a.store(pos, Ordering::SeqCst);
+        drop(guard);
+        let m = self.meta();
+        if m.waiting.load(Ordering::SeqCst) != 0 {
+            m.wake_seq.fetch_add(1, Ordering::SeqCst);
+            m.wakeups.fetch_add(1, Ordering::Relaxed);
+            futex_wake(&m.wake_seq);
+        }
+        Ok(())
+    }
+}
+
+/// What a consumer gets from a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PerfEvent<'a> {
+    /// A PERF_RECORD_SAMPLE: the raw data as libbpf hands it over, `raw_size` bytes
+    /// (the sample and its padding to keep records 8-byte aligned).
+    Sample { cpu: u32, data: &'a [u8] },
+    /// A PERF_RECORD_LOST: `lost` samples did not fit in ring `cpu`.
+    Lost { cpu: u32, lost: u64 },
+}
+
+/// The consumer of every ring of a perf event array (as libbpf's perf_buffer). One consumer
+/// at a time: creating a second one while the first lives (in any process) gives `EBUSY`.
+pub struct PerfConsumer {
+    pa: PerfEventArray,
+    /// Copies of records that wrap around the end of a ring.
+    buf: Vec<u8>,
+    /// Our open file description of the map file, `flock`ed while we live.
+    _claim: OwnedFd,
+}
+
+impl PerfConsumer {
+    /// The consumer of `pa` (sharing its mapping); `EBUSY` if `pa` already has one.
+    pub fn new(pa: &PerfEventArray) -> Result<PerfConsumer, MapError> {
+        let claim = claim_consumer(pa.inner.base.shm.fd(), pa.inner.path.as_deref())?;
+        // We are the only consumer: clear a `waiting` a killed one may have left.
+        pa.meta().waiting.store(0, Ordering::SeqCst);
+        Ok(PerfConsumer { pa: pa.clone(), buf: Vec::new(), _claim: claim })
+    }
+
+    /// Opens the perf event array file at `path` for consuming.
+    pub fn open(path: &Path) -> Result<PerfConsumer, MapError> {
+        PerfConsumer::new(&PerfEventArray::open(path)?)
+    }
+
+    /// The map this consumer reads.
+    pub fn array(&self) -> &PerfEventArray {
+        &self.pa
+    }
+
+    /// Hands every available record of every ring to `f` without blocking; returns how many.
+    /// A ring whose positions or records are inconsistent is reset to empty and reported as
+    /// `EINVAL` once the other rings are read.
+    pub fn consume(&mut self, mut f: impl FnMut(PerfEvent<'_>)) -> Result<usize, MapError> {
+        let pa = self.pa.clone();
+        let mut total = 0;
+        let mut err = None;
+        for i in 0..pa.inner.geo.nr {
+            match self.consume_ring(&pa, i, &mut f) {
+                Ok(n) => total += n,
+                Err(e) => err = Some(e),
+            }
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    fn consume_ring(
+        &mut self,
+        pa: &PerfEventArray,
+        index: u32,
+        f: &mut impl FnMut(PerfEvent<'_>),
+    ) -> Result<usize, MapError> {
+        let corrupt = |what| MapError::new(libc::EINVAL, what);
+        let page = pa.ring_page(index);
+        let head_a = pa.head(page);
+        let tail_a = pa.tail(page);
+        let size = pa.inner.data_size;
+        let head = head_a.load(Ordering::Acquire);
+        let mut tail = tail_a.load(Ordering::Relaxed);
+        if head.wrapping_sub(tail) >= size || !tail.is_multiple_of(8) {
+            tail_a.store(head, Ordering::Release);
+            return Err(corrupt("perf ring: inconsistent data_head/data_tail"));
+        }
+        let mut n = 0;
+        while tail != head {
+            let off = (tail & (size - 1)) as usize;
+            // SAFETY: page + 4096 is the ring's data, `size` bytes; off is 8-aligned and
+            // < size, so the 8-byte header lies inside.
+            let data = unsafe { page.add(PAGE_SIZE) };
+            // SAFETY: as above; an unaligned-safe read of the header from shared memory.
+            let hdr = unsafe { ptr::read_volatile(data.add(off).cast::<[u8; 8]>()) };
+            let typ = u32::from_ne_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
+            let rsize = u16::from_ne_bytes([hdr[6], hdr[7]]) as u64;
+            if rsize < 8 || !rsize.is_multiple_of(8) || rsize > head - tail {
+                tail_a.store(head, Ordering::Release);
+                return Err(corrupt("perf ring: bad record size"));
+            }
+            let rec: &[u8] = if off as u64 + rsize <= size {
+                // SAFETY: [off, off + rsize) is inside the data area; the record lies in
+                // [tail, head), which writers do not touch until data_tail passes it.
+                unsafe { std::slice::from_raw_parts(data.add(off), rsize as usize) }
+            } else {
+                let first = size as usize - off;
+                self.buf.clear();
+                // SAFETY: both parts are inside the data area (first + rest = rsize <= size).
+                unsafe {
+                    self.buf.extend_from_slice(std::slice::from_raw_parts(data.add(off), first));
+                    self.buf.extend_from_slice(std::slice::from_raw_parts(data, rsize as usize - first));
+                }
+                &self.buf
+            };
+            match typ {
+                PERF_RECORD_SAMPLE => {
+                    if rec.len() < SAMPLE_HDR as usize {
+                        tail_a.store(head, Ordering::Release);
+                        return Err(corrupt("perf ring: short sample record"));
+                    }
+                    let raw = u32::from_ne_bytes([rec[8], rec[9], rec[10], rec[11]]) as usize;
+                    match rec.get(SAMPLE_HDR as usize..SAMPLE_HDR as usize + raw) {
+                        Some(d) => f(PerfEvent::Sample { cpu: index, data: d }),
+                        None => {
+                            tail_a.store(head, Ordering::Release);
+                            return Err(corrupt("perf ring: raw size beyond the record"));
+                        }
+                    }
+                    n += 1;
+                }
+                PERF_RECORD_LOST => {
+                    if rec.len() < LOST_REC as usize {
+                        tail_a.store(head, Ordering::Release);
+                        return Err(corrupt("perf ring: short lost record"));
+                    }
+                    let mut l = [0u8; 8];
+                    l.copy_from_slice(&rec[16..24]);
+                    f(PerfEvent::Lost { cpu: index, lost: u64::from_ne_bytes(l) });
+                    n += 1;
+                }
+                _ => {} // other record types: skipped, as libbpf does without an event_cb
+            }
+            tail += rsize;
+            tail_a.store(tail, Ordering::Release);
+        }
+        Ok(n)
+    }
+
+    /// Like [`PerfConsumer::consume`], but if no record is available sleeps (futex, woken by
+    /// writers) until one is or `timeout` has passed. Returns the number of records handed
+    /// to `f` (0 on timeout). `Duration::MAX` waits forever.
+    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(PerfEvent<'_>)) -> Result<usize, MapError> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let n = self.consume(&mut f)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let remaining = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(0);
+                    }
+                    Some(d - now)
+                }
+                None => None,
+            };
+            let pa = self.pa.clone();
+            let m = pa.meta();
+            m.waiting.store(1, Ordering::SeqCst);
+            let seq = m.wake_seq.load(Ordering::SeqCst);
+            if !self.ready() {
+                futex_wait(&m.wake_seq, seq, remaining);
+            }
+            m.waiting.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether any ring has data (sequentially consistent: pairs with the writers' store of
+    /// data_head and load of waiting).
+    fn ready(&self) -> bool {
+        (0..self.pa.inner.geo.nr).any(|i| {
+            let page = self.pa.ring_page(i);
+            self.pa.head(page).load(Ordering::SeqCst) != self.pa.tail(page).load(Ordering::SeqCst)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ringbuf::{publish_header, write_header};
+
+    #[test]
+    fn map_style_create_and_open() {
+        let dir = std::env::temp_dir().join(format!("userbpf-perf-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pa");
+        let _ = std::fs::remove_file(&path);
+        let spec = MapSpec {
+            map_type: MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY,
+            key_size: 4,
+            value_size: 4,
+            max_entries: 0,
+            map_flags: 0,
+            map_extra: 0,
+            name: "events".into(),
+        };
+        // As Map::create does it: max_entries 0 becomes the CPU count, in the header too.
+        let size = PerfEventArray::file_size(&spec, 3).unwrap() as usize;
+        assert!(PerfEventArray::min_file_size(&spec, 3).unwrap() < size as u64);
+        let shm = Shm::create(&path, size).unwrap();
+        let back = write_header(&shm, &spec, 3);
+        let pa = PerfEventArray::init(Base { shm, spec: back, nr_cpus: 3 }).unwrap();
+        publish_header(&pa.base().shm);
+        assert_eq!(pa.max_entries(), 3);
+        assert_eq!(pa.data_pages(), DEFAULT_PERF_DATA_PAGES);
+        // As Map::open does it.
+        let shm = Shm::open(&path).unwrap();
+        let (spec2, nr_cpus) = read_header(&shm).unwrap();
+        assert_eq!((spec2.max_entries, nr_cpus), (3, 3));
+        let pa2 = PerfEventArray::open_base(Base { shm, spec: spec2, nr_cpus }).unwrap();
+        // SAFETY: the literal is readable for 2 bytes.
+        unsafe { pa2.output(2, 0, b"hi".as_ptr(), 2).unwrap() };
+        assert_eq!(PerfEventArray::open(&path).unwrap().max_entries(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn page_layout() {
+        assert_eq!(std::mem::size_of::<PerfEventMmapPage>(), 1088);
+        assert_eq!(std::mem::offset_of!(PerfMeta, waiting), 128);
+        assert_eq!(std::mem::offset_of!(PerfMeta, data_pages), 12);
+    }
+}
