@@ -1,0 +1,986 @@
+//! Translation of a checked [`Program`] into x86-64 code: one function per instruction class.
+//!
+//! # Register map
+//!
+//! | eBPF | x86-64 | | eBPF | x86-64 |
+//! |------|--------|-|------|--------|
+//! | r0   | rax    | | r6   | rbx    |
+//! | r1   | rdi    | | r7   | r13    |
+//! | r2   | rsi    | | r8   | r14    |
+//! | r3   | rdx    | | r9   | r15    |
+//! | r4   | rcx    | | r10  | rbp    |
+//! | r5   | r8     | |      |        |
+//!
+//! r1..r5 are the SysV argument registers in order, so helpers and subprograms are called
+//! with no shuffling, and r6..r10 are SysV callee-saved, so helpers preserve them. x86 r9,
+//! r10 and r11 are scratch; r12 holds the *abort stack pointer* for the whole run.
+//!
+//! # Code layout
+//!
+//! ```text
+//! Entry(k)   for every subprogram k: an `extern "C" fn(u64 x5) -> u64`
+//!            push rbp, rbx, r12..r15; sub rsp, 8; mov r12, rsp; r0 = r6..r9 = 0;
+//!            call Func(k); jmp Epilogue
+//! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
+//! Epilogue:  add rsp, 8; pop r15..r12, rbx, rbp; ret
+//! Func(k)    for every subprogram k: the body, with its own frame:
+//!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
+//!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
+//!            ... one instruction after another ...; each exit: mov rsp, rbp; pops; ret
+//! ```
+//!
+//! A bpf-to-bpf call is a native `call Func(k)`: the arguments are already in place, the
+//! callee saves the r6..r9 it writes and sets up its own 512-byte stack below the caller's.
+//!
+//! The run's entry is `Entry(0)`; `lddw rX, BPF_PSEUDO_FUNC` loads the address of `Entry(k)`,
+//! so a helper can call a callback as a plain C function. Each entry sets r12 to its own
+//! stack pointer; [`Label::Abort`] unwinds to the innermost entry (`mov rsp, r12`), records
+//! the error and returns 1 from that entry. `callx` to an unknown id jumps there; a future
+//! SIGSEGV handler can do the same by setting rip to the abort code, with r9 = kind,
+//! r10 = pc, r11 = detail.
+//!
+//! # Jumps
+//!
+//! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
+//! makes a jump short (rel8) when it fitted in the previous pass's layout. Code only shrinks,
+//! so a short jump stays short, and once a pass lays out everything as the previous one did,
+//! its displacements (computed from the previous layout) are exact. After
+//! `max_passes` (16) a final pass keeps the previous decisions, which reproduces that layout.
+
+use userbpf_isa::*;
+
+use super::emit::{Alu, Asm, Cond, Mem, Reg, Shift, Width};
+use crate::program::{Program, STACK_SIZE};
+
+/// Kind of abort: `callx` to an id with no helper (r10 = pc, r11 = id).
+pub(crate) const ABORT_UNKNOWN_HELPER: u64 = 1;
+
+/// Layout passes before the last, freezing one.
+const MAX_PASSES: usize = 16;
+
+/// eBPF register number to x86 register. Entries 11..15 are never used: registers are
+/// checked before compiling.
+const REG_MAP: [Reg; 16] = [
+    Reg::RAX,
+    Reg::RDI,
+    Reg::RSI,
+    Reg::RDX,
+    Reg::RCX,
+    Reg::R8,
+    Reg::RBX,
+    Reg::R13,
+    Reg::R14,
+    Reg::R15,
+    Reg::RBP,
+    Reg::R11,
+    Reg::R11,
+    Reg::R11,
+    Reg::R11,
+    Reg::R11,
+];
+
+fn reg(r: u8) -> Reg {
+    REG_MAP[(r & 15) as usize]
+}
+
+/// Registers the entry trampolines save (all SysV callee-saved), in push order.
+const ENTRY_SAVES: [Reg; 6] = [Reg::RBP, Reg::RBX, Reg::R12, Reg::R13, Reg::R14, Reg::R15];
+
+/// Choices made once per compilation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Options {
+    /// Use BMI2 `shlx/shrx/sarx` for shifts by a register.
+    pub bmi2: bool,
+    /// Layout passes before the final one that keeps the previous pass's jump sizes.
+    pub max_passes: usize,
+}
+
+impl Options {
+    /// What this CPU supports.
+    pub fn detect() -> Options {
+        #[cfg(target_arch = "x86_64")]
+        let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
+        #[cfg(not(target_arch = "x86_64"))]
+        let bmi2 = false;
+        Options { bmi2, max_passes: MAX_PASSES }
+    }
+}
+
+/// Native code and where its entries are.
+pub(crate) struct Output {
+    pub code: Vec<u8>,
+    /// Offset of `Entry(k)` for each subprogram, in `Program::subprogs` order.
+    pub entries: Vec<usize>,
+}
+
+/// What a subprogram's frame needs.
+struct Frame {
+    start: usize,
+    end: usize,
+    /// Registers pushed by the prologue, in order.
+    saves: Vec<Reg>,
+    /// Whether r10 is used, so rbp is set and 512 bytes of stack are reserved.
+    uses_stack: bool,
+    /// Bytes subtracted from rsp after the pushes.
+    stack: i32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Label {
+    Insn(usize),
+    Func(usize),
+    Entry(usize),
+    Abort,
+    Epilogue,
+}
+
+/// Positions of one pass: labels, jump sites and which jumps were short.
+#[derive(Default)]
+struct Layout {
+    labels: Vec<usize>,
+    sites: Vec<usize>,
+    short: Vec<bool>,
+}
+
+const UNBOUND: usize = usize::MAX;
+
+fn fits_i8(v: i64) -> bool {
+    (-128..=127).contains(&v)
+}
+
+/// Compiles `prog`. `abort_fn` is the address of the `extern "C" fn(kind, pc, id)` the abort
+/// path calls to record the error.
+pub(crate) fn compile(prog: &Program, opts: Options, abort_fn: u64) -> Result<Output, String> {
+    let frames = frames(prog)?;
+    let mut prev: Option<Layout> = None;
+    let max_passes = opts.max_passes.max(1);
+    for pass in 0..=max_passes {
+        let freeze = pass == max_passes;
+        let mut e = Emitter::new(prog, opts, &frames, prev.as_ref(), freeze, abort_fn);
+        e.emit_all();
+        if let Some(err) = e.err {
+            return Err(err);
+        }
+        if e.a.overflowed() {
+            return Err("internal error: a short jump inside an instruction's code is out of range".into());
+        }
+        let converged = match &prev {
+            Some(p) => !e.inexact && p.labels == e.cur.labels && p.sites == e.cur.sites,
+            None => false,
+        };
+        if converged {
+            let nsub = frames.len();
+            let n = prog.insns().len();
+            let entries = (0..nsub).map(|k| e.cur.labels[n + nsub + k]).collect();
+            return Ok(Output { code: e.a.into_code(), entries });
+        }
+        if freeze {
+            break;
+        }
+        prev = Some(e.cur);
+    }
+    Err("internal error: jump layout did not converge".into())
+}
+
+/// Finds the subprograms' ranges and what their frames need; checks register numbers.
+fn frames(prog: &Program) -> Result<Vec<Frame>, String> {
+    let insns = prog.insns();
+    let n = insns.len();
+    let subs = prog.subprogs();
+    if subs.first() != Some(&0) {
+        return Err("internal error: the program has no entry subprogram".into());
+    }
+    let mut frames = Vec::with_capacity(subs.len());
+    for (k, &start) in subs.iter().enumerate() {
+        let end = subs.get(k + 1).copied().unwrap_or(n);
+        if start >= end || end > n {
+            return Err(format!("internal error: bad subprogram range {start}..{end}"));
+        }
+        let mut written = [false; 16];
+        let mut uses_stack = false;
+        let mut calls = false;
+        let mut pc = start;
+        while pc < end {
+            let i = insns[pc];
+            let is_call = i.class() == BPF_JMP && i.code() == BPF_CALL;
+            if i.dst > MAX_REG || (i.src > MAX_REG && !i.is_lddw() && !is_call) {
+                return Err(format!("instruction {pc}: register number out of range"));
+            }
+            match i.class() {
+                BPF_ALU | BPF_ALU64 | BPF_LDX | BPF_LD => written[i.dst as usize] = true,
+                BPF_STX if i.mode() == BPF_ATOMIC && i.imm & BPF_FETCH != 0 => written[i.src as usize] = true,
+                _ => {}
+            }
+            if is_call {
+                calls = true;
+            }
+            if i.dst == FRAME_REG || (i.src == FRAME_REG && !i.is_lddw() && !is_call) {
+                uses_stack = true;
+            }
+            pc += if i.is_lddw() { 2 } else { 1 };
+        }
+        let mut saves = Vec::new();
+        if uses_stack {
+            saves.push(Reg::RBP);
+        }
+        for r in 6..=9u8 {
+            if written[r as usize] {
+                saves.push(reg(r));
+            }
+        }
+        let mut stack = if uses_stack { STACK_SIZE as i32 } else { 0 };
+        // At entry rsp is 8 below a 16-byte boundary (the return address).
+        if calls && (8 + 8 * saves.len() as i32 + stack) % 16 != 0 {
+            stack += 8;
+        }
+        frames.push(Frame { start, end, saves, uses_stack, stack });
+    }
+    Ok(frames)
+}
+
+/// One layout pass over the whole program.
+struct Emitter<'a> {
+    a: Asm,
+    prog: &'a Program,
+    insns: &'a [Insn],
+    opts: Options,
+    frames: &'a [Frame],
+    prev: Option<&'a Layout>,
+    freeze: bool,
+    cur: Layout,
+    abort_fn: u64,
+    /// A fatal error (the program cannot be compiled).
+    err: Option<String>,
+    /// A displacement did not fit this pass (the layout is not final yet).
+    inexact: bool,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(
+        prog: &'a Program,
+        opts: Options,
+        frames: &'a [Frame],
+        prev: Option<&'a Layout>,
+        freeze: bool,
+        abort_fn: u64,
+    ) -> Emitter<'a> {
+        let insns = prog.insns();
+        let nlabels = insns.len() + 2 * frames.len() + 2;
+        Emitter {
+            a: Asm::new(),
+            prog,
+            insns,
+            opts,
+            frames,
+            prev,
+            freeze,
+            cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
+            abort_fn,
+            err: None,
+            inexact: false,
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        if self.err.is_none() {
+            self.err = Some(msg);
+        }
+    }
+
+    fn label_index(&self, l: Label) -> usize {
+        let n = self.insns.len();
+        let s = self.frames.len();
+        match l {
+            Label::Insn(pc) => pc,
+            Label::Func(k) => n + k,
+            Label::Entry(k) => n + s + k,
+            Label::Abort => n + 2 * s,
+            Label::Epilogue => n + 2 * s + 1,
+        }
+    }
+
+    fn bind(&mut self, l: Label) {
+        let i = self.label_index(l);
+        let pos = self.a.pos();
+        if let Some(slot) = self.cur.labels.get_mut(i) {
+            *slot = pos;
+        }
+    }
+
+    /// The label's position in the previous pass, if there was one and it was bound.
+    fn prev_pos(&self, l: Label) -> Option<i64> {
+        let p = self.prev?;
+        let v = *p.labels.get(self.label_index(l))?;
+        (v != UNBOUND).then_some(v as i64)
+    }
+
+    /// A jump (conditional or not) to a label, short when the previous layout allows.
+    fn jump(&mut self, cc: Option<Cond>, to: Label) {
+        let site = self.cur.sites.len();
+        let here = self.a.pos();
+        self.cur.sites.push(here);
+        let target = self.prev_pos(to);
+        let short = match (self.prev, target) {
+            (Some(p), Some(t)) => {
+                if self.freeze {
+                    p.short.get(site).copied().unwrap_or(false)
+                } else {
+                    match p.sites.get(site) {
+                        Some(&s) => fits_i8(t - (s as i64 + 2)),
+                        None => false,
+                    }
+                }
+            }
+            _ => {
+                if self.prev.is_some() {
+                    self.inexact = true;
+                }
+                false
+            }
+        };
+        self.cur.short.push(short);
+        let len = if short {
+            2
+        } else if cc.is_some() {
+            6
+        } else {
+            5
+        };
+        let disp = target.map_or(0, |t| t - (here as i64 + len));
+        if short {
+            let d = if fits_i8(disp) {
+                disp as i8
+            } else {
+                self.inexact = true;
+                0
+            };
+            match cc {
+                Some(c) => self.a.jcc_rel8(c, d),
+                None => self.a.jmp_rel8(d),
+            }
+        } else {
+            let d = self.disp32(disp);
+            match cc {
+                Some(c) => self.a.jcc_rel32(c, d),
+                None => self.a.jmp_rel32(d),
+            }
+        }
+    }
+
+    fn disp32(&mut self, disp: i64) -> i32 {
+        match i32::try_from(disp) {
+            Ok(d) => d,
+            Err(_) => {
+                self.inexact = true;
+                0
+            }
+        }
+    }
+
+    /// Displacement to a label from the end of an instruction of `len` bytes starting here.
+    fn rel32(&mut self, to: Label, len: usize) -> i32 {
+        match self.prev_pos(to) {
+            Some(t) => self.disp32(t - (self.a.pos() + len) as i64),
+            None => {
+                if self.prev.is_some() {
+                    self.inexact = true;
+                }
+                0
+            }
+        }
+    }
+
+    /// `pc + 1 + rel`, if it is an instruction of the program.
+    fn target(&mut self, pc: usize, rel: i64) -> Option<usize> {
+        let t = pc as i64 + 1 + rel;
+        if t >= 0 && (t as usize) < self.insns.len() {
+            Some(t as usize)
+        } else {
+            self.fail(format!("instruction {pc}: jump or call target {t} is outside the program"));
+            None
+        }
+    }
+
+    /// Index of the subprogram that starts at `pc`.
+    fn subprog_at(&mut self, from: usize, pc: usize) -> Option<usize> {
+        match self.prog.subprogs().binary_search(&pc) {
+            Ok(k) => Some(k),
+            Err(_) => {
+                self.fail(format!("instruction {from}: instruction {pc} does not start a function"));
+                None
+            }
+        }
+    }
+
+    fn emit_all(&mut self) {
+        for k in 0..self.frames.len() {
+            self.entry_trampoline(k);
+        }
+        self.abort_and_epilogue();
+        for k in 0..self.frames.len() {
+            self.function(k);
+            if self.err.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// `Entry(k)`: the C-callable entry of subprogram k.
+    fn entry_trampoline(&mut self, k: usize) {
+        self.bind(Label::Entry(k));
+        for r in ENTRY_SAVES {
+            self.a.push(r);
+        }
+        // 8 (return address) + 6 * 8 pushed: 8 more keep rsp 16-aligned.
+        self.a.alu_ri(Alu::Sub, true, Reg::RSP, 8);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        // r0 and r6..r9 start at zero (r1..r5 are the arguments).
+        for r in [0u8, 6, 7, 8, 9] {
+            self.a.zero(reg(r));
+        }
+        let d = self.rel32(Label::Func(k), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
+    /// The abort path and the entries' shared epilogue.
+    fn abort_and_epilogue(&mut self) {
+        self.bind(Label::Abort);
+        self.a.mov_rr(true, Reg::RSP, Reg::R12);
+        self.a.mov_rr(true, Reg::RDI, Reg::R9);
+        self.a.mov_rr(true, Reg::RSI, Reg::R10);
+        self.a.mov_rr(true, Reg::RDX, Reg::R11);
+        self.a.mov_imm(Reg::RAX, self.abort_fn);
+        self.a.call_r(Reg::RAX);
+        self.a.mov_ri32(Reg::RAX, 1);
+        self.bind(Label::Epilogue);
+        self.a.alu_ri(Alu::Add, true, Reg::RSP, 8);
+        for r in ENTRY_SAVES.iter().rev() {
+            self.a.pop(*r);
+        }
+        self.a.ret();
+    }
+
+    /// `Func(k)`: prologue and body of subprogram k.
+    fn function(&mut self, k: usize) {
+        let frames = self.frames;
+        let f = &frames[k];
+        self.bind(Label::Func(k));
+        for &r in &f.saves {
+            self.a.push(r);
+        }
+        if f.uses_stack {
+            self.a.mov_rr(true, Reg::RBP, Reg::RSP);
+        }
+        if f.stack > 0 {
+            self.a.alu_ri(Alu::Sub, true, Reg::RSP, f.stack);
+        }
+        let (start, end) = (f.start, f.end);
+        let mut pc = start;
+        while pc < end {
+            self.bind(Label::Insn(pc));
+            let insn = self.insns[pc];
+            if insn.is_lddw() {
+                self.lddw(pc);
+                if pc + 1 < end {
+                    self.bind(Label::Insn(pc + 1));
+                }
+                pc += 2;
+                continue;
+            }
+            match insn.class() {
+                BPF_ALU | BPF_ALU64 => self.alu(pc, insn),
+                BPF_LDX => self.ldx(pc, insn),
+                BPF_ST => self.st(pc, insn),
+                BPF_STX => self.stx(pc, insn),
+                BPF_JMP | BPF_JMP32 => self.jmp(pc, insn, k),
+                _ => self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op)),
+            }
+            pc += 1;
+        }
+    }
+
+    fn epilogue(&mut self, k: usize) {
+        let frames = self.frames;
+        let f = &frames[k];
+        if f.uses_stack {
+            self.a.mov_rr(true, Reg::RSP, Reg::RBP);
+        } else if f.stack > 0 {
+            self.a.alu_ri(Alu::Add, true, Reg::RSP, f.stack);
+        }
+        for &r in f.saves.iter().rev() {
+            self.a.pop(r);
+        }
+        self.a.ret();
+    }
+
+    // ---- ALU and ALU64 ----
+
+    fn alu(&mut self, pc: usize, insn: Insn) {
+        let w = insn.class() == BPF_ALU64;
+        let dst = reg(insn.dst);
+        let src = (insn.source() == BPF_X).then(|| reg(insn.src));
+        let imm = insn.imm;
+        match insn.code() {
+            BPF_ADD => self.alu_op(Alu::Add, w, dst, src, imm),
+            BPF_SUB => self.alu_op(Alu::Sub, w, dst, src, imm),
+            BPF_OR => self.alu_op(Alu::Or, w, dst, src, imm),
+            BPF_AND => self.alu_op(Alu::And, w, dst, src, imm),
+            BPF_XOR => self.alu_op(Alu::Xor, w, dst, src, imm),
+            BPF_MUL => match src {
+                Some(s) => self.a.imul_rr(w, dst, s),
+                None => self.mul_imm(w, dst, imm),
+            },
+            BPF_DIV | BPF_MOD => {
+                let signed = match insn.off {
+                    0 => false,
+                    1 => true,
+                    o => return self.fail(format!("instruction {pc}: division with offset {o}")),
+                };
+                self.divmod(w, signed, insn.code() == BPF_MOD, dst, src, imm)
+            }
+            BPF_LSH => self.shift(Shift::Shl, w, dst, src, imm),
+            BPF_RSH => self.shift(Shift::Shr, w, dst, src, imm),
+            BPF_ARSH => self.shift(Shift::Sar, w, dst, src, imm),
+            BPF_NEG => self.a.neg(w, dst),
+            BPF_MOV => self.mov(pc, w, dst, src, imm, insn.off),
+            BPF_END => self.end(pc, insn),
+            _ => self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op)),
+        }
+    }
+
+    /// add/sub/or/and/xor with a register or a (sign-extended) immediate.
+    fn alu_op(&mut self, op: Alu, w: bool, dst: Reg, src: Option<Reg>, imm: i32) {
+        match src {
+            Some(s) => self.a.alu_rr(op, w, dst, s),
+            None => self.a.alu_ri(op, w, dst, imm),
+        }
+    }
+
+    /// Multiplication by a constant: a shift or an `lea` (one cycle), or a shift and an add
+    /// (two), where they give the same low bits as `imul` (three cycles).
+    fn mul_imm(&mut self, w: bool, dst: Reg, imm: i32) {
+        match imm {
+            0 => self.a.zero(dst),
+            1 if w => {}
+            1 => self.a.mov_rr(false, dst, dst),
+            3 | 5 | 9 => {
+                let m = Mem::indexed(dst, dst, (imm - 1).trailing_zeros() as u8);
+                if w {
+                    self.a.lea(dst, m);
+                } else {
+                    self.a.lea32(dst, m);
+                }
+            }
+            _ if imm > 0 && (imm as u32).is_power_of_two() => {
+                self.a.shift_ri(Shift::Shl, w, dst, imm.trailing_zeros() as u8);
+            }
+            _ if imm > 16 && ((imm - 1) as u32).is_power_of_two() => {
+                // x * (2^k + 1) = (x << k) + x: two cycles instead of three.
+                self.a.mov_rr(w, Reg::R11, dst);
+                self.a.shift_ri(Shift::Shl, w, Reg::R11, (imm - 1).trailing_zeros() as u8);
+                self.a.alu_rr(Alu::Add, w, dst, Reg::R11);
+            }
+            _ => self.a.imul_rri(w, dst, dst, imm),
+        }
+    }
+
+    fn mov(&mut self, pc: usize, w: bool, dst: Reg, src: Option<Reg>, imm: i32, off: i16) {
+        let Some(s) = src else {
+            if imm == 0 {
+                self.a.zero(dst);
+            } else if w {
+                self.a.mov_imm(dst, imm as i64 as u64);
+            } else {
+                self.a.mov_ri32(dst, imm as u32);
+            }
+            return;
+        };
+        match (off, w) {
+            (0, true) => {
+                if dst != s {
+                    self.a.mov_rr(true, dst, s);
+                }
+            }
+            (0, false) => self.a.mov_rr(false, dst, s),
+            (8, _) => self.a.movsx_rr(w, dst, s, 8),
+            (16, _) => self.a.movsx_rr(w, dst, s, 16),
+            (32, true) => self.a.movsxd_rr(dst, s),
+            _ => self.fail(format!("instruction {pc}: mov with offset {off}")),
+        }
+    }
+
+    fn shift(&mut self, op: Shift, w: bool, dst: Reg, src: Option<Reg>, imm: i32) {
+        let Some(s) = src else {
+            let count = (imm as u32 & if w { 63 } else { 31 }) as u8;
+            if count != 0 {
+                self.a.shift_ri(op, w, dst, count);
+            } else if !w {
+                self.a.mov_rr(false, dst, dst);
+            }
+            return;
+        };
+        if self.opts.bmi2 {
+            self.a.shiftx(op, w, dst, dst, s);
+        } else if s == Reg::RCX {
+            self.a.shift_cl(op, w, dst);
+        } else {
+            // The count must be in cl, which is r4: park r4 in r11 meanwhile.
+            self.a.mov_rr(true, Reg::R11, Reg::RCX);
+            self.a.mov_rr(true, Reg::RCX, s);
+            if dst == Reg::RCX {
+                self.a.shift_cl(op, w, Reg::R11);
+            } else {
+                self.a.shift_cl(op, w, dst);
+            }
+            self.a.mov_rr(true, Reg::RCX, Reg::R11);
+        }
+    }
+
+    /// Division and modulo. x86 `div`/`idiv` fault on a zero divisor and on INT_MIN / -1;
+    /// eBPF defines x / 0 = 0, x % 0 = x, INT_MIN s/ -1 = INT_MIN, INT_MIN s% -1 = 0.
+    fn divmod(&mut self, w: bool, signed: bool, is_mod: bool, dst: Reg, src: Option<Reg>, imm: i32) {
+        let Some(s) = src else {
+            let divisor = if w { imm as i64 as u64 } else { imm as u32 as u64 };
+            if imm == 0 {
+                self.divmod_by_zero(w, is_mod, dst);
+            } else if signed && imm == -1 {
+                self.divmod_by_minus_one(w, is_mod, dst);
+            } else if !signed && divisor.is_power_of_two() {
+                let k = divisor.trailing_zeros() as u8;
+                if is_mod {
+                    // divisor - 1 < 2^31: a positive immediate either way.
+                    self.a.alu_ri(Alu::And, w, dst, (divisor - 1) as i32);
+                } else if k > 0 {
+                    self.a.shift_ri(Shift::Shr, w, dst, k);
+                } else if !w {
+                    self.a.mov_rr(false, dst, dst);
+                }
+            } else {
+                if w {
+                    self.a.mov_imm(Reg::R11, divisor);
+                } else {
+                    self.a.mov_ri32(Reg::R11, divisor as u32);
+                }
+                self.div_core(w, signed, is_mod, dst);
+            }
+            return;
+        };
+        self.a.mov_rr(true, Reg::R11, s);
+        self.a.test_rr(w, Reg::R11, Reg::R11);
+        let zero = self.a.jump_fwd(Some(Cond::E));
+        let minus_one = if signed {
+            self.a.alu_ri(Alu::Cmp, w, Reg::R11, -1);
+            Some(self.a.jump_fwd(Some(Cond::E)))
+        } else {
+            None
+        };
+        self.div_core(w, signed, is_mod, dst);
+        let done = self.a.jump_fwd(None);
+        let done2 = minus_one.map(|m| {
+            self.a.bind(m);
+            self.divmod_by_minus_one(w, is_mod, dst);
+            self.a.jump_fwd(None)
+        });
+        self.a.bind(zero);
+        self.divmod_by_zero(w, is_mod, dst);
+        self.a.bind(done);
+        if let Some(d) = done2 {
+            self.a.bind(d);
+        }
+    }
+
+    fn divmod_by_zero(&mut self, w: bool, is_mod: bool, dst: Reg) {
+        if !is_mod {
+            self.a.zero(dst);
+        } else if !w {
+            self.a.mov_rr(false, dst, dst);
+        }
+    }
+
+    fn divmod_by_minus_one(&mut self, w: bool, is_mod: bool, dst: Reg) {
+        if is_mod {
+            self.a.zero(dst);
+        } else {
+            self.a.neg(w, dst);
+        }
+    }
+
+    /// `dst = dst / r11` or `dst % r11` with `div`/`idiv`, keeping rax (r0) and rdx (r3)
+    /// unless one of them is `dst`. The divisor is non-zero (and not -1 if signed).
+    fn div_core(&mut self, w: bool, signed: bool, is_mod: bool, dst: Reg) {
+        if dst != Reg::RAX {
+            self.a.mov_rr(true, Reg::R9, Reg::RAX);
+        }
+        if dst != Reg::RDX {
+            self.a.mov_rr(true, Reg::R10, Reg::RDX);
+        }
+        if dst != Reg::RAX {
+            self.a.mov_rr(w, Reg::RAX, dst);
+        }
+        if signed {
+            self.a.sign_extend_ax(w);
+            self.a.idiv(w, Reg::R11);
+        } else {
+            self.a.zero(Reg::RDX);
+            self.a.div(w, Reg::R11);
+        }
+        let result = if is_mod { Reg::RDX } else { Reg::RAX };
+        if result != dst {
+            self.a.mov_rr(w, dst, result);
+        }
+        if dst != Reg::RAX {
+            self.a.mov_rr(true, Reg::RAX, Reg::R9);
+        }
+        if dst != Reg::RDX {
+            self.a.mov_rr(true, Reg::RDX, Reg::R10);
+        }
+    }
+
+    /// Byte order conversions: class ALU converts to little (no swap) or big (swap) endian;
+    /// class ALU64 always swaps. Results are truncated to the width and zero-extended.
+    fn end(&mut self, pc: usize, insn: Insn) {
+        let dst = reg(insn.dst);
+        let swap = insn.class() == BPF_ALU64 || insn.source() == BPF_TO_BE;
+        match (insn.imm, swap) {
+            (16, true) => {
+                self.a.rol16_8(dst);
+                self.a.movzx_rr(dst, dst, 16);
+            }
+            (32, true) => self.a.bswap(false, dst),
+            (64, true) => self.a.bswap(true, dst),
+            (16, false) => self.a.movzx_rr(dst, dst, 16),
+            (32, false) => self.a.mov_rr(false, dst, dst),
+            (64, false) => {}
+            (b, _) => self.fail(format!("instruction {pc}: byte swap of width {b}")),
+        }
+    }
+
+    // ---- loads and stores ----
+
+    fn lddw(&mut self, pc: usize) {
+        let insn = self.insns[pc];
+        let Some(&next) = self.insns.get(pc + 1) else {
+            return self.fail(format!("instruction {pc}: lddw without its second half"));
+        };
+        let dst = reg(insn.dst);
+        match insn.src {
+            0 => {
+                let v = insn.wide_imm(next);
+                if v == 0 {
+                    self.a.zero(dst);
+                } else {
+                    self.a.mov_imm(dst, v);
+                }
+            }
+            BPF_PSEUDO_FUNC => {
+                let Some(t) = self.target(pc, insn.imm as i64) else { return };
+                let Some(k) = self.subprog_at(pc, t) else { return };
+                let d = self.rel32(Label::Entry(k), 7);
+                self.a.lea_rip(dst, d);
+            }
+            s => self.fail(format!("instruction {pc}: lddw with unresolved pseudo source {s}")),
+        }
+    }
+
+    fn width(insn: Insn) -> Width {
+        match insn.size() {
+            BPF_B => Width::B,
+            BPF_H => Width::H,
+            BPF_W => Width::W,
+            _ => Width::Dw,
+        }
+    }
+
+    fn ldx(&mut self, pc: usize, insn: Insn) {
+        let m = Mem::base(reg(insn.src), insn.off as i32);
+        let dst = reg(insn.dst);
+        let width = Self::width(insn);
+        match insn.mode() {
+            BPF_MEM => self.a.load(width, dst, m),
+            BPF_MEMSX if width != Width::Dw => self.a.load_sx(width, dst, m),
+            _ => self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op)),
+        }
+    }
+
+    fn st(&mut self, pc: usize, insn: Insn) {
+        if insn.mode() != BPF_MEM {
+            return self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op));
+        }
+        let m = Mem::base(reg(insn.dst), insn.off as i32);
+        self.a.store_imm(Self::width(insn), m, insn.imm);
+    }
+
+    fn stx(&mut self, pc: usize, insn: Insn) {
+        let m = Mem::base(reg(insn.dst), insn.off as i32);
+        match insn.mode() {
+            BPF_MEM => self.a.store(Self::width(insn), m, reg(insn.src)),
+            BPF_ATOMIC => self.atomic(pc, insn),
+            _ => self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op)),
+        }
+    }
+
+    /// Atomic read-modify-write of `[dst + off]` with `src`.
+    fn atomic(&mut self, pc: usize, insn: Insn) {
+        let w = match insn.size() {
+            BPF_DW => true,
+            BPF_W => false,
+            _ => return self.fail(format!("instruction {pc}: atomic operation of size {}", insn.size_bytes())),
+        };
+        let m = Mem::base(reg(insn.dst), insn.off as i32);
+        let src = reg(insn.src);
+        let fetch = insn.imm & BPF_FETCH != 0;
+        let op = match insn.imm & !BPF_FETCH {
+            0x00 => Some(Alu::Add),
+            0x40 => Some(Alu::Or),
+            0x50 => Some(Alu::And),
+            0xa0 => Some(Alu::Xor),
+            _ => None,
+        };
+        match (insn.imm, op) {
+            (BPF_XCHG, _) => self.a.xchg_mr(w, m, src),
+            (BPF_CMPXCHG, _) => {
+                self.a.lock();
+                self.a.cmpxchg(w, m, src);
+                if !w {
+                    // r0 gets the old value zero-extended, also when the exchange succeeded
+                    // (and cmpxchg did not write eax).
+                    self.a.mov_rr(false, Reg::RAX, Reg::RAX);
+                }
+            }
+            (_, Some(op)) if !fetch => {
+                self.a.lock();
+                self.a.alu_mr(op, w, m, src);
+            }
+            (_, Some(Alu::Add)) => {
+                self.a.lock();
+                self.a.xadd(w, m, src);
+            }
+            (_, Some(op)) => self.fetch_loop(op, w, reg(insn.dst), insn.off as i32, src),
+            (imm, None) => self.fail(format!("instruction {pc}: unknown atomic operation {imm:#x}")),
+        }
+    }
+
+    /// Fetching or/and/xor: a `lock cmpxchg` loop. `src` receives the old value.
+    fn fetch_loop(&mut self, op: Alu, w: bool, base: Reg, off: i32, src: Reg) {
+        let at = Mem::base(Reg::R11, 0);
+        self.a.lea(Reg::R11, Mem::base(base, off));
+        self.a.mov_rr(true, Reg::R10, Reg::RAX);
+        let width = if w { Width::Dw } else { Width::W };
+        self.a.load(width, Reg::RAX, at);
+        let top = self.a.pos();
+        self.a.mov_rr(w, Reg::R9, Reg::RAX);
+        let operand = if src == Reg::RAX { Reg::R10 } else { src };
+        self.a.alu_rr(op, w, Reg::R9, operand);
+        self.a.lock();
+        self.a.cmpxchg(w, at, Reg::R9);
+        self.a.jcc_back(Cond::Ne, top);
+        if src == Reg::RAX {
+            if !w {
+                self.a.mov_rr(false, Reg::RAX, Reg::RAX);
+            }
+        } else {
+            self.a.mov_rr(w, src, Reg::RAX);
+            self.a.mov_rr(true, Reg::RAX, Reg::R10);
+        }
+    }
+
+    // ---- JMP and JMP32 ----
+
+    fn jmp(&mut self, pc: usize, insn: Insn, k: usize) {
+        let is32 = insn.class() == BPF_JMP32;
+        match insn.code() {
+            BPF_JA => {
+                let rel = if is32 { insn.imm as i64 } else { insn.off as i64 };
+                if let Some(t) = self.target(pc, rel) {
+                    if t != pc + 1 {
+                        self.jump(None, Label::Insn(t));
+                    }
+                }
+            }
+            BPF_CALL if !is32 => self.call(pc, insn),
+            BPF_EXIT if !is32 => self.epilogue(k),
+            _ => self.cond_jump(pc, insn),
+        }
+    }
+
+    fn cond_jump(&mut self, pc: usize, insn: Insn) {
+        let w = insn.class() == BPF_JMP;
+        let code = insn.code();
+        let cc = match code {
+            BPF_JEQ => Cond::E,
+            BPF_JNE | BPF_JSET => Cond::Ne,
+            BPF_JGT => Cond::A,
+            BPF_JGE => Cond::Ae,
+            BPF_JLT => Cond::B,
+            BPF_JLE => Cond::Be,
+            BPF_JSGT => Cond::G,
+            BPF_JSGE => Cond::Ge,
+            BPF_JSLT => Cond::L,
+            BPF_JSLE => Cond::Le,
+            _ => return self.fail(format!("instruction {pc}: unsupported opcode {:#04x}", insn.op)),
+        };
+        let Some(t) = self.target(pc, insn.off as i64) else { return };
+        if t == pc + 1 {
+            return; // jumps to where it falls through anyway: no effect
+        }
+        let dst = reg(insn.dst);
+        match (insn.source() == BPF_X, code == BPF_JSET) {
+            (true, true) => self.a.test_rr(w, dst, reg(insn.src)),
+            (true, false) => self.a.alu_rr(Alu::Cmp, w, dst, reg(insn.src)),
+            (false, true) => self.a.test_ri(w, dst, insn.imm),
+            (false, false) if insn.imm == 0 => self.a.test_rr(w, dst, dst),
+            (false, false) => self.a.alu_ri(Alu::Cmp, w, dst, insn.imm),
+        }
+        self.jump(Some(cc), Label::Insn(t));
+    }
+
+    fn call(&mut self, pc: usize, insn: Insn) {
+        if insn.op == OP_CALLX {
+            return self.callx(pc, reg(insn.dst));
+        }
+        match insn.src {
+            0 => {
+                let id = insn.imm as u32;
+                let Some(h) = self.prog.helpers().get(id) else {
+                    return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
+                };
+                // r1..r5 are already the argument registers; the result lands in rax = r0.
+                self.a.mov_imm(Reg::RAX, h.func as usize as u64);
+                self.a.call_r(Reg::RAX);
+            }
+            BPF_PSEUDO_CALL => {
+                let Some(t) = self.target(pc, insn.imm as i64) else { return };
+                let Some(k) = self.subprog_at(pc, t) else { return };
+                let d = self.rel32(Label::Func(k), 5);
+                self.a.call_rel32(d);
+            }
+            s => self.fail(format!("instruction {pc}: call with unsupported source {s}")),
+        }
+    }
+
+    /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of
+    /// the table or has no helper.
+    fn callx(&mut self, pc: usize, dst: Reg) {
+        let table = self.prog.helpers().fn_table();
+        let Ok(len) = i32::try_from(table.len()) else {
+            return self.fail("helper table too large".into());
+        };
+        let Ok(pc32) = u32::try_from(pc) else {
+            return self.fail(format!("instruction {pc}: index too large"));
+        };
+        self.a.mov_rr(true, Reg::R11, dst);
+        self.a.alu_ri(Alu::Cmp, true, Reg::R11, len);
+        let out_of_table = self.a.jump_fwd(Some(Cond::Ae));
+        self.a.mov_imm(Reg::R10, table.as_ptr() as usize as u64);
+        self.a.load(Width::Dw, Reg::R10, Mem::indexed8(Reg::R10, Reg::R11));
+        self.a.test_rr(true, Reg::R10, Reg::R10);
+        let found = self.a.jump_fwd(Some(Cond::Ne));
+        self.a.bind(out_of_table);
+        self.a.mov_ri32(Reg::R10, pc32);
+        self.a.mov_ri32(Reg::R9, ABORT_UNKNOWN_HELPER as u32);
+        self.jump(None, Label::Abort);
+        self.a.bind(found);
+        self.a.call_r(Reg::R10);
+    }
+}

@@ -1,0 +1,107 @@
+//! Executable memory, W^X: code is copied into an anonymous read-write mapping, which is then
+//! switched to read+execute. It is never writable and executable at once, and never written
+//! again after that.
+
+use std::ptr::NonNull;
+
+use crate::VmError;
+
+/// An immutable mapping of native code.
+pub(crate) struct ExecMemory {
+    ptr: NonNull<u8>,
+    /// Bytes of code.
+    len: usize,
+    /// Bytes mapped (`len` rounded up to whole pages).
+    map_len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone, read-only (read+execute) for its whole
+// life after `new` returns, and unmapped only in `drop`; sharing or sending a pointer to
+// immutable memory between threads is sound.
+unsafe impl Send for ExecMemory {}
+// SAFETY: as above: no method writes through the pointer, so concurrent shared use is sound.
+unsafe impl Sync for ExecMemory {}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it only reads a system constant.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+fn os_error(what: &str) -> VmError {
+    VmError::Jit(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+impl ExecMemory {
+    /// Maps `code` executable. The rest of the last page is filled with `int3`.
+    pub fn new(code: &[u8]) -> Result<ExecMemory, VmError> {
+        if code.is_empty() {
+            return Err(VmError::Jit("no code to map".into()));
+        }
+        let page = page_size();
+        let map_len = code
+            .len()
+            .checked_add(page - 1)
+            .map(|l| l / page * page)
+            .ok_or_else(|| VmError::Jit("code too large to map".into()))?;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
+        // no existing memory; the arguments are valid (non-zero length, no fd).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os_error("mmap of the code failed"));
+        }
+        let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
+            return Err(VmError::Jit("mmap returned a null mapping".into()));
+        };
+        let mem = ExecMemory { ptr, len: code.len(), map_len };
+        // SAFETY: the mapping is `map_len >= code.len()` bytes, readable and writable, and
+        // freshly made, so it overlaps neither `code` nor any reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), ptr.as_ptr(), code.len());
+            std::ptr::write_bytes(ptr.as_ptr().add(code.len()), 0xcc, map_len - code.len());
+        }
+        // SAFETY: `ptr`/`map_len` are exactly the mapping made above; from here on it is
+        // never written again.
+        let rc = unsafe { libc::mprotect(ptr.as_ptr().cast(), map_len, libc::PROT_READ | libc::PROT_EXEC) };
+        if rc != 0 {
+            // `mem` is dropped here, which unmaps it.
+            return Err(os_error("mprotect of the code to read+execute failed"));
+        }
+        Ok(mem)
+    }
+
+    /// Address of the first byte of code.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// The code, as mapped.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is readable, at least `len` bytes long, lives as long as `self`
+        // and is never written after `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ExecMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`map_len` are the mapping this value owns; no reference into it
+        // outlives `self` (slices borrow `self`), and JitProgram runs never outlive it.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.map_len);
+        }
+    }
+}
