@@ -1,0 +1,212 @@
+//! The context of one program run on one thread: which CPU slot it holds, the probe's
+//! registers, function address and cookie. Helpers read it through [`current`].
+//!
+//! **CPU slots.** The kernel runs a program with preemption disabled, so per-CPU data is
+//! private to the run. Threads in user space can be preempted and migrate mid-run, so a run
+//! *claims* the slot of the CPU it starts on (one atomic compare-and-swap on a word shared by
+//! every process of the session); if another run holds it, the next free slot is taken. Two
+//! runs never share a slot, so per-CPU values see no lost updates. If every slot is busy the
+//! run is skipped and counted as missed, as the kernel counts runs it skips for recursion.
+//!
+//! **Recursion.** A probe hit on a thread already running a program (a probed function called
+//! from a helper, a signal handler) is skipped and counted as missed, as in the kernel.
+
+use std::cell::Cell;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use userbpf_maps::shm::{possible_cpus, Shm};
+
+/// What helpers may ask about the run in progress.
+#[derive(Debug, Clone, Copy)]
+pub struct RunContext {
+    /// The CPU slot this run holds (what `bpf_get_smp_processor_id` returns and which per-CPU
+    /// value the run uses).
+    pub cpu: u32,
+    /// Address of a `struct pt_regs` (x86-64 layout) for probes, or 0.
+    pub regs: u64,
+    /// Address of the probed function (`bpf_get_func_ip`), or 0.
+    pub func_ip: u64,
+    /// The attachment's cookie (`bpf_get_attach_cookie`).
+    pub cookie: u64,
+    /// Number of function arguments known to the probe (`bpf_get_func_arg_cnt`), or 0.
+    pub nr_args: u32,
+    /// The function's return value for return probes (`bpf_get_func_ret`).
+    pub retval: Option<u64>,
+    /// Opaque pointer to the running program, for helpers that need it (tail calls).
+    pub prog: *const (),
+}
+
+impl RunContext {
+    pub const EMPTY: RunContext =
+        RunContext { cpu: 0, regs: 0, func_ip: 0, cookie: 0, nr_args: 0, retval: None, prog: std::ptr::null() };
+}
+
+impl Default for RunContext {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+thread_local! {
+    /// The context of the run in progress on this thread (meaningful while `ACTIVE`).
+    static CURRENT: Cell<RunContext> = const { Cell::new(RunContext::EMPTY) };
+    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The run in progress on this thread, if any.
+#[inline]
+pub fn current() -> Option<RunContext> {
+    if ACTIVE.with(|a| a.get()) {
+        Some(CURRENT.with(|c| c.get()))
+    } else {
+        None
+    }
+}
+
+/// The CPU slot of the run in progress (0 outside runs).
+#[inline]
+pub fn current_cpu() -> u32 {
+    current().map_or(0, |c| c.cpu)
+}
+
+/// Slots shared by every process of a session, one cache line per possible CPU.
+pub struct CpuSlots {
+    shm: Shm,
+    nr: u32,
+}
+
+const SLOT_STRIDE: usize = 64;
+
+impl CpuSlots {
+    /// Opens (creating if needed) the slot file of a session.
+    pub fn open(path: &Path) -> io::Result<CpuSlots> {
+        let nr = possible_cpus();
+        let len = nr as usize * SLOT_STRIDE;
+        let shm = match Shm::create(path, len) {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Shm::open(path)?,
+            Err(e) => return Err(e),
+        };
+        if shm.len() < len {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{}: too short for {nr} CPUs", path.display())));
+        }
+        Ok(CpuSlots { shm, nr })
+    }
+
+    /// Slots private to this process (for runs outside any session, e.g. tests).
+    pub fn private() -> io::Result<CpuSlots> {
+        let dir = std::env::temp_dir().join(format!("userbpf-cpus-{}-{:p}", std::process::id(), &CURRENT));
+        let s = Self::open(&dir);
+        let _ = std::fs::remove_file(&dir);
+        s
+    }
+
+    pub fn nr_cpus(&self) -> u32 {
+        self.nr
+    }
+
+    fn word(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: i < nr and the mapping holds nr slots of SLOT_STRIDE bytes; the offset is
+        // 4-aligned in a page-aligned mapping; the word is only accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.shm.as_ptr().add(i as usize * SLOT_STRIDE).cast()) }
+    }
+}
+
+/// Why a run did not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// This thread is already running a program.
+    Recursion,
+    /// Every CPU slot is held by another run.
+    NoSlot,
+}
+
+/// A run in progress: holds its CPU slot, and its context is this thread's current one,
+/// until dropped.
+pub struct RunGuard<'a> {
+    slots: &'a CpuSlots,
+    cpu: u32,
+}
+
+thread_local! {
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+fn tid() -> u32 {
+    TID.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+}
+
+/// Starts a run: claims a CPU slot and makes `ctx` (with its `cpu` filled in) the thread's
+/// current context. No allocation; one system call the first time on a thread (its id).
+pub fn enter(slots: &CpuSlots, mut ctx: RunContext) -> Result<RunGuard<'_>, Missed> {
+    if ACTIVE.with(|a| a.get()) {
+        return Err(Missed::Recursion);
+    }
+    // SAFETY: sched_getcpu has no preconditions (glibc reads it from rseq or the vDSO).
+    let start = unsafe { libc::sched_getcpu() }.max(0) as u32 % slots.nr;
+    let me = tid();
+    let mut cpu = None;
+    for k in 0..slots.nr {
+        let i = (start + k) % slots.nr;
+        if slots.word(i).compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            cpu = Some(i);
+            break;
+        }
+    }
+    let Some(cpu) = cpu else { return Err(Missed::NoSlot) };
+    ctx.cpu = cpu;
+    CURRENT.with(|c| c.set(ctx));
+    ACTIVE.with(|a| a.set(true));
+    Ok(RunGuard { slots, cpu })
+}
+
+impl RunGuard<'_> {
+    pub fn cpu(&self) -> u32 {
+        self.cpu
+    }
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.set(false));
+        self.slots.word(self.cpu).store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_distinct_slots_and_refuses_recursion() {
+        let slots = CpuSlots::private().unwrap();
+        assert!(current().is_none());
+        let g = enter(&slots, RunContext { cookie: 7, ..Default::default() }).unwrap();
+        assert_eq!(current().unwrap().cookie, 7);
+        assert_eq!(current_cpu(), g.cpu());
+        assert_eq!(enter(&slots, RunContext::default()).err(), Some(Missed::Recursion));
+        // Another thread gets another slot while this one is held (or none, with one CPU).
+        let mine = g.cpu();
+        std::thread::scope(|s| {
+            s.spawn(|| match enter(&slots, RunContext::default()) {
+                Ok(h) => assert_ne!(h.cpu(), mine),
+                Err(e) => assert!(slots.nr_cpus() == 1 && e == Missed::NoSlot),
+            });
+        });
+        drop(g);
+        assert!(current().is_none());
+        let again = enter(&slots, RunContext::default()).unwrap();
+        drop(again);
+    }
+}

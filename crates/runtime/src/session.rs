@@ -1,0 +1,318 @@
+//! Sessions: the programs, maps and links of one session live in one directory of shared
+//! memory (`/dev/shm/userbpf-UID-NAME/`, mode 0700) that every process of the session maps.
+//!
+//! Layout of a session directory:
+//! - `lock`: `flock`ed while the session's registry changes (never on a hot path);
+//! - `next_id`: the last id handed out (maps, programs, links and BTF share one id space);
+//! - `members/PID.STARTTIME`: one file per process using the session;
+//! - `maps/ID` (the map itself, see userbpf-maps) and `maps/ID.json` ([`MapRecord`]);
+//! - `progs/ID.json` ([`ProgRecord`]), `btf/ID` (raw BTF of an object), `links/ID.json`.
+//!
+//! A process joins a session while it uses it. A session whose members are all gone is
+//! removed: by the last member to leave, or by the next process to open it if the last one
+//! died. A session with a live member is never removed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use userbpf_maps::{Map, MapError, MapSpec};
+
+/// Environment variable naming the session (default: `default`).
+pub const SESSION_ENV: &str = "USERBPF_SESSION";
+/// Environment variable overriding where session directories live (default: /dev/shm).
+pub const SHM_DIR_ENV: &str = "USERBPF_SHM_DIR";
+
+/// What is recorded about a map beside its file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MapRecord {
+    pub id: u32,
+    pub name: String,
+    /// BTF object (id of `btf/ID`) describing the key and value, if any.
+    pub btf_id: Option<u32>,
+    pub key_type_id: Option<u32>,
+    pub value_type_id: Option<u32>,
+    /// The object file the map came from, if any.
+    pub object: Option<String>,
+    /// Pinned path (kept across the session's members leaving).
+    pub pinned: Option<String>,
+}
+
+/// A program loaded into a session.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgRecord {
+    pub id: u32,
+    pub name: String,
+    /// libbpf section name, e.g. `uprobe/./target:func`.
+    pub section: String,
+    /// Program type as the kernel names it (`kprobe` for uprobes, `tracepoint`, ...).
+    pub prog_type: String,
+    /// The instructions with map references as `lddw` of `BPF_PSEUDO_MAP_IDX` (imm = map id)
+    /// or `BPF_PSEUDO_MAP_IDX_VALUE` (imm = map id, next imm = offset).
+    pub insns_hex: String,
+    pub map_ids: Vec<u32>,
+    pub btf_id: Option<u32>,
+    pub object: Option<String>,
+    pub license: String,
+}
+
+/// An open session directory.
+pub struct Session {
+    name: String,
+    dir: PathBuf,
+    member: Option<PathBuf>,
+}
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
+}
+
+impl Session {
+    /// The session named by `USERBPF_SESSION`, or `default`.
+    pub fn default_name() -> String {
+        std::env::var(SESSION_ENV).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "default".into())
+    }
+
+    /// Directory holding session directories.
+    pub fn root() -> PathBuf {
+        std::env::var_os(SHM_DIR_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| if Path::new("/dev/shm").is_dir() { "/dev/shm".into() } else { std::env::temp_dir() })
+    }
+
+    /// The directory of session `name` for this user.
+    pub fn dir_of(name: &str) -> PathBuf {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        Self::root().join(format!("userbpf-{uid}-{name}"))
+    }
+
+    /// Opens (creating if needed) session `name` and joins it. A leftover session whose
+    /// members all died is wiped first.
+    pub fn open(name: &str) -> io::Result<Session> {
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) || name.starts_with('.') {
+            return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
+        }
+        let dir = Self::dir_of(name);
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+        let mut s = Session { name: name.to_string(), dir, member: None };
+        let _lock = s.lock()?;
+        for sub in ["members", "maps", "progs", "btf", "links"] {
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(s.dir.join(sub))?;
+        }
+        if s.live_members()?.is_empty() && !s.has_pins()? {
+            s.wipe()?;
+        }
+        s.member = Some(s.join_locked()?);
+        Ok(s)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> io::Result<File> {
+        let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(self.dir.join("lock"))?;
+        // SAFETY: flock on a descriptor we own; released when `f` is closed.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(f)
+    }
+
+    fn join_locked(&self) -> io::Result<PathBuf> {
+        let me = std::process::id();
+        let path = self.dir.join("members").join(format!("{me}.{}", start_time(me).unwrap_or(0)));
+        File::create(&path)?;
+        Ok(path)
+    }
+
+    /// Pids of members still alive (their files whose process is gone are removed).
+    pub fn live_members(&self) -> io::Result<Vec<u32>> {
+        let mut live = Vec::new();
+        for e in fs::read_dir(self.dir.join("members"))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let alive = name
+                .split_once('.')
+                .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
+                .is_some_and(|(pid, t)| start_time(pid) == Some(t));
+            if alive {
+                live.push(name.split_once('.').map_or(0, |(p, _)| p.parse().unwrap_or(0)));
+            } else {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(live)
+    }
+
+    fn has_pins(&self) -> io::Result<bool> {
+        Ok(self.maps()?.iter().any(|m| m.pinned.is_some()))
+    }
+
+    fn wipe(&self) -> io::Result<()> {
+        for sub in ["maps", "progs", "btf", "links"] {
+            let d = self.dir.join(sub);
+            for e in fs::read_dir(&d)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    fs::remove_dir_all(&p)?;
+                } else {
+                    fs::remove_file(&p)?;
+                }
+            }
+        }
+        let _ = fs::remove_file(self.dir.join("next_id"));
+        Ok(())
+    }
+
+    /// Hands out the next id (ids are never reused within a session's life).
+    pub fn alloc_id(&self) -> io::Result<u32> {
+        let _lock = self.lock()?;
+        let path = self.dir.join("next_id");
+        let last: u32 = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let id = last.checked_add(1).ok_or_else(|| io::Error::other("session ran out of ids"))?;
+        write_atomic(&path, id.to_string().as_bytes())?;
+        Ok(id)
+    }
+
+    /// Creates a map in the session; returns it with its id set.
+    pub fn create_map(&self, spec: &MapSpec, mut record: MapRecord) -> Result<(MapRecord, Map), SessionError> {
+        let id = self.alloc_id()?;
+        let map = Map::create(&self.map_path(id), spec)?;
+        map.set_id(id);
+        record.id = id;
+        record.name = spec.name.clone();
+        self.write_json(&self.dir.join("maps").join(format!("{id}.json")), &record)?;
+        Ok((record, map))
+    }
+
+    pub fn map_path(&self, id: u32) -> PathBuf {
+        self.dir.join("maps").join(id.to_string())
+    }
+
+    pub fn open_map(&self, id: u32) -> Result<Map, SessionError> {
+        let path = self.map_path(id);
+        if !path.exists() {
+            return Err(SessionError::NotFound(format!("map {id}")));
+        }
+        Ok(Map::open(&path)?)
+    }
+
+    /// Records of every map, by id.
+    pub fn maps(&self) -> io::Result<Vec<MapRecord>> {
+        self.read_all("maps")
+    }
+
+    /// Stores raw BTF; returns its id.
+    pub fn add_btf(&self, data: &[u8]) -> io::Result<u32> {
+        let id = self.alloc_id()?;
+        write_atomic(&self.dir.join("btf").join(id.to_string()), data)?;
+        Ok(id)
+    }
+
+    pub fn btf(&self, id: u32) -> io::Result<Vec<u8>> {
+        fs::read(self.dir.join("btf").join(id.to_string()))
+    }
+
+    pub fn add_prog(&self, mut record: ProgRecord) -> io::Result<ProgRecord> {
+        record.id = self.alloc_id()?;
+        self.write_json(&self.dir.join("progs").join(format!("{}.json", record.id)), &record)?;
+        Ok(record)
+    }
+
+    pub fn progs(&self) -> io::Result<Vec<ProgRecord>> {
+        self.read_all("progs")
+    }
+
+    fn write_json<T: Serialize>(&self, path: &Path, v: &T) -> io::Result<()> {
+        let data = serde_json::to_vec_pretty(v).map_err(io::Error::other)?;
+        write_atomic(path, &data)
+    }
+
+    fn read_all<T: DeserializeOwned + HasId>(&self, sub: &str) -> io::Result<Vec<T>> {
+        let mut v: Vec<T> = Vec::new();
+        for e in fs::read_dir(self.dir.join(sub))? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                // A record being replaced may vanish between read_dir and read.
+                if let Ok(data) = fs::read(&p) {
+                    v.push(serde_json::from_slice(&data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))?);
+                }
+            }
+        }
+        v.sort_by_key(|r| r.id());
+        Ok(v)
+    }
+
+    /// Leaves the session; the last member to leave removes it (unless something is pinned).
+    pub fn leave(&mut self) -> io::Result<()> {
+        let Some(member) = self.member.take() else { return Ok(()) };
+        let _lock = self.lock()?;
+        let _ = fs::remove_file(member);
+        if self.live_members()?.is_empty() && !self.has_pins()? {
+            self.wipe()?;
+            let _ = fs::remove_file(self.dir.join("next_id"));
+            for sub in ["members", "maps", "progs", "btf", "links"] {
+                let _ = fs::remove_dir(self.dir.join(sub));
+            }
+            let _ = fs::remove_file(self.dir.join("lock"));
+            let _ = fs::remove_dir(&self.dir);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.leave();
+    }
+}
+
+trait HasId {
+    fn id(&self) -> u32;
+}
+impl HasId for MapRecord {
+    fn id(&self) -> u32 {
+        self.id
+    }
+}
+impl HasId for ProgRecord {
+    fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+/// Errors of session operations.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error("{0} not found in the session")]
+    NotFound(String),
+}
+
+/// Writes a file by renaming a complete temporary one over it, so readers never see half.
+fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    f.write_all(data)?;
+    drop(f);
+    fs::rename(&tmp, path)
+}
+
+/// A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
+/// it identifies a process even after its pid is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
