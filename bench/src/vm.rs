@@ -313,7 +313,7 @@ fn fmt_count(n: u64) -> String {
 fn main() {
     let started = Instant::now();
     let mut reg = HelperRegistry::new();
-    reg.register(Helper { id: HELPER_ID, name: "bench_add", func: helper_add });
+    reg.register(Helper { id: HELPER_ID, name: "bench_add", func: helper_add, may_exit: false });
     let options = LoadOptions { helpers: Arc::new(reg), memory: None, allow_callx: false };
 
     let workloads = [
