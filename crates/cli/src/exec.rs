@@ -45,7 +45,7 @@ pub fn run(args: ExecArgs) -> Result<()> {
 fn basic_helpers() -> HelperRegistry {
     use userbpf_vm::Helper;
     let mut r = HelperRegistry::new();
-    r.register(Helper { id: 5, name: "ktime_get_ns", func: ktime_get_ns });
+    r.register(Helper { id: 5, name: "ktime_get_ns", func: ktime_get_ns, may_exit: false });
     r
 }
 

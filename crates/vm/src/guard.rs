@@ -1,12 +1,25 @@
 //! Fault-tolerant memory access: copies from addresses a program hands to a helper
 //! (`bpf_probe_read_user` and friends) that return `-EFAULT` on a bad address instead of
-//! killing the process, the way the kernel's exception tables work.
+//! killing the process, the way the kernel's exception tables work; and containment of faults
+//! in JIT code.
 //!
 //! The copy routines are a few lines of assembly. A SIGSEGV/SIGBUS handler, installed once,
 //! looks at the faulting instruction: inside one of these routines it resumes at the routine's
 //! fixup, which returns `-EFAULT`; anywhere else it hands the signal to whatever handler was
 //! there before (or the default action), so the process behaves as if we were not there.
+//!
+//! Other code can register ranges too: [`add_range`] with a fixed resume address, or
+//! [`add_dynamic_range`] with a function that computes where to resume from the fault's
+//! context (the JIT registers each program's code this way: it resumes at the program's abort
+//! path with the faulting eBPF instruction in a register). The table of ranges is a fixed
+//! array of [`MAX_RANGES`] slots, each a seqlock, so that the handler neither allocates nor
+//! locks and registration never blocks it.
+//!
+//! The handler is installed by the first use (a copy, a registration, [`install`]). A handler
+//! installed later by someone else for SIGSEGV or SIGBUS replaces it (unless it chains to it).
 
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize};
 use std::sync::Once;
 
 /// The negated errno a failed copy returns.
@@ -65,69 +78,231 @@ extern "C" {
     fn userbpf_guard_strcpy_end();
 }
 
-/// Code ranges whose faults are recovered, and where execution resumes. More ranges (JIT
-/// code) can be added by [`add_range`]; the table is fixed-size so the handler never locks.
-const MAX_RANGES: usize = 64;
+/// Most code ranges registered at once: the two copy routines plus one per live
+/// [`JitProgram`](crate::JitProgram). The table is a fixed array so that the signal handler
+/// never allocates or locks; registering a range when it is full fails
+/// ([`add_range`] returns false, [`add_dynamic_range`] `None`, `JitProgram::compile` an error).
+pub const MAX_RANGES: usize = 4096;
 
-struct Range {
-    start: std::sync::atomic::AtomicUsize,
-    end: std::sync::atomic::AtomicUsize,
-    fixup: std::sync::atomic::AtomicUsize,
+/// What a fault inside a range does, as the signal handler finds it.
+#[derive(Clone, Copy)]
+enum Action {
+    /// Resume at this address.
+    Resume(usize),
+    /// Ask this function (with its data word) where to resume.
+    Dynamic(DynamicFixup, usize),
+}
+
+/// One entry of the table. Readers (the signal handler, on any thread) never block: each slot
+/// is a seqlock. A writer (the owner of the slot, claimed with `claimed`) makes `seq` odd,
+/// changes the fields, then makes `seq` even again; a reader skips a slot whose `seq` is odd
+/// or changed while it read the fields. The slot of a range that contains the faulting
+/// instruction is never being written (its code is running, so it is registered and not
+/// being removed), so skipping slots in flux never loses a fault that is ours.
+struct Slot {
+    seq: AtomicUsize,
+    /// Taken by `claim` (true from registration until removal).
+    claimed: AtomicBool,
+    /// `[start, end)`; start 0 = empty.
+    start: AtomicUsize,
+    end: AtomicUsize,
+    /// The resume address, or a [`DynamicFixup`] as an address when `dynamic`.
+    fixup: AtomicUsize,
+    data: AtomicUsize,
+    dynamic: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Range = Range {
-    start: std::sync::atomic::AtomicUsize::new(0),
-    end: std::sync::atomic::AtomicUsize::new(0),
-    fixup: std::sync::atomic::AtomicUsize::new(0),
+const EMPTY: Slot = Slot {
+    seq: AtomicUsize::new(0),
+    claimed: AtomicBool::new(false),
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    fixup: AtomicUsize::new(0),
+    data: AtomicUsize::new(0),
+    dynamic: AtomicBool::new(false),
 };
-static RANGES: [Range; MAX_RANGES] = [EMPTY; MAX_RANGES];
+static SLOTS: [Slot; MAX_RANGES] = [EMPTY; MAX_RANGES];
+/// One past the highest slot ever claimed: the handler scans no further.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
 
 static mut OLD_SEGV: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
 static mut OLD_BUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
 static INSTALL: Once = Once::new();
 
+/// A registered range, for [`remove`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a range that is not removed stays registered"]
+pub struct RangeId(usize);
+
+/// Decides where a fault inside a dynamic range resumes: it may read and change the
+/// interrupted registers (setting the instruction pointer to where execution goes on) and
+/// returns true, or returns false to treat the fault as not ours (it then goes to the previous
+/// handler). `data` is the word given to [`add_dynamic_range`].
+///
+/// It runs inside a signal handler: it must be async-signal-safe (no allocation, no locks, no
+/// panics) and must not touch thread-locals that need lazy initialisation.
+pub type DynamicFixup = unsafe fn(data: usize, fault: &mut FaultContext) -> bool;
+
+/// The interrupted thread's state at a fault, as a [`DynamicFixup`] sees and changes it.
+pub struct FaultContext {
+    uc: *mut libc::ucontext_t,
+    addr: usize,
+    sig: libc::c_int,
+}
+
+impl FaultContext {
+    /// The faulting instruction's address.
+    pub fn ip(&self) -> usize {
+        self.reg(libc::REG_RIP) as usize
+    }
+    /// Resumes at `ip` instead.
+    pub fn set_ip(&mut self, ip: usize) {
+        self.set_reg(libc::REG_RIP, ip as u64);
+    }
+    /// The address that faulted, as the kernel reports it (0 for a general-protection fault,
+    /// such as an access to a non-canonical address).
+    pub fn fault_addr(&self) -> usize {
+        self.addr
+    }
+    /// SIGSEGV or SIGBUS.
+    pub fn signal(&self) -> libc::c_int {
+        self.sig
+    }
+    /// A saved general-purpose register, by its `libc::REG_*` index.
+    ///
+    /// # Panics
+    /// If `r` is not a valid index (never for the `libc::REG_*` constants).
+    pub fn reg(&self, r: libc::c_int) -> u64 {
+        // SAFETY: `uc` is the ucontext_t the kernel passed to the handler, valid for the
+        // handler's duration, which this value (created and dropped inside it) does not outlive;
+        // indexing is bounds-checked.
+        unsafe { (*self.uc).uc_mcontext.gregs[r as usize] as u64 }
+    }
+    /// Changes a saved register; the thread resumes with it.
+    pub fn set_reg(&mut self, r: libc::c_int, v: u64) {
+        // SAFETY: as in `reg`; the kernel restores the thread's registers from this context
+        // when the handler returns, which is the point.
+        unsafe { (*self.uc).uc_mcontext.gregs[r as usize] = v as i64 }
+    }
+}
+
+/// Claims a free slot and fills it in; `None` when the table is full.
+fn claim(start: usize, end: usize, fixup: usize, data: usize, dynamic: bool) -> Option<RangeId> {
+    for (i, s) in SLOTS.iter().enumerate() {
+        if s.claimed.compare_exchange(false, true, AcqRel, Relaxed).is_ok() {
+            HIGH.fetch_max(i + 1, AcqRel);
+            write_slot(s, start, end, fixup, data, dynamic);
+            return Some(RangeId(i));
+        }
+    }
+    None
+}
+
+/// Seqlock write; only the slot's owner calls it.
+fn write_slot(s: &Slot, start: usize, end: usize, fixup: usize, data: usize, dynamic: bool) {
+    let seq = s.seq.load(Relaxed);
+    s.seq.store(seq.wrapping_add(1), Relaxed);
+    fence(Release);
+    s.start.store(start, Relaxed);
+    s.end.store(end, Relaxed);
+    s.fixup.store(fixup, Relaxed);
+    s.data.store(data, Relaxed);
+    s.dynamic.store(dynamic, Relaxed);
+    s.seq.store(seq.wrapping_add(2), Release);
+}
+
 /// Registers `[start, end)` as code whose faults resume at `fixup`. Returns false when the
 /// table is full.
 pub fn add_range(start: usize, end: usize, fixup: usize) -> bool {
-    use std::sync::atomic::Ordering::*;
     install();
-    for r in &RANGES {
-        if r.start.compare_exchange(0, usize::MAX, AcqRel, Acquire).is_ok() {
-            r.fixup.store(fixup, Release);
-            r.end.store(end, Release);
-            r.start.store(start, Release);
-            return true;
-        }
-    }
-    false
+    claim(start, end, fixup, 0, false).is_some()
 }
 
-/// Forgets a range added by [`add_range`].
+/// Registers `[start, end)` as code whose faults are handled by `fixup(data, ..)`, which
+/// computes where to resume from the fault's context. `None` when the table is full (see
+/// [`MAX_RANGES`]).
+///
+/// # Safety
+/// `fixup` must be async-signal-safe (see [`DynamicFixup`]) and may rely on `data` only until
+/// [`remove`] returns for this range; the caller keeps whatever `data` names valid until then.
+/// `start` must be non-zero and below `end`.
+pub unsafe fn add_dynamic_range(start: usize, end: usize, fixup: DynamicFixup, data: usize) -> Option<RangeId> {
+    install();
+    if start == 0 || start >= end {
+        return None;
+    }
+    claim(start, end, fixup as usize, data, true)
+}
+
+/// Forgets a range. When it returns, no fault handler reads the range's fixup or data any
+/// more — unless a fault inside the range itself is being handled at that moment, which the
+/// owner rules out by removing the range only when its code can no longer run.
+pub fn remove(id: RangeId) {
+    let s = &SLOTS[id.0];
+    write_slot(s, 0, 0, 0, 0, false);
+    s.claimed.store(false, Release);
+}
+
+/// Forgets ranges added by [`add_range`] that start at `start`.
 pub fn remove_range(start: usize) {
-    use std::sync::atomic::Ordering::*;
-    for r in &RANGES {
-        if r.start.load(Acquire) == start {
-            r.end.store(0, Release);
-            r.start.store(0, Release);
+    if start == 0 {
+        return;
+    }
+    let high = HIGH.load(Acquire);
+    for (i, s) in SLOTS[..high].iter().enumerate() {
+        if s.claimed.load(Acquire) && !s.dynamic.load(Relaxed) && s.start.load(Relaxed) == start {
+            remove(RangeId(i));
         }
     }
 }
 
-fn lookup(ip: usize) -> Option<usize> {
-    use std::sync::atomic::Ordering::*;
-    RANGES.iter().find_map(|r| {
-        let s = r.start.load(Acquire);
-        (s != 0 && s != usize::MAX && ip >= s && ip < r.end.load(Acquire)).then(|| r.fixup.load(Acquire))
-    })
+/// The action for a fault at `ip`. Async-signal-safe: atomic loads only.
+fn lookup(ip: usize) -> Option<Action> {
+    let high = HIGH.load(Acquire).min(MAX_RANGES);
+    for s in &SLOTS[..high] {
+        let seq = s.seq.load(Acquire);
+        if seq & 1 != 0 {
+            continue;
+        }
+        let start = s.start.load(Relaxed);
+        let end = s.end.load(Relaxed);
+        let fixup = s.fixup.load(Relaxed);
+        let data = s.data.load(Relaxed);
+        let dynamic = s.dynamic.load(Relaxed);
+        fence(Acquire);
+        if s.seq.load(Relaxed) != seq || start == 0 || ip < start || ip >= end {
+            continue;
+        }
+        return Some(if dynamic {
+            // SAFETY: a dynamic slot's `fixup` was stored from a `DynamicFixup` in
+            // `add_dynamic_range`, and the seqlock check shows the fields are one consistent
+            // write; function pointers round-trip through usize.
+            Action::Dynamic(unsafe { std::mem::transmute::<usize, DynamicFixup>(fixup) }, data)
+        } else {
+            Action::Resume(fixup)
+        });
+    }
+    None
+}
+
+/// Whether a fault at `ip` would be handled by a registered range (for tests).
+#[cfg(test)]
+pub(crate) fn covers(ip: usize) -> bool {
+    lookup(ip).is_some()
 }
 
 /// Installs the fault handler (once per process). Called by the copy functions themselves;
 /// call it early to keep the first probe hit free of the `sigaction` calls.
 pub fn install() {
     INSTALL.call_once(|| {
-        add_builtin(userbpf_guard_copy as *const () as usize, userbpf_guard_copy_end as *const () as usize);
-        add_builtin(userbpf_guard_strcpy as *const () as usize, userbpf_guard_strcpy_end as *const () as usize);
+        for (start, fixup) in [
+            (userbpf_guard_copy as *const () as usize, userbpf_guard_copy_end as *const () as usize),
+            (userbpf_guard_strcpy as *const () as usize, userbpf_guard_strcpy_end as *const () as usize),
+        ] {
+            // The table is empty at this point, so this cannot fail; the ids are never removed.
+            let _ = claim(start, fixup, fixup, 0, false);
+        }
         // SAFETY: a zeroed sigaction is valid; we fill in a handler with the SA_SIGINFO
         // signature and store the previous actions in statics written only here, inside
         // `call_once`, before the handler can run.
@@ -142,27 +317,26 @@ pub fn install() {
     });
 }
 
-fn add_builtin(start: usize, fixup: usize) {
-    use std::sync::atomic::Ordering::*;
-    for r in &RANGES {
-        if r.start.compare_exchange(0, usize::MAX, AcqRel, Acquire).is_ok() {
-            r.fixup.store(fixup, Release);
-            r.end.store(fixup, Release);
-            r.start.store(start, Release);
-            return;
-        }
-    }
-}
-
 extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid ucontext_t for SA_SIGINFO handlers; we only read and
-    // write its saved RIP, which is how the interrupted thread resumes.
+    // SAFETY: the kernel passes a valid siginfo_t and ucontext_t for SA_SIGINFO handlers; we
+    // read the fault address and read and write the saved registers, which is how the
+    // interrupted thread resumes. Everything called here is async-signal-safe.
     unsafe {
         let uc = ctx.cast::<libc::ucontext_t>();
-        let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
-        if let Some(fixup) = lookup(*rip as usize) {
-            *rip = fixup as i64;
-            return;
+        let rip = (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
+        match lookup(rip) {
+            Some(Action::Resume(fixup)) => {
+                (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = fixup as i64;
+                return;
+            }
+            Some(Action::Dynamic(f, data)) => {
+                let addr = if info.is_null() { 0 } else { (*info).si_addr() as usize };
+                let mut fault = FaultContext { uc, addr, sig };
+                if f(data, &mut fault) {
+                    return;
+                }
+            }
+            None => {}
         }
         // Not ours: behave as the previous disposition would.
         let old = if sig == libc::SIGBUS { (&raw const OLD_BUS).cast::<libc::sigaction>() } else { (&raw const OLD_SEGV).cast::<libc::sigaction>() };
@@ -234,6 +408,65 @@ mod tests {
             assert_eq!(copy_str(dst.as_mut_ptr(), 16 as *const u8, 3), EFAULT_RET);
             assert_eq!(copy_str(dst.as_mut_ptr(), src.as_ptr(), 0), -(libc::EINVAL as i64));
         }
+    }
+
+    unsafe fn never(_: usize, _: &mut FaultContext) -> bool {
+        false
+    }
+
+    #[test]
+    fn dynamic_ranges_come_and_go() {
+        // Fake addresses in the never-mapped first page: no fault happens there.
+        // SAFETY: `never` is async-signal-safe and uses no data.
+        let id = unsafe { add_dynamic_range(0x100, 0x200, never, 0) }.expect("room in the table");
+        assert!(covers(0x100) && covers(0x1ff));
+        assert!(!covers(0xff) && !covers(0x200));
+        remove(id);
+        assert!(!covers(0x100));
+        // SAFETY: as above.
+        assert!(unsafe { add_dynamic_range(0, 0x10, never, 0) }.is_none(), "start 0 is refused");
+        // SAFETY: as above.
+        assert!(unsafe { add_dynamic_range(0x20, 0x20, never, 0) }.is_none(), "empty ranges are refused");
+        // Slots are reused: far more registrations than the table holds.
+        for k in 0..2 * MAX_RANGES {
+            let start = 0x300 + 16 * (k % 8);
+            // SAFETY: as above.
+            let id = unsafe { add_dynamic_range(start, start + 8, never, k) }.expect("a slot");
+            assert!(covers(start));
+            remove(id);
+        }
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        install();
+        // Filling the table would make other tests' JIT compiles fail: do it in a child.
+        // SAFETY: fork in a test; the child only uses the lock-free table (no allocation) and
+        // then _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut ids: [Option<RangeId>; MAX_RANGES] = [const { None }; MAX_RANGES];
+            let mut n = 0;
+            // SAFETY: `never` is async-signal-safe and uses no data.
+            while let Some(id) = unsafe { add_dynamic_range(0x10_0000 + n, 0x10_0001 + n, never, 0) } {
+                ids[n] = Some(id);
+                n += 1;
+            }
+            // The two copy routines and the other tests' live programs hold the rest.
+            let full_ok = n > MAX_RANGES - 64 && n <= MAX_RANGES - 2 && !add_range(1, 2, 3);
+            if let Some(id) = ids[7].take() {
+                remove(id);
+            }
+            // SAFETY: as above.
+            let reused = unsafe { add_dynamic_range(0x9_0000, 0x9_0010, never, 0) }.is_some_and(|id| id.0 < MAX_RANGES);
+            let code = if full_ok && reused && covers(0x10_0000) && !covers(0x10_0007) && covers(0x9_0000) { 0 } else { 1 };
+            // SAFETY: _exit is always safe to call.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
     }
 
     #[test]

@@ -14,11 +14,24 @@ pub struct Helper {
     /// The name without `bpf_`, as the kernel spells it (`map_lookup_elem`).
     pub name: &'static str,
     pub func: HelperFn,
+    /// The helper may end the run: it calls [`request_exit`](crate::request_exit)
+    /// (`bpf_tail_call`) or runs callbacks with [`callback::invoke`](crate::callback::invoke)
+    /// (`bpf_loop`, `bpf_for_each_map_elem`, ...), whose errors end the run. After such a
+    /// helper returns, both executors check for a pending exit or error and, if there is one,
+    /// end the run at once (every frame). Other helpers cost nothing extra.
+    pub may_exit: bool,
+}
+
+impl Helper {
+    /// A helper that does not end the run (`may_exit` false).
+    pub const fn new(id: u32, name: &'static str, func: HelperFn) -> Helper {
+        Helper { id, name, func, may_exit: false }
+    }
 }
 
 impl fmt::Debug for Helper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Helper({} bpf_{})", self.id, self.name)
+        write!(f, "Helper({} bpf_{}{})", self.id, self.name, if self.may_exit { ", may exit" } else { "" })
     }
 }
 

@@ -3,7 +3,14 @@
 //!
 //! An out-of-bounds access ends the run with [`VmError::OutOfBounds`]; nothing a checked
 //! program does can make the interpreter itself fault.
+//!
+//! All frames of a run share one stack area of `MAX_CALL_FRAMES` × 512 bytes, frame `d`
+//! below frame `d - 1`. A callback run by [`callback::invoke`](crate::callback::invoke)
+//! re-enters the interpreter (through the run's state, which a thread-local points to) in
+//! the frame above the helper's caller, so it counts toward the depth limit like a
+//! bpf-to-bpf call and its accesses are checked against the same stack, regions and policy.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -12,6 +19,7 @@ use userbpf_isa::*;
 use crate::error::AccessKind;
 use crate::helpers::HelperFn;
 use crate::program::{MAX_CALL_FRAMES, STACK_SIZE};
+use crate::run::{RunCtx, RunKind, Status};
 use crate::{Program, Region, VmError};
 
 /// Value an `lddw` of a function (BPF_PSEUDO_FUNC) gives in the interpreter: this tag ORed
@@ -20,7 +28,8 @@ pub const INTERP_FUNC_TAG: u64 = 0xbf00_0000_0000_0000;
 
 /// One pre-decoded slot. `imm` is what the instruction needs at run time: the sign-extended
 /// immediate, the whole 64-bit value of an `lddw`, the helper's address for a call, or the
-/// target index of a local call or `gotol`.
+/// target index of a local call or `gotol`. For a helper call, `off` is 1 when the helper is
+/// marked `may_exit`.
 #[derive(Clone, Copy, Debug)]
 struct Op {
     op: u8,
@@ -67,7 +76,11 @@ impl Interpreter {
             if i.op == OP_CALL {
                 op.imm = match i.src {
                     // Checked at load: the helper is registered.
-                    0 => prog.helpers().get(i.imm as u32).map_or(0, |h| h.func as usize as i64),
+                    0 => {
+                        let h = prog.helpers().get(i.imm as u32);
+                        op.off = i16::from(h.is_some_and(|h| h.may_exit));
+                        h.map_or(0, |h| h.func as usize as i64)
+                    }
                     _ => pc as i64 + 1 + i.imm as i64,
                 };
             } else if i.op == OP_JA32 {
@@ -117,29 +130,61 @@ impl Interpreter {
     fn exec<const COUNT: bool>(&self, r1: u64, r2: u64, regions: &[Region]) -> (Result<u64, VmError>, u64) {
         let mut stack = [0u64; STACK_WORDS];
         let stack_region = Region::of_mut(bytemuck_u8(&mut stack));
+        let run = InterpRun { interp: self, regions, stack: stack_region, depth: Cell::new(0), count: Cell::new(0), counting: COUNT };
+        let ctx = RunCtx::new(RunKind::Interp(&run));
+        let result = {
+            let _scope = ctx.enter();
+            self.exec_at::<COUNT>(&ctx, &run, 0, [r1, r2, 0, 0, 0], 0)
+        };
+        (ctx.finish(result), run.count.get())
+    }
+
+    /// Runs the function at `start` with r1..r5 = `args` in frame `base` (0 for the program's
+    /// entry, deeper for a callback) until it returns, or until the run ends (a pending exit or
+    /// error after a `may_exit` helper: then it returns `Ok` with a value the run's `finish`
+    /// overrides).
+    fn exec_at<const COUNT: bool>(
+        &self,
+        ctx: &RunCtx<'_>,
+        run: &InterpRun<'_>,
+        start: usize,
+        args: [u64; 5],
+        base: usize,
+    ) -> Result<u64, VmError> {
+        let stack_region = &run.stack;
+        let regions = run.regions;
         let mut reg = [0u64; 16];
-        reg[1] = r1;
-        reg[2] = r2;
-        reg[10] = stack_region.start + stack_region.len;
+        reg[1..6].copy_from_slice(&args);
+        reg[10] = stack_region.start + stack_region.len - (base * STACK_SIZE) as u64;
         let mut frames = [Frame::default(); MAX_CALL_FRAMES];
         let mut depth = 0usize;
         let mut count = 0u64;
         let ops = &*self.ops;
-        let mut pc = 0usize;
+        let mut pc = start;
 
         macro_rules! fail {
             ($e:expr) => {
-                return (Err($e), count)
+                break Err($e)
             };
         }
         macro_rules! chk {
             ($addr:expr, $len:expr, $write:expr) => {
-                if let Err(e) = self.check(&stack_region, regions, pc - 1, $addr, $len, $write) {
+                if let Err(e) = self.check(stack_region, regions, pc - 1, $addr, $len, $write) {
                     fail!(e)
                 }
             };
         }
-        loop {
+        /// After a helper that may end the run: stop if it does.
+        macro_rules! stop_if_ending {
+            () => {
+                match ctx.status() {
+                    Status::Running => {}
+                    Status::Exit(v) => break Ok(v),
+                    Status::Error => break Ok(reg[0]),
+                }
+            };
+        }
+        let result = loop {
             // SAFETY: `Program::load` checked that every jump and call targets an instruction
             // inside the program and that every function ends in exit or an unconditional
             // jump, so `pc` is always a valid index of `ops`.
@@ -351,10 +396,14 @@ impl Interpreter {
                         // SAFETY: `imm` is the address of a registered helper (resolved in
                         // `new` from the load-time check); helpers are `HelperFn`s.
                         let f: HelperFn = unsafe { std::mem::transmute::<usize, HelperFn>(op.imm as usize) };
+                        run.depth.set(base + depth);
                         // SAFETY: a registered helper is trusted code taking five u64s.
                         reg[0] = unsafe { f(reg[1], reg[2], reg[3], reg[4], reg[5]) };
+                        if op.off != 0 {
+                            stop_if_ending!();
+                        }
                     } else {
-                        if depth + 1 >= MAX_CALL_FRAMES {
+                        if base + depth + 1 >= MAX_CALL_FRAMES {
                             fail!(VmError::CallDepth { pc: pc - 1, max: MAX_CALL_FRAMES });
                         }
                         frames[depth] = Frame { ret_pc: pc, saved: [reg[6], reg[7], reg[8], reg[9]], r10: reg[10] };
@@ -368,12 +417,15 @@ impl Interpreter {
                     let Some(h) = self.prog.helpers().get_u64(id) else {
                         fail!(VmError::UnknownHelper { pc: pc - 1, id });
                     };
+                    run.depth.set(base + depth);
                     // SAFETY: a registered helper is trusted code taking five u64s.
                     reg[0] = unsafe { (h.func)(reg[1], reg[2], reg[3], reg[4], reg[5]) };
+                    // As the JIT does: after `callx` the check is unconditional.
+                    stop_if_ending!();
                 }
                 0x95 => {
                     if depth == 0 {
-                        return (Ok(reg[0]), count);
+                        break Ok(reg[0]);
                     }
                     depth -= 1;
                     let f = frames[depth];
@@ -383,7 +435,48 @@ impl Interpreter {
                 }
                 _ => unreachable!("opcode {:#04x} at {} passed the load-time checks", op.op, pc - 1),
             }
+        };
+        if COUNT {
+            run.count.set(run.count.get() + count);
         }
+        result
+    }
+}
+
+/// What a run of the interpreter shares with the callbacks [`callback::invoke`](crate::callback::invoke)
+/// runs inside it.
+pub(crate) struct InterpRun<'a> {
+    interp: &'a Interpreter,
+    regions: &'a [Region],
+    /// All frames' stacks; frame `d` has r10 = end - d * 512.
+    stack: Region,
+    /// Frame (0 = the entry's) that is calling a helper, set before each helper call.
+    depth: Cell<usize>,
+    /// Instructions executed, when counting.
+    count: Cell<u64>,
+    counting: bool,
+}
+
+impl InterpRun<'_> {
+    pub(crate) fn interp(&self) -> &Interpreter {
+        self.interp
+    }
+
+    /// Runs the function at `pc` (checked to start one) as a callback of the helper being
+    /// called, in the frame above the helper's caller.
+    pub(crate) fn invoke(&self, ctx: &RunCtx<'_>, pc: usize, args: [u64; 5]) -> Result<u64, VmError> {
+        let caller = self.depth.get();
+        if caller + 1 >= MAX_CALL_FRAMES {
+            return Err(VmError::CallDepth { pc, max: MAX_CALL_FRAMES });
+        }
+        let result = if self.counting {
+            self.interp.exec_at::<true>(ctx, self, pc, args, caller + 1)
+        } else {
+            self.interp.exec_at::<false>(ctx, self, pc, args, caller + 1)
+        };
+        // The same helper may call back again: from the same frame.
+        self.depth.set(caller);
+        result
     }
 }
 

@@ -14,7 +14,7 @@ extern "C" fn nop(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
 
 fn options() -> LoadOptions {
     let mut helpers = HelperRegistry::new();
-    helpers.register(Helper { id: 1, name: "map_lookup_elem", func: nop });
+    helpers.register(Helper { id: 1, name: "map_lookup_elem", func: nop, may_exit: false });
     LoadOptions { helpers: Arc::new(helpers), ..Default::default() }
 }
 

@@ -77,8 +77,8 @@ unsafe extern "C" fn helper_const(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64
 
 fn load_options() -> LoadOptions {
     let mut reg = HelperRegistry::new();
-    reg.register(Helper { id: HELPER_MIX, name: "test_mix", func: helper_mix });
-    reg.register(Helper { id: HELPER_CONST, name: "test_const", func: helper_const });
+    reg.register(Helper { id: HELPER_MIX, name: "test_mix", func: helper_mix, may_exit: false });
+    reg.register(Helper { id: HELPER_CONST, name: "test_const", func: helper_const, may_exit: false });
     LoadOptions { helpers: Arc::new(reg), memory: None, allow_callx: true }
 }
 

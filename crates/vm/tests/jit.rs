@@ -159,7 +159,7 @@ fn registry() -> HelperRegistry {
         (H_LOOP, "loop", h_loop as HelperFn),
         (H_CLOBBER, "clobber", h_clobber as HelperFn),
     ] {
-        r.register(Helper { id: id as u32, name, func });
+        r.register(Helper { id: id as u32, name, func, may_exit: false });
     }
     r
 }

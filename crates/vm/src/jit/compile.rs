@@ -22,6 +22,7 @@
 //!            push rbp, rbx, r12..r15; sub rsp, 8; mov r12, rsp; r0 = r6..r9 = 0;
 //!            call Func(k); jmp Epilogue
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
+//! Unwind:    mov rsp, r12               (the result is in rax)
 //! Epilogue:  add rsp, 8; pop r15..r12, rbx, rbp; ret
 //! Func(k)    for every subprogram k: the body, with its own frame:
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
@@ -35,9 +36,20 @@
 //! The run's entry is `Entry(0)`; `lddw rX, BPF_PSEUDO_FUNC` loads the address of `Entry(k)`,
 //! so a helper can call a callback as a plain C function. Each entry sets r12 to its own
 //! stack pointer; [`Label::Abort`] unwinds to the innermost entry (`mov rsp, r12`), records
-//! the error and returns 1 from that entry. `callx` to an unknown id jumps there; a future
-//! SIGSEGV handler can do the same by setting rip to the abort code, with r9 = kind,
-//! r10 = pc, r11 = detail.
+//! the error and returns 1 from that entry. `callx` to an unknown id jumps there, and so does
+//! the SIGSEGV/SIGBUS handler (guard.rs) for a fault inside an instruction's code: it sets
+//! rip to the abort code with r9 = kind, r10 = pc, r11 = the faulting address, finding the pc
+//! in the table of [`Output::pc_map`]. (r12 is the innermost entry's stack pointer everywhere
+//! in the functions' code: only entries write it, and helpers preserve it.)
+//!
+//! # Ending the run from a helper
+//!
+//! After a call to a helper marked `may_exit` (and after every `callx`, whose target is not
+//! known here), the code calls `jit_after_helper(r0)` (run.rs), which returns r0 in rax and
+//! in rdx whether the run ends (an exit request or an error is pending). If it does, the code
+//! jumps to [`Label::Unwind`], which returns rax from the innermost entry; the caller of that
+//! entry (`JitProgram::run`, or `callback::invoke`, which reports the ending to its helper,
+//! after which the outer code's own check unwinds further) takes it from there.
 //!
 //! # Jumps
 //!
@@ -54,6 +66,20 @@ use crate::program::{Program, STACK_SIZE};
 
 /// Kind of abort: `callx` to an id with no helper (r10 = pc, r11 = id).
 pub(crate) const ABORT_UNKNOWN_HELPER: u64 = 1;
+/// Kind of abort: a fault in an instruction's code (r10 = pc, r11 = faulting address); set by
+/// the fault handler.
+pub(crate) const ABORT_FAULT: u64 = 2;
+/// `pc` of [`Output::pc_map`] entries that start code belonging to no instruction (prologues).
+pub(crate) const NO_PC: u32 = u32::MAX;
+
+/// Addresses of the run-time functions the code calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Runtime {
+    /// `extern "C" fn(kind, pc, detail)`: records an abort.
+    pub abort_fn: u64,
+    /// `extern "C" fn(r0) -> (r0, end)`: after a helper that may end the run.
+    pub after_helper_fn: u64,
+}
 
 /// Layout passes before the last, freezing one.
 const MAX_PASSES: usize = 16;
@@ -111,6 +137,12 @@ pub(crate) struct Output {
     pub code: Vec<u8>,
     /// Offset of `Entry(k)` for each subprogram, in `Program::subprogs` order.
     pub entries: Vec<usize>,
+    /// Offset of the abort path.
+    pub abort: usize,
+    /// `(offset, pc)`, ascending by offset: the code from `offset` up to the next entry's is
+    /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
+    /// (entries, abort path, epilogue) belongs to no instruction.
+    pub pc_map: Vec<(u32, u32)>,
 }
 
 /// What a subprogram's frame needs.
@@ -132,6 +164,7 @@ enum Label {
     Entry(usize),
     Abort,
     Epilogue,
+    Unwind,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -148,15 +181,14 @@ fn fits_i8(v: i64) -> bool {
     (-128..=127).contains(&v)
 }
 
-/// Compiles `prog`. `abort_fn` is the address of the `extern "C" fn(kind, pc, id)` the abort
-/// path calls to record the error.
-pub(crate) fn compile(prog: &Program, opts: Options, abort_fn: u64) -> Result<Output, String> {
+/// Compiles `prog`; the code calls the functions of `rt`.
+pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Output, String> {
     let frames = frames(prog)?;
     let mut prev: Option<Layout> = None;
     let max_passes = opts.max_passes.max(1);
     for pass in 0..=max_passes {
         let freeze = pass == max_passes;
-        let mut e = Emitter::new(prog, opts, &frames, prev.as_ref(), freeze, abort_fn);
+        let mut e = Emitter::new(prog, opts, &frames, prev.as_ref(), freeze, rt);
         e.emit_all();
         if let Some(err) = e.err {
             return Err(err);
@@ -171,8 +203,11 @@ pub(crate) fn compile(prog: &Program, opts: Options, abort_fn: u64) -> Result<Ou
         if converged {
             let nsub = frames.len();
             let n = prog.insns().len();
-            let entries = (0..nsub).map(|k| e.cur.labels[n + nsub + k]).collect();
-            return Ok(Output { code: e.a.into_code(), entries });
+            let labels = &e.cur.labels;
+            let entries = (0..nsub).map(|k| labels[n + nsub + k]).collect();
+            let abort = labels[e.label_index(Label::Abort)];
+            let pc_map = pc_map(prog, &frames, labels)?;
+            return Ok(Output { code: e.a.into_code(), entries, abort, pc_map });
         }
         if freeze {
             break;
@@ -180,6 +215,26 @@ pub(crate) fn compile(prog: &Program, opts: Options, abort_fn: u64) -> Result<Ou
         prev = Some(e.cur);
     }
     Err("internal error: jump layout did not converge".into())
+}
+
+/// The offset → instruction table of the final layout (see [`Output::pc_map`]).
+fn pc_map(prog: &Program, frames: &[Frame], labels: &[usize]) -> Result<Vec<(u32, u32)>, String> {
+    let insns = prog.insns();
+    let n = insns.len();
+    let off = |l: usize| u32::try_from(l).map_err(|_| "code too large".to_string());
+    let mut map = Vec::with_capacity(n + frames.len());
+    for (k, f) in frames.iter().enumerate() {
+        map.push((off(labels[n + k])?, NO_PC));
+        let mut pc = f.start;
+        while pc < f.end {
+            map.push((off(labels[pc])?, pc as u32));
+            pc += if insns[pc].is_lddw() { 2 } else { 1 };
+        }
+    }
+    if !map.windows(2).all(|w| w[0].0 <= w[1].0) {
+        return Err("internal error: instruction offsets are not ascending".into());
+    }
+    Ok(map)
 }
 
 /// Finds the subprograms' ranges and what their frames need; checks register numbers.
@@ -248,7 +303,7 @@ struct Emitter<'a> {
     prev: Option<&'a Layout>,
     freeze: bool,
     cur: Layout,
-    abort_fn: u64,
+    rt: Runtime,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -262,10 +317,10 @@ impl<'a> Emitter<'a> {
         frames: &'a [Frame],
         prev: Option<&'a Layout>,
         freeze: bool,
-        abort_fn: u64,
+        rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 2;
+        let nlabels = insns.len() + 2 * frames.len() + 3;
         Emitter {
             a: Asm::new(),
             prog,
@@ -275,7 +330,7 @@ impl<'a> Emitter<'a> {
             prev,
             freeze,
             cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
-            abort_fn,
+            rt,
             err: None,
             inexact: false,
         }
@@ -296,6 +351,7 @@ impl<'a> Emitter<'a> {
             Label::Entry(k) => n + s + k,
             Label::Abort => n + 2 * s,
             Label::Epilogue => n + 2 * s + 1,
+            Label::Unwind => n + 2 * s + 2,
         }
     }
 
@@ -450,9 +506,12 @@ impl<'a> Emitter<'a> {
         self.a.mov_rr(true, Reg::RDI, Reg::R9);
         self.a.mov_rr(true, Reg::RSI, Reg::R10);
         self.a.mov_rr(true, Reg::RDX, Reg::R11);
-        self.a.mov_imm(Reg::RAX, self.abort_fn);
+        self.a.mov_imm(Reg::RAX, self.rt.abort_fn);
         self.a.call_r(Reg::RAX);
         self.a.mov_ri32(Reg::RAX, 1);
+        // The run ends with rax: unwind to the innermost entry (again, after an abort).
+        self.bind(Label::Unwind);
+        self.a.mov_rr(true, Reg::RSP, Reg::R12);
         self.bind(Label::Epilogue);
         self.a.alu_ri(Alu::Add, true, Reg::RSP, 8);
         for r in ENTRY_SAVES.iter().rev() {
@@ -946,8 +1005,12 @@ impl<'a> Emitter<'a> {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
                 };
                 // r1..r5 are already the argument registers; the result lands in rax = r0.
+                let may_exit = h.may_exit;
                 self.a.mov_imm(Reg::RAX, h.func as usize as u64);
                 self.a.call_r(Reg::RAX);
+                if may_exit {
+                    self.end_if_requested();
+                }
             }
             BPF_PSEUDO_CALL => {
                 let Some(t) = self.target(pc, insn.imm as i64) else { return };
@@ -982,5 +1045,18 @@ impl<'a> Emitter<'a> {
         self.jump(None, Label::Abort);
         self.a.bind(found);
         self.a.call_r(Reg::R10);
+        self.end_if_requested();
+    }
+
+    /// After a helper that may end the run: `(rax, rdx) = jit_after_helper(rax)`; if rdx is
+    /// set, unwind every frame of this entry and return rax. r1..r5 are dead after a helper
+    /// call (the helper may have clobbered them), so only r0 needs keeping; rsp is as aligned
+    /// as it was for the helper.
+    fn end_if_requested(&mut self) {
+        self.a.mov_rr(true, Reg::RDI, Reg::RAX);
+        self.a.mov_imm(Reg::R11, self.rt.after_helper_fn);
+        self.a.call_r(Reg::R11);
+        self.a.test_rr(true, Reg::RDX, Reg::RDX);
+        self.jump(Some(Cond::Ne), Label::Unwind);
     }
 }

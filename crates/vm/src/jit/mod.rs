@@ -13,41 +13,101 @@
 //! (`extern "C" fn(u64, u64, u64, u64, u64) -> u64`), which is how runs start and how
 //! helpers call callbacks; r12 holds the stack pointer of the innermost entry, to which the
 //! abort path unwinds.
+//!
+//! # Faults
+//!
+//! JIT code does not check memory accesses, but a fault does not kill the process: each
+//! program's code is registered with the fault handler of [`guard`], with a
+//! table from native offsets to eBPF instruction indices. A SIGSEGV or SIGBUS whose
+//! instruction pointer is inside an instruction's code resumes at the abort path, and the run
+//! returns [`VmError::Fault`] with the instruction's index and the faulting address. Faults
+//! elsewhere (in a helper the code called, in Rust code) are not the JIT's and go to the
+//! handler that was installed before (by default, the process dies as it would without us).
+//! At most [`guard::MAX_RANGES`] (minus 2) programs can be
+//! compiled at once; `compile` fails beyond that.
+//!
+//! # Callbacks and depth
+//!
+//! [`callback::invoke`](crate::callback::invoke) calls a subprogram's entry directly. The
+//! JIT does not count frames at run time (the load-time check bounds bpf-to-bpf chains), so
+//! it limits callbacks by nesting instead: a callback may run while fewer than
+//! `MAX_CALL_FRAMES - 1` callbacks of the same run are active, which bounds the native stack.
+//! (The interpreter counts every frame, so a callback nested inside deep bpf-to-bpf chains
+//! may get [`VmError::CallDepth`] there and not here.)
 
 mod compile;
 mod emit;
 mod exec;
 
-use std::cell::Cell;
 use std::sync::Arc;
 
+use crate::guard::{self, FaultContext, RangeId};
+use crate::run::{self, RunCtx, RunKind};
 use crate::{HelperFn, Program, VmError};
 
-use compile::{Options, ABORT_UNKNOWN_HELPER};
+use compile::{Options, Runtime, ABORT_FAULT, ABORT_UNKNOWN_HELPER, NO_PC};
 use exec::ExecMemory;
 
 /// A program compiled to native code, mapped executable and never writable at once.
 pub struct JitProgram {
     /// Kept alive for the code: `callx` reads the helper registry's `fn_table` and calls
     /// embed helper addresses.
-    _prog: Arc<Program>,
+    prog: Arc<Program>,
     mem: ExecMemory,
-    /// Offset of each subprogram's C-callable entry, in `Program::subprogs` order.
+    /// Offset of each subprogram's C-callable entry, in `Program::subprogs` order (ascending).
     entries: Vec<usize>,
+    /// Read by the fault handler through the registered range; boxed so that its address
+    /// stays put when the `JitProgram` moves.
+    _faults: Box<FaultMap>,
+    /// The code's range in the fault handler's table; removed on drop.
+    range: Option<RangeId>,
 }
 
-thread_local! {
-    /// The first abort of the current run on this thread: `[kind, pc, detail]`, kind 0 = none.
-    static ABORT_STATE: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
+/// What the fault handler needs to turn a fault in the code into an abort.
+struct FaultMap {
+    /// Address of the first byte of code.
+    start: usize,
+    /// Address of the abort path.
+    abort: usize,
+    /// Offsets where instructions' code starts, ascending, and the instruction there
+    /// (`NO_PC`: code of no instruction).
+    offs: Box<[u32]>,
+    pcs: Box<[u32]>,
+}
+
+/// The fault handler's fixup for JIT code (see [`guard::DynamicFixup`]): finds the instruction
+/// whose code faulted and resumes at the abort path with r9 = `ABORT_FAULT`, r10 = its index,
+/// r11 = the faulting address. Faults outside instructions' code are not handled.
+/// Async-signal-safe: a binary search and register writes, no allocation, no panics.
+///
+/// # Safety
+/// `data` is the address of the `FaultMap` of a live `JitProgram` (it is, from registration
+/// until `drop` removes the range).
+unsafe fn on_fault(data: usize, fault: &mut FaultContext) -> bool {
+    // SAFETY: per the contract above, `data` points to a FaultMap that outlives this call.
+    let map = unsafe { &*(data as *const FaultMap) };
+    let Some(off) = fault.ip().checked_sub(map.start) else { return false };
+    let i = map.offs.partition_point(|&o| o as usize <= off);
+    let Some(&pc) = i.checked_sub(1).and_then(|i| map.pcs.get(i)) else { return false };
+    if pc == NO_PC {
+        return false;
+    }
+    let addr = fault.fault_addr() as u64;
+    fault.set_reg(libc::REG_R9, ABORT_FAULT);
+    fault.set_reg(libc::REG_R10, pc as u64);
+    fault.set_reg(libc::REG_R11, addr);
+    fault.set_ip(map.abort);
+    true
 }
 
 /// Called by the JIT's abort path (after it unwound to the innermost entry) to record why
-/// the run stops. Only the first abort of a run is kept.
+/// the run stops. Only the first error of a run is kept.
 extern "C" fn record_abort(kind: u64, pc: u64, detail: u64) {
-    let _ = ABORT_STATE.try_with(|s| {
-        if s.get()[0] == 0 {
-            s.set([kind, pc, detail]);
-        }
+    let pc = pc as usize;
+    run::record_error(match kind {
+        ABORT_UNKNOWN_HELPER => VmError::UnknownHelper { pc, id: detail },
+        ABORT_FAULT => VmError::Fault { pc, addr: detail },
+        k => VmError::Jit(format!("run aborted at instruction {pc} for an unknown reason ({k})")),
     });
 }
 
@@ -61,10 +121,43 @@ impl JitProgram {
         if !cfg!(all(target_arch = "x86_64", unix)) {
             return Err(VmError::Jit("the JIT only supports x86-64 on Unix".into()));
         }
-        let out = compile::compile(&prog, opts, record_abort as extern "C" fn(u64, u64, u64) as usize as u64)
-            .map_err(VmError::Jit)?;
+        let rt = Runtime {
+            abort_fn: record_abort as extern "C" fn(u64, u64, u64) as usize as u64,
+            after_helper_fn: run::jit_after_helper as extern "C" fn(u64) -> run::AfterHelper as usize as u64,
+        };
+        let out = compile::compile(&prog, opts, rt).map_err(VmError::Jit)?;
         let mem = ExecMemory::new(&out.code)?;
-        Ok(JitProgram { _prog: prog, mem, entries: out.entries })
+        let (offs, pcs): (Vec<u32>, Vec<u32>) = out.pc_map.into_iter().unzip();
+        let faults = Box::new(FaultMap {
+            start: mem.addr(),
+            abort: mem.addr() + out.abort,
+            offs: offs.into_boxed_slice(),
+            pcs: pcs.into_boxed_slice(),
+        });
+        let code = mem.as_slice().as_ptr_range();
+        // SAFETY: `on_fault` is async-signal-safe, and `data` is the address of the boxed
+        // FaultMap, which the JitProgram owns and frees only after `drop` removed the range.
+        let range = unsafe {
+            guard::add_dynamic_range(code.start as usize, code.end as usize, on_fault, &*faults as *const FaultMap as usize)
+        };
+        let Some(range) = range else {
+            return Err(VmError::Jit(format!(
+                "the fault handler's table is full ({} code ranges): too many JIT programs at once",
+                guard::MAX_RANGES
+            )));
+        };
+        Ok(JitProgram { prog, mem, entries: out.entries, _faults: faults, range: Some(range) })
+    }
+
+    /// The program this was compiled from.
+    pub fn program(&self) -> &Arc<Program> {
+        &self.prog
+    }
+
+    /// The subprogram whose C-callable entry is at `addr`, if any.
+    pub(crate) fn entry_index(&self, addr: usize) -> Option<usize> {
+        let off = addr.checked_sub(self.mem.addr())?;
+        self.entries.binary_search(&off).ok()
     }
 
     /// The native code, for inspection (disassembly, size).
@@ -76,8 +169,10 @@ impl JitProgram {
     /// [`Program::subprogs`]; 0 is the program's entry). It can be called as a
     /// [`HelperFn`] with r1..r5 as arguments, returning r0, on the thread
     /// of a [`run`](Self::run) of this program or of another; if it aborts (for example a
-    /// `callx` to an unknown id) it returns 1 and the enclosing `run` reports the error.
-    /// This is the address `lddw rX, BPF_PSEUDO_FUNC` loads.
+    /// `callx` to an unknown id, or a fault) it returns 1 and the enclosing `run` reports the
+    /// error. This is the address `lddw rX, BPF_PSEUDO_FUNC` loads; helpers should run it
+    /// with [`callback::invoke`](crate::callback::invoke), which checks it and makes the run
+    /// end when the callback fails.
     ///
     /// # Panics
     /// If `index` is not below `subprogs().len()`.
@@ -90,27 +185,33 @@ impl JitProgram {
 
     /// Runs the program with r1 and r2 set, returning r0.
     ///
+    /// A run ends early when a helper marked `may_exit` asks it to
+    /// ([`request_exit`](crate::request_exit): `Ok` with the requested r0) or when a callback
+    /// it ran failed; a fault in the program's code ends it with [`VmError::Fault`] and leaves
+    /// the process as it was (memory the program wrote before stays written).
+    ///
     /// # Safety
-    /// JIT code does not check memory accesses: the caller guarantees that every load and
-    /// store the program can make with these arguments touches valid memory.
+    /// JIT code does not check memory accesses: the caller guarantees that every store the
+    /// program can make with these arguments (callbacks run by its helpers included) either
+    /// touches memory the program may change or faults, and that its loads read memory that
+    /// is valid or fault.
     pub unsafe fn run(&self, r1: u64, r2: u64) -> Result<u64, VmError> {
         // SAFETY: entry 0 is the code of `Entry(0)`, a function following the C calling
         // convention with this signature (see compile.rs), in memory mapped read+execute for
         // as long as `self` lives.
         let entry: HelperFn = unsafe { std::mem::transmute::<usize, HelperFn>(self.subprog_address(0)) };
-        // A run inside a helper of another run (or an earlier callback abort of the enclosing
-        // run) must not see, or lose, the other's state.
-        let outer = ABORT_STATE.replace([0; 3]);
-        // SAFETY: the code reads and writes only its own stack frames and the memory the
-        // program's accesses name, which the caller vouches for; it calls only registered
-        // helpers and its own functions, and returns with the callee-saved registers restored.
-        let r0 = unsafe { entry(r1, r2, 0, 0, 0) };
-        let [kind, pc, detail] = ABORT_STATE.replace(outer);
-        match kind {
-            0 => Ok(r0),
-            ABORT_UNKNOWN_HELPER => Err(VmError::UnknownHelper { pc: pc as usize, id: detail }),
-            k => Err(VmError::Jit(format!("run aborted at instruction {pc} for an unknown reason ({k})"))),
-        }
+        // A run inside a helper of another run must not see, or lose, the other's state: each
+        // run has its own, and the thread's innermost run is put back when this one ends.
+        let ctx = RunCtx::new(RunKind::Jit(self));
+        let r0 = {
+            let _scope = ctx.enter();
+            // SAFETY: the code reads and writes only its own stack frames and the memory the
+            // program's accesses name, which the caller vouches for (a fault there resumes at
+            // the abort path); it calls only registered helpers and its own functions, and
+            // returns with the callee-saved registers restored.
+            unsafe { entry(r1, r2, 0, 0, 0) }
+        };
+        ctx.finish(Ok(r0))
     }
 }
 
@@ -123,6 +224,16 @@ impl JitProgram {
         let r1 = if mem.is_empty() { 0 } else { mem.as_mut_ptr() as u64 };
         // SAFETY: forwarded to the caller's guarantee.
         unsafe { self.run(r1, mem.len() as u64) }
+    }
+}
+
+impl Drop for JitProgram {
+    fn drop(&mut self) {
+        // No run of this program is in progress (they borrow it), so no fault handler is
+        // inside the range; after this no handler reads the FaultMap, freed next.
+        if let Some(r) = self.range.take() {
+            guard::remove(r);
+        }
     }
 }
 

@@ -537,3 +537,32 @@ fn jump_layout_with_few_passes_is_still_exact() {
     assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
     assert!(sizes[0] > sizes[3], "{sizes:?}");
 }
+
+#[test]
+fn code_is_registered_with_the_fault_handler_while_the_program_lives() {
+    let j = jit(&[Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 0, 1, 0, 0), EXIT], false);
+    let code = j.code().as_ptr_range();
+    let (start, end) = (code.start as usize, code.end as usize);
+    assert!(crate::guard::covers(start) && crate::guard::covers(end - 1));
+    drop(j);
+    assert!(!crate::guard::covers(start));
+}
+
+#[test]
+fn the_pc_map_covers_every_instruction_in_order() {
+    let mut p = vec![Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 1)];
+    p.extend(lddw(2, 0x1234_5678_9abc_def0));
+    p.push(Insn::new(OP_CALL, 0, BPF_PSEUDO_CALL, 0, 1));
+    p.push(EXIT);
+    p.push(ldx_dw(0, 1, 0));
+    p.push(EXIT);
+    let opts = LoadOptions { helpers: Arc::new(HelperRegistry::new()), ..Default::default() };
+    let prog = Program::load(&p, &opts, None).unwrap();
+    let rt = super::compile::Runtime { abort_fn: 0, after_helper_fn: 0 };
+    let out = super::compile::compile(&prog, Options::detect(), rt).unwrap();
+    let pcs: Vec<u32> = out.pc_map.iter().map(|&(_, pc)| pc).collect();
+    let none = super::compile::NO_PC;
+    assert_eq!(pcs, vec![none, 0, 1, 3, 4, none, 5, 6]);
+    assert!(out.pc_map.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert!(out.pc_map[0].0 as usize > out.abort, "functions come after the abort path");
+}
