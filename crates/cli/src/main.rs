@@ -1,6 +1,9 @@
 //! `userbpf`: the command line of the userspace eBPF runtime.
 
+mod dump;
 mod exec;
+mod map;
+mod prog;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -8,6 +11,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "userbpf", version, about = "A userspace eBPF runtime")]
 struct Cli {
+    /// The session (default: $USERBPF_SESSION, or `default`).
+    #[arg(long, global = true)]
+    session: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -23,14 +29,23 @@ enum Command {
     Asm(tools::AsmArgs),
     /// Disassemble hex text (or raw bytes) as llvm-objdump prints BPF.
     Disasm(tools::DisasmArgs),
+    /// Programs: list, run.
+    #[command(subcommand)]
+    Prog(prog::ProgCmd),
+    /// Maps: list, dump.
+    #[command(subcommand)]
+    Map(map::MapCmd),
 }
 
 fn main() {
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
+    let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);
     let result = match cli.command {
         Command::Exec(args) => exec::run(args),
         Command::Asm(args) => tools::asm(args),
         Command::Disasm(args) => tools::disasm(args),
+        Command::Prog(cmd) => prog::run(&session, cmd),
+        Command::Map(cmd) => map::run(&session, cmd),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

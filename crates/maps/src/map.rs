@@ -346,6 +346,7 @@ impl Map {
             Map::Array(m) => m.contains(addr, len),
             Map::Hash(m) => m.contains(addr, len),
             Map::LpmTrie(m) => m.contains(addr, len),
+            Map::RingBuf(m) => m.contains(addr, len),
             _ => false,
         }
     }

@@ -498,6 +498,14 @@ impl RingBuf {
         self.inner.region
     }
 
+    /// Whether `[addr, addr+len)` lies in the data area (either copy): where samples a program
+    /// reserved live. The interpreter's memory policy uses it.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let data = self.data() as u64;
+        let total = 2 * self.inner.size;
+        addr >= data && len <= total && addr - data <= total - len
+    }
+
     /// Whether `sample` is a sample pointer this ring's `reserve` could have returned (inside
     /// the first copy of the data area, right after an 8-byte-aligned header). Lets the
     /// runtime find the ring of a `bpf_ringbuf_submit(sample)`.

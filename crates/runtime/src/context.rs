@@ -36,11 +36,14 @@ pub struct RunContext {
     pub retval: Option<u64>,
     /// Opaque pointer to the running program, for helpers that need it (tail calls).
     pub prog: *const (),
+    /// The context the program was given (r1) and its length: tail-called programs get it too.
+    pub ctx: u64,
+    pub ctx_len: u64,
 }
 
 impl RunContext {
     pub const EMPTY: RunContext =
-        RunContext { cpu: 0, regs: 0, func_ip: 0, cookie: 0, nr_args: 0, retval: None, prog: std::ptr::null() };
+        RunContext { cpu: 0, regs: 0, func_ip: 0, cookie: 0, nr_args: 0, retval: None, prog: std::ptr::null(), ctx: 0, ctx_len: 0 };
 }
 
 impl Default for RunContext {

@@ -2,6 +2,13 @@
 //! the kernel's ids and semantics, and programs loaded from objects.
 
 pub mod context;
+pub mod control;
+pub mod helpers;
+pub mod loader;
+pub mod program;
+pub mod programs;
 pub mod session;
 
+pub use loader::{load_object, LoadObjectError, LoadedObject};
+pub use program::{Engine, LoadedProgram};
 pub use session::{MapRecord, ProgRecord, Session, SessionError};

@@ -1,0 +1,243 @@
+//! The current task: `get_current_pid_tgid`, `get_current_uid_gid`, `get_current_comm`,
+//! `get_prandom_u32`, `get_smp_processor_id`, `get_current_task`, `send_signal`,
+//! `send_signal_thread`.
+//!
+//! # Caches
+//!
+//! What the kernel reads from `current` costs a system call here, so it is cached per
+//! thread:
+//! - pid and tgid never change for a thread, except in the child of a `fork`: a
+//!   `pthread_atfork` child handler bumps a process-wide generation that every cache
+//!   compares with;
+//! - the thread's name (`comm`, from `prctl(PR_GET_NAME)`) and the credentials (real uid and
+//!   gid) can change at any time; they are re-read when the coarse monotonic clock (vDSO,
+//!   no system call) shows the cached copy is older than [`REFRESH_NS`], so a change is seen
+//!   within about that long;
+//! - the random generator is seeded once per thread (and again after a fork, so parent and
+//!   child do not produce the same numbers).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+use userbpf_vm::HelperRegistry;
+
+use super::time::clock_ns;
+use super::{helper, neg, write_to, zero_at, EINVAL};
+use crate::context;
+
+/// How old a cached comm or credential may get before it is read again.
+pub const REFRESH_NS: u64 = 10_000_000;
+
+/// Bumped in the child after each fork: caches of another generation are stale.
+static FORK_GEN: AtomicU64 = AtomicU64::new(1);
+static INIT: Once = Once::new();
+
+extern "C" fn after_fork_in_child() {
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Installs the fork hook (once per process). Called by the helpers themselves; calling it
+/// early keeps the one-time cost off the first probe hit.
+pub fn init() {
+    INIT.call_once(|| {
+        // SAFETY: registers a handler that only bumps an atomic; no other effect.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
+
+#[inline(always)]
+fn generation() -> u64 {
+    init();
+    FORK_GEN.load(Ordering::Relaxed)
+}
+
+#[derive(Clone, Copy)]
+struct Cached<T: Copy> {
+    gen: u64,
+    at: u64,
+    value: T,
+}
+
+thread_local! {
+    static PID_TGID: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
+    static UID_GID: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
+    static COMM: Cell<Cached<[u8; 16]>> = const { Cell::new(Cached { gen: 0, at: 0, value: [0; 16] }) };
+    static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
+}
+
+/// `tgid << 32 | tid` of the calling thread.
+#[inline]
+pub fn pid_tgid() -> u64 {
+    let gen = generation();
+    PID_TGID.with(|c| {
+        let v = c.get();
+        if v.gen == gen {
+            return v.value;
+        }
+        // SAFETY: getpid and gettid have no preconditions.
+        let (tgid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+        let value = (tgid as u64) << 32 | tid as u64;
+        c.set(Cached { gen, at: 0, value });
+        value
+    })
+}
+
+/// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline).
+#[inline]
+pub fn comm() -> [u8; 16] {
+    let gen = generation();
+    let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+    COMM.with(|c| {
+        let v = c.get();
+        if v.gen == gen && now.wrapping_sub(v.at) < REFRESH_NS {
+            return v.value;
+        }
+        let mut name = [0u8; 16];
+        // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) to the buffer we own.
+        let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0) };
+        if r != 0 {
+            name = [0; 16];
+        }
+        name[15] = 0;
+        c.set(Cached { gen, at: now, value: name });
+        name
+    })
+}
+
+/// `gid << 32 | uid` (real ids) of the calling thread.
+#[inline]
+pub fn uid_gid() -> u64 {
+    let gen = generation();
+    let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+    UID_GID.with(|c| {
+        let v = c.get();
+        if v.gen == gen && now.wrapping_sub(v.at) < REFRESH_NS {
+            return v.value;
+        }
+        // SAFETY: getuid and getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let value = (gid as u64) << 32 | uid as u64;
+        c.set(Cached { gen, at: now, value });
+        value
+    })
+}
+
+/// The next number of the thread's generator (splitmix64, seeded from getrandom once per
+/// thread and fork generation).
+#[inline]
+pub fn prandom_u64() -> u64 {
+    let gen = generation();
+    RNG.with(|c| {
+        let mut v = c.get();
+        if v.gen != gen {
+            let mut seed = [0u8; 8];
+            // SAFETY: getrandom writes at most 8 bytes to the buffer we own.
+            let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), 8, libc::GRND_NONBLOCK) };
+            let mut s = u64::from_ne_bytes(seed);
+            if n != 8 {
+                s ^= clock_ns(libc::CLOCK_MONOTONIC) ^ pid_tgid().rotate_left(17) ^ (c as *const _ as u64);
+            }
+            v = Cached { gen, at: 0, value: s };
+        }
+        v.value = v.value.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        c.set(v);
+        let mut z = v.value;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    })
+}
+
+/// `u64 bpf_get_current_pid_tgid(void)`.
+unsafe extern "C" fn get_current_pid_tgid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    pid_tgid()
+}
+
+/// `u64 bpf_get_current_uid_gid(void)`.
+unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    uid_gid()
+}
+
+/// `long bpf_get_current_comm(buf, size)`: the kernel's `strscpy_pad`: at most `size - 1`
+/// bytes of the name, then NULs up to `size`. 0, or `-EFAULT` if `buf` cannot be written.
+unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
+    let size = size as u32 as u64;
+    if size == 0 {
+        return 0;
+    }
+    let name = comm();
+    let len = name.iter().position(|&b| b == 0).unwrap_or(16).min(size as usize - 1);
+    let mut head = [0u8; 16];
+    head[..len].copy_from_slice(&name[..len]);
+    let first = (size as usize).min(16);
+    if !write_to(buf, &head[..first]) || !zero_at(buf.wrapping_add(first as u64), size - first as u64) {
+        return super::EFAULT;
+    }
+    0
+}
+
+/// `u32 bpf_get_prandom_u32(void)`.
+unsafe extern "C" fn get_prandom_u32(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    prandom_u64() >> 32
+}
+
+/// `u32 bpf_get_smp_processor_id(void)`: the CPU slot of the run (see [`crate::context`]).
+unsafe extern "C" fn get_smp_processor_id(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    context::current_cpu() as u64
+}
+
+/// `u64 bpf_get_current_task(void)`: there is no `task_struct` in user space: 0.
+unsafe extern "C" fn get_current_task(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    0
+}
+
+const NSIG: u32 = 64;
+
+fn send(sig: u64, thread: bool) -> u64 {
+    let sig = sig as u32;
+    let pt = pid_tgid();
+    let (tgid, tid) = ((pt >> 32) as i32, pt as u32 as i32);
+    if tgid == 1 {
+        // The kernel refuses to signal init.
+        return neg(libc::EPERM);
+    }
+    if sig > NSIG {
+        return EINVAL;
+    }
+    // SAFETY: kill/tgkill of our own process/thread; the signal's effect is what the program
+    // asked for.
+    let r = unsafe {
+        if thread {
+            libc::syscall(libc::SYS_tgkill, tgid as libc::c_long, tid as libc::c_long, sig as libc::c_long) as i32
+        } else {
+            libc::kill(tgid, sig as i32)
+        }
+    };
+    if r == 0 {
+        0
+    } else {
+        neg(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL))
+    }
+}
+
+/// `long bpf_send_signal(u32 sig)`: the signal to the current process.
+unsafe extern "C" fn send_signal(sig: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    send(sig, false)
+}
+
+/// `long bpf_send_signal_thread(u32 sig)`: the signal to the current thread.
+unsafe extern "C" fn send_signal_thread(sig: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    send(sig, true)
+}
+
+pub(crate) fn register(reg: &mut HelperRegistry) {
+    reg.register(helper(7, "get_prandom_u32", get_prandom_u32));
+    reg.register(helper(8, "get_smp_processor_id", get_smp_processor_id));
+    reg.register(helper(14, "get_current_pid_tgid", get_current_pid_tgid));
+    reg.register(helper(15, "get_current_uid_gid", get_current_uid_gid));
+    reg.register(helper(16, "get_current_comm", get_current_comm));
+    reg.register(helper(35, "get_current_task", get_current_task));
+    reg.register(helper(109, "send_signal", send_signal));
+    reg.register(helper(117, "send_signal_thread", send_signal_thread));
+}

@@ -1,0 +1,218 @@
+//! Loading an object into a session: its maps are created in shared memory (initial data,
+//! map-in-map and prog-array slots filled in), its BTF stored, its programs recorded with map
+//! references by session map id, and prepared to run in this process.
+
+use std::sync::Arc;
+
+use userbpf_isa::*;
+use userbpf_maps::{Map, MapSpec, MapType, BPF_ANY};
+use userbpf_object::{InitSlot, MapDef, Object, ProgramKind, ProgramSpec};
+use userbpf_vm::HelperRegistry;
+
+use crate::context::CpuSlots;
+use crate::program::{Engine, LoadedProgram, PrepareError};
+use crate::session::{MapRecord, ProgRecord, Session};
+
+/// Why an object could not be loaded; names the object and the map or program.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadObjectError {
+    #[error("{object}: map `{map}`: {why}")]
+    Map { object: String, map: String, why: String },
+    #[error("{object}: program `{prog}` (section {section}): {why}")]
+    Program { object: String, prog: String, section: String, why: String },
+    #[error("{object}: {why}")]
+    Other { object: String, why: String },
+}
+
+/// A map of a loaded object.
+pub struct LoadedMap {
+    pub record: MapRecord,
+    pub map: Arc<Map>,
+    pub def: MapDef,
+}
+
+/// An object loaded into a session and prepared in this process.
+pub struct LoadedObject {
+    pub object: Object,
+    pub btf_id: Option<u32>,
+    pub maps: Vec<LoadedMap>,
+    pub programs: Vec<(ProgRecord, Arc<LoadedProgram>)>,
+}
+
+impl LoadedObject {
+    pub fn map(&self, name: &str) -> Option<&LoadedMap> {
+        self.maps.iter().find(|m| m.def.name == name)
+    }
+    pub fn program(&self, name: &str) -> Option<&Arc<LoadedProgram>> {
+        self.programs.iter().find(|(r, _)| r.name == name).map(|(_, p)| p)
+    }
+}
+
+/// What to load.
+pub struct LoadOptions<'a> {
+    pub engine: Engine,
+    pub helpers: Arc<HelperRegistry>,
+    /// Load only these programs (by function name); `None`: every autoload program.
+    pub only: Option<&'a [String]>,
+}
+
+/// The kernel's program type name for a section kind (what `bpftool prog` shows).
+pub fn prog_type_name(kind: &ProgramKind) -> &'static str {
+    match kind {
+        ProgramKind::Uprobe { .. } | ProgramKind::Usdt { .. } => "kprobe",
+        ProgramKind::Tracepoint { .. } => "tracepoint",
+        ProgramKind::RawTracepoint { .. } => "raw_tracepoint",
+        ProgramKind::KernelOnly { .. } => "kernel",
+        ProgramKind::Unknown => "unspec",
+    }
+}
+
+fn spec_of(def: &MapDef) -> Result<MapSpec, String> {
+    let map_type = MapType::from_u32(def.map_type).ok_or_else(|| {
+        format!(
+            "map type {} ({}) is not supported by userbpf",
+            def.map_type,
+            userbpf_object::map_type_name(def.map_type).unwrap_or("unknown")
+        )
+    })?;
+    Ok(MapSpec {
+        map_type,
+        key_size: def.key_size,
+        value_size: def.value_size,
+        max_entries: def.max_entries,
+        map_flags: def.map_flags,
+        map_extra: def.map_extra,
+        name: def.name.clone(),
+    })
+}
+
+/// Loads `object` into `session`.
+pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, slots: Arc<CpuSlots>) -> Result<LoadedObject, LoadObjectError> {
+    let oname = object.file.clone();
+    let other = |why: String| LoadObjectError::Other { object: oname.clone(), why };
+    let btf_id = match &object.btf {
+        Some(btf) => Some(session.add_btf(&btf.to_bytes()).map_err(|e| other(format!("storing BTF in the session: {e}")))?),
+        None => None,
+    };
+
+    // Maps, in definition order (inner-map templates are not created: slots name real maps).
+    let mut maps: Vec<LoadedMap> = Vec::with_capacity(object.maps.len());
+    for def in &object.maps {
+        let map_err = |why: String| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why };
+        let spec = spec_of(def).map_err(map_err)?;
+        let record = MapRecord {
+            id: 0,
+            name: def.name.clone(),
+            btf_id,
+            key_type_id: def.key_type_id,
+            value_type_id: def.value_type_id,
+            object: Some(oname.clone()),
+            pinned: None,
+        };
+        let (record, map) = session.create_map(&spec, record).map_err(|e| map_err(e.to_string()))?;
+        if let Some(init) = &def.initial {
+            let key = 0u32.to_ne_bytes();
+            let mut value = init.clone();
+            value.resize(def.value_size as usize, 0);
+            map.update_elem(&key, &value, BPF_ANY).map_err(|e| map_err(format!("writing its initial value: {e}")))?;
+        }
+        let map = Arc::new(map);
+        crate::helpers::maps::register_map(record.id, map.clone());
+        maps.push(LoadedMap { record, map, def: def.clone() });
+    }
+    // Map-in-map slots.
+    for (i, def) in object.maps.iter().enumerate() {
+        for (slot, init) in def.init_slots.iter().enumerate() {
+            if let Some(InitSlot::Map(j)) = init {
+                let inner = maps.get(*j).ok_or_else(|| other(format!("map `{}` slot {slot} names map #{j}, which does not exist", def.name)))?;
+                let id = inner.record.id;
+                maps[i]
+                    .map
+                    .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
+                    .map_err(|e| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why: format!("setting slot {slot}: {e}") })?;
+            }
+        }
+    }
+
+    // Programs.
+    let ids: Vec<u32> = maps.iter().map(|m| m.record.id).collect();
+    let resolver: Vec<(u32, Arc<Map>)> = maps.iter().map(|m| (m.record.id, m.map.clone())).collect();
+    let mut programs = Vec::new();
+    let mut prog_ids: Vec<Option<u32>> = vec![None; object.programs.len()];
+    for (pi, spec) in object.programs.iter().enumerate() {
+        let wanted = match opts.only {
+            Some(names) => names.iter().any(|n| *n == spec.name),
+            None => spec.autoload,
+        };
+        if !wanted {
+            continue;
+        }
+        let perr = |why: String| LoadObjectError::Program { object: oname.clone(), prog: spec.name.clone(), section: spec.section.clone(), why };
+        if let ProgramKind::KernelOnly { kind } = &spec.kind {
+            return Err(perr(format!("{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet")));
+        }
+        let insns = rewrite_map_refs(spec, &ids).map_err(perr)?;
+        let record = ProgRecord {
+            id: 0,
+            name: spec.name.clone(),
+            section: spec.section.clone(),
+            prog_type: prog_type_name(&spec.kind).to_string(),
+            insns_hex: encode(&insns).iter().map(|b| format!("{b:02x}")).collect(),
+            map_ids: referenced_maps(&insns),
+            btf_id,
+            object: Some(oname.clone()),
+            license: object.license.clone(),
+        };
+        let record = session.add_prog(record).map_err(|e| perr(format!("recording it in the session: {e}")))?;
+        let prog = LoadedProgram::prepare(record.id, &spec.name, &insns, opts.helpers.clone(), &resolver.as_slice(), opts.engine, slots.clone())
+            .map_err(|e| perr(explain(e)))?;
+        prog_ids[pi] = Some(record.id);
+        let prog = Arc::new(prog);
+        crate::programs::register(prog.clone());
+        programs.push((record, prog));
+    }
+    // Prog-array slots.
+    for (i, def) in object.maps.iter().enumerate() {
+        for (slot, init) in def.init_slots.iter().enumerate() {
+            if let Some(InitSlot::Program(p)) = init {
+                let Some(Some(id)) = prog_ids.get(*p) else { continue };
+                maps[i]
+                    .map
+                    .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
+                    .map_err(|e| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why: format!("setting slot {slot}: {e}") })?;
+            }
+        }
+    }
+    Ok(LoadedObject { object, btf_id, maps, programs })
+}
+
+/// Replaces object map indices with session map ids in `lddw` map references.
+fn rewrite_map_refs(spec: &ProgramSpec, ids: &[u32]) -> Result<Vec<Insn>, String> {
+    let mut insns = spec.insns.clone();
+    for (pc, insn) in insns.iter_mut().enumerate() {
+        if insn.is_lddw() && (insn.src == BPF_PSEUDO_MAP_IDX || insn.src == BPF_PSEUDO_MAP_IDX_VALUE) {
+            let id = ids.get(insn.imm as u32 as usize).ok_or_else(|| format!("instruction {pc} refers to map #{}, which the object does not define", insn.imm))?;
+            insn.imm = *id as i32;
+        }
+    }
+    Ok(insns)
+}
+
+fn referenced_maps(insns: &[Insn]) -> Vec<u32> {
+    let mut v: Vec<u32> = insns
+        .iter()
+        .filter(|i| i.is_lddw() && (i.src == BPF_PSEUDO_MAP_IDX || i.src == BPF_PSEUDO_MAP_IDX_VALUE))
+        .map(|i| i.imm as u32)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn explain(e: PrepareError) -> String {
+    let s = e.to_string();
+    if s.contains(&format!("unknown helper id {}", userbpf_object::CORE_POISON_HELPER)) {
+        return format!("{s} (a CO-RE relocation could not be resolved and libbpf-style poisoned this call)");
+    }
+    s
+}

@@ -1,0 +1,53 @@
+//! Shared test support: compiling the eBPF C sources in tests/bpf with clang (at test time,
+//! into the build directory) and a private session per test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use userbpf_runtime::context::CpuSlots;
+use userbpf_runtime::loader::LoadOptions;
+use userbpf_runtime::{load_object, Engine, LoadedObject, Session};
+
+/// Compiles tests/bpf/NAME.bpf.c to an object in the target directory; returns its path.
+pub fn compile(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bpf").join(format!("{name}.bpf.c"));
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(format!("{name}.bpf.o"));
+    let status = Command::new("clang")
+        .args(["-target", "bpf", "-g", "-O2", "-c", "-I/usr/include/x86_64-linux-gnu", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("running clang ({e}): run `make test`, which installs clang and libbpf-dev"));
+    assert!(status.success(), "clang failed on {}", src.display());
+    out
+}
+
+/// A session of its own for one test (its directory is removed when the test ends).
+pub fn session(test: &str) -> Session {
+    let dir = std::env::temp_dir().join(format!("userbpf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // SAFETY (of the environment change): every test of this binary sets the same value.
+    unsafe { std::env::set_var(userbpf_runtime::session::SHM_DIR_ENV, &dir) };
+    Session::open(test).unwrap()
+}
+
+/// Loads an object's programs (all, or `only`) into `session`.
+pub fn load(session: &Session, path: &Path, engine: Engine, only: Option<&[String]>) -> LoadedObject {
+    let obj = userbpf_object::Object::open(path).unwrap();
+    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only };
+    load_object(session, obj, &opts, slots).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs a program once on a zeroed pt_regs; returns r0.
+pub fn run(obj: &LoadedObject, prog: &str) -> u64 {
+    let p = obj.program(prog).unwrap_or_else(|| panic!("no program {prog}"));
+    let mut regs = [0u8; 168];
+    let info = userbpf_runtime::context::RunContext { regs: regs.as_mut_ptr() as u64, ..Default::default() };
+    p.run(regs.as_mut_ptr(), regs.len(), info).unwrap().expect("run skipped")
+}
