@@ -95,6 +95,10 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         None => None,
     };
 
+    // trace_printk lines go to the session's trace pipe.
+    let pipe = session.trace_pipe().map_err(|e| other(format!("opening the session's trace pipe: {e}")))?;
+    crate::helpers::printf::set_trace_sink(Some(Arc::new(pipe))).map_err(|e| other(e.to_string()))?;
+
     // Maps, in definition order (inner-map templates are not created: slots name real maps).
     let mut maps: Vec<LoadedMap> = Vec::with_capacity(object.maps.len());
     for def in &object.maps {

@@ -20,6 +20,9 @@ use std::path::{Path, PathBuf};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use userbpf_maps::{Map, MapError, MapSpec};
 
+/// Bytes of the session's trace pipe ring.
+pub const TRACE_PIPE_BYTES: u32 = 1 << 20;
+
 /// Environment variable naming the session (default: `default`).
 pub const SESSION_ENV: &str = "USERBPF_SESSION";
 /// Environment variable overriding where session directories live (default: /dev/shm).
@@ -168,6 +171,7 @@ impl Session {
             }
         }
         let _ = fs::remove_file(self.dir.join("next_id"));
+        let _ = fs::remove_file(self.dir.join("trace_pipe"));
         Ok(())
     }
 
@@ -228,6 +232,36 @@ impl Session {
 
     pub fn progs(&self) -> io::Result<Vec<ProgRecord>> {
         self.read_all("progs")
+    }
+
+    /// The session's trace pipe: a ring buffer of `bpf_trace_printk` lines (created on first
+    /// use), read like the kernel's trace_pipe.
+    pub fn trace_pipe(&self) -> Result<Map, SessionError> {
+        let path = self.dir.join("trace_pipe");
+        let spec = MapSpec {
+            map_type: userbpf_maps::MapType::BPF_MAP_TYPE_RINGBUF,
+            key_size: 0,
+            value_size: 0,
+            max_entries: TRACE_PIPE_BYTES,
+            map_flags: 0,
+            map_extra: 0,
+            name: "trace_pipe".into(),
+        };
+        match Map::create(&path, &spec) {
+            Ok(m) => Ok(m),
+            Err(e) if e.errno() == libc::EEXIST => Ok(Map::open(&path)?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The trace lines waiting in the pipe (consumed), without waiting for more.
+    pub fn read_trace_pipe(&self) -> Result<Vec<String>, SessionError> {
+        let map = self.trace_pipe()?;
+        let Map::RingBuf(rb) = &map else { return Ok(Vec::new()) };
+        let mut consumer = userbpf_maps::ringbuf::RingBufConsumer::new(rb)?;
+        let mut lines = Vec::new();
+        consumer.consume(|rec| lines.push(String::from_utf8_lossy(rec).trim_end_matches('\n').to_string()))?;
+        Ok(lines)
     }
 
     fn write_json<T: Serialize>(&self, path: &Path, v: &T) -> io::Result<()> {

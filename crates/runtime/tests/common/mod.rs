@@ -18,7 +18,7 @@ pub fn compile(name: &str) -> PathBuf {
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join(format!("{name}.bpf.o"));
     let status = Command::new("clang")
-        .args(["-target", "bpf", "-g", "-O2", "-c", "-I/usr/include/x86_64-linux-gnu", "-o"])
+        .args(["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -46,8 +46,19 @@ pub fn load(session: &Session, path: &Path, engine: Engine, only: Option<&[Strin
 
 /// Runs a program once on a zeroed pt_regs; returns r0.
 pub fn run(obj: &LoadedObject, prog: &str) -> u64 {
+    run_args(obj, prog, &[])
+}
+
+/// Index of each argument register in the x86-64 `struct pt_regs` (di, si, dx, cx, r8, r9).
+const ARG_REGS: [usize; 6] = [14, 13, 12, 11, 9, 8];
+
+/// Runs a program once on a pt_regs holding `args` in the argument registers; returns r0.
+pub fn run_args(obj: &LoadedObject, prog: &str, args: &[u64]) -> u64 {
     let p = obj.program(prog).unwrap_or_else(|| panic!("no program {prog}"));
     let mut regs = [0u8; 168];
+    for (i, a) in args.iter().enumerate() {
+        regs[ARG_REGS[i] * 8..ARG_REGS[i] * 8 + 8].copy_from_slice(&a.to_ne_bytes());
+    }
     let info = userbpf_runtime::context::RunContext { regs: regs.as_mut_ptr() as u64, ..Default::default() };
     p.run(regs.as_mut_ptr(), regs.len(), info).unwrap().expect("run skipped")
 }
