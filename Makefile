@@ -4,7 +4,11 @@
 CARGO ?= cargo
 USERBPF := target/release/userbpf
 
-.PHONY: all deps build test unit conformance bench demo clean
+# eBPF C examples, compiled by clang into the build directory (never committed).
+BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu
+EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c))
+
+.PHONY: all deps build test unit conformance bench demo clean examples
 
 all: build
 
@@ -13,6 +17,13 @@ deps:
 
 build: deps
 	$(CARGO) build --release --locked --workspace
+	@$(MAKE) --no-print-directory examples
+
+examples: $(EXAMPLES)
+
+target/bpf/%.bpf.o: examples/bpf/%.bpf.c
+	@mkdir -p $(dir $@)
+	clang $(BPF_CFLAGS) -c -o $@ $<
 
 test: build unit conformance
 

@@ -16,3 +16,7 @@ for src in examples/vm/*.asm; do
     echo "   r0 = $jit (JIT), $int (interpreter)"
     [ "$jit" = "$int" ] || { echo "demo: JIT and interpreter disagree on $src" >&2; exit 1; }
 done
+
+echo
+echo "== examples/bpf/latency.bpf.c: a clang-compiled object run 3 times with userbpf prog run"
+"$u" --session "demo-$$" prog run target/bpf/latency.bpf.o --repeat 3 | grep -vE 'values = \{ (cpu[0-9]+ = 0(, )?)+ \}$'

@@ -21,6 +21,8 @@ fn hex(b: &[u8]) -> String {
 fn text(t: &Typed<'_>, ty: Option<u32>, data: &[u8]) -> String {
     match (t.btf, ty) {
         (Some(btf), Some(id)) => format_value(btf, id, data).unwrap_or_else(|_| hex(data)),
+        // Keys of arrays (global data sections have no key type) are indices.
+        (_, None) if data.len() == 4 => u32::from_ne_bytes([data[0], data[1], data[2], data[3]]).to_string(),
         _ => hex(data),
     }
 }

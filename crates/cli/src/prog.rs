@@ -111,6 +111,7 @@ fn run_prog(session: &str, args: RunArgs) -> Result<()> {
     }
     let per_run = started.elapsed().as_nanos() as f64 / args.repeat.max(1) as f64;
 
+    let trace = s.read_trace_pipe().unwrap_or_default();
     let btf = loaded.object.btf.as_ref();
     if args.json {
         let maps: Vec<_> = loaded
@@ -121,13 +122,16 @@ fn run_prog(session: &str, args: RunArgs) -> Result<()> {
                 json!({"id": m.record.id, "name": m.def.name, "type": m.map.map_type().name(), "entries": dump_json(&m.map, &t)})
             })
             .collect();
-        let v = json!({"program": name, "engine": format!("{engine:?}"), "retval": r0, "runs": args.repeat, "skipped": skipped, "ns_per_run": per_run, "maps": maps});
+        let v = json!({"program": name, "engine": format!("{engine:?}"), "retval": r0, "runs": args.repeat, "skipped": skipped, "ns_per_run": per_run, "trace": trace, "maps": maps});
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!("{name}: r0 = {r0} ({r0:#x}); {} runs, {per_run:.1} ns per run ({engine:?})", args.repeat);
     if skipped > 0 {
         println!("({skipped} runs skipped: no CPU slot free)");
+    }
+    for line in &trace {
+        println!("{line}");
     }
     for m in &loaded.maps {
         let t = Typed { btf, key_type: m.def.key_type_id, value_type: m.def.value_type_id };

@@ -99,7 +99,6 @@ impl Session {
             return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
         }
         let dir = Self::dir_of(name);
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         let mut s = Session { name: name.to_string(), dir, member: None };
         let _lock = s.lock()?;
         for sub in ["members", "maps", "progs", "btf", "links"] {
@@ -119,18 +118,32 @@ impl Session {
         &self.dir
     }
 
+    /// Takes the session's lock. The last member to leave removes the directory, lock file
+    /// included, while holding it: a lock taken on a file that is gone by then is retried on
+    /// the directory made anew.
     fn lock(&self) -> io::Result<File> {
-        let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(self.dir.join("lock"))?;
-        // SAFETY: flock on a descriptor we own; released when `f` is closed.
-        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
+        use std::os::unix::fs::MetadataExt;
+        loop {
+            fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
+            let path = self.dir.join("lock");
+            let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path)?;
+            // SAFETY: flock on a descriptor we own; released when `f` is closed.
+            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let held = f.metadata()?;
+            match fs::metadata(&path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(f),
+                _ => continue,
+            }
         }
-        Ok(f)
     }
 
     fn join_locked(&self) -> io::Result<PathBuf> {
+        static HANDLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let me = std::process::id();
-        let path = self.dir.join("members").join(format!("{me}.{}", start_time(me).unwrap_or(0)));
+        let n = HANDLES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join("members").join(format!("{me}.{}.{n}", start_time(me).unwrap_or(0)));
         File::create(&path)?;
         Ok(path)
     }
@@ -141,9 +154,9 @@ impl Session {
         for e in fs::read_dir(self.dir.join("members"))? {
             let e = e?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let alive = name
-                .split_once('.')
-                .and_then(|(p, t)| Some((p.parse::<u32>().ok()?, t.parse::<u64>().ok()?)))
+            // PID.STARTTIME.HANDLE: alive while that process (not a reuse of its pid) is.
+            let mut parts = name.split('.');
+            let alive = (|| Some((parts.next()?.parse::<u32>().ok()?, parts.next()?.parse::<u64>().ok()?)))()
                 .is_some_and(|(pid, t)| start_time(pid) == Some(t));
             if alive {
                 live.push(name.split_once('.').map_or(0, |(p, _)| p.parse().unwrap_or(0)));
@@ -290,13 +303,9 @@ impl Session {
         let _lock = self.lock()?;
         let _ = fs::remove_file(member);
         if self.live_members()?.is_empty() && !self.has_pins()? {
-            self.wipe()?;
-            let _ = fs::remove_file(self.dir.join("next_id"));
-            for sub in ["members", "maps", "progs", "btf", "links"] {
-                let _ = fs::remove_dir(self.dir.join(sub));
-            }
-            let _ = fs::remove_file(self.dir.join("lock"));
-            let _ = fs::remove_dir(&self.dir);
+            // Everything of the session goes, the lock file too: a process opening the
+            // session now blocks on our lock, then recreates the directory it finds gone.
+            fs::remove_dir_all(&self.dir)?;
         }
         Ok(())
     }
@@ -349,4 +358,55 @@ pub fn start_time(pid: u32) -> Option<u64> {
     // The command name (field 2) may hold spaces and parentheses: split after its last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     rest.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_root<T>(f: impl FnOnce() -> T) -> T {
+        let dir = std::env::temp_dir().join(format!("userbpf-session-unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // SAFETY (of the environment change): the unit tests of this module all set the same value.
+        unsafe { std::env::set_var(SHM_DIR_ENV, &dir) };
+        f()
+    }
+
+    #[test]
+    fn the_last_member_to_leave_removes_the_session() {
+        with_root(|| {
+            let a = Session::open("leave").unwrap();
+            let dir = a.dir().to_path_buf();
+            let b = Session::open("leave").unwrap();
+            let id = a.alloc_id().unwrap();
+            assert_eq!(b.alloc_id().unwrap(), id + 1, "members share one id space");
+            drop(a);
+            assert!(dir.exists(), "still in use by b");
+            assert_eq!(b.live_members().unwrap().len(), 1);
+            drop(b);
+            assert!(!dir.exists(), "removed by the last member");
+        });
+    }
+
+    #[test]
+    fn a_session_whose_members_died_is_wiped_on_open() {
+        with_root(|| {
+            let a = Session::open("dead").unwrap();
+            a.add_btf(b"x").unwrap();
+            // Pretend a dead process was the only member.
+            let member = a.member.clone().unwrap();
+            fs::rename(&member, a.dir().join("members").join("999999999.1")).unwrap();
+            std::mem::forget(a);
+            let b = Session::open("dead").unwrap();
+            assert!(fs::read_dir(b.dir().join("btf")).unwrap().next().is_none(), "stale contents wiped");
+            assert_eq!(b.alloc_id().unwrap(), 1);
+        });
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for n in ["", ".x", "a/b", "a b"] {
+            assert!(Session::open(n).is_err(), "{n:?}");
+        }
+    }
 }
