@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use userbpf_runtime::context::CpuSlots;
@@ -14,17 +13,7 @@ use userbpf_runtime::{load_object, Engine, LoadedObject, Session};
 /// Compiles tests/bpf/NAME.bpf.c to an object in the target directory; returns its path.
 pub fn compile(name: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bpf").join(format!("{name}.bpf.c"));
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(format!("{name}.bpf.o"));
-    let status = Command::new("clang")
-        .args(["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap_or_else(|e| panic!("running clang ({e}): run `make test`, which installs clang and libbpf-dev"));
-    assert!(status.success(), "clang failed on {}", src.display());
-    out
+    userbpf_testutil::compile_bpf(&src, &Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf"))
 }
 
 /// A session of its own for one test (its directory is removed when the test ends).

@@ -1,0 +1,27 @@
+//! Test support shared by the crates' tests: compiling eBPF C sources with clang at test
+//! time, into the build directory (objects are never committed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// clang flags for eBPF objects, as libbpf programs are built (x86-64 register layout).
+pub const BPF_CFLAGS: [&str; 7] = ["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"];
+
+/// Compiles `src` into `out_dir` (created if needed); returns the object's path.
+///
+/// # Panics
+/// If clang is missing or fails: tests need it (`make test` installs it).
+pub fn compile_bpf(src: &Path, out_dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(out_dir).unwrap_or_else(|e| panic!("creating {}: {e}", out_dir.display()));
+    let stem = src.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".c")).unwrap_or("prog");
+    let out = out_dir.join(format!("{stem}.o"));
+    let status = Command::new("clang")
+        .args(BPF_CFLAGS)
+        .arg("-o")
+        .arg(&out)
+        .arg(src)
+        .status()
+        .unwrap_or_else(|e| panic!("running clang ({e}): run `make test`, which installs clang and libbpf-dev"));
+    assert!(status.success(), "clang failed on {}", src.display());
+    out
+}
