@@ -1042,36 +1042,3 @@ fn large_program_compiles() {
     assert_eq!(run(&p), want);
 }
 
-/// Not a correctness test: prints the time per executed instruction of a tight ALU loop (the
-/// same loop as the "ALU loop" workload of bench/src/vm.rs).
-/// Run with `cargo test -p userbpf-vm --test jit -- --ignored --nocapture tight_loop_speed`.
-#[test]
-#[ignore]
-fn tight_loop_speed() {
-    let n = 100_000_000u64;
-    let p = prog![
-        movx(6, 1),
-        mov(0, 0),
-        mov(2, 1),
-        mov(3, 0x12345),
-        // top (4):
-        alu64x(BPF_ADD, 0, 2),
-        alu64x(BPF_XOR, 2, 0),
-        alu64(BPF_LSH, 2, 5),
-        alu64x(BPF_ADD, 2, 6),
-        alu64(BPF_MUL, 3, 33),
-        alu32x(BPF_ADD, 3, 0),
-        alu64(BPF_RSH, 0, 1),
-        alu64x(BPF_SUB, 0, 3),
-        alu64(BPF_ADD, 6, -1),
-        jmp(BPF_JNE, 6, 0, -10),
-        exit(),
-    ];
-    let j = compile(&p);
-    let t = std::time::Instant::now();
-    // SAFETY: no memory access.
-    let r = unsafe { j.run(n, 0) }.unwrap();
-    let dt = t.elapsed();
-    let executed = 10.0 * n as f64 + 5.0;
-    println!("r0 = {r:#x}: {:.3} ns per instruction", dt.as_nanos() as f64 / executed);
-}
