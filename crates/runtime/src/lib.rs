@@ -11,4 +11,4 @@ pub mod session;
 
 pub use loader::{load_object, LoadObjectError, LoadedObject};
 pub use program::{Engine, LoadedProgram};
-pub use session::{MapRecord, ProgRecord, Session, SessionError};
+pub use session::{LinkRecord, MapRecord, ProgRecord, Session, SessionError};

@@ -220,3 +220,24 @@ fn explain(e: PrepareError) -> String {
     }
     s
 }
+
+/// Prepares a program recorded in `session` (by a loader, possibly another process) to run in
+/// this process: opens the maps it references and compiles it.
+pub fn prepare_record(
+    session: &Session,
+    record: &ProgRecord,
+    helpers: Arc<HelperRegistry>,
+    engine: Engine,
+    slots: Arc<CpuSlots>,
+) -> Result<LoadedProgram, String> {
+    let bytes = userbpf_isa::parse_hex(&record.insns_hex).map_err(|e| format!("program {} in the session: {e}", record.id))?;
+    let insns = userbpf_isa::decode(&bytes).map_err(|e| format!("program {} in the session: {e}", record.id))?;
+    let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
+    for &id in &record.map_ids {
+        let map = Arc::new(session.open_map(id).map_err(|e| format!("map {id}: {e}"))?);
+        crate::helpers::maps::register_map(id, map.clone());
+        maps.push((id, map));
+    }
+    LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
+        .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
+}

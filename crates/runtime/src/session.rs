@@ -61,6 +61,25 @@ pub struct ProgRecord {
     pub license: String,
 }
 
+/// An attachment of a program: where a target process should run it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LinkRecord {
+    pub id: u32,
+    pub prog_id: u32,
+    /// `uprobe` or `uretprobe`.
+    pub kind: String,
+    /// The binary or library (as given; empty: the target's executable).
+    pub path: String,
+    /// The function, when attaching by symbol.
+    pub func: Option<String>,
+    /// Offset from the function (or, without one, the address in the file).
+    pub offset: u64,
+    /// `bpf_get_attach_cookie`'s value.
+    pub cookie: u64,
+    /// Only this process, when set.
+    pub pid: Option<u32>,
+}
+
 /// An open session directory.
 pub struct Session {
     name: String,
@@ -277,6 +296,27 @@ impl Session {
         Ok(lines)
     }
 
+    /// Records a link; targets watching the session's `links/` directory attach it.
+    pub fn add_link(&self, mut record: LinkRecord) -> io::Result<LinkRecord> {
+        record.id = self.alloc_id()?;
+        self.write_json(&self.dir.join("links").join(format!("{}.json", record.id)), &record)?;
+        Ok(record)
+    }
+
+    pub fn links(&self) -> io::Result<Vec<LinkRecord>> {
+        self.read_all("links")
+    }
+
+    /// Removes a link (detach).
+    pub fn remove_link(&self, id: u32) -> io::Result<()> {
+        fs::remove_file(self.dir.join("links").join(format!("{id}.json")))
+    }
+
+    /// Opens the session a process was started in (`USERBPF_SESSION`), if any.
+    pub fn from_env() -> Option<io::Result<Session>> {
+        std::env::var(SESSION_ENV).ok().filter(|s| !s.is_empty()).map(|n| Session::open(&n))
+    }
+
     fn write_json<T: Serialize>(&self, path: &Path, v: &T) -> io::Result<()> {
         let data = serde_json::to_vec_pretty(v).map_err(io::Error::other)?;
         write_atomic(path, &data)
@@ -321,6 +361,11 @@ trait HasId {
     fn id(&self) -> u32;
 }
 impl HasId for MapRecord {
+    fn id(&self) -> u32 {
+        self.id
+    }
+}
+impl HasId for LinkRecord {
     fn id(&self) -> u32 {
         self.id
     }
