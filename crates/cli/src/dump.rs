@@ -112,3 +112,61 @@ pub fn dump_json(map: &Map, t: &Typed<'_>) -> Json {
             .collect(),
     )
 }
+
+/// Whether a map holds a log2 histogram as bpftrace keeps one: an array (per-CPU or not) of
+/// 8-byte counters keyed by slot, with `hist` in its name. Slot k counts values in
+/// [2^k, 2^(k+1)) (slot 0: 0 and 1).
+pub fn is_log2_hist(map: &Map) -> bool {
+    let s = map.spec();
+    matches!(map.map_type(), MapType::BPF_MAP_TYPE_ARRAY | MapType::BPF_MAP_TYPE_PERCPU_ARRAY)
+        && s.key_size == 4
+        && s.value_size == 8
+        && s.name.contains("hist")
+}
+
+fn slot_bound(k: u32) -> String {
+    let v = 1u64.checked_shl(k).unwrap_or(u64::MAX);
+    match v {
+        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{}G", v >> 30),
+        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}M", v >> 20),
+        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
+        v => v.to_string(),
+    }
+}
+
+/// Draws a log2 histogram map the way bpftrace prints `hist()`: one line per slot from the
+/// first to the last non-empty one, `[lo, hi)  count |@@@@   |`, bars 52 wide.
+pub fn hist_lines(map: &Map) -> Vec<String> {
+    let counts: Vec<(u32, u64)> = entries(map)
+        .iter()
+        .map(|(k, v)| {
+            let slot = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]);
+            let total = v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).sum();
+            (slot, total)
+        })
+        .collect();
+    let Some(first) = counts.iter().position(|&(_, c)| c > 0) else { return Vec::new() };
+    let last = counts.iter().rposition(|&(_, c)| c > 0).unwrap_or(first);
+    let max = counts.iter().map(|&(_, c)| c).max().unwrap_or(1).max(1);
+    counts[first..=last]
+        .iter()
+        .map(|&(k, c)| {
+            let range = if k == 0 { "[0, 2)".to_string() } else { format!("[{}, {})", slot_bound(k), slot_bound(k + 1)) };
+            let bar = "@".repeat((c * 52 / max) as usize);
+            format!("{range:<16} {c:>8} |{bar:<52}|")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_bound;
+
+    #[test]
+    fn slot_names_as_bpftrace_prints_them() {
+        assert_eq!(slot_bound(3), "8");
+        assert_eq!(slot_bound(10), "1K");
+        assert_eq!(slot_bound(21), "2M");
+        assert_eq!(slot_bound(31), "2G");
+    }
+}

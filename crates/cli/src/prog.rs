@@ -12,7 +12,7 @@ use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::LoadOptions;
 use userbpf_runtime::{load_object, Engine, Session};
 
-use crate::dump::{dump_json, dump_text, Typed};
+use crate::dump::{dump_json, dump_text, hist_lines, is_log2_hist, Typed};
 
 #[derive(Subcommand)]
 pub enum ProgCmd {
@@ -136,7 +136,8 @@ fn run_prog(session: &str, args: RunArgs) -> Result<()> {
     for m in &loaded.maps {
         let t = Typed { btf, key_type: m.def.key_type_id, value_type: m.def.value_type_id };
         println!("map {} ({}, id {}):", m.def.name, m.map.map_type().name(), m.record.id);
-        for line in dump_text(&m.map, &t) {
+        let lines = if is_log2_hist(&m.map) { hist_lines(&m.map) } else { dump_text(&m.map, &t) };
+        for line in lines {
             println!("  {line}");
         }
     }
