@@ -6,7 +6,8 @@ USERBPF := target/release/userbpf
 
 # eBPF C examples, compiled by clang into the build directory (never committed).
 BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu
-EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c))
+EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c)) \
+	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c))
 
 .PHONY: all deps build test unit conformance bench demo clean examples
 
@@ -25,6 +26,10 @@ target/bpf/%.bpf.o: examples/bpf/%.bpf.c
 	@mkdir -p $(dir $@)
 	clang $(BPF_CFLAGS) -c -o $@ $<
 
+target/examples/%: examples/targets/%.c
+	@mkdir -p $(dir $@)
+	cc -O2 -g -fno-omit-frame-pointer -o $@ $<
+
 test: build unit conformance
 
 unit:
@@ -36,6 +41,7 @@ conformance: build
 
 bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
+	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 
 demo: build
 	@scripts/demo.sh

@@ -4,6 +4,7 @@ mod dump;
 mod exec;
 mod map;
 mod prog;
+mod run;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,8 @@ enum Command {
     Asm(tools::AsmArgs),
     /// Disassemble hex text (or raw bytes) as llvm-objdump prints BPF.
     Disasm(tools::DisasmArgs),
+    /// Start a command with an object's programs attached to it; print the maps at exit.
+    Run(run::RunArgs),
     /// Programs: list, run.
     #[command(subcommand)]
     Prog(prog::ProgCmd),
@@ -44,6 +47,7 @@ fn main() {
         Command::Exec(args) => exec::run(args),
         Command::Asm(args) => tools::asm(args),
         Command::Disasm(args) => tools::disasm(args),
+        Command::Run(args) => run::run(args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
     };

@@ -1,0 +1,149 @@
+//! `userbpf run OBJ -- CMD ARGS...`: starts CMD with the object's programs attached where
+//! their sections point, streams trace_printk lines and ring buffer events while it runs, and
+//! prints the maps when it exits.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use userbpf_object::{Object, ProgramKind};
+use userbpf_runtime::context::CpuSlots;
+use userbpf_runtime::loader::LoadOptions;
+use userbpf_runtime::{load_object, Engine, LinkRecord, Session};
+
+use crate::dump::{dump_text, hist_lines, is_log2_hist, Typed};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The object (clang -target bpf -g -O2).
+    object: PathBuf,
+    /// Run the programs in the interpreter instead of the JIT.
+    #[arg(long)]
+    interpreter: bool,
+    /// Attach PROG at TARGET (`[PATH:]FUNC[+OFFSET]`), for sections without a target.
+    #[arg(long = "attach", value_name = "PROG=TARGET")]
+    attach: Vec<String>,
+    /// The command to start, and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// The agent library: beside the `userbpf` binary, or `$USERBPF_AGENT`.
+pub fn agent_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("USERBPF_AGENT") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the userbpf binary")?;
+    let dir = exe.parent().context("the userbpf binary has no directory")?;
+    for cand in [dir.join("libuserbpf_agent.so"), dir.join("../libuserbpf_agent.so")] {
+        if cand.exists() {
+            return Ok(cand);
+        }
+    }
+    bail!("libuserbpf_agent.so not found beside {} (build the workspace, or set USERBPF_AGENT)", exe.display())
+}
+
+fn split_target(target: &str) -> (String, Option<String>, u64) {
+    let (path, func) = match target.rsplit_once(':') {
+        Some((p, f)) => (p.to_string(), f),
+        None => (String::new(), target),
+    };
+    let (func, off) = match func.split_once('+') {
+        Some((f, o)) => (f, o.strip_prefix("0x").map_or_else(|| o.parse().ok(), |h| u64::from_str_radix(h, 16).ok()).unwrap_or(0)),
+        None => (func, 0),
+    };
+    (path, Some(func.to_string()), off)
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let object = Object::open(&args.object)?;
+    let session_name = format!("run-{}", std::process::id());
+    let session = Session::open(&session_name)?;
+    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus"))?);
+    let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
+    let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let loaded = load_object(&session, object, &opts, slots)?;
+
+    // Links, from the section names or --attach.
+    let mut attached = 0;
+    for (rec, _) in &loaded.programs {
+        let spec = loaded.object.program(&rec.name).context("program vanished")?;
+        let ProgramKind::Uprobe { retprobe, target } = &spec.kind else {
+            eprintln!("userbpf: program `{}` ({}) is not attached: only uprobes and uretprobes are attached by `run` so far", rec.name, spec.kind.describe());
+            continue;
+        };
+        let given = args.attach.iter().find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
+        let (path, func, offset) = match (given, target) {
+            (Some(t), _) => split_target(&t),
+            (None, Some(t)) => (t.path.clone(), t.func.clone(), t.offset),
+            (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=FUNC", rec.name, spec.section, rec.name),
+        };
+        let kind = if *retprobe { "uretprobe" } else { "uprobe" };
+        session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;
+        attached += 1;
+    }
+    if attached == 0 {
+        bail!("{}: no program to attach", args.object.display());
+    }
+
+    // Stream trace lines while the target runs.
+    let done = Arc::new(AtomicBool::new(false));
+    let pipe = session.trace_pipe()?;
+    let streamer = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let userbpf_maps::Map::RingBuf(rb) = &pipe else { return };
+            let Ok(mut consumer) = userbpf_maps::ringbuf::RingBufConsumer::new(rb) else { return };
+            loop {
+                let finished = done.load(Ordering::Acquire);
+                let _ = consumer.poll(Duration::from_millis(100), |rec| print!("{}", String::from_utf8_lossy(rec)));
+                if finished {
+                    break;
+                }
+            }
+        })
+    };
+
+    let agent = agent_path()?;
+    let mut preload = agent.display().to_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD") {
+        preload = format!("{preload}:{}", old.to_string_lossy());
+    }
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("USERBPF_SESSION", &session_name);
+    if args.interpreter {
+        cmd.env(INTERPRETER_ENV, "1");
+    }
+    if let Some(d) = std::env::var_os(userbpf_runtime::session::SHM_DIR_ENV) {
+        cmd.env(userbpf_runtime::session::SHM_DIR_ENV, d);
+    }
+    let status = cmd.status().with_context(|| format!("starting {}", args.command[0]))?;
+    done.store(true, Ordering::Release);
+    let _ = streamer.join();
+
+    // Maps at exit, as bpftrace prints its own.
+    let btf = loaded.object.btf.as_ref();
+    for m in &loaded.maps {
+        if !crate::dump::iterable(&m.map) {
+            continue;
+        }
+        let t = Typed { btf, key_type: m.def.key_type_id, value_type: m.def.value_type_id };
+        println!();
+        println!("@{}:", m.def.name);
+        let lines = if is_log2_hist(&m.map) { hist_lines(&m.map) } else { dump_text(&m.map, &t) };
+        for line in lines {
+            println!("{line}");
+        }
+    }
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
+}
+
+/// The agent's switch to the interpreter (`userbpf_agent::INTERPRETER_ENV`).
+const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";

@@ -1,0 +1,707 @@
+//! userbpf-hook: in-process inline hooks for x86-64 Linux.
+//!
+//! A probe patches the first 5 bytes at an address with `jmp rel32` to a
+//! per-site stub on a page mapped within ±1.5 GB of the target. The stub
+//! enters a shared stub that saves every GPR, the flags and the whole
+//! FP/SSE/AVX state (xsave, or fxsave without OSXSAVE), builds a kernel
+//! x86-64 `struct pt_regs` ([`PtRegs`]) and calls the site's handlers; then
+//! the displaced instructions run from their relocated copy and jump back.
+//! See `arch` for the code layout and `patch` for the live-patching protocol.
+//!
+//! * Entry handlers ([`ProbeKind::Entry`]) see the registers at the probed
+//!   address (`ip` = that address, `sp` = the rsp there). They may change
+//!   registers (written back), change `ip` (execution resumes there), or
+//!   return [`HOOK_SKIP`] at a function entry: the function is not run and
+//!   returns to its caller with `ax` (override-return).
+//! * Return handlers ([`ProbeKind::Return`], function entries only) see the
+//!   registers at the function's return (`ax` = return value, `ip` = the
+//!   return address, `sp` = the caller's rsp after the return).
+//!
+//! The hit path takes no lock, allocates nothing and makes no syscall except
+//! once per thread (mmap of the thread's state + pthread_setspecific, see
+//! `thread`). Handlers run with a per-thread recursion guard: a probe hit
+//! from inside a handler runs no handler and is counted in
+//! [`HookStats::missed_recursion`].
+//!
+//! Sites and trampolines are never freed: after the last probe of an address
+//! is detached the original bytes are restored but the trampoline page stays
+//! mapped, because a thread may still be inside it (or hold a return address
+//! into it); attaching to that address again reuses it.
+//!
+//! Do not call [`attach`]/[`detach`] from a handler: a detach waits for
+//! running handlers (so the `data` of a detached probe can be freed as soon
+//! as `detach` returns), and a handler blocked on the registry would deadlock.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock};
+
+mod arch;
+mod patch;
+pub mod symbols;
+mod thread;
+
+pub use patch::fixup_signal;
+pub use thread::SHADOW_CAPACITY;
+
+/// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PtRegs {
+    pub r15: u64,
+    pub r14: u64,
+    pub r13: u64,
+    pub r12: u64,
+    pub bp: u64,
+    pub bx: u64,
+    pub r11: u64,
+    pub r10: u64,
+    pub r9: u64,
+    pub r8: u64,
+    pub ax: u64,
+    pub cx: u64,
+    pub dx: u64,
+    pub si: u64,
+    pub di: u64,
+    pub orig_ax: u64,
+    pub ip: u64,
+    pub cs: u64,
+    pub flags: u64,
+    pub sp: u64,
+    pub ss: u64,
+}
+
+impl PtRegs {
+    /// System V argument `n` (0-based, 0..=5: di, si, dx, cx, r8, r9), like PT_REGS_PARMn.
+    pub fn arg(&self, n: usize) -> Option<u64> {
+        match n {
+            0 => Some(self.di),
+            1 => Some(self.si),
+            2 => Some(self.dx),
+            3 => Some(self.cx),
+            4 => Some(self.r8),
+            5 => Some(self.r9),
+            _ => None,
+        }
+    }
+    /// PT_REGS_RC.
+    pub fn rc(&self) -> u64 {
+        self.ax
+    }
+}
+
+/// What a handler is called for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeKind {
+    /// uprobe: at the probed address, before the instruction there runs.
+    Entry,
+    /// uretprobe: when the probed function returns (function entries only).
+    Return,
+}
+
+/// Handler result: go on with the probed code.
+pub const HOOK_CONTINUE: u32 = 0;
+/// Handler result (entry probes at a function entry): do not run the
+/// function, return to the caller with `regs.ax` (the other registers as the
+/// handler left them). Other handlers of the hit still run.
+pub const HOOK_SKIP: u32 = 1;
+
+/// A probe handler. Runs on the probing thread, with all registers and FP
+/// state saved; must not unwind.
+pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) -> u32;
+
+/// Identifies one attached handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProbeId(pub u64);
+
+/// The extent of the function holding a probe: used for the
+/// branch-into-the-patch check and to know whether the probe is at the
+/// function's entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FuncExtent {
+    pub start: usize,
+    pub len: usize,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum HookError {
+    #[error("cannot probe {addr:#x}: not in executable code ({reason})")]
+    NotCode { addr: usize, reason: String },
+    #[error("refusing to probe the function at {addr:#x}: {reason}")]
+    Refused { addr: usize, reason: String },
+    #[error("cannot probe {addr:#x}: no free memory within ±1.5 GB for its trampoline")]
+    NoNearMemory { addr: usize },
+    #[error("patching {addr:#x} failed: {reason}")]
+    Patch { addr: usize, reason: String },
+    #[error("return probes and HOOK_SKIP need a function entry; {addr:#x} is inside a function")]
+    NotFunctionEntry { addr: usize },
+    #[error("unknown probe {0:?}")]
+    UnknownProbe(ProbeId),
+    #[error("symbol: {0}")]
+    Symbol(String),
+    #[error("too many probed addresses (limit {0})")]
+    TooManySites(usize),
+    #[error("hook engine initialisation failed: {0}")]
+    Init(String),
+}
+
+/// Counters of the engine (process-wide, monotonic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookStats {
+    /// Hits that ran no handler because the thread was already in a handler.
+    pub missed_recursion: u64,
+    /// Hits that ran no handler because no per-thread state could be made.
+    pub missed_no_state: u64,
+    /// Return probes skipped because the thread's shadow stack was full.
+    pub shadow_full: u64,
+    /// Shadow-stack entries dropped because their frame was gone (longjmp, exceptions).
+    pub shadow_stale: u64,
+    /// Threads that hit the int3 of a patch in progress.
+    pub traps: u64,
+    /// Threads moved out of displaced instructions while patching.
+    pub fixups: u64,
+    pub thread_states_created: u64,
+    pub thread_states_freed: u64,
+}
+
+static MISSED_RECURSION: AtomicU64 = AtomicU64::new(0);
+static MISSED_NO_STATE: AtomicU64 = AtomicU64::new(0);
+static SHADOW_FULL: AtomicU64 = AtomicU64::new(0);
+static SHADOW_STALE: AtomicU64 = AtomicU64::new(0);
+
+pub fn stats() -> HookStats {
+    HookStats {
+        missed_recursion: MISSED_RECURSION.load(Relaxed),
+        missed_no_state: MISSED_NO_STATE.load(Relaxed),
+        shadow_full: SHADOW_FULL.load(Relaxed),
+        shadow_stale: SHADOW_STALE.load(Relaxed),
+        traps: patch::TRAPS.load(Relaxed),
+        fixups: patch::FIXUPS.load(Relaxed),
+        thread_states_created: thread::STATES_CREATED.load(Relaxed),
+        thread_states_freed: thread::STATES_FREED.load(Relaxed),
+    }
+}
+
+// ---------------------------------------------------------------- sites ----
+
+#[derive(Clone, Copy)]
+struct Entry {
+    id: u64,
+    kind: ProbeKind,
+    handler: Handler,
+    data: usize,
+}
+
+struct HandlerList {
+    items: Vec<Entry>,
+    has_ret: bool,
+}
+
+struct Site {
+    addr: usize,
+    is_entry: bool,
+    page: usize,
+    relocated: usize,
+    len: usize,
+    prot: i32,
+    orig: [u8; 5],
+    jmp: [u8; 5],
+    fix_map: Vec<(usize, usize)>,
+    list: AtomicPtr<HandlerList>,
+    patched: AtomicBool,
+}
+
+struct Registry {
+    sites: HashMap<usize, &'static Site>,
+    probes: HashMap<u64, usize>,
+    next_id: u64,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+static RET_TRAMP: AtomicUsize = AtomicUsize::new(0);
+
+struct Globals {
+    common_entry: usize,
+}
+static GLOBALS: OnceLock<Result<Globals, String>> = OnceLock::new();
+
+fn init() -> Result<&'static Globals, HookError> {
+    GLOBALS
+        .get_or_init(init_inner)
+        .as_ref()
+        .map_err(|e| HookError::Init(e.clone()))
+}
+
+fn init_inner() -> Result<Globals, String> {
+    let fp = arch::detect_fpsave();
+    let page = thread::raw_mmap(4096) as usize;
+    if page == 0 {
+        return Err("mmap of the shared stubs failed".into());
+    }
+    let entry = arch::common_entry(page as u64, fp, entry_dispatch as *const () as usize as u64)
+        .map_err(|e| e.to_string())?;
+    let ret_at = page + ((entry.len() + 63) & !63);
+    let ret = arch::ret_tramp(ret_at as u64, fp, ret_dispatch as *const () as usize as u64)
+        .map_err(|e| e.to_string())?;
+    patch::seal_page(page, &[(0, &entry), (ret_at - page, &ret)])?;
+    RET_TRAMP.store(ret_at, SeqCst);
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: creating a pthread key with a destructor that only takes the
+    // pointer we store in it.
+    if unsafe { libc::pthread_key_create(&mut key, Some(thread::destroy)) } != 0 {
+        return Err("pthread_key_create failed".into());
+    }
+    thread::PTHREAD_KEY.store(key as usize, SeqCst);
+    patch::install_handlers()?;
+    Ok(Globals { common_entry: page })
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Option<Registry>> {
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Attaches `handler` at `addr` (a function entry; return probes are only
+/// allowed there). Without a function extent the branch-into-patch check
+/// only covers the displaced instructions: prefer [`attach_with`] or
+/// [`attach_symbol`] when the function's size is known.
+pub fn attach(
+    addr: usize,
+    kind: ProbeKind,
+    handler: Handler,
+    data: *mut c_void,
+) -> Result<ProbeId, HookError> {
+    attach_with(addr, kind, handler, data, None)
+}
+
+/// Resolves `spec` with [`symbols::resolve`] and attaches with its extent.
+pub fn attach_symbol(
+    spec: &str,
+    kind: ProbeKind,
+    handler: Handler,
+    data: *mut c_void,
+) -> Result<ProbeId, HookError> {
+    let r = symbols::resolve(spec)?;
+    let ext = r.size.filter(|s| *s > 0).map(|len| FuncExtent {
+        start: r.func_start,
+        len,
+    });
+    attach_with(r.addr, kind, handler, data, ext)
+}
+
+/// Attaches `handler` at `addr`, inside the function `func` when given.
+pub fn attach_with(
+    addr: usize,
+    kind: ProbeKind,
+    handler: Handler,
+    data: *mut c_void,
+    func: Option<FuncExtent>,
+) -> Result<ProbeId, HookError> {
+    let g = init()?;
+    if let Some(f) = func {
+        if addr < f.start || addr >= f.start.saturating_add(f.len) {
+            return Err(HookError::Refused {
+                addr,
+                reason: format!(
+                    "address outside the function extent {:#x}+{}",
+                    f.start, f.len
+                ),
+            });
+        }
+    }
+    let mut guard = registry();
+    let reg = guard.get_or_insert_with(|| Registry {
+        sites: HashMap::new(),
+        probes: HashMap::new(),
+        next_id: 1,
+    });
+    let site = match reg.sites.get(&addr) {
+        Some(s) => *s,
+        None => {
+            let s = create_site(g, addr, func)?;
+            reg.sites.insert(addr, s);
+            s
+        }
+    };
+    if kind == ProbeKind::Return && !site.is_entry {
+        return Err(HookError::NotFunctionEntry { addr });
+    }
+    let id = reg.next_id;
+    reg.next_id += 1;
+    let old = site.list.load(SeqCst);
+    let mut items = if old.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: lists are only replaced under the registry lock, which we hold.
+        unsafe { (*old).items.clone() }
+    };
+    items.push(Entry {
+        id,
+        kind,
+        handler,
+        data: data as usize,
+    });
+    publish(site, items);
+    if !site.patched.load(SeqCst) {
+        if let Err(e) = patch_in(site) {
+            let items = unsafe_list_items(site)
+                .into_iter()
+                .filter(|e| e.id != id)
+                .collect();
+            publish(site, items);
+            return Err(e);
+        }
+    }
+    reg.probes.insert(id, addr);
+    Ok(ProbeId(id))
+}
+
+fn unsafe_list_items(site: &Site) -> Vec<Entry> {
+    let p = site.list.load(SeqCst);
+    if p.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: called under the registry lock; the list stays alive until
+        // the registry replaces it.
+        unsafe { (*p).items.clone() }
+    }
+}
+
+/// Replaces the site's handler list (registry lock held) and frees the old
+/// one once no hit can be reading it.
+fn publish(site: &Site, items: Vec<Entry>) {
+    let has_ret = items.iter().any(|e| e.kind == ProbeKind::Return);
+    let new = if items.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        Box::into_raw(Box::new(HandlerList { items, has_ret }))
+    };
+    let old = site.list.swap(new, SeqCst);
+    if !old.is_null() && thread::synchronize() {
+        // SAFETY: old came from Box::into_raw and no reader can hold it any more.
+        drop(unsafe { Box::from_raw(old) });
+    }
+}
+
+/// Detaches a probe. When it returns, the handler is not running and will
+/// not run again. The last probe of an address restores its original bytes.
+pub fn detach(id: ProbeId) -> Result<(), HookError> {
+    let mut guard = registry();
+    let Some(reg) = guard.as_mut() else {
+        return Err(HookError::UnknownProbe(id));
+    };
+    let Some(addr) = reg.probes.remove(&id.0) else {
+        return Err(HookError::UnknownProbe(id));
+    };
+    let Some(site) = reg.sites.get(&addr).copied() else {
+        return Err(HookError::UnknownProbe(id));
+    };
+    let items: Vec<Entry> = unsafe_list_items(site)
+        .into_iter()
+        .filter(|e| e.id != id.0)
+        .collect();
+    let empty = items.is_empty();
+    if empty && site.patched.load(SeqCst) {
+        if let Err(e) = patch_out(site) {
+            reg.probes.insert(id.0, addr);
+            return Err(e);
+        }
+    }
+    publish(site, items);
+    Ok(())
+}
+
+/// The bytes currently at a probed address (for tests and diagnostics).
+pub fn original_bytes(addr: usize) -> Option<[u8; 5]> {
+    registry().as_ref()?.sites.get(&addr).map(|s| s.orig)
+}
+
+fn create_site(
+    g: &Globals,
+    addr: usize,
+    func: Option<FuncExtent>,
+) -> Result<&'static Site, HookError> {
+    let map = patch::mapping_of(addr).ok_or_else(|| HookError::NotCode {
+        addr,
+        reason: "not mapped".into(),
+    })?;
+    if map.prot & libc::PROT_EXEC == 0 || map.prot & libc::PROT_READ == 0 {
+        return Err(HookError::NotCode {
+            addr,
+            reason: "mapping is not readable and executable".into(),
+        });
+    }
+    let mut end = map.end;
+    if let Some(f) = func {
+        end = end.min(f.start.saturating_add(f.len));
+    }
+    let avail = end.saturating_sub(addr).min(64);
+    // SAFETY: [addr, addr+avail) lies inside a readable mapping of this process.
+    let code = unsafe { std::slice::from_raw_parts(addr as *const u8, avail) };
+    let refuse = |reason: String| HookError::Refused { addr, reason };
+    let disp = arch::decode_displaced(addr as u64, code).map_err(refuse)?;
+    // Branches from the displaced instructions themselves.
+    arch::check_branches_into(addr as u64, &code[..disp.len], addr as u64, disp.len)
+        .map_err(refuse)?;
+    if let Some(f) = func {
+        if f.start >= map.start && f.start + f.len <= map.end {
+            // SAFETY: the function extent lies inside the same readable mapping.
+            let fcode = unsafe { std::slice::from_raw_parts(f.start as *const u8, f.len) };
+            arch::check_branches_into(f.start as u64, fcode, addr as u64, disp.len)
+                .map_err(refuse)?;
+        }
+    }
+    let page = patch::alloc_near(addr).ok_or(HookError::NoNearMemory { addr })?;
+    let fail = |reason: String| {
+        // SAFETY: page was mapped by alloc_near and nothing refers to it.
+        unsafe { libc::munmap(page as *mut c_void, 4096) };
+        HookError::Refused { addr, reason }
+    };
+    let relocated = page + arch::RELOC_OFF;
+    let (rcode, new_addrs) = match arch::relocate(&disp, relocated as u64, (addr + disp.len) as u64)
+    {
+        Ok(r) => r,
+        Err(e) => return Err(fail(e)),
+    };
+    let fix_map = disp
+        .instrs
+        .iter()
+        .zip(&new_addrs)
+        .map(|(i, n)| (i.ip() as usize - addr, *n as usize))
+        .collect();
+    let mut orig = [0u8; 5];
+    orig.copy_from_slice(&code[..5]);
+    let rel = (page as i64) - (addr as i64 + 5);
+    let Ok(rel) = i32::try_from(rel) else {
+        return Err(fail("trampoline out of rel32 range".into()));
+    };
+    let mut jmp = [0xE9, 0, 0, 0, 0];
+    jmp[1..].copy_from_slice(&rel.to_le_bytes());
+    let site: &'static Site = Box::leak(Box::new(Site {
+        addr,
+        is_entry: func.map(|f| f.start == addr).unwrap_or(true),
+        page,
+        relocated,
+        len: disp.len,
+        prot: map.prot,
+        orig,
+        jmp,
+        fix_map,
+        list: AtomicPtr::new(std::ptr::null_mut()),
+        patched: AtomicBool::new(false),
+    }));
+    let stub = arch::site_stub(
+        page as u64,
+        site as *const Site as u64,
+        g.common_entry as u64,
+    )
+    .map_err(|e| e.to_string());
+    let res = stub.and_then(|stub| {
+        if stub.len() > arch::RELOC_OFF {
+            return Err("site stub too long".to_string());
+        }
+        patch::seal_page(page, &[(0, &stub), (arch::RELOC_OFF, &rcode)])
+    });
+    if let Err(e) = res {
+        return Err(fail(e));
+    }
+    if !patch::register_trap_site(addr, relocated) {
+        return Err(HookError::TooManySites(patch::MAX_SITES));
+    }
+    let _ = site.page;
+    Ok(site)
+}
+
+fn patch_in(site: &Site) -> Result<(), HookError> {
+    let perr = |reason: String| HookError::Patch {
+        addr: site.addr,
+        reason,
+    };
+    patch::write_text(site.addr, &[0xCC], site.prot).map_err(perr)?;
+    patch::set_fixup(site.addr, site.len, &site.fix_map);
+    patch::broadcast();
+    if let Err(e) = patch::write_text(site.addr + 1, &site.jmp[1..], site.prot) {
+        patch::clear_fixup();
+        let _ = patch::write_text(site.addr, &site.orig[..1], site.prot);
+        return Err(perr(e));
+    }
+    patch::broadcast();
+    let r = patch::write_text(site.addr, &site.jmp[..1], site.prot).map_err(perr);
+    patch::clear_fixup();
+    r?;
+    site.patched.store(true, SeqCst);
+    Ok(())
+}
+
+fn patch_out(site: &Site) -> Result<(), HookError> {
+    let perr = |reason: String| HookError::Patch {
+        addr: site.addr,
+        reason,
+    };
+    patch::write_text(site.addr, &[0xCC], site.prot).map_err(perr)?;
+    patch::broadcast();
+    patch::write_text(site.addr + 1, &site.orig[1..], site.prot).map_err(perr)?;
+    patch::broadcast();
+    patch::write_text(site.addr, &site.orig[..1], site.prot).map_err(perr)?;
+    site.patched.store(false, SeqCst);
+    Ok(())
+}
+
+// ------------------------------------------------------------- hit path ----
+
+#[repr(C)]
+struct Resume {
+    target: u64,
+    mode: u64,
+}
+
+/// Called by the shared entry stub. No lock, no allocation, no syscall
+/// (except the first hit of a thread, see `thread`).
+unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Resume {
+    // SAFETY: site is the leaked Site embedded in the stub; regs points at the
+    // pt_regs the stub built on this thread's stack.
+    let (site, regs) = unsafe { (&*site, &mut *regs) };
+    regs.ip = site.addr as u64;
+    regs.sp = (regs as *mut PtRegs as usize + arch::ENTRY_FRAME) as u64;
+    regs.cs = 0x33;
+    regs.ss = 0x2b;
+    regs.orig_ax = u64::MAX;
+    let sp = regs.sp;
+    let normal = Resume {
+        target: site.relocated as u64,
+        mode: 0,
+    };
+    let st = thread::current();
+    if st.is_null() {
+        MISSED_NO_STATE.fetch_add(1, Relaxed);
+        return normal;
+    }
+    // SAFETY: st is this thread's state, only touched by this thread.
+    let stm = unsafe { &mut *st };
+    if stm.in_handler != 0 {
+        MISSED_RECURSION.fetch_add(1, Relaxed);
+        return normal;
+    }
+    stm.in_handler = 1;
+    if stm.registered == 0 {
+        thread::register_destructor(st);
+    }
+    let idx = thread::read_lock();
+    thread::set_held(st, idx);
+    let list = site.list.load(SeqCst);
+    let mut skip = false;
+    let mut has_ret = false;
+    if !list.is_null() {
+        // SAFETY: the list cannot be freed while we are in the read section.
+        let list = unsafe { &*list };
+        has_ret = list.has_ret;
+        for e in &list.items {
+            if e.kind == ProbeKind::Entry {
+                // SAFETY: calling the user's handler with its data and our regs.
+                if unsafe { (e.handler)(e.data as *mut c_void, regs) } == HOOK_SKIP {
+                    skip = true;
+                }
+            }
+        }
+    }
+    thread::set_held(st, usize::MAX);
+    thread::read_unlock(idx);
+    let mut res = normal;
+    if skip && site.is_entry {
+        res = Resume { target: 0, mode: 1 };
+    } else if regs.ip != site.addr as u64 {
+        res.target = regs.ip;
+    } else if has_ret && site.is_entry {
+        // Dead frames (longjmp'd over) sit at or below the new frame: drop them.
+        while stm.top > 0 && stm.entries[stm.top - 1].sp <= sp {
+            stm.top -= 1;
+            SHADOW_STALE.fetch_add(1, Relaxed);
+        }
+        if stm.top >= SHADOW_CAPACITY {
+            SHADOW_FULL.fetch_add(1, Relaxed);
+        } else {
+            let slot = sp as *mut u64;
+            // SAFETY: at a function entry [sp] is the return address pushed by
+            // the caller's call, on this thread's stack.
+            let ra = unsafe { slot.read() };
+            stm.entries[stm.top] = thread::ShadowEntry {
+                ret: ra,
+                site: site as *const Site as usize,
+                func_ip: site.addr as u64,
+                sp,
+            };
+            stm.top += 1;
+            // SAFETY: same slot; the return trampoline restores the original.
+            unsafe { slot.write(RET_TRAMP.load(Relaxed) as u64) };
+        }
+    }
+    stm.in_handler = 0;
+    res
+}
+
+#[cold]
+fn fatal(msg: &str) -> ! {
+    // SAFETY: write(2) of a static message, then abort: nothing else is possible
+    // when the real return address is lost.
+    unsafe {
+        libc::write(2, msg.as_ptr() as *const c_void, msg.len());
+        libc::abort()
+    }
+}
+
+/// Called by the return trampoline; returns the original return address.
+unsafe extern "C" fn ret_dispatch(regs: *mut PtRegs) -> u64 {
+    // SAFETY: regs points at the pt_regs the trampoline built on this stack.
+    let regs = unsafe { &mut *regs };
+    let cur = regs as *mut PtRegs as usize + arch::PT_REGS_SIZE as usize + 8;
+    regs.sp = cur as u64;
+    regs.cs = 0x33;
+    regs.ss = 0x2b;
+    regs.orig_ax = u64::MAX;
+    let st = thread::current();
+    if st.is_null() {
+        fatal("userbpf-hook: return trampoline reached without a shadow stack\n");
+    }
+    // SAFETY: st is this thread's state.
+    let stm = unsafe { &mut *st };
+    let want = (cur - 8) as u64;
+    let e = loop {
+        if stm.top == 0 {
+            fatal("userbpf-hook: return trampoline reached with an empty shadow stack\n");
+        }
+        let e = stm.entries[stm.top - 1];
+        stm.top -= 1;
+        if e.sp < want {
+            SHADOW_STALE.fetch_add(1, Relaxed);
+            continue;
+        }
+        if e.sp == want {
+            break e;
+        }
+        fatal("userbpf-hook: shadow stack does not match the returning frame\n");
+    };
+    regs.ip = e.ret;
+    if stm.in_handler == 0 {
+        stm.in_handler = 1;
+        let idx = thread::read_lock();
+        thread::set_held(st, idx);
+        // SAFETY: sites are never freed.
+        let site = unsafe { &*(e.site as *const Site) };
+        let list = site.list.load(SeqCst);
+        if !list.is_null() {
+            // SAFETY: protected by the read section.
+            for h in unsafe { &(*list).items } {
+                if h.kind == ProbeKind::Return {
+                    // SAFETY: calling the user's handler.
+                    unsafe { (h.handler)(h.data as *mut c_void, regs) };
+                }
+            }
+        }
+        thread::set_held(st, usize::MAX);
+        thread::read_unlock(idx);
+        stm.in_handler = 0;
+    } else {
+        MISSED_RECURSION.fetch_add(1, Relaxed);
+    }
+    e.ret
+}

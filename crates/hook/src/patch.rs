@@ -1,0 +1,352 @@
+//! Memory: near allocation of trampoline pages, and cross-thread-safe
+//! patching of live code.
+//!
+//! ## Patching protocol (attach)
+//! 1. write `int3` on the first byte (text page RWX only for that store,
+//!    then back to its original protection);
+//! 2. *broadcast*: send `FIXUP_SIGNAL` to every other thread of the process
+//!    (`/proc/self/task` + `tgkill`) and wait for all of them to run the
+//!    handler. Entering the kernel serializes each thread's instruction
+//!    stream, and the handler moves a thread whose `rip` lies *inside* the
+//!    displaced instructions (it was between two of them) to the same
+//!    instruction in the relocated copy. A thread reaching the first byte
+//!    from now on traps: the SIGTRAP handler sends it to the relocated copy
+//!    (the original behaviour, the probe is simply not fired for that hit);
+//! 3. write bytes 1..5 (the rel32), broadcast again;
+//! 4. write the first byte (`0xE9`).
+//!
+//! Detach runs the same steps with the original bytes. No thread can be
+//! inside a 5-byte `jmp`, so no fixup is needed there. The aligned-qword
+//! atomic store variant is not used: the int3 protocol works for every
+//! alignment and also solves threads paused between the displaced
+//! instructions, which the single store does not.
+//!
+//! Limits: a thread that blocks `FIXUP_SIGNAL` makes the broadcast wait for
+//! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
+//! and delivery also costs the timeout.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::time::{Duration, Instant};
+
+/// Signal used to stop-and-fix threads during patching (SIGRTMAX - 3).
+pub fn fixup_signal() -> i32 {
+    libc::SIGRTMAX() - 3
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mapping {
+    pub start: usize,
+    pub end: usize,
+    pub prot: i32,
+}
+
+/// The mapping of this process that contains `addr`.
+pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    for line in maps.lines() {
+        let mut it = line.split_whitespace();
+        let range = it.next()?;
+        let perms = it.next()?;
+        let (s, e) = range.split_once('-')?;
+        let start = usize::from_str_radix(s, 16).ok()?;
+        let end = usize::from_str_radix(e, 16).ok()?;
+        if addr >= start && addr < end {
+            let b = perms.as_bytes();
+            let mut prot = 0;
+            if b.first() == Some(&b'r') {
+                prot |= libc::PROT_READ;
+            }
+            if b.get(1) == Some(&b'w') {
+                prot |= libc::PROT_WRITE;
+            }
+            if b.get(2) == Some(&b'x') {
+                prot |= libc::PROT_EXEC;
+            }
+            return Some(Mapping { start, end, prot });
+        }
+    }
+    None
+}
+
+const PAGE: usize = 4096;
+const STEP: usize = 64 * 1024;
+const MAX_DIST: usize = 1536 << 20;
+
+/// Maps one RW page within ±1.5 GB of `target` (so that rel32 jumps reach
+/// both ways and RIP-relative operands stay in range), walking outward with
+/// MAP_FIXED_NOREPLACE hints.
+pub(crate) fn alloc_near(target: usize) -> Option<usize> {
+    let base = target & !(STEP - 1);
+    let mut i = 1usize;
+    while i * STEP < MAX_DIST {
+        for cand in [base.checked_sub(i * STEP), base.checked_add(i * STEP)]
+            .into_iter()
+            .flatten()
+        {
+            if !(0x10000..0x7fff_ffff_0000).contains(&cand) {
+                continue;
+            }
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
+            // the result is checked and unmapped when out of range.
+            let p = unsafe {
+                libc::mmap(
+                    cand as *mut libc::c_void,
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                continue;
+            }
+            let p = p as usize;
+            if p.abs_diff(target) < MAX_DIST {
+                return Some(p);
+            }
+            // Old kernels ignore the flag and treat the address as a hint.
+            // SAFETY: p was just mapped by us and is not used.
+            unsafe { libc::munmap(p as *mut libc::c_void, PAGE) };
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Copies `code` into the fresh RW page at `page` and makes it RX.
+pub(crate) fn seal_page(page: usize, code_at: &[(usize, &[u8])]) -> Result<(), String> {
+    for (off, bytes) in code_at {
+        if off + bytes.len() > PAGE {
+            return Err("trampoline does not fit in a page".into());
+        }
+        // SAFETY: page is a private RW page of PAGE bytes mapped by alloc_near
+        // and not yet executable or shared; the range was checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), (page + off) as *mut u8, bytes.len())
+        };
+    }
+    // SAFETY: page is ours; W^X: it becomes RX and is never written again.
+    if unsafe {
+        libc::mprotect(
+            page as *mut libc::c_void,
+            PAGE,
+            libc::PROT_READ | libc::PROT_EXEC,
+        )
+    } != 0
+    {
+        return Err(format!(
+            "mprotect(RX) failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` at `addr` in live code, making the page(s) RWX only for
+/// the store and then restoring `prot`.
+pub(crate) fn write_text(addr: usize, bytes: &[u8], prot: i32) -> Result<(), String> {
+    let start = addr & !(PAGE - 1);
+    let end = (addr + bytes.len() + PAGE - 1) & !(PAGE - 1);
+    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+    // SAFETY: the range covers mapped code pages of this process (checked by
+    // the caller via mapping_of); RWX keeps them executable for other threads.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, rwx) } != 0 {
+        return Err(format!(
+            "mprotect(RWX) of {start:#x} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    for (i, b) in bytes.iter().enumerate() {
+        // SAFETY: the page is writable now; volatile so each byte store happens
+        // in order (the protocol relies on the first byte being written alone).
+        unsafe { std::ptr::write_volatile((addr + i) as *mut u8, *b) };
+    }
+    std::sync::atomic::fence(SeqCst);
+    // SAFETY: restores the original protection of the same range.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
+        return Err(format!(
+            "mprotect restore of {start:#x} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------ signals ----
+
+pub(crate) const MAX_SITES: usize = 4096;
+static TRAP_ADDR: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
+static TRAP_RELOC: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
+static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Makes a site known to the SIGTRAP handler (sites are never removed).
+pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
+    let n = TRAP_COUNT.load(Acquire);
+    if n >= MAX_SITES {
+        return false;
+    }
+    TRAP_RELOC[n].store(relocated, Release);
+    TRAP_ADDR[n].store(addr, Release);
+    TRAP_COUNT.store(n + 1, Release);
+    true
+}
+
+const FIX_MAX: usize = 16;
+static FIX_ACTIVE: AtomicBool = AtomicBool::new(false);
+static FIX_ADDR: AtomicUsize = AtomicUsize::new(0);
+static FIX_LEN: AtomicUsize = AtomicUsize::new(0);
+static FIX_N: AtomicUsize = AtomicUsize::new(0);
+static FIX_OFF: [AtomicUsize; FIX_MAX] = [const { AtomicUsize::new(0) }; FIX_MAX];
+static FIX_TARGET: [AtomicUsize; FIX_MAX] = [const { AtomicUsize::new(0) }; FIX_MAX];
+static ACKS: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static FIXUPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static TRAPS: AtomicU64 = AtomicU64::new(0);
+
+static mut OLD_TRAP: libc::sigaction = {
+    // SAFETY: sigaction is plain old data; all-zero is SIG_DFL.
+    unsafe { std::mem::zeroed() }
+};
+
+fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
+    let uc = ctx as *mut libc::ucontext_t;
+    // SAFETY: ctx is the ucontext the kernel passed to an SA_SIGINFO handler.
+    unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as *mut i64 }
+}
+
+extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let rip = rip_of(ctx);
+    // SAFETY: rip points into the live ucontext.
+    let after = unsafe { *rip } as usize;
+    let at = after.wrapping_sub(1);
+    let n = TRAP_COUNT.load(Acquire);
+    for i in 0..n {
+        if TRAP_ADDR[i].load(Acquire) == at {
+            TRAPS.fetch_add(1, Relaxed);
+            // SAFETY: `at` is a patched site address, mapped and readable.
+            let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
+            let target = if byte == 0xCC {
+                TRAP_RELOC[i].load(Acquire)
+            } else {
+                at
+            };
+            // SAFETY: writing the saved rip of this thread's signal frame.
+            unsafe { *rip = target as i64 };
+            return;
+        }
+    }
+    // Not ours: hand over to the previous disposition.
+    // SAFETY: OLD_TRAP was written once in install_handlers before this handler
+    // could run; we only read it.
+    let old = unsafe { std::ptr::addr_of!(OLD_TRAP).read() };
+    if old.sa_flags & libc::SA_SIGINFO != 0 && old.sa_sigaction > 1 {
+        // SAFETY: the previous handler was installed as an SA_SIGINFO handler.
+        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(old.sa_sigaction) };
+        f(sig, info, ctx);
+    } else if old.sa_sigaction > 1 {
+        // SAFETY: the previous handler was installed as a plain handler.
+        let f: extern "C" fn(i32) = unsafe { std::mem::transmute(old.sa_sigaction) };
+        f(sig);
+    } else {
+        // SIG_DFL/SIG_IGN for a stray int3: die like without us.
+        // SAFETY: resetting SIGTRAP to default and re-raising is async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGTRAP, libc::SIG_DFL);
+            libc::raise(libc::SIGTRAP);
+        }
+    }
+}
+
+extern "C" fn fixup_handler(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    if FIX_ACTIVE.load(Acquire) {
+        let rip = rip_of(ctx);
+        // SAFETY: rip points into the live ucontext.
+        let pc = unsafe { *rip } as usize;
+        let addr = FIX_ADDR.load(Acquire);
+        let len = FIX_LEN.load(Acquire);
+        if pc > addr && pc < addr + len {
+            let n = FIX_N.load(Acquire).min(FIX_MAX);
+            for i in 0..n {
+                if FIX_OFF[i].load(Acquire) == pc - addr {
+                    // SAFETY: moving this thread to the equivalent relocated instruction.
+                    unsafe { *rip = FIX_TARGET[i].load(Acquire) as i64 };
+                    FIXUPS.fetch_add(1, Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+    ACKS.fetch_add(1, SeqCst);
+}
+
+pub(crate) fn install_handlers() -> Result<(), String> {
+    // SAFETY: installing process-wide signal handlers with fully initialised
+    // sigaction structs; OLD_TRAP is written before our handler is active.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = trap_handler as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGTRAP, &sa, std::ptr::addr_of_mut!(OLD_TRAP)) != 0 {
+            return Err(format!(
+                "sigaction(SIGTRAP): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let mut sb: libc::sigaction = std::mem::zeroed();
+        sb.sa_sigaction = fixup_handler as *const () as usize;
+        sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sb.sa_mask);
+        if libc::sigaction(fixup_signal(), &sb, std::ptr::null_mut()) != 0 {
+            return Err(format!(
+                "sigaction(fixup signal): {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Publishes the fixup map for the displaced range (offset -> relocated address).
+pub(crate) fn set_fixup(addr: usize, len: usize, map: &[(usize, usize)]) {
+    let n = map.len().min(FIX_MAX);
+    for (i, (off, t)) in map.iter().take(n).enumerate() {
+        FIX_OFF[i].store(*off, Release);
+        FIX_TARGET[i].store(*t, Release);
+    }
+    FIX_N.store(n, Release);
+    FIX_LEN.store(len, Release);
+    FIX_ADDR.store(addr, Release);
+    FIX_ACTIVE.store(true, SeqCst);
+}
+
+pub(crate) fn clear_fixup() {
+    FIX_ACTIVE.store(false, SeqCst);
+}
+
+/// Runs the fixup handler on every other thread and waits (≤ 1 s) for them.
+pub(crate) fn broadcast() {
+    // SAFETY: plain syscalls without memory arguments.
+    let (pid, me) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid) as i32) };
+    ACKS.store(0, SeqCst);
+    let mut sent = 0usize;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if tid == me {
+                continue;
+            }
+            // SAFETY: tgkill to a thread of our own process with our handler installed.
+            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, fixup_signal()) } == 0 {
+                sent += 1;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while ACKS.load(SeqCst) < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
