@@ -25,3 +25,22 @@ pub fn compile_bpf(src: &Path, out_dir: &Path) -> PathBuf {
     assert!(status.success(), "clang failed on {}", src.display());
     out
 }
+
+/// Compiles a C program (a target to trace) with frame pointers and debug info.
+///
+/// # Panics
+/// If cc is missing or fails.
+pub fn compile_c(src: &Path, out: &Path, extra: &[&str]) -> PathBuf {
+    if let Some(d) = out.parent() {
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
+    }
+    let status = Command::new("cc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .status()
+        .unwrap_or_else(|e| panic!("running cc: {e}"));
+    assert!(status.success(), "cc failed on {}", src.display());
+    out.to_path_buf()
+}

@@ -1,0 +1,90 @@
+//! `userbpf run` on the bundled target: uprobes and uretprobes in a real process, counts that
+//! match the calls, and a faulting program that does not take the target down.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tmp() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
+}
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+/// The bundled target, compiled once for all the tests of this file (they run in parallel).
+fn workload() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("examples/workload"), &[])).clone()
+}
+
+/// An eBPF object compiled into a directory of the test's own.
+fn object(src: &str, test: &str) -> PathBuf {
+    userbpf_testutil::compile_bpf(&repo(src), &tmp().join("bpf").join(test))
+}
+
+/// The agent library built beside the test's `userbpf` binary.
+fn agent() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
+    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
+    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
+    so
+}
+
+fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(obj)
+        .args(extra)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
+
+#[test]
+fn funclatency_counts_every_call_in_both_engines() {
+    let obj = object("examples/bpf/funclatency.bpf.c", "counts");
+    let target = workload();
+    for engine in [&["--attach", "enter=work", "--attach", "leave=work"][..], &["--interpreter", "--attach", "enter=work", "--attach", "leave=work"][..]] {
+        let (out, err, ok) = userbpf_run(&obj, engine, &[target.to_str().unwrap(), "5000"]);
+        assert!(ok, "{err}");
+        assert!(out.contains("workload: 5000 calls of work()"), "the target ran: {out}");
+        assert!(out.contains("@latency_hist:\n["), "a histogram: {out}");
+        assert!(out.contains("value = { .calls = 5000, .total_ns = "), "every return seen: {out}");
+        let bars: u64 = out
+            .lines()
+            .skip_while(|l| !l.starts_with("@latency_hist:"))
+            .skip(1)
+            .take_while(|l| l.starts_with('['))
+            // "[1K, 2K)        4609 |@@@@   |": the count stands before the bar.
+            .map(|l| l.split('|').next().unwrap().split_whitespace().last().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(bars, 5000, "{out}");
+    }
+}
+
+#[test]
+fn a_faulting_program_does_not_kill_the_target() {
+    let obj = object("crates/cli/tests/bpf/faulty.bpf.c", "faulty");
+    let target = workload();
+    let (out, err, ok) = userbpf_run(&obj, &["--attach", "faulty=work"], &[target.to_str().unwrap(), "1000"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("workload: 1000 calls of work()"), "the target ran to the end: {out}\n{err}");
+    // work((i * 7919) % 4096): calls whose argument is a multiple of 10 fault; the rest count.
+    let expected = (0..1000u64).filter(|i| (i * 7919) % 4096 % 10 != 0).count();
+    assert!(out.contains(&format!("value = {{ .counted = {expected} }}")), "{out}");
+}
+
+#[test]
+fn a_function_that_does_not_exist_is_reported() {
+    let obj = object("examples/bpf/funclatency.bpf.c", "missing");
+    let target = workload();
+    let (out, err, ok) = userbpf_run(&obj, &["--attach", "enter=no_such_function", "--attach", "leave=work"], &[target.to_str().unwrap(), "10"]);
+    assert!(ok, "the target runs on: {err}");
+    assert!(out.contains("workload: 10 calls"), "{out}");
+    assert!(err.contains("no_such_function"), "the failed attachment is named: {err}");
+}
