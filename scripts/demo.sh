@@ -20,3 +20,7 @@ done
 echo
 echo "== examples/bpf/latency.bpf.c: a clang-compiled object run 3 times with userbpf prog run"
 "$u" --session "demo-$$" prog run target/bpf/latency.bpf.o --repeat 3 | grep -vE 'values = \{ (cpu[0-9]+ = 0(, )?)+ \}$'
+
+echo
+echo "== examples/bpf/funclatency.bpf.c on examples/targets/workload.c: uprobe + uretprobe with userbpf run"
+"$u" run target/bpf/funclatency.bpf.o --attach enter=work --attach leave=work -- target/examples/workload 200000

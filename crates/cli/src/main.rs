@@ -32,6 +32,8 @@ enum Command {
     Disasm(tools::DisasmArgs),
     /// Start a command with an object's programs attached to it; print the maps at exit.
     Run(run::RunArgs),
+    /// Start a command in the session, with the agent that runs the session's programs.
+    Start(run::StartArgs),
     /// Programs: list, run.
     #[command(subcommand)]
     Prog(prog::ProgCmd),
@@ -48,6 +50,7 @@ fn main() {
         Command::Asm(args) => tools::asm(args),
         Command::Disasm(args) => tools::disasm(args),
         Command::Run(args) => run::run(args),
+        Command::Start(args) => run::start(&session, args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
     };

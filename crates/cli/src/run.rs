@@ -59,6 +59,42 @@ fn split_target(target: &str) -> (String, Option<String>, u64) {
     (path, Some(func.to_string()), off)
 }
 
+/// CMD set up to run with the agent preloaded, in `session`.
+fn target_command(command: &[String], session: &str, interpreter: bool) -> Result<Command> {
+    let agent = agent_path()?;
+    let mut preload = agent.display().to_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD") {
+        preload = format!("{preload}:{}", old.to_string_lossy());
+    }
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]).env("LD_PRELOAD", preload).env("USERBPF_SESSION", session);
+    if interpreter {
+        cmd.env(INTERPRETER_ENV, "1");
+    }
+    if let Some(d) = std::env::var_os(userbpf_runtime::session::SHM_DIR_ENV) {
+        cmd.env(userbpf_runtime::session::SHM_DIR_ENV, d);
+    }
+    Ok(cmd)
+}
+
+#[derive(Args)]
+pub struct StartArgs {
+    /// Run the session's programs in the interpreter instead of the JIT.
+    #[arg(long)]
+    interpreter: bool,
+    /// The command to start, and its arguments.
+    #[arg(trailing_var_arg = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `userbpf start CMD ARGS...`: starts CMD in an existing session (`--session`); the programs
+/// and links come from whoever loads them (another `userbpf` command, a loader), before or
+/// after CMD starts. Exits with CMD's status.
+pub fn start(session: &str, args: StartArgs) -> Result<()> {
+    let status = target_command(&args.command, session, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
@@ -108,20 +144,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         })
     };
 
-    let agent = agent_path()?;
-    let mut preload = agent.display().to_string();
-    if let Some(old) = std::env::var_os("LD_PRELOAD") {
-        preload = format!("{preload}:{}", old.to_string_lossy());
-    }
-    let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env("USERBPF_SESSION", &session_name);
-    if args.interpreter {
-        cmd.env(INTERPRETER_ENV, "1");
-    }
-    if let Some(d) = std::env::var_os(userbpf_runtime::session::SHM_DIR_ENV) {
-        cmd.env(userbpf_runtime::session::SHM_DIR_ENV, d);
-    }
-    let status = cmd.status().with_context(|| format!("starting {}", args.command[0]))?;
+    let status = target_command(&args.command, &session_name, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
     done.store(true, Ordering::Release);
     let _ = streamer.join();
 

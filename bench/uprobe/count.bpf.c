@@ -1,0 +1,37 @@
+// The uprobe benchmark's program: counts hits of a function, on entry and on return, in an
+// array map read back by the loaders (userbpf run prints it at exit; kload reads it).
+#include <linux/bpf.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} hits SEC(".maps");
+
+SEC("uprobe")
+int count_entry(struct pt_regs *ctx)
+{
+	__u32 key = 0;
+	__u64 *v = bpf_map_lookup_elem(&hits, &key);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+	return 0;
+}
+
+SEC("uretprobe")
+int count_return(struct pt_regs *ctx)
+{
+	__u32 key = 1;
+	__u64 *v = bpf_map_lookup_elem(&hits, &key);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
