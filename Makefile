@@ -42,6 +42,7 @@ conformance: build
 bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
+	python3 bench/uprobe/bench.py
 
 demo: build
 	@scripts/demo.sh

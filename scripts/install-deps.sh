@@ -12,7 +12,9 @@ want llvm-objdump llvm
 want llvm-mc llvm
 want clang clang
 want bpftool bpftool
+want fio fio
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+[ -f /usr/include/x86_64-linux-gnu/sys/sdt.h ] || [ -f /usr/include/sys/sdt.h ] || need+=(systemtap-sdt-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then
     echo "install-deps: cargo (Rust 1.95) is required and is not on PATH" >&2

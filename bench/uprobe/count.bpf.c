@@ -1,5 +1,7 @@
 // The uprobe benchmark's program: counts hits of a function, on entry and on return, in an
 // array map read back by the loaders (userbpf run prints it at exit; kload reads it).
+// Built three times: -DCOUNT_ENTRY, -DCOUNT_RETURN, both (`userbpf run` attaches every
+// program of an object, so each probe mix is its own object).
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
@@ -12,6 +14,7 @@ struct {
 	__type(value, __u64);
 } hits SEC(".maps");
 
+#ifdef COUNT_ENTRY
 SEC("uprobe")
 int count_entry(struct pt_regs *ctx)
 {
@@ -22,7 +25,9 @@ int count_entry(struct pt_regs *ctx)
 		__sync_fetch_and_add(v, 1);
 	return 0;
 }
+#endif
 
+#ifdef COUNT_RETURN
 SEC("uretprobe")
 int count_return(struct pt_regs *ctx)
 {
@@ -33,5 +38,6 @@ int count_return(struct pt_regs *ctx)
 		__sync_fetch_and_add(v, 1);
 	return 0;
 }
+#endif
 
 char LICENSE[] SEC("license") = "GPL";

@@ -24,7 +24,9 @@ pub struct RunArgs {
     /// Run the programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,
-    /// Attach PROG at TARGET (`[PATH:]FUNC[+OFFSET]`), for sections without a target.
+    /// Attach PROG at TARGET, for sections without a target: `[PATH:]FUNC[+OFFSET]` for
+    /// uprobes, `[PATH:]PROVIDER:NAME` for USDT probes (no PATH: the command's executable),
+    /// `CATEGORY/NAME` for tracepoints, `NAME` for raw tracepoints.
     #[arg(long = "attach", value_name = "PROG=TARGET")]
     attach: Vec<String>,
     /// The command to start, and its arguments.
@@ -95,6 +97,41 @@ pub fn start(session: &str, args: StartArgs) -> Result<()> {
     std::process::exit(status.code().unwrap_or(1));
 }
 
+/// Whether the agent can attach this tracepoint (`CATEGORY/NAME`) or raw tracepoint: the
+/// system call ones, at libc's wrappers.
+fn is_syscall_tracepoint(kind: &str, tp: &str) -> bool {
+    if kind == "raw_tracepoint" {
+        return tp == "sys_enter" || tp == "sys_exit";
+    }
+    match tp.split_once('/') {
+        Some(("raw_syscalls", n)) => n == "sys_enter" || n == "sys_exit",
+        Some(("syscalls", n)) => n.strip_prefix("sys_enter_").or_else(|| n.strip_prefix("sys_exit_")).is_some_and(|c| !c.is_empty()),
+        _ => false,
+    }
+}
+
+/// `[PATH:]PROVIDER:NAME` of a USDT probe: the path (empty: the executable) and
+/// `PROVIDER:NAME`.
+fn split_usdt(target: &str) -> Option<(String, String)> {
+    let mut parts = target.rsplitn(3, ':');
+    let name = parts.next().filter(|s| !s.is_empty())?;
+    let provider = parts.next().filter(|s| !s.is_empty())?;
+    let path = parts.next().unwrap_or("");
+    Some((path.to_string(), format!("{provider}:{name}")))
+}
+
+/// A path naming an existing file, made absolute, so the agent finds it whatever the target's
+/// working directory and however the library was named when loaded; other strings (library
+/// names like `libc.so.6`, empty for the executable) as they are.
+fn absolute_if_file(path: &str) -> String {
+    if path.contains('/') {
+        if let Ok(p) = std::fs::canonicalize(path) {
+            return p.display().to_string();
+        }
+    }
+    path.to_string()
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
@@ -108,22 +145,59 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut attached = 0;
     for (rec, _) in &loaded.programs {
         let spec = loaded.object.program(&rec.name).context("program vanished")?;
+        let given = args.attach.iter().find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
+        if let ProgramKind::Usdt { target } = &spec.kind {
+            let (path, probe) = match (given, target) {
+                (Some(t), _) => split_usdt(&t).with_context(|| format!("--attach {}={t}: expected [PATH:]PROVIDER:NAME", rec.name))?,
+                (None, Some(t)) => (t.path.clone(), format!("{}:{}", t.provider, t.name)),
+                (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=PROVIDER:NAME", rec.name, spec.section, rec.name),
+            };
+            session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: "usdt".into(), path, func: Some(probe), offset: 0, cookie: 0, pid: None })?;
+            attached += 1;
+            continue;
+        }
+        let tracepoint = match &spec.kind {
+            ProgramKind::Tracepoint { category, name } => Some(("tracepoint", if category.is_empty() { String::new() } else { format!("{category}/{name}") })),
+            ProgramKind::RawTracepoint { name } => Some(("raw_tracepoint", name.clone())),
+            _ => None,
+        };
+        if let Some((kind, tp)) = tracepoint {
+            let tp = match given {
+                Some(t) => t,
+                None if tp.is_empty() => bail!("program `{}` (section {}) has no target: give one with --attach {}=CATEGORY/NAME", rec.name, spec.section, rec.name),
+                None => tp,
+            };
+            if !is_syscall_tracepoint(kind, &tp) {
+                eprintln!(
+                    "userbpf: program `{}` ({kind} {tp}) is not attached: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit, raw_tracepoint sys_enter and sys_exit) are attached in a process",
+                    rec.name
+                );
+                continue;
+            }
+            session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path: String::new(), func: Some(tp), offset: 0, cookie: 0, pid: None })?;
+            attached += 1;
+            continue;
+        }
         let ProgramKind::Uprobe { retprobe, target } = &spec.kind else {
-            eprintln!("userbpf: program `{}` ({}) is not attached: only uprobes and uretprobes are attached by `run` so far", rec.name, spec.kind.describe());
+            eprintln!("userbpf: program `{}` ({}) is not attached: only uprobes, uretprobes, USDT probes and system call tracepoints are attached by `run` so far", rec.name, spec.kind.describe());
             continue;
         };
-        let given = args.attach.iter().find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
         let (path, func, offset) = match (given, target) {
             (Some(t), _) => split_target(&t),
             (None, Some(t)) => (t.path.clone(), t.func.clone(), t.offset),
-            (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=FUNC", rec.name, spec.section, rec.name),
+            (None, None) => {
+                // As libbpf's auto-attach: a program without a target is loaded, not attached.
+                eprintln!("userbpf: program `{}` (section {}) is not attached: it names no target (give one with --attach {}=FUNC)", rec.name, spec.section, rec.name);
+                continue;
+            }
         };
+        let path = absolute_if_file(&path);
         let kind = if *retprobe { "uretprobe" } else { "uprobe" };
         session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;
         attached += 1;
     }
     if attached == 0 {
-        bail!("{}: no program to attach", args.object.display());
+        bail!("{}: no program to attach (give targets with --attach PROG=FUNC)", args.object.display());
     }
 
     // Stream trace lines while the target runs.
@@ -151,7 +225,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Maps at exit, as bpftrace prints its own.
     let btf = loaded.object.btf.as_ref();
     for m in &loaded.maps {
-        if !crate::dump::iterable(&m.map) {
+        // libbpf's USDT bookkeeping (usdt.bpf.h) is not the program's data.
+        if !crate::dump::iterable(&m.map) || m.def.name.starts_with("__bpf_usdt_") {
             continue;
         }
         let t = Typed { btf, key_type: m.def.key_type_id, value_type: m.def.value_type_id };

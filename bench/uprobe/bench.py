@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""The uprobe benchmark (`make bench`): what a probe hit costs with no probe, a kernel
+uprobe and userbpf (JIT and interpreter), for uprobe, uretprobe and both, on a function of the
+executable and one of a shared library; then fio's IOPS with a counting probe on td_io_queue.
+
+Builds its C pieces (target, libbenchlib.so, kload, the count-*.bpf.o objects) into
+target/ubench/, measures, prints Markdown tables and whether the targets are met. It reports;
+it never fails on timing, only when something cannot be built. Problems met on the way (a
+failed attach, a crash, a counter that does not match the calls) are printed verbatim.
+
+Environment: UBENCH_SECONDS (time per measurement, default 0.5), UBENCH_REPEATS (measured runs
+per cell, the fastest kept, default 3), UBENCH_FIO_RUNTIME (seconds per fio run, default 3),
+UBENCH_FIO_ROUNDS (fio runs per probe, alternating, the best kept, default 2),
+UBENCH_DIR (build directory), USERBPF (the CLI, default target/release/userbpf, whose agent
+libuserbpf_agent.so sits beside it).
+"""
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.path.abspath(os.environ.get("UBENCH_DIR", os.path.join(ROOT, "target", "ubench")))
+USERBPF = os.path.abspath(os.environ.get("USERBPF", os.path.join(ROOT, "target", "release", "userbpf")))
+SECONDS = float(os.environ.get("UBENCH_SECONDS", "0.5"))
+REPEATS = max(1, int(os.environ.get("UBENCH_REPEATS", "3")))
+FIO_RUNTIME = int(os.environ.get("UBENCH_FIO_RUNTIME", "3"))
+FIO_ROUNDS = max(1, int(os.environ.get("UBENCH_FIO_ROUNDS", "2")))
+FIO = "/usr/bin/fio"
+TIMEOUT = 180
+
+TARGET = os.path.join(BUILD, "target")
+LIB = os.path.join(BUILD, "libbenchlib.so")
+KLOAD = os.path.join(BUILD, "kload")
+MODES = ["entry", "return", "both"]
+MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe"}
+ENGINES = ["none", "kernel", "jit", "interp"]
+ENGINE_NAME = {"none": "no probe", "kernel": "kernel", "jit": "userbpf JIT", "interp": "userbpf interpreter"}
+# Calls of the calibration run, per engine (then scaled to SECONDS), and the most calls per run.
+CALIBRATE = {"none": 2_000_000, "kernel": 2_000, "jit": 20_000, "interp": 20_000}
+MAX_CALLS = 100_000_000
+
+problems = []
+
+
+def problem(what, detail):
+    text = f"{what}: {detail.strip()}" if detail.strip() else what
+    problems.append(text)
+    print(f"  ! {text}", file=sys.stderr, flush=True)
+
+
+def obj(mode):
+    return os.path.join(BUILD, f"count-{mode}.bpf.o")
+
+
+def build():
+    os.makedirs(BUILD, exist_ok=True)
+    bpf = ["clang", "-target", "bpf", "-g", "-O2", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"]
+    cc = ["cc", "-O2", "-g", "-fno-omit-frame-pointer", "-Wall"]
+    src = lambda f: os.path.join(HERE, f)
+    steps = [
+        cc + ["-shared", "-fPIC", "-o", LIB, src("benchlib.c")],
+        cc + ["-o", TARGET, src("target.c"), f"-L{BUILD}", "-lbenchlib", "-Wl,-rpath,$ORIGIN"],
+        cc + ["-o", KLOAD, src("kload.c"), "-lbpf"],
+        bpf + ["-DCOUNT_ENTRY", "-c", "-o", obj("entry"), src("count.bpf.c")],
+        bpf + ["-DCOUNT_RETURN", "-c", "-o", obj("return"), src("count.bpf.c")],
+        bpf + ["-DCOUNT_ENTRY", "-DCOUNT_RETURN", "-c", "-o", obj("both"), src("count.bpf.c")],
+    ]
+    for cmd in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"uprobe-bench: building failed: {' '.join(cmd)}\n{r.stderr}")
+    agent = os.path.join(os.path.dirname(USERBPF), "libuserbpf_agent.so")
+    for f in (USERBPF, agent):
+        if not os.path.exists(f):
+            sys.exit(f"uprobe-bench: {f} is missing: run `cargo build --release -p userbpf-cli -p userbpf-agent`")
+
+
+def run(cmd, what):
+    """Runs cmd; returns (stdout, stderr) or None after recording a problem."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        problem(f"{what}: timed out after {TIMEOUT} s", (e.stderr or b"").decode(errors="replace")[-2000:] if isinstance(e.stderr, bytes) else (e.stderr or "")[-2000:])
+        return None
+    if r.returncode != 0:
+        sig = f" (killed by signal {-r.returncode})" if r.returncode < 0 else f" (exit status {r.returncode})"
+        problem(f"{what}: failed{sig}", (r.stderr + r.stdout)[-2000:])
+        return None
+    return r.stdout, r.stderr
+
+
+def agent_messages(stderr, what):
+    lines = [l for l in stderr.splitlines() if l.startswith("userbpf") and "kernel_hits" not in l]
+    if lines:
+        problem(f"{what}: userbpf printed", "\n    ".join(lines[:5]))
+
+
+def userbpf_hits(stdout):
+    """The @hits map printed by `userbpf run` at exit: {key: value}."""
+    hits, inside = {}, False
+    for line in stdout.splitlines():
+        if line.startswith("@"):
+            inside = line.strip() == "@hits:"
+            continue
+        m = re.match(r"key = (\d+), value = (\d+)", line.strip())
+        if inside and m:
+            hits[int(m.group(1))] = int(m.group(2))
+    return hits
+
+
+def kernel_hits(stderr):
+    m = re.search(r"kernel_hits entry=(\d+) return=(\d+)", stderr)
+    return {0: int(m.group(1)), 1: int(m.group(2))} if m else {}
+
+
+def probe_cmd(engine, mode, binary, func, cmd):
+    if engine == "kernel":
+        return [KLOAD, obj(mode), binary, func, "--"] + cmd
+    spec = func if binary == TARGET else f"{binary}:{func}"
+    attach = []
+    if mode in ("entry", "both"):
+        attach += ["--attach", f"count_entry={spec}"]
+    if mode in ("return", "both"):
+        attach += ["--attach", f"count_return={spec}"]
+    return [USERBPF, "run", obj(mode)] + (["--interpreter"] if engine == "interp" else []) + attach + ["--"] + cmd
+
+
+def measure_once(engine, where, mode, n, what):
+    binary, func = (TARGET, "bench_fn") if where == "exe" else (LIB, "lib_fn")
+    cmd = [TARGET, where, str(n)]
+    if engine != "none":
+        cmd = probe_cmd(engine, mode, binary, func, cmd)
+    out = run(cmd, what)
+    if out is None:
+        return None
+    stdout, stderr = out
+    m = re.search(r"ns_per_call=([\d.]+) cpu_ns_per_call=([\d.]+)", stdout)
+    if not m:
+        problem(f"{what}: the target printed no timing", stdout[-1000:] + stderr[-1000:])
+        return None
+    if engine != "none":
+        agent_messages(stderr, what)
+        hits = kernel_hits(stderr) if engine == "kernel" else userbpf_hits(stdout)
+        want = {0: n if mode in ("entry", "both") else 0, 1: n if mode in ("return", "both") else 0}
+        got = {k: hits.get(k) for k in (0, 1)}
+        if got != want:
+            problem(f"{what}: the probe counted entry={got[0]} return={got[1]}, expected entry={want[0]} return={want[1]} for {n} calls", "")
+            return None
+    return float(m.group(2)), float(m.group(1))
+
+
+def measure(engine, where, mode):
+    place = "function in the " + ("executable" if where == "exe" else "shared library")
+    what = f"no probe, {place}" if engine == "none" else f"{ENGINE_NAME[engine]}, {MODE_NAME[mode]}, {place}"
+    n0 = CALIBRATE[engine]
+    first = measure_once(engine, where, mode, n0, what)
+    if first is None:
+        return None
+    n = int(min(MAX_CALLS, max(n0, SECONDS * 1e9 / max(first[0], 0.1))))
+    best = None
+    for _ in range(REPEATS):
+        r = measure_once(engine, where, mode, n, what)
+        if r is None:
+            return None
+        best = r if best is None or r[0] < best[0] else best
+    print(f"  {what}: {best[0]:.2f} ns/call CPU ({best[1]:.2f} wall), {n} calls", file=sys.stderr, flush=True)
+    return {"cpu": best[0], "wall": best[1], "calls": n}
+
+
+def fmt_ns(v):
+    if v is None:
+        return "failed"
+    return f"{v:,.1f}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def fmt_ratio(a, b):
+    if a is None or b is None or b <= 0:
+        return "–"
+    return f"{a / b:,.1f}×"
+
+
+def uprobe_tables():
+    res = {}
+    for where in ("exe", "lib"):
+        res[(where, "none")] = measure("none", where, None)
+        for mode in MODES:
+            for engine in ("kernel", "jit", "interp"):
+                res[(where, mode, engine)] = measure(engine, where, mode)
+    print()
+    print(f"### Probe hit cost: a noinline function called in a loop (ns per call, thread CPU time, fastest of {REPEATS} runs of ~{SECONDS} s)")
+    print()
+    print("| function | probe | no probe | kernel | userbpf JIT | userbpf interp. | kernel hit | JIT hit | interp. hit | kernel hit / JIT hit | kernel hit / interp. hit |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    hit = {}
+    for where in ("exe", "lib"):
+        base = res[(where, "none")]
+        b = base["cpu"] if base else None
+        for mode in MODES:
+            cells, hits = [], {}
+            for engine in ("kernel", "jit", "interp"):
+                r = res[(where, mode, engine)]
+                cells.append(r["cpu"] if r else None)
+                hits[engine] = (r["cpu"] - b) if (r and b is not None) else None
+            hit[(where, mode)] = hits
+            fn = "bench_fn (executable)" if where == "exe" else "lib_fn (libbenchlib.so)"
+            row = [fn, MODE_NAME[mode], fmt_ns(b)] + [fmt_ns(c) for c in cells]
+            row += [fmt_ns(hits[e]) for e in ("kernel", "jit", "interp")]
+            row += [fmt_ratio(hits["kernel"], hits["jit"]), fmt_ratio(hits["kernel"], hits["interp"])]
+            print("| " + " | ".join(row) + " |")
+    print()
+    print("Hit = probed minus unprobed ns per call (for uprobe + uretprobe: both hits of one call).")
+    print("Wall-clock ns per call of the same runs (includes time spent waiting for a CPU on a busy")
+    print("machine, and any part of a kernel trap not charged to the thread):")
+    print()
+    print("| function | probe | no probe | kernel | userbpf JIT | userbpf interp. |")
+    print("|---|---|---:|---:|---:|---:|")
+    for where in ("exe", "lib"):
+        base = res[(where, "none")]
+        fn = "bench_fn (executable)" if where == "exe" else "lib_fn (libbenchlib.so)"
+        for mode in MODES:
+            cells = [res[(where, mode, e)] for e in ("kernel", "jit", "interp")]
+            row = [fn, MODE_NAME[mode], fmt_ns(base["wall"] if base else None)] + [fmt_ns(c["wall"] if c else None) for c in cells]
+            print("| " + " | ".join(row) + " |")
+    print()
+    calls = {}
+    for k, r in res.items():
+        if r:
+            calls.setdefault(k[-1] if len(k) == 3 else "none", []).append(r["calls"])
+    print("Calls per run: " + ", ".join(f"{ENGINE_NAME[e]} {min(calls[e]):,}–{max(calls[e]):,}" for e in ENGINES if e in calls) + ".")
+    return hit
+
+
+def fio_cmd(out):
+    return [FIO, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
+            f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
+
+
+def fio_run(engine):
+    out = os.path.join(BUILD, f"fio-{engine}.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    cmd = fio_cmd(out)
+    what = f"fio, {ENGINE_NAME[engine]}"
+    if engine != "none":
+        cmd = probe_cmd(engine, "entry", FIO, "td_io_queue", cmd)
+    r = run(cmd, what)
+    if r is None:
+        return None
+    stdout, stderr = r
+    try:
+        with open(out) as f:
+            job = json.load(f)["jobs"][0]["read"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        problem(f"{what}: no fio result ({e})", stdout[-1000:] + stderr[-1000:])
+        return None
+    res = {"iops": job["iops"], "ios": job.get("total_ios", 0)}
+    if engine != "none":
+        agent_messages(stderr, what)
+        hits = (kernel_hits(stderr) if engine == "kernel" else userbpf_hits(stdout)).get(0)
+        res["hits"] = hits
+        if not hits or hits < res["ios"]:
+            problem(f"{what}: td_io_queue counted {hits} hits for {res['ios']} I/Os", "")
+    print(f"  {what}: {res['iops']:,.0f} IOPS" + (f", {res.get('hits')} hits" if engine != "none" else ""), file=sys.stderr, flush=True)
+    return res
+
+
+def fio_table():
+    if not os.path.exists(FIO):
+        problem("fio", f"{FIO} is not installed (apt-get install fio)")
+        return None
+    syms = subprocess.run(["readelf", "-W", "--dyn-syms", FIO], capture_output=True, text=True).stdout
+    if not re.search(r"\bFUNC\b.*\btd_io_queue$", syms, re.M):
+        problem("fio", f"td_io_queue is not a function in {FIO}'s .dynsym (the binary is stripped): no probe possible")
+        return None
+    # Rounds alternate the probes, so a burst of load on the machine hits them alike; the
+    # best round of each is kept.
+    res = {e: None for e in ENGINES}
+    failed = set()
+    for _ in range(FIO_ROUNDS):
+        for e in ENGINES:
+            if e in failed:
+                continue
+            r = fio_run(e)
+            if r is None:
+                failed.add(e)
+                res[e] = None
+            elif res[e] is None or r["iops"] > res[e]["iops"]:
+                res[e] = r
+    print()
+    print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, best of {FIO_ROUNDS} runs of {FIO_RUNTIME} s; a counting uprobe on td_io_queue")
+    print()
+    print("| probe | IOPS | share of unprobed | td_io_queue hits |")
+    print("|---|---:|---:|---:|")
+    base = res["none"]["iops"] if res["none"] else None
+    for e in ENGINES:
+        r = res[e]
+        share = f"{100 * r['iops'] / base:.1f}%" if (r and base) else "–"
+        iops = f"{r['iops']:,.0f}" if r else "failed"
+        hits = f"{r['hits']:,}" if r and r.get("hits") is not None else "–"
+        print(f"| {ENGINE_NAME[e]} | {iops} | {share} | {hits} |")
+    return {e: (100 * r["iops"] / base if (r and base) else None) for e, r in res.items()}
+
+
+def verdict(ok, text):
+    print(f"- {'met' if ok else 'NOT met'}: {text}")
+
+
+def main():
+    t0 = time.time()
+    build()
+    cpu = ""
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"## uprobe benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}")
+    hit = uprobe_tables()
+    fio = fio_table()
+
+    print()
+    print("### Targets")
+    print()
+    for where, name in (("exe", "executable"), ("lib", "shared library")):
+        h = hit[(where, "entry")]
+        j = h["jit"]
+        verdict(j is not None and j <= 10, f"uprobe hit ≤ 10 ns (JIT, {name}): {fmt_ns(j)} ns")
+        h = hit[(where, "return")]
+        j, k = h["jit"], h["kernel"]
+        verdict(j is not None and j <= 20, f"uretprobe hit ≤ 20 ns (JIT, {name}): {fmt_ns(j)} ns")
+        verdict(j is not None and k is not None and j > 0 and k / j >= 200,
+                f"uretprobe hit ≥ 200× cheaper than the kernel's (JIT, {name}): {fmt_ratio(k, j)}")
+    if fio:
+        pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
+        s = fio.get("jit")
+        verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
+    print()
+    if problems:
+        print("### Problems")
+        print()
+        for p in problems:
+            print("- " + p.replace("\n", "\n  "))
+    else:
+        print("No problems: every probe attached and counted every call.")
+    print()
+    print(f"(uprobe-bench took {time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

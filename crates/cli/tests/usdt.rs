@@ -1,0 +1,95 @@
+//! `userbpf run` on USDT probes (`<sys/sdt.h>`): programs written with libbpf's
+//! `usdt.bpf.h` see every argument exactly (registers, memory, constants, sub-word sizes),
+//! semaphores are raised while attached, and probes that cannot be attached say why.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tmp() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
+}
+
+fn here(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
+}
+
+/// The target (two files: usdt_guarded.c declares its semaphore), built once into its own
+/// directory, which the tests run in (the object's section names `./usdt_target`).
+fn target_dir() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dir = tmp().join("usdt");
+        let guarded = here("targets/usdt_guarded.c");
+        userbpf_testutil::compile_c(&here("targets/usdt_target.c"), &dir.join("usdt_target"), &[guarded.to_str().unwrap()]);
+        dir
+    })
+    .clone()
+}
+
+fn object() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| userbpf_testutil::compile_bpf(&here("bpf/usdt.bpf.c"), &tmp().join("bpf/usdt"))).clone()
+}
+
+fn agent() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
+    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
+    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
+    so
+}
+
+fn run(extra: &[&str], n: u32) -> (String, String, bool) {
+    let dir = target_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .current_dir(&dir)
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(object())
+        .args(extra)
+        .arg("--")
+        .arg("./usdt_target")
+        .arg(n.to_string())
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
+
+#[test]
+fn usdt_arguments_arrive_exactly_in_both_engines() {
+    let n = 100u32;
+    let sum_i: i64 = (0..n as i64).sum();
+    let sum_small: i64 = (0..n as i64).map(|i| (i + 250) & 0xff).sum();
+    for engine in [&[][..], &["--interpreter"][..]] {
+        let mut args = engine.to_vec();
+        args.extend(["--attach", "on_two=app:two", "--attach", "on_guarded=./usdt_target:app:guarded"]);
+        let (out, err, ok) = run(&args, n);
+        assert!(ok, "{out}\n{err}");
+        assert!(!err.contains("userbpf-agent:"), "no attach error: {err}");
+        assert!(out.contains(&format!("usdt_target: {n} iterations, guarded probe enabled {n} times")), "semaphore raised: {out}");
+        let three = format!(".three = {{ .hits = {n}, .sum_i = {sum_i}, .sum_mem = {}, .sum_const = {}, .arg_cnt = 3, .bad = 0 }}", -3 * sum_i, -7 * n as i64);
+        assert!(out.contains(&three), "register, memory and constant arguments: {out}");
+        let two = format!(".two = {{ .hits = {n}, .sum_small = {sum_small}, .sum_reg = {}, .arg_cnt = 2 }}", 1000 * sum_i);
+        assert!(out.contains(&two), "a 1-byte register and a probe right after another: {out}");
+        let guarded = format!(".guarded = {{ .hits = {n}, .sum_n = {sum_i}, .last_const = {}, .cookie = 0 }}", 0x1234567890i64);
+        assert!(out.contains(&guarded), "the guarded probe: {out}");
+        assert!(!out.contains("@__bpf_usdt_specs"), "libbpf's bookkeeping maps are not printed: {out}");
+    }
+}
+
+#[test]
+fn a_probe_not_attached_leaves_its_semaphore_down() {
+    // on_guarded gets a probe that does not exist: it is reported and the semaphore stays 0.
+    let (out, err, ok) = run(&["--attach", "on_two=app:two", "--attach", "on_guarded=app:nosuch"], 10);
+    assert!(ok, "{out}\n{err}");
+    assert!(err.contains("no USDT probe `app:nosuch` in"), "{err}");
+    assert!(out.contains("usdt_target: 10 iterations, guarded probe enabled 0 times"), "{out}");
+    assert!(out.contains(".two = { .hits = 10,"), "{out}");
+}
+
+#[test]
+fn a_usdt_program_without_a_target_is_refused() {
+    let (_, err, ok) = run(&["--attach", "on_two=app:two"], 1);
+    assert!(!ok);
+    assert!(err.contains("program `on_guarded` (section usdt) has no target: give one with --attach on_guarded=PROVIDER:NAME"), "{err}");
+}
