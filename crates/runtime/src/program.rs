@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use userbpf_isa::*;
 use userbpf_maps::Map;
-use userbpf_vm::{HelperRegistry, Interpreter, JitProgram, LoadError, LoadOptions, MemoryPolicy, Program, Region, Relocator, VmError};
+use userbpf_vm::{HelperRegistry, InlineArray, Interpreter, JitProgram, LoadError, LoadOptions, MemoryPolicy, Program, Region, Relocator, VmError};
 
 use crate::context::{self, CpuSlots, Missed, RunContext};
 
@@ -82,6 +82,39 @@ impl Relocator for Resolve<'_> {
         };
         self.found.borrow_mut().push((map, readonly));
         Ok(value)
+    }
+
+    /// Plain (not per-CPU) arrays registered with the helpers' map registry: their lookups
+    /// are inlined, as the kernel's `array_map_gen_lookup` inlines them. An unregistered map
+    /// is left to the helper (which refuses it), so both paths keep agreeing.
+    ///
+    /// Coupling with the maps crate: the element address is computed from the ARRAY layout
+    /// of `userbpf_maps::array` (values of `round_up(value_size, 8)` bytes each, contiguous
+    /// from the address of element 0, which never moves while the map is mapped). The layout is
+    /// checked here on each map, through the lookups of the first and last elements: if it
+    /// ever changes, lookups are simply not inlined.
+    fn inline_lookup(&self, map_addr: u64) -> Option<InlineArray> {
+        // Registered maps are never unmapped (the registry leaks them), so the addresses stay
+        // valid for as long as the program.
+        let (map, _) = crate::helpers::maps::map_at(map_addr)?;
+        if !matches!(map, Map::Array(_)) || map.map_type() != userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY {
+            return None;
+        }
+        let spec = map.spec();
+        let elem_size = u32::try_from((spec.value_size as u64 + 7) & !7).ok()?;
+        let max_entries = spec.max_entries;
+        let at = |i: u32| {
+            let key = i.to_ne_bytes();
+            // SAFETY: the key buffer is 4 valid bytes, what an array map reads.
+            unsafe { map.lookup(key.as_ptr(), 0) as u64 }
+        };
+        let values = at(0);
+        let last = max_entries.checked_sub(1)?;
+        let layout_holds = values != 0
+            && at(last) == values + last as u64 * elem_size as u64
+            && at(max_entries) == 0
+            && at(u32::MAX) == 0;
+        layout_holds.then_some(InlineArray { values, max_entries, elem_size })
     }
 }
 
@@ -177,5 +210,113 @@ impl LoadedProgram {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use userbpf_isa::*;
+    use userbpf_maps::{Map, MapSpec, MapType};
+
+    use super::{Engine, LoadedProgram, MapResolver};
+    use crate::context::{CpuSlots, RunContext};
+
+    fn spec(t: MapType, value: u32, max: u32) -> MapSpec {
+        MapSpec { map_type: t, key_size: 4, value_size: value, max_entries: max, map_flags: 0, map_extra: 0, name: "m".into() }
+    }
+
+    /// `r0 = bpf_map_lookup_elem(map 1, &(u32)ctx[0])`; with `deref`, then r0 = the u32 at
+    /// offset 4 of the value, or -1 for null.
+    fn prog(deref: bool) -> Vec<Insn> {
+        let mut p = vec![
+            Insn::new(BPF_LDX | BPF_MEM | BPF_W, 6, 1, 0, 0),
+            Insn::new(BPF_STX | BPF_MEM | BPF_W, 10, 6, -4, 0),
+            Insn::new(OP_LDDW, 1, BPF_PSEUDO_MAP_IDX, 0, 1),
+            Insn::new(0, 0, 0, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 2, 10, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 2, 0, 0, -4),
+            Insn::new(OP_CALL, 0, 0, 0, 1),
+        ];
+        if deref {
+            p.extend([
+                Insn::new(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2, 0),
+                Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 0, 4, 0),
+                Insn::new(OP_EXIT, 0, 0, 0, 0),
+                Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, -1),
+            ]);
+        }
+        p.push(Insn::new(OP_EXIT, 0, 0, 0, 0));
+        p
+    }
+
+    /// For each kind of map: whether its lookups are inlined, and that both engines give
+    /// what helper 1 gives.
+    #[test]
+    fn array_lookups_are_inlined_and_agree_with_the_helper() {
+        let dir = std::env::temp_dir().join(format!("userbpf-inline-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let helpers = crate::helpers::registry();
+        let lookup = helpers.get(1).unwrap().func;
+        let slots = Arc::new(CpuSlots::private().unwrap());
+        let cases = [
+            (MapType::BPF_MAP_TYPE_ARRAY, 12, 8, true, true),
+            (MapType::BPF_MAP_TYPE_ARRAY, 8, 1, true, true),
+            (MapType::BPF_MAP_TYPE_ARRAY, 100, 3, true, true),
+            // Unregistered: the helper refuses it, and so the lookup is not inlined.
+            (MapType::BPF_MAP_TYPE_ARRAY, 12, 8, false, false),
+            (MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 12, 8, true, false),
+            (MapType::BPF_MAP_TYPE_HASH, 12, 8, true, false),
+        ];
+        for (n, &(t, value_size, max, register, inlined)) in cases.iter().enumerate() {
+            let m = Arc::new(Map::create(&dir.join(n.to_string()), &spec(t, value_size, max)).unwrap());
+            m.set_id(1);
+            if register {
+                assert!(crate::helpers::register_map(1, m.clone()));
+            }
+            for k in 0..max {
+                let mut v = vec![0u8; m.value_buf_size()];
+                v[4..8].copy_from_slice(&(k * 1000 + 7).to_ne_bytes());
+                m.update_elem(&k.to_ne_bytes(), &v, 0).unwrap();
+            }
+            let maps = [(1u32, m.clone())];
+            let resolver: &[(u32, Arc<Map>)] = &maps;
+            for deref in [false, true] {
+                let insns = prog(deref);
+                let load = |engine| {
+                    LoadedProgram::prepare(1, "t", &insns, helpers.clone(), &resolver as &dyn MapResolver, engine, slots.clone())
+                        .unwrap()
+                };
+                let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
+                assert_eq!(jit.program().inline_lookups().len(), usize::from(inlined), "case {n}");
+                for key in [0, 1, max / 2, max - 1, max, max + 1, 0x8000_0000, u32::MAX] {
+                    let mut ctx = key.to_ne_bytes();
+                    let r = |p: &LoadedProgram, ctx: &mut [u8; 4]| p.run(ctx.as_mut_ptr(), 4, RunContext::default()).unwrap();
+                    let (j, i) = (r(&jit, &mut ctx), r(&interp, &mut ctx));
+                    let expect = {
+                        let _g = crate::context::enter(&slots, RunContext::default()).unwrap();
+                        // SAFETY: helper 1 with a map address and a 4-byte key.
+                        let p = unsafe { lookup(Arc::as_ptr(&m) as u64, ctx.as_ptr() as u64, 0, 0, 0) };
+                        if !deref {
+                            p
+                        } else if p == 0 {
+                            u64::MAX
+                        } else {
+                            // SAFETY: a non-null lookup result is a value of 12+ bytes.
+                            unsafe { (p as *const u32).add(1).read_unaligned() as u64 }
+                        }
+                    };
+                    let what = format!("case {n}, key {key:#x}, deref {deref}");
+                    assert_eq!(j, Some(expect), "{what}: jit");
+                    assert_eq!(i, Some(expect), "{what}: interpreter");
+                    if deref && register && key < max && t != MapType::BPF_MAP_TYPE_PERCPU_ARRAY {
+                        assert_eq!(expect, (key * 1000 + 7) as u64, "{what}");
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -20,11 +20,16 @@ use crate::error::AccessKind;
 use crate::helpers::HelperFn;
 use crate::program::{MAX_CALL_FRAMES, STACK_SIZE};
 use crate::run::{RunCtx, RunKind, Status};
-use crate::{Program, Region, VmError};
+use crate::{InlineArray, Program, Region, VmError};
 
 /// Value an `lddw` of a function (BPF_PSEUDO_FUNC) gives in the interpreter: this tag ORed
 /// with the instruction index of the function. (The JIT gives a native address instead.)
 pub const INTERP_FUNC_TAG: u64 = 0xbf00_0000_0000_0000;
+
+/// Private opcode of a pre-decoded inlined array lookup (`call 1` that [`Program`] found to
+/// look up an array map it may compute inline); `imm` indexes [`Interpreter::inline`].
+/// (0xf5 is no eBPF opcode: `Program::load` refuses it.)
+const OP_INLINE_LOOKUP: u8 = 0xf5;
 
 /// One pre-decoded slot. `imm` is what the instruction needs at run time: the sign-extended
 /// immediate, the whole 64-bit value of an `lddw`, the helper's address for a call, or the
@@ -43,6 +48,8 @@ struct Op {
 pub struct Interpreter {
     prog: Arc<Program>,
     ops: Box<[Op]>,
+    /// The arrays of the inlined lookups, by the `imm` of their [`OP_INLINE_LOOKUP`].
+    inline: Box<[InlineArray]>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -58,6 +65,7 @@ impl Interpreter {
     pub fn new(prog: Arc<Program>) -> Interpreter {
         let insns = prog.insns();
         let mut ops = Vec::with_capacity(insns.len());
+        let mut inline = Vec::new();
         let mut pc = 0;
         while pc < insns.len() {
             let i = insns[pc];
@@ -73,7 +81,11 @@ impl Interpreter {
                 pc += 2;
                 continue;
             }
-            if i.op == OP_CALL {
+            if let Some(a) = prog.inline_lookup_at(pc) {
+                op.op = OP_INLINE_LOOKUP;
+                op.imm = inline.len() as i64;
+                inline.push(a);
+            } else if i.op == OP_CALL {
                 op.imm = match i.src {
                     // Checked at load: the helper is registered.
                     0 => {
@@ -89,7 +101,7 @@ impl Interpreter {
             ops.push(op);
             pc += 1;
         }
-        Interpreter { prog, ops: ops.into_boxed_slice() }
+        Interpreter { prog, ops: ops.into_boxed_slice(), inline: inline.into_boxed_slice() }
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -422,6 +434,16 @@ impl Interpreter {
                     reg[0] = unsafe { (h.func)(reg[1], reg[2], reg[3], reg[4], reg[5]) };
                     // As the JIT does: after `callx` the check is unconditional.
                     stop_if_ending!();
+                }
+                OP_INLINE_LOOKUP => {
+                    // `bpf_map_lookup_elem(array, r2)` inline, as the JIT does it; the key is
+                    // read like any 4-byte load.
+                    let a = self.inline[op.imm as usize];
+                    let key = reg[2];
+                    chk!(key, 4, false);
+                    // SAFETY: checked readable just above.
+                    let idx = unsafe { load(key, 4) } as u32;
+                    reg[0] = a.lookup(idx);
                 }
                 0x95 => {
                     if depth == 0 {

@@ -39,7 +39,47 @@ pub trait Relocator {
     /// `src` is the pseudo kind (`BPF_PSEUDO_MAP_FD`, ...), `imm` and `next_imm` the two
     /// immediates as the instruction has them (for map values, `next_imm` is the offset).
     fn resolve_lddw(&self, index: usize, src: u8, imm: i32, next_imm: i32) -> Result<u64, String>;
+
+    /// Whether `bpf_map_lookup_elem` on the map at `map_addr` (a value `resolve_lddw` returned
+    /// for `BPF_PSEUDO_MAP_FD` or `BPF_PSEUDO_MAP_IDX`) may be done inline, as an index check
+    /// and an address computation, instead of calling helper 1, and how. Returning `Some`
+    /// promises that helper 1 on this map, with any key, returns exactly what
+    /// [`InlineArray::lookup`] computes, for as long as the program lives (as the kernel's
+    /// `array_map_gen_lookup`: plain, not per-CPU, arrays). The default inlines nothing.
+    fn inline_lookup(&self, map_addr: u64) -> Option<InlineArray> {
+        let _ = map_addr;
+        None
+    }
 }
+
+/// An array map whose lookups are inlined: element `i < max_entries` is at
+/// `values + i * elem_size`; any other index gives null (0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InlineArray {
+    /// Address of element 0.
+    pub values: u64,
+    pub max_entries: u32,
+    /// Bytes from one element to the next, 1 to `i32::MAX` (other sizes are not inlined).
+    pub elem_size: u32,
+}
+
+impl InlineArray {
+    /// What the lookup of index `idx` (the key's 4 bytes, native order) gives.
+    #[inline(always)]
+    pub fn lookup(&self, idx: u32) -> u64 {
+        if idx < self.max_entries {
+            self.values.wrapping_add(idx as u64 * self.elem_size as u64)
+        } else {
+            0
+        }
+    }
+}
+
+/// The helper id of `bpf_map_lookup_elem`.
+const MAP_LOOKUP_ELEM: i32 = 1;
+/// Most instructions between the `lddw r1, map` and the `call 1` an inlined lookup looks at
+/// (clang emits two: `r2 = r10; r2 += -4`).
+const INLINE_WINDOW: usize = 8;
 
 /// What a program is loaded with besides its instructions.
 #[derive(Clone, Default)]
@@ -64,6 +104,9 @@ pub struct Program {
     pub(crate) subprogs: Vec<usize>,
     /// Deepest chain of frames a run can build, the entry frame included.
     pub(crate) max_depth: usize,
+    /// `call 1` sites (ascending pc) that look up an array map the relocator described for
+    /// inlining: executors compute the lookup instead of calling the helper.
+    pub(crate) inline_lookups: Vec<(usize, InlineArray)>,
 }
 
 impl std::fmt::Debug for Program {
@@ -72,6 +115,7 @@ impl std::fmt::Debug for Program {
             .field("insns", &self.insns.len())
             .field("subprogs", &self.subprogs)
             .field("max_depth", &self.max_depth)
+            .field("inline_lookups", &self.inline_lookups.len())
             .finish()
     }
 }
@@ -95,6 +139,8 @@ impl Program {
         let n = insns.len();
         let mut second_half = vec![false; n];
         let mut subprogs = vec![0usize];
+        // Indices of lddws that load a map (by fd or index), ascending.
+        let mut map_lddws = Vec::new();
         let mut pc = 0;
         while pc < n {
             let insn = insns[pc];
@@ -130,6 +176,9 @@ impl Program {
                             .or_else(|m| err(pc, m))?;
                         insns[pc] = Insn { src: 0, imm: value as u32 as i32, ..insn };
                         insns[pc + 1].imm = (value >> 32) as u32 as i32;
+                        if matches!(insn.src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) {
+                            map_lddws.push(pc);
+                        }
                     }
                     s => return err(pc, format!("lddw with unknown pseudo source {s}")),
                 }
@@ -196,7 +245,28 @@ impl Program {
             }
         }
         let max_depth = call_depth(&subprogs, &callees)?;
-        Ok(Program { insns, helpers: options.helpers.clone(), memory: options.memory.clone(), subprogs, max_depth })
+        let inline_lookups = match relocator {
+            Some(r) if !map_lddws.is_empty() => inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, r),
+            _ => Vec::new(),
+        };
+        Ok(Program {
+            insns,
+            helpers: options.helpers.clone(),
+            memory: options.memory.clone(),
+            subprogs,
+            max_depth,
+            inline_lookups,
+        })
+    }
+
+    /// The inlined array lookup of the `call 1` at `pc`, if it is one.
+    pub fn inline_lookup_at(&self, pc: usize) -> Option<InlineArray> {
+        self.inline_lookups.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.inline_lookups[i].1)
+    }
+
+    /// Every inlined lookup site: `(pc of the call, map)`, ascending.
+    pub fn inline_lookups(&self) -> &[(usize, InlineArray)] {
+        &self.inline_lookups
     }
 
     /// The instruction slots as the executors run them.
@@ -217,6 +287,70 @@ impl Program {
     pub fn max_depth(&self) -> usize {
         self.max_depth
     }
+}
+
+/// The `call 1` (map_lookup_elem) sites whose map is known for certain and described by the
+/// relocator for inlining. A site qualifies when r1 was set by an `lddw` of a map at most
+/// [`INLINE_WINDOW`] instructions before it, in a straight line: nothing in between (the call
+/// included) is a jump target or a function start, and everything in between is an ALU
+/// operation, a load or a plain store that does not write r1. Only when helper 1 of the
+/// registry is `map_lookup_elem` and does not end runs (its inline form never does).
+fn inline_sites(
+    insns: &[Insn],
+    second_half: &[bool],
+    subprogs: &[usize],
+    map_lddws: &[usize],
+    options: &LoadOptions,
+    relocator: &dyn Relocator,
+) -> Vec<(usize, InlineArray)> {
+    match options.helpers.get(MAP_LOOKUP_ELEM as u32) {
+        Some(h) if h.name == "map_lookup_elem" && !h.may_exit => {}
+        _ => return Vec::new(),
+    }
+    let n = insns.len();
+    let mut target = vec![false; n];
+    for &s in subprogs {
+        target[s] = true;
+    }
+    for pc in 0..n {
+        let insn = insns[pc];
+        if second_half[pc] || !insn.is_jump() {
+            continue;
+        }
+        let rel = if insn.op == OP_JA32 { insn.imm as i64 } else { insn.off as i64 };
+        // Checked in range by `load`.
+        target[jump_target(pc, rel) as usize] = true;
+    }
+    let mut sites = Vec::new();
+    for &l in map_lddws {
+        if insns[l].dst != 1 {
+            continue;
+        }
+        let mut pc = l + 2;
+        while pc < n && pc <= l + 2 + INLINE_WINDOW && !target[pc] {
+            let i = insns[pc];
+            if i.op == OP_CALL && i.src == 0 && i.imm == MAP_LOOKUP_ELEM {
+                let map = insns[l].wide_imm(insns[l + 1]);
+                if let Some(a) = relocator.inline_lookup(map) {
+                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 {
+                        sites.push((pc, a));
+                    }
+                }
+                break;
+            }
+            let keeps_r1 = match i.class() {
+                BPF_ALU | BPF_ALU64 | BPF_LDX => i.dst != 1,
+                BPF_ST => true,
+                BPF_STX => i.mode() == BPF_MEM,
+                _ => false,
+            };
+            if !keeps_r1 {
+                break;
+            }
+            pc += 1;
+        }
+    }
+    sites
 }
 
 fn jump_target(pc: usize, rel: i64) -> i64 {

@@ -51,6 +51,12 @@
 //! entry (`JitProgram::run`, or `callback::invoke`, which reports the ending to its helper,
 //! after which the outer code's own check unwinds further) takes it from there.
 //!
+//! # Inlined array lookups
+//!
+//! A `call 1` (map_lookup_elem) that [`Program`] found to look up an array map the relocator
+//! described ([`Program::inline_lookup_at`]) is not a call: `r11d = *(u32 *)r2; r0 = 0; if
+//! r11d < max_entries: r0 = values + r11 * elem_size` (the kernel's `array_map_gen_lookup`).
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
@@ -1000,6 +1006,9 @@ impl<'a> Emitter<'a> {
         }
         match insn.src {
             0 => {
+                if let Some(a) = self.prog.inline_lookup_at(pc) {
+                    return self.inline_array_lookup(a);
+                }
                 let id = insn.imm as u32;
                 let Some(h) = self.prog.helpers().get(id) else {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
@@ -1020,6 +1029,31 @@ impl<'a> Emitter<'a> {
             }
             s => self.fail(format!("instruction {pc}: call with unsupported source {s}")),
         }
+    }
+
+    /// `call bpf_map_lookup_elem` on an array map, inline (the kernel's `array_map_gen_lookup`):
+    /// `r0 = *(u32 *)r2 < max_entries ? values + index * elem_size : 0`. r1..r5 are left as
+    /// they were (a helper call could have clobbered them, so nothing reads them after). A
+    /// fault reading the key is a fault of this instruction, as for any load.
+    fn inline_array_lookup(&mut self, a: crate::program::InlineArray) {
+        self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
+        self.a.zero(Reg::RAX);
+        self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
+        let out = self.a.jump_fwd(Some(Cond::Ae));
+        let size = a.elem_size;
+        self.a.mov_imm(Reg::RAX, a.values);
+        if matches!(size, 1 | 2 | 4 | 8) {
+            self.a.lea(Reg::RAX, Mem::indexed(Reg::RAX, Reg::R11, size.trailing_zeros() as u8));
+        } else {
+            if size.is_power_of_two() {
+                self.a.shift_ri(Shift::Shl, true, Reg::R11, size.trailing_zeros() as u8);
+            } else {
+                // elem_size <= i32::MAX (checked at load); index < 2^32: no overflow.
+                self.a.imul_rri(true, Reg::R11, Reg::R11, size as i32);
+            }
+            self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
+        }
+        self.a.bind(out);
     }
 
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of
