@@ -17,6 +17,9 @@ use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
+mod tracepoint;
+mod usdt;
+
 /// Environment variable choosing the interpreter (`1`) over the JIT.
 pub const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";
 
@@ -26,6 +29,10 @@ struct Attached {
     cookie: u64,
     func_ip: u64,
     retprobe: bool,
+    /// The probed address when the hook sits before it (USDT probes sharing a hook at the
+    /// first of consecutive `nop`s): the program sees a copy of the registers with this `ip`.
+    /// 0: the hook's own.
+    ip: u64,
 }
 
 /// The agent's state in this process.
@@ -34,7 +41,31 @@ pub struct Agent {
     slots: Arc<CpuSlots>,
     engine: Engine,
     programs: HashMap<u32, Arc<LoadedProgram>>,
-    links: HashMap<u32, ProbeId>,
+    /// Attached links: their probes (none when attaching failed, so it is reported once).
+    links: HashMap<u32, AttachedLink>,
+}
+
+/// What attaching one link made: its probes and the USDT semaphores it raised.
+#[derive(Default)]
+struct AttachedLink {
+    probes: Vec<ProbeId>,
+    semaphores: Vec<usize>,
+    /// Hook addresses of USDT probes (see `usdt::claim`).
+    anchors: Vec<usize>,
+}
+
+impl AttachedLink {
+    fn detach(self) {
+        for p in self.probes {
+            let _ = userbpf_hook::detach(p);
+        }
+        for s in self.semaphores {
+            usdt::semaphore_add(s, -1);
+        }
+        for a in self.anchors {
+            usdt::release(a);
+        }
+    }
 }
 
 static AGENT: OnceLock<Mutex<Agent>> = OnceLock::new();
@@ -51,6 +82,15 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: `regs` points to the hook's saved registers for this hit.
         let ax = unsafe { (*regs).ax };
+        let mut copy;
+        let regs = if a.ip != 0 {
+            // SAFETY: as above; the copy lives until the program returns.
+            copy = unsafe { *regs };
+            copy.ip = a.ip;
+            &mut copy as *mut PtRegs
+        } else {
+            regs
+        };
         let info = RunContext {
             regs: regs as u64,
             func_ip: a.func_ip,
@@ -63,6 +103,45 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     }));
     drop(r);
     HOOK_CONTINUE
+}
+
+/// `bpf_probe_read_kernel` as the runtime has it.
+static READ_KERNEL: OnceLock<userbpf_vm::HelperFn> = OnceLock::new();
+
+/// `bpf_probe_read_kernel` for probes: the probe's `struct pt_regs` is kernel memory in the
+/// kernel, and libbpf's `usdt.bpf.h` reads registers from `ctx` with this helper. A read
+/// lying inside the run's `pt_regs` is a copy; any other goes to the runtime's helper.
+unsafe extern "C" fn probe_read_kernel(dst: u64, size: u64, src: u64, a4: u64, a5: u64) -> u64 {
+    let size = size as u32 as u64;
+    if let Some(c) = userbpf_runtime::context::current() {
+        let regs = c.regs;
+        if regs != 0 && src >= regs && src.checked_add(size).is_some_and(|e| e <= regs + std::mem::size_of::<PtRegs>() as u64) {
+            // SAFETY: the source lies inside the probe's pt_regs (live for the run); `dst` is
+            // the program's buffer of `size` bytes, as for the runtime's own helper.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, size as usize) };
+            return 0;
+        }
+    }
+    match READ_KERNEL.get() {
+        // SAFETY: the runtime's helper, called as the VM would.
+        Some(f) => unsafe { f(dst, size, src, a4, a5) },
+        None => (-libc::EFAULT) as i64 as u64,
+    }
+}
+
+/// The runtime's helpers, with [`probe_read_kernel`] in place of its own.
+fn helpers() -> Arc<userbpf_vm::HelperRegistry> {
+    static REG: OnceLock<Arc<userbpf_vm::HelperRegistry>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let base = userbpf_runtime::helpers::registry();
+        let mut reg = (*base).clone();
+        if let Some(h) = base.get(113) {
+            let _ = READ_KERNEL.set(h.func);
+            reg.register(userbpf_vm::Helper { func: probe_read_kernel, ..*h });
+        }
+        Arc::new(reg)
+    })
+    .clone()
 }
 
 impl Agent {
@@ -94,8 +173,8 @@ impl Agent {
         let live: Vec<u32> = links.iter().map(|l| l.id).collect();
         let gone: Vec<u32> = self.links.keys().copied().filter(|id| !live.contains(id)).collect();
         for id in gone {
-            if let Some(p) = self.links.remove(&id) {
-                let _ = userbpf_hook::detach(p);
+            if let Some(l) = self.links.remove(&id) {
+                l.detach();
             }
         }
         for link in links {
@@ -103,13 +182,13 @@ impl Agent {
                 continue;
             }
             match self.attach(&link) {
-                Ok(id) => {
-                    self.links.insert(link.id, id);
+                Ok(l) => {
+                    self.links.insert(link.id, l);
                 }
                 Err(e) => {
                     log(&format!("link {} ({} {}): {e}", link.id, link.kind, target_spec(&link)));
                     // Remember the failure so it is reported once.
-                    self.links.insert(link.id, ProbeId(0));
+                    self.links.insert(link.id, AttachedLink::default());
                 }
             }
         }
@@ -120,23 +199,30 @@ impl Agent {
             return Ok(p.clone());
         }
         let rec = self.session.progs().map_err(|e| e.to_string())?.into_iter().find(|p| p.id == id).ok_or(format!("program {id} is not in the session"))?;
-        let prog = Arc::new(prepare_record(&self.session, &rec, userbpf_runtime::helpers::registry(), self.engine, self.slots.clone())?);
+        let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
         userbpf_runtime::programs::register(prog.clone());
         self.programs.insert(id, prog.clone());
         Ok(prog)
     }
 
-    fn attach(&mut self, link: &LinkRecord) -> Result<ProbeId, String> {
+    fn attach(&mut self, link: &LinkRecord) -> Result<AttachedLink, String> {
         let prog = self.program(link.prog_id)?;
+        if link.kind == "usdt" {
+            return usdt::attach(&self.session, link, prog);
+        }
+        if link.kind == "tracepoint" || link.kind == "raw_tracepoint" {
+            return tracepoint::attach(link, prog);
+        }
         let kind = if link.kind == "uretprobe" { ProbeKind::Return } else { ProbeKind::Entry };
         let resolved = userbpf_hook::symbols::resolve(&target_spec(link)).map_err(|e| e.to_string())?;
-        let data = Box::into_raw(Box::new(Attached { prog, cookie: link.cookie, func_ip: resolved.func_start as u64, retprobe: kind == ProbeKind::Return }));
+        let data = Box::into_raw(Box::new(Attached { prog, cookie: link.cookie, func_ip: resolved.func_start as u64, retprobe: kind == ProbeKind::Return, ip: 0 }));
         let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
-        userbpf_hook::attach_with(resolved.addr, kind, on_hit, data.cast(), ext).map_err(|e| e.to_string())
+        let id = userbpf_hook::attach_with(resolved.addr, kind, on_hit, data.cast(), ext).map_err(|e| e.to_string())?;
+        Ok(AttachedLink { probes: vec![id], ..Default::default() })
     }
 }
 
-/// The hook crate's target syntax for a link: `PATH:FUNC+OFF`, `FUNC+OFF` or an address.
+/// The hook crate's target syntax for a link (USDT links: `PATH:PROVIDER:NAME`): `PATH:FUNC+OFF`, `FUNC+OFF` or an address.
 fn target_spec(link: &LinkRecord) -> String {
     let func = match &link.func {
         Some(f) if link.offset != 0 => format!("{f}+{}", link.offset),

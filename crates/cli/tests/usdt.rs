@@ -93,3 +93,25 @@ fn a_usdt_program_without_a_target_is_refused() {
     assert!(!ok);
     assert!(err.contains("program `on_guarded` (section usdt) has no target: give one with --attach on_guarded=PROVIDER:NAME"), "{err}");
 }
+
+#[test]
+fn a_probe_in_a_shared_library_is_found_by_its_file_name() {
+    let dir = tmp().join("usdt_lib");
+    let lib = userbpf_testutil::compile_c(&here("targets/usdt_lib.c"), &dir.join("libusdt_lib.so"), &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let exe = userbpf_testutil::compile_c(&here("targets/usdt_lib_main.c"), &dir.join("usdt_lib_main"), &[lib.to_str().unwrap(), &rpath]);
+    let obj = userbpf_testutil::compile_bpf(&here("bpf/usdt_lib.bpf.c"), &tmp().join("bpf/usdt_lib"));
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(obj)
+        .arg("--")
+        .arg(exe)
+        .arg("50")
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.contains("usdt_lib_main: 50 calls"), "{out}\n{err}");
+    assert!(out.contains("value = { .hits = 50, .sum = 1225 }"), "{out}\n{err}");
+}

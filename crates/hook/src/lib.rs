@@ -40,6 +40,8 @@ use std::sync::{Mutex, OnceLock};
 mod arch;
 mod patch;
 pub mod symbols;
+pub mod syscalls;
+pub mod usdt;
 mod thread;
 
 pub use patch::fixup_signal;

@@ -1,0 +1,313 @@
+//! System call tracepoints at libc's wrappers: links of kind `tracepoint` (`func`:
+//! `syscalls/sys_enter_NAME`, `syscalls/sys_exit_NAME`, `raw_syscalls/sys_enter`,
+//! `raw_syscalls/sys_exit`) and `raw_tracepoint` (`func`: `sys_enter`, `sys_exit`).
+//!
+//! The libc functions issuing a system call (`userbpf_hook::syscalls::wrappers_of`: the
+//! function of the call's name, plus `open`/`creat` for `openat`, `stat`/`lstat` for
+//! `newfstatat`, ...) get an entry probe (sys_enter) or a return probe (sys_exit), and the
+//! program runs on a context laid out as the kernel lays out the tracepoint's record:
+//! from `/sys/kernel/tracing/events/CAT/NAME/format` when it can be read (offsets, sizes,
+//! the event id in `common_type`), else the kernel's usual layout (`__syscall_nr` at 8, the
+//! arguments or `ret` as 8-byte fields from 16). `common_pid` is the thread id; the flags and
+//! preempt count are 0. The system call's arguments are the wrapper's, mapped as the wrapper
+//! passes them (`open(p, f, m)` is `openat(AT_FDCWD, p, f, m)`); its return value is the
+//! wrapper's, with `-1` turned back into `-errno` as the kernel reports it (the wrapper's C
+//! return type is not known: a 32-bit `-1` in eax counts as `-1` too).
+//!
+//! Entry probes also hook libc's `syscall()` (the number in its first argument; filtered to
+//! the tracepoint's call for `sys_enter_NAME`). Not seen: system calls made by instructions
+//! outside these functions (inline `syscall` in other libraries or static binaries, libc's
+//! internal `*_nocancel` variants and other calls made inside libc without its public
+//! wrapper), calls answered by the vDSO (`clock_gettime`, `gettimeofday`, ...), and the
+//! return of calls made through `syscall()`.
+//!
+//! Raw tracepoints get `{ struct pt_regs *regs, long id }` (sys_enter) or
+//! `{ regs, long ret }` (sys_exit), the registers a copy of the probe's with the system
+//! call's: arguments in di, si, dx, r10, r8, r9, the number in orig_ax.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use userbpf_hook::syscalls::{self, ArgSrc, Wrapper};
+use userbpf_hook::{ProbeKind, PtRegs, HOOK_CONTINUE};
+use userbpf_runtime::context::RunContext;
+use userbpf_runtime::{LinkRecord, LoadedProgram};
+
+use super::{log, AttachedLink};
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Field {
+    off: u16,
+    size: u8,
+}
+
+/// Where the tracepoint's record puts what the program reads.
+#[derive(Clone, Copy, Debug, Default)]
+struct Layout {
+    size: usize,
+    common_type: u16,
+    nr: Field,
+    args: [Option<Field>; 6],
+    ret: Option<Field>,
+}
+
+const MAX_RECORD: usize = 128;
+
+#[derive(Clone, Copy)]
+enum Shape {
+    /// A tracepoint record.
+    Record(Layout),
+    /// A raw tracepoint's `u64 args[2]`.
+    Raw,
+}
+
+struct Probe {
+    prog: Arc<LoadedProgram>,
+    cookie: u64,
+    exit: bool,
+    shape: Shape,
+    /// The system call, or `None` for libc's `syscall()` (its number in the first argument).
+    nr: Option<u32>,
+    /// Only this call (libc's `syscall()` for one call's tracepoint).
+    only: Option<u32>,
+    args: [ArgSrc; 6],
+}
+
+thread_local! {
+    static TID: Cell<i32> = const { Cell::new(0) };
+}
+
+fn tid() -> i32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions (once per thread).
+            t.set(unsafe { libc::gettid() });
+        }
+        t.get()
+    })
+}
+
+fn put(buf: &mut [u8], f: Field, v: u64) {
+    let (o, n) = (f.off as usize, (f.size as usize).min(8));
+    if let Some(d) = buf.get_mut(o..o + n) {
+        d.copy_from_slice(&v.to_le_bytes()[..n]);
+    }
+}
+
+unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
+    // SAFETY: `data` is the `Probe` leaked for this probe when it was attached (never freed).
+    let p = unsafe { &*(data as *const Probe) };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `regs` points to the hook's saved registers for this hit.
+        let r = unsafe { *regs };
+        let (nr, args) = match p.nr {
+            Some(nr) => {
+                let a = p.args.map(|s| match s {
+                    ArgSrc::Arg(i) => r.arg(i as usize).unwrap_or(0),
+                    ArgSrc::Const(c) => c,
+                });
+                (nr as u64, a)
+            }
+            None => {
+                // syscall(nr, a0..a5): a5 is on the stack, above the return address.
+                // SAFETY: at a function's entry, sp + 8 is the caller's frame (readable).
+                let a5 = unsafe { *((r.sp + 8) as *const u64) };
+                (r.di, [r.si, r.dx, r.cx, r.r8, r.r9, a5])
+            }
+        };
+        if p.only.is_some_and(|o| o as u64 != nr) {
+            return;
+        }
+        let ret = if p.exit {
+            // int-returning wrappers leave the upper half of rax clear: a value with bit 31
+            // set and nothing above is taken as a negative int (so a long result of 2 GiB
+            // or more with a clear upper half reads as negative: a known limit).
+            let v = if r.ax >> 31 == 1 { r.ax as u32 as i32 as i64 } else { r.ax as i64 };
+            // SAFETY: errno of this thread; the wrapper just set it when returning -1.
+            if v == -1 { -(unsafe { *libc::__errno_location() }) as i64 } else { v }
+        } else {
+            0
+        };
+        let mut info = RunContext { regs: regs as u64, cookie: p.cookie, ..Default::default() };
+        match p.shape {
+            Shape::Record(l) => {
+                let mut buf = [0u8; MAX_RECORD];
+                buf[0..2].copy_from_slice(&l.common_type.to_le_bytes());
+                buf[4..8].copy_from_slice(&tid().to_le_bytes());
+                put(&mut buf, l.nr, nr);
+                if let Some(f) = l.ret {
+                    put(&mut buf, f, ret as u64);
+                }
+                for (f, v) in l.args.iter().zip(args) {
+                    if let Some(f) = f {
+                        put(&mut buf, *f, v);
+                    }
+                }
+                let _ = p.prog.run(buf.as_mut_ptr(), l.size, info);
+            }
+            Shape::Raw => {
+                let mut sys = r;
+                sys.orig_ax = nr;
+                if p.exit {
+                    sys.ax = ret as u64;
+                } else {
+                    sys.ax = (-(libc::ENOSYS as i64)) as u64;
+                    (sys.di, sys.si, sys.dx, sys.r10, sys.r8, sys.r9) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+                }
+                info.regs = &sys as *const PtRegs as u64;
+                let mut ctx = [&sys as *const PtRegs as u64, if p.exit { ret as u64 } else { nr }];
+                let _ = p.prog.run(ctx.as_mut_ptr().cast(), 16, info);
+            }
+        }
+    }));
+    drop(r);
+    HOOK_CONTINUE
+}
+
+/// Parses a tracefs `format` file.
+fn parse_format(text: &str) -> Option<Layout> {
+    let mut l = Layout::default();
+    let mut nargs = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(id) = line.strip_prefix("ID:") {
+            l.common_type = id.trim().parse().ok()?;
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("field:") else { continue };
+        let mut decl = "";
+        let (mut off, mut size) = (None, None);
+        for part in rest.split(';') {
+            let part = part.trim();
+            if let Some(v) = part.strip_prefix("offset:") {
+                off = v.parse::<u16>().ok();
+            } else if let Some(v) = part.strip_prefix("size:") {
+                size = v.parse::<u16>().ok();
+            } else if decl.is_empty() {
+                decl = part;
+            }
+        }
+        let (off, size) = (off?, size?);
+        l.size = l.size.max(off as usize + size as usize);
+        let name = decl.rsplit([' ', '*']).next().unwrap_or("");
+        let name = name.split('[').next().unwrap_or(name);
+        let f = Field { off, size: size.min(8) as u8 };
+        match name {
+            n if n.starts_with("common_") => {}
+            "__syscall_nr" | "id" => l.nr = f,
+            "ret" => l.ret = Some(f),
+            "args" => {
+                // unsigned long args[6]
+                for i in 0..6 {
+                    l.args[i] = Some(Field { off: off + 8 * i as u16, size: 8 });
+                }
+            }
+            _ if nargs < 6 => {
+                l.args[nargs] = Some(f);
+                nargs += 1;
+            }
+            _ => {}
+        }
+    }
+    (l.size > 0 && l.size <= MAX_RECORD).then_some(l)
+}
+
+/// The record of `cat/name` from tracefs, or the kernel's usual one.
+fn layout(cat: &str, name: &str, exit: bool) -> Layout {
+    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if let Ok(t) = std::fs::read_to_string(format!("{root}/events/{cat}/{name}/format")) {
+            if let Some(l) = parse_format(&t) {
+                return l;
+            }
+        }
+    }
+    let raw = cat == "raw_syscalls";
+    let nr = Field { off: 8, size: if raw { 8 } else { 4 } };
+    if exit {
+        Layout { size: 24, common_type: 0, nr, args: [None; 6], ret: Some(Field { off: 16, size: 8 }) }
+    } else {
+        Layout { size: 64, common_type: 0, nr, args: std::array::from_fn(|i| Some(Field { off: 16 + 8 * i as u16, size: 8 })), ret: None }
+    }
+}
+
+/// Attaches a system call tracepoint or raw tracepoint link.
+pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLink, String> {
+    let what = link.func.as_deref().unwrap_or("");
+    let (shape_of, exit, call): (Option<(&str, &str)>, bool, Option<&str>) = match (link.kind.as_str(), what.split_once('/')) {
+        ("raw_tracepoint", _) if what == "sys_enter" || what == "sys_exit" => (None, what == "sys_exit", None),
+        ("tracepoint", Some(("raw_syscalls", n))) if n == "sys_enter" || n == "sys_exit" => (Some(("raw_syscalls", n)), n == "sys_exit", None),
+        ("tracepoint", Some(("syscalls", n))) => match (n.strip_prefix("sys_enter_"), n.strip_prefix("sys_exit_")) {
+            (Some(c), _) => (Some(("syscalls", n)), false, Some(c)),
+            (_, Some(c)) => (Some(("syscalls", n)), true, Some(c)),
+            _ => return Err(format!("`{what}` is not a system call tracepoint (sys_enter_NAME or sys_exit_NAME)")),
+        },
+        _ => return Err(format!("{} `{what}`: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit) can be attached in a process", link.kind)),
+    };
+    let shape = match shape_of {
+        Some((cat, name)) => Shape::Record(layout(cat, name, exit)),
+        None => Shape::Raw,
+    };
+    let (wrappers, only): (Vec<Wrapper>, Option<u32>) = match call {
+        Some(c) => {
+            let nr = syscalls::number(c).ok_or(format!("no x86-64 system call `{c}`"))?;
+            let w = syscalls::wrappers_of(c);
+            if w.is_empty() {
+                return Err(format!("system call `{c}` has no libc wrapper that userbpf hooks (its libc function is not a plain wrapper, or it has none)"));
+            }
+            (w, Some(nr))
+        }
+        None => (syscalls::all_wrappers(), None),
+    };
+    let (libc_path, funcs) = syscalls::libc_functions()?;
+    let mut done = AttachedLink::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut refused = Vec::new();
+    let mut sites: Vec<(&str, Option<u32>, [ArgSrc; 6])> =
+        wrappers.iter().map(|w| (w.func, syscalls::number(w.syscall), w.args)).filter(|s| s.1.is_some()).collect();
+    if !exit {
+        sites.push(("syscall", None, [ArgSrc::Const(0); 6]));
+    }
+    for (func, nr, args) in sites {
+        let Some(f) = funcs.get(func) else { continue };
+        if !seen.insert(f.addr) {
+            continue;
+        }
+        let probe = Box::into_raw(Box::new(Probe { prog: prog.clone(), cookie: link.cookie, exit, shape, nr, only: if nr.is_none() { only } else { None }, args }));
+        let kind = if exit { ProbeKind::Return } else { ProbeKind::Entry };
+        let ext = Some(userbpf_hook::FuncExtent { start: f.addr, len: f.size });
+        match userbpf_hook::attach_with(f.addr, kind, on_hit, probe.cast(), ext) {
+            Ok(id) => done.probes.push(id),
+            Err(e) => refused.push(format!("{func} ({e})")),
+        }
+    }
+    if done.probes.is_empty() {
+        return Err(format!(
+            "no libc function of `{what}` could be hooked in {}{}",
+            libc_path.display(),
+            if refused.is_empty() { String::new() } else { format!(": {}", refused.join(", ")) }
+        ));
+    }
+    if !refused.is_empty() {
+        log(&format!("link {} ({what}): {} libc functions not hooked: {}", link.id, refused.len(), refused.join(", ")));
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_are_read_as_the_kernel_writes_them() {
+        let f = "name: sys_enter_openat\nID: 782\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:int dfd;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:const char * filename;\toffset:24;\tsize:8;\tsigned:0;\n\tfield:int flags;\toffset:32;\tsize:8;\tsigned:0;\n\tfield:umode_t mode;\toffset:40;\tsize:8;\tsigned:0;\n";
+        let l = parse_format(f).unwrap();
+        assert_eq!((l.size, l.common_type, l.nr.off, l.nr.size), (48, 782, 8, 4));
+        assert_eq!(l.args.iter().flatten().map(|f| f.off).collect::<Vec<_>>(), [16, 24, 32, 40]);
+        let raw = "ID: 21\nformat:\n\tfield:long id;\toffset:8;\tsize:8;\tsigned:1;\n\tfield:unsigned long args[6];\toffset:16;\tsize:48;\tsigned:0;\n";
+        let l = parse_format(raw).unwrap();
+        assert_eq!((l.size, l.nr.size, l.args[5].unwrap().off), (64, 8, 56));
+        let exit = "ID: 20\nformat:\n\tfield:long id;\toffset:8;\tsize:8;\tsigned:1;\n\tfield:long ret;\toffset:16;\tsize:8;\tsigned:1;\n";
+        assert_eq!(parse_format(exit).unwrap().ret.unwrap().off, 16);
+    }
+}
