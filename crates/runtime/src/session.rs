@@ -66,7 +66,8 @@ pub struct ProgRecord {
 pub struct LinkRecord {
     pub id: u32,
     pub prog_id: u32,
-    /// `uprobe` or `uretprobe`.
+    /// `uprobe`, `uretprobe`, `usdt` (func = `PROVIDER:NAME`), `tracepoint` (func =
+    /// `CATEGORY/NAME`) or `raw_tracepoint`.
     pub kind: String,
     /// The binary or library (as given; empty: the target's executable).
     pub path: String,
