@@ -9,7 +9,7 @@
 //! 0       MapHeader
 //! 128     count: u32 (live elements), clock_hand: u32 (LRU), seed: u64 (hash seed),
 //!         free_head: u64 (free list: tag << 32 | element index)
-//! 4096    buckets[n_buckets]: { lock: u32 (0 or holder pid), head: u32 }
+//! 4096    buckets[n_buckets]: { lock: u32 (0 or holder thread id), head: u32 }
 //! E       (64-aligned) elements[n_elems], each
 //!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
 //!           +4  hash: u32
@@ -29,7 +29,8 @@
 //! on was deleted and reused ends on a foreign marker and restarts (at most 4 times).
 //! Elements are never unmapped, so a racing reader is always memory-safe; like the kernel's
 //! preallocated maps, a value pointer may end up pointing at an element reused for another
-//! key. Updates and deletes take the bucket's [`SpinLock`] (bounded spinning, then `EBUSY`).
+//! key. Updates and deletes take the bucket's [`SpinLock`] (bounded spinning, then a bounded
+//! yielding wait for a preempted holder, then `EBUSY`; `EBUSY` at once on same-thread re-entry).
 //! An update of an existing key fills a spare element and swaps it into the chain with one
 //! release store (readers see the old or the new value, never a mix), then frees the old one;
 //! per-CPU types update in place, as the kernel does. Free elements sit on a lock-free
@@ -125,6 +126,9 @@ pub struct HashMap {
     vs8: usize,
     val_off: usize,
     elem_size: usize,
+    /// log2(elem_size) when it is a power of two (element addressing by a shift, not a
+    /// multiply), else 0 (elements are at least 24 bytes, so 0 is never a real shift).
+    elem_shift: u32,
     n_elems: u32,
     n_buckets: u32,
     mask: u32,
@@ -206,6 +210,7 @@ impl HashMap {
             vs8: round8(spec.value_size as usize),
             val_off: E_KEY + round8(spec.key_size as usize),
             elem_size: g.elem_size,
+            elem_shift: if g.elem_size.is_power_of_two() { g.elem_size.trailing_zeros() } else { 0 },
             n_elems: g.n_elems,
             n_buckets: g.n_buckets,
             mask: g.n_buckets - 1,
@@ -293,8 +298,9 @@ impl HashMap {
     /// `i < n_elems`.
     #[inline(always)]
     unsafe fn elem(&self, i: u32) -> *mut u8 {
+        let off = if self.elem_shift != 0 { (i as usize) << self.elem_shift } else { i as usize * self.elem_size };
         // SAFETY: i < n_elems (caller): inside the element array.
-        unsafe { self.elems.add(i as usize * self.elem_size) }
+        unsafe { self.elems.add(off) }
     }
     /// # Safety
     /// `i < n_elems`.
@@ -331,12 +337,40 @@ impl HashMap {
         }
     }
 
+    /// The key's hash. Specialised for the common key sizes 4, 8 and 16: the same function
+    /// (`hash_key`, so files stay readable by every build), with the length a constant so
+    /// that it compiles to fixed-size loads and no loop.
+    ///
     /// # Safety
     /// `key` readable for key_size bytes.
     #[inline(always)]
     unsafe fn hash(&self, key: *const u8) -> u32 {
-        // SAFETY: forwarded.
-        unsafe { hash_key(key, self.ks, self.seed) }
+        // SAFETY: forwarded; each arm's constant is key_size.
+        unsafe {
+            match self.ks {
+                4 => hash_key(key, 4, self.seed),
+                8 => hash_key(key, 8, self.seed),
+                16 => hash_key(key, 16, self.seed),
+                n => hash_key(key, n, self.seed),
+            }
+        }
+    }
+
+    /// Whether element `e`'s key is `key`; fixed-size compares for key sizes 4, 8 and 16.
+    ///
+    /// # Safety
+    /// `e` an element; `key` readable for key_size bytes.
+    #[inline(always)]
+    unsafe fn key_eq(&self, e: *mut u8, key: *const u8) -> bool {
+        // SAFETY: forwarded; each arm's constant is key_size.
+        unsafe {
+            match self.ks {
+                4 => eq(e.add(E_KEY), key, 4),
+                8 => eq(e.add(E_KEY), key, 8),
+                16 => eq(e.add(E_KEY), key, 16),
+                n => eq(e.add(E_KEY), key, n),
+            }
+        }
     }
 
     /// Lock-free search: the element holding `key`, or NIL.
@@ -345,6 +379,24 @@ impl HashMap {
     /// `key` readable for key_size bytes.
     #[inline(always)]
     unsafe fn find(&self, key: *const u8, h: u32) -> u32 {
+        // SAFETY: forwarded; each arm's constant is key_size.
+        unsafe {
+            match self.ks {
+                4 => self.find_n::<4>(key, h),
+                8 => self.find_n::<8>(key, h),
+                16 => self.find_n::<16>(key, h),
+                _ => self.find_n::<0>(key, h),
+            }
+        }
+    }
+
+    /// `find` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn find_n<const N: usize>(&self, key: *const u8, h: u32) -> u32 {
+        let ks = if N == 0 { self.ks } else { N };
         let b = h & self.mask;
         for _ in 0..4 {
             let mut cur = self.head(b).load(Acquire);
@@ -357,7 +409,10 @@ impl HashMap {
                 // SAFETY: cur < n_elems; fields are aligned; key readable (caller).
                 unsafe {
                     let e = self.elem(cur);
-                    if a32(e.add(E_HASH)).load(Relaxed) == h && eq(e.add(E_KEY), key, self.ks) {
+                    // Keys of one word: comparing the key is as cheap as comparing the
+                    // stored hash, and equal keys have equal hashes.
+                    let hash_ok = N == 4 || N == 8 || a32(e.add(E_HASH)).load(Relaxed) == h;
+                    if hash_ok && eq(e.add(E_KEY), key, ks) {
                         return cur;
                     }
                     cur = self.next(cur).load(Acquire);
@@ -383,7 +438,7 @@ impl HashMap {
             // SAFETY: cur < n_elems; key readable (caller).
             unsafe {
                 let e = self.elem(cur);
-                if a32(e.add(E_HASH)).load(Relaxed) == h && eq(e.add(E_KEY), key, self.ks) {
+                if a32(e.add(E_HASH)).load(Relaxed) == h && self.key_eq(e, key) {
                     return Some((prev, cur));
                 }
                 prev = cur;
@@ -659,10 +714,18 @@ impl HashMap {
 
     /// # Safety
     /// `key` readable for key_size bytes.
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) unsafe fn lookup(&self, key: *const u8, cpu: u32) -> *mut u8 {
-        // SAFETY: key readable (caller).
-        let i = unsafe { self.find(key, self.hash(key)) };
+        // SAFETY: key readable (caller); each arm's constant is key_size. One dispatch on the
+        // key size for both the hash and the search.
+        let i = unsafe {
+            match self.ks {
+                4 => self.find_n::<4>(key, hash_key(key, 4, self.seed)),
+                8 => self.find_n::<8>(key, hash_key(key, 8, self.seed)),
+                16 => self.find_n::<16>(key, hash_key(key, 16, self.seed)),
+                n => self.find_n::<0>(key, hash_key(key, n, self.seed)),
+            }
+        };
         if i == NIL {
             return std::ptr::null_mut();
         }
@@ -713,7 +776,7 @@ impl HashMap {
                 let e = self.elem(i);
                 if a8(e.add(E_STATE)).load(Acquire) == LINKED
                     && a32(e.add(E_HASH)).load(Relaxed) == h
-                    && eq(e.add(E_KEY), k, self.ks)
+                    && self.key_eq(e, k)
                 {
                     return Ok(());
                 }

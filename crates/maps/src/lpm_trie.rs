@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! 0       MapHeader
-//! 128     lock: u32 (0 or holder pid), root: u32, n_entries: u32,
+//! 128     lock: u32 (0 or holder thread id), root: u32, n_entries: u32,
 //!         free_head: u32, free_tail: u32 (FIFO of freed nodes), fresh: u32 (never-used nodes
 //!         start at this index)
 //! 4096    nodes[n_nodes], each

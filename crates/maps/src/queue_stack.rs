@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! 0       MapHeader
-//! 128     lock: u32 (0 or holder pid), head: u32 (next slot to write), tail: u32 (oldest)
+//! 128     lock: u32 (0 or holder thread id), head: u32 (next slot to write), tail: u32 (oldest)
 //! 4096    slots[size], vs8 bytes each
 //! end     rounded up to a page
 //! ```

@@ -52,7 +52,10 @@
 //! checks once more that the record at `consumer_pos` is not committed, then `FUTEX_WAIT`s on
 //! `wake_seq` (shared futex: the file is mapped by several processes) and clears `waiting`
 //! when it wakes. A producer's commit reads `waiting` after publishing its record (both sides
-//! sequentially consistent, so one of them sees the other) and only when a consumer waits,
+//! sequentially consistent, so one of them sees the other: the producer's full barrier is
+//! the commit's exchange of the record's `len`, the consumer's its store of `waiting`; the
+//! consumer checks the record's `len` before `producer_pos`, so `producer_pos` is only
+//! release-stored, as in the kernel) and only when a consumer waits,
 //! and the kernel would wake it (the record is the one the consumer waits for, or
 //! `BPF_RB_FORCE_WAKEUP`; never with `BPF_RB_NO_WAKEUP` alone), bumps `wake_seq` and calls
 //! `FUTEX_WAKE`. With nobody waiting the hot path makes no system call.
@@ -101,10 +104,18 @@ struct RbMeta {
     magic: AtomicU64,
     data_size: AtomicU64,
     _pad0: [u64; 14],
-    /// Reservation spinlock (0 free, else the holder's pid: `crate::sync::SpinLock`); its
+    /// Reservation spinlock (0 free, else the holder's thread id: `crate::sync::SpinLock`); its
     /// own cache line.
     lock: AtomicU32,
-    _pad1: [u32; 15],
+    _pad_lock: u32,
+    /// The last `consumer_pos` a producer read, written and read under `lock` (so ordered by
+    /// it). Positions only grow, so a stale value is a lower bound: it can only make space
+    /// look shorter than it is, and then the producer reloads the real `consumer_pos`. Zero
+    /// (a fresh file, or one written before this field existed) is such a lower bound too.
+    /// It saves producers a load of the consumer's cache line, which the consumer writes
+    /// after every record.
+    cached_cons: AtomicU64,
+    _pad1: [u32; 12],
     /// 1 while the consumer is about to sleep or sleeping in `poll`.
     waiting: AtomicU32,
     /// Futex word: bumped by each wakeup.
@@ -601,9 +612,9 @@ impl RingBuf {
             return ptr::null_mut();
         }
         let mask = self.inner.mask;
-        let cons_pos = self.consumer_pos().load(Ordering::Acquire);
-        let Ok(guard) = SpinLock::new(&self.meta().lock).lock(Wait::Hot) else {
-            self.meta().lock_failures.fetch_add(1, Ordering::Relaxed);
+        let meta = self.meta();
+        let Ok(guard) = SpinLock::new(&meta.lock).lock(Wait::Hot) else {
+            meta.lock_failures.fetch_add(1, Ordering::Relaxed);
             return ptr::null_mut();
         };
         let mut pend_pos = self.pending_pos().load(Ordering::Relaxed);
@@ -627,6 +638,17 @@ impl RingBuf {
             pend_pos += t;
         }
         self.pending_pos().store(pend_pos, Ordering::Relaxed);
+        // consumer_pos as last seen by a producer (a lower bound, see `RbMeta::cached_cons`);
+        // only when space looks short is the consumer's word itself read. That load is
+        // acquire: the consumer release-stores consumer_pos after it has finished reading a
+        // record, so the bytes we are about to overwrite are no longer being read. A cached
+        // value carries the same guarantee, through the lock (taken with acquire, released
+        // with release by the producer that loaded it).
+        let mut cons_pos = meta.cached_cons.load(Ordering::Relaxed);
+        if new_prod_pos.wrapping_sub(cons_pos) > mask {
+            cons_pos = self.consumer_pos().load(Ordering::Acquire);
+            meta.cached_cons.store(cons_pos, Ordering::Relaxed);
+        }
         if new_prod_pos.wrapping_sub(cons_pos) > mask || new_prod_pos.wrapping_sub(pend_pos) > mask {
             drop(guard);
             return ptr::null_mut();
@@ -634,9 +656,10 @@ impl RingBuf {
         let off = prod_pos & mask & !7;
         self.hdr_len(off).store(size as u32 | BPF_RINGBUF_BUSY_BIT, Ordering::Relaxed);
         self.hdr_pg_off(off).store(((META_PAGES * PAGE + off) / PAGE) as u32, Ordering::Relaxed);
-        // Publishes the BUSY header (release; sequentially consistent for the wakeup
-        // protocol, see `RingBufConsumer::poll`).
-        self.producer_pos().store(new_prod_pos, Ordering::SeqCst);
+        // Publishes the BUSY header: a release store, as the kernel's smp_store_release. The
+        // wakeup protocol does not need more here (see `RingBufConsumer::ready`): the full
+        // barrier it needs on the producer side is the commit's exchange of `len`.
+        self.producer_pos().store(new_prod_pos, Ordering::Release);
         drop(guard);
         // SAFETY: off + 8 + size <= off + len <= 2 × size: inside the doubly mapped data.
         unsafe { self.data().add(off as usize + BPF_RINGBUF_HDR_SZ as usize) }
@@ -674,7 +697,12 @@ impl RingBuf {
             new_len |= BPF_RINGBUF_DISCARD_BIT;
         }
         // The kernel's xchg: a full barrier publishing the sample. A compare-exchange, so that
-        // a record the consumer gave up on (`skip_busy_record`) is left alone.
+        // a record the consumer gave up on (`skip_busy_record`) is left alone. It is also the
+        // producer's half of the wakeup handshake (a store-then-load, Dekker style, which needs
+        // a full barrier on each side; the consumer's half is in `poll`): this sequentially
+        // consistent read-modify-write comes before the sequentially consistent load of
+        // `waiting` below, so either that load sees the consumer's `waiting = 1`, or the
+        // consumer's later check (`RingBufConsumer::ready`) sees this committed `len`.
         if len.compare_exchange(cur, new_len, Ordering::SeqCst, Ordering::Relaxed).is_err() {
             return;
         }
@@ -878,16 +906,27 @@ impl RingBufConsumer {
         }
     }
 
-    /// Whether the record at consumer_pos is committed (sequentially consistent loads: pairs
-    /// with the producer's store of producer_pos, exchange of len and load of waiting).
+    /// Whether the record at consumer_pos is committed. Called after `waiting = 1`
+    /// (sequentially consistent: the consumer's full barrier of the wakeup handshake).
+    ///
+    /// The record's `len` is read first, sequentially consistent: it pairs with the
+    /// producer's sequentially consistent exchange of `len` in `commit`, which is followed by
+    /// its load of `waiting`. Either that load saw `waiting = 1` (the producer wakes us), or
+    /// the exchange precedes this load and we see the committed `len`. Reading it
+    /// synchronises with the exchange (a release), so `producer_pos`, release-stored by
+    /// `reserve` before it, is visible to the load that follows: `producer_pos` itself needs
+    /// no stronger ordering than release. (Checked the other way round, a `producer_pos`
+    /// read first could be stale and miss a record whose wakeup was skipped.) If no record
+    /// was produced at consumer_pos, `len` is stale bytes, and `producer_pos` says so.
     fn ready(&self) -> bool {
         let rb = &self.rb;
-        let cons = rb.consumer_pos().load(Ordering::SeqCst);
-        let prod = rb.producer_pos().load(Ordering::SeqCst);
+        let cons = rb.consumer_pos().load(Ordering::Relaxed);
+        let len = rb.hdr_len(cons).load(Ordering::SeqCst);
+        let prod = rb.producer_pos().load(Ordering::Acquire);
         if cons >= prod || prod - cons > rb.inner.size {
             return false;
         }
-        rb.hdr_len(cons).load(Ordering::SeqCst) & BPF_RINGBUF_BUSY_BIT == 0
+        len & BPF_RINGBUF_BUSY_BIT == 0
     }
 }
 

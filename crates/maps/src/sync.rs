@@ -1,83 +1,166 @@
 //! Synchronisation inside shared memory, between threads of several processes.
 //!
-//! * [`SpinLock`]: a 32-bit lock word holding 0 (free) or the pid of the process that holds it.
-//!   Taking it spins a bounded number of times ([`Wait::Hot`] for programs: only `spin_loop`
-//!   hints; [`Wait::Sys`] for the syscall-style API: spins, then yields the CPU for up to
-//!   50 ms) and then gives
-//!   up with `EBUSY`, as the kernel's htab bucket lock does on re-entry. Before giving up, a
-//!   waiter checks once (`kill(pid, 0)`) whether the holder still exists; if that process is
-//!   gone it died inside the critical section and the lock is taken over, so a crashed
-//!   process never blocks a map forever. That probe is the only system call the hot path can
-//!   make, and only after its spin budget is exhausted. The data structures are written so
-//!   that a critical section cut short at any point leaves them traversable (at worst an
-//!   element leaks or a count is off by one).
+//! * [`SpinLock`]: a 32-bit lock word holding 0 (free) or the thread id (`gettid`) of the
+//!   thread that holds it. Linux thread ids are unique system-wide (within a pid namespace)
+//!   and below `PID_MAX_LIMIT` (2^22), and a process's main thread id is its pid, so a word
+//!   written by an older build (which stored the pid) still names a live thread.
+//!
+//!   Taking the lock:
+//!   1. If the word already holds our own thread id, this is re-entry on the same thread (a
+//!      probe that fired inside a map operation): fail at once with `EBUSY`, as the kernel
+//!      does for re-entry on the same CPU. Waiting could never succeed.
+//!   2. Otherwise spin (`spin_loop` hints only, no system call) for a bounded number of
+//!      attempts. A critical section is a few hundred nanoseconds, so this is where every
+//!      ordinary contended acquisition ends.
+//!   3. **Slow path, with system calls.** Unlike the kernel's, a user-space critical section
+//!      can be preempted by the scheduler (or its thread stopped by a signal, a page fault,
+//!      a debugger); its holder then keeps the lock for a whole time slice or more. Giving up
+//!      with `EBUSY` then would be a spurious failure the kernel never produces (its bucket
+//!      locks disable preemption), so the waiter checks once whether the holder still exists
+//!      (below), then yields the CPU (`sched_yield`) in a loop bounded in time: windows of
+//!      20 ms for programs' helpers ([`Wait::Hot`]), 50 ms for the syscall-style API
+//!      ([`Wait::Sys`]). At the end of a window it checks again for a dead holder, and reads
+//!      the holder's scheduler state (`/proc/<tid>/stat`): a holder that is runnable but
+//!      waiting for a CPU (an overloaded machine) gets further windows, up to 500 ms / 1 s in
+//!      all; a stopped or sleeping one does not, and the waiter gives up with `EBUSY`.
+//!
+//!   Dead holders: `kill(tid, 0)` (Linux's `kill` accepts any thread id, not only a thread
+//!   group leader's, and reports `ESRCH` once that thread is gone) tells whether the holder
+//!   still exists; if it is gone, it died inside the critical section (its process was
+//!   killed) and the lock is taken over, so a crashed process never blocks a map forever.
+//!   The data structures are written so that a critical section cut short at any point
+//!   leaves them traversable (at worst an element leaks or a count is off by one).
 //! * [`FreeList`]: a lock-free stack of element indices (Treiber stack with a 32-bit tag
 //!   against ABA) whose links live in the elements.
-//! * [`my_pid`]: the process id, cached (reset in a fork's child by a `pthread_atfork` hook).
+//! * [`my_tid`]: this thread's id, cached in a thread-local (no allocation; reset in a fork's
+//!   child by a `pthread_atfork` hook).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::types::MapError;
 
-static PID: AtomicU32 = AtomicU32::new(0);
+thread_local! {
+    /// This thread's id, 0 until first asked. Const-initialised, no destructor: accessing it
+    /// allocates nothing and registers nothing, and is async-signal-safe.
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
 static ATFORK: std::sync::Once = std::sync::Once::new();
 
-extern "C" fn reset_pid_in_child() {
-    PID.store(0, Ordering::Relaxed);
+extern "C" fn reset_tid_in_child() {
+    // Runs in the child's only thread, whose id differs from the forking thread's.
+    TID.with(|t| t.set(0));
 }
 
-/// This process's id, without a system call after the first.
+/// This thread's id (`gettid`), without a system call after the first.
 #[inline]
-pub(crate) fn my_pid() -> u32 {
-    let p = PID.load(Ordering::Relaxed);
-    if p != 0 {
-        return p;
+pub(crate) fn my_tid() -> u32 {
+    let t = TID.with(Cell::get);
+    if t != 0 {
+        return t;
     }
-    my_pid_slow()
+    my_tid_slow()
 }
 
 #[cold]
-fn my_pid_slow() -> u32 {
+fn my_tid_slow() -> u32 {
     ATFORK.call_once(|| {
-        // SAFETY: registers a plain function that only stores to an atomic (async-signal-safe,
-        // as a fork child handler must be); the handler lives for the whole program.
-        unsafe { libc::pthread_atfork(None, None, Some(reset_pid_in_child)) };
+        // SAFETY: registers a plain function that only stores to a const-initialised
+        // thread-local (async-signal-safe, as a fork child handler must be); the handler
+        // lives for the whole program.
+        unsafe { libc::pthread_atfork(None, None, Some(reset_tid_in_child)) };
     });
-    let p = std::process::id();
-    PID.store(p, Ordering::Relaxed);
-    p
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    TID.with(|c| c.set(t));
+    t
 }
 
-/// Whether the process `pid` (taken from a lock word) is certainly gone.
+/// Whether the thread `tid` (taken from a lock word) is certainly gone.
 #[cold]
-fn holder_is_dead(pid: u32) -> bool {
-    let p = pid as i32;
+fn holder_is_dead(tid: u32) -> bool {
+    let p = tid as i32;
     if p <= 0 {
-        // Not a pid at all (a corrupt lock word): nobody can be holding it.
+        // Not a thread id at all (a corrupt lock word): nobody can be holding it.
         return true;
     }
     // SAFETY: signal 0 only checks for existence and permission; no signal is delivered and
-    // no memory is touched. `p > 0`, so it never addresses a process group.
+    // no memory is touched. `p > 0`, so it never addresses a process group. On Linux, `kill`
+    // finds the task by any thread id (not only a thread group leader's).
     let r = unsafe { libc::kill(p, 0) };
     r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The scheduler state of thread `tid` (the letter in `/proc/<tid>/stat`: `R` running or
+/// runnable, `D` uninterruptible wait, `S` sleeping, `T`/`t` stopped, ...), or None if it
+/// cannot be read. `/proc/<tid>` exists for every thread id, not only thread group leaders.
+/// A few system calls, no allocation.
+#[cold]
+fn thread_state(tid: u32) -> Option<u8> {
+    let mut path = [0u8; 32];
+    path[..6].copy_from_slice(b"/proc/");
+    let mut digits = [0u8; 10];
+    let (mut n, mut t) = (0, tid);
+    loop {
+        digits[n] = b'0' + (t % 10) as u8;
+        n += 1;
+        t /= 10;
+        if t == 0 {
+            break;
+        }
+    }
+    for k in 0..n {
+        path[6 + k] = digits[n - 1 - k];
+    }
+    path[6 + n..6 + n + 5].copy_from_slice(b"/stat"); // NUL-terminated by the zeroed array
+    // SAFETY: `path` is a NUL-terminated string on the stack.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    // SAFETY: reads at most buf.len() bytes into the local buffer; fd is ours, closed once.
+    let r = unsafe {
+        let r = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        r
+    };
+    let buf = &buf[..usize::try_from(r).ok()?];
+    // "tid (comm) S ...": comm may hold ')' but the fields after the state are numbers, so
+    // the last ')' read closes comm (comm is at most 15 bytes: it lies within 128 bytes).
+    let close = buf.iter().rposition(|&c| c == b')')?;
+    buf.get(close + 2).copied()
 }
 
 /// How long a lock waiter may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wait {
-    /// A program's helper: spins only, then `EBUSY`.
+    /// A program's helper: spins, then yields the CPU for up to [`HOT_WAIT`], then `EBUSY`.
     Hot,
-    /// The syscall-style API (CLI, loaders): spins, then yields the CPU for a while.
+    /// The syscall-style API (CLI, loaders): spins, then yields the CPU for up to [`SYS_WAIT`].
     Sys,
     /// One attempt only (LRU eviction taking another bucket's lock while holding one).
     Try,
 }
 
-const HOT_SPINS: u32 = 1 << 15;
+/// Spin attempts before the slow path (tens to hundreds of microseconds depending on the
+/// CPU's `pause` latency): far longer than any critical section that is not preempted.
+const HOT_SPINS: u32 = 1 << 12;
 const SYS_SPINS: u32 = 1 << 10;
-/// How long the syscall-style API keeps yielding for a busy lock (a holder may have been
-/// preempted: userspace critical sections, unlike the kernel's, can be descheduled).
-const SYS_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a program's helper keeps yielding for a busy lock (its holder may have been
+/// preempted: user-space critical sections, unlike the kernel's, can be descheduled).
+const HOT_WAIT: Duration = Duration::from_millis(20);
+/// The same for the syscall-style API.
+const SYS_WAIT: Duration = Duration::from_millis(50);
+/// On an overloaded machine a preempted holder can wait for a CPU longer than the windows
+/// above. So at the end of each window the waiter looks at the holder's scheduler state:
+/// while it is runnable (`R`) or in an uninterruptible wait (`D`, e.g. a page fault on the
+/// map file) it is making its way through the critical section, and the waiter grants it
+/// another window, up to these totals. A holder that is stopped (`T`, a debugger or
+/// SIGSTOP) or sleeping is not coming back soon: the waiter gives up with `EBUSY`.
+const HOT_MAX_WAIT: Duration = Duration::from_millis(500);
+const SYS_MAX_WAIT: Duration = Duration::from_secs(1);
 
 pub(crate) const EBUSY: MapError = MapError::new(libc::EBUSY, "map lock is busy");
 
@@ -110,57 +193,80 @@ impl<'a> SpinLock<'a> {
             && self.word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    /// Takes the lock, or gives up with `EBUSY` after the bounded wait `wait` allows.
+    /// Takes the lock, or gives up with `EBUSY`: at once on re-entry by the holding thread,
+    /// otherwise after the bounded wait `wait` allows.
     #[inline]
     pub(crate) fn lock(&self, wait: Wait) -> Result<LockGuard<'a>, MapError> {
-        let me = my_pid();
+        let me = my_tid();
         if self.word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             return Ok(LockGuard { word: self.word });
         }
         self.lock_slow(me, wait)
     }
 
+    /// Takes the lock over from `holder` if that thread no longer exists.
+    #[cold]
+    fn take_over_dead(&self, holder: u32, me: u32) -> bool {
+        holder != 0
+            && holder != me
+            && holder_is_dead(holder)
+            && self.word.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
     #[cold]
     fn lock_slow(&self, me: u32, wait: Wait) -> Result<LockGuard<'a>, MapError> {
-        let spins = match wait {
-            Wait::Hot => HOT_SPINS,
-            Wait::Sys => SYS_SPINS,
-            Wait::Try => 16,
+        let (spins, patience, max_wait) = match wait {
+            Wait::Hot => (HOT_SPINS, HOT_WAIT, HOT_MAX_WAIT),
+            Wait::Sys => (SYS_SPINS, SYS_WAIT, SYS_MAX_WAIT),
+            Wait::Try => (16, Duration::ZERO, Duration::ZERO),
         };
         for _ in 0..spins {
-            if self.try_once(me) {
+            let w = self.word.load(Ordering::Relaxed);
+            if w == me {
+                // Re-entry: this thread holds the lock further up its own stack.
+                return Err(EBUSY);
+            }
+            if w == 0 && self.word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 return Ok(LockGuard { word: self.word });
             }
             std::hint::spin_loop();
         }
-        if wait == Wait::Sys {
-            let start = std::time::Instant::now();
-            while start.elapsed() < SYS_WAIT {
-                for _ in 0..64 {
-                    if self.try_once(me) {
-                        return Ok(LockGuard { word: self.word });
-                    }
-                    std::thread::yield_now();
-                }
-            }
-        }
         if wait == Wait::Try {
             return Err(EBUSY);
         }
-        // The holder has kept the lock far longer than any critical section takes: if its
-        // process no longer exists, take the lock over.
+        // Slow path: the holder has kept the lock far longer than a critical section takes,
+        // so it was most likely preempted (or it died). System calls from here on.
         let holder = self.word.load(Ordering::Relaxed);
-        if holder != 0
-            && holder != me
-            && holder_is_dead(holder)
-            && self.word.compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
-        {
+        if self.take_over_dead(holder, me) {
             return Ok(LockGuard { word: self.word });
         }
-        if self.try_once(me) {
-            return Ok(LockGuard { word: self.word });
+        let start = Instant::now();
+        let mut window_end = patience;
+        loop {
+            for _ in 0..16 {
+                if self.try_once(me) {
+                    return Ok(LockGuard { word: self.word });
+                }
+                // SAFETY: no arguments; gives the CPU to another runnable thread (perhaps
+                // the preempted holder).
+                unsafe { libc::sched_yield() };
+            }
+            let waited = start.elapsed();
+            if waited < window_end {
+                continue;
+            }
+            // End of a window: a dead holder's lock is taken over; a holder still on its way
+            // (runnable, or in an uninterruptible wait) gets another window, up to max_wait.
+            let holder = self.word.load(Ordering::Relaxed);
+            if self.take_over_dead(holder, me) || self.try_once(me) {
+                return Ok(LockGuard { word: self.word });
+            }
+            if waited < max_wait && holder != 0 && matches!(thread_state(holder), Some(b'R' | b'D')) {
+                window_end = waited + patience;
+                continue;
+            }
+            return Err(EBUSY);
         }
-        Err(EBUSY)
     }
 }
 
@@ -223,11 +329,133 @@ mod tests {
         let w = AtomicU32::new(0);
         let l = SpinLock::new(&w);
         let g = l.lock(Wait::Hot).unwrap();
-        assert_eq!(w.load(Ordering::Relaxed), my_pid());
+        assert_eq!(w.load(Ordering::Relaxed), my_tid());
         assert_eq!(l.lock(Wait::Try).err(), Some(EBUSY));
         drop(g);
         assert_eq!(w.load(Ordering::Relaxed), 0);
         assert!(l.lock(Wait::Try).is_ok());
+    }
+
+    #[test]
+    fn tid_is_per_thread() {
+        let me = my_tid();
+        assert_eq!(me, my_tid());
+        // SAFETY: gettid has no arguments.
+        assert_eq!(me as i64, unsafe { libc::syscall(libc::SYS_gettid) } as i64);
+        let other = std::thread::spawn(my_tid).join().unwrap();
+        assert_ne!(me, other);
+    }
+
+    #[test]
+    fn self_reentry_fails_at_once() {
+        let w = AtomicU32::new(0);
+        let l = SpinLock::new(&w);
+        let g = l.lock(Wait::Hot).unwrap();
+        for wait in [Wait::Hot, Wait::Sys, Wait::Try] {
+            // No spinning budget, no yielding: well under the 20 ms slow path (the best of a
+            // few tries, in case this thread is descheduled on a loaded machine).
+            let best = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    assert_eq!(l.lock(wait).err(), Some(EBUSY));
+                    t.elapsed()
+                })
+                .min()
+                .unwrap();
+            assert!(best < Duration::from_millis(5), "{wait:?}: {best:?}");
+        }
+        drop(g);
+        assert!(l.lock(Wait::Hot).is_ok());
+    }
+
+    #[test]
+    fn waits_for_a_holder_that_is_descheduled() {
+        // The holder keeps the lock 5 ms (as a preempted holder would), far beyond the spin
+        // budget: a program-side waiter must wait for it, not fail.
+        let w = AtomicU32::new(0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let g = SpinLock::new(&w).lock(Wait::Hot).unwrap();
+                tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+                drop(g);
+            });
+            rx.recv().unwrap();
+            let g = SpinLock::new(&w).lock(Wait::Hot).expect("waited, not EBUSY");
+            assert_eq!(w.load(Ordering::Relaxed), my_tid());
+            drop(g);
+        });
+    }
+
+    #[test]
+    fn thread_states() {
+        assert_eq!(thread_state(my_tid()), Some(b'R'));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            tid_tx.send(my_tid()).unwrap();
+            let _ = rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        // Blocked on the channel (give it a moment to get there).
+        let mut st = None;
+        for _ in 0..200 {
+            st = thread_state(tid);
+            if st == Some(b'S') {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(st, Some(b'S'));
+        drop(tx);
+        h.join().unwrap();
+        assert_eq!(thread_state(0x7fff_fff0), None);
+    }
+
+    #[test]
+    fn waits_beyond_the_window_for_a_runnable_holder() {
+        // The holder stays runnable (spinning) for 3 windows: a waiter keeps waiting.
+        let w = AtomicU32::new(0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let g = SpinLock::new(&w).lock(Wait::Hot).unwrap();
+                tx.send(()).unwrap();
+                let t = Instant::now();
+                while t.elapsed() < 3 * HOT_WAIT {
+                    std::hint::spin_loop();
+                }
+                drop(g);
+            });
+            rx.recv().unwrap();
+            let g = SpinLock::new(&w).lock(Wait::Hot).expect("waited, not EBUSY");
+            drop(g);
+        });
+    }
+
+    #[test]
+    fn live_holder_thread_is_not_taken_over_and_dead_one_is() {
+        // A live thread other than the main one: kill(tid, 0) must find it.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            tid_tx.send(my_tid()).unwrap();
+            let _ = rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let w = AtomicU32::new(tid);
+        let t = Instant::now();
+        assert_eq!(SpinLock::new(&w).lock(Wait::Hot).err(), Some(EBUSY));
+        let waited = t.elapsed();
+        assert!(waited >= HOT_WAIT && waited < Duration::from_secs(2), "{waited:?}");
+        assert_eq!(w.load(Ordering::Relaxed), tid);
+        // Once that thread has exited (its process lives on), its lock is taken over.
+        drop(tx);
+        h.join().unwrap();
+        let g = SpinLock::new(&w).lock(Wait::Hot).unwrap();
+        assert_eq!(w.load(Ordering::Relaxed), my_tid());
+        drop(g);
     }
 
     #[test]

@@ -287,3 +287,53 @@ fn busy_lock_gives_up() {
     assert_eq!(errno(unsafe { q.push([0u8; 8].as_ptr(), BPF_ANY) }), 0);
     assert_eq!(lock.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn program_side_waits_for_a_preempted_lock_holder() {
+    // Another thread holds every bucket lock for 5 ms, as a lock holder preempted by the
+    // scheduler does: program-side update and delete must wait for it, not fail with EBUSY
+    // (which the kernel returns only for re-entry on the same CPU). The spin budget alone is
+    // far shorter than 5 ms, so this failed deterministically when waiters only spun.
+    for t in [BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH] {
+        let d = TmpDir::new("preempted");
+        let m = Map::create(&d.path("m"), &spec(t, 8, 8, 4, 0)).unwrap();
+        // Bucket locks: { lock: u32, head: u32 } from offset 4096 (see hash.rs); 4 buckets.
+        let locks: Vec<&std::sync::atomic::AtomicU32> = (0..4)
+            // SAFETY: bucket b's lock word is at 4096 + 8b, 4-aligned, inside the mapping.
+            .map(|b| unsafe { std::sync::atomic::AtomicU32::from_ptr(m.shm().as_ptr().add(4096 + 8 * b).cast()) })
+            .collect();
+        for op in 0..2 {
+            let held = Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    // SAFETY: gettid has no arguments.
+                    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+                    for l in &locks {
+                        while l.compare_exchange(0, tid, Ordering::Acquire, Ordering::Relaxed).is_err() {}
+                    }
+                    held.wait();
+                    std::thread::sleep(Duration::from_millis(5));
+                    for l in &locks {
+                        l.store(0, Ordering::Release);
+                    }
+                });
+                held.wait();
+                let k = 7u64.to_ne_bytes();
+                let v = 9u64.to_ne_bytes();
+                let start = Instant::now();
+                // SAFETY: 8-byte key and value.
+                let r = unsafe {
+                    if op == 0 {
+                        m.update(k.as_ptr(), v.as_ptr(), BPF_ANY, 0)
+                    } else {
+                        m.delete(k.as_ptr())
+                    }
+                };
+                // (No lower bound on the time taken: on a loaded machine this thread may
+                // itself be descheduled until the holder is done.)
+                assert!(r.is_ok(), "{t:?} op {op}: {r:?} after {:?}", start.elapsed());
+            });
+        }
+        assert_eq!(locks.iter().map(|l| l.load(Ordering::Relaxed)).sum::<u32>(), 0);
+    }
+}
