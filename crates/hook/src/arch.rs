@@ -6,25 +6,32 @@
 //! target:        jmp rel32 site_stub                      (5 bytes, patched)
 //! site_stub:     lea rsp,[rsp-128]        ; step over the red zone (probes inside functions)
 //!                push qword [rip+site]    ; the Site*
-//!                jmp  qword [rip+common]
+//!                call qword [rip+common]  ; common_full or common_light (function entries)
+//!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
+//!                jmp relocated
 //! relocated:     <displaced instructions, relocated>
 //!                jmp target+len
-//! common_entry:  lea rsp,[rsp-168]        ; struct pt_regs at rsp, Site* at rsp+168
+//! common_entry:  lea rsp,[rsp-168]        ; struct pt_regs at rsp, ret addr at +168, Site* at +176
 //!                mov [rsp+off], reg  x15  ; every GPR but rsp
 //!                pushfq / pop [rsp+144]   ; flags (nothing before touched them)
-//!                rdi = Site*, rsi = regs, rbx = regs
-//!                and rsp,-64 ; sub rsp,XSAVE ; xsave64/fxsave64 [rsp]   ; all FP/SSE/AVX state
+//!                rbx = regs ; and rsp,-64 ; save FP state (full xsave64/fxsave64,
+//!                                           or light: see FpSave)
+//!                rdi = Site*, rsi = regs
 //!                call entry_dispatch      ; -> rax = resume address, rdx = mode
-//!                xrstor64/fxrstor64 ; rsp = rbx
-//!                mode 0: [rsp+168] = rax ; restore flags+GPRs ; lea rsp,[rsp+168] ; ret 128
-//!                mode 1: restore flags+GPRs ; lea rsp,[rsp+304] ; ret   (skip the function:
+//!                restore FP state ; rsp = rbx
+//!                mode 0: restore GPRs (+flags when full) ; lea rsp,[rsp+168] ; ret
+//!                        (back into the site stub: predicted by the return-stack buffer)
+//!                mode 2: [rsp+176] = rax ; restore flags+GPRs ; lea rsp,[rsp+176] ; ret 128
+//!                        (a handler changed ip)
+//!                mode 1: restore flags+GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
 //!                        return to the caller with the handler-set ax)
 //! ```
 //! ## Return path
 //! `ret_tramp` is reached by the probed function's `ret` (its return address
 //! was replaced): it builds a pt_regs the same way (slot for the real return
 //! address at rsp+168), calls `ret_dispatch` which pops the shadow stack and
-//! runs the return handlers, then `ret`s to the original return address.
+//! runs the return handlers, then jumps (`jmp [rsp-8]`) to the original
+//! return address.
 
 use iced_x86::code_asm::*;
 use iced_x86::{
@@ -52,33 +59,98 @@ pub(crate) const REG_OFFSETS: [(AsmRegister64, i32); 15] = [
 ];
 pub(crate) const FLAGS_OFF: i32 = 144;
 pub(crate) const PT_REGS_SIZE: i32 = 168;
-/// Distance from the pt_regs of the entry path to the probed rsp.
-pub(crate) const ENTRY_FRAME: usize = 168 + 8 + 128;
+/// Distance from the pt_regs of the entry path to the probed rsp:
+/// pt_regs, the return address into the site stub, the Site*, the red zone.
+pub(crate) const ENTRY_FRAME: usize = 168 + 8 + 8 + 128;
 
 /// How the FP/vector state is saved around handlers.
+///
+/// ## Which state must be saved (the "light" save)
+/// Handlers are compiled Rust and libc (memcpy & co. use SSE/AVX/AVX-512),
+/// so any vector register, MXCSR and the x87 state may be clobbered by them;
+/// whatever is live at the probe must be saved. What is live depends on where
+/// the probe is:
+///
+/// * **Inside a function** (`!is_entry`): anything may be live. Full
+///   `xsave64`/`xrstor64` of every XCR0-enabled component (or `fxsave64`).
+/// * **At a function entry**: by the System V x86-64 ABI every vector
+///   register (xmm/ymm/zmm 0-31), the opmask registers and the x87 stack
+///   are caller-saved (dead at the call) *except* the argument registers
+///   xmm0-7 (at full width: `__m256`/`__m512` arguments travel in ymm/zmm
+///   0-7); MXCSR control bits and the x87 control word are callee-saved.
+///   So the light save stores zmm0-7 (AVX-512 enabled in XCR0), else
+///   ymm0-7 (AVX enabled), else xmm0-7, plus MXCSR and the x87 control word.
+/// * **At a function return** (the return trampoline): only the return
+///   registers carry values: rax/rdx (saved with every GPR), xmm0/xmm1 at
+///   full width (ymm0/zmm0 for `__m256`/`__m512` returns), st0/st1 (long
+///   double / complex long double), plus the callee-saved MXCSR and x87
+///   control word. The light save stores vector registers 0-1 (same width
+///   rule), MXCSR and the control word.
+///
+/// x87: the ABI requires an empty x87 stack at a call, except for return
+/// values at a return, and the handler (compiled code) assumes an empty
+/// stack. The light save reads the status word (`fnstsw`, non-waiting):
+/// when TOP != 0 the stack is not empty (a long double return value, or
+/// non-ABI code) and the whole x87 environment and stack are saved with
+/// `fnsave` (which also empties the stack for the handler) and restored
+/// with `frstor`. TOP == 0 with a non-empty stack would mean eight values
+/// pushed, impossible at an ABI boundary.
+///
+/// Caveat: the entry rule assumes every caller obeys the ABI at the call.
+/// Inter-procedural register allocation (GCC `-fipa-ra`, on by default at
+/// -O2, for callees that bind locally) lets a caller keep values in
+/// caller-saved vector registers across a call to a callee known not to
+/// touch them. Probing such a callee with a handler that clobbers those
+/// registers would corrupt the caller. Set `USERBPF_HOOK_FULL_FPSAVE=1`
+/// (read once at initialisation) to use the full save at every site.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FpSave {
     pub xsave: bool,
     /// bytes, multiple of 64
     pub size: i32,
+    /// XCR0 enables AVX (ymm upper halves).
+    pub avx: bool,
+    /// XCR0 enables AVX-512 (opmask, ZMM_Hi256, Hi16_ZMM).
+    pub avx512: bool,
 }
 
 pub(crate) fn detect_fpsave() -> FpSave {
     let l1 = core::arch::x86_64::__cpuid(1);
     let osxsave = l1.ecx & (1 << 27) != 0;
     if osxsave {
+        let (lo, _hi): (u32, u32);
+        // SAFETY: OSXSAVE is set, so xgetbv(0) (read XCR0) is allowed in user mode.
+        unsafe {
+            core::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") _hi,
+                options(nomem, nostack, preserves_flags))
+        };
+        let avx = lo & 0b110 == 0b110;
+        let avx512 = avx && lo & 0xE0 == 0xE0;
         // Leaf 0xD exists when OSXSAVE is set; ebx = size for the enabled XCR0.
         let d = core::arch::x86_64::__cpuid_count(0xD, 0);
         let size = (d.ebx as i32).max(576);
         return FpSave {
             xsave: true,
             size: (size + 63) & !63,
+            avx,
+            avx512,
         };
     }
     FpSave {
         xsave: false,
         size: 512,
+        avx: false,
+        avx512: false,
     }
+}
+
+/// Which part of the FP state a stub saves (see [`FpSave`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SaveKind {
+    /// Everything (xsave64 / fxsave64).
+    Full,
+    /// Vector registers 0..n, MXCSR, x87 control word (+ x87 stack if not empty).
+    Light(usize),
 }
 
 fn save_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
@@ -90,67 +162,184 @@ fn save_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
     Ok(())
 }
 
-fn restore_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.push(qword_ptr(rsp + FLAGS_OFF))?;
-    a.popfq()?;
+/// `flags`: also restore rflags (popfq, ~20 cycles). Light stubs skip it on
+/// their common path: at a function entry or return the status flags are
+/// dead by the ABI, DF is clear before and after (the handlers are ABI code)
+/// and the stub touches no other flag; a handler's change of `regs.flags`
+/// is then not applied.
+fn restore_gprs_f(a: &mut CodeAssembler, flags: bool) -> Result<(), IcedError> {
+    if flags {
+        a.push(qword_ptr(rsp + FLAGS_OFF))?;
+        a.popfq()?;
+    }
     for (r, off) in REG_OFFSETS {
         a.mov(r, qword_ptr(rsp + off))?;
     }
     Ok(())
 }
 
-/// Emits: rbx = rsp (pt_regs); align; save FP state. Leaves rdi/rsi intact.
-fn fp_save(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
+fn restore_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    restore_gprs_f(a, true)
+}
+
+const XMMS: [AsmRegisterXmm; 8] = [xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7];
+const YMMS: [AsmRegisterYmm; 8] = [ymm0, ymm1, ymm2, ymm3, ymm4, ymm5, ymm6, ymm7];
+const ZMMS: [AsmRegisterZmm; 8] = [zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm7];
+
+/// Light save area layout (from the 64-aligned rsp): vectors at 64*i,
+/// then MXCSR, FCW, an x87 flag byte, then the fnsave area.
+const L_MXCSR: i32 = 512;
+const L_FCW: i32 = 516;
+const L_X87: i32 = 521;
+const L_TMP: i32 = 524;
+const L_FNSAVE: i32 = 576;
+const L_SIZE: i32 = 576 + 128;
+
+/// Emits: rbx = rsp (pt_regs); align; save FP state. Clobbers rax/rcx/rdx.
+fn fp_save(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), IcedError> {
     a.mov(rbx, rsp)?;
     a.and(rsp, -64)?;
-    a.sub(rsp, fp.size)?;
-    if fp.xsave {
-        // XRSTOR faults on a non-zero XCOMP_BV / reserved header bytes, and
-        // XSAVE does not write them: zero the 64-byte header first.
-        a.xor(eax, eax)?;
-        for i in 0..8 {
-            a.mov(qword_ptr(rsp + (512 + 8 * i)), rax)?;
+    let n = match kind {
+        SaveKind::Light(n) => n,
+        SaveKind::Full => {
+            a.sub(rsp, fp.size)?;
+            if fp.xsave {
+                // XRSTOR faults on a non-zero XCOMP_BV / reserved header bytes, and
+                // XSAVE does not write them: zero the 64-byte header first.
+                a.xor(eax, eax)?;
+                for i in 0..8 {
+                    a.mov(qword_ptr(rsp + (512 + 8 * i)), rax)?;
+                }
+                a.mov(eax, -1)?;
+                a.mov(edx, -1)?;
+                a.xsave64(ptr(rsp))?;
+            } else {
+                a.fxsave64(ptr(rsp))?;
+            }
+            return Ok(());
         }
-        a.mov(eax, -1)?;
-        a.mov(edx, -1)?;
-        a.xsave64(ptr(rsp))?;
+    };
+    a.sub(rsp, L_SIZE)?;
+    if fp.avx512 {
+        // Always the full zmm width: cheaper than asking XINUSE (xgetbv
+        // costs more than the eight wider stores) and exact either way.
+        for (i, r) in ZMMS.iter().take(n).enumerate() {
+            a.vmovdqu64(zmmword_ptr(rsp + 64 * i as i32), *r)?;
+        }
+    } else if fp.avx {
+        for (i, r) in YMMS.iter().take(n).enumerate() {
+            a.vmovdqu(ymmword_ptr(rsp + 64 * i as i32), *r)?;
+        }
     } else {
-        a.fxsave64(ptr(rsp))?;
+        for (i, r) in XMMS.iter().take(n).enumerate() {
+            a.movdqu(xmmword_ptr(rsp + 64 * i as i32), *r)?;
+        }
     }
+    a.stmxcsr(dword_ptr(rsp + L_MXCSR))?;
+    a.fnstcw(word_ptr(rsp + L_FCW))?;
+    let mut empty = a.create_label();
+    let mut done = a.create_label();
+    a.fnstsw(ax)?;
+    a.test(ax, 0x3800)?; // TOP
+    a.jz(empty)?;
+    a.mov(byte_ptr(rsp + L_X87), 1)?;
+    a.fnsave(ptr(rsp + L_FNSAVE))?;
+    a.jmp(done)?;
+    a.set_label(&mut empty)?;
+    a.mov(byte_ptr(rsp + L_X87), 0)?;
+    a.set_label(&mut done)?;
     Ok(())
 }
 
-fn fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
-    if fp.xsave {
-        a.mov(eax, -1)?;
-        a.mov(edx, -1)?;
-        a.xrstor64(ptr(rsp))?;
+/// Restores what `fp_save` saved; rsp = rbx. Clobbers rax/rdx and flags.
+fn fp_restore(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), IcedError> {
+    let n = match kind {
+        SaveKind::Light(n) => n,
+        SaveKind::Full => {
+            if fp.xsave {
+                a.mov(eax, -1)?;
+                a.mov(edx, -1)?;
+                a.xrstor64(ptr(rsp))?;
+            } else {
+                a.fxrstor64(ptr(rsp))?;
+            }
+            a.mov(rsp, rbx)?;
+            return Ok(());
+        }
+    };
+    let mut nox87 = a.create_label();
+    a.cmp(byte_ptr(rsp + L_X87), 0)?;
+    a.je(nox87)?;
+    a.frstor(ptr(rsp + L_FNSAVE))?;
+    a.set_label(&mut nox87)?;
+    // Reload the control words only when a handler changed them (fldcw and
+    // ldmxcsr are slow, the checks are not).
+    let mut fcw_ok = a.create_label();
+    let mut mxcsr_ok = a.create_label();
+    a.fnstcw(word_ptr(rsp + L_TMP))?;
+    a.movzx(eax, word_ptr(rsp + L_TMP))?;
+    a.cmp(ax, word_ptr(rsp + L_FCW))?;
+    a.je(fcw_ok)?;
+    a.fldcw(word_ptr(rsp + L_FCW))?;
+    a.set_label(&mut fcw_ok)?;
+    a.stmxcsr(dword_ptr(rsp + L_TMP))?;
+    a.mov(eax, dword_ptr(rsp + L_TMP))?;
+    a.cmp(eax, dword_ptr(rsp + L_MXCSR))?;
+    a.je(mxcsr_ok)?;
+    a.ldmxcsr(dword_ptr(rsp + L_MXCSR))?;
+    a.set_label(&mut mxcsr_ok)?;
+    if fp.avx512 {
+        for (i, r) in ZMMS.iter().take(n).enumerate() {
+            a.vmovdqu64(*r, zmmword_ptr(rsp + 64 * i as i32))?;
+        }
+    } else if fp.avx {
+        for (i, r) in YMMS.iter().take(n).enumerate() {
+            a.vmovdqu(*r, ymmword_ptr(rsp + 64 * i as i32))?;
+        }
     } else {
-        a.fxrstor64(ptr(rsp))?;
+        for (i, r) in XMMS.iter().take(n).enumerate() {
+            a.movdqu(*r, xmmword_ptr(rsp + 64 * i as i32))?;
+        }
     }
     a.mov(rsp, rbx)?;
     Ok(())
 }
 
-/// The shared entry stub, assembled for address `ip`.
-pub(crate) fn common_entry(ip: u64, fp: FpSave, dispatch: u64) -> Result<Vec<u8>, IcedError> {
+/// The shared entry stub, assembled for address `ip`. Reached by a `call`
+/// from the site stub: [rsp] = return address into the site stub, [rsp+8] =
+/// Site*. `entry_dispatch` returns rax = resume address, rdx = mode:
+/// 0 = resume at the relocated code (`ret` back into the site stub, which
+/// the return-stack buffer predicts), 2 = resume at rax, 1 = skip the function.
+pub(crate) fn common_entry(
+    ip: u64,
+    fp: FpSave,
+    kind: SaveKind,
+    dispatch: u64,
+) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     save_gprs(&mut a)?;
-    a.mov(rdi, qword_ptr(rsp + PT_REGS_SIZE))?;
-    a.mov(rsi, rsp)?;
-    fp_save(&mut a, fp)?;
+    fp_save(&mut a, fp, kind)?;
+    a.mov(rdi, qword_ptr(rbx + (PT_REGS_SIZE + 8)))?;
+    a.mov(rsi, rbx)?;
     a.mov(rax, dispatch)?;
     a.call(rax)?;
     a.mov(r12, rax)?;
     a.mov(r13, rdx)?;
-    fp_restore(&mut a, fp)?;
+    fp_restore(&mut a, fp, kind)?;
     let mut skip = a.create_label();
-    a.test(r13, r13)?;
-    a.jnz(skip)?;
-    a.mov(qword_ptr(rsp + PT_REGS_SIZE), r12)?;
-    restore_gprs(&mut a)?;
+    let mut redirect = a.create_label();
+    a.cmp(r13, 1)?;
+    a.je(skip)?;
+    a.cmp(r13, 2)?;
+    a.je(redirect)?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    a.ret()?; // back into the site stub
+    a.set_label(&mut redirect)?;
+    a.mov(qword_ptr(rsp + (PT_REGS_SIZE + 8)), r12)?;
+    restore_gprs(&mut a)?;
+    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
     a.ret_1(128)?; // pops the target (rsp = orig-128), then skips the red zone
     a.set_label(&mut skip)?;
     restore_gprs(&mut a)?;
@@ -160,34 +349,46 @@ pub(crate) fn common_entry(ip: u64, fp: FpSave, dispatch: u64) -> Result<Vec<u8>
 }
 
 /// The shared return trampoline, assembled for address `ip`.
-pub(crate) fn ret_tramp(ip: u64, fp: FpSave, dispatch: u64) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn ret_tramp(
+    ip: u64,
+    fp: FpSave,
+    kind: SaveKind,
+    dispatch: u64,
+) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.lea(rsp, ptr(rsp - (PT_REGS_SIZE + 8)))?;
     save_gprs(&mut a)?;
-    a.mov(rdi, rsp)?;
-    fp_save(&mut a, fp)?;
+    fp_save(&mut a, fp, kind)?;
+    a.mov(rdi, rbx)?;
     a.mov(rax, dispatch)?;
     a.call(rax)?;
     a.mov(r12, rax)?;
-    fp_restore(&mut a, fp)?;
+    fp_restore(&mut a, fp, kind)?;
     a.mov(qword_ptr(rsp + PT_REGS_SIZE), r12)?;
-    restore_gprs(&mut a)?;
-    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
-    a.ret()?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
+    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
+    // An indirect jump (predicted per call site by the BTB) instead of a
+    // `ret` the return-stack buffer would mispredict. [rsp-8] is in the
+    // caller's red zone, which signal delivery does not touch and which the
+    // caller cannot rely on across the call it just returned from.
+    a.jmp(qword_ptr(rsp - 8))?;
     a.assemble(ip)
 }
 
 /// Offset of the relocated code inside a site page.
 pub(crate) const RELOC_OFF: usize = 64;
 
-/// The per-site stub (placed at the start of the site page).
-pub(crate) fn site_stub(ip: u64, site: u64, common: u64) -> Result<Vec<u8>, IcedError> {
+/// The per-site stub (placed at the start of the site page): calls the
+/// common entry, which normally returns here; then the relocated code runs.
+pub(crate) fn site_stub(ip: u64, site: u64, common: u64, reloc: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut site_l = a.create_label();
     let mut common_l = a.create_label();
     a.lea(rsp, ptr(rsp - 128))?;
     a.push(qword_ptr(site_l))?;
-    a.jmp(qword_ptr(common_l))?;
+    a.call(qword_ptr(common_l))?;
+    a.lea(rsp, ptr(rsp + 136))?; // drop the Site* and the red-zone gap (no flags change)
+    a.jmp(reloc)?;
     a.int3()?;
     a.set_label(&mut site_l)?;
     a.dq(&[site])?;

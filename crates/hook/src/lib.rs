@@ -2,10 +2,14 @@
 //!
 //! A probe patches the first 5 bytes at an address with `jmp rel32` to a
 //! per-site stub on a page mapped within ±1.5 GB of the target. The stub
-//! enters a shared stub that saves every GPR, the flags and the whole
-//! FP/SSE/AVX state (xsave, or fxsave without OSXSAVE), builds a kernel
-//! x86-64 `struct pt_regs` ([`PtRegs`]) and calls the site's handlers; then
-//! the displaced instructions run from their relocated copy and jump back.
+//! calls a shared stub that saves every GPR, the flags and the FP/vector
+//! state that can be live there, builds a kernel x86-64 `struct pt_regs`
+//! ([`PtRegs`]) and calls the site's handlers; then the displaced
+//! instructions run from their relocated copy and jump back. Probes inside
+//! a function save the whole FP/SSE/AVX state (xsave, or fxsave without
+//! OSXSAVE); probes at a function entry and the return trampoline save only
+//! what the System V ABI lets be live there (see `arch::FpSave`; opt out
+//! with `USERBPF_HOOK_FULL_FPSAVE=1`).
 //! See `arch` for the code layout and `patch` for the live-patching protocol.
 //!
 //! * Entry handlers ([`ProbeKind::Entry`]) see the registers at the probed
@@ -41,8 +45,8 @@ mod arch;
 mod patch;
 pub mod symbols;
 pub mod syscalls;
-pub mod usdt;
 mod thread;
+pub mod usdt;
 
 pub use patch::fixup_signal;
 pub use thread::SHADOW_CAPACITY;
@@ -109,8 +113,10 @@ pub const HOOK_CONTINUE: u32 = 0;
 /// handler left them). Other handlers of the hit still run.
 pub const HOOK_SKIP: u32 = 1;
 
-/// A probe handler. Runs on the probing thread, with all registers and FP
-/// state saved; must not unwind.
+/// A probe handler. Runs on the probing thread, with all registers and the
+/// live FP state saved (it may clobber any vector register, MXCSR or x87
+/// state); must not unwind. At a function entry or return a change of
+/// `regs.flags` is not applied (the status flags are dead there).
 pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) -> u32;
 
 /// Identifies one attached handler.
@@ -197,7 +203,6 @@ struct Entry {
 
 struct HandlerList {
     items: Vec<Entry>,
-    has_ret: bool,
 }
 
 struct Site {
@@ -211,6 +216,10 @@ struct Site {
     jmp: [u8; 5],
     fix_map: Vec<(usize, usize)>,
     list: AtomicPtr<HandlerList>,
+    /// Whether the published list has entry / return handlers: lets a hit
+    /// skip the read-side section when it has nothing to run.
+    has_entry: AtomicBool,
+    has_ret: AtomicBool,
     patched: AtomicBool,
 }
 
@@ -224,7 +233,10 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static RET_TRAMP: AtomicUsize = AtomicUsize::new(0);
 
 struct Globals {
-    common_entry: usize,
+    /// Entry stub with the full FP save (probes inside functions).
+    common_full: usize,
+    /// Entry stub with the light FP save (probes at function entries).
+    common_light: usize,
 }
 static GLOBALS: OnceLock<Result<Globals, String>> = OnceLock::new();
 
@@ -237,16 +249,41 @@ fn init() -> Result<&'static Globals, HookError> {
 
 fn init_inner() -> Result<Globals, String> {
     let fp = arch::detect_fpsave();
+    thread::init_rcu();
+    // See arch::FpSave for why the light save is enough at function entries
+    // and returns, and for the opt-out.
+    let full_only =
+        std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
+    let (entry_kind, ret_kind) = if full_only {
+        (arch::SaveKind::Full, arch::SaveKind::Full)
+    } else {
+        (arch::SaveKind::Light(8), arch::SaveKind::Light(2))
+    };
     let page = thread::raw_mmap(4096) as usize;
     if page == 0 {
         return Err("mmap of the shared stubs failed".into());
     }
-    let entry = arch::common_entry(page as u64, fp, entry_dispatch as *const () as usize as u64)
-        .map_err(|e| e.to_string())?;
-    let ret_at = page + ((entry.len() + 63) & !63);
-    let ret = arch::ret_tramp(ret_at as u64, fp, ret_dispatch as *const () as usize as u64)
-        .map_err(|e| e.to_string())?;
-    patch::seal_page(page, &[(0, &entry), (ret_at - page, &ret)])?;
+    let e = |x: iced_x86::IcedError| x.to_string();
+    let align = |x: usize| (x + 63) & !63;
+    let disp = entry_dispatch as *const () as usize as u64;
+    let full = arch::common_entry(page as u64, fp, arch::SaveKind::Full, disp).map_err(e)?;
+    let light_at = page + align(full.len());
+    let light = arch::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
+    let ret_at = light_at + align(light.len());
+    let ret = arch::ret_tramp(
+        ret_at as u64,
+        fp,
+        ret_kind,
+        ret_dispatch as *const () as usize as u64,
+    )
+    .map_err(e)?;
+    if ret_at + ret.len() > page + 4096 {
+        return Err("shared stubs do not fit in a page".into());
+    }
+    patch::seal_page(
+        page,
+        &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)],
+    )?;
     RET_TRAMP.store(ret_at, SeqCst);
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: creating a pthread key with a destructor that only takes the
@@ -256,7 +293,10 @@ fn init_inner() -> Result<Globals, String> {
     }
     thread::PTHREAD_KEY.store(key as usize, SeqCst);
     patch::install_handlers()?;
-    Ok(Globals { common_entry: page })
+    Ok(Globals {
+        common_full: page,
+        common_light: light_at,
+    })
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Option<Registry>> {
@@ -373,10 +413,13 @@ fn unsafe_list_items(site: &Site) -> Vec<Entry> {
 /// one once no hit can be reading it.
 fn publish(site: &Site, items: Vec<Entry>) {
     let has_ret = items.iter().any(|e| e.kind == ProbeKind::Return);
+    let has_entry = items.iter().any(|e| e.kind == ProbeKind::Entry);
+    site.has_entry.store(has_entry, SeqCst);
+    site.has_ret.store(has_ret, SeqCst);
     let new = if items.is_empty() {
         std::ptr::null_mut()
     } else {
-        Box::into_raw(Box::new(HandlerList { items, has_ret }))
+        Box::into_raw(Box::new(HandlerList { items }))
     };
     let old = site.list.swap(new, SeqCst);
     if !old.is_null() && thread::synchronize() {
@@ -490,12 +533,20 @@ fn create_site(
         jmp,
         fix_map,
         list: AtomicPtr::new(std::ptr::null_mut()),
+        has_entry: AtomicBool::new(false),
+        has_ret: AtomicBool::new(false),
         patched: AtomicBool::new(false),
     }));
+    let common = if site.is_entry {
+        g.common_light
+    } else {
+        g.common_full
+    };
     let stub = arch::site_stub(
         page as u64,
         site as *const Site as u64,
-        g.common_entry as u64,
+        common as u64,
+        relocated as u64,
     )
     .map_err(|e| e.to_string());
     let res = stub.and_then(|stub| {
@@ -588,31 +639,33 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
     if stm.registered == 0 {
         thread::register_destructor(st);
     }
-    let idx = thread::read_lock();
-    thread::set_held(st, idx);
-    let list = site.list.load(SeqCst);
     let mut skip = false;
-    let mut has_ret = false;
-    if !list.is_null() {
-        // SAFETY: the list cannot be freed while we are in the read section.
-        let list = unsafe { &*list };
-        has_ret = list.has_ret;
-        for e in &list.items {
-            if e.kind == ProbeKind::Entry {
-                // SAFETY: calling the user's handler with its data and our regs.
-                if unsafe { (e.handler)(e.data as *mut c_void, regs) } == HOOK_SKIP {
-                    skip = true;
+    let has_ret = site.has_ret.load(Relaxed);
+    if site.has_entry.load(Relaxed) {
+        let idx = thread::read_lock(st);
+        let list = site.list.load(SeqCst);
+        if !list.is_null() {
+            // SAFETY: the list cannot be freed while we are in the read section.
+            let list = unsafe { &*list };
+            for e in &list.items {
+                if e.kind == ProbeKind::Entry {
+                    // SAFETY: calling the user's handler with its data and our regs.
+                    if unsafe { (e.handler)(e.data as *mut c_void, regs) } == HOOK_SKIP {
+                        skip = true;
+                    }
                 }
             }
         }
+        thread::read_unlock(st, idx);
     }
-    thread::set_held(st, usize::MAX);
-    thread::read_unlock(idx);
     let mut res = normal;
     if skip && site.is_entry {
         res = Resume { target: 0, mode: 1 };
     } else if regs.ip != site.addr as u64 {
-        res.target = regs.ip;
+        res = Resume {
+            target: regs.ip,
+            mode: 2,
+        };
     } else if has_ret && site.is_entry {
         // Dead frames (longjmp'd over) sit at or below the new frame: drop them.
         while stm.top > 0 && stm.entries[stm.top - 1].sp <= sp {
@@ -685,8 +738,7 @@ unsafe extern "C" fn ret_dispatch(regs: *mut PtRegs) -> u64 {
     regs.ip = e.ret;
     if stm.in_handler == 0 {
         stm.in_handler = 1;
-        let idx = thread::read_lock();
-        thread::set_held(st, idx);
+        let idx = thread::read_lock(st);
         // SAFETY: sites are never freed.
         let site = unsafe { &*(e.site as *const Site) };
         let list = site.list.load(SeqCst);
@@ -699,8 +751,7 @@ unsafe extern "C" fn ret_dispatch(regs: *mut PtRegs) -> u64 {
                 }
             }
         }
-        thread::set_held(st, usize::MAX);
-        thread::read_unlock(idx);
+        thread::read_unlock(st, idx);
         stm.in_handler = 0;
     } else {
         MISSED_RECURSION.fetch_add(1, Relaxed);

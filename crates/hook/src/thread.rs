@@ -11,7 +11,7 @@
 //! thread's first probe hit) and unmapped by a pthread key destructor when
 //! the thread exits.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::PtRegs;
 
@@ -37,8 +37,8 @@ pub(crate) struct ThreadState {
     pub key: usize,
     pub in_handler: u32,
     pub registered: u32,
-    /// RCU counter index held by this thread while inside handlers, or usize::MAX.
-    pub rcu_idx: usize,
+    /// Index of this thread's slot in the table (holds its RCU counter).
+    pub slot: usize,
     pub top: usize,
     pub entries: [ShadowEntry; SHADOW_CAPACITY],
 }
@@ -46,12 +46,17 @@ pub(crate) struct ThreadState {
 struct Slot {
     key: AtomicUsize,
     state: AtomicPtr<ThreadState>,
+    /// RCU reader generation of the thread owning the slot: odd while it is
+    /// inside a read-side section. Lives in the static table (not in the
+    /// unmappable state) so `synchronize` can scan it without racing exits.
+    rcu: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
 const SLOT_INIT: Slot = Slot {
     key: AtomicUsize::new(EMPTY),
     state: AtomicPtr::new(std::ptr::null_mut()),
+    rcu: AtomicUsize::new(0),
 };
 static TABLE: [Slot; TABLE_SIZE] = [SLOT_INIT; TABLE_SIZE];
 
@@ -139,7 +144,6 @@ fn create(key: usize) -> *mut ThreadState {
     // (all-zero is a valid bit pattern for it).
     unsafe {
         (*p).key = key;
-        (*p).rcu_idx = usize::MAX;
     }
     let mut i = hash(key);
     for _ in 0..TABLE_SIZE {
@@ -152,6 +156,8 @@ fn create(key: usize) -> *mut ThreadState {
                 .compare_exchange(k, key, AcqRel, Acquire)
                 .is_ok()
         {
+            // SAFETY: p is our fresh state, not yet published.
+            unsafe { (*p).slot = i };
             TABLE[i].state.store(p, Release);
             STATES_CREATED.fetch_add(1, Relaxed);
             return p;
@@ -203,41 +209,120 @@ pub(crate) unsafe extern "C" fn destroy(p: *mut libc::c_void) {
 }
 
 // ---------------------------------------------------------------- RCU ----
+//
+// Per-thread reader generations instead of a shared counter: a reader only
+// writes its own table slot (no cache line shared between threads). Reader:
+// `rcu.swap(odd, SeqCst)` then loads the published pointer (SeqCst);
+// writer: swaps the pointer (SeqCst), then loads every slot's generation
+// (SeqCst). All four are SeqCst operations, so in their single total order
+// either the writer sees the reader's odd generation (and waits until it
+// changes, i.e. that section ended; the Release store that ends it makes the
+// section's reads happen-before the free), or the reader's load comes after
+// the writer's swap and sees the new pointer. A section that starts later
+// sees the new pointer too, so waiting for a *change* (not for even) is
+// enough and a busy reader cannot starve the writer.
 
-static RCU_EPOCH: AtomicUsize = AtomicUsize::new(0);
-static RCU_READERS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+/// Set once at initialisation when `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`
+/// is registered: readers then need only a compiler fence after announcing
+/// their section, and `synchronize` supplies the missing StoreLoad barrier
+/// on every running thread of the process with one membarrier call
+/// (asymmetric fences, as in liburcu's membarrier flavour). Never cleared.
+static ASYM: AtomicBool = AtomicBool::new(false);
 
-/// Enters a read-side section; returns the counter index to pass to `read_unlock`.
+const MEMBARRIER_CMD_QUERY: i32 = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: i32 = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: i32 = 1 << 4;
+
+fn membarrier(cmd: i32) -> i64 {
+    // SAFETY: membarrier(2) takes no memory arguments.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) as i64 }
+}
+
+/// Registers for private expedited membarrier (called once by `init`,
+/// before any probe is attached).
+pub(crate) fn init_rcu() {
+    let q = membarrier(MEMBARRIER_CMD_QUERY);
+    if q > 0
+        && q & i64::from(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+    {
+        ASYM.store(true, SeqCst);
+    }
+}
+
+/// Enters a read-side section of the calling thread (`st` = its state);
+/// returns the generation to pass to `read_unlock`.
 #[inline(always)]
-pub(crate) fn read_lock() -> usize {
-    let i = RCU_EPOCH.load(SeqCst) & 1;
-    RCU_READERS[i].fetch_add(1, SeqCst);
-    i
+pub(crate) fn read_lock(st: *mut ThreadState) -> usize {
+    // SAFETY: st is this thread's live state.
+    let slot = &TABLE[unsafe { (*st).slot }];
+    let g = slot.rcu.load(Relaxed).wrapping_add(1) | 1;
+    if ASYM.load(Relaxed) {
+        slot.rcu.store(g, Relaxed);
+        // The writer's membarrier orders this store before our later loads.
+        std::sync::atomic::compiler_fence(SeqCst);
+    } else {
+        slot.rcu.swap(g, SeqCst);
+    }
+    g
 }
 
 #[inline(always)]
-pub(crate) fn read_unlock(i: usize) {
-    RCU_READERS[i].fetch_sub(1, Release);
+pub(crate) fn read_unlock(st: *mut ThreadState, g: usize) {
+    // SAFETY: st is this thread's live state.
+    let slot = &TABLE[unsafe { (*st).slot }];
+    slot.rcu.store(g.wrapping_add(1), Release);
+}
+
+/// The calling thread's state if it has one (never creates it).
+fn lookup() -> *mut ThreadState {
+    let key = thread_key();
+    let mut i = hash(key);
+    for _ in 0..TABLE_SIZE {
+        let k = TABLE[i].key.load(Acquire);
+        if k == key {
+            return TABLE[i].state.load(Acquire);
+        }
+        if k == EMPTY {
+            break;
+        }
+        i = (i + 1) & (TABLE_SIZE - 1);
+    }
+    std::ptr::null_mut()
 }
 
 /// Waits until every read-side section that may have seen a pointer
-/// unpublished before this call has ended (two epoch flips, SRCU-style).
-/// Returns false when the caller is itself inside a read-side section (a
-/// handler attaching/detaching): then it did not wait for its own section
-/// and the caller must not free what it unpublished.
+/// unpublished (SeqCst) before this call has ended. Returns false when the
+/// caller is itself inside a read-side section (a handler attaching/
+/// detaching): then it did not wait for its own section and the caller
+/// must not free what it unpublished.
 pub(crate) fn synchronize() -> bool {
-    let me = current();
+    let me = lookup();
     // SAFETY: me, when non-null, is this thread's state.
-    let held = if me.is_null() {
+    let my_slot = if me.is_null() {
         usize::MAX
     } else {
-        unsafe { (*me).rcu_idx }
+        unsafe { (*me).slot }
     };
-    for _ in 0..2 {
-        let old = RCU_EPOCH.fetch_add(1, SeqCst) & 1;
-        let own = usize::from(held == old);
+    if ASYM.load(SeqCst) && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {
+        // Cannot happen once registered. Fall back to a signal to every
+        // other thread (delivery and the handler's ack act as a full
+        // barrier on each of them).
+        std::sync::atomic::fence(SeqCst);
+        crate::patch::broadcast();
+    }
+    let mut held = false;
+    for (i, slot) in TABLE.iter().enumerate() {
+        let g = slot.rcu.load(SeqCst);
+        if g & 1 == 0 {
+            continue;
+        }
+        if i == my_slot {
+            held = true;
+            continue;
+        }
         let mut spins = 0u32;
-        while RCU_READERS[old].load(SeqCst) > own {
+        while slot.rcu.load(Acquire) == g {
             spins += 1;
             if spins < 100 {
                 std::hint::spin_loop();
@@ -246,14 +331,7 @@ pub(crate) fn synchronize() -> bool {
             }
         }
     }
-    held == usize::MAX
-}
-
-/// Records in the thread state which RCU index the thread holds.
-#[inline(always)]
-pub(crate) fn set_held(st: *mut ThreadState, idx: usize) {
-    // SAFETY: st is this thread's live state.
-    unsafe { (*st).rcu_idx = idx };
+    !held
 }
 
 #[allow(dead_code)]

@@ -566,3 +566,224 @@ fn library_watcher_sees_nothing_new_without_dlopen() {
     assert!(w.poll().is_empty());
     assert!(!symbols::loaded_objects().is_empty());
 }
+
+// ------------------------------------------- FP state across handlers ----
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn t_fp_args(a: f64, b: f32, c: f64, d: f32, e: f64, f: f64, g: f64, h: f64) -> f64 {
+    black_box(
+        a * 2.0
+            + b as f64 * 3.0
+            + c * 5.0
+            + d as f64 * 7.0
+            + e * 11.0
+            + f * 13.0
+            + g * 17.0
+            + h * 19.0,
+    )
+}
+
+static FP_CLOBBER_HITS: AtomicU64 = AtomicU64::new(0);
+
+/// Clobbers xmm0-15 (at ymm width when AVX is available), MXCSR stays.
+unsafe extern "C" fn fp_clobber_handler(_d: *mut c_void, regs: *mut PtRegs) -> u32 {
+    FP_CLOBBER_HITS.fetch_add(1, SeqCst);
+    // SAFETY: only scratch vector registers are written (declared clobbered).
+    unsafe {
+        core::arch::asm!(
+            "pcmpeqd xmm0, xmm0", "pcmpeqd xmm1, xmm1", "pcmpeqd xmm2, xmm2", "pcmpeqd xmm3, xmm3",
+            "pcmpeqd xmm4, xmm4", "pcmpeqd xmm5, xmm5", "pcmpeqd xmm6, xmm6", "pcmpeqd xmm7, xmm7",
+            "pcmpeqd xmm8, xmm8", "pcmpeqd xmm9, xmm9", "pcmpeqd xmm10, xmm10", "pcmpeqd xmm11, xmm11",
+            "pcmpeqd xmm12, xmm12", "pcmpeqd xmm13, xmm13", "pcmpeqd xmm14, xmm14", "pcmpeqd xmm15, xmm15",
+            out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _, out("xmm4") _, out("xmm5") _,
+            out("xmm6") _, out("xmm7") _, out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+            out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+        );
+    }
+    if std::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX is available; ymm0-15 are declared clobbered.
+        unsafe {
+            core::arch::asm!(
+                "vpcmpeqd ymm0, ymm0, ymm0", "vpcmpeqd ymm1, ymm1, ymm1", "vpcmpeqd ymm2, ymm2, ymm2",
+                "vpcmpeqd ymm3, ymm3, ymm3", "vpcmpeqd ymm4, ymm4, ymm4", "vpcmpeqd ymm5, ymm5, ymm5",
+                "vpcmpeqd ymm6, ymm6, ymm6", "vpcmpeqd ymm7, ymm7, ymm7", "vpcmpeqd ymm8, ymm8, ymm8",
+                "vpcmpeqd ymm15, ymm15, ymm15",
+                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
+                out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm15") _,
+            );
+        }
+    }
+    // SAFETY: the engine passes a valid pt_regs.
+    let _ = unsafe { (*regs).ax };
+    HOOK_CONTINUE
+}
+
+fn fp_expected() -> f64 {
+    1.5 * 2.0
+        + 2.25 * 3.0
+        + 3.125 * 5.0
+        + 4.5 * 7.0
+        + 5.75 * 11.0
+        + 6.5 * 13.0
+        + 7.25 * 17.0
+        + 8.0 * 19.0
+}
+
+fn fp_call() -> f64 {
+    black_box(t_fp_args)(
+        black_box(1.5),
+        black_box(2.25),
+        black_box(3.125),
+        black_box(4.5),
+        black_box(5.75),
+        black_box(6.5),
+        black_box(7.25),
+        black_box(8.0),
+    )
+}
+
+#[test]
+fn fp_args_and_return_survive_clobbering_handlers() {
+    let want = fp_expected();
+    assert_eq!(fp_call(), want);
+    let before = FP_CLOBBER_HITS.load(SeqCst);
+    let e = attach_symbol(
+        "t_fp_args",
+        ProbeKind::Entry,
+        fp_clobber_handler,
+        null_mut(),
+    )
+    .unwrap();
+    assert_eq!(fp_call(), want);
+    let r = attach_symbol(
+        "t_fp_args",
+        ProbeKind::Return,
+        fp_clobber_handler,
+        null_mut(),
+    )
+    .unwrap();
+    for _ in 0..100 {
+        assert_eq!(fp_call(), want);
+    }
+    detach(e).unwrap();
+    assert_eq!(fp_call(), want);
+    detach(r).unwrap();
+    assert_eq!(fp_call(), want);
+    assert_eq!(FP_CLOBBER_HITS.load(SeqCst) - before, 1 + 200 + 1);
+}
+
+// x87 return value (long double): st0 must survive a return handler that
+// wipes the x87 state.
+std::arch::global_asm!(
+    ".text",
+    ".globl t_x87",
+    ".type t_x87,@function",
+    ".balign 16",
+    "t_x87:",
+    "push rdi",
+    "fild qword ptr [rsp]",
+    "pop rdi",
+    "fld1",
+    "faddp st(1), st",
+    "ret",
+    ".size t_x87, . - t_x87",
+);
+
+extern "C" {
+    fn t_x87(x: u64);
+}
+
+/// Calls t_x87(x) and converts its st0 result back to an integer.
+fn call_x87(x: u64) -> i64 {
+    let mut out: i64 = 0;
+    // SAFETY: t_x87 follows the ABI except that it returns a long double in
+    // st0, which we pop into `out`; every caller-saved register is clobbered.
+    unsafe {
+        core::arch::asm!(
+            "call rax",
+            "fistp qword ptr [r12]",
+            in("rax") t_x87 as *const () as usize,
+            in("rdi") x,
+            in("r12") &mut out as *mut i64,
+            clobber_abi("C"),
+        );
+    }
+    out
+}
+
+static X87_HITS: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn x87_clobber_handler(_d: *mut c_void, _r: *mut PtRegs) -> u32 {
+    X87_HITS.fetch_add(1, SeqCst);
+    // SAFETY: the x87 registers are declared clobbered; the stack is left empty.
+    unsafe {
+        core::arch::asm!(
+            "fldpi", "fldpi", "fldpi", "fninit",
+            out("st(0)") _, out("st(1)") _, out("st(2)") _, out("st(3)") _,
+            out("st(4)") _, out("st(5)") _, out("st(6)") _, out("st(7)") _,
+        );
+    }
+    HOOK_CONTINUE
+}
+
+#[test]
+fn x87_return_value_survives_return_handler() {
+    assert_eq!(call_x87(41), 42);
+    let r = attach_symbol("t_x87", ProbeKind::Return, x87_clobber_handler, null_mut()).unwrap();
+    for i in 0..50u64 {
+        assert_eq!(call_x87(i), i as i64 + 1);
+    }
+    let e = attach_symbol("t_x87", ProbeKind::Entry, x87_clobber_handler, null_mut()).unwrap();
+    assert_eq!(call_x87(7), 8);
+    detach(r).unwrap();
+    detach(e).unwrap();
+    assert_eq!(call_x87(9), 10);
+    assert_eq!(X87_HITS.load(SeqCst), 50 + 2);
+}
+
+// An entry handler that changes ip: execution resumes at the new address
+// with the probed rsp (here: another function with the same signature).
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn t_redir_from(x: u64) -> u64 {
+    black_box(x + 1000)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn t_redir_to(x: u64) -> u64 {
+    black_box(x * 3)
+}
+
+unsafe extern "C" fn redirect_handler(_d: *mut c_void, regs: *mut PtRegs) -> u32 {
+    // SAFETY: the engine passes a valid pt_regs.
+    unsafe { (*regs).ip = t_redir_to as *const () as u64 };
+    HOOK_CONTINUE
+}
+
+#[test]
+fn entry_handler_redirects_ip() {
+    assert_eq!(
+        black_box(t_redir_from as extern "C" fn(u64) -> u64)(5),
+        1005
+    );
+    let id = attach_symbol(
+        "t_redir_from",
+        ProbeKind::Entry,
+        redirect_handler,
+        null_mut(),
+    )
+    .unwrap();
+    for i in 0..20u64 {
+        assert_eq!(
+            black_box(t_redir_from as extern "C" fn(u64) -> u64)(i),
+            i * 3
+        );
+    }
+    detach(id).unwrap();
+    assert_eq!(
+        black_box(t_redir_from as extern "C" fn(u64) -> u64)(5),
+        1005
+    );
+}
