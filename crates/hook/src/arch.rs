@@ -235,6 +235,14 @@ fn fp_save(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), Iced
             a.movdqu(xmmword_ptr(rsp + 64 * i as i32), *r)?;
         }
     }
+    if fp.avx || fp.avx512 {
+        // The handlers are compiled Rust and libc using legacy SSE encodings: with the upper
+        // halves of the vector registers dirty, every such instruction pays the AVX-SSE
+        // transition (measured: most of a hit). Their upper halves are dead here by the same
+        // ABI rule that makes the light save sound (registers 0-n are saved whole above and
+        // restored whole below).
+        a.vzeroupper()?;
+    }
     a.stmxcsr(dword_ptr(rsp + L_MXCSR))?;
     a.fnstcw(word_ptr(rsp + L_FCW))?;
     let mut empty = a.create_label();
