@@ -8,6 +8,7 @@ want() { # want COMMAND PACKAGE
     command -v "$1" >/dev/null 2>&1 || need+=("$2")
 }
 want python3 python3
+want cc gcc
 want llvm-objdump llvm
 want llvm-mc llvm
 want clang clang
