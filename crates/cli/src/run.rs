@@ -238,6 +238,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     if !status.success() {
+        // Leave the session first: `exit` skips destructors.
+        drop(loaded);
+        drop(session);
         std::process::exit(status.code().unwrap_or(1));
     }
     Ok(())
