@@ -16,7 +16,8 @@ use crate::array::ArrayMap;
 use crate::bloom_filter::BloomFilter;
 use crate::hash::HashMap;
 use crate::lpm_trie::LpmTrie;
-use crate::mem::{a32, a64, a8};
+use crate::mem::{a32, a64};
+use crate::shm::io_error;
 use crate::queue_stack::QueueStackMap;
 use crate::shm::{possible_cpus, MapHeader, Shm, MAP_LAYOUT_VERSION, MAP_MAGIC, PAGE_SIZE};
 use crate::stack_trace::StackTraceMap;
@@ -146,41 +147,6 @@ pub fn check_spec(spec: &MapSpec) -> Result<(), MapError> {
     }
 }
 
-fn io_error(e: std::io::Error, what: &'static str) -> MapError {
-    MapError::new(e.raw_os_error().unwrap_or(libc::EIO), what)
-}
-
-/// Reads the header of a mapping at least `size_of::<MapHeader>()` long, field by field with
-/// atomic loads (another process may be writing `id`).
-///
-/// # Safety
-/// `p` is the page-aligned start of a mapping at least 64 bytes long.
-unsafe fn read_header(p: *mut u8) -> MapHeader {
-    let mut name = [0u8; 16];
-    // SAFETY: every offset below is a field of MapHeader (64 bytes, inside the mapping), each
-    // naturally aligned since the mapping is page-aligned and MapHeader is repr(C).
-    unsafe {
-        let f32 = |off: usize| a32(p.add(off)).load(Ordering::Relaxed);
-        let f64 = |off: usize| a64(p.add(off)).load(Ordering::Relaxed);
-        for (i, b) in name.iter_mut().enumerate() {
-            *b = a8(p.add(offset_of!(MapHeader, name) + i)).load(Ordering::Relaxed);
-        }
-        MapHeader {
-            magic: a64(p).load(Ordering::Acquire),
-            version: f32(offset_of!(MapHeader, version)),
-            map_type: f32(offset_of!(MapHeader, map_type)),
-            key_size: f32(offset_of!(MapHeader, key_size)),
-            value_size: f32(offset_of!(MapHeader, value_size)),
-            max_entries: f32(offset_of!(MapHeader, max_entries)),
-            map_flags: f32(offset_of!(MapHeader, map_flags)),
-            map_extra: f64(offset_of!(MapHeader, map_extra)),
-            nr_cpus: f32(offset_of!(MapHeader, nr_cpus)),
-            id: f32(offset_of!(MapHeader, id)),
-            name,
-        }
-    }
-}
-
 impl Map {
     /// Creates the map file `path` (which must not exist) for `spec`, checked as the kernel
     /// checks BPF_MAP_CREATE (`EINVAL` for bad sizes or flags, `E2BIG` for a file over
@@ -265,7 +231,7 @@ impl Map {
             return Err(einval("map file is truncated"));
         }
         // SAFETY: the mapping is page-aligned and at least a page long.
-        let hdr = unsafe { read_header(shm.as_ptr()) };
+        let hdr = unsafe { MapHeader::load(shm.as_ptr()) };
         if hdr.magic != MAP_MAGIC {
             return Err(einval("not a userbpf map file (bad magic)"));
         }

@@ -66,7 +66,6 @@
 
 use std::ffi::CString;
 use std::io;
-use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -241,9 +240,7 @@ impl std::fmt::Debug for RingBuf {
     }
 }
 
-pub(crate) fn io_error(e: io::Error, what: &'static str) -> MapError {
-    MapError::new(e.raw_os_error().unwrap_or(libc::EIO), what)
-}
+pub(crate) use crate::shm::io_error;
 
 fn host_page_ok() -> bool {
     // SAFETY: sysconf has no memory effects.
@@ -281,30 +278,8 @@ pub(crate) fn read_header(shm: &Shm) -> Result<(MapSpec, u32), MapError> {
     if shm.len() < PAGE_SIZE {
         return Err(bad("map file is truncated"));
     }
-    let p = shm.as_ptr();
-    // SAFETY: every offset is a naturally aligned field of MapHeader, inside the first page of
-    // the page-aligned mapping.
-    let hdr = unsafe {
-        let f32 = |off: usize| AtomicU32::from_ptr(p.add(off).cast()).load(Ordering::Relaxed);
-        let f64 = |off: usize| AtomicU64::from_ptr(p.add(off).cast()).load(Ordering::Relaxed);
-        let name_off = offset_of!(MapHeader, name);
-        let mut name = [0u8; 16];
-        name[..8].copy_from_slice(&f64(name_off).to_ne_bytes());
-        name[8..].copy_from_slice(&f64(name_off + 8).to_ne_bytes());
-        MapHeader {
-            magic: AtomicU64::from_ptr(p.cast()).load(Ordering::Acquire),
-            version: f32(offset_of!(MapHeader, version)),
-            map_type: f32(offset_of!(MapHeader, map_type)),
-            key_size: f32(offset_of!(MapHeader, key_size)),
-            value_size: f32(offset_of!(MapHeader, value_size)),
-            max_entries: f32(offset_of!(MapHeader, max_entries)),
-            map_flags: f32(offset_of!(MapHeader, map_flags)),
-            map_extra: f64(offset_of!(MapHeader, map_extra)),
-            nr_cpus: f32(offset_of!(MapHeader, nr_cpus)),
-            id: f32(offset_of!(MapHeader, id)),
-            name,
-        }
-    };
+    // SAFETY: the mapping is page-aligned and at least a page long (checked above).
+    let hdr = unsafe { MapHeader::load(shm.as_ptr()) };
     let spec = hdr.spec().map_err(|_| bad("not a userbpf map file, or of another layout version"))?;
     if hdr.nr_cpus == 0 || hdr.nr_cpus > crate::MAX_CPUS {
         return Err(bad("map file header holds an invalid CPU count"));

@@ -112,6 +112,11 @@ impl Drop for Shm {
     }
 }
 
+/// A map error from a failed file operation: its errno, or EIO.
+pub(crate) fn io_error(e: io::Error, what: &'static str) -> crate::MapError {
+    crate::MapError::new(e.raw_os_error().unwrap_or(libc::EIO), what)
+}
+
 /// Identifies a map file and its layout version.
 pub const MAP_MAGIC: u64 = u64::from_le_bytes(*b"UBPFMAP\0");
 pub const MAP_LAYOUT_VERSION: u32 = 1;
@@ -153,6 +158,39 @@ impl MapHeader {
             nr_cpus,
             id: 0,
             name,
+        }
+    }
+
+    /// Reads the header at the start of a mapping field by field with atomic loads (another
+    /// process may be writing `id`); the magic with acquire, so a published header is whole.
+    ///
+    /// # Safety
+    /// `p` is the page-aligned start of a mapping at least `size_of::<MapHeader>()` long.
+    pub(crate) unsafe fn load(p: *const u8) -> MapHeader {
+        use std::mem::offset_of;
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+        // SAFETY: every offset is a naturally aligned field of MapHeader (repr(C)) inside the
+        // mapping, which is page-aligned; the words are only ever accessed atomically.
+        unsafe {
+            let f32 = |off: usize| AtomicU32::from_ptr(p.add(off).cast_mut().cast()).load(Ordering::Relaxed);
+            let f64 = |off: usize| AtomicU64::from_ptr(p.add(off).cast_mut().cast()).load(Ordering::Relaxed);
+            let name_off = offset_of!(MapHeader, name);
+            let mut name = [0u8; 16];
+            name[..8].copy_from_slice(&f64(name_off).to_ne_bytes());
+            name[8..].copy_from_slice(&f64(name_off + 8).to_ne_bytes());
+            MapHeader {
+                magic: AtomicU64::from_ptr(p.cast_mut().cast()).load(Ordering::Acquire),
+                version: f32(offset_of!(MapHeader, version)),
+                map_type: f32(offset_of!(MapHeader, map_type)),
+                key_size: f32(offset_of!(MapHeader, key_size)),
+                value_size: f32(offset_of!(MapHeader, value_size)),
+                max_entries: f32(offset_of!(MapHeader, max_entries)),
+                map_flags: f32(offset_of!(MapHeader, map_flags)),
+                map_extra: f64(offset_of!(MapHeader, map_extra)),
+                nr_cpus: f32(offset_of!(MapHeader, nr_cpus)),
+                id: f32(offset_of!(MapHeader, id)),
+                name,
+            }
         }
     }
 
