@@ -1,0 +1,134 @@
+//! The syscall server: a shared library that `userbpf load` preloads into an eBPF loader
+//! (bpftrace, a libbpf tool). It defines libc's `syscall`, `ioctl`, `mmap`, `mmap64` and
+//! `munmap`, so the loader's `bpf()` and `perf_event_open` calls (libbpf and bcc make them
+//! through `syscall()`), its ioctls on perf event descriptors and its mmaps of rings and
+//! maps are served by the userspace runtime, in the session named by `USERBPF_SESSION`.
+//! Everything else goes to the kernel untouched.
+//!
+//! Objects (maps, programs, BTF, links, perf events) are files in the session directory and
+//! the descriptors the loader gets are real descriptors of those files ([`objects`]), so
+//! `close`, `dup`, `fcntl`, `poll` and `epoll` work on them as on any file.
+//!
+//! Roles: in the loader (`USERBPF_LOADER_PID` is this process) the library serves the calls;
+//! in any other process (a child the loader starts, e.g. bpftrace's `-c`) it only acts as
+//! the agent (the `userbpf-agent` crate linked in), which attaches the session's links.
+
+use std::ffi::{c_int, c_long, c_ulong, c_void};
+use std::sync::OnceLock;
+
+pub mod bpf;
+pub mod mmap;
+pub mod objects;
+pub mod perf_event;
+pub mod sys;
+
+/// Environment variable: the pid of the loader whose calls are served.
+pub const LOADER_PID_ENV: &str = "USERBPF_LOADER_PID";
+
+/// `__NR_bpf` on x86-64.
+pub const SYS_BPF: c_long = 321;
+/// `__NR_perf_event_open` on x86-64.
+pub const SYS_PERF_EVENT_OPEN: c_long = 298;
+
+/// Whether this process is the loader whose calls are served.
+pub fn serving() -> bool {
+    static SERVING: OnceLock<bool> = OnceLock::new();
+    *SERVING.get_or_init(|| {
+        std::env::var(LOADER_PID_ENV).ok().and_then(|v| v.parse::<u32>().ok()) == Some(std::process::id())
+    })
+}
+
+/// Runs `f`, turning a panic into `EFAULT` (no unwinding across the C boundary).
+fn guarded(f: impl FnOnce() -> Result<i64, i32>) -> i64 {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            sys::set_errno(e);
+            -1
+        }
+        Err(_) => {
+            sys::set_errno(libc::EFAULT);
+            -1
+        }
+    }
+}
+
+/// libc's `syscall(2)`. Declared with six fixed arguments after the number: on x86-64 the
+/// variadic arguments arrive in the same registers (and the sixth on the stack, read but
+/// only passed on), so this is ABI-compatible with the variadic prototype.
+///
+/// # Safety
+/// As for libc's `syscall`.
+#[no_mangle]
+pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
+    if serving() {
+        match nr {
+            SYS_BPF => return guarded(|| bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32)),
+            SYS_PERF_EVENT_OPEN => {
+                return guarded(|| perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong))
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    sys::libc_ret(unsafe { sys::raw6(nr, a1, a2, a3, a4, a5, a6) })
+}
+
+/// libc's `ioctl(2)` (the third argument, when there is one, is a word in the same register).
+///
+/// # Safety
+/// As for libc's `ioctl`.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if serving() {
+        if let Some(r) = perf_event::ioctl(fd, req, arg) {
+            return guarded(|| r) as c_int;
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_ioctl, fd as i64, req as i64, arg as i64, 0, 0, 0) }) as c_int
+}
+
+/// libc's `mmap(2)`.
+///
+/// # Safety
+/// As for libc's `mmap`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+    if serving() && fd >= 0 {
+        if let Some(r) = mmap::mmap(addr, len, prot, flags, fd, off) {
+            return match r {
+                Ok(p) => p,
+                Err(e) => {
+                    sys::set_errno(e);
+                    libc::MAP_FAILED
+                }
+            };
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off) }) as *mut c_void
+}
+
+/// libc's `mmap64` (the same call on x86-64).
+///
+/// # Safety
+/// As for libc's `mmap64`.
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+    // SAFETY: the same contract.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// libc's `munmap(2)`.
+///
+/// # Safety
+/// As for libc's `munmap`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    if serving() {
+        mmap::munmap(addr, len);
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_munmap, addr as i64, len as i64, 0, 0, 0, 0) }) as c_int
+}
