@@ -11,10 +11,14 @@
 //! rings_off + i*stride ring i: one struct perf_event_mmap_page, then 2^n data pages
 //! ```
 //!
-//! Each ring is page-aligned and `(1 + data_pages) * 4096` bytes long
-//! ([`PerfEventArray::ring_file_range`]): mapping that range gives what mmap of a perf event
-//! fd gives (`data_head` at 1024, `data_tail` at 1032, `data_offset` = 4096 at 1040,
-//! `data_size` at 1048, data from the second page on).
+//! Each ring is page-aligned; ring slots are `(1 + max_data_pages) * 4096` bytes apart and a
+//! ring uses `(1 + data_pages) * 4096` of its slot ([`PerfEventArray::ring_file_range`]):
+//! mapping that range gives what mmap of a perf event fd gives (`data_head` at 1024,
+//! `data_tail` at 1032, `data_offset` = 4096 at 1040, `data_size` at 1048, data from the
+//! second page on). A ring's size can be changed ([`PerfEventArray::configure_ring`]) to the
+//! size a loader mmapped its perf event with, up to the slot's size (the file is laid out with
+//! [`MAX_PERF_DATA_PAGES`] per slot when created as a map; the part of a slot a ring does not
+//! use is never touched).
 //!
 //! # Records
 //!
@@ -34,7 +38,9 @@
 //! no size (a ring whose positions or records do not add up is reset to empty and reported as
 //! `EINVAL`). Wakeups as in the ring buffer module: a map-wide `waiting` word and futex word;
 //! writers make the `FUTEX_WAKE` call only when the consumer waits. One consumer at a time
-//! (an `flock`, as for the ring buffer).
+//! (an `flock`, as for the ring buffer). A watcher that wants to hear of new data in some
+//! rings only (a loader's poll on perf event descriptors) sets those rings' own `waiting`
+//! words ([`PerfEventArray::set_ring_waiting`]) instead of the map-wide one.
 
 use std::mem::offset_of;
 use std::os::fd::OwnedFd;
@@ -67,6 +73,9 @@ pub const BPF_F_INDEX_MASK: u64 = 0xffff_ffff;
 pub const BPF_F_CURRENT_CPU: u64 = BPF_F_INDEX_MASK;
 /// Data pages per ring unless told otherwise.
 pub const DEFAULT_PERF_DATA_PAGES: u32 = 8;
+/// Data pages a ring of a map created by [`PerfEventArray::create`] (or `Map::create`) can
+/// grow to (1 MiB): the largest perf buffer a loader can mmap for such a map.
+pub const MAX_PERF_DATA_PAGES: u32 = 256;
 
 /// Offsets in `struct perf_event_mmap_page` (uapi).
 pub const PERF_MMAP_DATA_HEAD: usize = 1024;
@@ -154,7 +163,13 @@ struct RingCtl {
     total_lost: AtomicU64,
     /// The `id` written in PERF_RECORD_LOST (the perf event's id).
     id: AtomicU64,
-    _pad: [u64; 4],
+    /// Bytes of the ring's data area (a power of 2 of pages, at most the slot's), or 0: no
+    /// ring yet (outputs get `ENOSPC`, as for a perf event nobody mmapped).
+    data_size: AtomicU64,
+    /// 1 while a watcher waits for data in this ring (see `set_ring_waiting`).
+    waiting: AtomicU32,
+    _pad1: u32,
+    _pad: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<RingCtl>() == CTL_SIZE);
@@ -195,7 +210,6 @@ struct Inner {
     /// For reopening the file for the consumer's lock when /proc is not mounted.
     path: Option<PathBuf>,
     geo: Geometry,
-    data_size: u64,
 }
 
 /// A `BPF_MAP_TYPE_PERF_EVENT_ARRAY` map. Cloning is cheap and shares the mapping.
@@ -235,11 +249,11 @@ impl PerfEventArray {
         Ok(())
     }
 
-    /// Bytes of the file for `spec` with [`DEFAULT_PERF_DATA_PAGES`] per ring (`nr_cpus`
+    /// Bytes of the file for `spec` with [`MAX_PERF_DATA_PAGES`] per ring slot (`nr_cpus`
     /// rings if max_entries is 0); None if the spec is invalid or the file too large.
     pub fn file_size(spec: &MapSpec, nr_cpus: u32) -> Option<u64> {
         Self::check(spec).ok()?;
-        geometry(nr_rings(spec, nr_cpus), DEFAULT_PERF_DATA_PAGES).ok().map(|g| g.file_size)
+        geometry(nr_rings(spec, nr_cpus), MAX_PERF_DATA_PAGES).ok().map(|g| g.file_size)
     }
 
     /// The smallest file a valid perf event array with this spec can have (one data page per
@@ -250,26 +264,31 @@ impl PerfEventArray {
         geometry(nr_rings(spec, nr_cpus), 1).ok().map(|g| g.file_size)
     }
 
-    /// Creates the map file at `path` with [`DEFAULT_PERF_DATA_PAGES`] data pages per ring
-    /// (see [`PerfEventArray::check`]). Every index starts attached (has a ring).
+    /// Creates the map file at `path` with [`DEFAULT_PERF_DATA_PAGES`] data pages per ring,
+    /// which can grow to [`MAX_PERF_DATA_PAGES`] (see [`PerfEventArray::check`]). Every index
+    /// starts attached (has a ring).
     pub fn create(path: &Path, spec: &MapSpec) -> Result<PerfEventArray, MapError> {
-        Self::create_with_pages(path, spec, DEFAULT_PERF_DATA_PAGES)
+        Self::create_sized(path, spec, DEFAULT_PERF_DATA_PAGES, MAX_PERF_DATA_PAGES)
     }
 
     /// As [`PerfEventArray::create`] with `data_pages` data pages per ring (a power of 2, as
-    /// perf's mmap requires, else `EINVAL`).
+    /// perf's mmap requires, else `EINVAL`), which is also the most a ring can have.
     pub fn create_with_pages(path: &Path, spec: &MapSpec, data_pages: u32) -> Result<PerfEventArray, MapError> {
+        Self::create_sized(path, spec, data_pages, data_pages)
+    }
+
+    fn create_sized(path: &Path, spec: &MapSpec, data_pages: u32, max_pages: u32) -> Result<PerfEventArray, MapError> {
         Self::check(spec)?;
-        if !data_pages.is_power_of_two() {
+        if !data_pages.is_power_of_two() || !max_pages.is_power_of_two() {
             return Err(MapError::new(libc::EINVAL, "perf_event_array: data pages must be a power of 2"));
         }
         let nr_cpus = header_nr_cpus();
-        let geo = geometry(nr_rings(spec, nr_cpus), data_pages)?;
+        let geo = geometry(nr_rings(spec, nr_cpus), max_pages)?;
         let len =
             usize::try_from(geo.file_size).map_err(|_| MapError::new(libc::E2BIG, "perf event array too large"))?;
         let shm = Shm::create(path, len).map_err(|e| io_error(e, "perf_event_array: cannot create the map file"))?;
         let spec = write_header(&shm, spec, nr_cpus);
-        match Self::init_with(Base { shm, spec, nr_cpus }, data_pages, Some(path.to_path_buf())) {
+        match Self::init_with(Base { shm, spec, nr_cpus }, max_pages, data_pages.min(max_pages), Some(path.to_path_buf())) {
             Ok(pa) => {
                 publish_header(&pa.inner.base.shm);
                 Ok(pa)
@@ -287,10 +306,10 @@ impl PerfEventArray {
     /// `base.nr_cpus`, in the header too.
     #[allow(dead_code)] // called by `Map` once wired
     pub(crate) fn init(base: Base) -> Result<PerfEventArray, MapError> {
-        Self::init_with(base, DEFAULT_PERF_DATA_PAGES, None)
+        Self::init_with(base, MAX_PERF_DATA_PAGES, DEFAULT_PERF_DATA_PAGES, None)
     }
 
-    fn init_with(mut base: Base, data_pages: u32, path: Option<PathBuf>) -> Result<PerfEventArray, MapError> {
+    fn init_with(mut base: Base, data_pages: u32, active_pages: u32, path: Option<PathBuf>) -> Result<PerfEventArray, MapError> {
         Self::check(&base.spec)?;
         if !data_pages.is_power_of_two() {
             return Err(MapError::new(libc::EINVAL, "perf_event_array: data pages must be a power of 2"));
@@ -309,22 +328,16 @@ impl PerfEventArray {
                     .store(nr, Ordering::Relaxed)
             };
         }
-        let data_size = data_pages as u64 * PAGE;
-        let pa = PerfEventArray { inner: Arc::new(Inner { base, path, geo, data_size }) };
+        let data_size = active_pages.min(data_pages) as u64 * PAGE;
+        let pa = PerfEventArray { inner: Arc::new(Inner { base, path, geo }) };
         for i in 0..nr {
             let ctl = pa.ctl(i);
             ctl.id.store(i as u64, Ordering::Relaxed);
             ctl.attached.store(1, Ordering::Relaxed);
-            let page = pa.ring_page(i).cast::<PerfEventMmapPage>();
-            // SAFETY: the ring's first page is inside the fresh file, page-aligned, and nobody
-            // else uses the file yet; we write fields of the zero-filled page as the kernel's
-            // perf_event_init_userpage does.
-            unsafe {
-                (*page).capabilities = 1 << 1; // cap_bit0_is_deprecated
-                (*page).size = offset_of!(PerfEventMmapPage, reserved) as u32;
-                (*page).data_offset = PAGE;
-                (*page).data_size = data_size;
-            }
+            ctl.data_size.store(data_size, Ordering::Relaxed);
+            // SAFETY: the ring's first page is inside the fresh file and nobody else uses
+            // the file yet.
+            unsafe { init_page(pa.ring_page(i), data_size) };
         }
         let m = pa.meta();
         m.nr_rings.store(nr, Ordering::Relaxed);
@@ -378,8 +391,7 @@ impl PerfEventArray {
         {
             return Err(bad("perf_event_array: file does not match its geometry"));
         }
-        let data_size = data_pages as u64 * PAGE;
-        Ok(PerfEventArray { inner: Arc::new(Inner { base, path, geo, data_size }) })
+        Ok(PerfEventArray { inner: Arc::new(Inner { base, path, geo }) })
     }
 
     /// What every map type keeps (the mapping, spec, CPU count).
@@ -398,8 +410,13 @@ impl PerfEventArray {
         self.inner.geo.nr
     }
 
-    /// Data pages per ring.
+    /// Data pages of ring 0 (every ring has this many until [`PerfEventArray::configure_ring`]).
     pub fn data_pages(&self) -> u32 {
+        (self.ring_size(0) / PAGE) as u32
+    }
+
+    /// The most data pages a ring of this map can have.
+    pub fn max_data_pages(&self) -> u32 {
         self.inner.geo.data_pages
     }
 
@@ -407,7 +424,76 @@ impl PerfEventArray {
     /// exactly what `mmap(NULL, length, ..., perf_fd, 0)` maps for a perf event.
     pub fn ring_file_range(&self, index: u32) -> Option<(u64, u64)> {
         (index < self.inner.geo.nr)
-            .then(|| (self.inner.geo.rings_off + index as u64 * self.inner.geo.stride, self.inner.geo.stride))
+            .then(|| (self.inner.geo.rings_off + index as u64 * self.inner.geo.stride, PAGE + self.ring_size(index)))
+    }
+
+    /// Bytes of ring `index`'s data area (0: no ring). Precondition: index < nr. A value
+    /// the layout does not allow (a damaged file) reads as 0.
+    #[inline]
+    fn ring_size(&self, index: u32) -> u64 {
+        let s = self.ctl(index).data_size.load(Ordering::Acquire);
+        if s.is_power_of_two() && s >= PAGE && s <= self.inner.geo.data_pages as u64 * PAGE {
+            s
+        } else {
+            0
+        }
+    }
+
+    /// Gives ring `index` `data_pages` data pages (a power of 2, at most
+    /// [`PerfEventArray::max_data_pages`], else `EINVAL`; 0: no ring, outputs get `ENOSPC`),
+    /// empties it and sets the id its PERF_RECORD_LOST records carry: what creating a perf
+    /// event's ring buffer by mmap does. Returns the ring's new file range. Not for a hot
+    /// path (takes the ring's lock; a consumer reading the ring meanwhile sees it emptied).
+    pub fn configure_ring(&self, index: u32, data_pages: u32, id: u64) -> Result<(u64, u64), MapError> {
+        self.check_index(index)?;
+        if data_pages != 0 && (!data_pages.is_power_of_two() || data_pages > self.inner.geo.data_pages) {
+            return Err(MapError::new(libc::EINVAL, "perf_event_array: ring size must be a power of 2 of pages within the map's slot"));
+        }
+        let ctl = self.ctl(index);
+        let guard = SpinLock::new(&ctl.lock)
+            .lock(Wait::Sys)
+            .map_err(|_| MapError::new(libc::EBUSY, "perf_event_array: ring lock busy"))?;
+        let size = data_pages as u64 * PAGE;
+        ctl.data_size.store(0, Ordering::Release);
+        // SAFETY: the ring's first page lies inside the file (index checked); writers are
+        // excluded by the lock and see data_size 0 until the store below.
+        unsafe { init_page(self.ring_page(index), size) };
+        ctl.lost.store(0, Ordering::Relaxed);
+        ctl.id.store(id, Ordering::Relaxed);
+        ctl.data_size.store(size, Ordering::Release);
+        drop(guard);
+        Ok(self.ring_file_range(index).unwrap_or((0, 0)))
+    }
+
+    /// Sets or clears ring `index`'s `waiting` word: while set, a writer to that ring bumps the
+    /// map's futex word ([`PerfEventArray::wake_word`]) and wakes its waiters.
+    pub fn set_ring_waiting(&self, index: u32, on: bool) {
+        if index < self.inner.geo.nr {
+            self.ctl(index).waiting.store(on as u32, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether ring `index` holds records not consumed yet (sequentially consistent: pairs with
+    /// writers' store of data_head and load of `waiting`).
+    pub fn ring_has_data(&self, index: u32) -> bool {
+        if index >= self.inner.geo.nr {
+            return false;
+        }
+        let page = self.ring_page(index);
+        self.head(page).load(Ordering::SeqCst) != self.tail(page).load(Ordering::SeqCst)
+    }
+
+    /// The map's futex word: bumped by every wakeup.
+    pub fn wake_word(&self) -> &AtomicU32 {
+        &self.meta().wake_seq
+    }
+
+    /// Bumps the futex word and wakes whoever waits on it (e.g. a watcher that must look at
+    /// its rings again).
+    pub fn wake_watchers(&self) {
+        let m = self.meta();
+        m.wake_seq.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&m.wake_seq);
     }
 
     /// Puts a ring at `index` (like storing a perf event fd there): outputs go to it.
@@ -489,12 +575,12 @@ impl PerfEventArray {
     /// # Safety
     /// `page` is a ring page of this map, `len` <= data size, and `src` (if not null) is
     /// readable for `len` bytes.
-    unsafe fn write_wrapped(&self, page: *mut u8, pos: u64, src: *const u8, len: usize) {
+    unsafe fn write_wrapped(&self, page: *mut u8, data_size: u64, pos: u64, src: *const u8, len: usize) {
         if len == 0 {
             return;
         }
-        let size = self.inner.data_size as usize;
-        let off = (pos & (self.inner.data_size - 1)) as usize;
+        let size = data_size as usize;
+        let off = (pos & (data_size - 1)) as usize;
         let first = len.min(size - off);
         // SAFETY: data = page + 4096 spans `size` bytes; [off, off + first) and
         // [0, len - first) are inside it; `src` is readable for len bytes by contract.
@@ -550,6 +636,12 @@ impl PerfEventArray {
             ctl.total_lost.fetch_add(1, Ordering::Relaxed);
             return Err(MapError::new(libc::EBUSY, "perf_event_output: ring lock busy"));
         };
+        // Read under the lock: configure_ring changes it holding the lock.
+        let dsize = self.ring_size(index);
+        if dsize == 0 {
+            drop(guard);
+            return Err(MapError::new(libc::ENOSPC, "perf_event_output: the perf event has no ring buffer"));
+        }
         let page = self.ring_page(index);
         let head_a = self.head(page);
         let head = head_a.load(Ordering::Relaxed);
@@ -557,7 +649,7 @@ impl PerfEventArray {
         let tail = self.tail(page).load(Ordering::Acquire);
         let lost = ctl.lost.load(Ordering::Relaxed);
         let need = rec + if lost > 0 { LOST_REC } else { 0 };
-        let space = tail.wrapping_sub(head).wrapping_sub(1) & (self.inner.data_size - 1);
+        let space = tail.wrapping_sub(head).wrapping_sub(1) & (dsize - 1);
         if space < need {
             ctl.lost.fetch_add(1, Ordering::Relaxed);
             ctl.total_lost.fetch_add(1, Ordering::Relaxed);
@@ -574,7 +666,7 @@ impl PerfEventArray {
             r[8..16].copy_from_slice(&ctl.id.load(Ordering::Relaxed).to_ne_bytes());
             r[16..24].copy_from_slice(&n.to_ne_bytes());
             // SAFETY: page is ring `index`'s; 24 bytes <= data size (checked by space).
-            unsafe { self.write_wrapped(page, pos, r.as_ptr(), r.len()) };
+            unsafe { self.write_wrapped(page, dsize, pos, r.as_ptr(), r.len()) };
             pos = pos.wrapping_add(LOST_REC);
         }
         let mut h = [0u8; SAMPLE_HDR as usize];
@@ -585,21 +677,38 @@ impl PerfEventArray {
         // SAFETY: the whole record (rec bytes) fits in the free space, checked above; `data`
         // is readable for `size` bytes by the caller's contract; the pad is zeroed.
         unsafe {
-            self.write_wrapped(page, pos, h.as_ptr(), h.len());
-            self.write_wrapped(page, pos.wrapping_add(SAMPLE_HDR), data, size as usize);
-            self.write_wrapped(page, pos.wrapping_add(SAMPLE_HDR + size), ptr::null(), (raw_size - size) as usize);
+            self.write_wrapped(page, dsize, pos, h.as_ptr(), h.len());
+            self.write_wrapped(page, dsize, pos.wrapping_add(SAMPLE_HDR), data, size as usize);
+            self.write_wrapped(page, dsize, pos.wrapping_add(SAMPLE_HDR + size), ptr::null(), (raw_size - size) as usize);
         }
         pos = pos.wrapping_add(rec);
         // Release publishes the records; sequentially consistent for the wakeup protocol.
         head_a.store(pos, Ordering::SeqCst);
         drop(guard);
         let m = self.meta();
-        if m.waiting.load(Ordering::SeqCst) != 0 {
+        if m.waiting.load(Ordering::SeqCst) != 0 || ctl.waiting.load(Ordering::SeqCst) != 0 {
             m.wake_seq.fetch_add(1, Ordering::SeqCst);
             m.wakeups.fetch_add(1, Ordering::Relaxed);
             futex_wake(&m.wake_seq);
         }
         Ok(())
+    }
+}
+
+/// Writes a ring's perf_event_mmap_page as the kernel's perf_event_init_userpage does (and
+/// empties the ring).
+///
+/// # Safety
+/// `page` is a ring's first page in a live mapping, not written concurrently.
+unsafe fn init_page(page: *mut u8, data_size: u64) {
+    // SAFETY: by the contract, a whole page we may write.
+    unsafe {
+        ptr::write_bytes(page, 0, PAGE_SIZE);
+        let p = page.cast::<PerfEventMmapPage>();
+        (*p).capabilities = 1 << 1; // cap_bit0_is_deprecated
+        (*p).size = offset_of!(PerfEventMmapPage, reserved) as u32;
+        (*p).data_offset = PAGE;
+        (*p).data_size = data_size;
     }
 }
 
@@ -671,7 +780,10 @@ impl PerfConsumer {
         let page = pa.ring_page(index);
         let head_a = pa.head(page);
         let tail_a = pa.tail(page);
-        let size = pa.inner.data_size;
+        let size = pa.ring_size(index);
+        if size == 0 {
+            return Ok(0);
+        }
         let head = head_a.load(Ordering::Acquire);
         let mut tail = tail_a.load(Ordering::Relaxed);
         if head.wrapping_sub(tail) >= size || !tail.is_multiple_of(8) {

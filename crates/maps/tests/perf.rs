@@ -532,3 +532,50 @@ fn writers_recover_from_a_dead_lock_holder() {
     let mut c = PerfConsumer::new(&pa).unwrap();
     assert_eq!(collect(&mut c), vec![Ev::Sample(1, padded(b"still works"))]);
 }
+
+#[test]
+fn rings_are_resized_to_the_loaders_mmap_and_emptied() {
+    let d = TestDir::new("resize");
+    let p = d.path("pa");
+    let pa = PerfEventArray::create(&p, &spec(2)).unwrap();
+    assert_eq!(pa.data_pages(), 8);
+    assert_eq!(pa.max_data_pages(), userbpf_maps::perf::MAX_PERF_DATA_PAGES);
+    let (off0, len0) = pa.ring_file_range(0).unwrap();
+    assert_eq!(len0, 9 * PAGE);
+    out(&pa, 0, 0, b"old").unwrap();
+    // A loader mmapped its event with 1 + 64 pages: ring 0 becomes that, empty, with the id.
+    assert_eq!(pa.configure_ring(0, 64, 77).unwrap(), (off0, 65 * PAGE));
+    assert_eq!(read_u64(&p, off0 + PERF_MMAP_DATA_SIZE as u64), 64 * PAGE);
+    assert_eq!(read_u64(&p, off0 + PERF_MMAP_DATA_HEAD as u64), 0);
+    assert_eq!(pa.ring_file_range(1).unwrap().1, 9 * PAGE, "other rings keep their size");
+    // Another process's view of the same file sees the new size.
+    let other = PerfEventArray::open(&p).unwrap();
+    let big = vec![7u8; 40_000];
+    out(&other, 0, 0, &big).unwrap(); // does not fit 8 pages, fits 64
+    let mut c = PerfConsumer::new(&pa).unwrap();
+    assert_eq!(collect(&mut c), vec![Ev::Sample(0, padded(&big))]);
+    // Sizes that are not a power of 2 or beyond the slot are refused; 0 means no ring.
+    assert_eq!(pa.configure_ring(0, 3, 0).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(pa.configure_ring(0, 512, 0).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(pa.configure_ring(5, 1, 0).unwrap_err().errno(), libc::E2BIG);
+    pa.configure_ring(1, 0, 0).unwrap();
+    assert_eq!(out(&pa, 1, 0, b"x").unwrap_err().errno(), libc::ENOSPC);
+}
+
+#[test]
+fn a_ring_watcher_is_woken_by_that_ring_only() {
+    let d = TestDir::new("ringwait");
+    let pa = PerfEventArray::create(&d.path("pa"), &spec(2)).unwrap();
+    let seq = pa.wake_word().load(Ordering::SeqCst);
+    out(&pa, 0, 0, b"a").unwrap();
+    assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq, "nobody waits: no wakeup");
+    assert!(pa.ring_has_data(0) && !pa.ring_has_data(1));
+    pa.set_ring_waiting(1, true);
+    out(&pa, 0, 0, b"b").unwrap();
+    assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq, "ring 0 is not watched");
+    out(&pa, 1, 0, b"c").unwrap();
+    assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 1);
+    pa.set_ring_waiting(1, false);
+    pa.wake_watchers();
+    assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 2);
+}
