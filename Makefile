@@ -6,8 +6,11 @@ USERBPF := target/release/userbpf
 
 # eBPF C examples, compiled by clang into the build directory (never committed).
 BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu
+# libbpf programs with a skeleton (`bpftool gen skeleton`, generated into target/libbpf).
+LIBBPF_EXAMPLES := $(patsubst examples/libbpf/%.bpf.c,target/libbpf/%,$(wildcard examples/libbpf/*.bpf.c))
 EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c)) \
-	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c))
+	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
+	$(LIBBPF_EXAMPLES)
 
 .PHONY: all deps build test unit conformance bench demo clean examples
 
@@ -29,6 +32,18 @@ target/bpf/%.bpf.o: examples/bpf/%.bpf.c
 target/examples/%: examples/targets/%.c
 	@mkdir -p $(dir $@)
 	cc -O2 -g -fno-omit-frame-pointer -o $@ $<
+
+target/libbpf/%.bpf.o: examples/libbpf/%.bpf.c $(wildcard examples/libbpf/*.h)
+	@mkdir -p $(dir $@)
+	clang $(BPF_CFLAGS) -c -o $@ $<
+
+target/libbpf/%.skel.h: target/libbpf/%.bpf.o
+	bpftool gen skeleton $< name $(subst -,_,$*)_bpf > $@
+
+.SECONDARY: $(LIBBPF_EXAMPLES:%=%.bpf.o) $(LIBBPF_EXAMPLES:%=%.skel.h)
+
+$(LIBBPF_EXAMPLES): target/libbpf/%: examples/libbpf/%.c target/libbpf/%.skel.h
+	cc -O2 -g -Wall -Itarget/libbpf -Iexamples/libbpf -o $@ $< -lbpf -lelf -lz
 
 test: build unit conformance
 

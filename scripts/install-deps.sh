@@ -14,6 +14,9 @@ want llvm-mc llvm
 want clang clang
 want bpftool bpftool
 want fio fio
+# The loader tests (`userbpf load`) compare against the real tools through the kernel.
+want bpftrace bpftrace
+[ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/x86_64-linux-gnu/sys/sdt.h ] || [ -f /usr/include/sys/sdt.h ] || need+=(systemtap-sdt-dev)
 
