@@ -747,6 +747,36 @@ impl RingBuf {
         self.meta().wakeups.load(Ordering::Relaxed)
     }
 
+    /// For a watcher of a consumer that reads the ring itself (a loader's libbpf through its
+    /// own mmap): sets or clears the `waiting` word, as a consumer about to sleep does, so
+    /// producers wake the futex word ([`RingBuf::wake_word`]) when the record at
+    /// `consumer_pos` is committed.
+    pub fn set_waiting(&self, on: bool) {
+        self.meta().waiting.store(on as u32, Ordering::SeqCst);
+    }
+
+    /// The futex word producers bump when they wake a waiter.
+    pub fn wake_word(&self) -> &AtomicU32 {
+        &self.meta().wake_seq
+    }
+
+    /// Bumps the futex word and wakes whoever waits on it.
+    pub fn wake_watchers(&self) {
+        self.wake();
+    }
+
+    /// Whether the record at `consumer_pos` is committed (see `RingBufConsumer`'s readiness
+    /// check: call it after `set_waiting(true)`).
+    pub fn has_committed_record(&self) -> bool {
+        let cons = self.consumer_pos().load(Ordering::Relaxed);
+        let len = self.hdr_len(cons).load(Ordering::SeqCst);
+        let prod = self.producer_pos().load(Ordering::Acquire);
+        if cons >= prod || prod - cons > self.inner.size {
+            return false;
+        }
+        len & BPF_RINGBUF_BUSY_BIT == 0
+    }
+
     /// Reservations that gave up waiting for the reservation lock (statistics).
     pub fn lock_failures(&self) -> u64 {
         self.meta().lock_failures.load(Ordering::Relaxed)

@@ -16,6 +16,7 @@
 use std::ffi::{c_int, c_long, c_ulong, c_void};
 use std::sync::OnceLock;
 
+pub mod attach;
 pub mod bpf;
 pub mod mmap;
 pub mod objects;
@@ -132,3 +133,77 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_munmap, addr as i64, len as i64, 0, 0, 0, 0) }) as c_int
 }
+
+/// libc's `epoll_wait(2)`: in the loader, rings it has emptied stop polling readable first
+/// ([`mmap::before_wait`]).
+///
+/// # Safety
+/// As for libc's `epoll_wait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
+    if serving() {
+        mmap::before_wait();
+    }
+    // SAFETY: the caller's arguments, passed on unchanged (epoll_pwait with no mask is epoll_wait).
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, 0, 8) }) as c_int
+}
+
+/// libc's `epoll_pwait(2)`.
+///
+/// # Safety
+/// As for libc's `epoll_pwait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int {
+    if serving() {
+        mmap::before_wait();
+    }
+    // SAFETY: the caller's arguments; the kernel's sigset is 8 bytes.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, mask as i64, 8) }) as c_int
+}
+
+/// libc's `poll(2)`.
+///
+/// # Safety
+/// As for libc's `poll`.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+    if serving() {
+        mmap::before_wait();
+    }
+    // SAFETY: the caller's arguments, passed on unchanged.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_poll, fds as i64, nfds as i64, timeout as i64, 0, 0, 0) }) as c_int
+}
+
+/// libc's `ppoll(2)`.
+///
+/// # Safety
+/// As for libc's `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int {
+    if serving() {
+        mmap::before_wait();
+    }
+    // SAFETY: the caller's arguments; the kernel may write the remaining time back into a
+    // copy only (glibc passes a copy too), so we pass a copy.
+    let mut copy = if ts.is_null() { None } else { Some(unsafe { *ts }) };
+    let tp = copy.as_mut().map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
+    // SAFETY: as above.
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_ppoll, fds as i64, nfds as i64, tp as i64, mask as i64, 8, 0) }) as c_int
+}
+
+/// At load: in a process the loader started (not the loader: it starts its agent when it
+/// makes links), act as the agent of the session.
+extern "C" fn server_init() {
+    if serving() || std::env::var_os(userbpf_runtime::session::SESSION_ENV).is_none() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        if let Err(e) = userbpf_agent::Agent::start() {
+            eprintln!("userbpf-agent: {e}");
+        }
+    });
+}
+
+#[used]
+#[link_section = ".init_array"]
+static SERVER_INIT: extern "C" fn() = server_init;

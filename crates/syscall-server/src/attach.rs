@@ -1,0 +1,429 @@
+//! Where the loader's programs run.
+//!
+//! - uprobes and tracepoints become session links ([`LinkRecord`]): the agent of every process
+//!   the link is for attaches it, the loader's own agent included (links on the loader's
+//!   binary or pid, e.g. bpftrace's `BEGIN_trigger`). The loader's agent is synced before the
+//!   ioctl or `LINK_CREATE` returns, so a probe on the loader is in place when the loader
+//!   goes on to call the probed function. Targets started with `userbpf start` pick links up
+//!   through their agent's watcher, whichever of loader and target starts first.
+//! - CPU/task clock events run their program from a timer thread in the loader.
+//!
+//! Detaching follows the kernel: `PERF_EVENT_IOC_DISABLE`, `LINK_DETACH`, the last
+//! descriptor of the event (or of the link) closed — seen by a thread watching the session's
+//! `perf/` directory with inotify (`IN_CLOSE_*`, then a look at `/proc/self/fd`) — or the
+//! loader exiting (an `atexit` handler removes every link it made).
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
+
+use userbpf_runtime::context::{CpuSlots, RunContext};
+use userbpf_runtime::{Engine, LinkRecord, LoadedProgram};
+
+use crate::objects::{self, Kind};
+use crate::perf_event::{with_events, Spec};
+
+/// What runs for an attachment.
+enum Running {
+    /// A session link (its id).
+    Link(u32),
+    /// A timer thread (stop flag, thread handle for unparking).
+    Timer(Arc<AtomicBool>, std::thread::Thread),
+}
+
+/// An attachment: the event's SET_BPF program while enabled, or a `LINK_CREATE` link.
+struct Attachment {
+    event: u32,
+    prog: u32,
+    running: Running,
+}
+
+/// Attachments by key: `Set(event id)` or `Link(link id)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Key {
+    Set(u32),
+    Link(u32),
+}
+
+static ATTACHED: Mutex<Option<HashMap<Key, Attachment>>> = Mutex::new(None);
+
+fn attached<T>(f: impl FnOnce(&mut HashMap<Key, Attachment>) -> T) -> T {
+    let mut g = ATTACHED.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+fn io_errno(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// The file a `LINK_CREATE(BPF_PERF_EVENT)` link's descriptor opens (created by
+/// [`create_bpf_link`]); closing its last descriptor detaches the link.
+pub fn link_file(link_id: u32) -> PathBuf {
+    match objects::session() {
+        Ok(s) => s.dir().join("perf").join(format!("link-{link_id}")),
+        Err(_) => PathBuf::from(format!("/nonexistent/link-{link_id}")),
+    }
+}
+
+/// Syncs the loader's own agent (attaches links for this process, detaches removed ones).
+fn sync_agent() {
+    match userbpf_agent::Agent::start() {
+        Ok(a) => a.lock().unwrap_or_else(|e| e.into_inner()).sync(),
+        Err(e) => eprintln!("userbpf: the loader's agent did not start ({e}): probes on the loader itself will not run"),
+    }
+}
+
+fn at_exit_once() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        extern "C" fn on_exit() {
+            let _ = std::panic::catch_unwind(detach_all);
+        }
+        // SAFETY: registering a function with no preconditions to run at exit.
+        unsafe { libc::atexit(on_exit) };
+    });
+}
+
+/// Removes every attachment of this loader (at exit).
+pub fn detach_all() {
+    let all: Vec<Attachment> = attached(|m| m.drain().map(|(_, a)| a).collect());
+    let mut any_link = false;
+    for a in all {
+        any_link |= matches!(a.running, Running::Link(_));
+        stop(a);
+    }
+    if any_link {
+        sync_agent();
+    }
+}
+
+fn stop(a: Attachment) {
+    match a.running {
+        Running::Link(id) => {
+            if let Ok(s) = objects::session() {
+                let _ = s.remove_link(id);
+            }
+        }
+        Running::Timer(flag, thread) => {
+            flag.store(true, Ordering::SeqCst);
+            thread.unpark();
+        }
+    }
+}
+
+/// Starts what event `event` with program `prog` and `cookie` runs.
+fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
+    let spec = crate::perf_event::event_spec(event).ok_or(libc::EBADF)?;
+    let record = |kind: &str, path: String, func: Option<String>, offset: u64, pid: Option<u32>| LinkRecord {
+        id: 0,
+        prog_id: prog,
+        kind: kind.to_string(),
+        path,
+        func,
+        offset,
+        cookie,
+        pid,
+    };
+    let rec = match spec {
+        Spec::Uprobe { path, func, offset, retprobe, pid, .. } => {
+            record(if retprobe { "uretprobe" } else { "uprobe" }, path, func, offset, pid)
+        }
+        Spec::Tracepoint { func, pid } => record("tracepoint", String::new(), Some(func), 0, pid),
+        Spec::Clock { .. } => return start_timer(event, prog, cookie),
+        Spec::Output { .. } => return Err(libc::EINVAL),
+    };
+    let s = objects::session()?;
+    let rec = s.add_link(rec).map_err(io_errno)?;
+    at_exit_once();
+    Ok(Running::Link(rec.id))
+}
+
+/// Re-evaluates event `id` after SET_BPF, ENABLE or DISABLE: its SET_BPF program runs while
+/// the event is enabled.
+pub fn update_event(id: u32) -> Result<(), i32> {
+    let (want, prog) = with_events(|ev| {
+        ev.iter().find(|e| e.id == id).map(|e| (e.enabled && e.prog.is_some(), e.prog.unwrap_or(0))).unwrap_or((false, 0))
+    });
+    let have = attached(|m| m.contains_key(&Key::Set(id)));
+    if want && !have {
+        let running = start(id, prog, 0)?;
+        let is_link = matches!(running, Running::Link(_));
+        attached(|m| m.insert(Key::Set(id), Attachment { event: id, prog, running }));
+        if is_link {
+            sync_agent();
+        }
+    } else if !want && have {
+        if let Some(a) = attached(|m| m.remove(&Key::Set(id))) {
+            let is_link = matches!(a.running, Running::Link(_));
+            stop(a);
+            if is_link {
+                sync_agent();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `LINK_CREATE(BPF_PERF_EVENT)`: the program runs from now on (whatever the event's enable
+/// state, as a libbpf loader expects); returns the link id, whose descriptor opens
+/// [`link_file`].
+pub fn create_bpf_link(event: u32, prog: u32, cookie: u64) -> Result<u32, i32> {
+    let running = start(event, prog, cookie)?;
+    let id = match &running {
+        Running::Link(id) => *id,
+        Running::Timer(..) => objects::session()?.alloc_id().map_err(io_errno)?,
+    };
+    let path = link_file(id);
+    if let Err(e) = std::fs::write(&path, format!("{event}\n")) {
+        stop(Attachment { event, prog, running });
+        return Err(io_errno(e));
+    }
+    let is_link = matches!(running, Running::Link(_));
+    attached(|m| m.insert(Key::Link(id), Attachment { event, prog, running }));
+    with_events(|ev| {
+        if let Some(e) = ev.iter_mut().find(|e| e.id == event) {
+            e.bpf_links.push(id);
+        }
+    });
+    if is_link {
+        sync_agent();
+    }
+    watch_closes();
+    Ok(id)
+}
+
+/// Stops link `link_id` (`LINK_DETACH`, or its last descriptor closed): `ENOENT` if unknown.
+pub fn remove_bpf_link(link_id: u32) -> Result<(), i32> {
+    let a = attached(|m| m.remove(&Key::Link(link_id))).ok_or(libc::ENOENT)?;
+    with_events(|ev| {
+        if let Some(e) = ev.iter_mut().find(|e| e.id == a.event) {
+            e.bpf_links.retain(|l| *l != link_id);
+        }
+    });
+    let is_link = matches!(a.running, Running::Link(_));
+    stop(a);
+    if is_link {
+        sync_agent();
+    }
+    Ok(())
+}
+
+/// The prog id a `LINK_CREATE` link runs, if it is one of ours.
+pub fn bpf_link_prog(link_id: u32) -> Option<u32> {
+    attached(|m| m.get(&Key::Link(link_id)).map(|a| a.prog))
+}
+
+// ---- timers: CPU/task clock events ----
+
+fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
+    static CACHE: Mutex<Option<HashMap<u32, Arc<LoadedProgram>>>> = Mutex::new(None);
+    static SLOTS: OnceLock<Result<Arc<CpuSlots>, i32>> = OnceLock::new();
+    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = g.get_or_insert_with(HashMap::new);
+    if let Some(p) = cache.get(&prog_id) {
+        return Ok(p.clone());
+    }
+    let s = objects::session()?;
+    let slots = SLOTS
+        .get_or_init(|| CpuSlots::open(&s.dir().join("cpus")).map(Arc::new).map_err(io_errno))
+        .clone()?;
+    let rec = s.progs().map_err(io_errno)?.into_iter().find(|p| p.id == prog_id).ok_or(libc::EBADF)?;
+    let engine = if std::env::var("USERBPF_INTERPRETER").is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
+    let prog = userbpf_runtime::loader::prepare_record(s, &rec, userbpf_runtime::helpers::registry(), engine, slots)
+        .map_err(|e| {
+            eprintln!("userbpf: program {prog_id}: {e}");
+            libc::EINVAL
+        })?;
+    let prog = Arc::new(prog);
+    userbpf_runtime::programs::register(prog.clone());
+    cache.insert(prog_id, prog.clone());
+    Ok(prog)
+}
+
+/// `struct bpf_perf_event_data`: `pt_regs` (21 words), `sample_period`, `addr`.
+#[repr(C)]
+struct PerfEventData {
+    regs: [u64; 21],
+    sample_period: u64,
+    addr: u64,
+}
+
+fn period_of(event: u32) -> Option<Duration> {
+    match crate::perf_event::event_spec(event)? {
+        Spec::Clock { period, freq: false, .. } => Some(Duration::from_nanos(period.max(1000))),
+        Spec::Clock { period, freq: true, .. } => Some(Duration::from_nanos((1_000_000_000 / period.max(1)).max(1000))),
+        _ => None,
+    }
+}
+
+fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Running, i32> {
+    let prog = prepared(prog_id)?;
+    let period = period_of(event).ok_or(libc::EINVAL)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let t = std::thread::Builder::new()
+        .name(format!("userbpf-timer-{event}"))
+        .spawn(move || {
+            let mut period = period;
+            let mut next = Instant::now() + period;
+            loop {
+                let now = Instant::now();
+                if now < next {
+                    std::thread::park_timeout(next - now);
+                }
+                if flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                if Instant::now() < next {
+                    // Unparked early: the period may have changed.
+                    if let Some(p) = period_of(event) {
+                        if p != period {
+                            next = next - period + p;
+                            period = p;
+                        }
+                    }
+                    continue;
+                }
+                let mut data = PerfEventData { regs: [0; 21], sample_period: period.as_nanos() as u64, addr: 0 };
+                let info = RunContext { regs: data.regs.as_ptr() as u64, cookie, ..Default::default() };
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    prog.run((&mut data as *mut PerfEventData).cast(), std::mem::size_of::<PerfEventData>(), info)
+                }));
+                next += period;
+                let now = Instant::now();
+                if next < now {
+                    // Fell behind (a slow program, a stopped process): no burst of catch-up runs.
+                    next = now + period;
+                }
+            }
+        })
+        .map_err(|_| libc::EAGAIN)?;
+    Ok(Running::Timer(stop, t.thread().clone()))
+}
+
+/// Tells event `id`'s timer its period changed.
+pub fn refresh_timer(id: u32) {
+    attached(|m| {
+        for a in m.values() {
+            if a.event == id {
+                if let Running::Timer(_, t) = &a.running {
+                    t.unpark();
+                }
+            }
+        }
+    });
+}
+
+// ---- last close of an event or link descriptor ----
+
+/// Whether a descriptor of this process other than our own refers to the file `(dev, ino)`.
+fn open_elsewhere(dev: u64, ino: u64) -> bool {
+    let own = crate::mmap::internal_fds();
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else { return true };
+    for e in rd.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if own.contains(&fd) {
+            continue;
+        }
+        // SAFETY: an all-zero stat is valid plain data; fstat writes one struct stat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `st` lives across the call.
+        let r = unsafe { crate::sys::raw6(libc::SYS_fstat, fd as i64, &mut st as *mut libc::stat as i64, 0, 0, 0, 0) };
+        if r == 0 && st.st_dev == dev && st.st_ino == ino {
+            return true;
+        }
+    }
+    false
+}
+
+/// The event or link file `name` in `perf/` was closed somewhere: detach if no descriptor of
+/// it is left.
+fn on_close(dir: &std::path::Path, name: &str) {
+    let path = dir.join(name);
+    let Ok(md) = std::fs::metadata(&path) else { return };
+    if open_elsewhere(md.dev(), md.ino()) {
+        return;
+    }
+    if let Some(link) = name.strip_prefix("link-").and_then(|s| s.parse::<u32>().ok()) {
+        if remove_bpf_link(link).is_ok() {
+            objects::forget(Kind::Link, link);
+            let _ = std::fs::remove_file(&path);
+        }
+        return;
+    }
+    let Ok(id) = name.parse::<u32>() else { return };
+    if !with_events(|ev| ev.iter().any(|e| e.id == id)) {
+        return;
+    }
+    close_event(id);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The last descriptor of event `id` is gone: its SET_BPF program stops (links made on it
+/// keep it, as in the kernel, until they go).
+pub fn close_event(id: u32) {
+    with_events(|ev| {
+        if let Some(e) = ev.iter_mut().find(|e| e.id == id) {
+            e.prog = None;
+            e.enabled = false;
+        }
+    });
+    let _ = update_event(id);
+    crate::mmap::event_closed(id);
+    objects::forget(Kind::PerfEvent, id);
+    with_events(|ev| ev.retain(|e| e.id != id || !e.bpf_links.is_empty()));
+}
+
+/// Starts (once) the thread that sees descriptors of events and links closed.
+pub fn watch_closes() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let Ok(s) = objects::session() else { return };
+        let dir = s.dir().join("perf");
+        let _ = std::fs::create_dir_all(&dir);
+        let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return };
+        // SAFETY: inotify_init1 has no preconditions; the descriptor stays with the thread.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return;
+        }
+        crate::mmap::add_internal_fd(fd);
+        // SAFETY: `c` is a NUL-terminated path; `fd` is our inotify descriptor.
+        if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_CLOSE_NOWRITE) } < 0 {
+            return;
+        }
+        let _ = std::thread::Builder::new().name("userbpf-closes".into()).spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                // SAFETY: reading into our buffer, of its length.
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if n <= 0 {
+                    if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return;
+                }
+                let mut off = 0usize;
+                let mut names = Vec::new();
+                while off + std::mem::size_of::<libc::inotify_event>() <= n as usize {
+                    // SAFETY: the kernel wrote whole inotify_event records into buf[..n].
+                    let ev = unsafe { buf.as_ptr().add(off).cast::<libc::inotify_event>().read_unaligned() };
+                    let name_off = off + std::mem::size_of::<libc::inotify_event>();
+                    let name_end = (name_off + ev.len as usize).min(n as usize);
+                    let raw = &buf[name_off..name_end];
+                    let name = String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned();
+                    if !name.is_empty() && !names.contains(&name) {
+                        names.push(name);
+                    }
+                    off = name_end;
+                }
+                for name in names {
+                    let _ = std::panic::catch_unwind(|| on_close(&dir, &name));
+                }
+            }
+        });
+    });
+}
