@@ -4,14 +4,33 @@
 //! hooks; a thread watching the session's `links/` directory (inotify: notified, never
 //! polled on the hot path) attaches links added later and detaches removed ones.
 //!
+//! Which links apply here: a uprobe, uretprobe or USDT link names a file (empty: the
+//! executable); it is attached in a process where that file is mapped, and waits silently
+//! otherwise: the agent runs in every process of the command tree (`sh -c`, wrappers), and
+//! only the ones mapping the target say anything. A library loaded later with dlopen is
+//! seen before dlopen returns (`userbpf_hook::dlnotify`: the loader's debugger
+//! notification), and its links are attached then, before its constructors run; when it is
+//! unloaded its probes are forgotten and its links wait for it again. A link naming no file
+//! attaches only in a process whose executable has the function (or USDT probe). System call
+//! tracepoints attach in every process. A link restricted to a pid attaches only there.
+//!
+//! fork: the child keeps the parent's hooks (they are in the copied address space);
+//! `pthread_atfork` handlers keep the agent's and the hook engine's locks consistent, and the
+//! child starts its own watcher thread, which joins the session as a member of its own and
+//! detaches links meant for another pid. exec: `LD_PRELOAD` and `USERBPF_SESSION` are
+//! inherited, so the new image loads the agent and attaches again.
+//!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
-//! allocates, locks or makes a system call. Errors at start-up are printed once to stderr,
+//! allocates, locks or makes a system call. Errors are printed once per link to stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe.
 
-use std::collections::HashMap;
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
+use userbpf_hook::symbols::{self, LoadedObject, ObjectChanges};
 use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
@@ -34,7 +53,6 @@ struct Attached {
     /// 0: the hook's own.
     ip: u64,
 }
-
 /// The agent's state in this process.
 pub struct Agent {
     session: Session,
@@ -52,6 +70,8 @@ struct AttachedLink {
     semaphores: Vec<usize>,
     /// Hook addresses of USDT probes (see `usdt::claim`).
     anchors: Vec<usize>,
+    /// The library holding the probes, when it is not the executable (it may be unloaded).
+    object: Option<LoadedObject>,
 }
 
 impl AttachedLink {
@@ -66,12 +86,46 @@ impl AttachedLink {
             usdt::release(a);
         }
     }
+
+    /// Drops a link whose library was unmapped: the hook engine already forgot its probes
+    /// (`userbpf_hook::dlnotify`) and its semaphores are gone with the library, so nothing is
+    /// written to memory.
+    fn forget(self) {
+        for a in self.anchors {
+            usdt::release(a);
+        }
+    }
+}
+
+/// Whether a link was attached here.
+enum Outcome {
+    Attached(AttachedLink),
+    /// Its file is not mapped in this process, or the executable is not its target: nothing
+    /// to say, try again when libraries change.
+    NotHere,
+    /// Only possible once the loader is done (see `symbols::DEFERRED`): the watcher retries.
+    Deferred,
 }
 
 static AGENT: OnceLock<Mutex<Agent>> = OnceLock::new();
 
+/// eventfd waking the watcher thread (a sync the loader notification could not do).
+static KICK: AtomicI32 = AtomicI32::new(-1);
+/// The watcher thread's inotify descriptor (closed by a forked child, which makes its own).
+static WATCH_FD: AtomicI32 = AtomicI32::new(-1);
+
 fn log(msg: &str) {
     eprintln!("userbpf-agent: {msg}");
+}
+
+/// Wakes the watcher thread for a sync (async-signal-safe: one write(2)).
+fn kick() {
+    let fd = KICK.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one = 1u64;
+        // SAFETY: an 8-byte write from a local to an eventfd we own.
+        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    }
 }
 
 /// The hit path: run the program on the probe's registers.
@@ -104,7 +158,6 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     drop(r);
     HOOK_CONTINUE
 }
-
 /// `bpf_probe_read_kernel` as the runtime has it.
 static READ_KERNEL: OnceLock<userbpf_vm::HelperFn> = OnceLock::new();
 
@@ -144,6 +197,10 @@ fn helpers() -> Arc<userbpf_vm::HelperRegistry> {
     .clone()
 }
 
+fn lock(m: &Mutex<Agent>) -> MutexGuard<'_, Agent> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Agent {
     /// Opens the session of this process and attaches its links.
     pub fn start() -> Result<&'static Mutex<Agent>, String> {
@@ -159,7 +216,20 @@ impl Agent {
         userbpf_vm::guard::install();
         let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new() };
         let cell = AGENT.get_or_init(|| Mutex::new(agent));
-        cell.lock().unwrap_or_else(|e| e.into_inner()).sync();
+        // SAFETY: eventfd has no memory arguments; the descriptor is owned by the agent.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd >= 0 && KICK.compare_exchange(-1, efd, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            // SAFETY: our own descriptor, not published.
+            unsafe { libc::close(efd) };
+        }
+        // Fork handlers: the hook engine's first, so its prepare handler runs after ours (the
+        // agent's lock is taken before the registry's, as `sync` does).
+        userbpf_hook::fork::install();
+        install_fork_handlers();
+        if let Err(e) = userbpf_hook::dlnotify::install(on_objects_changed) {
+            log(&format!("libraries loaded later (dlopen) will only be probed when links change: {e}"));
+        }
+        lock(cell).sync();
         Ok(cell)
     }
 
@@ -170,27 +240,42 @@ impl Agent {
             Err(e) => return log(&format!("reading links: {e}")),
         };
         let me = std::process::id();
-        let live: Vec<u32> = links.iter().map(|l| l.id).collect();
-        let gone: Vec<u32> = self.links.keys().copied().filter(|id| !live.contains(id)).collect();
+        let objs = symbols::loaded_objects();
+        // Links gone from the session, and (in a forked child) links for another process.
+        let mine: HashSet<u32> = links.iter().filter(|l| l.pid.is_none_or(|p| p == me)).map(|l| l.id).collect();
+        let gone: Vec<u32> = self.links.keys().copied().filter(|id| !mine.contains(id)).collect();
         for id in gone {
             if let Some(l) = self.links.remove(&id) {
                 l.detach();
             }
         }
+        // Links whose library was unloaded wait for it to be loaded again.
+        let unmapped: Vec<u32> = self.links.iter().filter(|(_, l)| l.object.as_ref().is_some_and(|o| !objs.contains(o))).map(|(id, _)| *id).collect();
+        for id in unmapped {
+            if let Some(l) = self.links.remove(&id) {
+                l.forget();
+            }
+        }
+        let mut deferred = false;
         for link in links {
-            if self.links.contains_key(&link.id) || link.pid.is_some_and(|p| p != me) {
+            if self.links.contains_key(&link.id) || !mine.contains(&link.id) {
                 continue;
             }
-            match self.attach(&link) {
-                Ok(l) => {
+            match self.attach(&link, &objs) {
+                Ok(Outcome::Attached(l)) => {
                     self.links.insert(link.id, l);
                 }
+                Ok(Outcome::NotHere) => {}
+                Ok(Outcome::Deferred) => deferred = true,
                 Err(e) => {
                     log(&format!("link {} ({} {}): {e}", link.id, link.kind, target_spec(&link)));
                     // Remember the failure so it is reported once.
                     self.links.insert(link.id, AttachedLink::default());
                 }
             }
+        }
+        if deferred {
+            kick();
         }
     }
 
@@ -205,24 +290,55 @@ impl Agent {
         Ok(prog)
     }
 
-    fn attach(&mut self, link: &LinkRecord) -> Result<AttachedLink, String> {
-        let prog = self.program(link.prog_id)?;
-        if link.kind == "usdt" {
-            return usdt::attach(&self.session, link, prog);
-        }
+    fn attach(&mut self, link: &LinkRecord, objs: &[LoadedObject]) -> Result<Outcome, String> {
         if link.kind == "tracepoint" || link.kind == "raw_tracepoint" {
-            return tracepoint::attach(link, prog);
+            let prog = self.program(link.prog_id)?;
+            return tracepoint::attach(link, prog).map(Outcome::Attached);
+        }
+        // The object the link names, if it is mapped here.
+        let obj = if link.path.is_empty() { objs.first() } else { objs.iter().find(|o| symbols::same_file(&o.path, &link.path)) };
+        let Some(obj) = obj.cloned() else { return Ok(Outcome::NotHere) };
+        let library = (objs.first() != Some(&obj)).then(|| obj.clone());
+        if link.kind == "usdt" {
+            if link.path.is_empty() && !usdt::has_probe(&obj, link) {
+                return Ok(Outcome::NotHere);
+            }
+            let prog = self.program(link.prog_id)?;
+            let mut l = usdt::attach(&self.session, link, prog)?;
+            l.object = library;
+            return Ok(Outcome::Attached(l));
+        }
+        if link.kind != "uprobe" && link.kind != "uretprobe" {
+            return Err(format!("links of kind `{}` cannot be attached in a process", link.kind));
         }
         let kind = if link.kind == "uretprobe" { ProbeKind::Return } else { ProbeKind::Entry };
-        let resolved = userbpf_hook::symbols::resolve(&target_spec(link)).map_err(|e| e.to_string())?;
+        let resolved = match &link.func {
+            Some(f) => {
+                let func = if link.offset != 0 { format!("{f}+{}", link.offset) } else { f.clone() };
+                match symbols::resolve(&format!("{}:{func}", obj.path.display())) {
+                    Ok(r) => r,
+                    Err(userbpf_hook::HookError::Symbol(m)) if m.starts_with(symbols::DEFERRED) => return Ok(Outcome::Deferred),
+                    // Not the target: an executable without the function.
+                    Err(_) if link.path.is_empty() => return Ok(Outcome::NotHere),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            // An address in the file (as its symbols give them).
+            None => {
+                let addr = obj.bias.wrapping_add(link.offset as usize);
+                symbols::resolve(&format!("{addr:#x}")).map_err(|e| e.to_string())?
+            }
+        };
+        let prog = self.program(link.prog_id)?;
         let data = Box::into_raw(Box::new(Attached { prog, cookie: link.cookie, func_ip: resolved.func_start as u64, retprobe: kind == ProbeKind::Return, ip: 0 }));
         let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
         let id = userbpf_hook::attach_with(resolved.addr, kind, on_hit, data.cast(), ext).map_err(|e| e.to_string())?;
-        Ok(AttachedLink { probes: vec![id], ..Default::default() })
+        Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
 }
 
-/// The hook crate's target syntax for a link (USDT links: `PATH:PROVIDER:NAME`): `PATH:FUNC+OFF`, `FUNC+OFF` or an address.
+/// A link's target as the user wrote it (USDT links: `PATH:PROVIDER:NAME`): `PATH:FUNC+OFF`,
+/// `FUNC+OFF`, or `PATH:0xADDR` for an address in the file.
 fn target_spec(link: &LinkRecord) -> String {
     let func = match &link.func {
         Some(f) if link.offset != 0 => format!("{f}+{}", link.offset),
@@ -236,7 +352,115 @@ fn target_spec(link: &LinkRecord) -> String {
     }
 }
 
-/// Watches the session's `links/` directory and syncs on every change.
+/// The loader mapped or unmapped libraries (called inside dlopen/dlclose, see
+/// `userbpf_hook::dlnotify`): sync now, so that a library's probes are in place when dlopen
+/// returns. If the agent is busy (its lock may be held by a thread waiting for the loader),
+/// the watcher thread syncs instead.
+fn on_objects_changed(_: &ObjectChanges) {
+    let Some(cell) = AGENT.get() else { return };
+    match cell.try_lock() {
+        Ok(mut a) => a.sync(),
+        Err(TryLockError::Poisoned(p)) => p.into_inner().sync(),
+        Err(TryLockError::WouldBlock) => kick(),
+    }
+}
+
+// ------------------------------------------------------------------ fork ----
+
+struct Held(UnsafeCell<Option<MutexGuard<'static, Agent>>>);
+// SAFETY: only the forking thread touches it, between its prepare handler and its parent or
+// child handler; another forking thread waits in `fork_prepare` for the agent's lock, which
+// is released only after the slot was emptied.
+unsafe impl Sync for Held {}
+static HELD: Held = Held(UnsafeCell::new(None));
+
+fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers the handlers below, which follow the rules of their comments.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+}
+
+/// Before fork: no sync is half done when the address space is copied.
+extern "C" fn fork_prepare() {
+    if let Some(cell) = AGENT.get() {
+        let g = lock(cell);
+        // SAFETY: see `Held`; this thread owns the agent's lock now.
+        unsafe { *HELD.0.get() = Some(g) };
+    }
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: see `Held`; releases the lock taken in `fork_prepare`.
+    drop(unsafe { (*HELD.0.get()).take() });
+}
+
+/// In the child: release the agent's lock and start the child's watcher thread.
+extern "C" fn fork_child() {
+    // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
+    // store (plus a wake if a parent thread was waiting, a harmless system call).
+    drop(unsafe { (*HELD.0.get()).take() });
+    if AGENT.get().is_none() {
+        return;
+    }
+    // SAFETY: pthread_create in the child of fork: glibc has made its thread list, stack
+    // cache and malloc usable in the child before running this handler, our own locks are
+    // released above, and the handler allocates nothing itself (the thread's start routine
+    // does the work once the handler has returned). The attribute lives on this stack for
+    // the call only.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setstacksize(&mut attr, 1 << 20);
+        let mut t: libc::pthread_t = 0;
+        libc::pthread_create(&mut t, &attr, child_watcher, std::ptr::null_mut());
+        libc::pthread_attr_destroy(&mut attr);
+    }
+}
+
+/// The forked child's watcher: descriptors of its own, a membership of its own, links for
+/// another pid detached, then the parent's job.
+extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
+    let _ = std::panic::catch_unwind(|| {
+        let _ = std::thread::current(); // named by the thread's handle: "userbpf-agent"
+        let old_ino = WATCH_FD.swap(-1, Ordering::SeqCst);
+        // SAFETY: prctl(PR_SET_NAME) with a NUL-terminated name of at most 16 bytes.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"userbpf-agent".as_ptr() as libc::c_ulong, 0, 0, 0) };
+        if old_ino >= 0 {
+            // SAFETY: the parent's watcher inotify descriptor, copied by fork: reading it here
+            // would take the parent's events. Nothing else in the child uses it.
+            unsafe { libc::close(old_ino) };
+        }
+        // SAFETY: eventfd has no memory arguments.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let old_kick = KICK.swap(efd, Ordering::SeqCst);
+        if old_kick >= 0 {
+            // SAFETY: the parent's eventfd copied by fork, replaced above.
+            unsafe { libc::close(old_kick) };
+        }
+        let Some(cell) = AGENT.get() else { return };
+        let dir = {
+            let mut a = lock(cell);
+            match Session::open(a.session.name()) {
+                Ok(s) => {
+                    // The copy of the parent's handle would leave with the parent's membership.
+                    std::mem::forget(std::mem::replace(&mut a.session, s));
+                }
+                Err(e) => log(&format!("joining the session in a forked child: {e}")),
+            }
+            a.sync();
+            a.session.dir().join("links")
+        };
+        watch(dir);
+    });
+    std::ptr::null_mut()
+}
+
+// --------------------------------------------------------------- watcher ----
+
+/// Watches the session's `links/` directory and the kick eventfd, and syncs on every change.
 fn watch(dir: std::path::PathBuf) {
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return };
     // SAFETY: inotify_init1 has no preconditions; the descriptor is owned by this thread.
@@ -244,22 +468,40 @@ fn watch(dir: std::path::PathBuf) {
     if fd < 0 {
         return log("inotify_init1 failed: links added later will not be attached");
     }
+    WATCH_FD.store(fd, Ordering::SeqCst);
     // SAFETY: `c` is a valid path; `fd` is ours.
     if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE) } < 0 {
         return log("watching the session's links failed: links added later will not be attached");
     }
     let mut buf = [0u8; 4096];
     loop {
-        // SAFETY: reading into a buffer we own, of its length.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
+        let kick_fd = KICK.load(Ordering::SeqCst);
+        let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: kick_fd, events: libc::POLLIN, revents: 0 }];
+        // SAFETY: polling descriptors we own through an array of their length (a negative fd
+        // is ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             return;
         }
+        if fds[0].revents & libc::POLLIN != 0 {
+            // SAFETY: reading into a buffer we own, of its length.
+            let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if r <= 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return;
+            }
+        } else if fds[0].revents != 0 {
+            return;
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            let mut v = 0u64;
+            // SAFETY: an 8-byte read into a local from our eventfd (non-blocking).
+            unsafe { libc::read(kick_fd, (&mut v as *mut u64).cast(), 8) };
+        }
         if let Some(a) = AGENT.get() {
-            a.lock().unwrap_or_else(|e| e.into_inner()).sync();
+            lock(a).sync();
         }
     }
 }
@@ -270,7 +512,7 @@ extern "C" fn agent_init() {
     }
     let _ = std::panic::catch_unwind(|| match Agent::start() {
         Ok(a) => {
-            let dir = a.lock().unwrap_or_else(|e| e.into_inner()).session.dir().join("links");
+            let dir = lock(a).session.dir().join("links");
             let _ = std::thread::Builder::new().name("userbpf-agent".into()).spawn(move || watch(dir));
         }
         Err(e) => log(&e),

@@ -25,7 +25,6 @@
 //! `{ regs, long ret }` (sys_exit), the registers a copy of the probe's with the system
 //! call's: arguments in di, si, dx, r10, r8, r9, the number in orig_ax.
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -74,18 +73,9 @@ struct Probe {
     args: [ArgSrc; 6],
 }
 
-thread_local! {
-    static TID: Cell<i32> = const { Cell::new(0) };
-}
-
+/// The calling thread's id (the runtime's cache, refreshed after fork).
 fn tid() -> i32 {
-    TID.with(|t| {
-        if t.get() == 0 {
-            // SAFETY: gettid has no preconditions (once per thread).
-            t.set(unsafe { libc::gettid() });
-        }
-        t.get()
-    })
+    userbpf_runtime::helpers::task::pid_tgid() as u32 as i32
 }
 
 fn put(buf: &mut [u8], f: Field, v: u64) {

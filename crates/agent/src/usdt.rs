@@ -126,6 +126,13 @@ pub fn release(anchor: usize) {
     }
 }
 
+/// Whether `obj` has the link's probe (`PROVIDER:NAME`) in its notes.
+pub fn has_probe(obj: &userbpf_hook::symbols::LoadedObject, link: &LinkRecord) -> bool {
+    let probe = link.func.as_deref().unwrap_or("");
+    let Some((provider, name)) = probe.split_once(':') else { return true };
+    notes::read_notes(&obj.path).is_ok_and(|n| n.iter().any(|n| n.provider == provider && n.name == name))
+}
+
 /// Attaches a USDT link: every site of the probe, or none.
 pub fn attach(session: &Session, link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLink, String> {
     let probe = link.func.as_deref().unwrap_or("");

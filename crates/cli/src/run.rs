@@ -132,6 +132,27 @@ fn absolute_if_file(path: &str) -> String {
     path.to_string()
 }
 
+/// The command's executable (found in `PATH` as exec finds it), when it is an ELF file.
+fn command_executable(cmd: &str) -> Option<PathBuf> {
+    use std::io::Read;
+    let cands: Vec<PathBuf> = if cmd.contains('/') {
+        vec![PathBuf::from(cmd)]
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(cmd)).collect()
+    };
+    for c in cands {
+        let Ok(mut f) = std::fs::File::open(&c) else { continue };
+        let mut magic = [0u8; 4];
+        if f.read_exact(&mut magic).is_ok() && magic == *b"\x7fELF" {
+            return std::fs::canonicalize(&c).ok();
+        }
+        if c.is_file() {
+            return None;
+        }
+    }
+    None
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
@@ -140,6 +161,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = load_object(&session, object, &opts, slots)?;
+    // A link without a path attaches in the processes whose executable has its function or
+    // probe (the agent is loaded by every process of the command tree: `sh -c`, wrappers); say
+    // so when the command's own executable does not.
+    let exe = args.command.first().and_then(|c| command_executable(c));
+    let note_missing = |prog: &str, what: &str, has: Result<bool, String>| {
+        if let (Some(exe), Ok(false)) = (&exe, has) {
+            eprintln!("userbpf: {what} is not in {}: program `{prog}` attaches only in processes it starts whose executable has it", exe.display());
+        }
+    };
 
     // Links, from the section names or --attach.
     let mut attached = 0;
@@ -152,6 +182,13 @@ pub fn run(args: RunArgs) -> Result<()> {
                 (None, Some(t)) => (t.path.clone(), format!("{}:{}", t.provider, t.name)),
                 (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=PROVIDER:NAME", rec.name, spec.section, rec.name),
             };
+            if path.is_empty() {
+                if let Some(exe) = &exe {
+                    let has = userbpf_hook::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
+                    note_missing(&rec.name, &format!("USDT probe `{probe}`"), has);
+                }
+            }
+            let path = absolute_if_file(&path);
             session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: "usdt".into(), path, func: Some(probe), offset: 0, cookie: 0, pid: None })?;
             attached += 1;
             continue;
@@ -191,6 +228,9 @@ pub fn run(args: RunArgs) -> Result<()> {
                 continue;
             }
         };
+        if let (true, Some(f), Some(exe)) = (path.is_empty(), &func, &exe) {
+            note_missing(&rec.name, &format!("function `{f}`"), userbpf_hook::symbols::has_function(exe, f));
+        }
         let path = absolute_if_file(&path);
         let kind = if *retprobe { "uretprobe" } else { "uprobe" };
         session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;

@@ -42,6 +42,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering:
 use std::sync::{Mutex, OnceLock};
 
 mod arch;
+pub mod dlnotify;
+pub mod fork;
 mod patch;
 pub mod symbols;
 pub mod syscalls;

@@ -6,17 +6,16 @@
 //! bias added. GNU ifunc symbols (e.g. `strlen` in libc) are resolved to the
 //! selected implementation with `dlsym`.
 //!
-//! Libraries loaded later: [`LibraryWatcher::poll`] compares the
-//! `dl_iterate_phdr` list (cheaply: glibc's `dlpi_adds` counter first) with
-//! what it saw before and returns the new objects. Polling was chosen over
-//! a return probe on `dlopen` calling back from inside a handler because
-//! callbacks usually want to attach probes, which must not be done from a
-//! handler (see the crate docs), and because it also sees libraries loaded
-//! as dependencies or by `dlmopen`.
+//! Libraries loaded later: [`LibraryWatcher::changes`] compares the
+//! `dl_iterate_phdr` list (cheaply: glibc's `dlpi_adds`/`dlpi_subs` counters
+//! first) with what it saw before and returns the objects mapped and unmapped
+//! since. [`crate::dlnotify`] calls it from the dynamic loader's debugger
+//! notification, so a dlopen or dlclose is seen before it returns.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use object::{Object, ObjectSymbol, SymbolKind};
 
@@ -46,7 +45,10 @@ pub struct Resolved {
 
 struct Collect {
     objs: Vec<LoadedObject>,
+    /// The `PT_LOAD` ranges of each object (same order as `objs`).
+    segments: Vec<Vec<(usize, usize)>>,
     adds: u64,
+    subs: u64,
 }
 
 unsafe extern "C" fn phdr_cb(
@@ -57,6 +59,7 @@ unsafe extern "C" fn phdr_cb(
     // SAFETY: dl_iterate_phdr passes a valid info and our &mut Collect.
     let (info, c) = unsafe { (&*info, &mut *(data as *mut Collect)) };
     c.adds = info.dlpi_adds;
+    c.subs = info.dlpi_subs;
     let name = if info.dlpi_name.is_null() {
         String::new()
     } else {
@@ -73,17 +76,29 @@ unsafe extern "C" fn phdr_cb(
     } else {
         PathBuf::from(name)
     };
-    c.objs.push(LoadedObject {
-        path,
-        bias: info.dlpi_addr as usize,
-    });
+    let bias = info.dlpi_addr as usize;
+    let mut segs = Vec::new();
+    if !info.dlpi_phdr.is_null() {
+        for i in 0..info.dlpi_phnum as usize {
+            // SAFETY: dlpi_phdr points to dlpi_phnum program headers of a loaded object.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type == libc::PT_LOAD {
+                let start = bias.wrapping_add(ph.p_vaddr as usize);
+                segs.push((start, start.wrapping_add(ph.p_memsz as usize)));
+            }
+        }
+    }
+    c.objs.push(LoadedObject { path, bias });
+    c.segments.push(segs);
     0
 }
 
 fn iterate() -> Collect {
     let mut c = Collect {
         objs: Vec::new(),
+        segments: Vec::new(),
         adds: 0,
+        subs: 0,
     };
     // SAFETY: the callback only writes into `c`, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(phdr_cb), &mut c as *mut Collect as *mut libc::c_void) };
@@ -99,11 +114,29 @@ pub fn loaded_objects() -> Vec<LoadedObject> {
         .collect()
 }
 
-/// Reports objects loaded since the previous poll (including dlopen'ed ones).
+/// The objects of the executable and its libraries that are mapped and unmapped between two
+/// looks (see [`LibraryWatcher::changes`]).
+#[derive(Debug, Default, Clone)]
+pub struct ObjectChanges {
+    /// Objects mapped since the last look.
+    pub added: Vec<LoadedObject>,
+    /// Objects unmapped since the last look, with the address ranges their `PT_LOAD`
+    /// segments covered.
+    pub removed: Vec<(LoadedObject, Vec<(usize, usize)>)>,
+}
+
+impl ObjectChanges {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// Reports objects loaded and unloaded since the previous look (dlopen, dlclose).
 #[derive(Debug, Default)]
 pub struct LibraryWatcher {
-    known: HashSet<LoadedObject>,
+    known: HashMap<LoadedObject, Vec<(usize, usize)>>,
     adds: u64,
+    subs: u64,
 }
 
 impl LibraryWatcher {
@@ -111,28 +144,101 @@ impl LibraryWatcher {
     pub fn new() -> Self {
         let c = iterate();
         LibraryWatcher {
-            known: c.objs.into_iter().collect(),
+            known: c.objs.into_iter().zip(c.segments).collect(),
             adds: c.adds,
+            subs: c.subs,
         }
     }
 
     /// Objects loaded since the last call (or since `new`).
     pub fn poll(&mut self) -> Vec<LoadedObject> {
+        self.changes().added
+    }
+
+    /// Objects loaded and unloaded since the last call (or since `new`).
+    pub fn changes(&mut self) -> ObjectChanges {
         let c = iterate();
-        if c.adds == self.adds {
-            return Vec::new();
+        if c.adds == self.adds && c.subs == self.subs {
+            return ObjectChanges::default();
         }
         self.adds = c.adds;
-        let now: HashSet<LoadedObject> = c.objs.iter().cloned().collect();
-        let new: Vec<LoadedObject> = c
-            .objs
-            .into_iter()
-            .filter(|o| !self.known.contains(o) && o.path.is_file())
+        self.subs = c.subs;
+        let now: HashMap<LoadedObject, Vec<(usize, usize)>> =
+            c.objs.into_iter().zip(c.segments).collect();
+        let added = now
+            .keys()
+            .filter(|o| !self.known.contains_key(*o) && o.path.is_file())
+            .cloned()
+            .collect();
+        let removed = self
+            .known
+            .iter()
+            .filter(|(o, _)| !now.contains_key(*o))
+            .map(|(o, s)| (o.clone(), s.clone()))
             .collect();
         self.known = now;
-        new
+        ObjectChanges { added, removed }
     }
 }
+
+/// Whether `obj` (a loaded object's path) is the file `want` names: the same path, the same
+/// file name when `want` is a bare name (`libc.so.6`), or the same file through links.
+pub fn same_file(obj: &Path, want: &str) -> bool {
+    let w = Path::new(want);
+    if obj == w || (w.components().count() == 1 && obj.file_name() == w.file_name()) {
+        return true;
+    }
+    if w.components().count() == 1 {
+        return false;
+    }
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(obj), std::fs::metadata(w)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// The loaded object `want` names (see [`same_file`]); `None` when it is not mapped in this
+/// process. An empty `want` is the executable.
+pub fn find_loaded(want: &str) -> Option<LoadedObject> {
+    let objs = loaded_objects();
+    if want.is_empty() {
+        return objs.into_iter().next();
+    }
+    objs.into_iter().find(|o| same_file(&o.path, want))
+}
+
+/// The address where file offset `off` of `obj` is mapped (as the kernel's uprobes take
+/// their offsets), if a `PT_LOAD` segment maps it.
+pub fn file_offset_to_addr(obj: &LoadedObject, off: u64) -> Option<usize> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    let data = std::fs::read(&obj.path).ok()?;
+    let hdr = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = hdr.endian().ok()?;
+    for ph in hdr.program_headers(endian, &*data).ok()? {
+        if ph.p_type(endian) != object::elf::PT_LOAD {
+            continue;
+        }
+        let (fo, fsz, va) = (ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian));
+        if off >= fo && off < fo + fsz {
+            return Some(obj.bias.wrapping_add((va + (off - fo)) as usize));
+        }
+    }
+    None
+}
+
+/// Set while resolving from inside the dynamic loader (see [`crate::dlnotify`]): libraries
+/// being loaded are not relocated yet, so their ifunc resolvers must not run.
+static IN_LOADER: AtomicBool = AtomicBool::new(false);
+
+/// Marks the start (`true`) and end of work done inside a loader notification.
+pub fn set_in_loader(on: bool) {
+    IN_LOADER.store(on, Ordering::SeqCst);
+}
+
+/// Start of the message of a [`HookError::Symbol`] for a target that can only be resolved
+/// once the loader is done (an ifunc of a library being loaded): try again later.
+pub const DEFERRED: &str = "deferred: ";
 
 struct Sym {
     name: String,
@@ -162,6 +268,11 @@ fn read_symbols(path: &Path) -> Result<Vec<Sym>, String> {
     Ok(out)
 }
 
+/// Whether the ELF file at `path` has a function symbol `name` (`.symtab` or `.dynsym`).
+pub fn has_function(path: &Path, name: &str) -> Result<bool, String> {
+    Ok(read_symbols(path)?.iter().any(|s| name_matches(&s.name, name)))
+}
+
 fn name_matches(sym: &str, want: &str) -> bool {
     sym == want || sym.split('@').next() == Some(want)
 }
@@ -175,8 +286,7 @@ fn parse_num(s: &str) -> Option<usize> {
 }
 
 fn path_matches(obj: &Path, want: &str) -> bool {
-    let w = Path::new(want);
-    obj == w || (w.components().count() == 1 && obj.file_name() == w.file_name())
+    same_file(obj, want)
 }
 
 fn ifunc_target(path: &Path, is_exe: bool, name: &str) -> Option<usize> {
@@ -254,6 +364,12 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
         }
         let Some(s) = best else { continue };
         let (start, size) = if s.ifunc {
+            if IN_LOADER.load(Ordering::SeqCst) {
+                return Err(err(format!(
+                    "{DEFERRED}`{func}` in {} is an ifunc, resolved once the loader is done",
+                    o.path.display()
+                )));
+            }
             let t = ifunc_target(&o.path, i == 0, func).ok_or_else(|| {
                 err(format!(
                     "cannot resolve the ifunc `{func}` in {}",

@@ -338,3 +338,27 @@ pub(crate) fn synchronize() -> bool {
 pub(crate) fn _regs_size_check() {
     const _: () = assert!(std::mem::size_of::<PtRegs>() == 168);
 }
+
+/// In the child of a fork (called by `fork`'s child handler, only async-signal-safe work):
+/// drops the states of the threads that were not copied (their slots become tombstones, their
+/// RCU generations even, their states unmapped) and registers for membarrier again.
+pub(crate) fn after_fork_in_child() {
+    let me = thread_key();
+    for slot in TABLE.iter() {
+        let k = slot.key.load(Acquire);
+        if k == EMPTY || k == TOMBSTONE || k == me {
+            continue;
+        }
+        let st = slot.state.swap(std::ptr::null_mut(), AcqRel);
+        slot.rcu.store(0, Release);
+        slot.key.store(TOMBSTONE, Release);
+        if !st.is_null() {
+            raw_munmap(st as *mut u8, STATE_BYTES);
+            STATES_FREED.fetch_add(1, Relaxed);
+        }
+    }
+    if ASYM.load(Relaxed) && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0 {
+        // Readers of this process still announce their sections with a full barrier.
+        ASYM.store(false, SeqCst);
+    }
+}
