@@ -52,20 +52,45 @@ impl Default for RunContext {
     }
 }
 
+/// This thread's runtime state, in one thread-local block: a run reaches it once (in a
+/// `cdylib` every thread-local access is a call to `__tls_get_addr`). A `const` initialiser
+/// and no destructor: no lazy registration, usable from any point of a thread's life.
+struct ThreadRun {
+    /// A run is in progress (`ctx` is meaningful).
+    active: Cell<bool>,
+    /// Tail calls made by the run in progress.
+    tail_calls: Cell<u32>,
+    /// The thread's id (0: not read yet).
+    tid: Cell<u32>,
+    ctx: Cell<RunContext>,
+}
+
 thread_local! {
-    /// The context of the run in progress on this thread (meaningful while `ACTIVE`).
-    static CURRENT: Cell<RunContext> = const { Cell::new(RunContext::EMPTY) };
-    static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    static RUN: ThreadRun = const {
+        ThreadRun { active: Cell::new(false), tail_calls: Cell::new(0), tid: Cell::new(0), ctx: Cell::new(RunContext::EMPTY) }
+    };
+}
+
+/// This thread's block. The pointer is valid for as long as the thread runs and is only used
+/// on it (`ThreadRun` is made of `Cell`s).
+#[inline]
+fn thread_run() -> *const ThreadRun {
+    RUN.with(|r| r as *const ThreadRun)
 }
 
 /// The run in progress on this thread, if any.
 #[inline]
 pub fn current() -> Option<RunContext> {
-    if ACTIVE.with(|a| a.get()) {
-        Some(CURRENT.with(|c| c.get()))
-    } else {
-        None
-    }
+    RUN.with(|r| if r.active.get() { Some(r.ctx.get()) } else { None })
+}
+
+/// Tail calls made so far by the run in progress on this thread.
+pub(crate) fn tail_calls() -> u32 {
+    RUN.with(|r| r.tail_calls.get())
+}
+
+pub(crate) fn set_tail_calls(n: u32) {
+    RUN.with(|r| r.tail_calls.set(n))
 }
 
 /// The CPU slot of the run in progress (0 outside runs).
@@ -100,7 +125,7 @@ impl CpuSlots {
 
     /// Slots private to this process (for runs outside any session, e.g. tests).
     pub fn private() -> io::Result<CpuSlots> {
-        let dir = std::env::temp_dir().join(format!("userbpf-cpus-{}-{:p}", std::process::id(), &CURRENT));
+        let dir = std::env::temp_dir().join(format!("userbpf-cpus-{}-{:p}", std::process::id(), thread_run()));
         let s = Self::open(&dir);
         let _ = std::fs::remove_file(&dir);
         s
@@ -110,6 +135,7 @@ impl CpuSlots {
         self.nr
     }
 
+    #[inline]
     fn word(&self, i: u32) -> &AtomicU32 {
         // SAFETY: i < nr and the mapping holds nr slots of SLOT_STRIDE bytes; the offset is
         // 4-aligned in a page-aligned mapping; the word is only accessed atomically.
@@ -127,51 +153,61 @@ pub enum Missed {
 }
 
 /// A run in progress: holds its CPU slot, and its context is this thread's current one,
-/// until dropped.
+/// until dropped. Not `Send`: it belongs to the thread that entered.
 pub struct RunGuard<'a> {
     slots: &'a CpuSlots,
     cpu: u32,
-}
-
-thread_local! {
-    static TID: Cell<u32> = const { Cell::new(0) };
-}
-
-fn tid() -> u32 {
-    TID.with(|t| {
-        let v = t.get();
-        if v != 0 {
-            return v;
-        }
-        // SAFETY: gettid has no preconditions.
-        let v = unsafe { libc::gettid() } as u32;
-        t.set(v);
-        v
-    })
+    thread: *const ThreadRun,
 }
 
 /// Starts a run: claims a CPU slot and makes `ctx` (with its `cpu` filled in) the thread's
-/// current context. No allocation; one system call the first time on a thread (its id).
+/// current context. No allocation, no lock; one system call the first time on a thread (its
+/// id). One thread-local access.
+#[inline]
 pub fn enter(slots: &CpuSlots, mut ctx: RunContext) -> Result<RunGuard<'_>, Missed> {
-    if ACTIVE.with(|a| a.get()) {
+    let thread = thread_run();
+    // SAFETY: this thread's block, alive while the thread runs; only this thread uses it.
+    let t = unsafe { &*thread };
+    if t.active.get() {
         return Err(Missed::Recursion);
     }
+    let cpu = claim(slots, t)?;
+    ctx.cpu = cpu;
+    t.ctx.set(ctx);
+    t.tail_calls.set(0);
+    t.active.set(true);
+    Ok(RunGuard { slots, cpu, thread })
+}
+
+/// Claims a free slot for this thread: the slot of the CPU it runs on, else the next free one.
+#[inline]
+fn claim(slots: &CpuSlots, t: &ThreadRun) -> Result<u32, Missed> {
     // SAFETY: sched_getcpu has no preconditions (glibc reads it from rseq or the vDSO).
     let start = unsafe { libc::sched_getcpu() }.max(0) as u32 % slots.nr;
-    let me = tid();
-    let mut cpu = None;
-    for k in 0..slots.nr {
+    let me = match t.tid.get() {
+        0 => {
+            // SAFETY: gettid has no preconditions.
+            let v = unsafe { libc::gettid() } as u32;
+            t.tid.set(v);
+            v
+        }
+        v => v,
+    };
+    if slots.word(start).compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        return Ok(start);
+    }
+    claim_other(slots, start, me)
+}
+
+#[cold]
+fn claim_other(slots: &CpuSlots, start: u32, me: u32) -> Result<u32, Missed> {
+    for k in 1..slots.nr {
         let i = (start + k) % slots.nr;
         if slots.word(i).compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            cpu = Some(i);
-            break;
+            return Ok(i);
         }
     }
-    let Some(cpu) = cpu else { return Err(Missed::NoSlot) };
-    ctx.cpu = cpu;
-    CURRENT.with(|c| c.set(ctx));
-    ACTIVE.with(|a| a.set(true));
-    Ok(RunGuard { slots, cpu })
+    Err(Missed::NoSlot)
 }
 
 impl RunGuard<'_> {
@@ -181,8 +217,10 @@ impl RunGuard<'_> {
 }
 
 impl Drop for RunGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
-        ACTIVE.with(|a| a.set(false));
+        // SAFETY: the block of the thread that entered (a RunGuard is not Send).
+        unsafe { (*self.thread).active.set(false) };
         self.slots.word(self.cpu).store(0, Ordering::Release);
     }
 }

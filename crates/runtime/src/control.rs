@@ -1,8 +1,6 @@
 //! Helpers that control the run itself: `bpf_tail_call` and `bpf_loop`. They need the VM's
 //! exit requests and callbacks, and the program table of this process.
 
-use std::cell::Cell;
-
 use userbpf_maps::MapType;
 use userbpf_vm::{Helper, HelperRegistry};
 
@@ -13,15 +11,6 @@ use crate::program::LoadedProgram;
 pub const MAX_TAIL_CALL_CNT: u32 = 33;
 /// The kernel's limit on `bpf_loop` iterations (BPF_MAX_LOOPS).
 pub const BPF_MAX_LOOPS: u64 = 1 << 23;
-
-thread_local! {
-    static TAIL_CALLS: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Called at the start of every outermost run.
-pub(crate) fn start_run() {
-    TAIL_CALLS.with(|c| c.set(0));
-}
 
 const fn neg(errno: i32) -> u64 {
     (-(errno as i64)) as u64
@@ -44,11 +33,12 @@ unsafe extern "C" fn tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
     // SAFETY: a prog array value is a u32 program id; the slot is 8-byte aligned.
     let id = unsafe { (slot as *const u32).read_volatile() };
     let Some(target) = crate::programs::get(id) else { return neg(libc::ENOENT) };
-    let count = TAIL_CALLS.with(|c| c.get());
+    // The count lives in the run's context (reset when a run starts).
+    let count = context::tail_calls();
     if count >= MAX_TAIL_CALL_CNT {
         return neg(libc::E2BIG);
     }
-    TAIL_CALLS.with(|c| c.set(count + 1));
+    context::set_tail_calls(count + 1);
     let Some(run) = context::current() else { return neg(libc::EINVAL) };
     let r0 = run_target(target, run.ctx, run.ctx_len);
     userbpf_vm::request_exit(r0);
