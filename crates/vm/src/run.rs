@@ -62,7 +62,11 @@ impl<'a> RunCtx<'a> {
     /// Makes this the innermost run of the thread until the returned guard is dropped.
     pub(crate) fn enter(&self) -> Scope {
         let me = (self as *const RunCtx<'a>).cast::<RunCtx<'static>>();
-        Scope { outer: CURRENT.with(|c| c.replace(me)) }
+        // One thread-local access per run (each is a call to `__tls_get_addr` in a cdylib):
+        // the scope keeps the cell's address to put the outer run back.
+        let cell = CURRENT.with(|c| c as *const Cell<*const RunCtx<'static>>);
+        // SAFETY: this thread's cell, alive while the thread runs (no destructor).
+        Scope { outer: unsafe { (*cell).replace(me) }, cell }
     }
 
     pub(crate) fn status(&self) -> Status {
@@ -130,12 +134,15 @@ impl<'a> RunCtx<'a> {
 /// Restores the outer run (or none) as the thread's innermost run when dropped.
 pub(crate) struct Scope {
     outer: *const RunCtx<'static>,
+    /// This thread's `CURRENT` (a raw pointer: the scope is not `Send`).
+    cell: *const Cell<*const RunCtx<'static>>,
 }
 
 impl Drop for Scope {
     fn drop(&mut self) {
-        let outer = self.outer;
-        let _ = CURRENT.try_with(|c| c.set(outer));
+        // SAFETY: the cell of the thread that made the scope (it is not Send), which lives
+        // as long as the thread.
+        unsafe { (*self.cell).set(self.outer) };
     }
 }
 

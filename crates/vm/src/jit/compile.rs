@@ -145,6 +145,12 @@ pub(crate) struct Output {
     pub entries: Vec<usize>,
     /// Offset of the abort path.
     pub abort: usize,
+    /// Offset of the fast run entry, for programs that call no helper (inlined lookups
+    /// aside), no `callx` and load no callback (`BPF_PSEUDO_FUNC`): nothing in their run reads
+    /// the run state of `run.rs`. An `extern "C" fn(r1, r2, abort: *mut [u64; 3]) -> u64` (r3..r5 =
+    /// 0); an abort stores `[kind, pc, detail]` at `abort` (kind != 0) instead of calling
+    /// `Runtime::abort_fn`. None for other programs.
+    pub fast_entry: Option<usize>,
     /// `(offset, pc)`, ascending by offset: the code from `offset` up to the next entry's is
     /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
     /// (entries, abort path, epilogue) belongs to no instruction.
@@ -171,6 +177,8 @@ enum Label {
     Abort,
     Epilogue,
     Unwind,
+    /// The run entry of programs that need no run state (see [`Output::fast_entry`]).
+    FastEntry,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -212,8 +220,9 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             let labels = &e.cur.labels;
             let entries = (0..nsub).map(|k| labels[n + nsub + k]).collect();
             let abort = labels[e.label_index(Label::Abort)];
+            let fast_entry = (!e.needs_run_state).then(|| labels[e.label_index(Label::FastEntry)]);
             let pc_map = pc_map(prog, &frames, labels)?;
-            return Ok(Output { code: e.a.into_code(), entries, abort, pc_map });
+            return Ok(Output { code: e.a.into_code(), entries, abort, fast_entry, pc_map });
         }
         if freeze {
             break;
@@ -310,6 +319,8 @@ struct Emitter<'a> {
     freeze: bool,
     cur: Layout,
     rt: Runtime,
+    /// The code reads the run state of `run.rs` (see [`Output::fast_entry`]).
+    needs_run_state: bool,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -326,7 +337,7 @@ impl<'a> Emitter<'a> {
         rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 3;
+        let nlabels = insns.len() + 2 * frames.len() + 4;
         Emitter {
             a: Asm::new(),
             prog,
@@ -339,6 +350,7 @@ impl<'a> Emitter<'a> {
             rt,
             err: None,
             inexact: false,
+            needs_run_state: false,
         }
     }
 
@@ -358,6 +370,7 @@ impl<'a> Emitter<'a> {
             Label::Abort => n + 2 * s,
             Label::Epilogue => n + 2 * s + 1,
             Label::Unwind => n + 2 * s + 2,
+            Label::FastEntry => n + 2 * s + 3,
         }
     }
 
@@ -478,6 +491,7 @@ impl<'a> Emitter<'a> {
         for k in 0..self.frames.len() {
             self.entry_trampoline(k);
         }
+        self.fast_entry();
         self.abort_and_epilogue();
         for k in 0..self.frames.len() {
             self.function(k);
@@ -493,8 +507,10 @@ impl<'a> Emitter<'a> {
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
-        // 8 (return address) + 6 * 8 pushed: 8 more keep rsp 16-aligned.
-        self.a.alu_ri(Alu::Sub, true, Reg::RSP, 8);
+        // 8 (return address) + 6 * 8 pushed: 8 more keep rsp 16-aligned. That slot, at r12,
+        // holds where the abort path stores an abort (0: call `abort_fn`, see `fast_entry`).
+        self.a.zero(Reg::R11);
+        self.a.push(Reg::R11);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
         for r in [0u8, 6, 7, 8, 9] {
@@ -505,10 +521,37 @@ impl<'a> Emitter<'a> {
         self.jump(None, Label::Epilogue);
     }
 
+    /// `FastEntry`: `Entry(0)` for runs without run state, with the abort record's address
+    /// (rdx) in the slot at r12; r3 = r4 = r5 = 0.
+    fn fast_entry(&mut self) {
+        self.bind(Label::FastEntry);
+        for r in ENTRY_SAVES {
+            self.a.push(r);
+        }
+        self.a.push(Reg::RDX);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
+            self.a.zero(reg(r));
+        }
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
     /// The abort path and the entries' shared epilogue.
     fn abort_and_epilogue(&mut self) {
         self.bind(Label::Abort);
         self.a.mov_rr(true, Reg::RSP, Reg::R12);
+        // Entered by the fast entry: store the abort where it says, no call.
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::RSP, 0));
+        self.a.test_rr(true, Reg::RAX, Reg::RAX);
+        let slow = self.a.jump_fwd(Some(Cond::E));
+        self.a.store(Width::Dw, Mem::base(Reg::RAX, 0), Reg::R9);
+        self.a.store(Width::Dw, Mem::base(Reg::RAX, 8), Reg::R10);
+        self.a.store(Width::Dw, Mem::base(Reg::RAX, 16), Reg::R11);
+        self.a.mov_ri32(Reg::RAX, 1);
+        self.jump(None, Label::Unwind);
+        self.a.bind(slow);
         self.a.mov_rr(true, Reg::RDI, Reg::R9);
         self.a.mov_rr(true, Reg::RSI, Reg::R10);
         self.a.mov_rr(true, Reg::RDX, Reg::R11);
@@ -839,6 +882,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             BPF_PSEUDO_FUNC => {
+                self.needs_run_state = true;
                 let Some(t) = self.target(pc, insn.imm as i64) else { return };
                 let Some(k) = self.subprog_at(pc, t) else { return };
                 let d = self.rel32(Label::Entry(k), 7);
@@ -1014,6 +1058,9 @@ impl<'a> Emitter<'a> {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
                 };
                 // r1..r5 are already the argument registers; the result lands in rax = r0.
+                // A helper may call `request_exit` (honoured when the run ends, even when the
+                // helper is not marked `may_exit`): the run needs its state.
+                self.needs_run_state = true;
                 let may_exit = h.may_exit;
                 self.a.mov_imm(Reg::RAX, h.func as usize as u64);
                 self.a.call_r(Reg::RAX);
@@ -1059,6 +1106,7 @@ impl<'a> Emitter<'a> {
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of
     /// the table or has no helper.
     fn callx(&mut self, pc: usize, dst: Reg) {
+        self.needs_run_state = true;
         let table = self.prog.helpers().fn_table();
         let Ok(len) = i32::try_from(table.len()) else {
             return self.fail("helper table too large".into());
@@ -1087,6 +1135,7 @@ impl<'a> Emitter<'a> {
     /// call (the helper may have clobbered them), so only r0 needs keeping; rsp is as aligned
     /// as it was for the helper.
     fn end_if_requested(&mut self) {
+        self.needs_run_state = true;
         self.a.mov_rr(true, Reg::RDI, Reg::RAX);
         self.a.mov_imm(Reg::R11, self.rt.after_helper_fn);
         self.a.call_r(Reg::R11);

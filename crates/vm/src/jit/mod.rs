@@ -56,6 +56,9 @@ pub struct JitProgram {
     mem: ExecMemory,
     /// Offset of each subprogram's C-callable entry, in `Program::subprogs` order (ascending).
     entries: Vec<usize>,
+    /// Offset of the fast run entry, for programs whose runs need no run state (compile.rs,
+    /// `Output::fast_entry`).
+    fast_entry: Option<usize>,
     /// Read by the fault handler through the registered range; boxed so that its address
     /// stays put when the `JitProgram` moves.
     _faults: Box<FaultMap>,
@@ -103,13 +106,20 @@ unsafe fn on_fault(data: usize, fault: &mut FaultContext) -> bool {
 /// Called by the JIT's abort path (after it unwound to the innermost entry) to record why
 /// the run stops. Only the first error of a run is kept.
 extern "C" fn record_abort(kind: u64, pc: u64, detail: u64) {
+    run::record_error(abort_error(kind, pc, detail));
+}
+
+fn abort_error(kind: u64, pc: u64, detail: u64) -> VmError {
     let pc = pc as usize;
-    run::record_error(match kind {
+    match kind {
         ABORT_UNKNOWN_HELPER => VmError::UnknownHelper { pc, id: detail },
         ABORT_FAULT => VmError::Fault { pc, addr: detail },
         k => VmError::Jit(format!("run aborted at instruction {pc} for an unknown reason ({k})")),
-    });
+    }
 }
+
+/// The fast entry's signature: r1, r2, where an abort is recorded (`[kind, pc, detail]`).
+type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3]) -> u64;
 
 impl JitProgram {
     /// Compiles a checked program.
@@ -146,7 +156,7 @@ impl JitProgram {
                 guard::MAX_RANGES
             )));
         };
-        Ok(JitProgram { prog, mem, entries: out.entries, _faults: faults, range: Some(range) })
+        Ok(JitProgram { prog, mem, entries: out.entries, fast_entry: out.fast_entry, _faults: faults, range: Some(range) })
     }
 
     /// The program this was compiled from.
@@ -195,7 +205,24 @@ impl JitProgram {
     /// program can make with these arguments (callbacks run by its helpers included) either
     /// touches memory the program may change or faults, and that its loads read memory that
     /// is valid or fault.
+    ///
+    /// A program that calls no helper (inlined array lookups aside), no `callx` and no
+    /// callback runs without the per-run state of `run.rs` (no thread-local access).
     pub unsafe fn run(&self, r1: u64, r2: u64) -> Result<u64, VmError> {
+        if let Some(off) = self.fast_entry {
+            // Nothing in this program's run reads the run state (no helper, no callx, no
+            // callback), so none is set up: an abort is recorded in `abort`.
+            let mut abort = [0u64; 3];
+            // SAFETY: the fast entry is a C function with this signature (compile.rs,
+            // `fast_entry`) in code mapped read+execute while `self` lives.
+            let entry: FastEntry = unsafe { std::mem::transmute::<usize, FastEntry>(self.mem.addr() + off) };
+            // SAFETY: as for the code below; `abort` is ours, written only on an abort.
+            let r0 = unsafe { entry(r1, r2, &mut abort) };
+            return match abort {
+                [0, ..] => Ok(r0),
+                [kind, pc, detail] => Err(abort_error(kind, pc, detail)),
+            };
+        }
         // SAFETY: entry 0 is the code of `Entry(0)`, a function following the C calling
         // convention with this signature (see compile.rs), in memory mapped read+execute for
         // as long as `self` lives.

@@ -566,3 +566,26 @@ fn the_pc_map_covers_every_instruction_in_order() {
     assert!(out.pc_map.windows(2).all(|w| w[0].0 <= w[1].0));
     assert!(out.pc_map[0].0 as usize > out.abort, "functions come after the abort path");
 }
+
+/// A program calling no helper runs through the fast entry (no run state); one with a
+/// `callx` does not. Both end an aborted run with the error of the instruction at fault.
+#[test]
+fn fast_entry_is_used_without_helpers_and_reports_aborts() {
+    use crate::VmError;
+    let load = [Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 0, 1, 16, 0), EXIT];
+    let j = jit(&load, false);
+    assert!(j.fast_entry.is_some());
+    let mut buf = [0u8; 24];
+    buf[16] = 7;
+    // SAFETY: r1 = a 24-byte buffer; then null, whose fault the guard contains.
+    unsafe {
+        assert_eq!(j.run(buf.as_mut_ptr() as u64, 0), Ok(7));
+        assert_eq!(j.run(0, 0), Err(VmError::Fault { pc: 0, addr: 16 }));
+        assert_eq!(j.run(buf.as_mut_ptr() as u64, 0), Ok(7), "a run after an abort");
+    }
+    let callx = [Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 1, 0, 0, 5), Insn::new(OP_CALLX, 1, 0, 0, 0), EXIT];
+    let j = jit(&callx, false);
+    assert!(j.fast_entry.is_none());
+    // SAFETY: the program touches no memory.
+    assert_eq!(unsafe { j.run(0, 0) }, Err(VmError::UnknownHelper { pc: 1, id: 5 }));
+}
