@@ -58,6 +58,7 @@ bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	python3 bench/uprobe/bench.py
+	python3 bench/loader/bench.py
 
 demo: build
 	@scripts/demo.sh
