@@ -2,6 +2,7 @@
 
 mod dump;
 mod exec;
+mod load;
 mod map;
 mod prog;
 mod run;
@@ -34,6 +35,8 @@ enum Command {
     Run(run::RunArgs),
     /// Start a command in the session, with the agent that runs the session's programs.
     Start(run::StartArgs),
+    /// Run an unmodified eBPF loader (bpftrace, libbpf tools) on the userspace runtime.
+    Load(load::LoadArgs),
     /// Programs: list, run.
     #[command(subcommand)]
     Prog(prog::ProgCmd),
@@ -51,6 +54,7 @@ fn main() {
         Command::Disasm(args) => tools::disasm(args),
         Command::Run(args) => run::run(args),
         Command::Start(args) => run::start(&session, args),
+        Command::Load(args) => load::load(&session, args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
     };

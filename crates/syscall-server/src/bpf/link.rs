@@ -1,0 +1,177 @@
+//! Attachment commands: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH,
+//! RAW_TRACEPOINT_OPEN, PROG_QUERY and TASK_FD_QUERY.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use userbpf_runtime::LinkRecord;
+
+use super::prog::{prog_of_fd, BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT};
+use super::{io_errno, read_user_str, write_user, Attr};
+use crate::objects::{self, Kind};
+
+/// enum bpf_attach_type values used here.
+pub const BPF_TRACE_RAW_TP: u32 = 23;
+pub const BPF_PERF_EVENT: u32 = 41;
+pub const BPF_TRACE_KPROBE_MULTI: u32 = 42;
+
+/// Links created by this process: id -> program id (info on a link whose record is gone).
+fn created() -> std::sync::MutexGuard<'static, HashMap<u32, u32>> {
+    static CREATED: std::sync::OnceLock<Mutex<HashMap<u32, u32>>> = std::sync::OnceLock::new();
+    CREATED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The program of a link created here whose session record is gone.
+pub fn detached_prog(id: u32) -> Option<u32> {
+    created().get(&id).copied()
+}
+
+/// BPF_LINK_CREATE. Perf event links (uprobes, tracepoints, software events) go to
+/// [`crate::perf_event::attach`]; kprobe multi-links need the kernel's fprobes (a kernel
+/// without them answers `EOPNOTSUPP`); other attach types do not exist for the program types
+/// the runtime runs (`EINVAL`).
+pub fn create(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(64) {
+        return Err(libc::EINVAL);
+    }
+    let p = prog_of_fd(a.i32(0))?;
+    let (target_fd, attach_type, flags) = (a.i32(4), a.u32(8), a.u32(12));
+    match attach_type {
+        BPF_PERF_EVENT => {
+            if !matches!(p.prog_type, BPF_PROG_TYPE_KPROBE | BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_PERF_EVENT) {
+                return Err(libc::EINVAL);
+            }
+            if flags != 0 {
+                return Err(libc::EINVAL);
+            }
+            // The perf event: EBADF for anything but one of ours (as perf_event_get).
+            let ev = objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| libc::EBADF)?;
+            let _ = ev;
+            let cookie = a.u64(16);
+            let (id, path) = super::h4::perf_attach(target_fd, p.id, cookie)?;
+            created().insert(id, p.id);
+            objects::install(Kind::Link, id, &path).map(|fd| fd as i64)
+        }
+        BPF_TRACE_KPROBE_MULTI => {
+            if p.prog_type != BPF_PROG_TYPE_KPROBE || p.expected_attach_type != BPF_TRACE_KPROBE_MULTI {
+                return Err(libc::EINVAL);
+            }
+            Err(libc::EOPNOTSUPP)
+        }
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// BPF_LINK_DETACH: perf event and raw tracepoint links have no detach operation in the
+/// kernel (`EOPNOTSUPP`); they go when their last descriptor is closed.
+pub fn detach(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(4) {
+        return Err(libc::EINVAL);
+    }
+    objects::get_kind(a.i32(0), Kind::Link)?;
+    Err(libc::EOPNOTSUPP)
+}
+
+/// BPF_LINK_UPDATE: no link type here can change its program (`EINVAL`, as the kernel for
+/// links without `update_prog`).
+pub fn update(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(16) {
+        return Err(libc::EINVAL);
+    }
+    objects::get_kind(a.i32(0), Kind::Link)?;
+    let flags = a.u32(8);
+    if flags & !4 != 0 {
+        return Err(libc::EINVAL);
+    }
+    prog_of_fd(a.i32(4))?;
+    Err(libc::EINVAL)
+}
+
+/// BPF_PROG_ATTACH / BPF_PROG_DETACH attach cgroup, socket, flow dissector and lirc programs:
+/// none of those types runs here, so every attach type is one this "kernel" lacks (`EINVAL`).
+pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, i32> {
+    if !a.zero_from(20) {
+        return Err(libc::EINVAL);
+    }
+    let _ = cmd;
+    Err(libc::EINVAL)
+}
+
+/// BPF_RAW_TRACEPOINT_OPEN: the system call raw tracepoints the agent serves (`sys_enter`,
+/// `sys_exit`) become session links; other names do not exist here (`ENOENT`).
+pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(12) {
+        return Err(libc::EINVAL);
+    }
+    let p = prog_of_fd(a.i32(8))?;
+    if p.prog_type != BPF_PROG_TYPE_RAW_TRACEPOINT {
+        return Err(libc::EINVAL);
+    }
+    let uname = a.u64(0);
+    if uname == 0 {
+        return Err(libc::EINVAL);
+    }
+    let name = read_user_str(uname, 128).map_err(|e| if e == libc::EINVAL { libc::EFAULT } else { e })?;
+    let name = String::from_utf8_lossy(&name).into_owned();
+    if name != "sys_enter" && name != "sys_exit" {
+        return Err(libc::ENOENT);
+    }
+    let session = objects::session()?;
+    let rec = LinkRecord { id: 0, prog_id: p.id, kind: "raw_tracepoint".into(), path: String::new(), func: Some(name), offset: 0, cookie: 0, pid: None };
+    let rec = session.add_link(rec).map_err(|e| io_errno(&e))?;
+    created().insert(rec.id, p.id);
+    objects::install(Kind::Link, rec.id, &session.dir().join("links").join(format!("{}.json", rec.id))).map(|fd| fd as i64)
+}
+
+/// BPF_PROG_QUERY: queries cgroup, netns and device attachments, none of which exist here.
+pub fn prog_query(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(32) {
+        return Err(libc::EINVAL);
+    }
+    Err(libc::EINVAL)
+}
+
+/// BPF_TASK_FD_QUERY for this process's raw tracepoint links (`BPF_FD_TYPE_RAW_TRACEPOINT`
+/// with the tracepoint's name); other descriptors have no program the kernel would report
+/// through this call here (`ENOTSUPP`).
+pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(48) {
+        return Err(libc::EINVAL);
+    }
+    let (pid, fd, flags, buf_len, buf) = (a.u32(0), a.i32(4), a.u32(8), a.u32(12), a.u64(16));
+    if flags != 0 {
+        return Err(libc::EINVAL);
+    }
+    if pid != std::process::id() {
+        // Descriptors of other processes are not ours to look at.
+        return Err(libc::ENOENT);
+    }
+    let obj = objects::get(fd).ok_or(libc::EBADF)?;
+    if obj.kind != Kind::Link {
+        return Err(userbpf_maps::ENOTSUPP);
+    }
+    let session = objects::session()?;
+    let rec = session.links().map_err(|e| io_errno(&e))?.into_iter().find(|l| l.id == obj.id).ok_or(libc::ENOENT)?;
+    if rec.kind != "raw_tracepoint" {
+        return Err(userbpf_maps::ENOTSUPP);
+    }
+    let name = rec.func.clone().unwrap_or_default();
+    let mut b = name.into_bytes();
+    b.push(0);
+    let needed = b.len() as u32 - 1;
+    a.put_u32(24, rec.prog_id)?;
+    a.put_u32(28, 0)?;
+    a.put_u32(12, needed)?;
+    if buf != 0 && buf_len != 0 {
+        let n = (buf_len as usize).min(b.len());
+        let mut part = b[..n].to_vec();
+        if let Some(last) = part.last_mut() {
+            *last = 0;
+        }
+        write_user(buf, &part)?;
+        if buf_len < needed + 1 {
+            return Err(libc::ENOSPC);
+        }
+    }
+    Ok(0)
+}

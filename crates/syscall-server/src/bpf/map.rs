@@ -1,0 +1,598 @@
+//! Map commands: MAP_CREATE, the element operations, the batch operations and MAP_FREEZE.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use userbpf_maps::{Map, MapSpec, MapType, ENOTSUPP};
+use userbpf_runtime::MapRecord;
+
+use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
+use crate::objects::{self, Kind};
+
+/// The kernel's BPF_MAP_TYPE_CGROUP_ARRAY: created here as a plain array of u32 (its slots
+/// hold what userspace stores; no program helper reads it as cgroups).
+pub const BPF_MAP_TYPE_CGROUP_ARRAY: u32 = 8;
+
+const BPF_F_LOCK: u64 = 4;
+const BPF_F_RDONLY: u32 = 1 << 3;
+const BPF_F_WRONLY: u32 = 1 << 4;
+const BPF_F_INNER_MAP: u32 = 1 << 12;
+
+/// The kernel's `bpf_obj_name_cpy`: letters, digits, `_` and `.`, at most 15 bytes.
+pub fn check_name(name: &[u8], field_len: usize) -> Result<String, i32> {
+    if name.len() >= field_len || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+        return Err(libc::EINVAL);
+    }
+    Ok(String::from_utf8_lossy(name).into_owned())
+}
+
+fn map_errno(e: userbpf_maps::MapError) -> i32 {
+    e.errno()
+}
+
+/// BPF_MAP_CREATE.
+pub fn create(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(72) {
+        return Err(libc::EINVAL);
+    }
+    let (map_type, key_size, value_size, max_entries, map_flags) = (a.u32(0), a.u32(4), a.u32(8), a.u32(12), a.u32(16));
+    let inner_map_fd = a.i32(20);
+    let name = check_name(&a.name(28, 16), 16)?;
+    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (a.u32(44), a.i32(48), a.u32(52), a.u32(56), a.u32(60));
+    let map_extra = a.u64(64);
+    if ifindex != 0 {
+        // Offload to a device: no device here.
+        return Err(libc::EINVAL);
+    }
+    if btf_vmlinux_value != 0 {
+        // Only struct_ops maps, which need the kernel's BTF.
+        return Err(libc::EINVAL);
+    }
+    if map_flags & (1 << 2) != 0 && a.u32(24) != 0 && a.u32(24) != u32::MAX {
+        // BPF_F_NUMA_NODE: node 0 (or NUMA_NO_NODE) is all there is here.
+        return Err(libc::EINVAL);
+    }
+    // Emulated kernel types: created as the closest type the runtime has.
+    let (real_type, shown_type) = match map_type {
+        BPF_MAP_TYPE_CGROUP_ARRAY => {
+            if key_size != 4 || value_size != 4 {
+                return Err(libc::EINVAL);
+            }
+            (MapType::BPF_MAP_TYPE_ARRAY, map_type)
+        }
+        t => (MapType::from_u32(t).ok_or(libc::EINVAL)?, t),
+    };
+    let inner = match real_type {
+        MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
+            let inner = map_of_fd(inner_map_fd)?;
+            if matches!(inner.map.map_type(), MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS | MapType::BPF_MAP_TYPE_PROG_ARRAY) {
+                return Err(libc::EINVAL);
+            }
+            let s = inner.map.spec();
+            Some((inner.map_type, s.key_size, s.value_size, s.max_entries, inner.map_flags))
+        }
+        _ => None,
+    };
+    let btf_id = if btf_fd != 0 || btf_key != 0 || btf_value != 0 {
+        if btf_value == 0 && btf_key != 0 {
+            return Err(libc::EINVAL);
+        }
+        Some(objects::get_kind(btf_fd, Kind::Btf)?.id)
+    } else {
+        None
+    };
+    let spec = MapSpec { map_type: real_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP_IF(real_type), map_extra, name: name.clone() };
+    let session = objects::session()?;
+    let record = MapRecord {
+        id: 0,
+        name,
+        btf_id,
+        key_type_id: btf_id.map(|_| btf_key).filter(|&k| k != 0),
+        value_type_id: btf_id.map(|_| btf_value).filter(|&v| v != 0),
+        object: None,
+        pinned: None,
+    };
+    let (record, map) = session.create_map(&spec, record).map_err(|e| match e {
+        userbpf_runtime::SessionError::Map(m) => m.errno(),
+        userbpf_runtime::SessionError::Io(e) => io_errno(&e),
+        _ => libc::EINVAL,
+    })?;
+    let id = record.id;
+    if shown_type != real_type as u32 {
+        // Remember the type the loader asked for, for other processes of the session.
+        let _ = std::fs::write(session.dir().join("maps").join(format!("{id}.type")), shown_type.to_string());
+    }
+    let map = Arc::new(map);
+    userbpf_runtime::helpers::maps::register_map(id, map.clone());
+    super::h4::map_created(id, &map);
+    let entry = Arc::new(MapEntry {
+        map: map.clone(),
+        map_type: shown_type,
+        btf_id: btf_id.unwrap_or(0),
+        btf_key_type_id: btf_key,
+        btf_value_type_id: btf_value,
+        map_flags,
+        map_extra,
+        inner,
+        frozen: Default::default(),
+    });
+    state().maps.insert(id, entry);
+    install_map_fd(id, real_type).map(|fd| fd as i64)
+}
+
+/// BPF_F_INNER_MAP is a creation flag the maps crate does not take (it only relaxes the
+/// max_entries check of map-in-map templates).
+#[allow(non_snake_case)]
+fn BPF_F_INNER_MAP_IF(_t: MapType) -> u32 {
+    BPF_F_INNER_MAP
+}
+
+/// A new descriptor of map `id` (ring buffers get the pollable path H4's mmap module keeps).
+pub fn install_map_fd(id: u32, t: MapType) -> Result<i32, i32> {
+    let session = objects::session()?;
+    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::h4::ringbuf_fd_path(id)? } else { session.map_path(id) };
+    objects::install(Kind::Map, id, &path)
+}
+
+/// The map with session id `id`, opened in this process if it was not yet.
+pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
+    if let Some(e) = state().maps.get(&id) {
+        return Ok(e.clone());
+    }
+    let session = objects::session()?;
+    let map = session.open_map(id).map_err(|_| libc::ENOENT)?;
+    let record = session.maps().ok().and_then(|v| v.into_iter().find(|r| r.id == id));
+    let shown = std::fs::read_to_string(session.dir().join("maps").join(format!("{id}.type")))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(map.map_type() as u32);
+    let spec = map.spec().clone();
+    let map = Arc::new(map);
+    userbpf_runtime::helpers::maps::register_map(id, map.clone());
+    let entry = Arc::new(MapEntry {
+        map,
+        map_type: shown,
+        btf_id: record.as_ref().and_then(|r| r.btf_id).unwrap_or(0),
+        btf_key_type_id: record.as_ref().and_then(|r| r.key_type_id).unwrap_or(0),
+        btf_value_type_id: record.as_ref().and_then(|r| r.value_type_id).unwrap_or(0),
+        map_flags: spec.map_flags,
+        map_extra: spec.map_extra,
+        inner: None,
+        frozen: Default::default(),
+    });
+    Ok(state().maps.entry(id).or_insert(entry).clone())
+}
+
+/// The map `fd` refers to (`EBADF`, or `EINVAL` for another kind of descriptor).
+pub fn map_of_fd(fd: i32) -> Result<Arc<MapEntry>, i32> {
+    let obj = objects::get_kind(fd, Kind::Map)?;
+    map_by_id(obj.id)
+}
+
+/// The key of an element operation: `key_size` bytes at `ukey`; maps without keys (queue,
+/// stack, bloom filter) take a null pointer (`EINVAL` otherwise, as `__bpf_copy_key`).
+fn read_key(e: &MapEntry, ukey: u64) -> Result<Vec<u8>, i32> {
+    let ks = e.map.spec().key_size as usize;
+    if ks == 0 {
+        return if ukey != 0 { Err(libc::EINVAL) } else { Ok(Vec::new()) };
+    }
+    let mut k = vec![0u8; ks];
+    read_user(ukey, &mut k)?;
+    Ok(k)
+}
+
+fn is_perf_array(e: &MapEntry) -> bool {
+    e.map.map_type() == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY
+}
+
+fn can_read(e: &MapEntry) -> Result<(), i32> {
+    if e.map_flags & BPF_F_WRONLY != 0 {
+        return Err(libc::EPERM);
+    }
+    Ok(())
+}
+
+fn can_write(e: &MapEntry) -> Result<(), i32> {
+    if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.load(Ordering::Acquire) {
+        return Err(libc::EPERM);
+    }
+    Ok(())
+}
+
+/// BPF_MAP_LOOKUP_ELEM.
+pub fn lookup(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(32) {
+        return Err(libc::EINVAL);
+    }
+    let flags = a.u64(24);
+    if flags & !BPF_F_LOCK != 0 {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    can_read(&e)?;
+    let key = read_key(&e, a.u64(8))?;
+    if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF {
+        return Err(ENOTSUPP);
+    }
+    if e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
+        // fd arrays without a userspace lookup.
+        return Err(ENOTSUPP);
+    }
+    let mut value = vec![0u8; e.map.value_buf_size()];
+    if e.map.map_type() == MapType::BPF_MAP_TYPE_BLOOM_FILTER {
+        // The value is the input: the one to test.
+        read_user(a.u64(16), &mut value)?;
+        e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
+        return Ok(0);
+    }
+    if flags & BPF_F_LOCK != 0 {
+        // No value here holds a bpf_spin_lock.
+        return Err(libc::EINVAL);
+    }
+    e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
+    write_user(a.u64(16), &value)?;
+    Ok(0)
+}
+
+/// The value an update stores: fd-valued maps take a descriptor and store the object's id.
+fn translate_value(e: &MapEntry, value: &mut [u8]) -> Result<(), i32> {
+    let fd = || i32::from_ne_bytes(value[..4].try_into().expect("4 bytes"));
+    match e.map.map_type() {
+        MapType::BPF_MAP_TYPE_PROG_ARRAY => {
+            let obj = objects::get_kind(fd(), Kind::Prog)?;
+            value[..4].copy_from_slice(&obj.id.to_ne_bytes());
+        }
+        MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
+            let inner = map_of_fd(fd())?;
+            if let Some((t, k, v, max, flags)) = e.inner {
+                let s = inner.map.spec();
+                let same = inner.map_type == t
+                    && s.key_size == k
+                    && s.value_size == v
+                    && (inner.map_flags & !BPF_F_INNER_MAP) == (flags & !BPF_F_INNER_MAP)
+                    && (flags & BPF_F_INNER_MAP != 0 || s.max_entries == max);
+                if !same {
+                    return Err(libc::EINVAL);
+                }
+            }
+            value[..4].copy_from_slice(&inner.map.id().to_ne_bytes());
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// BPF_MAP_UPDATE_ELEM.
+pub fn update(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(32) {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    can_write(&e)?;
+    let key = read_key(&e, a.u64(8))?;
+    let flags = a.u64(24);
+    let mut value = vec![0u8; e.map.value_buf_size()];
+    read_user(a.u64(16), &mut value)?;
+    if is_perf_array(&e) {
+        if flags > 2 {
+            return Err(libc::EINVAL);
+        }
+        let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
+        let fd = i32::from_ne_bytes(value[..4].try_into().expect("4-byte value"));
+        super::h4::perf_array_update(e.map.id(), idx, fd)?;
+        return Ok(0);
+    }
+    translate_value(&e, &mut value)?;
+    e.map.update_elem(&key, &value, flags).map_err(map_errno)?;
+    Ok(0)
+}
+
+/// BPF_MAP_DELETE_ELEM.
+pub fn delete(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(16) {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    can_write(&e)?;
+    let key = read_key(&e, a.u64(8))?;
+    if is_perf_array(&e) {
+        let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
+        super::h4::perf_array_delete(e.map.id(), idx)?;
+        return Ok(0);
+    }
+    e.map.delete_elem(&key).map_err(map_errno)?;
+    Ok(0)
+}
+
+/// BPF_MAP_GET_NEXT_KEY.
+pub fn get_next_key(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(24) {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    can_read(&e)?;
+    let ks = e.map.spec().key_size as usize;
+    let ukey = a.u64(8);
+    let key = if ukey == 0 { None } else { Some(read_key(&e, ukey)?) };
+    let mut next = vec![0u8; ks];
+    if is_perf_array(&e) || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
+        // Index arrays: the next index, whatever the slots hold.
+        let max = e.map.spec().max_entries;
+        let i = match &key {
+            None => 0,
+            Some(k) => {
+                let i = u32::from_ne_bytes(k[..4].try_into().expect("4-byte key"));
+                if i >= max { 0 } else { i + 1 }
+            }
+        };
+        if i >= max {
+            return Err(libc::ENOENT);
+        }
+        next.copy_from_slice(&i.to_ne_bytes());
+    } else {
+        e.map.get_next_key(key.as_deref(), &mut next).map_err(map_errno)?;
+    }
+    write_user(a.u64(16), &next)?;
+    Ok(0)
+}
+
+/// BPF_MAP_LOOKUP_AND_DELETE_ELEM.
+pub fn lookup_and_delete(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(32) {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    let flags = a.u64(24);
+    let key = read_key(&e, a.u64(8))?;
+    let t = e.map.map_type();
+    let hash = matches!(t, MapType::BPF_MAP_TYPE_HASH | MapType::BPF_MAP_TYPE_PERCPU_HASH | MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH);
+    if flags & !BPF_F_LOCK != 0 || (flags != 0 && !hash) {
+        return Err(libc::EINVAL);
+    }
+    if flags & BPF_F_LOCK != 0 {
+        return Err(libc::EINVAL);
+    }
+    if e.map_flags & (BPF_F_RDONLY | BPF_F_WRONLY) != 0 || e.frozen.load(Ordering::Acquire) {
+        return Err(libc::EPERM);
+    }
+    if !(hash || matches!(t, MapType::BPF_MAP_TYPE_QUEUE | MapType::BPF_MAP_TYPE_STACK)) {
+        return Err(ENOTSUPP);
+    }
+    let mut value = vec![0u8; e.map.value_buf_size()];
+    e.map.lookup_and_delete_elem(&key, &mut value).map_err(map_errno)?;
+    write_user(a.u64(16), &value)?;
+    Ok(0)
+}
+
+/// BPF_MAP_FREEZE: syscall writes are refused (`EPERM`) from now on; programs still write.
+pub fn freeze(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(4) {
+        return Err(libc::EINVAL);
+    }
+    let e = map_of_fd(a.i32(0))?;
+    // A frozen map's descriptors lose write permission: freezing again is EPERM.
+    if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.swap(true, Ordering::AcqRel) {
+        return Err(libc::EPERM);
+    }
+    Ok(0)
+}
+
+/// The four batch commands.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Batch {
+    Lookup,
+    LookupAndDelete,
+    Update,
+    Delete,
+}
+
+/// The map families and which batch operations the kernel gives each.
+fn batch_supported(e: &MapEntry, op: Batch) -> bool {
+    use MapType::*;
+    if e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
+        return false;
+    }
+    match e.map.map_type() {
+        BPF_MAP_TYPE_HASH | BPF_MAP_TYPE_PERCPU_HASH | BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH | BPF_MAP_TYPE_HASH_OF_MAPS => true,
+        BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY | BPF_MAP_TYPE_ARRAY_OF_MAPS => matches!(op, Batch::Lookup | Batch::Update),
+        BPF_MAP_TYPE_LPM_TRIE => matches!(op, Batch::Lookup | Batch::Update | Batch::Delete),
+        _ => false,
+    }
+}
+
+fn is_hash(e: &MapEntry) -> bool {
+    use MapType::*;
+    matches!(e.map.map_type(), BPF_MAP_TYPE_HASH | BPF_MAP_TYPE_PERCPU_HASH | BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH | BPF_MAP_TYPE_HASH_OF_MAPS)
+}
+
+/// BPF_MAP_LOOKUP_BATCH, BPF_MAP_LOOKUP_AND_DELETE_BATCH, BPF_MAP_UPDATE_BATCH and
+/// BPF_MAP_DELETE_BATCH. `count` is written back with the number of elements done. Hash
+/// maps take a u32 position as the batch token (the kernel's is a bucket number, also a u32);
+/// other maps take the last key, as the kernel's generic batch functions.
+pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
+    if !a.zero_from(56) {
+        return Err(libc::EINVAL);
+    }
+    let (in_batch, out_batch, ukeys, uvalues) = (a.u64(0), a.u64(8), a.u64(16), a.u64(24));
+    let max_count = a.u32(32);
+    let e = map_of_fd(a.i32(36))?;
+    let (elem_flags, flags) = (a.u64(40), a.u64(48));
+    if !batch_supported(&e, op) {
+        return Err(ENOTSUPP);
+    }
+    if flags != 0 {
+        return Err(libc::EINVAL);
+    }
+    match op {
+        Batch::Lookup => can_read(&e)?,
+        Batch::Update | Batch::Delete => can_write(&e)?,
+        Batch::LookupAndDelete => {
+            can_read(&e)?;
+            can_write(&e)?;
+        }
+    }
+    if elem_flags & !BPF_F_LOCK != 0 && op != Batch::Update {
+        return Err(libc::EINVAL);
+    }
+    if elem_flags & BPF_F_LOCK != 0 {
+        return Err(libc::EINVAL);
+    }
+    let ks = e.map.spec().key_size as usize;
+    let vs = e.map.value_buf_size();
+    let count_off = 32;
+    match op {
+        Batch::Update | Batch::Delete => {
+            let mut done = 0u32;
+            let mut res = Ok(0);
+            let mut key = vec![0u8; ks];
+            let mut value = vec![0u8; vs];
+            while done < max_count {
+                let r = (|| {
+                    read_user(ukeys + done as u64 * ks as u64, &mut key)?;
+                    if op == Batch::Update {
+                        read_user(uvalues + done as u64 * vs as u64, &mut value)?;
+                        translate_value(&e, &mut value)?;
+                        e.map.update_elem(&key, &value, elem_flags).map_err(map_errno)
+                    } else {
+                        e.map.delete_elem(&key).map_err(map_errno)
+                    }
+                })();
+                if let Err(err) = r {
+                    res = Err(err);
+                    break;
+                }
+                done += 1;
+            }
+            a.put_u32(count_off, done)?;
+            res
+        }
+        Batch::Lookup | Batch::LookupAndDelete => {
+            if max_count == 0 {
+                return Ok(0);
+            }
+            if is_hash(&e) {
+                hash_lookup_batch(a, &e, op, in_batch, out_batch, ukeys, uvalues, max_count)
+            } else {
+                generic_lookup_batch(a, &e, in_batch, out_batch, ukeys, uvalues, max_count)
+            }
+        }
+    }
+}
+
+/// Arrays and tries: walk with get_next_key from the key in `in_batch`; `out_batch` gets
+/// the last key returned; `ENOENT` once the walk reaches the end.
+#[allow(clippy::too_many_arguments)]
+fn generic_lookup_batch(a: &Attr, e: &MapEntry, in_batch: u64, out_batch: u64, ukeys: u64, uvalues: u64, max_count: u32) -> Result<i64, i32> {
+    let ks = e.map.spec().key_size as usize;
+    let vs = e.map.value_buf_size();
+    let mut prev: Option<Vec<u8>> = None;
+    if in_batch != 0 {
+        let mut k = vec![0u8; ks];
+        read_user(in_batch, &mut k)?;
+        prev = Some(k);
+    }
+    let mut key = vec![0u8; ks];
+    let mut value = vec![0u8; vs];
+    let mut cp = 0u32;
+    let mut res: Result<i64, i32> = Ok(0);
+    while cp < max_count {
+        if let Err(err) = e.map.get_next_key(prev.as_deref(), &mut key).map_err(map_errno) {
+            res = Err(err);
+            break;
+        }
+        match e.map.lookup_elem(&key, &mut value).map_err(map_errno) {
+            Ok(()) => {}
+            Err(libc::ENOENT) => {
+                // Deleted meanwhile: skip it.
+                prev = Some(key.clone());
+                continue;
+            }
+            Err(err) => return Err(err),
+        }
+        write_user(ukeys + cp as u64 * ks as u64, &key)?;
+        write_user(uvalues + cp as u64 * vs as u64, &value)?;
+        prev = Some(key.clone());
+        cp += 1;
+    }
+    a.put_u32(32, cp)?;
+    if cp > 0 {
+        if let Some(p) = &prev {
+            write_user(out_batch, p)?;
+        }
+    }
+    res
+}
+
+/// Hash maps: the token is the number of elements, in iteration order, already walked past.
+#[allow(clippy::too_many_arguments)]
+fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch: u64, ukeys: u64, uvalues: u64, max_count: u32) -> Result<i64, i32> {
+    let ks = e.map.spec().key_size as usize;
+    let vs = e.map.value_buf_size();
+    let mut skip = 0u32;
+    if in_batch != 0 {
+        let mut b = [0u8; 4];
+        read_user(in_batch, &mut b)?;
+        skip = u32::from_ne_bytes(b);
+    }
+    // Collect the keys of this batch first (deleting while walking would restart the walk).
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut prev: Option<Vec<u8>> = None;
+    let mut pos = 0u32;
+    let mut at_end = false;
+    loop {
+        let mut k = vec![0u8; ks];
+        match e.map.get_next_key(prev.as_deref(), &mut k).map_err(map_errno) {
+            Ok(()) => {}
+            Err(libc::ENOENT) => {
+                at_end = true;
+                break;
+            }
+            Err(err) => return Err(err),
+        }
+        if pos >= skip {
+            keys.push(k.clone());
+        }
+        pos += 1;
+        prev = Some(k);
+        if keys.len() as u32 == max_count {
+            // Whether anything follows decides ENOENT.
+            let mut probe = vec![0u8; ks];
+            at_end = e.map.get_next_key(prev.as_deref(), &mut probe).is_err();
+            break;
+        }
+        if pos > e.map.spec().max_entries.saturating_mul(2).saturating_add(16) {
+            break;
+        }
+    }
+    let mut value = vec![0u8; vs];
+    let mut cp = 0u32;
+    for k in &keys {
+        let r = if op == Batch::LookupAndDelete { e.map.lookup_and_delete_elem(k, &mut value) } else { e.map.lookup_elem(k, &mut value) };
+        match r.map_err(map_errno) {
+            Ok(()) => {}
+            Err(libc::ENOENT) => continue,
+            Err(err) => return Err(err),
+        }
+        write_user(ukeys + cp as u64 * ks as u64, k)?;
+        write_user(uvalues + cp as u64 * vs as u64, &value)?;
+        cp += 1;
+    }
+    a.put_u32(32, cp)?;
+    let next = if op == Batch::LookupAndDelete { skip } else { skip + cp };
+    write_user(out_batch, &next.to_ne_bytes())?;
+    if at_end {
+        Err(libc::ENOENT)
+    } else {
+        Ok(0)
+    }
+}
+
+/// Whether `m` is a map the loader has open here (for PROG_BIND_MAP and info).
+pub fn spec_of(e: &MapEntry) -> &MapSpec {
+    e.map.spec()
+}
+
+/// The map handle itself.
+pub fn handle(e: &MapEntry) -> &Arc<Map> {
+    &e.map
+}

@@ -1,0 +1,485 @@
+//! Object commands: BTF_LOAD, OBJ_GET_INFO_BY_FD, the *_GET_NEXT_ID and *_GET_FD_BY_ID
+//! commands, OBJ_PIN, OBJ_GET and ENABLE_STATS.
+
+use std::path::PathBuf;
+
+use userbpf_maps::MapType;
+use userbpf_object::Btf;
+
+use super::map::{install_map_fd, map_by_id, map_of_fd};
+use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
+use super::{io_errno, read_user, read_user_str, write_user, Attr};
+use crate::objects::{self, Kind};
+
+/// The kernel's BTF_MAX_SIZE.
+const BTF_MAX_SIZE: u32 = 16 * 1024 * 1024;
+
+/// BPF_BTF_LOAD: the BTF is parsed (malformed BTF is refused with `EINVAL` and the reason
+/// in the log) and stored in the session.
+pub fn btf_load(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(32) {
+        return Err(libc::EINVAL);
+    }
+    let (ubtf, log_buf, size, log_size, log_level) = (a.u64(0), a.u64(8), a.u32(16), a.u32(20), a.u32(24));
+    if size > BTF_MAX_SIZE {
+        return Err(libc::E2BIG);
+    }
+    let mut log = VLog::new(log_level, log_buf, log_size)?;
+    let mut data = vec![0u8; size as usize];
+    read_user(ubtf, &mut data)?;
+    let parsed = Btf::parse(&data);
+    if log.on() && data.len() >= 24 {
+        let u = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().expect("4 bytes"));
+        log.line(&format!("magic: 0x{:x}\nversion: {}\nflags: 0x{:x}\nhdr_len: {}", u16::from_le_bytes([data[0], data[1]]), data[2], data[3], u(4)));
+        log.line(&format!("type_off: {}\ntype_len: {}\nstr_off: {}\nstr_len: {}\nbtf_total_size: {}", u(8), u(12), u(16), u(20), data.len()));
+    }
+    let r = match &parsed {
+        Ok(btf) => {
+            if log.on() {
+                for (id, t) in btf.types().skip(1) {
+                    log.line(&format!("[{id}] {} {} ", t.kind().name().to_uppercase(), btf.name(id)));
+                }
+            }
+            Ok(())
+        }
+        Err(e) => {
+            log.line(&format!("{e}"));
+            Err(libc::EINVAL)
+        }
+    };
+    let (true_size, lr) = log.finish();
+    let _ = a.put_u32(28, true_size);
+    r?;
+    lr?;
+    let session = objects::session()?;
+    let id = session.add_btf(&data).map_err(|e| io_errno(&e))?;
+    objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map(|fd| fd as i64)
+}
+
+/// The kernel's info copy protocol: the caller's `info_len` bytes beyond what we know must be
+/// zero (`E2BIG`); we read the caller's struct (input pointers and lengths), fill it, write
+/// back `min(info_len, size)` bytes and the length.
+struct Info {
+    buf: Vec<u8>,
+    len: usize,
+    uinfo: u64,
+}
+
+impl Info {
+    fn read(a: &Attr, size: usize) -> Result<Info, i32> {
+        let (ulen, uinfo) = (a.u32(4) as usize, a.u64(8));
+        if ulen > size {
+            let mut tail = vec![0u8; ulen - size];
+            read_user(uinfo + size as u64, &mut tail)?;
+            if tail.iter().any(|&b| b != 0) {
+                return Err(libc::E2BIG);
+            }
+        }
+        let len = ulen.min(size);
+        let mut buf = vec![0u8; size];
+        read_user(uinfo, &mut buf[..len])?;
+        Ok(Info { buf, len, uinfo })
+    }
+    fn u32(&self, off: usize) -> u32 {
+        u32::from_ne_bytes(self.buf[off..off + 4].try_into().expect("4 bytes"))
+    }
+    fn u64(&self, off: usize) -> u64 {
+        u64::from_ne_bytes(self.buf[off..off + 8].try_into().expect("8 bytes"))
+    }
+    fn set32(&mut self, off: usize, v: u32) {
+        self.buf[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn set64(&mut self, off: usize, v: u64) {
+        self.buf[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn name(&mut self, off: usize, name: &str) {
+        let b = name.as_bytes();
+        let n = b.len().min(15);
+        self.buf[off..off + 16].fill(0);
+        self.buf[off..off + n].copy_from_slice(&b[..n]);
+    }
+    fn finish(&self, a: &Attr) -> Result<i64, i32> {
+        write_user(self.uinfo, &self.buf[..self.len])?;
+        a.put_u32(4, self.len as u32)?;
+        Ok(0)
+    }
+}
+
+/// Copies `min(user count, count)` records of `rec` bytes to the user array at `ptr`.
+fn copy_array(ptr: u64, user_cnt: u32, data: &[u8], rec: usize) -> Result<(), i32> {
+    if user_cnt == 0 || ptr == 0 {
+        return Ok(());
+    }
+    let n = (user_cnt as usize).min(data.len() / rec.max(1));
+    write_user(ptr, &data[..n * rec])
+}
+
+/// BPF_OBJ_GET_INFO_BY_FD for programs, maps, BTF and links.
+pub fn get_info(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(16) {
+        return Err(libc::EINVAL);
+    }
+    let fd = a.i32(0);
+    let Some(obj) = objects::get(fd) else {
+        // Not ours: EBADF for a closed descriptor, EINVAL for any other file.
+        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+    };
+    match obj.kind {
+        Kind::Prog => prog_info(a, fd),
+        Kind::Map => map_info(a, fd),
+        Kind::Btf => btf_info(a, obj.id),
+        Kind::Link => link_info(a, obj.id),
+        Kind::PerfEvent => Err(libc::EINVAL),
+    }
+}
+
+fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
+    let p = prog_of_fd(fd)?;
+    let mut i = Info::read(a, 232)?;
+    i.set32(0, p.prog_type);
+    i.set32(4, p.id);
+    i.buf[8..16].copy_from_slice(&p.tag);
+    // No JIT image is exposed: jited_prog_len 0 (as a kernel with the JIT disabled).
+    i.set32(16, 0);
+    let x = xlated(&p);
+    let ulen = i.u32(20);
+    i.set32(20, x.len() as u32);
+    if ulen != 0 {
+        let ptr = i.u64(32);
+        if ptr != 0 {
+            write_user(ptr, &x[..(ulen as usize).min(x.len())])?;
+        }
+    }
+    i.set64(40, p.load_time);
+    i.set32(48, p.uid);
+    let ids: Vec<u32> = p.map_ids.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let ulen = i.u32(52);
+    i.set32(52, ids.len() as u32);
+    let idb: Vec<u8> = ids.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    copy_array(i.u64(56), ulen, &idb, 4)?;
+    i.name(64, &p.name);
+    i.set32(80, 0);
+    i.set32(84, u32::from(p.gpl));
+    i.set32(104, 0);
+    i.set32(108, 0);
+    i.set32(128, p.btf_id);
+    // func_info (records of 8 bytes) and line_info (16 bytes).
+    let ulen = i.u32(144);
+    let nf = if p.func_info_rec_size != 0 { p.func_info.len() / p.func_info_rec_size as usize } else { 0 };
+    i.set32(144, nf as u32);
+    if ulen != 0 {
+        if i.u32(132) != 8 {
+            return Err(libc::EINVAL);
+        }
+        let recs: Vec<u8> = p.func_info.chunks(p.func_info_rec_size.max(1) as usize).flat_map(|c| c[..8.min(c.len())].to_vec()).collect();
+        copy_array(i.u64(136), ulen, &recs, 8)?;
+    }
+    i.set32(132, 8);
+    let ulen = i.u32(148);
+    let nl = if p.line_info_rec_size != 0 { p.line_info.len() / p.line_info_rec_size as usize } else { 0 };
+    i.set32(148, nl as u32);
+    if ulen != 0 {
+        if i.u32(172) != 16 {
+            return Err(libc::EINVAL);
+        }
+        let recs: Vec<u8> = p.line_info.chunks(p.line_info_rec_size.max(1) as usize).flat_map(|c| c[..16.min(c.len())].to_vec()).collect();
+        copy_array(i.u64(152), ulen, &recs, 16)?;
+    }
+    i.set32(172, 16);
+    i.set32(168, 0);
+    i.set32(176, 0);
+    let ulen = i.u32(180);
+    i.set32(180, 1);
+    copy_array(i.u64(184), ulen, &p.tag, 8)?;
+    // Run statistics of runs in this process (targets keep their own).
+    let (run_ns, run_cnt, misses) = match userbpf_runtime::programs::get(p.id) {
+        Some(lp) => {
+            use std::sync::atomic::Ordering::Relaxed;
+            (lp.stats.run_time_ns.load(Relaxed), lp.stats.run_cnt.load(Relaxed), lp.stats.missed.load(Relaxed))
+        }
+        None => (0, 0, 0),
+    };
+    i.set64(192, run_ns);
+    i.set64(200, run_cnt);
+    i.set64(208, misses);
+    i.set32(216, p.insns.len() as u32);
+    i.set32(220, 0);
+    i.set32(224, 0);
+    i.finish(a)
+}
+
+fn map_info(a: &Attr, fd: i32) -> Result<i64, i32> {
+    let e = map_of_fd(fd)?;
+    let s = e.map.spec();
+    let mut i = Info::read(a, 88)?;
+    i.set32(0, e.map_type);
+    i.set32(4, e.map.id());
+    i.set32(8, s.key_size);
+    i.set32(12, s.value_size);
+    i.set32(16, s.max_entries);
+    i.set32(20, e.map_flags);
+    i.name(24, &s.name);
+    i.set32(40, 0);
+    i.set32(44, 0);
+    i.set64(48, 0);
+    i.set64(56, 0);
+    i.set32(64, e.btf_id);
+    i.set32(68, e.btf_key_type_id);
+    i.set32(72, e.btf_value_type_id);
+    i.set32(76, 0);
+    i.set64(80, e.map_extra);
+    i.finish(a)
+}
+
+fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
+    let session = objects::session()?;
+    let data = session.btf(id).map_err(|e| io_errno(&e))?;
+    let mut i = Info::read(a, 32)?;
+    let ubtf = i.u64(0);
+    let ulen = i.u32(8) as usize;
+    let n = ulen.min(data.len());
+    if n > 0 {
+        write_user(ubtf, &data[..n])?;
+    }
+    i.set32(8, data.len() as u32);
+    i.set32(12, id);
+    let (uname, uname_len) = (i.u64(16), i.u32(24));
+    if (uname == 0) != (uname_len == 0) {
+        return Err(libc::EINVAL);
+    }
+    // BTF loaded by a program has no name; kernel_btf is 0.
+    i.set32(24, 0);
+    if uname != 0 {
+        write_user(uname, &[0])?;
+    }
+    i.set32(28, 0);
+    i.finish(a)
+}
+
+/// bpf_link_type values.
+pub const BPF_LINK_TYPE_RAW_TRACEPOINT: u32 = 1;
+pub const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
+
+fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
+    let session = objects::session()?;
+    let rec = session.links().map_err(|e| io_errno(&e))?.into_iter().find(|l| l.id == id);
+    let mut i = Info::read(a, 48)?;
+    let (ltype, prog_id) = match &rec {
+        Some(r) if r.kind == "raw_tracepoint" => (BPF_LINK_TYPE_RAW_TRACEPOINT, r.prog_id),
+        Some(r) => (BPF_LINK_TYPE_PERF_EVENT, r.prog_id),
+        // Detached: the kernel keeps the link object (with its program) until its last fd
+        // is closed; what we know is in the detached record, if any.
+        None => (BPF_LINK_TYPE_PERF_EVENT, super::link::detached_prog(id).unwrap_or(0)),
+    };
+    i.set32(0, ltype);
+    i.set32(4, id);
+    i.set32(8, prog_id);
+    if ltype == BPF_LINK_TYPE_RAW_TRACEPOINT {
+        let name = rec.as_ref().and_then(|r| r.func.clone()).unwrap_or_default();
+        let (uname, ulen) = (i.u64(16), i.u32(24));
+        let mut b = name.into_bytes();
+        b.push(0);
+        i.set32(24, b.len() as u32);
+        if uname != 0 && ulen != 0 {
+            let n = (ulen as usize).min(b.len());
+            let mut part = b[..n].to_vec();
+            if let Some(last) = part.last_mut() {
+                *last = 0;
+            }
+            write_user(uname, &part)?;
+            if (ulen as usize) < b.len() {
+                return Err(libc::ENOSPC);
+            }
+        }
+    }
+    i.finish(a)
+}
+
+/// Ids of the session's objects of `kind`, ascending.
+pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
+    let session = objects::session()?;
+    let mut v: Vec<u32> = match kind {
+        Kind::Map => session.maps().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
+        Kind::Prog => session.progs().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
+        Kind::Link => session.links().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
+        Kind::Btf => std::fs::read_dir(session.dir().join("btf"))
+            .map_err(|e| io_errno(&e))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .collect(),
+        Kind::PerfEvent => Vec::new(),
+    };
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// BPF_{PROG,MAP,BTF,LINK}_GET_NEXT_ID: the smallest id above `start_id`, or `ENOENT`.
+pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
+    if !a.zero_from(12) {
+        return Err(libc::EINVAL);
+    }
+    let start = a.u32(0);
+    if start >= i32::MAX as u32 {
+        return Err(libc::ENOENT);
+    }
+    let next = ids_of(kind)?.into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
+    a.put_u32(4, next)?;
+    Ok(0)
+}
+
+/// BPF_{PROG,MAP,BTF,LINK}_GET_FD_BY_ID.
+pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
+    if !a.zero_from(12) {
+        return Err(libc::EINVAL);
+    }
+    let (id, open_flags) = (a.u32(0), a.u32(8));
+    const BPF_F_RDONLY: u32 = 1 << 3;
+    const BPF_F_WRONLY: u32 = 1 << 4;
+    let allowed = if kind == Kind::Map { BPF_F_RDONLY | BPF_F_WRONLY } else { 0 };
+    if open_flags & !allowed != 0 || open_flags == BPF_F_RDONLY | BPF_F_WRONLY {
+        return Err(libc::EINVAL);
+    }
+    install_by_id(kind, id).map(|fd| fd as i64)
+}
+
+/// A new descriptor of the session object `kind`/`id`; `ENOENT` if there is none.
+pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
+    let session = objects::session()?;
+    match kind {
+        Kind::Map => {
+            let e = map_by_id(id)?;
+            install_map_fd(id, e.map.map_type())
+        }
+        Kind::Prog => {
+            prog_by_id(id)?;
+            objects::install(Kind::Prog, id, &session.dir().join("progs").join(format!("{id}.json"))).map_err(not_found)
+        }
+        Kind::Btf => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+        Kind::Link => {
+            // Perf links open the perf module's link file; raw tracepoint links their record.
+            let perf = crate::attach::link_file(id);
+            let path = if perf.exists() { perf } else { session.dir().join("links").join(format!("{id}.json")) };
+            objects::install(Kind::Link, id, &path).map_err(not_found)
+        }
+        Kind::PerfEvent => Err(libc::ENOENT),
+    }
+}
+
+fn not_found(e: i32) -> i32 {
+    if e == libc::ENOENT {
+        libc::ENOENT
+    } else {
+        e
+    }
+}
+
+/// Where pins of path `p` are recorded in the session (one file per pinned path).
+fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
+    let session = objects::session()?;
+    let dir = session.dir().join("pins");
+    std::fs::create_dir_all(&dir).map_err(|e| io_errno(&e))?;
+    let mut name = String::new();
+    for &b in p {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("%{b:02x}"));
+        }
+    }
+    Ok(dir.join(name))
+}
+
+/// A pin path, normalised: absolute, under the BPF filesystem (`/sys/fs/bpf`), without `.`
+/// or `..` components. Others are refused as the kernel refuses a path outside a bpffs
+/// (`EPERM`).
+fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
+    let raw = read_user_str(a.u64(0), 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })?;
+    if raw.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for c in raw.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let norm = parts.join(&b'/');
+    if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
+        return Err(libc::EPERM);
+    }
+    Ok(norm)
+}
+
+/// BPF_OBJ_PIN: records the pin in the session (the real BPF filesystem is not touched).
+pub fn pin(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(20) {
+        return Err(libc::EINVAL);
+    }
+    if a.u32(12) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let fd = a.i32(8);
+    let Some(obj) = objects::get(fd) else {
+        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+    };
+    if obj.kind == Kind::PerfEvent {
+        return Err(libc::EINVAL);
+    }
+    let file = pin_file(&pin_path(a)?)?;
+    let text = format!("{} {}\n", obj.kind.name(), obj.id);
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&file).map_err(|e| io_errno(&e))?;
+    f.write_all(text.as_bytes()).map_err(|e| io_errno(&e))?;
+    Ok(0)
+}
+
+/// BPF_OBJ_GET: a new descriptor of the object pinned at the path.
+pub fn obj_get(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(20) {
+        return Err(libc::EINVAL);
+    }
+    if a.u32(8) != 0 {
+        return Err(libc::EINVAL);
+    }
+    const BPF_F_RDONLY: u32 = 1 << 3;
+    const BPF_F_WRONLY: u32 = 1 << 4;
+    let flags = a.u32(12);
+    if flags & !(BPF_F_RDONLY | BPF_F_WRONLY) != 0 || flags == BPF_F_RDONLY | BPF_F_WRONLY {
+        return Err(libc::EINVAL);
+    }
+    let file = pin_file(&pin_path(a)?)?;
+    let text = std::fs::read_to_string(&file).map_err(|e| io_errno(&e))?;
+    let (kind, id) = text.trim().split_once(' ').ok_or(libc::EINVAL)?;
+    let id: u32 = id.parse().map_err(|_| libc::EINVAL)?;
+    let kind = match kind {
+        "map" => Kind::Map,
+        "prog" => Kind::Prog,
+        "btf" => Kind::Btf,
+        "link" => Kind::Link,
+        _ => return Err(libc::EINVAL),
+    };
+    install_by_id(kind, id).map(|fd| fd as i64)
+}
+
+/// BPF_ENABLE_STATS: run statistics are always kept here; the descriptor the kernel hands
+/// out (stats stay on while it is open) is a descriptor of a session file.
+pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(4) {
+        return Err(libc::EINVAL);
+    }
+    if a.u32(0) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let session = objects::session()?;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
+    use std::os::fd::IntoRawFd;
+    Ok(f.into_raw_fd() as i64)
+}
+
+/// Whether a map type is one whose descriptor is the ring buffer's pollable path.
+pub fn is_ringbuf(t: MapType) -> bool {
+    t == MapType::BPF_MAP_TYPE_RINGBUF
+}

@@ -1,0 +1,687 @@
+//! Program commands: PROG_LOAD (checked by the VM's load-time checks, with a verifier-like
+//! log), PROG_TEST_RUN and PROG_BIND_MAP.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use userbpf_isa::helper_names::helper_name;
+use userbpf_isa::*;
+use userbpf_maps::{Map, ENOTSUPP};
+use userbpf_runtime::context::{CpuSlots, RunContext};
+use userbpf_runtime::program::MapResolver;
+use userbpf_runtime::{Engine, LoadedProgram, ProgRecord};
+
+use super::map::{check_name, map_by_id, map_of_fd};
+use super::{read_user, read_user_str, state, write_user, Attr};
+use crate::objects::{self, Kind};
+
+// enum bpf_prog_type values the runtime runs.
+pub const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
+pub const BPF_PROG_TYPE_KPROBE: u32 = 2;
+pub const BPF_PROG_TYPE_TRACEPOINT: u32 = 5;
+pub const BPF_PROG_TYPE_PERF_EVENT: u32 = 7;
+pub const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+pub const BPF_PROG_TYPE_SYSCALL: u32 = 31;
+
+/// The verifier's instruction limit, as its log states it.
+const INSN_LIMIT: usize = 1_000_000;
+const BPF_LOG_MASK: u32 = 0xf;
+const BPF_LOG_FIXED: u32 = 8;
+const BPF_LOG_LEVEL2: u32 = 2;
+const BPF_LOG_STATS: u32 = 4;
+
+/// The program type's name as the kernel's `bpftool prog` and the session records use it,
+/// for the types the runtime runs.
+pub fn prog_type_name(t: u32) -> Option<&'static str> {
+    Some(match t {
+        BPF_PROG_TYPE_SOCKET_FILTER => "socket_filter",
+        BPF_PROG_TYPE_KPROBE => "kprobe",
+        BPF_PROG_TYPE_TRACEPOINT => "tracepoint",
+        BPF_PROG_TYPE_PERF_EVENT => "perf_event",
+        BPF_PROG_TYPE_RAW_TRACEPOINT => "raw_tracepoint",
+        BPF_PROG_TYPE_SYSCALL => "syscall",
+        _ => return None,
+    })
+}
+
+/// The inverse of [`prog_type_name`] (records written by other loaders too).
+pub fn prog_type_of(name: &str) -> u32 {
+    match name {
+        "socket_filter" => BPF_PROG_TYPE_SOCKET_FILTER,
+        "kprobe" => BPF_PROG_TYPE_KPROBE,
+        "tracepoint" => BPF_PROG_TYPE_TRACEPOINT,
+        "perf_event" => BPF_PROG_TYPE_PERF_EVENT,
+        "raw_tracepoint" => BPF_PROG_TYPE_RAW_TRACEPOINT,
+        "syscall" => BPF_PROG_TYPE_SYSCALL,
+        _ => 0,
+    }
+}
+
+/// Helpers the kernel gives only to GPL-compatible programs (those the runtime has).
+const GPL_ONLY: &[u32] = &[4, 6, 25, 27, 35, 36, 45, 67, 109, 112, 113, 114, 115, 117, 141, 148, 177];
+
+/// The kernel's `license_is_gpl_compatible`.
+fn gpl_compatible(license: &[u8]) -> bool {
+    matches!(license, b"GPL" | b"GPL v2" | b"GPL and additional rights" | b"Dual BSD/GPL" | b"Dual MIT/GPL" | b"Dual MPL/GPL")
+}
+
+/// What this process knows about a program.
+pub struct ProgEntry {
+    pub id: u32,
+    pub prog_type: u32,
+    pub expected_attach_type: u32,
+    pub name: String,
+    /// The instructions as recorded in the session (map references by id).
+    pub insns: Vec<Insn>,
+    /// Maps the program uses (referenced, then bound with PROG_BIND_MAP).
+    pub map_ids: Mutex<Vec<u32>>,
+    pub btf_id: u32,
+    pub func_info_rec_size: u32,
+    pub func_info: Vec<u8>,
+    pub line_info_rec_size: u32,
+    pub line_info: Vec<u8>,
+    /// CLOCK_BOOTTIME nanoseconds at load (bpf_prog_info.load_time).
+    pub load_time: u64,
+    pub uid: u32,
+    pub gpl: bool,
+    pub tag: [u8; 8],
+    /// Prepared on first use in this process (PROG_TEST_RUN).
+    loaded: OnceLock<Result<Arc<LoadedProgram>, String>>,
+}
+
+impl ProgEntry {
+    /// The program prepared to run in this process (interpreter; test runs are one-shot).
+    pub fn loaded(&self) -> Result<Arc<LoadedProgram>, String> {
+        self.loaded
+            .get_or_init(|| {
+                let maps: Vec<(u32, Arc<Map>)> = self
+                    .map_ids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter_map(|&id| map_by_id(id).ok().map(|e| (id, e.map.clone())))
+                    .collect();
+                let slots = slots().map_err(|e| format!("CPU slots: {e}"))?;
+                let p = LoadedProgram::prepare(self.id, &self.name, &self.insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots)
+                    .map_err(|e| e.to_string())?;
+                let p = Arc::new(p);
+                userbpf_runtime::programs::register(p.clone());
+                Ok(p)
+            })
+            .clone()
+    }
+}
+
+/// The session's CPU slots (shared with the agent and targets).
+fn slots() -> Result<Arc<CpuSlots>, String> {
+    static SLOTS: OnceLock<Result<Arc<CpuSlots>, String>> = OnceLock::new();
+    SLOTS
+        .get_or_init(|| {
+            let s = objects::session().map_err(|e| format!("session: errno {e}"))?;
+            CpuSlots::open(&s.dir().join("cpus")).map(Arc::new).map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// CLOCK_BOOTTIME in nanoseconds (what the kernel's load_time counts from).
+fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The verifier log of one load: kept whole in memory, written to the caller's buffer as
+/// the kernel writes it (NUL-terminated; when it does not fit, `ENOSPC`, keeping the end of
+/// the log, or the start with BPF_LOG_FIXED).
+pub struct VLog {
+    pub level: u32,
+    buf: u64,
+    size: u32,
+    pub text: String,
+}
+
+impl VLog {
+    /// Validates the log attributes as the kernel's `bpf_verifier_log_attr_valid`.
+    pub fn new(level: u32, buf: u64, size: u32) -> Result<VLog, i32> {
+        // As the kernel's bpf_verifier_log_attr_valid (6.4 and later): buffer and size
+        // together, a buffer needs a level, a level without a buffer only measures the log.
+        if (buf != 0) != (size != 0) || (buf != 0 && level == 0) || level & !BPF_LOG_MASK != 0 || size > u32::MAX >> 2 {
+            return Err(libc::EINVAL);
+        }
+        Ok(VLog { level, buf, size, text: String::new() })
+    }
+
+    pub fn on(&self) -> bool {
+        self.level != 0
+    }
+
+    pub fn line(&mut self, s: &str) {
+        if self.on() {
+            self.text.push_str(s);
+            self.text.push('\n');
+        }
+    }
+
+    /// Copies the log out; `Err(ENOSPC)` when it was truncated. Returns the true size
+    /// (with the NUL) for `log_true_size`.
+    pub fn finish(&self) -> (u32, Result<(), i32>) {
+        if !self.on() {
+            return (0, Ok(()));
+        }
+        let bytes = self.text.as_bytes();
+        let true_size = bytes.len() as u32 + 1;
+        if self.buf == 0 {
+            return (true_size, Ok(()));
+        }
+        let cap = self.size as usize - 1;
+        let (part, full) = if bytes.len() <= cap {
+            (bytes, true)
+        } else if self.level & BPF_LOG_FIXED != 0 {
+            (&bytes[..cap], false)
+        } else {
+            (&bytes[bytes.len() - cap..], false)
+        };
+        let mut out = part.to_vec();
+        out.push(0);
+        if let Err(e) = write_user(self.buf, &out) {
+            return (true_size, Err(e));
+        }
+        (true_size, if full { Ok(()) } else { Err(libc::ENOSPC) })
+    }
+}
+
+/// One instruction as the verifier's log prints it: `pc: (op) text`.
+fn insn_line(insns: &[Insn], pc: usize) -> String {
+    let insn = insns[pc];
+    if insn.op == OP_CALL && insn.src == 0 {
+        let id = insn.imm as u32;
+        return match helper_name(id) {
+            Some(n) => format!("{pc}: (85) call bpf_{n}#{id}"),
+            None => format!("{pc}: (85) call unknown#{id}"),
+        };
+    }
+    format!("{pc}: ({:02x}) {}", insn.op, userbpf_isa::disasm::format_insn(insn, insns.get(pc + 1).copied()))
+}
+
+/// The kernel's `bpf_prog_calc_tag`: the first 8 bytes of the SHA-256 of the instructions
+/// with the immediates of map-referencing `lddw`s zeroed.
+pub fn prog_tag(insns: &[Insn]) -> [u8; 8] {
+    let mut v = insns.to_vec();
+    let mut pc = 0;
+    while pc < v.len() {
+        if v[pc].is_lddw() {
+            if matches!(v[pc].src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE) {
+                v[pc].imm = 0;
+                if pc + 1 < v.len() {
+                    v[pc + 1].imm = 0;
+                }
+            }
+            pc += 2;
+        } else {
+            pc += 1;
+        }
+    }
+    let d = sha256(&encode(&v));
+    d[..8].try_into().expect("8 bytes")
+}
+
+/// SHA-256 (FIPS 180-4), for program tags (kernels since 6.18 take the tag from SHA-256;
+/// before, from SHA-1).
+fn sha256(data: &[u8]) -> [u8; 32] {
+    const K: [u32; 64] = [
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
+        0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+        0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+        0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+    ];
+    let mut h: [u32; 8] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
+    let mut msg = data.to_vec();
+    let bits = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bits.to_be_bytes());
+    for block in msg.chunks_exact(64) {
+        let mut w = [0u32; 64];
+        for i in 0..16 {
+            w[i] = u32::from_be_bytes(block[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        }
+        for i in 16..64 {
+            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16].wrapping_add(s0).wrapping_add(w[i - 7]).wrapping_add(s1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
+        for i in 0..64 {
+            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+            let ch = (e & f) ^ (!e & g);
+            let t1 = hh.wrapping_add(s1).wrapping_add(ch).wrapping_add(K[i]).wrapping_add(w[i]);
+            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+            let maj = (a & b) ^ (a & c) ^ (b & c);
+            let t2 = s0.wrapping_add(maj);
+            hh = g;
+            g = f;
+            f = e;
+            e = d.wrapping_add(t1);
+            d = c;
+            c = b;
+            b = a;
+            a = t1.wrapping_add(t2);
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 32];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_known_answers() {
+        let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(super::sha256(b"")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(hex(super::sha256(b"abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        let long = vec![b'a'; 1000];
+        assert_eq!(hex(super::sha256(&long)), "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+    }
+
+    #[test]
+    fn tag_of_return_zero_is_the_kernels() {
+        use userbpf_isa::Insn;
+        let p = [Insn::new(0xb7, 0, 0, 0, 0), Insn::new(0x95, 0, 0, 0, 0)];
+        // What Linux 6.18 reports for `r0 = 0; exit`.
+        assert_eq!(super::prog_tag(&p), [0x59, 0xf4, 0xa9, 0x31, 0x74, 0x4d, 0xcd, 0xc6]);
+    }
+}
+
+/// A refused load: the log gets the offending instruction and the reason, then the
+/// verifier's summary line; the call fails with `errno` (or `ENOSPC` if the log did not fit).
+fn refuse(log: &mut VLog, a: &Attr, insns: &[Insn], pc: Option<usize>, msg: &str, errno: i32, processed: usize) -> Result<i64, i32> {
+    if let Some(pc) = pc.filter(|&p| p < insns.len()) {
+        // The verifier's walk reached the instruction: its state line, then the instruction.
+        log.line("0: R1=ctx() R10=fp0");
+        let l = insn_line(insns, pc);
+        log.line(&l);
+    }
+    log.line(msg);
+    log.line(&format!("processed {processed} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
+    let (true_size, _) = log.finish();
+    let _ = a.put_u32(140, true_size);
+    Err(errno)
+}
+
+/// BPF_PROG_LOAD.
+pub fn load(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(144) {
+        return Err(libc::EINVAL);
+    }
+    let prog_type = a.u32(0);
+    let insn_cnt = a.u32(4) as usize;
+    let (uinsns, ulicense) = (a.u64(8), a.u64(16));
+    let (log_level, log_size, log_buf) = (a.u32(24), a.u32(28), a.u64(32));
+    let prog_flags = a.u32(44);
+    let name = check_name(&a.name(48, 16), 16)?;
+    let (ifindex, expected_attach_type, prog_btf_fd) = (a.u32(64), a.u32(68), a.i32(72));
+    let (func_info_rec_size, ufunc_info, func_info_cnt) = (a.u32(76), a.u64(80), a.u32(88));
+    let (line_info_rec_size, uline_info, line_info_cnt) = (a.u32(92), a.u64(96), a.u32(104));
+    let (attach_btf_id, attach_prog_fd) = (a.u32(108), a.u32(112));
+    let (core_relo_cnt, fd_array) = (a.u32(116), a.u64(120));
+
+    // Flags the kernel knows: strict/any alignment, test_rnd_hi32, test_state_freq,
+    // sleepable, xdp_has_frags, test_reg_invariants.
+    const KNOWN_FLAGS: u32 = 1 | 2 | 4 | 8 | 16 | 32 | 128;
+    if prog_flags & !KNOWN_FLAGS != 0 {
+        return Err(libc::EINVAL);
+    }
+    let Some(type_name) = prog_type_name(prog_type) else {
+        // The kernel knows more types (networking, cgroups, LSM, tracing by BTF...), none of
+        // which runs in user space: as a kernel built without them, EINVAL.
+        return Err(libc::EINVAL);
+    };
+    if prog_flags & 16 != 0 {
+        // BPF_F_SLEEPABLE: not for these program types.
+        return Err(libc::EINVAL);
+    }
+    if ifindex != 0 {
+        return Err(libc::EINVAL);
+    }
+    if insn_cnt == 0 || insn_cnt > INSN_LIMIT {
+        return Err(libc::E2BIG);
+    }
+    let license = read_user_str(ulicense, 128).map_err(|e| if e == libc::EINVAL { libc::EINVAL } else { libc::EFAULT })?;
+    let gpl = gpl_compatible(&license);
+    let mut raw = vec![0u8; insn_cnt * 8];
+    read_user(uinsns, &mut raw)?;
+    let mut insns = decode(&raw).map_err(|_| libc::EINVAL)?;
+    let mut log = VLog::new(log_level, log_buf, log_size)?;
+    if attach_prog_fd != 0 || attach_btf_id != 0 {
+        // Attaching to another program or a kernel BTF type (fentry/fexit, freplace).
+        return refuse(&mut log, a, &insns, None, "attach_btf_id and attach_prog_fd are for BTF-attached (fentry/freplace) programs, which userbpf does not run", libc::EINVAL, 0);
+    }
+    if core_relo_cnt != 0 {
+        return refuse(&mut log, a, &insns, None, "in-kernel CO-RE relocations are not supported; relocate in the loader", libc::EINVAL, 0);
+    }
+    // BTF and the func/line info that comes with it.
+    let btf_id = if prog_btf_fd != 0 { objects::get_kind(prog_btf_fd, Kind::Btf)?.id } else { 0 };
+    let read_info = |rec: u32, ptr: u64, cnt: u32, what: &str, log: &mut VLog| -> Result<Vec<u8>, String> {
+        if cnt == 0 {
+            return Ok(Vec::new());
+        }
+        if btf_id == 0 {
+            return Err(format!("{what} requires btf"));
+        }
+        if !(8..=256).contains(&rec) || rec % 4 != 0 {
+            return Err(format!("invalid {what} rec size {rec}"));
+        }
+        let mut v = vec![0u8; rec as usize * cnt as usize];
+        read_user(ptr, &mut v).map_err(|_| format!("cannot read {what}"))?;
+        let _ = log;
+        Ok(v)
+    };
+    let func_info = match read_info(func_info_rec_size, ufunc_info, func_info_cnt, "func_info", &mut log) {
+        Ok(v) => v,
+        Err(m) => return refuse(&mut log, a, &insns, None, &m, libc::EINVAL, 0),
+    };
+    let line_info = match read_info(line_info_rec_size, uline_info, line_info_cnt, "line_info", &mut log) {
+        Ok(v) => v,
+        Err(m) => return refuse(&mut log, a, &insns, None, &m, libc::EINVAL, 0),
+    };
+    let tag = prog_tag(&insns);
+
+    // Map references by descriptor become references by session map id.
+    let mut map_ids: Vec<u32> = Vec::new();
+    let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
+    let mut pc = 0;
+    while pc < insns.len() {
+        let insn = insns[pc];
+        if insn.op == OP_CALL && insn.src == BPF_PSEUDO_KFUNC_CALL {
+            return refuse(&mut log, a, &insns, Some(pc), "calling kernel functions is not allowed", libc::EINVAL, pc);
+        }
+        if insn.op == OP_CALL && insn.src == 0 {
+            let id = insn.imm as u32;
+            let registry = userbpf_runtime::helpers::registry();
+            if registry.get(id).is_none() {
+                let msg = match helper_name(id) {
+                    Some(n) => format!("unknown func bpf_{n}#{id}"),
+                    None => format!("invalid func unknown#{id}"),
+                };
+                return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
+            }
+            if !gpl && GPL_ONLY.contains(&id) {
+                return refuse(&mut log, a, &insns, Some(pc), "cannot call GPL-restricted function from non-GPL compatible program", libc::EINVAL, pc + 1);
+            }
+        }
+        if !insn.is_lddw() {
+            pc += 1;
+            continue;
+        }
+        if pc + 1 >= insns.len() {
+            return refuse(&mut log, a, &insns, Some(pc), "invalid bpf_ld_imm64 insn", libc::EINVAL, pc);
+        }
+        let src = insn.src;
+        let fd = match src {
+            BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE => Some(insn.imm),
+            BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE => {
+                if fd_array == 0 {
+                    return refuse(&mut log, a, &insns, Some(pc), "fd_idx without fd_array is invalid", libc::EPROTO, pc);
+                }
+                let mut b = [0u8; 4];
+                read_user(fd_array + insn.imm as u32 as u64 * 4, &mut b)?;
+                Some(i32::from_ne_bytes(b))
+            }
+            BPF_PSEUDO_BTF_ID => {
+                return refuse(&mut log, a, &insns, Some(pc), "kernel variables (ksyms) do not exist for user-space programs", libc::EINVAL, pc);
+            }
+            _ => None,
+        };
+        if let Some(fd) = fd {
+            let e = match map_of_fd(fd) {
+                Ok(e) => e,
+                Err(errno) => return refuse(&mut log, a, &insns, None, &format!("fd {fd} is not pointing to valid bpf_map"), errno, 0),
+            };
+            let id = e.map.id();
+            insns[pc].src = if matches!(src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) { BPF_PSEUDO_MAP_IDX } else { BPF_PSEUDO_MAP_IDX_VALUE };
+            insns[pc].imm = id as i32;
+            if !map_ids.contains(&id) {
+                map_ids.push(id);
+                maps.push((id, e.map.clone()));
+            }
+        }
+        pc += 2;
+    }
+    // The VM's load-time checks, with the runtime's helpers and these maps.
+    let slots = match slots() {
+        Ok(s) => s,
+        Err(m) => return refuse(&mut log, a, &insns, None, &format!("userbpf: {m}"), libc::ENOMEM, 0),
+    };
+    let prepared = LoadedProgram::prepare(0, &name, &insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots);
+    if let Err(e) = prepared {
+        let msg = e.to_string();
+        // "instruction N: why" names the instruction: log it as the verifier does.
+        let pc = msg.strip_prefix("instruction ").and_then(|r| r.split(':').next()).and_then(|n| n.parse::<usize>().ok());
+        let why = match pc {
+            Some(_) => msg.split_once(": ").map(|(_, w)| w.to_string()).unwrap_or(msg.clone()),
+            None => msg.clone(),
+        };
+        // Structural faults (jumps, the last instruction) are found before the walk, as the
+        // kernel's check_subprogs and check_cfg find them: no instruction line.
+        return refuse(&mut log, a, &insns, None, &format!("{}{why}", pc.map(|p| format!("insn {p}: ")).unwrap_or_default()), libc::EINVAL, 0);
+    }
+    // The verifier-like log of a successful load.
+    if log.on() {
+        if log.level & BPF_LOG_LEVEL2 != 0 {
+            log.line("func#0 @0");
+            log.line("0: R1=ctx() R10=fp0");
+            let mut pc = 0;
+            while pc < insns.len() {
+                let l = insn_line(&insns, pc);
+                log.line(&l);
+                pc += if insns[pc].is_lddw() { 2 } else { 1 };
+            }
+        }
+        if log.level & BPF_LOG_STATS != 0 {
+            log.line("verification time 0 usec\nstack depth 0");
+        }
+        log.line(&format!("processed {} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0", insns.len()));
+    }
+    let (true_size, r) = log.finish();
+    let _ = a.put_u32(140, true_size);
+    r?;
+    let session = objects::session()?;
+    let mut sorted_ids = map_ids.clone();
+    sorted_ids.sort_unstable();
+    let record = ProgRecord {
+        id: 0,
+        name: name.clone(),
+        section: String::new(),
+        prog_type: type_name.to_string(),
+        insns_hex: encode(&insns).iter().map(|b| format!("{b:02x}")).collect(),
+        map_ids: sorted_ids,
+        btf_id: (btf_id != 0).then_some(btf_id),
+        object: None,
+        license: String::from_utf8_lossy(&license).into_owned(),
+    };
+    let record = session.add_prog(record).map_err(|e| super::io_errno(&e))?;
+    let id = record.id;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let entry = Arc::new(ProgEntry {
+        id,
+        prog_type,
+        expected_attach_type,
+        name,
+        insns,
+        map_ids: Mutex::new(map_ids),
+        btf_id,
+        func_info_rec_size,
+        func_info,
+        line_info_rec_size,
+        line_info,
+        load_time: boottime_ns(),
+        uid,
+        gpl,
+        tag,
+        loaded: OnceLock::new(),
+    });
+    state().progs.insert(id, entry);
+    let path = session.dir().join("progs").join(format!("{id}.json"));
+    objects::install(Kind::Prog, id, &path).map(|fd| fd as i64)
+}
+
+/// The program with session id `id` (loaded by this process, or recorded by another).
+pub fn prog_by_id(id: u32) -> Result<Arc<ProgEntry>, i32> {
+    if let Some(p) = state().progs.get(&id) {
+        return Ok(p.clone());
+    }
+    let session = objects::session()?;
+    let rec = session.progs().map_err(|e| super::io_errno(&e))?.into_iter().find(|r| r.id == id).ok_or(libc::ENOENT)?;
+    let bytes = parse_hex(&rec.insns_hex).map_err(|_| libc::EINVAL)?;
+    let insns = decode(&bytes).map_err(|_| libc::EINVAL)?;
+    let entry = Arc::new(ProgEntry {
+        id,
+        prog_type: prog_type_of(&rec.prog_type),
+        expected_attach_type: 0,
+        name: rec.name.chars().take(15).collect(),
+        tag: prog_tag(&insns),
+        insns,
+        map_ids: Mutex::new(rec.map_ids.clone()),
+        btf_id: rec.btf_id.unwrap_or(0),
+        func_info_rec_size: 0,
+        func_info: Vec::new(),
+        line_info_rec_size: 0,
+        line_info: Vec::new(),
+        load_time: 0,
+        // SAFETY: getuid has no preconditions.
+        uid: unsafe { libc::getuid() },
+        gpl: gpl_compatible(rec.license.as_bytes()),
+        loaded: OnceLock::new(),
+    });
+    Ok(state().progs.entry(id).or_insert(entry).clone())
+}
+
+/// The program `fd` refers to.
+pub fn prog_of_fd(fd: i32) -> Result<Arc<ProgEntry>, i32> {
+    let obj = objects::get_kind(fd, Kind::Prog)?;
+    prog_by_id(obj.id)
+}
+
+/// BPF_PROG_TEST_RUN (BPF_PROG_RUN): raw tracepoint and syscall programs run once here, in
+/// the loader, as the kernel runs them (bpftrace runs BEGIN and END this way). Other types
+/// the runtime loads have no test run in the kernel either (`ENOTSUPP`).
+pub fn test_run(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(76) {
+        return Err(libc::EINVAL);
+    }
+    let p = prog_of_fd(a.i32(0))?;
+    let (data_size_in, data_size_out, data_in, data_out) = (a.u32(8), a.u32(12), a.u64(16), a.u64(24));
+    let (repeat, duration) = (a.u32(32), a.u32(36));
+    let (ctx_size_in, ctx_size_out, ctx_in, ctx_out) = (a.u32(40), a.u32(44), a.u64(48), a.u64(56));
+    let (flags, cpu, batch_size) = (a.u32(64), a.u32(68), a.u32(72));
+    const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
+    match p.prog_type {
+        BPF_PROG_TYPE_RAW_TRACEPOINT => {
+            if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || duration != 0 || batch_size != 0 {
+                return Err(libc::EINVAL);
+            }
+            if ctx_size_in > 8 * 12 || (ctx_size_in != 0) != (ctx_in != 0) {
+                return Err(libc::EINVAL);
+            }
+            if flags & !BPF_F_TEST_RUN_ON_CPU != 0 || (flags & BPF_F_TEST_RUN_ON_CPU == 0 && cpu != 0) {
+                return Err(libc::EINVAL);
+            }
+            if flags & BPF_F_TEST_RUN_ON_CPU != 0 && cpu >= userbpf_maps::shm::possible_cpus() {
+                return Err(libc::ENXIO);
+            }
+            // The arguments, zero-extended to the most a raw tracepoint has.
+            let mut ctx = vec![0u8; 8 * 12];
+            read_user(ctx_in, &mut ctx[..ctx_size_in as usize])?;
+            let retval = run_once(&p, &mut ctx)?;
+            a.put_u32(4, retval as u32)?;
+            Ok(0)
+        }
+        BPF_PROG_TYPE_SYSCALL => {
+            if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || flags != 0 || cpu != 0 || batch_size != 0 {
+                return Err(libc::EINVAL);
+            }
+            if ctx_size_in > u16::MAX as u32 || (ctx_size_in != 0) != (ctx_in != 0) {
+                return Err(libc::EINVAL);
+            }
+            let mut ctx = vec![0u8; ctx_size_in as usize];
+            read_user(ctx_in, &mut ctx)?;
+            let retval = run_once(&p, &mut ctx)?;
+            write_user(ctx_in, &ctx)?;
+            a.put_u32(4, retval as u32)?;
+            Ok(0)
+        }
+        _ => Err(ENOTSUPP),
+    }
+}
+
+/// Runs `p` once on `ctx`: its return value.
+fn run_once(p: &ProgEntry, ctx: &mut [u8]) -> Result<u64, i32> {
+    let loaded = p.loaded().map_err(|_| libc::EINVAL)?;
+    let mut buf = ctx.to_vec();
+    if buf.is_empty() {
+        buf.resize(8, 0);
+    }
+    let r = loaded.run(buf.as_mut_ptr(), ctx.len(), RunContext::EMPTY);
+    let n = ctx.len();
+    ctx.copy_from_slice(&buf[..n]);
+    match r {
+        Ok(Some(v)) => Ok(v),
+        // Skipped (this thread is already running a program): the kernel counts a miss and
+        // reports the program as not run, retval 0.
+        Ok(None) => Ok(0),
+        Err(_) => Err(libc::EFAULT),
+    }
+}
+
+/// BPF_PROG_BIND_MAP: the map stays with the program (listed in its map ids).
+pub fn bind_map(a: &Attr) -> Result<i64, i32> {
+    if !a.zero_from(12) {
+        return Err(libc::EINVAL);
+    }
+    if a.u32(8) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let p = prog_of_fd(a.i32(0))?;
+    let m = map_of_fd(a.i32(4))?;
+    let id = m.map.id();
+    let mut ids = p.map_ids.lock().unwrap_or_else(|e| e.into_inner());
+    if !ids.contains(&id) {
+        ids.push(id);
+    }
+    Ok(0)
+}
+
+/// The translated instructions as the kernel's xlated dump gives them: map references as
+/// `BPF_PSEUDO_MAP_FD`/`BPF_PSEUDO_MAP_VALUE` with the map id in `imm`.
+pub fn xlated(p: &ProgEntry) -> Vec<u8> {
+    let mut v = p.insns.clone();
+    for i in v.iter_mut() {
+        if i.is_lddw() {
+            if i.src == BPF_PSEUDO_MAP_IDX {
+                i.src = BPF_PSEUDO_MAP_FD;
+            } else if i.src == BPF_PSEUDO_MAP_IDX_VALUE {
+                i.src = BPF_PSEUDO_MAP_VALUE;
+            }
+        }
+    }
+    encode(&v)
+}
+
+/// For messages: a program's short description.
+pub fn describe(p: &ProgEntry) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "prog {} ({})", p.id, p.name);
+    s
+}
