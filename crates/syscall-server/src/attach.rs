@@ -177,9 +177,15 @@ pub fn create_bpf_link(event: u32, prog: u32, cookie: u64) -> Result<u32, i32> {
         Running::Timer(..) => objects::session()?.alloc_id().map_err(io_errno)?,
     };
     let path = link_file(id);
-    if let Err(e) = std::fs::write(&path, format!("{event}\n")) {
+    // mknod, not open: an open and close here would look like the link's last close to the
+    // close watcher.
+    let made = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| libc::EINVAL)
+        // SAFETY: a NUL-terminated path; mknod creates an empty regular file.
+        .and_then(|c| if unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o600, 0) } == 0 { Ok(()) } else { Err(io_errno(std::io::Error::last_os_error())) });
+    if let Err(e) = made {
         stop(Attachment { event, prog, running });
-        return Err(io_errno(e));
+        return Err(e);
     }
     let is_link = matches!(running, Running::Link(_));
     attached(|m| m.insert(Key::Link(id), Attachment { event, prog, running }));

@@ -257,6 +257,14 @@ pub fn perf_array_delete(map_id: u32, key: u32) -> Result<(), i32> {
 /// Serves `mmap` when `fd` is ours; `None`: not ours, the kernel's.
 pub fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Option<Result<*mut c_void, i32>> {
     let (kind, id) = objects::kind_of(fd)?;
+    // The descriptors handed to the loader are opened with O_NOATIME; this library's own
+    // opens of the same files (the agent mapping a map, Map::open) are not, and are the
+    // kernel's business.
+    // SAFETY: F_GETFL reads the descriptor's status flags only.
+    let fl = unsafe { sys::raw6(libc::SYS_fcntl, fd as i64, libc::F_GETFL as i64, 0, 0, 0, 0) };
+    if fl < 0 || fl & libc::O_NOATIME as i64 == 0 {
+        return None;
+    }
     Some(match kind {
         Kind::PerfEvent => mmap_event(id, addr, len, prot, flags, off),
         Kind::Map => mmap_map(id, addr, len, prot, flags, off),

@@ -75,7 +75,7 @@ pub fn install(kind: Kind, id: u32, path: &Path) -> Result<i32, i32> {
     let mut cpath = path.as_os_str().as_bytes().to_vec();
     cpath.push(0);
     // SAFETY: `cpath` is NUL-terminated and outlives the call.
-    let fd = unsafe { sys::raw6(libc::SYS_openat, libc::AT_FDCWD as i64, cpath.as_ptr() as i64, (libc::O_RDWR | libc::O_CLOEXEC) as i64, 0, 0, 0) };
+    let fd = unsafe { sys::raw6(libc::SYS_openat, libc::AT_FDCWD as i64, cpath.as_ptr() as i64, (libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOATIME) as i64, 0, 0, 0) };
     if fd < 0 {
         return Err(-fd as i32);
     }

@@ -6,6 +6,7 @@
 // perf_loader OBJ PATH N      : probes target_func in the executable PATH (any process),
 //                               prints "ready", waits for N calls from elsewhere
 #include <errno.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	size_t sz;
-	unsigned long long *ro = bpf_map__initial_value(rodata, &sz);
+	unsigned long long *ro = (unsigned long long *)bpf_map__initial_value(rodata, &sz);
 	*ro = MAGIC;
 	int err = bpf_object__load(obj);
 	if (err) {
@@ -128,10 +129,18 @@ int main(int argc, char **argv)
 			bad++;
 		polls++;
 	}
-	struct bpf_map *bss = bpf_object__find_map_by_name(obj, ".bss");
-	unsigned long long *hits = bpf_map__initial_value(bss, &sz);
-	printf("perf=%ld perf_sum=%ld rb=%ld rb_sum=%ld lost=%ld bad=%ld hits=%llu expect_sum=%ld\n",
-	       perf_n, perf_sum, rb_n, rb_sum / 2, lost_n, bad, *hits, expect);
+	// .bss through a lookup and through an mmap of the (BPF_F_MMAPABLE) map, as skeletons read it.
+	int bss = bpf_map__fd(bpf_object__find_map_by_name(obj, ".bss"));
+	unsigned long long hits = 0, zero = 0;
+	if (bpf_map_lookup_elem(bss, &zero, &hits))
+		bad++;
+	unsigned long long *view = mmap(NULL, 4096, PROT_READ, MAP_SHARED, bss, 0);
+	if (view == MAP_FAILED) {
+		fprintf(stderr, "mmap .bss: %s\n", strerror(errno));
+		return 1;
+	}
+	printf("perf=%ld perf_sum=%ld rb=%ld rb_sum=%ld lost=%ld bad=%ld hits=%llu mmapped_hits=%llu expect_sum=%ld\n",
+	       perf_n, perf_sum, rb_n, rb_sum / 2, lost_n, bad, hits, view[0], expect);
 	perf_buffer__free(pb);
 	ring_buffer__free(rb);
 	bpf_link__destroy(l1);

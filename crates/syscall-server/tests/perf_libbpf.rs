@@ -1,0 +1,167 @@
+//! Perf events, rings and where programs run, through an unmodified libbpf loader
+//! (tests/perf/perf_loader.c): uprobes attached with `bpf_program__attach_uprobe_opts`,
+//! samples read with libbpf's own `perf_buffer` (perf event array + BPF output events
+//! mmapped by libbpf) and `ring_buffer` (ringbuf map mmapped by libbpf), `.bss` read by lookup
+//! and by mmap. Each run's summary line must be the kernel's for the same run.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn server_lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().parent().unwrap().join("libuserbpf_syscall_server.so");
+    assert!(lib.exists(), "{} is missing: build the crate first", lib.display());
+    lib
+}
+
+fn tmp() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+fn src(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/perf").join(name)
+}
+
+struct Built {
+    bpf: PathBuf,
+    loader: PathBuf,
+    target: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static B: std::sync::OnceLock<Built> = std::sync::OnceLock::new();
+    B.get_or_init(|| {
+        let dir = tmp().join(format!("perf-{}", std::process::id()));
+        Built {
+            bpf: userbpf_testutil::compile_bpf(&src("perf_events.bpf.c"), &dir),
+            loader: userbpf_testutil::compile_c(&src("perf_loader.c"), &dir.join("perf_loader"), &["-lbpf"]),
+            target: userbpf_testutil::compile_c(&src("perf_target.c"), &dir.join("perf_target"), &[]),
+        }
+    })
+}
+
+/// A command for the loader: run directly (the kernel) or served in `session`.
+fn loader(args: &[&str], session: Option<&str>) -> Command {
+    let b = built();
+    let mut c = match session {
+        None => Command::new(&b.loader),
+        Some(s) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("USERBPF_LOADER_PID=$$ exec \"$0\" \"$@\"")
+                .arg(&b.loader)
+                .env("LD_PRELOAD", server_lib())
+                .env("USERBPF_SESSION", s)
+                .env("USERBPF_SHM_DIR", shm());
+            c
+        }
+    };
+    c.arg(&b.bpf).args(args);
+    c
+}
+
+fn shm() -> PathBuf {
+    let d = tmp().join("shm");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn summary(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "loader failed: {}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    text.lines().find(|l| l.starts_with("perf=")).unwrap_or_else(|| panic!("no summary in\n{text}")).to_string()
+}
+
+#[test]
+fn uprobes_on_the_loader_itself_feed_perf_buffer_and_ring_buffer() {
+    let kernel = summary(&loader(&["self", "10"], None).output().unwrap());
+    assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55");
+    let user = summary(&loader(&["self", "10"], Some("perf-self")).output().unwrap());
+    assert_eq!(user, kernel);
+    // The loader's links are gone with it (the session goes with its last member).
+    assert!(!session_links("perf-self").is_some_and(|n| n > 0));
+}
+
+fn session_links(name: &str) -> Option<usize> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = shm().join(format!("userbpf-{uid}-{name}")).join("links");
+    Some(std::fs::read_dir(dir).ok()?.count())
+}
+
+fn wait_line(r: &mut impl BufRead, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut line = String::new();
+    while Instant::now() < deadline {
+        line.clear();
+        if r.read_line(&mut line).unwrap() == 0 {
+            panic!("end of output before {want:?}");
+        }
+        if line.trim() == want {
+            return;
+        }
+    }
+    panic!("no {want:?}");
+}
+
+/// The target process: served sessions get the server library as their agent (what a child
+/// of the loader, or `userbpf start`, runs).
+fn target(session: Option<&str>) -> Child {
+    let b = built();
+    let mut c = Command::new(&b.target);
+    c.arg("10").stdin(Stdio::piped()).stdout(Stdio::piped());
+    if let Some(s) = session {
+        c.env("LD_PRELOAD", server_lib()).env("USERBPF_SESSION", s).env("USERBPF_SHM_DIR", shm());
+    }
+    c.spawn().unwrap()
+}
+
+fn run_with_target(session: Option<&str>, target_first: bool) -> String {
+    let b = built();
+    let path = b.target.to_str().unwrap().to_string();
+    let mut t = None;
+    if target_first {
+        let mut c = target(session);
+        wait_line(&mut BufReader::new(c.stdout.as_mut().unwrap()), "started");
+        t = Some(c);
+    }
+    let mut l = loader(&[&path, "10"], session).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lout = BufReader::new(l.stdout.take().unwrap());
+    wait_line(&mut lout, "ready");
+    let mut t = match t {
+        Some(t) => t,
+        None => {
+            let mut c = target(session);
+            wait_line(&mut BufReader::new(c.stdout.as_mut().unwrap()), "started");
+            c
+        }
+    };
+    if target_first {
+        // The target's agent attaches links made after it started from its watcher thread:
+        // give it the time to see them (the loader waits for the samples themselves).
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    t.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut lout, &mut rest).unwrap();
+    let status = l.wait().unwrap();
+    t.stdin.as_mut().unwrap().write_all(b"bye\n").unwrap();
+    t.wait().unwrap();
+    assert!(status.success(), "loader failed: {status}\n{rest}");
+    rest.lines().find(|l| l.starts_with("perf=")).unwrap_or_else(|| panic!("no summary in\n{rest}")).to_string()
+}
+
+#[test]
+fn a_target_started_after_the_loader_runs_its_programs() {
+    let kernel = run_with_target(None, false);
+    assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55");
+    assert_eq!(run_with_target(Some("perf-after"), false), kernel);
+}
+
+#[test]
+fn a_target_started_before_the_loader_runs_its_programs() {
+    let kernel = run_with_target(None, true);
+    assert_eq!(run_with_target(Some("perf-before"), true), kernel);
+}
