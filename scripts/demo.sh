@@ -24,3 +24,36 @@ echo "== examples/bpf/latency.bpf.c: a clang-compiled object run 3 times with us
 echo
 echo "== examples/bpf/funclatency.bpf.c on examples/targets/workload.c: uprobe + uretprobe with userbpf run"
 "$u" run target/bpf/funclatency.bpf.o --attach enter=work --attach leave=work -- target/examples/workload 200000
+
+echo
+echo "== overhead of a counting uprobe on a noinline function (bench/uprobe's target and program)"
+d=target/demo
+mkdir -p "$d"
+cc -O2 -g -fno-omit-frame-pointer -shared -fPIC -o "$d/libbenchlib.so" bench/uprobe/benchlib.c
+cc -O2 -g -fno-omit-frame-pointer -o "$d/target" bench/uprobe/target.c -L"$d" -lbenchlib -Wl,-rpath,'$ORIGIN'
+clang -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu -DCOUNT_ENTRY -c -o "$d/count-entry.bpf.o" bench/uprobe/count.bpf.c
+kload_err=$(cc -O2 -g -o "$d/kload" bench/uprobe/kload.c -lbpf 2>&1) || kload_err="building kload failed: $(echo "$kload_err" | head -n 1)"
+[ -x "$d/kload" ] && kload_err=""
+# Thread CPU ns per call of the target's loop (best of 3 runs), with the given prefix command.
+cpu_ns() {
+    local n=$1 best="" v
+    shift
+    for _ in 1 2 3; do
+        v=$("$@" "$d/target" exe "$n" 2>/dev/null | sed -n 's/.*cpu_ns_per_call=\([0-9.]*\).*/\1/p' | head -n 1)
+        [ -n "$v" ] || return 1
+        best=$(awk -v a="$v" -v b="$best" 'BEGIN { print (b == "" || a < b) ? a : b }')
+    done
+    echo "$best"
+}
+base=$(cpu_ns 5000000 env)
+ours=$(cpu_ns 5000000 "$u" run "$d/count-entry.bpf.o" --attach count_entry=bench_fn --)
+ub=$(awk -v p="$ours" -v b="$base" 'BEGIN { d = p - b; if (d < 0.1) d = 0.1; printf "%.1f", d }')
+kern=""
+if [ -z "$kload_err" ]; then
+    kern=$(cpu_ns 200000 "$d/kload" "$d/count-entry.bpf.o" "$d/target" bench_fn --) || kload_err="the kernel refused the uprobe (run as root on a kernel with uprobes and BPF)"
+fi
+if [ -n "$kern" ]; then
+    awk -v u="$ub" -v k="$kern" -v b="$base" 'BEGIN { kd = k - b; printf "overhead per call: userbpf %s ns, kernel uprobe %.0f ns (%.0fx cheaper)\n", u, kd, kd / u }'
+else
+    echo "overhead per call: userbpf $ub ns, kernel uprobe not measured: $kload_err"
+fi

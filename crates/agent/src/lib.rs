@@ -72,10 +72,13 @@ struct AttachedLink {
     anchors: Vec<usize>,
     /// The library holding the probes, when it is not the executable (it may be unloaded).
     object: Option<LoadedObject>,
+    /// Probes of system calls made outside libc (see `tracepoint`).
+    raw: Vec<usize>,
 }
 
 impl AttachedLink {
     fn detach(self) {
+        tracepoint::raw_remove(&self.raw);
         for p in self.probes {
             let _ = userbpf_hook::detach(p);
         }

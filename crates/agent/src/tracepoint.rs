@@ -15,21 +15,27 @@
 //! return type is not known: a 32-bit `-1` in eax counts as `-1` too).
 //!
 //! Entry probes also hook libc's `syscall()` (the number in its first argument; filtered to
-//! the tracepoint's call for `sys_enter_NAME`). Not seen: system calls made by instructions
-//! outside these functions (inline `syscall` in other libraries or static binaries, libc's
-//! internal `*_nocancel` variants and other calls made inside libc without its public
-//! wrapper), calls answered by the vDSO (`clock_gettime`, `gettimeofday`, ...), and the
-//! return of calls made through `syscall()`.
+//! the tracepoint's call for `sys_enter_NAME`).
+//!
+//! System calls made by `syscall` instructions outside libc (inline in the program or in other
+//! libraries, the dynamic loader's own) are seen through Syscall User Dispatch
+//! (`userbpf_hook::sud`, turned on while a system call tracepoint is attached): they trap, the
+//! programs run before and after the call with its number and arguments as the kernel has
+//! them, and the call returns its real result. Not seen: calls made inside libc without its
+//! public wrapper (`*_nocancel` variants and other internal calls), calls answered by the
+//! vDSO (`clock_gettime`, `gettimeofday`, ...), and the return of calls made through libc's
+//! `syscall()`.
 //!
 //! Raw tracepoints get `{ struct pt_regs *regs, long id }` (sys_enter) or
 //! `{ regs, long ret }` (sys_exit), the registers a copy of the probe's with the system
 //! call's: arguments in di, si, dx, r10, r8, r9, the number in orig_ax.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
 
 use userbpf_hook::syscalls::{self, ArgSrc, Wrapper};
-use userbpf_hook::{ProbeKind, PtRegs, HOOK_CONTINUE};
+use userbpf_hook::{sud, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::RunContext;
 use userbpf_runtime::{LinkRecord, LoadedProgram};
 
@@ -119,40 +125,121 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
         } else {
             0
         };
-        let mut info = RunContext { regs: regs as u64, cookie: p.cookie, ..Default::default() };
-        match p.shape {
-            Shape::Record(l) => {
-                let mut buf = [0u8; MAX_RECORD];
-                buf[0..2].copy_from_slice(&l.common_type.to_le_bytes());
-                buf[4..8].copy_from_slice(&tid().to_le_bytes());
-                put(&mut buf, l.nr, nr);
-                if let Some(f) = l.ret {
-                    put(&mut buf, f, ret as u64);
-                }
-                for (f, v) in l.args.iter().zip(args) {
-                    if let Some(f) = f {
-                        put(&mut buf, *f, v);
-                    }
-                }
-                let _ = p.prog.run(buf.as_mut_ptr(), l.size, info);
-            }
-            Shape::Raw => {
-                let mut sys = r;
-                sys.orig_ax = nr;
-                if p.exit {
-                    sys.ax = ret as u64;
-                } else {
-                    sys.ax = (-(libc::ENOSYS as i64)) as u64;
-                    (sys.di, sys.si, sys.dx, sys.r10, sys.r8, sys.r9) = (args[0], args[1], args[2], args[3], args[4], args[5]);
-                }
-                info.regs = &sys as *const PtRegs as u64;
-                let mut ctx = [&sys as *const PtRegs as u64, if p.exit { ret as u64 } else { nr }];
-                let _ = p.prog.run(ctx.as_mut_ptr().cast(), 16, info);
-            }
-        }
+        fire(p, nr, args, ret, regs);
     }));
     drop(r);
     HOOK_CONTINUE
+}
+
+/// Runs the probe's program for system call `nr` with `args` (and `ret` at exit); `regs` are
+/// the registers of the hit (a wrapper's, or the system call's for raw calls).
+fn fire(p: &Probe, nr: u64, args: [u64; 6], ret: i64, regs: *mut PtRegs) {
+    // SAFETY: `regs` points to live registers of this hit.
+    let r = unsafe { *regs };
+    let mut info = RunContext { regs: regs as u64, cookie: p.cookie, ..Default::default() };
+    match p.shape {
+        Shape::Record(l) => {
+            let mut buf = [0u8; MAX_RECORD];
+            buf[0..2].copy_from_slice(&l.common_type.to_le_bytes());
+            buf[4..8].copy_from_slice(&tid().to_le_bytes());
+            put(&mut buf, l.nr, nr);
+            if let Some(f) = l.ret {
+                put(&mut buf, f, ret as u64);
+            }
+            for (f, v) in l.args.iter().zip(args) {
+                if let Some(f) = f {
+                    put(&mut buf, *f, v);
+                }
+            }
+            let _ = p.prog.run(buf.as_mut_ptr(), l.size, info);
+        }
+        Shape::Raw => {
+            let mut sys = r;
+            sys.orig_ax = nr;
+            if p.exit {
+                sys.ax = ret as u64;
+            } else {
+                sys.ax = (-(libc::ENOSYS as i64)) as u64;
+                (sys.di, sys.si, sys.dx, sys.r10, sys.r8, sys.r9) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+            }
+            info.regs = &sys as *const PtRegs as u64;
+            let mut ctx = [&sys as *const PtRegs as u64, if p.exit { ret as u64 } else { nr }];
+            let _ = p.prog.run(ctx.as_mut_ptr().cast(), 16, info);
+        }
+    }
+}
+
+// ------------------------------------------------- raw system calls (SUD) ----
+
+/// A probe run for system calls made outside libc (`userbpf_hook::sud`).
+#[derive(Clone, Copy)]
+struct RawProbe {
+    probe: &'static Probe,
+    /// Only this call (`sys_enter_NAME`); `None`: every call (raw_syscalls, raw tracepoints).
+    nr: Option<u32>,
+}
+
+/// The probes of raw system calls: a table replaced whole under `RAW_LOCK`, read without a
+/// lock from the SIGSYS handler (old tables are leaked: a handler may still read one).
+static RAW: AtomicPtr<Vec<RawProbe>> = AtomicPtr::new(std::ptr::null_mut());
+static RAW_LOCK: Mutex<()> = Mutex::new(());
+
+fn raw_table() -> &'static [RawProbe] {
+    let p = RAW.load(Ordering::Acquire);
+    // SAFETY: tables are leaked boxes, never freed.
+    if p.is_null() { &[] } else { unsafe { &*p } }
+}
+
+fn raw_publish(edit: impl FnOnce(&mut Vec<RawProbe>)) {
+    let _g = RAW_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = raw_table().to_vec();
+    edit(&mut t);
+    let empty = t.is_empty();
+    RAW.store(Box::into_raw(Box::new(t)), Ordering::Release);
+    if empty {
+        sud::disable();
+    }
+}
+
+fn raw_run(regs: &PtRegs, exit: bool) {
+    let table = raw_table();
+    if table.is_empty() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let nr = regs.orig_ax;
+        let args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
+        let mut copy = *regs;
+        for rp in table {
+            if rp.probe.exit == exit && rp.nr.is_none_or(|n| n as u64 == nr) {
+                fire(rp.probe, nr, args, regs.ax as i64, &mut copy);
+            }
+        }
+    }));
+}
+
+fn raw_enter(regs: &PtRegs) {
+    raw_run(regs, false);
+}
+
+fn raw_exit(regs: &PtRegs) {
+    raw_run(regs, true);
+}
+
+/// Removes probes added by `attach` (addresses of their leaked `Probe`s) from the table.
+pub fn raw_remove(probes: &[usize]) {
+    if !probes.is_empty() {
+        raw_publish(|t| t.retain(|rp| !probes.contains(&(rp.probe as *const Probe as usize))));
+    }
+}
+
+/// Adds a probe for raw system calls and turns dispatch on; `Err` when it cannot be.
+fn raw_add(rp: RawProbe) -> Result<(), String> {
+    static CALLBACKS: std::sync::Once = std::sync::Once::new();
+    CALLBACKS.call_once(|| sud::set_callbacks(raw_enter, raw_exit));
+    sud::enable()?;
+    raw_publish(|t| t.push(rp));
+    Ok(())
 }
 
 /// Parses a tracefs `format` file.
@@ -280,6 +367,15 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
     }
     if !refused.is_empty() {
         log(&format!("link {} ({what}): {} libc functions not hooked: {}", link.id, refused.len(), refused.join(", ")));
+    }
+    // System calls made outside libc.
+    let probe: &'static Probe = Box::leak(Box::new(Probe { prog, cookie: link.cookie, exit, shape, nr: None, only: None, args: [ArgSrc::Const(0); 6] }));
+    match raw_add(RawProbe { probe, nr: only }) {
+        Ok(()) => done.raw.push(probe as *const Probe as usize),
+        Err(e) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| log(&format!("system calls made outside libc (inline `syscall` instructions) are not traced: {e}")));
+        }
     }
     Ok(done)
 }

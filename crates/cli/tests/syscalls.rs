@@ -68,3 +68,33 @@ fn tracepoints_a_process_cannot_have_are_refused() {
     // syscall() is not seen (its number is gone by then).
     assert!(out.contains(".getppids = 10 }"), "{out}");
 }
+
+#[test]
+fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
+    let exe = userbpf_testutil::compile_c(&here("targets/raw_syscalls_target.c"), &tmp().join("syscalls/raw_syscalls_target"), &["-pthread"]);
+    let obj = object("raw_syscalls");
+    for engine in [&[][..], &["--interpreter"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+            .env("USERBPF_AGENT", agent())
+            .env("USERBPF_SHM_DIR", tmp())
+            .arg("run")
+            .arg(&obj)
+            .args(engine)
+            .arg("--")
+            .arg(&exe)
+            .arg("500")
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!err.contains("userbpf-agent:"), "{err}");
+        // Inline `syscall` in the main thread, in a thread created later (pthread_create's
+        // probe turns dispatch on there) and in a forked child (turned on again after fork);
+        // the raw rt_sigprocmask applied to the thread's mask, the raw write done.
+        assert!(out.contains("raw write\n"), "{out}\n{err}");
+        assert!(out.contains("raw_syscalls_target: 500 raw getppid calls in each of 3 processes/threads, 0 mismatches"), "{out}\n{err}");
+        // 3 x 500 raw calls and libc's getppid() once (seen at its wrapper), on enter and exit,
+        // per call and in raw_syscalls; the raw write with its arguments.
+        let want = ".counts = { .enter = 1501, .exit_ok = 1501, .exit_bad = 0, .raw_getppid = 1501, .raw_write_len = 1 }";
+        assert!(out.contains(want), "{out}\n{err}");
+    }
+}

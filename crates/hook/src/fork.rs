@@ -6,7 +6,7 @@
 //! after it the lock is released in both processes, and the child forgets the per-thread
 //! states of the threads that did not follow it (their shadow stacks, and their RCU
 //! generations, which could be stuck odd if they were running a handler) and registers for
-//! membarrier again. The forking thread's state is kept: its shadow stack still describes its
+//! membarrier and for system call dispatch (`sud`) again. The forking thread's state is kept: its shadow stack still describes its
 //! stack, which the child continues.
 
 use std::cell::UnsafeCell;
@@ -45,4 +45,5 @@ extern "C" fn child() {
     // store (and a futex wake if a parent thread was waiting: a system call, harmless here).
     drop(unsafe { (*HELD.0.get()).take() });
     crate::thread::after_fork_in_child();
+    crate::sud::after_fork_in_child();
 }

@@ -83,6 +83,12 @@ fn hash(k: usize) -> usize {
 }
 
 pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    // With system call dispatch on (`sud`), a `syscall` outside libc would trap.
+    if let Some(r) = crate::sud::through_libc(libc::SYS_mmap as u64, [0, len as u64, prot, flags, u64::MAX, 0]) {
+        return if r < 0 && r > -4096 { std::ptr::null_mut() } else { r as *mut u8 };
+    }
     let ret: isize;
     // SAFETY: a raw mmap(NULL, len, RW, PRIVATE|ANON, -1, 0) syscall; it
     // touches no user memory and clobbers only rcx/r11 (declared).
@@ -103,6 +109,9 @@ pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
 }
 
 pub(crate) fn raw_munmap(p: *mut u8, len: usize) {
+    if crate::sud::through_libc(libc::SYS_munmap as u64, [p as u64, len as u64, 0, 0, 0, 0]).is_some() {
+        return;
+    }
     let _ret: isize;
     // SAFETY: raw munmap of a region this module mapped and no longer uses.
     unsafe {

@@ -1,0 +1,68 @@
+// System calls made by inline `syscall` instructions, outside libc. Usage:
+// raw_syscalls_target N: getppid N times that way in the main thread, in a thread created
+// afterwards and in a forked child; libc's getppid() once; a raw rt_sigprocmask that blocks
+// SIGUSR1 (checked through libc) and a raw write of a line.
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static long raw6(long nr, long a, long b, long c, long d)
+{
+	long r;
+	register long r10 __asm__("r10") = d;
+	__asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+	return r;
+}
+
+static int n;
+static long mismatches;
+
+static void *thread_main(void *arg)
+{
+	long pid = (long)arg;
+	for (int i = 0; i < n; i++)
+		if (raw6(SYS_getppid, 0, 0, 0, 0) != pid)
+			__sync_fetch_and_add(&mismatches, 1);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	n = argc > 1 ? atoi(argv[1]) : 100;
+	long pid = getppid();
+	for (int i = 0; i < n; i++)
+		if (raw6(SYS_getppid, 0, 0, 0, 0) != pid)
+			mismatches++;
+	pthread_t t;
+	pthread_create(&t, NULL, thread_main, (void *)pid);
+	pthread_join(t, NULL);
+	fflush(stdout);
+	pid_t c = fork();
+	if (c == 0) {
+		long me = raw6(SYS_getppid, 0, 0, 0, 0);
+		for (int i = 1; i < n; i++)
+			if (raw6(SYS_getppid, 0, 0, 0, 0) != me)
+				_exit(1);
+		_exit(me == pid ? 1 : 0);
+	}
+	int st;
+	if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		mismatches++;
+	unsigned long set = 1UL << (SIGUSR1 - 1);
+	if (raw6(SYS_rt_sigprocmask, SIG_BLOCK, (long)&set, 0, 8) != 0)
+		mismatches++;
+	sigset_t now;
+	sigprocmask(SIG_BLOCK, NULL, &now);
+	if (!sigismember(&now, SIGUSR1))
+		mismatches++;
+	const char line[] = "raw write\n";
+	if (raw6(SYS_write, 1, (long)line, strlen(line), 0) != (long)strlen(line))
+		mismatches++;
+	printf("raw_syscalls_target: %d raw getppid calls in each of 3 processes/threads, %ld mismatches\n", n, mismatches);
+	return 0;
+}
