@@ -112,6 +112,9 @@ pub(crate) struct FpSave {
     pub avx: bool,
     /// XCR0 enables AVX-512 (opmask, ZMM_Hi256, Hi16_ZMM).
     pub avx512: bool,
+    /// `xgetbv` with ecx = 1 (XINUSE) is supported: the light save asks whether the upper
+    /// halves of the vector registers are in use (see [`fp_save`]).
+    pub xinuse: bool,
 }
 
 pub(crate) fn detect_fpsave() -> FpSave {
@@ -129,11 +132,13 @@ pub(crate) fn detect_fpsave() -> FpSave {
         // Leaf 0xD exists when OSXSAVE is set; ebx = size for the enabled XCR0.
         let d = core::arch::x86_64::__cpuid_count(0xD, 0);
         let size = (d.ebx as i32).max(576);
+        let xinuse = core::arch::x86_64::__cpuid_count(0xD, 1).eax & (1 << 2) != 0;
         return FpSave {
             xsave: true,
             size: (size + 63) & !63,
             avx,
             avx512,
+            xinuse,
         };
     }
     FpSave {
@@ -141,6 +146,7 @@ pub(crate) fn detect_fpsave() -> FpSave {
         size: 512,
         avx: false,
         avx512: false,
+        xinuse: false,
     }
 }
 
@@ -190,12 +196,28 @@ const ZMMS: [AsmRegisterZmm; 8] = [zmm0, zmm1, zmm2, zmm3, zmm4, zmm5, zmm6, zmm
 /// then MXCSR, FCW, an x87 flag byte, then the fnsave area.
 const L_MXCSR: i32 = 512;
 const L_FCW: i32 = 516;
+const L_WIDE: i32 = 520;
 const L_X87: i32 = 521;
 const L_TMP: i32 = 524;
 const L_FNSAVE: i32 = 576;
 const L_SIZE: i32 = 576 + 128;
 
+/// XINUSE bits (xgetbv with ecx = 1) of the upper halves of vector registers 0-15: bits
+/// 128-255 (YMM_Hi128) and 256-511 (ZMM_Hi256). (Opmasks and registers 16-31 are dead at
+/// the places the light save is used.)
+const XINUSE_UPPER: i32 = (1 << 2) | (1 << 6);
+
 /// Emits: rbx = rsp (pt_regs); align; save FP state. Clobbers rax/rcx/rdx.
+///
+/// The light save with AVX first asks XINUSE whether the upper halves are in use. Usually
+/// they are not (compiled code ends its AVX parts with `vzeroupper`): then only the xmm
+/// registers are saved, with legacy SSE moves, and restored after a `vzeroupper`, which puts
+/// the upper halves back in their initial (zero) state whatever the handlers did. Saving and
+/// restoring full-width registers instead would leave the upper state *dirty* after every
+/// hit, and every legacy SSE instruction of the probed program would then pay for it (an
+/// AVX-SSE transition or a false dependency on the upper halves, until its next
+/// `vzeroupper`: measured, a quarter of fio's time went to one `pxor` after each probe hit),
+/// and 512-bit moves keep the core in its AVX-512 frequency licence.
 fn fp_save(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), IcedError> {
     a.mov(rbx, rsp)?;
     a.and(rsp, -64)?;
@@ -220,6 +242,21 @@ fn fp_save(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), Iced
         }
     };
     a.sub(rsp, L_SIZE)?;
+    let mut wide = a.create_label();
+    let mut saved = a.create_label();
+    if fp.xinuse && (fp.avx || fp.avx512) {
+        a.mov(ecx, 1)?;
+        a.xgetbv()?;
+        a.test(eax, XINUSE_UPPER)?;
+        a.jnz(wide)?;
+        for (i, r) in XMMS.iter().take(n).enumerate() {
+            a.movdqu(xmmword_ptr(rsp + 64 * i as i32), *r)?;
+        }
+        a.mov(byte_ptr(rsp + L_WIDE), 0)?;
+        a.jmp(saved)?;
+    }
+    a.set_label(&mut wide)?;
+    a.mov(byte_ptr(rsp + L_WIDE), 1)?;
     if fp.avx512 {
         // Always the full zmm width: cheaper than asking XINUSE (xgetbv
         // costs more than the eight wider stores) and exact either way.
@@ -243,6 +280,7 @@ fn fp_save(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), Iced
         // restored whole below).
         a.vzeroupper()?;
     }
+    a.set_label(&mut saved)?;
     a.stmxcsr(dword_ptr(rsp + L_MXCSR))?;
     a.fnstcw(word_ptr(rsp + L_FCW))?;
     let mut empty = a.create_label();
@@ -296,6 +334,19 @@ fn fp_restore(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), I
     a.je(mxcsr_ok)?;
     a.ldmxcsr(dword_ptr(rsp + L_MXCSR))?;
     a.set_label(&mut mxcsr_ok)?;
+    let mut done = a.create_label();
+    if fp.xinuse && (fp.avx || fp.avx512) {
+        let mut wide = a.create_label();
+        a.cmp(byte_ptr(rsp + L_WIDE), 0)?;
+        a.jne(wide)?;
+        // The upper halves were in their initial state at the save: back to it.
+        a.vzeroupper()?;
+        for (i, r) in XMMS.iter().take(n).enumerate() {
+            a.movdqu(*r, xmmword_ptr(rsp + 64 * i as i32))?;
+        }
+        a.jmp(done)?;
+        a.set_label(&mut wide)?;
+    }
     if fp.avx512 {
         for (i, r) in ZMMS.iter().take(n).enumerate() {
             a.vmovdqu64(*r, zmmword_ptr(rsp + 64 * i as i32))?;
@@ -309,6 +360,7 @@ fn fp_restore(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), I
             a.movdqu(*r, xmmword_ptr(rsp + 64 * i as i32))?;
         }
     }
+    a.set_label(&mut done)?;
     a.mov(rsp, rbx)?;
     Ok(())
 }
