@@ -105,3 +105,66 @@ fn wrappers_that_do_not_map_the_target_stay_quiet() {
     assert!(!err.contains("userbpf"), "{err}");
     assert_eq!(hits(&out), 4 * 300, "{out}");
 }
+
+#[test]
+fn links_added_after_a_fork_are_attached_in_the_child() {
+    use std::io::BufRead;
+    use std::sync::Arc;
+    use userbpf_runtime::context::CpuSlots;
+    use userbpf_runtime::loader::LoadOptions;
+    use userbpf_runtime::{Engine, LinkRecord, Session};
+
+    let dir = tmp().join("forkwait");
+    let exe = userbpf_testutil::compile_c(&here("targets/forkwait_target.c"), &dir.join("forkwait_target"), &[]);
+    let _ = std::fs::remove_file(dir.join("stop"));
+    // A session of this test's own (in /dev/shm, where the target looks too), programs loaded,
+    // no link yet.
+    let name = format!("procs-forkwait-{}", std::process::id());
+    let session = Session::open(&name).unwrap();
+    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(count_object()).unwrap(), &opts, slots).unwrap();
+    let prog_id = loaded.programs[0].0.id;
+    let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
+    let hits = || {
+        let mut v = [0u8; 8];
+        bss.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
+        u64::from_le_bytes(v)
+    };
+
+    let mut target = Command::new(&exe)
+        .arg(&dir)
+        .env("LD_PRELOAD", agent())
+        .env("USERBPF_SESSION", &name)
+        .env_remove("USERBPF_SHM_DIR")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let child: u32 = line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    // The forked child joins the session as a member of its own (its watcher thread).
+    let members = session.dir().join("members");
+    wait_for("the child's membership", &|| {
+        std::fs::read_dir(&members).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{child}.")))
+    });
+    assert_eq!(hits(), 0);
+    // A link added now: only the child calls work(), and only its own watcher can attach it.
+    session
+        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .unwrap();
+    wait_for("hits in the child", &|| hits() > 0);
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    let status = target.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(status.success() && rest.contains("forkwait_target: child ok"), "{rest}");
+}

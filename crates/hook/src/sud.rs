@@ -125,8 +125,18 @@ fn find_libc() -> Result<(usize, usize, usize), String> {
     // SAFETY: the callback only writes into `f`, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(cb), &mut f as *mut Found as *mut c_void) };
     let (lo, len) = f.text.ok_or("libc's text segment was not found (a static or non-glibc program?)")?;
-    // SAFETY: dlsym with a NUL-terminated name.
-    let sys = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"syscall".as_ptr()) } as usize;
+    // libc's own `syscall` (a preloaded library may interpose one): through libc's handle.
+    // SAFETY: RTLD_NOLOAD only returns a handle of the loaded libc (its reference dropped by
+    // dlclose below); dlsym with a NUL-terminated name.
+    let sys = unsafe {
+        let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if h.is_null() {
+            return Err("libc.so.6 is not loaded".into());
+        }
+        let p = libc::dlsym(h, c"syscall".as_ptr()) as usize;
+        libc::dlclose(h);
+        p
+    };
     if sys < lo || sys >= lo + len {
         return Err("libc's syscall() is not in libc's text".into());
     }
