@@ -280,6 +280,8 @@ pub fn create_bpf_link(event: u32, prog: u32, cookie: u64) -> Result<u32, i32> {
         Running::Timer(..) => objects::session()?.alloc_id().map_err(io_errno)?,
     };
     let path = link_file(id);
+    // Ids are never reused in a live session: a file of this name is a dead session's.
+    let _ = std::fs::remove_file(&path);
     // mknod, not open: an open and close here would look like the link's last close to the
     // close watcher.
     let made = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
