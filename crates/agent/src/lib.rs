@@ -385,12 +385,36 @@ fn install_fork_handlers() {
     });
 }
 
-/// Before fork: no sync is half done when the address space is copied.
+/// Set when `fork_prepare` could not take the agent's lock: the child then leaves the agent
+/// alone (its hooks, copied with the address space, still run).
+static FORK_UNLOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Before fork: no sync is half done when the address space is copied. The lock is waited for
+/// up to 2 s: a fork from a library constructor (inside dlopen, the loader's lock held) while
+/// the watcher waits for the loader must not hang.
 extern "C" fn fork_prepare() {
-    if let Some(cell) = AGENT.get() {
-        let g = lock(cell);
-        // SAFETY: see `Held`; this thread owns the agent's lock now.
-        unsafe { *HELD.0.get() = Some(g) };
+    let Some(cell) = AGENT.get() else { return };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match cell.try_lock() {
+            Ok(g) => {
+                FORK_UNLOCKED.store(false, Ordering::SeqCst);
+                // SAFETY: see `Held`; this thread owns the agent's lock now.
+                unsafe { *HELD.0.get() = Some(g) };
+                return;
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                FORK_UNLOCKED.store(false, Ordering::SeqCst);
+                // SAFETY: as above.
+                unsafe { *HELD.0.get() = Some(p.into_inner()) };
+                return;
+            }
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_micros(200)),
+            Err(TryLockError::WouldBlock) => {
+                FORK_UNLOCKED.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
     }
 }
 
@@ -404,7 +428,7 @@ extern "C" fn fork_child() {
     // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
     // store (plus a wake if a parent thread was waiting, a harmless system call).
     drop(unsafe { (*HELD.0.get()).take() });
-    if AGENT.get().is_none() {
+    if AGENT.get().is_none() || FORK_UNLOCKED.load(Ordering::SeqCst) {
         return;
     }
     // SAFETY: pthread_create in the child of fork: glibc has made its thread list, stack

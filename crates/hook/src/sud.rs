@@ -27,9 +27,13 @@
 //! the others with a signal), threads created later by `pthread_create` turn it on before
 //! their start routine (an entry probe on `pthread_create` wraps the routine), a forked child
 //! turns it on for its thread (`fork` module), and exec turns it off (the new image's agent
-//! decides again). Limits: threads made by raw `clone` outside libc do not get it; a program
-//! that installs its own `SIGSYS` handler replaces this one; a thread that blocks `SIGSYS`
-//! through libc and then makes a raw system call is killed by the kernel.
+//! decides again). A dispatched call finding `SIGSYS` blocked kills the thread's process, so
+//! while dispatch is on `SIGSYS` is taken out of the sets given to libc's `sigprocmask`,
+//! `pthread_sigmask` and `sigaction` (entry probes pass a copy) and to raw `rt_sigprocmask`.
+//! Limits: threads made by raw `clone` outside libc do not get dispatch; a program that
+//! installs its own `SIGSYS` handler replaces this one; masks set by other paths
+//! (`sigsuspend`, `pselect`, libc-internal blocking such as at thread exit) still block it,
+//! and a raw system call then kills the process.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
@@ -412,6 +416,47 @@ unsafe extern "C" fn on_pthread_create(_: *mut c_void, regs: *mut PtRegs) -> u32
     crate::HOOK_CONTINUE
 }
 
+thread_local! {
+    /// A copy of the signal set (or `struct sigaction`) a program passed, without `SIGSYS`.
+    static MASK_COPY: std::cell::UnsafeCell<[u64; 20]> = const { std::cell::UnsafeCell::new([0; 20]) };
+}
+
+/// Entry probe of `sigprocmask`/`pthread_sigmask(how, set, old)` (`data` null) and
+/// `sigaction(sig, act, old)` (`data` non-null): while dispatch is on, a set blocking
+/// `SIGSYS` is replaced by a copy that does not (the kernel kills a thread whose dispatched
+/// system call finds `SIGSYS` blocked).
+unsafe extern "C" fn on_mask(data: *mut c_void, regs: *mut PtRegs) -> u32 {
+    // SAFETY: the hook's registers at the function's entry.
+    let regs = unsafe { &mut *regs };
+    if !ENABLED.load(Relaxed) || regs.si == 0 {
+        return crate::HOOK_CONTINUE;
+    }
+    let action = !data.is_null();
+    if !action && regs.di as i32 == libc::SIG_UNBLOCK {
+        return crate::HOOK_CONTINUE;
+    }
+    // glibc's sigset_t is 128 bytes; its struct sigaction is the handler, the 128-byte mask,
+    // the flags and the restorer (152 bytes).
+    let (words, mask_at) = if action { (19, 1) } else { (16, 0) };
+    let bit = 1u64 << (libc::SIGSYS - 1);
+    let src = regs.si as *const u64;
+    // SAFETY: the program passes this pointer to libc, which reads these bytes too.
+    if unsafe { src.add(mask_at).read_unaligned() } & bit == 0 {
+        return crate::HOOK_CONTINUE;
+    }
+    MASK_COPY.with(|c| {
+        let dst = c.get() as *mut u64;
+        // SAFETY: copying the program's set/struct (readable, see above) into this thread's
+        // buffer of 20 words, which the call reads before this thread can reach here again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, words * 8);
+            *dst.add(mask_at) &= !bit;
+        }
+        regs.si = dst as u64;
+    });
+    crate::HOOK_CONTINUE
+}
+
 fn setup() -> Result<(), String> {
     let mut s = SETUP.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(r) = s.as_ref() {
@@ -454,6 +499,14 @@ fn setup() -> Result<(), String> {
         let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
         crate::attach_with(r.addr, crate::ProbeKind::Entry, on_pthread_create, std::ptr::null_mut(), ext)
             .map_err(|e| format!("probing pthread_create (new threads): {e}"))?;
+        // Best effort: glibc's sigprocmask only calls pthread_sigmask (and starts with that
+        // call, which cannot be displaced), so its own probe may be refused.
+        for (func, data) in [("pthread_sigmask", 0usize), ("sigaction", 1), ("sigprocmask", 0)] {
+            if let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) {
+                let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
+                let _ = crate::attach_with(r.addr, crate::ProbeKind::Entry, on_mask, data as *mut c_void, ext);
+            }
+        }
         Ok(())
     })();
     *s = Some(r.clone());

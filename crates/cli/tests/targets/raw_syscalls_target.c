@@ -1,6 +1,6 @@
 // System calls made by inline `syscall` instructions, outside libc. Usage:
 // raw_syscalls_target N: getppid N times that way in the main thread, in a thread created
-// afterwards and in a forked child; libc's getppid() once; a raw rt_sigprocmask that blocks
+// afterwards (which blocks every signal first) and in a forked child; libc's getppid() once; a raw rt_sigprocmask that blocks
 // SIGUSR1 (checked through libc) and a raw write of a line.
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +25,10 @@ static long mismatches;
 static void *thread_main(void *arg)
 {
 	long pid = (long)arg;
+	// A worker that blocks every signal (as servers do) still makes raw system calls.
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	for (int i = 0; i < n; i++)
 		if (raw6(SYS_getppid, 0, 0, 0, 0) != pid)
 			__sync_fetch_and_add(&mismatches, 1);
