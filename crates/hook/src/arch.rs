@@ -377,6 +377,9 @@ pub(crate) fn common_entry(
     dispatch: u64,
 ) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
+    if kind != SaveKind::Full {
+        ret_only_fast_path(&mut a)?;
+    }
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     save_gprs(&mut a)?;
     fp_save(&mut a, fp, kind)?;
@@ -406,6 +409,113 @@ pub(crate) fn common_entry(
     a.lea(rsp, ptr(rsp + ENTRY_FRAME as i32))?;
     a.ret()?;
     a.assemble(ip)
+}
+
+/// The start of the light entry stub (function entries, where the status flags are dead): a
+/// hit on a site with return handlers and no entry handler only pushes the shadow-stack
+/// entry and plants the return trampoline, which this does in a few instructions without
+/// saving any state or calling anything. Anything unusual (entry handlers, no return
+/// handler, no thread state yet or not in the first slot of its hash, a handler running,
+/// no pthread destructor registered yet, a full shadow stack, stale entries to drop) falls
+/// through to the general path, which does what `entry_dispatch` does. Clobbers only flags.
+///
+/// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*, then the
+/// 128-byte red-zone gap, then the probed function's return address (its entry rsp).
+fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    use std::mem::{offset_of, size_of};
+    use crate::thread::{ShadowEntry, ThreadState};
+    const _: () = assert!(size_of::<ShadowEntry>() == 32);
+    let t = crate::thread::table_layout();
+    let has_entry = offset_of!(crate::Site, has_entry) as i32;
+    let has_ret = offset_of!(crate::Site, has_ret) as i32;
+    let site_addr = offset_of!(crate::Site, addr) as i32;
+    let in_handler = offset_of!(ThreadState, in_handler) as i32;
+    let registered = offset_of!(ThreadState, registered) as i32;
+    let top = offset_of!(ThreadState, top) as i32;
+    let entries = offset_of!(ThreadState, entries) as i32;
+    let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
+    let e_site = entries + offset_of!(ShadowEntry, site) as i32;
+    let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
+    let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
+    // After the four pushes below.
+    const SITE: i32 = 32 + 8;
+    const FN_SP: i32 = 32 + 8 + 8 + 128;
+    let mut slow = a.create_label();
+    let mut push = a.create_label();
+    let mut slow_guarded = a.create_label();
+    a.push(rax)?;
+    a.push(rcx)?;
+    a.push(rdx)?;
+    a.push(rsi)?;
+    a.mov(rax, qword_ptr(rsp + SITE))?;
+    a.cmp(byte_ptr(rax + has_entry), 0)?;
+    a.jne(slow)?;
+    a.cmp(byte_ptr(rax + has_ret), 0)?;
+    a.je(slow)?;
+    // The thread's state: the first slot of hash(fs:[0]) (thread::current).
+    a.mov(rcx, qword_ptr(0u64).fs())?;
+    a.mov(rdx, rcx)?;
+    a.shr(rdx, 6)?;
+    a.mov(rsi, t.mul)?;
+    a.imul_2(rdx, rsi)?;
+    a.shr(rdx, t.shift)?;
+    a.and(edx, t.mask)?;
+    a.imul_3(rdx, rdx, t.slot_size)?;
+    a.mov(rsi, t.table)?;
+    a.add(rsi, rdx)?;
+    a.cmp(qword_ptr(rsi + t.key), rcx)?;
+    a.jne(slow)?;
+    a.mov(rsi, qword_ptr(rsi + t.state))?;
+    a.test(rsi, rsi)?;
+    a.jz(slow)?;
+    a.cmp(dword_ptr(rsi + in_handler), 0)?;
+    a.jne(slow)?;
+    a.cmp(dword_ptr(rsi + registered), 0)?;
+    a.je(slow)?;
+    a.mov(rdx, qword_ptr(rsi + top))?;
+    a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
+    a.jae(slow)?;
+    // The recursion guard, as entry_dispatch holds it: a hit in a signal handler meanwhile
+    // pushes nothing.
+    a.mov(dword_ptr(rsi + in_handler), 1)?;
+    a.lea(rcx, ptr(rsp + FN_SP))?;
+    a.test(rdx, rdx)?;
+    a.jz(push)?;
+    // A dead frame (longjmp'd over) at or below this one: the general path drops it.
+    a.mov(rax, rdx)?;
+    a.shl(rax, 5)?;
+    a.add(rax, rsi)?;
+    a.cmp(qword_ptr(rax + (e_sp - 32)), rcx)?;
+    a.jbe(slow_guarded)?;
+    a.set_label(&mut push)?;
+    a.mov(rax, rdx)?;
+    a.shl(rax, 5)?;
+    a.add(rax, rsi)?;
+    a.mov(rdx, qword_ptr(rcx))?;
+    a.mov(qword_ptr(rax + e_ret), rdx)?;
+    a.mov(rdx, qword_ptr(rsp + SITE))?;
+    a.mov(qword_ptr(rax + e_site), rdx)?;
+    a.mov(rdx, qword_ptr(rdx + site_addr))?;
+    a.mov(qword_ptr(rax + e_func), rdx)?;
+    a.mov(qword_ptr(rax + e_sp), rcx)?;
+    a.add(qword_ptr(rsi + top), 1)?;
+    a.mov(rdx, &crate::RET_TRAMP as *const _ as u64)?;
+    a.mov(rdx, qword_ptr(rdx))?;
+    a.mov(qword_ptr(rcx), rdx)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.pop(rsi)?;
+    a.pop(rdx)?;
+    a.pop(rcx)?;
+    a.pop(rax)?;
+    a.ret()?; // back into the site stub, which resumes at the relocated code
+    a.set_label(&mut slow_guarded)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.set_label(&mut slow)?;
+    a.pop(rsi)?;
+    a.pop(rdx)?;
+    a.pop(rcx)?;
+    a.pop(rax)?;
+    Ok(())
 }
 
 /// The shared return trampoline, assembled for address `ip`.

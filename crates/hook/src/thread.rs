@@ -77,9 +77,37 @@ fn thread_key() -> usize {
     k
 }
 
+const HASH_MUL: usize = 0x9E37_79B9_7F4A_7C15;
+const HASH_SHIFT: u32 = 20;
+
 #[inline(always)]
 fn hash(k: usize) -> usize {
-    ((k >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) & (TABLE_SIZE - 1)
+    ((k >> 6).wrapping_mul(HASH_MUL) >> HASH_SHIFT) & (TABLE_SIZE - 1)
+}
+
+/// Where generated code finds a thread's state (the return-only fast path of the entry stub,
+/// `arch::ret_only_fast_path`): the table, its slots' size and fields, and `hash`. That code
+/// looks at the first slot of the hash only and leaves everything else to `current`.
+pub(crate) struct TableLayout {
+    pub table: u64,
+    pub slot_size: i32,
+    pub key: i32,
+    pub state: i32,
+    pub mask: i32,
+    pub mul: u64,
+    pub shift: u32,
+}
+
+pub(crate) fn table_layout() -> TableLayout {
+    TableLayout {
+        table: TABLE.as_ptr() as u64,
+        slot_size: std::mem::size_of::<Slot>() as i32,
+        key: std::mem::offset_of!(Slot, key) as i32,
+        state: std::mem::offset_of!(Slot, state) as i32,
+        mask: (TABLE_SIZE - 1) as i32,
+        mul: HASH_MUL as u64,
+        shift: HASH_SHIFT,
+    }
 }
 
 pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
