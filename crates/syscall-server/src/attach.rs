@@ -488,6 +488,23 @@ pub fn close_event(id: u32) {
     with_events(|ev| ev.retain(|e| e.id != id || !e.bpf_links.is_empty()));
 }
 
+/// Before the loader's `close(fd)`: whether `fd` is a perf event or link of ours (then
+/// [`closed`] is called after the close, so the last close detaches before `close` returns,
+/// as in the kernel; the inotify watcher covers closes made otherwise).
+pub fn closing(fd: i32) -> Option<(Kind, u32)> {
+    match objects::kind_of(fd)? {
+        (k @ (Kind::PerfEvent | Kind::Link), id) => Some((k, id)),
+        _ => None,
+    }
+}
+
+/// After the close of a descriptor [`closing`] recognised.
+pub fn closed(kind: Kind, id: u32) {
+    let Ok(s) = objects::session() else { return };
+    let name = if kind == Kind::Link { format!("link-{id}") } else { id.to_string() };
+    on_close(&s.dir().join("perf"), &name);
+}
+
 /// Starts (once) the thread that sees descriptors of events and links closed.
 pub fn watch_closes() {
     static ONCE: Once = Once::new();

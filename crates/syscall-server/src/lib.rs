@@ -191,6 +191,22 @@ pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_ppoll, fds as i64, nfds as i64, tp as i64, mask as i64, 8, 0) }) as c_int
 }
 
+/// libc's `close(2)`: the last close of a perf event or link of ours detaches it before
+/// `close` returns, as in the kernel.
+///
+/// # Safety
+/// As for libc's `close`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let ours = if serving() { std::panic::catch_unwind(|| attach::closing(fd)).ok().flatten() } else { None };
+    // SAFETY: the caller's argument, passed on unchanged.
+    let r = sys::libc_ret(unsafe { sys::raw6(libc::SYS_close, fd as i64, 0, 0, 0, 0, 0) }) as c_int;
+    if let Some((kind, id)) = ours {
+        let _ = std::panic::catch_unwind(|| attach::closed(kind, id));
+    }
+    r
+}
+
 /// At load: in a process the loader started (not the loader: it starts its agent when it
 /// makes links), act as the agent of the session.
 extern "C" fn server_init() {

@@ -71,13 +71,15 @@ fn shm() -> PathBuf {
 fn summary(out: &std::process::Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "loader failed: {}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    text.lines().find(|l| l.starts_with("perf=")).unwrap_or_else(|| panic!("no summary in\n{text}")).to_string()
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("perf=") || l.starts_with("after_detach")).collect();
+    assert!(!lines.is_empty(), "no summary in\n{text}");
+    lines.join("\n")
 }
 
 #[test]
 fn uprobes_on_the_loader_itself_feed_perf_buffer_and_ring_buffer() {
     let kernel = summary(&loader(&["self", "10"], None).output().unwrap());
-    assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55");
+    assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55\nafter_detach: hits=10 perf=10 rb=10");
     let user = summary(&loader(&["self", "10"], Some("perf-self")).output().unwrap());
     assert_eq!(user, kernel);
     // The loader's links are gone with it (the session goes with its last member).

@@ -141,10 +141,17 @@ int main(int argc, char **argv)
 	}
 	printf("perf=%ld perf_sum=%ld rb=%ld rb_sum=%ld lost=%ld bad=%ld hits=%llu mmapped_hits=%llu expect_sum=%ld\n",
 	       perf_n, perf_sum, rb_n, rb_sum / 2, lost_n, bad, hits, view[0], expect);
-	perf_buffer__free(pb);
-	ring_buffer__free(rb);
+	// Closing the links (and their perf events) detaches the programs before close returns.
 	bpf_link__destroy(l1);
 	bpf_link__destroy(l2);
+	if (self) {
+		target_func(1000);
+		perf_buffer__poll(pb, 100);
+		ring_buffer__poll(rb, 100);
+		printf("after_detach: hits=%llu perf=%ld rb=%ld\n", view[0], perf_n, rb_n);
+	}
+	perf_buffer__free(pb);
+	ring_buffer__free(rb);
 	bpf_object__close(obj);
 	return 0;
 }
