@@ -375,9 +375,23 @@ fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Running, i32> {
     let period = period_of(event).ok_or(libc::EINVAL)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
+    let cpu = match crate::perf_event::event_spec(event) {
+        Some(Spec::Clock { cpu, .. }) => cpu,
+        _ => -1,
+    };
     let t = std::thread::Builder::new()
         .name(format!("userbpf-timer-{event}"))
         .spawn(move || {
+            if cpu >= 0 && (cpu as usize) < libc::CPU_SETSIZE as usize {
+                // A per-CPU clock samples its CPU: the program runs there (its CPU slot, what
+                // bpf_get_smp_processor_id returns, is that CPU's when free).
+                // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity work on it.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu as usize, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+            }
             let mut period = period;
             let mut next = Instant::now() + period;
             loop {
