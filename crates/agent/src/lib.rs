@@ -253,7 +253,13 @@ impl Agent {
             }
         }
         // Links whose library was unloaded wait for it to be loaded again.
-        let unmapped: Vec<u32> = self.links.iter().filter(|(_, l)| l.object.as_ref().is_some_and(|o| !objs.contains(o))).map(|(id, _)| *id).collect();
+        let gone_since = std::mem::take(&mut *UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()));
+        let unmapped: Vec<u32> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.object.as_ref().is_some_and(|o| !objs.contains(o) || gone_since.contains(o)))
+            .map(|(id, _)| *id)
+            .collect();
         for id in unmapped {
             if let Some(l) = self.links.remove(&id) {
                 l.forget();
@@ -359,14 +365,22 @@ fn target_spec(link: &LinkRecord) -> String {
 /// `userbpf_hook::dlnotify`): sync now, so that a library's probes are in place when dlopen
 /// returns. If the agent is busy (its lock may be held by a thread waiting for the loader),
 /// the watcher thread syncs instead.
-fn on_objects_changed(_: &ObjectChanges) {
+fn on_objects_changed(c: &ObjectChanges) {
     let Some(cell) = AGENT.get() else { return };
     match cell.try_lock() {
         Ok(mut a) => a.sync(),
         Err(TryLockError::Poisoned(p)) => p.into_inner().sync(),
-        Err(TryLockError::WouldBlock) => kick(),
+        Err(TryLockError::WouldBlock) => {
+            // The library may be mapped again at the same place before the watcher syncs:
+            // remember that its probes were forgotten.
+            UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()).extend(c.removed.iter().map(|(o, _)| o.clone()));
+            kick()
+        }
     }
 }
+
+/// Objects unmapped while the agent was busy (see `on_objects_changed`).
+static UNMAPPED: Mutex<Vec<LoadedObject>> = Mutex::new(Vec::new());
 
 // ------------------------------------------------------------------ fork ----
 
