@@ -14,7 +14,7 @@
 use std::cell::Cell;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 
 use userbpf_maps::shm::{possible_cpus, Shm};
 
@@ -105,11 +105,58 @@ pub struct CpuSlots {
     nr: u32,
 }
 
+/// glibc's `__rseq_offset` (the offset of the thread's `struct rseq` from the thread
+/// pointer) when glibc registered rseq for its threads (`__rseq_size` > 0), else
+/// `RSEQ_NONE`. Read once, when the first slot file is opened (never on the hit path).
+static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(RSEQ_UNKNOWN);
+const RSEQ_UNKNOWN: isize = isize::MIN;
+const RSEQ_NONE: isize = isize::MIN + 1;
+
+fn init_rseq() {
+    if RSEQ_OFFSET.load(Ordering::Relaxed) != RSEQ_UNKNOWN {
+        return;
+    }
+    // SAFETY: dlsym with a NUL-terminated name; the symbols, when glibc has them, are a
+    // `const ptrdiff_t` and a `const unsigned int` that never change after start-up.
+    let off = unsafe {
+        let off = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr());
+        let size = libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr());
+        if off.is_null() || size.is_null() || (size as *const u32).read() < 8 {
+            RSEQ_NONE
+        } else {
+            (off as *const isize).read()
+        }
+    };
+    RSEQ_OFFSET.store(off, Ordering::Relaxed);
+}
+
+/// The CPU this thread runs on: the `cpu_id` field of its rseq area (what glibc's
+/// `sched_getcpu` reads, without the call), else `sched_getcpu`.
+#[inline]
+fn this_cpu() -> u32 {
+    let off = RSEQ_OFFSET.load(Ordering::Relaxed);
+    if off > RSEQ_NONE {
+        let cpu: i32;
+        // SAFETY: glibc registered an rseq area for every thread at the thread pointer + off;
+        // its `cpu_id` (offset 4) is a 32-bit word the kernel keeps up to date.
+        unsafe {
+            std::arch::asm!("mov {c:e}, dword ptr fs:[{o} + 4]", o = in(reg) off, c = out(reg) cpu,
+                options(nostack, readonly, preserves_flags))
+        };
+        if cpu >= 0 {
+            return cpu as u32;
+        }
+    }
+    // SAFETY: sched_getcpu has no preconditions (glibc reads it from rseq or the vDSO).
+    unsafe { libc::sched_getcpu() }.max(0) as u32
+}
+
 const SLOT_STRIDE: usize = 64;
 
 impl CpuSlots {
     /// Opens (creating if needed) the slot file of a session.
     pub fn open(path: &Path) -> io::Result<CpuSlots> {
+        init_rseq();
         let nr = possible_cpus();
         let len = nr as usize * SLOT_STRIDE;
         let shm = match Shm::create(path, len) {
@@ -182,8 +229,7 @@ pub fn enter(slots: &CpuSlots, mut ctx: RunContext) -> Result<RunGuard<'_>, Miss
 /// Claims a free slot for this thread: the slot of the CPU it runs on, else the next free one.
 #[inline]
 fn claim(slots: &CpuSlots, t: &ThreadRun) -> Result<u32, Missed> {
-    // SAFETY: sched_getcpu has no preconditions (glibc reads it from rseq or the vDSO).
-    let start = unsafe { libc::sched_getcpu() }.max(0) as u32 % slots.nr;
+    let start = this_cpu() % slots.nr;
     let me = match t.tid.get() {
         0 => {
             // SAFETY: gettid has no preconditions.
@@ -249,5 +295,27 @@ mod tests {
         assert!(current().is_none());
         let again = enter(&slots, RunContext::default()).unwrap();
         drop(again);
+    }
+
+    #[test]
+    fn this_cpu_is_the_cpu_the_thread_runs_on() {
+        let _slots = CpuSlots::private().unwrap();
+        assert_ne!(RSEQ_OFFSET.load(Ordering::Relaxed), RSEQ_UNKNOWN);
+        std::thread::spawn(|| {
+            let n = possible_cpus().min(4);
+            for cpu in 0..n as usize {
+                // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread only.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        continue; // not allowed to run there (a restricted cpuset)
+                    }
+                }
+                assert_eq!(this_cpu(), cpu as u32);
+            }
+        })
+        .join()
+        .unwrap();
     }
 }
