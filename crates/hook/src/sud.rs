@@ -30,8 +30,9 @@
 //! decides again). A dispatched call finding `SIGSYS` blocked kills the thread's process, so
 //! while dispatch is on `SIGSYS` is taken out of the sets given to libc's `sigprocmask`,
 //! `pthread_sigmask` and `sigaction` (entry probes pass a copy) and to raw `rt_sigprocmask`.
-//! Limits: threads made by raw `clone` outside libc do not get dispatch; a program that
-//! installs its own `SIGSYS` handler replaces this one; masks set by other paths
+//! A `SIGSYS` handler the program installs through `sigaction` while dispatch is on is kept
+//! as the one other `SIGSYS`s (seccomp's, `raise`) are handed to.
+//! Limits: threads made by raw `clone` outside libc do not get dispatch; masks set by other paths
 //! (`sigsuspend`, `pselect`, libc-internal blocking such as at thread exit) still block it,
 //! and a raw system call then kills the process.
 
@@ -435,6 +436,9 @@ unsafe extern "C" fn on_mask(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     if !action && regs.di as i32 == libc::SIG_UNBLOCK {
         return crate::HOOK_CONTINUE;
     }
+    if action && regs.di as i32 == libc::SIGSYS {
+        return keep_sigsys_handler(regs);
+    }
     // glibc's sigset_t is 128 bytes; its struct sigaction is the handler, the 128-byte mask,
     // the flags and the restorer (152 bytes).
     let (words, mask_at) = if action { (19, 1) } else { (16, 0) };
@@ -455,6 +459,24 @@ unsafe extern "C" fn on_mask(data: *mut c_void, regs: *mut PtRegs) -> u32 {
         regs.si = dst as u64;
     });
     crate::HOOK_CONTINUE
+}
+
+/// `sigaction(SIGSYS, act, old)` while dispatch is on: ours stays installed, the program's
+/// becomes the one ours hands other `SIGSYS`s to (seccomp's, `raise`), and `old` gets the
+/// program's previous one, as if the call had been made.
+fn keep_sigsys_handler(regs: &mut PtRegs) -> u32 {
+    let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
+    let prev = OLD_SIGSYS.load(Acquire);
+    if !old.is_null() {
+        // SAFETY: `old` is the program's buffer for a struct sigaction (glibc's layout is the
+        // libc crate's); `prev` a leaked copy, never freed.
+        unsafe { old.write(if prev.is_null() { std::mem::zeroed() } else { *prev }) };
+    }
+    // SAFETY: `act` is the program's struct sigaction (non-null: checked by the caller).
+    let new = Box::into_raw(Box::new(unsafe { act.read() }));
+    OLD_SIGSYS.store(new, Release);
+    regs.ax = 0;
+    crate::HOOK_SKIP
 }
 
 fn setup() -> Result<(), String> {

@@ -1,7 +1,8 @@
 // System calls made by inline `syscall` instructions, outside libc. Usage:
 // raw_syscalls_target N: getppid N times that way in the main thread, in a thread created
 // afterwards (which blocks every signal first) and in a forked child; libc's getppid() once; a raw rt_sigprocmask that blocks
-// SIGUSR1 (checked through libc) and a raw write of a line.
+// SIGUSR1 (checked through libc), a signal handler returning through a raw rt_sigreturn, the
+// program's own SIGSYS handler, and a raw write of a line.
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +22,19 @@ static long raw6(long nr, long a, long b, long c, long d)
 
 static int n;
 static long mismatches;
+
+// A signal restorer of the program's own: rt_sigreturn from outside libc.
+void own_restorer(void);
+__asm__(".text\n.globl own_restorer\nown_restorer:\n\tmov $15, %eax\n\tsyscall\n");
+static volatile int usr2_hits, sys_hits;
+static void on_usr2(int sig) { usr2_hits++; }
+static void on_sys(int sig) { sys_hits++; }
+struct kernel_sigaction {
+	void (*handler)(int);
+	unsigned long flags;
+	void (*restorer)(void);
+	unsigned long mask;
+};
 
 static void *thread_main(void *arg)
 {
@@ -63,6 +77,19 @@ int main(int argc, char **argv)
 	sigset_t now;
 	sigprocmask(SIG_BLOCK, NULL, &now);
 	if (!sigismember(&now, SIGUSR1))
+		mismatches++;
+	// A handler installed by a raw rt_sigaction whose restorer makes a raw rt_sigreturn.
+	struct kernel_sigaction ka = { on_usr2, 0x04000000 /* SA_RESTORER */, own_restorer, 0 };
+	if (raw6(SYS_rt_sigaction, SIGUSR2, (long)&ka, 0, 8) != 0)
+		mismatches++;
+	raise(SIGUSR2);
+	raise(SIGUSR2);
+	if (usr2_hits != 2)
+		mismatches++;
+	// The program's own SIGSYS handler gets the SIGSYS it raises; raw calls still trap.
+	signal(SIGSYS, on_sys);
+	raise(SIGSYS);
+	if (sys_hits != 1)
 		mismatches++;
 	const char line[] = "raw write\n";
 	if (raw6(SYS_write, 1, (long)line, strlen(line), 0) != (long)strlen(line))
