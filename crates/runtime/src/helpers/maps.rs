@@ -183,6 +183,27 @@ pub fn map_at(addr: u64) -> Option<(&'static Map, u64)> {
     Some((m, ENTRIES[i].session.load(Ordering::Relaxed)))
 }
 
+/// The registered map at this address, without its session: what the helpers' hot paths
+/// need (one probe of the address table; the map itself is at the address).
+#[inline]
+pub fn map_ref(addr: u64) -> Option<&'static Map> {
+    find_ptr(addr as usize)?;
+    // SAFETY: a registered address is that of a `Map` whose `Arc` was leaked into the
+    // registry (never released): it stays valid until the process exits.
+    Some(unsafe { &*(addr as *const Map) })
+}
+
+/// The CPU slot for an operation on `m`: the run's for per-CPU maps (the others ignore it,
+/// and skip the thread-local read).
+#[inline]
+fn cpu_for(m: &Map) -> u32 {
+    if m.map_type().is_percpu() {
+        current_cpu()
+    } else {
+        0
+    }
+}
+
 /// The registered map of `session` with this id.
 #[inline]
 pub fn map_by_session_id(session: u64, id: u32) -> Option<&'static Map> {
@@ -250,10 +271,10 @@ unsafe fn slot_id(p: *const u8) -> u32 {
 /// arrays and hashes of maps, the inner map's address (NULL if the slot is empty or names no
 /// registered map of the session). Prog arrays: NULL (the kernel forbids the call).
 unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    let Some((m, session)) = map_at(map) else { return 0 };
+    let Some(m) = map_ref(map) else { return 0 };
     // SAFETY: keys are trusted (see the module docs of `helpers`): in valid programs they are
     // key_size readable bytes of stack or map memory.
-    let p = unsafe { m.lookup(key as *const u8, current_cpu()) };
+    let p = unsafe { m.lookup(key as *const u8, cpu_for(m)) };
     if p.is_null() {
         return 0;
     }
@@ -261,6 +282,7 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
         Map::Array(_) | Map::Hash(_) if is_map_in_map(m) => {
             // SAFETY: lookup of a map-in-map returns its 4-byte id slot.
             let id = unsafe { slot_id(p) };
+            let session = map_at(map).map_or(0, |(_, s)| s);
             map_by_session_id(session, id).map_or(0, |inner| inner as *const Map as u64)
         }
         Map::Array(_) if m.map_type() == MapType::BPF_MAP_TYPE_PROG_ARRAY => 0,
@@ -270,9 +292,9 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 
 /// `long bpf_map_update_elem(map, key, value, flags)`.
 unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
-    let Some((m, _)) = map_at(map) else { return EINVAL };
+    let Some(m) = map_ref(map) else { return EINVAL };
     // SAFETY: key and value are trusted (module docs of `helpers`).
-    match unsafe { m.update(key as *const u8, value as *const u8, flags, current_cpu()) } {
+    match unsafe { m.update(key as *const u8, value as *const u8, flags, cpu_for(m)) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -280,7 +302,7 @@ unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64,
 
 /// `long bpf_map_delete_elem(map, key)`.
 unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    let Some((m, _)) = map_at(map) else { return EINVAL };
+    let Some(m) = map_ref(map) else { return EINVAL };
     // SAFETY: the key is trusted (module docs of `helpers`).
     match unsafe { m.delete(key as *const u8) } {
         Ok(()) => 0,
@@ -290,7 +312,7 @@ unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 
 /// `long bpf_map_push_elem(map, value, flags)`.
 unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
-    let Some((m, _)) = map_at(map) else { return EINVAL };
+    let Some(m) = map_ref(map) else { return EINVAL };
     // SAFETY: the value is trusted (module docs of `helpers`).
     match unsafe { m.push(value as *const u8, flags) } {
         Ok(()) => 0,
@@ -300,7 +322,7 @@ unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: 
 
 /// Pop and peek: on an empty queue or stack the kernel zeroes the value.
 fn pop_or_peek(map: u64, value: u64, pop: bool) -> u64 {
-    let Some((m, _)) = map_at(map) else { return EINVAL };
+    let Some(m) = map_ref(map) else { return EINVAL };
     // SAFETY: the value buffer is trusted (module docs of `helpers`): value_size bytes.
     let r = unsafe { if pop { m.pop(value as *mut u8) } else { m.peek(value as *mut u8) } };
     match r {
@@ -328,7 +350,7 @@ unsafe extern "C" fn map_peek_elem(map: u64, value: u64, _: u64, _: u64, _: u64)
 /// `void *bpf_map_lookup_percpu_elem(map, key, cpu)`: the value of `cpu` in a per-CPU map,
 /// NULL if `cpu` is not a possible CPU of the map or the map is not per-CPU.
 unsafe extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64, _: u64) -> u64 {
-    let Some((m, _)) = map_at(map) else { return 0 };
+    let Some(m) = map_ref(map) else { return 0 };
     let cpu = cpu as u32;
     if !m.map_type().is_percpu() || cpu >= m.nr_cpus() {
         return 0;
