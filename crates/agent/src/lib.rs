@@ -328,7 +328,7 @@ impl Agent {
                     Ok(r) => r,
                     Err(userbpf_hook::HookError::Symbol(m)) if m.starts_with(symbols::DEFERRED) => return Ok(Outcome::Deferred),
                     // Not the target: an executable without the function.
-                    Err(_) if link.path.is_empty() => return Ok(Outcome::NotHere),
+                    Err(_) if link.path.is_empty() && !symbols::has_function(&obj.path, f).unwrap_or(false) => return Ok(Outcome::NotHere),
                     Err(e) => return Err(e.to_string()),
                 }
             }
