@@ -33,6 +33,7 @@ pub const PERF_TYPE_TRACEPOINT: u32 = 2;
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 pub const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
 pub const PERF_COUNT_SW_BPF_OUTPUT: u64 = 10;
+pub const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 
 pub const PERF_EVENT_IOC_ENABLE: u64 = 0x2400;
 pub const PERF_EVENT_IOC_DISABLE: u64 = 0x2401;
@@ -314,6 +315,11 @@ pub fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags
             return Err(e);
         }
     };
+    if flags & PERF_FLAG_FD_CLOEXEC == 0 {
+        // The kernel's descriptor is close-on-exec only when asked.
+        // SAFETY: F_SETFD on the descriptor just opened.
+        unsafe { sys::raw6(libc::SYS_fcntl, fd as i64, libc::F_SETFD as i64, 0, 0, 0, 0) };
+    }
     crate::mmap::event_created(id, &fifo);
     with_events(|ev| ev.push(Event { id, spec, fifo, enabled: aflags & FLAG_DISABLED == 0, prog: None, link: None, bpf_links: Vec::new() }));
     crate::attach::watch_closes();

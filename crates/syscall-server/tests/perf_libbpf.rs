@@ -167,3 +167,19 @@ fn a_target_started_before_the_loader_runs_its_programs() {
     let kernel = run_with_target(None, true);
     assert_eq!(run_with_target(Some("perf-before"), true), kernel);
 }
+
+/// A system call tracepoint attached by libbpf runs in the loader (only the loader's own
+/// calls are counted, by pid), and a CPU clock event runs a `perf_event` program until its
+/// link is destroyed.
+#[test]
+fn syscall_tracepoints_and_cpu_clock_events() {
+    let kernel = summary_tp(&loader(&["tp", "0"], None).output().unwrap());
+    assert_eq!(kernel, "tp=7 ticked=1 stopped=1");
+    assert_eq!(summary_tp(&loader(&["tp", "0"], Some("perf-tp")).output().unwrap()), kernel);
+}
+
+fn summary_tp(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "loader failed: {}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    text.lines().find(|l| l.starts_with("tp=")).unwrap_or_else(|| panic!("no summary in\n{text}")).to_string()
+}

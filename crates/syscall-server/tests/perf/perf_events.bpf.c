@@ -23,15 +23,24 @@ struct sample {
 	__u32 kind;
 };
 
-__u64 hits = 0;
-const volatile __u64 magic = 0;
+/* .bss and .rodata as single structs, so the loader knows their layout without a skeleton. */
+struct {
+	__u64 hits;
+	__u64 tp_hits;
+	__u64 ticks;
+} counters = {};
+
+const volatile struct {
+	__u64 magic;
+	__u32 only_pid;
+} cfg = {};
 
 SEC("uprobe")
 int BPF_KPROBE(on_entry, long arg)
 {
-	struct sample s = { .value = arg, .magic = magic, .pid = bpf_get_current_pid_tgid() >> 32, .kind = 0 };
+	struct sample s = { .value = arg, .magic = cfg.magic, .pid = bpf_get_current_pid_tgid() >> 32, .kind = 0 };
 
-	__sync_fetch_and_add(&hits, 1);
+	__sync_fetch_and_add(&counters.hits, 1);
 	bpf_perf_event_output(ctx, &events, BPF_F_CURRENT_CPU, &s, sizeof(s));
 	return 0;
 }
@@ -44,10 +53,26 @@ int BPF_KRETPROBE(on_return, long ret)
 	if (!s)
 		return 0;
 	s->value = ret;
-	s->magic = magic;
+	s->magic = cfg.magic;
 	s->pid = bpf_get_current_pid_tgid() >> 32;
 	s->kind = 1;
 	bpf_ringbuf_submit(s, 0);
+	return 0;
+}
+
+
+SEC("tracepoint/syscalls/sys_enter_getppid")
+int on_getppid(void *ctx)
+{
+	if ((bpf_get_current_pid_tgid() >> 32) == cfg.only_pid)
+		__sync_fetch_and_add(&counters.tp_hits, 1);
+	return 0;
+}
+
+SEC("perf_event")
+int on_tick(void *ctx)
+{
+	__sync_fetch_and_add(&counters.ticks, 1);
 	return 0;
 }
 

@@ -6,6 +6,8 @@
 // perf_loader OBJ PATH N      : probes target_func in the executable PATH (any process),
 //                               prints "ready", waits for N calls from elsewhere
 #include <errno.h>
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,49 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Mode "tp": a syscall tracepoint counted in the loader, and a CPU clock event running a
+ * perf_event program until its link is destroyed. */
+static int tp_mode(struct bpf_object *obj)
+{
+	int bss = bpf_map__fd(bpf_object__find_map_by_name(obj, ".bss"));
+	volatile unsigned long long *v = mmap(NULL, 4096, PROT_READ, MAP_SHARED, bss, 0);
+	if (v == MAP_FAILED)
+		return 1;
+	/* .bss: hits, tp_hits, ticks */
+	struct bpf_link *tp = bpf_program__attach_tracepoint(bpf_object__find_program_by_name(obj, "on_getppid"), "syscalls", "sys_enter_getppid");
+	if (!tp) {
+		fprintf(stderr, "tracepoint: %s\n", strerror(errno));
+		return 1;
+	}
+	for (int i = 0; i < 7; i++)
+		getppid();
+	bpf_link__destroy(tp);
+	getppid();
+	struct perf_event_attr a = { .type = PERF_TYPE_SOFTWARE, .size = sizeof(a), .config = PERF_COUNT_SW_CPU_CLOCK, .sample_period = 1000000 };
+	int pfd = syscall(__NR_perf_event_open, &a, -1, 0, -1, PERF_FLAG_FD_CLOEXEC);
+	if (pfd < 0) {
+		fprintf(stderr, "perf_event_open: %s\n", strerror(errno));
+		return 1;
+	}
+	struct bpf_link *pl = bpf_program__attach_perf_event(bpf_object__find_program_by_name(obj, "on_tick"), pfd);
+	if (!pl) {
+		fprintf(stderr, "attach_perf_event: %s\n", strerror(errno));
+		return 1;
+	}
+	double deadline = now() + 10;
+	while (v[2] < 3 && now() < deadline) {
+		/* keep CPU 0 busy enough for the kernel's cpu-clock to tick there */
+		for (volatile int k = 0; k < 100000; k++)
+			;
+	}
+	int ticked = v[2] >= 3;
+	bpf_link__destroy(pl);
+	unsigned long long t1 = v[2];
+	usleep(20000);
+	printf("tp=%llu ticked=%d stopped=%d\n", v[1], ticked, v[2] == t1);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -85,11 +130,14 @@ int main(int argc, char **argv)
 	size_t sz;
 	unsigned long long *ro = (unsigned long long *)bpf_map__initial_value(rodata, &sz);
 	*ro = MAGIC;
+	((unsigned int *)(ro + 1))[0] = getpid();
 	int err = bpf_object__load(obj);
 	if (err) {
 		fprintf(stderr, "load: %d\n", err);
 		return 1;
 	}
+	if (strcmp(argv[2], "tp") == 0)
+		return tp_mode(obj);
 	const char *bin = self ? "/proc/self/exe" : argv[2];
 	LIBBPF_OPTS(bpf_uprobe_opts, eo, .func_name = "target_func");
 	LIBBPF_OPTS(bpf_uprobe_opts, ro_, .func_name = "target_func", .retprobe = true);
