@@ -12,8 +12,8 @@
 //! On each notification the loaded objects are compared with the last look
 //! ([`LibraryWatcher::changes`]). Probes in an object that is gone are forgotten at once
 //! (its code is unmapped: its bytes are not restored, its handlers are unpublished, the site
-//! is dropped so a library mapped at the same address later gets a fresh one; trampoline
-//! pages stay mapped as for every detach). Then the callback given to [`install`] runs,
+//! and its trap entry are dropped so a library mapped at the same address later gets fresh
+//! ones; trampoline pages stay mapped as for every detach). Then the callback given to [`install`] runs,
 //! on the thread calling dlopen/dlclose with the loader's lock held: a library it sees in
 //! `added` is mapped but not relocated yet and its constructors have not run, so probes
 //! attached then see every call; it may attach and detach probes (this is not a hook
@@ -170,6 +170,7 @@ pub fn forget_sites_in(ranges: &[(usize, usize)]) -> usize {
         if let Some(site) = reg.sites.remove(addr) {
             site.patched.store(false, SeqCst);
             crate::publish(site, Vec::new());
+            crate::patch::unregister_trap_site(*addr);
         }
         reg.probes.retain(|_, a| a != addr);
     }

@@ -180,9 +180,16 @@ static TRAP_ADDR: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX
 static TRAP_RELOC: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
 static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Makes a site known to the SIGTRAP handler (sites are never removed).
+/// Makes a site known to the SIGTRAP handler (a slot freed by [`unregister_trap_site`] is
+/// used again first).
 pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
     let n = TRAP_COUNT.load(Acquire);
+    if let Some(i) = (0..n).find(|&i| TRAP_ADDR[i].load(Acquire) == 0) {
+        // The handler reads the address (Acquire) before the relocated copy.
+        TRAP_RELOC[i].store(relocated, Release);
+        TRAP_ADDR[i].store(addr, Release);
+        return true;
+    }
     if n >= MAX_SITES {
         return false;
     }
@@ -190,6 +197,15 @@ pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
     TRAP_ADDR[n].store(addr, Release);
     TRAP_COUNT.store(n + 1, Release);
     true
+}
+
+/// Forgets the site at `addr` (its code was unmapped: `dlnotify`), so that an `int3` met
+/// there later is not taken for its patch.
+pub(crate) fn unregister_trap_site(addr: usize) {
+    let n = TRAP_COUNT.load(Acquire);
+    for a in TRAP_ADDR.iter().take(n) {
+        let _ = a.compare_exchange(addr, 0, AcqRel, Acquire);
+    }
 }
 
 const FIX_MAX: usize = 16;
