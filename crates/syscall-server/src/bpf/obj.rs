@@ -269,7 +269,7 @@ fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
         Some(r) => (BPF_LINK_TYPE_PERF_EVENT, r.prog_id),
         // Detached: the kernel keeps the link object (with its program) until its last fd
         // is closed; what we know is in the detached record, if any.
-        None => (BPF_LINK_TYPE_PERF_EVENT, super::link::detached_prog(id).unwrap_or(0)),
+        None => (BPF_LINK_TYPE_PERF_EVENT, crate::attach::bpf_link_prog(id).or_else(|| super::link::detached_prog(id)).unwrap_or(0)),
     };
     i.set32(0, ltype);
     i.set32(4, id);
@@ -473,6 +473,7 @@ pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
     if a.u32(0) != 0 {
         return Err(libc::EINVAL);
     }
+    userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
     let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
