@@ -34,6 +34,10 @@ pub struct RunContext {
     pub nr_args: u32,
     /// The function's return value for return probes (`bpf_get_func_ret`).
     pub retval: Option<u64>,
+    /// An entry probe whose probed instruction is `push %rbp` or `endbr64`: the kernel's
+    /// `is_uprobe_at_func_entry`, under which user stacks take the return address at `[sp]`
+    /// before the frame-pointer walk (see `helpers::stack`).
+    pub at_func_entry: bool,
     /// Opaque pointer to the running program, for helpers that need it (tail calls).
     pub prog: *const (),
     /// The context the program was given (r1) and its length: tail-called programs get it too.
@@ -42,8 +46,18 @@ pub struct RunContext {
 }
 
 impl RunContext {
-    pub const EMPTY: RunContext =
-        RunContext { cpu: 0, regs: 0, func_ip: 0, cookie: 0, nr_args: 0, retval: None, prog: std::ptr::null(), ctx: 0, ctx_len: 0 };
+    pub const EMPTY: RunContext = RunContext {
+        cpu: 0,
+        regs: 0,
+        func_ip: 0,
+        cookie: 0,
+        nr_args: 0,
+        retval: None,
+        at_func_entry: false,
+        prog: std::ptr::null(),
+        ctx: 0,
+        ctx_len: 0,
+    };
 }
 
 impl Default for RunContext {
@@ -229,7 +243,9 @@ pub fn enter(slots: &CpuSlots, mut ctx: RunContext) -> Result<RunGuard<'_>, Miss
 /// Claims a free slot for this thread: the slot of the CPU it runs on, else the next free one.
 #[inline]
 fn claim(slots: &CpuSlots, t: &ThreadRun) -> Result<u32, Missed> {
-    let start = this_cpu() % slots.nr;
+    // CPU numbers are below the possible CPUs: no division (tens of cycles) on the hit path.
+    let cpu = this_cpu();
+    let start = if cpu < slots.nr { cpu } else { cpu % slots.nr };
     let me = match t.tid.get() {
         0 => {
             // SAFETY: gettid has no preconditions.
