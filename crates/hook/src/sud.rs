@@ -21,7 +21,9 @@
 //!   the instruction runs again as it is (its exit is not seen, nor later calls of that
 //!   thread); other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
-//!   never blocked (a blocked `SIGSYS` from dispatch kills the process).
+//!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
+//!   stack is also put in the frame (the handler's return restores the frame's); an
+//!   `rt_sigaction` of `SIGSYS` keeps this handler and chains the program's.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
 //! the others with a signal), threads created later by `pthread_create` turn it on before
@@ -298,6 +300,22 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
         libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => return rerun_without_dispatch(uc, nr, errno),
         libc::SYS_clone3 | libc::SYS_vfork => return rerun_without_dispatch(uc, nr, errno),
         libc::SYS_rt_sigprocmask => sigprocmask_in(uc, args),
+        libc::SYS_sigaltstack => {
+            let r = raw(nr, args);
+            if r == 0 && args[0] != 0 {
+                // The return from this handler restores the alternate stack saved in the
+                // frame: put the new one there.
+                // SAFETY: a stack_t of ours for the kernel to fill; uc_stack is in the frame.
+                unsafe {
+                    let mut cur: libc::stack_t = std::mem::zeroed();
+                    if raw(nr, [0, &mut cur as *mut libc::stack_t as u64, 0, 0, 0, 0]) == 0 {
+                        (*uc).uc_stack = cur;
+                    }
+                }
+            }
+            r
+        }
+        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => raw_sigsys_action(args),
         libc::SYS_fork | libc::SYS_clone => {
             let r = raw(nr, args);
             if r == 0 && ENABLED.load(SeqCst) {
@@ -316,6 +334,43 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// A raw `rt_sigaction(SIGSYS, act, old, 8)`: ours stays, the program's is chained (as
+/// [`keep_sigsys_handler`] does for libc's `sigaction`).
+fn raw_sigsys_action(a: [u64; 6]) -> i64 {
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    if a[3] != 8 {
+        return -(libc::EINVAL as i64);
+    }
+    let (act, old) = (a[1] as *const KernelSigaction, a[2] as *mut KernelSigaction);
+    let prev = OLD_SIGSYS.load(Acquire);
+    if !old.is_null() {
+        // SAFETY: `prev` is a leaked copy (never freed); `old` the program's buffer for the
+        // kernel's struct sigaction, which the kernel would have written.
+        unsafe {
+            let p: libc::sigaction = if prev.is_null() { std::mem::zeroed() } else { *prev };
+            let mask = *(&p.sa_mask as *const libc::sigset_t as *const u64);
+            old.write_unaligned(KernelSigaction { handler: p.sa_sigaction, flags: p.sa_flags as u32 as u64, restorer: p.sa_restorer.map_or(0, |f| f as usize), mask });
+        }
+    }
+    // SAFETY: the program's struct for the kernel (non-null, checked by the caller); the
+    // libc sigaction made from it is leaked (a handler may be reading the previous one).
+    unsafe {
+        let k = act.read_unaligned();
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = k.handler;
+        sa.sa_flags = k.flags as i32;
+        *(&mut sa.sa_mask as *mut libc::sigset_t as *mut u64) = k.mask;
+        OLD_SIGSYS.store(Box::into_raw(Box::new(sa)), Release);
+    }
+    0
 }
 
 /// Turns dispatch off for this thread and makes its `syscall` instruction run again.

@@ -2,7 +2,8 @@
 // raw_syscalls_target N: getppid N times that way in the main thread, in a thread created
 // afterwards (which blocks every signal first) and in a forked child; libc's getppid() once; a raw rt_sigprocmask that blocks
 // SIGUSR1 (checked through libc), a signal handler returning through a raw rt_sigreturn, the
-// program's own SIGSYS handler, and a raw write of a line.
+// program's own SIGSYS handlers (through libc and raw), a raw sigaltstack, and a raw write
+// of a line.
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,9 +27,11 @@ static long mismatches;
 // A signal restorer of the program's own: rt_sigreturn from outside libc.
 void own_restorer(void);
 __asm__(".text\n.globl own_restorer\nown_restorer:\n\tmov $15, %eax\n\tsyscall\n");
-static volatile int usr2_hits, sys_hits;
+static volatile int usr2_hits, sys_hits, sys2_hits;
 static void on_usr2(int sig) { usr2_hits++; }
 static void on_sys(int sig) { sys_hits++; }
+static void on_sys2(int sig) { sys2_hits++; }
+static char altstack[65536];
 struct kernel_sigaction {
 	void (*handler)(int);
 	unsigned long flags;
@@ -90,6 +93,18 @@ int main(int argc, char **argv)
 	signal(SIGSYS, on_sys);
 	raise(SIGSYS);
 	if (sys_hits != 1)
+		mismatches++;
+	struct kernel_sigaction ks = { on_sys2, 0x04000000, own_restorer, 0 };
+	if (raw6(SYS_rt_sigaction, SIGSYS, (long)&ks, 0, 8) != 0)
+		mismatches++;
+	raise(SIGSYS);
+	if (sys2_hits != 1 || sys_hits != 1)
+		mismatches++;
+	// A raw sigaltstack stays set.
+	stack_t ss = { .ss_sp = altstack, .ss_size = sizeof(altstack), .ss_flags = 0 }, cur;
+	if (raw6(SYS_sigaltstack, (long)&ss, 0, 0, 0) != 0)
+		mismatches++;
+	if (sigaltstack(NULL, &cur) != 0 || cur.ss_sp != altstack || cur.ss_size != sizeof(altstack))
 		mismatches++;
 	const char line[] = "raw write\n";
 	if (raw6(SYS_write, 1, (long)line, strlen(line), 0) != (long)strlen(line))
