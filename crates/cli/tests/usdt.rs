@@ -118,3 +118,28 @@ fn a_probe_in_a_shared_library_is_found_by_its_file_name() {
     assert!(out.contains("usdt_lib_main: 50 calls"), "{out}\n{err}");
     assert!(out.contains("value = { .hits = 50, .sum = 1225 }"), "{out}\n{err}");
 }
+
+#[test]
+fn a_probe_in_a_library_loaded_later_is_attached_on_each_load() {
+    let dir = tmp().join("usdt_dlopen");
+    let lib = userbpf_testutil::compile_c(&here("targets/usdt_lib.c"), &dir.join("libusdt_lib.so"), &["-shared", "-fPIC"]);
+    let exe = userbpf_testutil::compile_c(&here("targets/dlopen_target.c"), &dir.join("dlopen_target"), &["-ldl"]);
+    let obj = userbpf_testutil::compile_bpf(&here("bpf/usdt_lib.bpf.c"), &tmp().join("bpf/usdt_dlopen"));
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(obj)
+        .arg("--")
+        .arg(exe)
+        .arg(&lib)
+        .args(["3", "50", "usdt_lib_fn"])
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.contains("dlopen_target: 3 rounds of 50 calls"), "{out}\n{err}");
+    assert!(!err.contains("userbpf-agent:"), "not mapped at start: nothing to say: {err}");
+    // Each load of the library: its probe attached before dlopen returns, forgotten when it is
+    // unloaded.
+    assert!(out.contains("value = { .hits = 150, .sum = 3675 }"), "{out}\n{err}");
+}

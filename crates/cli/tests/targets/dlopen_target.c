@@ -1,6 +1,6 @@
-// Usage: dlopen_target LIB ROUNDS N: ROUNDS times, dlopen LIB (whose constructor calls
-// lib_work once), call its lib_work N times, and dlclose it (unmapping it). Between rounds
-// another mapping may take the library's old place.
+// Usage: dlopen_target LIB ROUNDS N [FUNC]: ROUNDS times, dlopen LIB (dl_lib.c's constructor
+// calls lib_work once), call its FUNC (default lib_work) with 0..N-1, and dlclose it
+// (unmapping it). Between rounds another mapping may take the library's old place.
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "dlopen: %s\n", dlerror());
 			return 1;
 		}
-		long (*f)(long) = (long (*)(long))dlsym(h, "lib_work");
+		long (*f)(long) = (long (*)(long))dlsym(h, argc > 4 ? argv[4] : "lib_work");
 		if (!f)
 			return 1;
 		for (int i = 0; i < n; i++)
