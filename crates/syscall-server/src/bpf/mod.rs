@@ -19,6 +19,7 @@ use userbpf_maps::Map;
 use crate::objects;
 use crate::sys;
 
+mod dead;
 mod h4;
 pub mod link;
 pub mod map;

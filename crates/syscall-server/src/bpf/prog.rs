@@ -406,20 +406,6 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         if insn.op == OP_CALL && insn.src == BPF_PSEUDO_KFUNC_CALL {
             return refuse(&mut log, a, &insns, Some(pc), "calling kernel functions is not allowed", libc::EINVAL, pc);
         }
-        if insn.op == OP_CALL && insn.src == 0 {
-            let id = insn.imm as u32;
-            let registry = userbpf_runtime::helpers::registry();
-            if registry.get(id).is_none() {
-                let msg = match helper_name(id) {
-                    Some(n) => format!("unknown func bpf_{n}#{id}"),
-                    None => format!("invalid func unknown#{id}"),
-                };
-                return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
-            }
-            if !gpl && GPL_ONLY.contains(&id) {
-                return refuse(&mut log, a, &insns, Some(pc), "cannot call GPL-restricted function from non-GPL compatible program", libc::EINVAL, pc + 1);
-            }
-        }
         if !insn.is_lddw() {
             pc += 1;
             continue;
@@ -457,6 +443,43 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
             }
         }
         pc += 2;
+    }
+    // Helpers: calls the verifier can never reach (behind branches on frozen read-only
+    // data) are not checked, as in the kernel; such calls to helpers this runtime lacks are
+    // replaced, since they never run.
+    let registry = userbpf_runtime::helpers::registry();
+    let missing = |i: &Insn| i.op == OP_CALL && i.src == 0 && registry.get(i.imm as u32).is_none();
+    let mut live: Option<Vec<bool>> = None;
+    if insns.iter().any(|i| missing(i)) {
+        let entries: Vec<(u32, Arc<super::MapEntry>)> = map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
+        live = super::dead::reachable(&insns, &super::dead::Frozen::of(&entries));
+        if let Some(live) = &live {
+            for pc in 0..insns.len() {
+                if !live[pc] && missing(&insns[pc]) {
+                    insns[pc] = Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 0);
+                }
+            }
+        }
+    }
+    for pc in 0..insns.len() {
+        let insn = insns[pc];
+        if insn.op != OP_CALL || insn.src != 0 || (pc > 0 && insns[pc - 1].is_lddw()) {
+            continue;
+        }
+        if live.as_ref().is_some_and(|l| !l[pc]) {
+            continue;
+        }
+        let id = insn.imm as u32;
+        if registry.get(id).is_none() {
+            let msg = match helper_name(id) {
+                Some(n) => format!("unknown func bpf_{n}#{id}"),
+                None => format!("invalid func unknown#{id}"),
+            };
+            return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
+        }
+        if !gpl && GPL_ONLY.contains(&id) {
+            return refuse(&mut log, a, &insns, Some(pc), "cannot call GPL-restricted function from non-GPL compatible program", libc::EINVAL, pc + 1);
+        }
     }
     // The VM's load-time checks, with the runtime's helpers and these maps.
     let slots = match slots() {

@@ -264,6 +264,26 @@ static void progs(void) {
     printf("prog_map_ids_after_bind nr=%u\n", info.nr_map_ids);
     close(fd); close(m); close(bm);
 
+    /* A helper behind a branch on frozen read-only data that is false: never checked (the
+     * kernel prunes it; libbpf-tools' cgroup filters rely on it). Not frozen: checked. */
+    for (int frozen = 1; frozen >= 0; frozen--) {
+        int ro = bpf_map_create(BPF_MAP_TYPE_ARRAY, "ro", 4, 8, 1, &(struct bpf_map_create_opts){ .sz = sizeof(struct bpf_map_create_opts), .map_flags = BPF_F_RDONLY_PROG });
+        uint32_t z = 0; uint64_t zv = 0;
+        bpf_map_update_elem(ro, &z, &zv, 0);
+        if (frozen) bpf_map_freeze(ro);
+        struct bpf_insn gated[] = {
+            INSN(BPF_LD | BPF_DW | BPF_IMM, 1, BPF_PSEUDO_MAP_VALUE, 0, ro), INSN(0, 0, 0, 0, 4),
+            INSN(BPF_LDX | BPF_MEM | BPF_B, 1, 1, 0, 0),
+            INSN(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 4, 0),
+            LD_MAP_FD(1, ro), MOV64_IMM(2, 0), CALL(BPF_FUNC_current_task_under_cgroup),
+            MOV64_IMM(0, 0), EXIT(),
+        };
+        fd = load(BPF_PROG_TYPE_KPROBE, "gated", gated, sizeof(gated) / sizeof(gated[0]), log, sizeof(log), 1);
+        printf("prog_dead_helper_frozen=%d loads %d\n", frozen, fd >= 0);
+        if (fd >= 0) close(fd);
+        close(ro);
+    }
+
     /* Test runs: BEGIN-style raw tracepoint programs. */
     struct bpf_insn ret42[] = { MOV64_IMM(0, 42), EXIT() };
     fd = load(BPF_PROG_TYPE_RAW_TRACEPOINT, "r42", ret42, 2, NULL, 0, 0);
