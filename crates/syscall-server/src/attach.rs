@@ -105,6 +105,7 @@ fn stop(a: Attachment) {
         Running::Link(id) => {
             if let Ok(s) = objects::session() {
                 let _ = s.remove_link(id);
+                semaphores::lower(s.dir(), id);
             }
             owned(|v| v.retain(|l| *l != id));
         }
@@ -128,8 +129,12 @@ fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
         cookie,
         pid,
     };
+    let mut sema = None;
     let rec = match spec {
-        Spec::Uprobe { path, func, offset, retprobe, pid, .. } => {
+        Spec::Uprobe { path, func, offset, retprobe, pid, ref_ctr_offset, .. } => {
+            if ref_ctr_offset != 0 {
+                sema = Some((path.clone(), ref_ctr_offset, pid));
+            }
             record(if retprobe { "uretprobe" } else { "uprobe" }, path, func, offset, pid)
         }
         Spec::Tracepoint { func, pid } => record("tracepoint", String::new(), Some(func), 0, pid),
@@ -138,6 +143,9 @@ fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
     };
     let s = objects::session()?;
     let rec = s.add_link(rec).map_err(io_errno)?;
+    if let Some((path, off, pid)) = sema {
+        semaphores::raise(s.dir(), rec.id, &path, off, pid);
+    }
     at_exit_once();
     owned(|v| v.push(rec.id));
     watchdog_once();
@@ -568,4 +576,151 @@ pub fn watch_closes() {
             }
         });
     });
+}
+
+/// USDT semaphores of uprobe events opened with a `ref_ctr_offset` (the kernel raises the
+/// counter at that file offset in every process the probe is for while it is attached).
+///
+/// The loader raises it in the processes mapping the file when the link is made (through
+/// `/proc/PID/mem`) and lowers it there when the link goes; the link's semaphore is also
+/// recorded in the session (`perf/sema-LINK`: path, offset, pid), so a process of the session
+/// starting later with this library (a child of the loader, e.g. bpftrace's `-c`) raises it in
+/// itself at start ([`semaphores::raise_own`]).
+pub mod semaphores {
+    use std::collections::HashMap;
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    /// Counters raised by the loader: link id -> (pid, its start time, address).
+    static RAISED: Mutex<Option<HashMap<u32, Vec<(u32, u64, u64)>>>> = Mutex::new(None);
+
+    /// The address of file offset `off` of the file `(dev, ino)` in process `pid`'s maps.
+    fn address_in(pid: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (range, _perms, offset, devs, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            if inode.parse::<u64>().ok()? != ino {
+                continue;
+            }
+            let (maj, min) = devs.split_once(':')?;
+            let (maj, min) = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?);
+            if libc::makedev(maj, min) != dev {
+                continue;
+            }
+            let (start, end) = range.split_once('-')?;
+            let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+            let offset = u64::from_str_radix(offset, 16).ok()?;
+            if off >= offset && off + 2 <= offset + (end - start) {
+                return Some(start + off - offset);
+            }
+        }
+        None
+    }
+
+    /// Adds `delta` to the u16 counter at `addr` in process `pid`.
+    fn add_in(pid: u32, addr: u64, delta: i16) -> bool {
+        let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")) else { return false };
+        let mut b = [0u8; 2];
+        if f.seek(SeekFrom::Start(addr)).is_err() || f.read_exact(&mut b).is_err() {
+            return false;
+        }
+        let v = u16::from_ne_bytes(b).wrapping_add_signed(delta);
+        f.seek(SeekFrom::Start(addr)).is_ok() && f.write_all(&v.to_ne_bytes()).is_ok()
+    }
+
+    /// Link `link` has a semaphore at file offset `off` of `path`: raise it in the processes
+    /// it is for and record it in the session.
+    pub fn raise(dir: &Path, link: u32, path: &str, off: u64, pid: Option<u32>) {
+        let _ = std::fs::write(dir.join("perf").join(format!("sema-{link}")), format!("{path}\n{off}\n{}\n", pid.map_or(-1, |p| p as i64)));
+        let Ok(md) = std::fs::metadata(path) else { return };
+        let me = std::process::id();
+        let mut done = Vec::new();
+        let pids: Vec<String> = match pid {
+            Some(p) => vec![p.to_string()],
+            None => std::fs::read_dir("/proc")
+                .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.parse::<u32>().is_ok()).collect())
+                .unwrap_or_default(),
+        };
+        for p in pids {
+            let Ok(n) = p.parse::<u32>() else { continue };
+            if let Some(addr) = address_in(&p, md.dev(), md.ino(), off) {
+                if !claim(dir, link, n) {
+                    continue; // the process raised it itself
+                }
+                let ok = if n == me { add_own(addr, 1) } else { add_in(n, addr, 1) };
+                if ok {
+                    done.push((n, userbpf_runtime::session::start_time(n).unwrap_or(0), addr));
+                }
+            }
+        }
+        let mut g = RAISED.lock().unwrap_or_else(|e| e.into_inner());
+        g.get_or_insert_with(HashMap::new).insert(link, done);
+    }
+
+    /// Whether the caller is the one to raise link `link`'s semaphore in process `pid` (the
+    /// loader's scan and the process's own start can both see it: exactly one of them wins).
+    fn claim(dir: &Path, link: u32, pid: u32) -> bool {
+        let start = userbpf_runtime::session::start_time(pid).unwrap_or(0);
+        std::fs::OpenOptions::new().write(true).create_new(true).open(dir.join("perf").join(format!("sema-{link}.{pid}.{start}"))).is_ok()
+    }
+
+    /// Link `link` is gone: lower what [`raise`] raised (in processes still the same).
+    pub fn lower(dir: &Path, link: u32) {
+        let _ = std::fs::remove_file(dir.join("perf").join(format!("sema-{link}")));
+        if let Ok(rd) = std::fs::read_dir(dir.join("perf")) {
+            let prefix = format!("sema-{link}.");
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let done = RAISED.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&link)).unwrap_or_default();
+        let me = std::process::id();
+        for (pid, start, addr) in done {
+            if pid == me {
+                add_own(addr, -1);
+            } else if userbpf_runtime::session::start_time(pid).unwrap_or(0) == start {
+                add_in(pid, addr, -1);
+            }
+        }
+    }
+
+    fn add_own(addr: u64, delta: i16) -> bool {
+        // SAFETY: `addr` is a USDT semaphore of a file mapped in this process (found in our
+        // own maps): a 2-byte aligned u16 in a writable mapping.
+        let a = unsafe { &*(addr as *const std::sync::atomic::AtomicU16) };
+        if delta >= 0 {
+            a.fetch_add(delta as u16, std::sync::atomic::Ordering::SeqCst);
+        } else {
+            a.fetch_sub(delta.unsigned_abs(), std::sync::atomic::Ordering::SeqCst);
+        }
+        true
+    }
+
+    /// At the start of a process of the session (not the loader): raise the semaphores of
+    /// the session's links that are for this process.
+    pub fn raise_own(dir: &Path) {
+        let Ok(rd) = std::fs::read_dir(dir.join("perf")) else { return };
+        let me = std::process::id();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(link) = name.strip_prefix("sema-").and_then(|l| l.parse::<u32>().ok()) else { continue };
+            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+            let mut l = text.lines();
+            let (Some(path), Some(off), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
+            if pid >= 0 && pid != me as i64 {
+                continue;
+            }
+            let Ok(md) = std::fs::metadata(path) else { continue };
+            if let Some(addr) = address_in("self", md.dev(), md.ino(), off) {
+                if claim(dir, link, me) {
+                    add_own(addr, 1);
+                }
+            }
+        }
+    }
 }
