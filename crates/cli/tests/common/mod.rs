@@ -343,12 +343,12 @@ pub fn run_with(
     let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
     let session = session_name(test, via, order);
     let start_loader = || {
-        let mut l = Proc::spawn(&format!("{} ({via:?})", argv[0]), loader_command(via, &session, &argv));
+        let mut l = Proc::spawn(&format!("{} ({via:?}, {order:?})", argv[0]), loader_command(via, &session, &argv));
         l.wait_for(attached_marker, "attaching");
         l
     };
     let start_target = || {
-        let mut t = Proc::spawn(&format!("target ({via:?})"), target_command(via, &session, &[&tpath]));
+        let mut t = Proc::spawn(&format!("target ({via:?}, {order:?})"), target_command(via, &session, &[&tpath]));
         t.wait_for("\nend\n", "its ready lines");
         t
     };
@@ -381,6 +381,22 @@ pub fn run_with(
         if !loader.exited() {
             eprintln!("{}: still running 10 s after SIGINT; sending it again\n{}", loader.name, loader.describe());
             loader.signal(libc::SIGINT);
+        }
+    }
+    if ending == Ending::ItSelf {
+        // A loader that should have exited by itself: interrupt it after a step, so that
+        // what it printed (its maps) shows why.
+        let start = Instant::now();
+        while !loader.exited() && start.elapsed() < STEP {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !loader.exited() {
+            loader.signal(libc::SIGINT);
+            let start = Instant::now();
+            while !loader.exited() && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            panic!("{} did not exit by itself within {STEP:?} (interrupted)\n{}\n{}", loader.name, loader.describe(), target.describe());
         }
     }
     loader.wait_exit("after the workload");

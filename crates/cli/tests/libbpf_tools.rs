@@ -1,0 +1,48 @@
+//! The uprobe-based tools of Debian's libbpf-tools, run unmodified through the kernel and
+//! through `userbpf load` against test processes (under `userbpf start`), compared on what does
+//! not depend on timing or on process ids: funclatency's sample count and lowest bucket,
+//! bashreadline's command lines, gethostlatency's callers and host names. The tools run under
+//! `stdbuf -oL` (they print through stdio, which holds a pipe's output until exit otherwise);
+//! `userbpf load stdbuf ...` keeps serving the tool, which stdbuf execs in the same process.
+
+mod common;
+
+use common::*;
+
+/// The tools probe shared files (bash, libc): one test at a time in this file, so that no test
+/// sees another's processes through the kernel.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// gethostlatency's (COMM, HOST) for the test target's lines.
+fn resolutions(out: &str) -> Vec<String> {
+    // "%-8s %-7d %-16s %-10.3f %-s": time, pid, comm, latency, host.
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() >= 4 && w[2] == "gh_target").then(|| format!("{} {}", w[2], w.get(4).unwrap_or(&"")))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn gethostlatency_sees_each_resolution() {
+    let _g = serial();
+    let probed: Vec<String> = ["getaddrinfo", "gethostbyname", "gethostbyname2"].iter().map(|s| s.to_string()).collect();
+    let argv = ["stdbuf", "-oL", "/usr/sbin/gethostlatency"];
+    let expected = 9;
+    let settled = |out: &str| resolutions(out).len() >= expected;
+    let (kout, kerr) = run_with("gethostlatency", Via::Kernel, Order::LoaderFirst, &argv, "HOST", &gh_target(), &probed, Ending::Interrupt, &settled);
+    let k = resolutions(&kout);
+    assert_eq!(k, vec!["gh_target localhost".to_string(); expected], "kernel:\n{kout}\n{kerr}");
+    for order in [Order::LoaderFirst, Order::TargetFirst] {
+        let (uout, uerr) = run_with("gethostlatency", Via::Userbpf, order, &argv, "HOST", &gh_target(), &probed, Ending::Interrupt, &settled);
+        assert_eq!(resolutions(&uout), k, "gethostlatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+    }
+}
