@@ -475,6 +475,11 @@ fn open_elsewhere(dev: u64, ino: u64) -> bool {
 /// The event or link file `name` in `perf/` was closed somewhere: detach if no descriptor of
 /// it is left.
 fn on_close(dir: &std::path::Path, name: &str) {
+    // One close at a time: a close() returning must not overtake the watcher thread's detach
+    // of the same object (it would find the link already gone and return before the probe
+    // is out).
+    static CLOSING: Mutex<()> = Mutex::new(());
+    let _one = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
     let path = dir.join(name);
     let Ok(md) = std::fs::metadata(&path) else { return };
     if open_elsewhere(md.dev(), md.ino()) {
