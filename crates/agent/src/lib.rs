@@ -491,7 +491,7 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
                 }
                 Err(e) => log(&format!("joining the session in a forked child: {e}")),
             }
-            a.sync();
+            // `watch` syncs once it watches.
             a.session.dir().join("links")
         };
         watch(dir);
@@ -513,6 +513,10 @@ fn watch(dir: std::path::PathBuf) {
     // SAFETY: `c` is a valid path; `fd` is ours.
     if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE) } < 0 {
         return log("watching the session's links failed: links added later will not be attached");
+    }
+    // Links added between the last sync and the watch.
+    if let Some(a) = AGENT.get() {
+        lock(a).sync();
     }
     let mut buf = [0u8; 4096];
     loop {
