@@ -69,10 +69,16 @@ impl Info {
     fn read(a: &Attr, size: usize) -> Result<Info, i32> {
         let (ulen, uinfo) = (a.u32(4) as usize, a.u64(8));
         if ulen > size {
-            let mut tail = vec![0u8; ulen - size];
-            read_user(uinfo + size as u64, &mut tail)?;
-            if tail.iter().any(|&b| b != 0) {
-                return Err(libc::E2BIG);
+            // Checked a page at a time, as bpf_check_uarg_tail_zero (the length is the caller's).
+            let mut chunk = [0u8; 4096];
+            let mut at = size;
+            while at < ulen {
+                let n = (ulen - at).min(chunk.len());
+                read_user(uinfo + at as u64, &mut chunk[..n])?;
+                if chunk[..n].iter().any(|&b| b != 0) {
+                    return Err(libc::E2BIG);
+                }
+                at += n;
             }
         }
         let len = ulen.min(size);
