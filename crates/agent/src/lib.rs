@@ -52,6 +52,28 @@ struct Attached {
     /// first of consecutive `nop`s): the program sees a copy of the registers with this `ip`.
     /// 0: the hook's own.
     ip: u64,
+    /// The run context's `at_func_entry` (see [`at_func_entry`]).
+    at_func_entry: bool,
+}
+
+/// Whether the kernel would take an entry probe at `addr` to be at a function's entry
+/// (`push %rbp`, or `endbr64` on IBT kernels: see
+/// `userbpf_runtime::helpers::stack::uprobe_at_func_entry`); a user stack taken by the
+/// probe's program then includes the return address at `[sp]`. The instruction is read
+/// before the probe is placed (or from the bytes the hook saved, if the address is hooked).
+fn at_func_entry(addr: usize) -> bool {
+    let b = match userbpf_hook::original_bytes(addr) {
+        Some(b) => b,
+        None => {
+            let mut b = [0u8; 5];
+            // SAFETY: the guard's copy tolerates an unreadable `addr` (it then fails).
+            if unsafe { userbpf_vm::guard::copy(b.as_mut_ptr(), addr as *const u8, 4) } != 0 {
+                return false;
+            }
+            b
+        }
+    };
+    userbpf_runtime::helpers::stack::uprobe_at_func_entry([b[0], b[1], b[2], b[3]])
 }
 /// The agent's state in this process.
 pub struct Agent {
@@ -154,6 +176,7 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
             cookie: a.cookie,
             nr_args: 6,
             retval: a.retprobe.then_some(ax),
+            at_func_entry: a.at_func_entry,
             ..Default::default()
         };
         let _ = a.prog.run(regs.cast::<u8>(), std::mem::size_of::<PtRegs>(), info);
@@ -339,7 +362,15 @@ impl Agent {
             }
         };
         let prog = self.program(link.prog_id)?;
-        let data = Box::into_raw(Box::new(Attached { prog, cookie: link.cookie, func_ip: resolved.func_start as u64, retprobe: kind == ProbeKind::Return, ip: 0 }));
+        let entry = kind == ProbeKind::Entry && at_func_entry(resolved.addr);
+        let data = Box::into_raw(Box::new(Attached {
+            prog,
+            cookie: link.cookie,
+            func_ip: resolved.func_start as u64,
+            retprobe: kind == ProbeKind::Return,
+            ip: 0,
+            at_func_entry: entry,
+        }));
         let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
         let id = userbpf_hook::attach_with(resolved.addr, kind, on_hit, data.cast(), ext).map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))

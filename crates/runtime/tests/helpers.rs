@@ -648,13 +648,23 @@ fn stacks_from_a_synthetic_frame_chain() {
     assert_eq!(buf, [0; 8]);
     assert_eq!(calli(67, &[ctx, b, 64, 1]), neg(libc::EFAULT));
 
-    // At the probed function's entry, the return address at [rsp] is the first caller.
+    // At an entry probe on `push %rbp` / `endbr64`, the return address at [rsp] is the first
+    // caller (the kernel's is_uprobe_at_func_entry).
     let ret0 = 0x0999u64;
     let r = regs(0x1000, base, addr(&ret0));
     let slots = slots();
-    let g = context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, ..Default::default() }).unwrap();
+    let g = context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, at_func_entry: true, ..Default::default() })
+        .unwrap();
     assert_eq!(calli(67, &[0, b, 64, BPF_F_USER_STACK]), 40, "ctx 0: the run's registers");
     assert_eq!(&buf[..5], &[0x1000, 0x999, 0x1111, 0x2222, 0x3333]);
+    drop(g);
+    // Any other probed instruction, even at the function's start: no [rsp] word, the frame
+    // chain follows the instruction pointer (the direct caller of a frameless leaf is lost, as
+    // in the kernel).
+    let g = context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, ..Default::default() }).unwrap();
+    buf = [0xff; 8];
+    assert_eq!(calli(67, &[0, b, 64, BPF_F_USER_STACK]), 32);
+    assert_eq!(&buf[..5], &[0x1000, 0x1111, 0x2222, 0x3333, 0]);
     drop(g);
 
     // get_stackid.

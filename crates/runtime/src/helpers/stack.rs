@@ -3,10 +3,20 @@
 //! User stacks are walked as the kernel's `perf_callchain_user` does on x86-64: the
 //! instruction pointer of the probe's `pt_regs`, then the frame-pointer chain from its `rbp`
 //! (each frame: saved `rbp` at `[rbp]`, return address at `[rbp + 8]`), every read through
-//! the guard (a bad frame ends the walk), at most `perf_event_max_stack` (127) entries. As
-//! newer kernels do for uprobes at a function's entry (before `push rbp`), the return
-//! address at `[rsp]` follows the instruction pointer, so the immediate caller is not lost.
+//! the guard (a bad frame ends the walk), at most `perf_event_max_stack` (127) entries.
+//!
+//! Between the two, the word at `[rsp]` (the return address) when the run is an entry probe
+//! whose probed instruction is `push %rbp`, or `endbr64` on kernels built with
+//! `CONFIG_X86_KERNEL_IBT` ([`RunContext::at_func_entry`], see [`uprobe_at_func_entry`]):
+//! the kernel (6.10 and later, `is_uprobe_at_func_entry` in `perf_callchain_user`) guesses
+//! from that instruction that `rbp` is still the caller's, so the immediate caller would be
+//! lost. Any other probed instruction (a leaf function starting with `mov`, a probe inside a
+//! function, a USDT `nop`) gets no such word, and return probes neither (their instruction
+//! pointer is the return address, as the kernel's after `uprobe_handle_trampoline`): at a
+//! leaf without a frame the direct caller is then missing, exactly as with the kernel.
 //! Code built without frame pointers gives short or wrong traces, as in the kernel.
+//!
+//! [`RunContext::at_func_entry`]: crate::context::RunContext::at_func_entry
 //!
 //! There is no kernel stack under a user-space probe: without `BPF_F_USER_STACK` the trace
 //! is empty, which the kernel also gives for a probe on user registers (`get_stackid`:
@@ -67,6 +77,32 @@ pub(crate) fn regs_of(ctx: u64) -> u64 {
 
 const MAX_STACK: usize = PERF_EVENT_MAX_STACK as usize;
 
+/// Whether an entry probe on the instruction starting with `insn` is taken by the kernel to
+/// be at a function's entry (`is_uprobe_at_func_entry`): `push %rbp` (0x55), or `endbr64`
+/// when the kernel's `is_endbr` knows it, i.e. it was built with `CONFIG_X86_KERNEL_IBT`
+/// (without it `is_endbr` is always false). For the agent, when it places a probe (never on
+/// a hit): the first call reads the kernel's configuration.
+pub fn uprobe_at_func_entry(insn: [u8; 4]) -> bool {
+    insn[0] == 0x55 || (insn == [0xf3, 0x0f, 0x1e, 0xfa] && kernel_ibt())
+}
+
+/// Whether the running kernel was built with `CONFIG_X86_KERNEL_IBT`: from its configuration
+/// in /boot when the distribution installs it there (Debian, Ubuntu, Fedora...), else from
+/// the `ibt` CPU flag, which only such kernels show (`X86_DISABLED_FEATURE_IBT` otherwise; a
+/// kernel with IBT on a CPU without it is then taken for one without). Read once.
+fn kernel_ibt() -> bool {
+    static IBT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IBT.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        if let Ok(config) = std::fs::read_to_string(format!("/boot/config-{}", release.trim())) {
+            return config.lines().any(|l| l.trim() == "CONFIG_X86_KERNEL_IBT=y");
+        }
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
+            c.lines().find(|l| l.starts_with("flags")).is_some_and(|l| l.split_whitespace().any(|f| f == "ibt"))
+        })
+    })
+}
+
 /// Walks the user stack described by the `pt_regs` at `regs` into `ips` (at most
 /// `max` entries); returns how many, or None if `regs` cannot be read.
 pub fn user_stack(regs: u64, ips: &mut [u64; MAX_STACK], max: usize) -> Option<usize> {
@@ -92,13 +128,11 @@ pub fn user_stack(regs: u64, ips: &mut [u64; MAX_STACK], max: usize) -> Option<u
         }
     };
     store(ip, &mut n);
-    // At a function's entry the caller's return address is at [rsp], not yet in the frame
-    // chain.
-    if let Some(c) = context::current() {
-        if c.func_ip != 0 && c.func_ip == ip && c.retval.is_none() {
-            if let Some(ret) = read_u64(sp) {
-                store(ret, &mut n);
-            }
+    // At `push %rbp` / `endbr64` the caller's return address is at [rsp], not yet in the
+    // frame chain (the kernel's heuristic, whatever the probe's offset in the function).
+    if context::current().is_some_and(|c| c.at_func_entry) {
+        if let Some(ret) = read_u64(sp) {
+            store(ret, &mut n);
         }
     }
     while n < max {
