@@ -183,3 +183,64 @@ fn summary_tp(out: &std::process::Output) -> String {
     assert!(out.status.success(), "loader failed: {}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     text.lines().find(|l| l.starts_with("tp=")).unwrap_or_else(|| panic!("no summary in\n{text}")).to_string()
 }
+
+/// libbpf's `bpf_program__attach_usdt` on a semaphore-guarded probe of a running target:
+/// libbpf opens uprobe events with the semaphore as `ref_ctr_offset`; the probe must fire
+/// (semaphore raised while attached), the program must read its argument through libbpf's
+/// spec map and cookie, and the semaphore must be back to 0 after the link is destroyed.
+#[test]
+fn usdt_semaphores_are_raised_while_attached() {
+    assert_eq!(run_usdt(None), "fired=10 | fired=10 sum=55 | detached | semaphore=0");
+    assert_eq!(run_usdt(Some("perf-usdt")), "fired=10 | fired=10 sum=55 | detached | semaphore=0");
+}
+
+fn run_usdt(session: Option<&str>) -> String {
+    let dir = tmp().join(format!("perf-usdt-{}", std::process::id()));
+    let bpf = userbpf_testutil::compile_bpf(&src("perf_usdt.bpf.c"), &dir);
+    let ldr = userbpf_testutil::compile_c(&src("perf_usdt_loader.c"), &dir.join("perf_usdt_loader"), &["-lbpf"]);
+    let tgt = userbpf_testutil::compile_c(&src("perf_usdt_target.c"), &dir.join("perf_usdt_target"), &[]);
+    let mut t = Command::new(&tgt);
+    t.arg("10").stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut l = match session {
+        None => Command::new(&ldr),
+        Some(s) => {
+            t.env("LD_PRELOAD", server_lib()).env("USERBPF_SESSION", s).env("USERBPF_SHM_DIR", shm());
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("USERBPF_LOADER_PID=$$ exec \"$0\" \"$@\"")
+                .arg(&ldr)
+                .env("LD_PRELOAD", server_lib())
+                .env("USERBPF_SESSION", s)
+                .env("USERBPF_SHM_DIR", shm());
+            c
+        }
+    };
+    let mut t = t.spawn().unwrap();
+    let mut tout = BufReader::new(t.stdout.take().unwrap());
+    wait_line(&mut tout, "started");
+    let mut l = l.arg(&bpf).arg(&tgt).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lout = BufReader::new(l.stdout.take().unwrap());
+    wait_line(&mut lout, "ready");
+    if session.is_some() {
+        // The running target's agent attaches the new link from its watcher thread.
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut out = Vec::new();
+    let mut line = String::new();
+    t.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    tout.read_line(&mut line).unwrap();
+    out.push(line.trim().to_string());
+    l.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    for _ in 0..2 {
+        line.clear();
+        lout.read_line(&mut line).unwrap();
+        out.push(line.trim().to_string());
+    }
+    assert!(l.wait().unwrap().success());
+    t.stdin.as_mut().unwrap().write_all(b"bye\n").unwrap();
+    line.clear();
+    tout.read_line(&mut line).unwrap();
+    out.push(line.trim().to_string());
+    t.wait().unwrap();
+    out.join(" | ")
+}
