@@ -239,6 +239,38 @@ pub fn state() -> MutexGuard<'static, State> {
 
 /// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno.
 pub fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
+    let r = serve(cmd, attr, size);
+    if trace_enabled() {
+        let what = match &r {
+            Ok(v) => format!("{v}"),
+            Err(e) => format!("-1 {}", std::io::Error::from_raw_os_error(*e)),
+        };
+        eprintln!("userbpf: bpf({}, size {size}) = {what}", cmd_name(cmd));
+    }
+    r
+}
+
+/// `USERBPF_TRACE_BPF=1`: each served call and its result on stderr (like strace would show
+/// them for the kernel).
+fn trace_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("USERBPF_TRACE_BPF").is_some_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// The uapi name of a command.
+pub fn cmd_name(cmd: i32) -> String {
+    const NAMES: [&str; 36] = [
+        "MAP_CREATE", "MAP_LOOKUP_ELEM", "MAP_UPDATE_ELEM", "MAP_DELETE_ELEM", "MAP_GET_NEXT_KEY", "PROG_LOAD", "OBJ_PIN", "OBJ_GET",
+        "PROG_ATTACH", "PROG_DETACH", "PROG_TEST_RUN", "PROG_GET_NEXT_ID", "MAP_GET_NEXT_ID", "PROG_GET_FD_BY_ID", "MAP_GET_FD_BY_ID",
+        "OBJ_GET_INFO_BY_FD", "PROG_QUERY", "RAW_TRACEPOINT_OPEN", "BTF_LOAD", "BTF_GET_FD_BY_ID", "TASK_FD_QUERY",
+        "MAP_LOOKUP_AND_DELETE_ELEM", "MAP_FREEZE", "BTF_GET_NEXT_ID", "MAP_LOOKUP_BATCH", "MAP_LOOKUP_AND_DELETE_BATCH",
+        "MAP_UPDATE_BATCH", "MAP_DELETE_BATCH", "LINK_CREATE", "LINK_UPDATE", "LINK_GET_FD_BY_ID", "LINK_GET_NEXT_ID", "ENABLE_STATS",
+        "ITER_CREATE", "LINK_DETACH", "PROG_BIND_MAP",
+    ];
+    usize::try_from(cmd).ok().and_then(|i| NAMES.get(i)).map_or_else(|| format!("{cmd}"), |n| format!("BPF_{n}"))
+}
+
+fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
     let a = Attr::read(attr as u64, size as usize)?;
     match cmd {
         BPF_MAP_CREATE => map::create(&a),
