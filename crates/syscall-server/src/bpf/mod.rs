@@ -245,7 +245,11 @@ pub fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
             Ok(v) => format!("{v}"),
             Err(e) => format!("-1 {}", std::io::Error::from_raw_os_error(*e)),
         };
-        eprintln!("userbpf: bpf({}, size {size}) = {what}", cmd_name(cmd));
+        // The first attribute words (map/prog type, fd, counts) identify most calls.
+        let mut w = [0u8; 8];
+        let _ = read_user(attr as u64, &mut w[..(size as usize).min(8)]);
+        let (w0, w1) = (u32::from_ne_bytes(w[..4].try_into().expect("4")), u32::from_ne_bytes(w[4..].try_into().expect("4")));
+        eprintln!("userbpf: bpf({}, {{{w0}, {w1}, ...}}, {size}) = {what}", cmd_name(cmd));
     }
     r
 }

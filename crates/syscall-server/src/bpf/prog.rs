@@ -514,7 +514,10 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         if log.level & BPF_LOG_STATS != 0 {
             log.line("verification time 0 usec\nstack depth 0");
         }
-        log.line(&format!("processed {} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0", insns.len()));
+        // The verifier counts the instructions it walked, an lddw once (bpftrace reads its
+        // instruction limit from this line).
+        let walked = insns.len() - insns.iter().filter(|i| i.is_lddw()).count();
+        log.line(&format!("processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
     }
     let (true_size, r) = log.finish();
     let _ = a.put_u32(140, true_size);

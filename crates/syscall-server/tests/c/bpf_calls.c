@@ -189,6 +189,11 @@ static void progs(void) {
     int fd = load(BPF_PROG_TYPE_KPROBE, "ret0", ret0, 2, log, sizeof(log), 1);
     printf("prog_load %s\n", fd >= 0 ? "fd" : strerror(errno));
     printf("prog_log_processed %d\n", strstr(log, "processed 2 insns") != NULL);
+    /* bpftrace reads the instruction limit from this line; an lddw counts once. */
+    struct bpf_insn lddw_exit[] = { INSN(BPF_LD | BPF_DW | BPF_IMM, 0, 0, 0, 0), INSN(0, 0, 0, 0, 0), EXIT() };
+    int lfd = load(BPF_PROG_TYPE_KPROBE, "", lddw_exit, 3, log, sizeof(log), 1);
+    printf("prog_log_lddw_once %d %d\n", lfd >= 0, strstr(log, "processed 2 insns (limit 1000000)") != NULL);
+    close(lfd);
     struct bpf_prog_info info; uint32_t len = sizeof(info);
     memset(&info, 0, sizeof(info));
     R("prog_info", bpf_obj_get_info_by_fd(fd, &info, &len));
