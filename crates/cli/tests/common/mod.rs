@@ -299,6 +299,13 @@ pub fn target_command(via: Via, session: &str, argv: &[&str]) -> Command {
     }
 }
 
+/// Removes a finished run's session directory (in the test's USERBPF_SHM_DIR).
+pub fn remove_session(session: &str) {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let _ = std::fs::remove_dir_all(tmp().join(format!("userbpf-{uid}-{session}")));
+}
+
 /// A session name of this run's own.
 pub fn session_name(test: &str, via: Via, order: Order) -> String {
     format!("t{}-{test}-{via:?}-{order:?}", std::process::id()).to_lowercase()
@@ -364,6 +371,13 @@ pub fn run_with(
     };
     let ready = parse_ready(&target.stdout());
     wait_attached(&mut target, &ready, probed, &mut loader);
+    if via == Via::Userbpf && order == Order::TargetFirst {
+        // The agent of a running target attaches links as they appear in the session, one
+        // after the other, after the loader's attach calls have returned (the kernel's are live
+        // when they return): a function's code changes with its first link, its return probe
+        // may follow. There is no sign of the last one; give them a second.
+        std::thread::sleep(Duration::from_secs(1));
+    }
     target.send("go\n");
     target.wait_for("done ", "the end of its workload");
     let start = Instant::now();
@@ -403,6 +417,7 @@ pub fn run_with(
     target.close_stdin();
     let st = target.wait_exit("once its stdin closed");
     assert!(st.success(), "target failed: {st:?}\n{}", target.describe());
+    remove_session(&session);
     // The target's stderr holds the agent's messages: shown with the loader's on a failure.
     let mut err = loader.stderr();
     let terr = target.stderr();
