@@ -73,6 +73,11 @@ fn map_batch_operations_match_the_kernel() {
 }
 
 #[test]
+fn descriptor_valued_maps_and_percpu_batches_match_the_kernel() {
+    compare("fdmaps");
+}
+
+#[test]
 fn program_loads_logs_info_and_test_runs_match_the_kernel() {
     compare("progs");
 }

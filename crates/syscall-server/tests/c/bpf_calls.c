@@ -118,6 +118,67 @@ static void maps_basic(void) {
     R("create_array_key8", bpf_map_create(BPF_MAP_TYPE_ARRAY, "x", 8, 4, 1, NULL));
 }
 
+static uint32_t map_id(int fd) {
+    struct bpf_map_info i; uint32_t l = sizeof(i); memset(&i, 0, sizeof(i));
+    bpf_obj_get_info_by_fd(fd, &i, &l);
+    return i.id;
+}
+
+/* Descriptor-valued maps: the syscall stores the object and reads back its id. */
+static void fd_maps(void) {
+    int inner = bpf_map_create(BPF_MAP_TYPE_ARRAY, "inner", 4, 8, 2, NULL);
+    int other = bpf_map_create(BPF_MAP_TYPE_ARRAY, "other", 4, 16, 2, NULL);
+    LIBBPF_OPTS(bpf_map_create_opts, o, .inner_map_fd = inner);
+    int outer = bpf_map_create(BPF_MAP_TYPE_ARRAY_OF_MAPS, "outer", 4, 4, 2, &o);
+    printf("map_in_map_create %s\n", outer >= 0 ? "fd" : strerror(errno));
+    R("map_in_map_no_inner", bpf_map_create(BPF_MAP_TYPE_ARRAY_OF_MAPS, "o2", 4, 4, 2, NULL));
+    uint32_t k = 1, v = inner, got = 0;
+    R("map_in_map_update", bpf_map_update_elem(outer, &k, &v, 0));
+    R("map_in_map_lookup", bpf_map_lookup_elem(outer, &k, &got));
+    printf("map_in_map_lookup_is_id %d\n", got == map_id(inner));
+    v = other;
+    R("map_in_map_update_incompatible", bpf_map_update_elem(outer, &k, &v, 0));
+    v = 9999;
+    R("map_in_map_update_badfd", bpf_map_update_elem(outer, &k, &v, 0));
+    close(outer); close(other); close(inner);
+
+    struct bpf_insn ret0[] = { MOV64_IMM(0, 0), EXIT() };
+    int p = bpf_prog_load(BPF_PROG_TYPE_KPROBE, "tail", "GPL", ret0, 2, NULL);
+    int pa = bpf_map_create(BPF_MAP_TYPE_PROG_ARRAY, "pa", 4, 4, 4, NULL);
+    k = 2; v = p;
+    R("prog_array_update", bpf_map_update_elem(pa, &k, &v, 0));
+    struct bpf_prog_info pi; uint32_t pl = sizeof(pi); memset(&pi, 0, sizeof(pi));
+    bpf_obj_get_info_by_fd(p, &pi, &pl);
+    got = 0;
+    int r = bpf_map_lookup_elem(pa, &k, &got);
+    printf("prog_array_lookup %d is_id %d\n", r < 0 ? -errno : 0, got == pi.id);
+    v = pa;
+    R("prog_array_update_with_map_fd", bpf_map_update_elem(pa, &k, &v, 0));
+    R("prog_array_delete", bpf_map_delete_elem(pa, &k));
+    R("prog_array_delete_again", bpf_map_delete_elem(pa, &k));
+    close(pa); close(p);
+
+    /* Per-CPU hash through the batch calls: round_up(12, 8) bytes per CPU. */
+    int ph = bpf_map_create(BPF_MAP_TYPE_PERCPU_HASH, "ph", 4, 12, 8, NULL);
+    static uint8_t vals[4 * 16 * 256];
+    uint32_t keys[4] = {10, 20, 30, 40}, count = 4;
+    for (int e = 0; e < 4; e++)
+        for (int c = 0; c < ncpus; c++) memset(vals + (e * ncpus + c) * 16, e * 16 + c + 1, 12);
+    R("percpu_hash_update_batch", bpf_map_update_batch(ph, keys, vals, &count, NULL));
+    memset(vals, 0, sizeof(vals));
+    uint32_t out_keys[8], batch, total = 0, ok = 1;
+    count = 8;
+    r = bpf_map_lookup_batch(ph, NULL, &batch, out_keys, vals, &count, NULL);
+    printf("percpu_hash_lookup_batch %d count %u\n", r < 0 ? -errno : 0, count);
+    for (uint32_t e = 0; e < count; e++) {
+        uint32_t idx = out_keys[e] / 10 - 1;
+        for (int c = 0; c < ncpus; c++) ok &= vals[(e * ncpus + c) * 16 + 11] == idx * 16 + c + 1;
+        total++;
+    }
+    printf("percpu_hash_batch_values_ok %u total %u\n", ok, total);
+    close(ph);
+}
+
 static void maps_batch(void) {
     int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "hb", 4, 8, 64, NULL);
     uint32_t keys[64]; uint64_t vals[64];
@@ -370,6 +431,7 @@ int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     if (!strcmp(what, "all") || !strcmp(what, "maps")) maps_basic();
     if (!strcmp(what, "all") || !strcmp(what, "batch")) maps_batch();
+    if (!strcmp(what, "all") || !strcmp(what, "fdmaps")) fd_maps();
     if (!strcmp(what, "all") || !strcmp(what, "progs")) progs();
     if (!strcmp(what, "all") || !strcmp(what, "btf")) btf();
     if (!strcmp(what, "all") || !strcmp(what, "misc")) misc();
