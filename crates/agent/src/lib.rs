@@ -261,6 +261,14 @@ impl Agent {
 
     /// Attaches links that appeared and detaches links that are gone.
     pub fn sync(&mut self) {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let outer = SYNCING.swap(me, Ordering::SeqCst);
+        self.sync_inner();
+        SYNCING.store(outer, Ordering::SeqCst);
+    }
+
+    fn sync_inner(&mut self) {
         let links = match self.session.links() {
             Ok(l) => l,
             Err(e) => return log(&format!("reading links: {e}")),
@@ -398,17 +406,31 @@ fn target_spec(link: &LinkRecord) -> String {
 /// the watcher thread syncs instead.
 fn on_objects_changed(c: &ObjectChanges) {
     let Some(cell) = AGENT.get() else { return };
-    match cell.try_lock() {
-        Ok(mut a) => a.sync(),
-        Err(TryLockError::Poisoned(p)) => p.into_inner().sync(),
-        Err(TryLockError::WouldBlock) => {
-            // The library may be mapped again at the same place before the watcher syncs:
-            // remember that its probes were forgotten.
-            UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()).extend(c.removed.iter().map(|(o, _)| o.clone()));
-            kick()
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    // The agent's lock is usually held by a sync of the watcher thread, soon done: wait for it
+    // a while, but not for ever (that sync may be waiting for the loader), and not when this
+    // thread is the one syncing (a library loaded by the sync itself).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    loop {
+        match cell.try_lock() {
+            Ok(mut a) => return a.sync(),
+            Err(TryLockError::Poisoned(p)) => return p.into_inner().sync(),
+            Err(TryLockError::WouldBlock) if SYNCING.load(Ordering::SeqCst) != me && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            Err(TryLockError::WouldBlock) => {
+                // The library may be mapped again at the same place before the watcher
+                // syncs: remember that its probes were forgotten.
+                UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()).extend(c.removed.iter().map(|(o, _)| o.clone()));
+                return kick();
+            }
         }
     }
 }
+
+/// The thread running `Agent::sync` (0: none).
+static SYNCING: AtomicI32 = AtomicI32::new(0);
 
 /// Objects unmapped while the agent was busy (see `on_objects_changed`).
 static UNMAPPED: Mutex<Vec<LoadedObject>> = Mutex::new(Vec::new());
