@@ -598,8 +598,11 @@ pub mod semaphores {
     use std::path::Path;
     use std::sync::Mutex;
 
-    /// Counters raised by the loader: link id -> (pid, its start time, address).
-    static RAISED: Mutex<Option<HashMap<u32, Vec<(u32, u64, u64)>>>> = Mutex::new(None);
+    /// A counter raised in a process: (pid, its start time, address).
+    type Raised = (u32, u64, u64);
+
+    /// Counters raised by the loader, by link id.
+    static RAISED: Mutex<Option<HashMap<u32, Vec<Raised>>>> = Mutex::new(None);
 
     /// The address of file offset `off` of the file `(dev, ino)` in process `pid`'s maps.
     fn address_in(pid: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {

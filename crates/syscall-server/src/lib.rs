@@ -66,7 +66,8 @@ pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long,
         match nr {
             SYS_BPF => return guarded(|| bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32)),
             SYS_PERF_EVENT_OPEN => {
-                return guarded(|| perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong))
+                // SAFETY: the loader's arguments, under the system call's contract.
+                return guarded(|| unsafe { perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong) })
             }
             _ => {}
         }

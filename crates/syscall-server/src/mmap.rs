@@ -288,7 +288,7 @@ fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off
         return Err(libc::EINVAL);
     }
     let pages = (len as u64 / PAGE).saturating_sub(1);
-    if off != 0 || len as u64 % PAGE != 0 || pages == 0 || !pages.is_power_of_two() || flags & libc::MAP_SHARED == 0 {
+    if off != 0 || !(len as u64).is_multiple_of(PAGE) || pages == 0 || !pages.is_power_of_two() || flags & libc::MAP_SHARED == 0 {
         return Err(libc::EINVAL);
     }
     let pages = pages as u32;
@@ -337,7 +337,7 @@ fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off
 }
 
 fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
-    if off < 0 || off as u64 % PAGE != 0 || len == 0 {
+    if off < 0 || !(off as u64).is_multiple_of(PAGE) || len == 0 {
         return Err(libc::EINVAL);
     }
     if flags & libc::MAP_SHARED == 0 && prot & libc::PROT_WRITE != 0 {

@@ -245,7 +245,12 @@ fn new_fifo() -> Result<(u32, PathBuf), i32> {
 }
 
 /// Serves `perf_event_open(attr, pid, cpu, group_fd, flags)`.
-pub fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, i32> {
+///
+/// # Safety
+/// `attr` is null or points to a `struct perf_event_attr` of the size its `size` field says
+/// (64 bytes if 0), and a uprobe event's `config1` to a NUL-terminated path (the kernel's
+/// contract for the system call).
+pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, i32> {
     if attr.is_null() {
         return Err(libc::EFAULT);
     }
