@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use userbpf_maps::MapType;
 use userbpf_object::Btf;
 
 use super::map::{install_map_fd, map_by_id, map_of_fd};
@@ -484,9 +483,4 @@ pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
     let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
     Ok(f.into_raw_fd() as i64)
-}
-
-/// Whether a map type is one whose descriptor is the ring buffer's pollable path.
-pub fn is_ringbuf(t: MapType) -> bool {
-    t == MapType::BPF_MAP_TYPE_RINGBUF
 }

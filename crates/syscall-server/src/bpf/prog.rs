@@ -1,7 +1,6 @@
 //! Program commands: PROG_LOAD (checked by the VM's load-time checks, with a verifier-like
 //! log), PROG_TEST_RUN and PROG_BIND_MAP.
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use userbpf_isa::helper_names::helper_name;
@@ -379,7 +378,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         if btf_id == 0 {
             return Err(format!("{what} requires btf"));
         }
-        if !(8..=256).contains(&rec) || rec % 4 != 0 {
+        if !(8..=256).contains(&rec) || !rec.is_multiple_of(4) {
             return Err(format!("invalid {what} rec size {rec}"));
         }
         let mut v = vec![0u8; rec as usize * cnt as usize];
@@ -450,7 +449,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
     let registry = userbpf_runtime::helpers::registry();
     let missing = |i: &Insn| i.op == OP_CALL && i.src == 0 && registry.get(i.imm as u32).is_none();
     let mut live: Option<Vec<bool>> = None;
-    if insns.iter().any(|i| missing(i)) {
+    if insns.iter().any(&missing) {
         let entries: Vec<(u32, Arc<super::MapEntry>)> = map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
         live = super::dead::reachable(&insns, &super::dead::Frozen::of(&entries));
         if let Some(live) = &live {
@@ -703,11 +702,4 @@ pub fn xlated(p: &ProgEntry) -> Vec<u8> {
         }
     }
     encode(&v)
-}
-
-/// For messages: a program's short description.
-pub fn describe(p: &ProgEntry) -> String {
-    let mut s = String::new();
-    let _ = write!(s, "prog {} ({})", p.id, p.name);
-    s
 }
