@@ -83,6 +83,11 @@ fn program_loads_logs_info_and_test_runs_match_the_kernel() {
 }
 
 #[test]
+fn perf_links_match_the_kernel() {
+    compare("links");
+}
+
+#[test]
 fn btf_loads_and_info_match_the_kernel() {
     compare("btf");
 }

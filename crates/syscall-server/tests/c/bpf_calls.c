@@ -6,6 +6,7 @@
 #include <bpf/libbpf.h>
 #include <errno.h>
 #include <linux/bpf.h>
+#include <linux/perf_event.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -363,6 +364,28 @@ static void progs(void) {
     close(fd);
 }
 
+/* A perf link on a CPU clock event: created, no detach operation (as the kernel's perf
+ * links), its info names the program. */
+static void links(void) {
+    struct bpf_insn p[] = { MOV64_IMM(0, 0), EXIT() };
+    int pf = bpf_prog_load(BPF_PROG_TYPE_PERF_EVENT, "pe", "GPL", p, 2, NULL);
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof(a));
+    a.size = sizeof(a); a.type = PERF_TYPE_SOFTWARE; a.config = PERF_COUNT_SW_CPU_CLOCK; a.sample_period = 100000000;
+    int ev = syscall(__NR_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    int l = bpf_link_create(pf, ev, BPF_PERF_EVENT, NULL);
+    printf("link_create %s\n", l >= 0 ? "fd" : strerror(errno));
+    R("link_create_again", bpf_link_create(pf, ev, BPF_PERF_EVENT, NULL));
+    R("link_detach", bpf_link_detach(l));
+    struct bpf_link_info li; uint32_t len = sizeof(li); memset(&li, 0, sizeof(li));
+    R("link_info", bpf_obj_get_info_by_fd(l, &li, &len));
+    struct bpf_prog_info pi; uint32_t pl = sizeof(pi); memset(&pi, 0, sizeof(pi));
+    bpf_obj_get_info_by_fd(pf, &pi, &pl);
+    printf("link_info type=%u prog_same=%d\n", li.type, li.prog_id == pi.id);
+    R("link_detach_prog_fd", bpf_link_detach(pf));
+    close(l); close(ev); close(pf);
+}
+
 static void btf(void) {
     /* int type "int" (4 bytes, signed). */
     struct btf *b = btf__new_empty();
@@ -434,6 +457,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "fdmaps")) fd_maps();
     if (!strcmp(what, "all") || !strcmp(what, "progs")) progs();
     if (!strcmp(what, "all") || !strcmp(what, "btf")) btf();
+    if (!strcmp(what, "all") || !strcmp(what, "links")) links();
     if (!strcmp(what, "all") || !strcmp(what, "misc")) misc();
     if (!strcmp(what, "pins")) pins();
     return 0;
