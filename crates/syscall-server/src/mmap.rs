@@ -215,7 +215,20 @@ pub fn perf_array_update(map_id: u32, key: u32, event_fd: i32) -> Result<(), i32
     });
     let (off, _) = pa.configure_ring(key, pages, ev.id as u64).map_err(|e| e.errno())?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(m.shm().fd());
+    let current = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let maps_dir = objects::session().map(|s| s.dir().join("maps").to_string_lossy().into_owned()).unwrap_or_default();
     for mp in maps {
+        // Only a mapping still there as we made it (an empty ring of its own, or a ring of a
+        // map file): one the loader unmapped without us seeing it is left alone.
+        let ours = current.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            let range = f.next().unwrap_or("");
+            let path = f.nth(4).unwrap_or("");
+            range == format!("{:x}-{:x}", mp.addr, mp.addr + mp.len) && (path.starts_with("/dev/zero") || (!maps_dir.is_empty() && path.starts_with(&maps_dir)))
+        });
+        if !ours {
+            continue;
+        }
         // SAFETY: replaces the loader's own mapping of the event (same address and length)
         // with the map's ring of the same size.
         let r = unsafe {
@@ -388,15 +401,15 @@ fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: 
 
 /// Forgets what was mapped in `[addr, addr + len)` (the kernel does the unmapping).
 pub fn munmap(addr: *mut c_void, len: usize) {
-    if WATCHED.load(Ordering::Relaxed) == 0 && EVENTS.lock().map(|g| g.as_ref().is_none_or(|m| m.is_empty())).unwrap_or(true) {
-        return;
+    // try_lock: munmap can be called while this thread holds the lock (free() of a large
+    // block inside one of our own closures); a mapping not forgotten then is only re-pointed
+    // needlessly by a later MAP_UPDATE_ELEM of its event.
+    let Ok(mut g) = EVENTS.try_lock() else { return };
+    let Some(m) = g.as_mut() else { return };
+    let (a, e) = (addr as usize, (addr as usize).saturating_add(len));
+    for st in m.values_mut() {
+        st.mappings.retain(|mp| mp.addr + mp.len <= a || mp.addr >= e);
     }
-    let (a, e) = (addr as usize, addr as usize + len);
-    events(|m| {
-        for st in m.values_mut() {
-            st.mappings.retain(|mp| mp.addr + mp.len <= a || mp.addr >= e);
-        }
-    });
 }
 
 // ---- wakeups ----
