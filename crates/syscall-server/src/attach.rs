@@ -76,9 +76,20 @@ fn sync_agent() {
     }
 }
 
+/// The loader's pid, recorded with its first link: a child it forks (before exec) shares
+/// our memory but must neither detach the loader's links when it closes inherited
+/// descriptors nor remove them when it exits.
+static LOADER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn in_loader() -> bool {
+    let l = LOADER.load(Ordering::Relaxed);
+    l == 0 || l == std::process::id()
+}
+
 fn at_exit_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        LOADER.store(std::process::id(), Ordering::Relaxed);
         extern "C" fn on_exit() {
             let _ = std::panic::catch_unwind(detach_all);
         }
@@ -89,6 +100,9 @@ fn at_exit_once() {
 
 /// Removes every attachment of this loader (at exit).
 pub fn detach_all() {
+    if !in_loader() {
+        return;
+    }
     let all: Vec<Attachment> = attached(|m| m.drain().map(|(_, a)| a).collect());
     let mut any_link = false;
     for a in all {
@@ -520,7 +534,7 @@ pub fn close_event(id: u32) {
 /// as in the kernel; the inotify watcher covers closes made otherwise).
 pub fn closing(fd: i32) -> Option<(Kind, u32)> {
     match objects::kind_of(fd)? {
-        (k @ (Kind::PerfEvent | Kind::Link), id) => Some((k, id)),
+        (k @ (Kind::PerfEvent | Kind::Link), id) if in_loader() => Some((k, id)),
         _ => None,
     }
 }
