@@ -535,42 +535,57 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
             unsafe { libc::close(old_kick) };
         }
         let Some(cell) = AGENT.get() else { return };
-        let dir = {
-            let mut a = lock(cell);
-            match Session::open(a.session.name()) {
-                Ok(s) => {
-                    // The copy of the parent's handle would leave with the parent's membership.
-                    std::mem::forget(std::mem::replace(&mut a.session, s));
-                }
-                Err(e) => log(&format!("joining the session in a forked child: {e}")),
+        // Watch first, then sync: a link added in between is not missed.
+        let dir = lock(cell).session.dir().join("links");
+        let mut fd = watch_links(&dir, true);
+        let mut a = lock(cell);
+        match Session::open(a.session.name()) {
+            Ok(s) => {
+                // The copy of the parent's handle would leave with the parent's membership.
+                std::mem::forget(std::mem::replace(&mut a.session, s));
             }
-            // `watch` syncs once it watches.
-            a.session.dir().join("links")
-        };
-        watch(dir);
+            Err(e) => log(&format!("joining the session in a forked child: {e}")),
+        }
+        if fd.is_none() {
+            fd = watch_links(&a.session.dir().join("links"), false);
+        }
+        a.sync();
+        drop(a);
+        if let Some(fd) = fd {
+            watch(fd);
+        }
     });
     std::ptr::null_mut()
 }
 
 // --------------------------------------------------------------- watcher ----
 
-/// Watches the session's `links/` directory and the kick eventfd, and syncs on every change.
-fn watch(dir: std::path::PathBuf) {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return };
-    // SAFETY: inotify_init1 has no preconditions; the descriptor is owned by this thread.
+/// An inotify descriptor watching the session's `links/` directory `dir` (`None` when it
+/// cannot be watched: said unless `quiet`).
+fn watch_links(dir: &std::path::Path, quiet: bool) -> Option<i32> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: inotify_init1 has no preconditions; the descriptor is owned by the caller.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
-        return log("inotify_init1 failed: links added later will not be attached");
+        log("inotify_init1 failed: links added later will not be attached");
+        return None;
     }
-    WATCH_FD.store(fd, Ordering::SeqCst);
     // SAFETY: `c` is a valid path; `fd` is ours.
     if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE) } < 0 {
-        return log("watching the session's links failed: links added later will not be attached");
+        // SAFETY: our descriptor, not shared.
+        unsafe { libc::close(fd) };
+        if !quiet {
+            log("watching the session's links failed: links added later will not be attached");
+        }
+        return None;
     }
-    // Links added between the last sync and the watch.
-    if let Some(a) = AGENT.get() {
-        lock(a).sync();
-    }
+    Some(fd)
+}
+
+/// Syncs on every change of the session's links (inotify `fd`, see [`watch_links`]) and on
+/// kicks.
+fn watch(fd: i32) {
+    WATCH_FD.store(fd, Ordering::SeqCst);
     let mut buf = [0u8; 4096];
     loop {
         let kick_fd = KICK.load(Ordering::SeqCst);
@@ -608,12 +623,29 @@ extern "C" fn agent_init() {
     if std::env::var_os("USERBPF_SESSION").is_none() {
         return;
     }
-    let _ = std::panic::catch_unwind(|| match Agent::start() {
-        Ok(a) => {
-            let dir = lock(a).session.dir().join("links");
-            let _ = std::thread::Builder::new().name("userbpf-agent".into()).spawn(move || watch(dir));
+    let _ = std::panic::catch_unwind(|| {
+        // Watch before the start-up sync, so that a link added in between is not missed (and no
+        // second sync runs beside the program's first steps).
+        let early = watch_links(&Session::dir_of(&Session::default_name()).join("links"), true);
+        match Agent::start() {
+            Ok(a) => {
+                let fd = early.or_else(|| {
+                    let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
+                    lock(a).sync();
+                    Some(fd)
+                });
+                if let Some(fd) = fd {
+                    let _ = std::thread::Builder::new().name("userbpf-agent".into()).spawn(move || watch(fd));
+                }
+            }
+            Err(e) => {
+                if let Some(fd) = early {
+                    // SAFETY: our descriptor, not shared.
+                    unsafe { libc::close(fd) };
+                }
+                log(&e)
+            }
         }
-        Err(e) => log(&e),
     });
 }
 
