@@ -76,6 +76,26 @@ fn sync_agent() {
     }
 }
 
+/// Blocks the standard asynchronous signals in the calling thread (one of ours): the
+/// loader's signals (SIGINT, SIGCHLD read from a signalfd, ...) must go to its own threads,
+/// as they would without us. Faults stay deliverable (a program's fault is caught by the
+/// runtime's guard), and so do real-time signals (the hook crate signals threads with them).
+pub fn block_async_signals() {
+    // SAFETY: sigset operations on a local set, then pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [
+            libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE, libc::SIGALRM,
+            libc::SIGTERM, libc::SIGCHLD, libc::SIGCONT, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGURG,
+            libc::SIGXCPU, libc::SIGXFSZ, libc::SIGVTALRM, libc::SIGPROF, libc::SIGWINCH, libc::SIGIO, libc::SIGPWR,
+        ] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// The loader's pid, recorded with its first link: a child it forks (before exec) shares
 /// our memory but must neither detach the loader's links when it closes inherited
 /// descriptors nor remove them when it exits.
@@ -404,6 +424,7 @@ fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Running, i32> {
     let t = std::thread::Builder::new()
         .name(format!("userbpf-timer-{event}"))
         .spawn(move || {
+            block_async_signals();
             if cpu >= 0 && (cpu as usize) < libc::CPU_SETSIZE as usize {
                 // A per-CPU clock samples its CPU: the program runs there (its CPU slot, what
                 // bpf_get_smp_processor_id returns, is that CPU's when free).
@@ -565,6 +586,7 @@ pub fn watch_closes() {
             return;
         }
         let _ = std::thread::Builder::new().name("userbpf-closes".into()).spawn(move || {
+            block_async_signals();
             let mut buf = [0u8; 4096];
             loop {
                 // SAFETY: reading into our buffer, of its length.

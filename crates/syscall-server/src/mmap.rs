@@ -511,7 +511,10 @@ fn watcher(map_id: u32, m: &Arc<Map>) -> Arc<Watcher> {
     }
     let w = Arc::new(Watcher { map: m.clone(), rings: Mutex::new(Vec::new()) });
     let t = w.clone();
-    let _ = std::thread::Builder::new().name(format!("userbpf-wake-{map_id}")).spawn(move || t.run());
+    let _ = std::thread::Builder::new().name(format!("userbpf-wake-{map_id}")).spawn(move || {
+        crate::attach::block_async_signals();
+        t.run()
+    });
     ws.insert(map_id, w.clone());
     w
 }
