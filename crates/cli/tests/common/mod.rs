@@ -362,6 +362,9 @@ pub fn run_with(
     let (mut loader, mut target) = match order {
         Order::LoaderFirst => {
             let l = start_loader();
+            // bpftrace prints "Attaching N probes..." before it attaches them: let it finish,
+            // so that the target really starts after the loader.
+            std::thread::sleep(Duration::from_millis(500));
             (l, start_target())
         }
         Order::TargetFirst => {
@@ -413,10 +416,11 @@ pub fn run_with(
             panic!("{} did not exit by itself within {STEP:?} (interrupted)\n{}\n{}", loader.name, loader.describe(), target.describe());
         }
     }
-    loader.wait_exit("after the workload");
+    let lst = loader.wait_exit("after the workload");
     target.close_stdin();
     let st = target.wait_exit("once its stdin closed");
     assert!(st.success(), "target failed: {st:?}\n{}", target.describe());
+    assert!(lst.success(), "{} failed: {lst:?}\n{}\n{}", loader.name, loader.describe(), target.describe());
     remove_session(&session);
     // The target's stderr holds the agent's messages: shown with the loader's on a failure.
     let mut err = loader.stderr();
