@@ -69,10 +69,65 @@ pub fn link_file(link_id: u32) -> PathBuf {
 }
 
 /// Syncs the loader's own agent (attaches links for this process, detaches removed ones).
+/// After a change of the session's links: the loader's own agent syncs now, and the agents
+/// of the session's running targets are waited for (bounded), so that, as with the kernel,
+/// a probe is live in every process when the ioctl, LINK_CREATE or close returns.
 fn sync_agent() {
     match userbpf_agent::Agent::start() {
         Ok(a) => a.lock().unwrap_or_else(|e| e.into_inner()).sync(),
         Err(e) => eprintln!("userbpf: the loader's agent did not start ({e}): probes on the loader itself will not run"),
+    }
+    if let Ok(s) = objects::session() {
+        if let Some(gen) = publish_links_gen(s.dir()) {
+            wait_for_agents(s.dir(), gen, std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+/// Agents' acknowledgement protocol. The loader writes a new generation number (an id of the
+/// session: increasing) into `links/gen` after changing links (a rename into `links/`: the
+/// agents' inotify watch sees it). An agent that implements the protocol keeps a file
+/// `agents/PID.STARTTIME` holding the generation it read from `links/gen` *before* the
+/// listing of `links/` its last sync acted on. When every live agent's file holds at least
+/// the new generation, every probe change is in place everywhere.
+fn publish_links_gen(dir: &std::path::Path) -> Option<u32> {
+    let agents = dir.join("agents");
+    if std::fs::read_dir(&agents).map_or(true, |mut d| d.next().is_none()) {
+        return None; // no agent of the session acknowledges: nothing to wait for
+    }
+    let s = objects::session().ok()?;
+    let gen = s.alloc_id().ok()?;
+    let path = dir.join("links").join("gen");
+    let tmp = dir.join("links").join(format!("gen.tmp{}", std::process::id()));
+    std::fs::write(&tmp, gen.to_string()).ok()?;
+    std::fs::rename(&tmp, &path).ok()?;
+    Some(gen)
+}
+
+fn wait_for_agents(dir: &std::path::Path, gen: u32, limit: std::time::Duration) {
+    let me = std::process::id();
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut pending = false;
+        if let Ok(rd) = std::fs::read_dir(dir.join("agents")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some((pid, start)) = name.split_once('.') else { continue };
+                let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else { continue };
+                if pid == me || userbpf_runtime::session::start_time(pid) != Some(start) {
+                    continue; // ourselves (synced above), or a process that is gone
+                }
+                let acked = std::fs::read_to_string(e.path()).ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(0);
+                if acked < gen {
+                    pending = true;
+                    break;
+                }
+            }
+        }
+        if !pending || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
