@@ -87,6 +87,12 @@ fn perf_links_match_the_kernel() {
     compare("links");
 }
 
+/// A uprobe event on the test program itself (the kernel's uprobe PMU, and H4's through the server).
+#[test]
+fn task_fd_query_of_a_uprobe_event_matches_the_kernel() {
+    compare("fdquery");
+}
+
 #[test]
 fn btf_loads_and_info_match_the_kernel() {
     compare("btf");

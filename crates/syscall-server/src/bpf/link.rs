@@ -131,9 +131,11 @@ pub fn prog_query(a: &Attr) -> Result<i64, i32> {
     Err(libc::EINVAL)
 }
 
-/// BPF_TASK_FD_QUERY for this process's raw tracepoint links (`BPF_FD_TYPE_RAW_TRACEPOINT`
-/// with the tracepoint's name); other descriptors have no program the kernel would report
-/// through this call here (`ENOTSUPP`).
+/// BPF_TASK_FD_QUERY for this process's descriptors: perf events with a program (uprobes:
+/// `BPF_FD_TYPE_UPROBE`/`URETPROBE` with the file and offset; tracepoints:
+/// `BPF_FD_TYPE_TRACEPOINT` with the name) and raw tracepoint links (`BPF_FD_TYPE_RAW_TRACEPOINT`
+/// with the name). An event without a program is `ENOENT`, a software event's program
+/// `EOPNOTSUPP`, other descriptors `ENOTSUPP`, as the kernel answers.
 pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
     if !a.zero_from(48) {
         return Err(libc::EINVAL);
@@ -143,10 +145,35 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
         return Err(libc::EINVAL);
     }
     if pid != std::process::id() {
-        // Descriptors of other processes are not ours to look at.
+        // Descriptors of other processes: their events live in those processes.
         return Err(libc::ENOENT);
     }
     let obj = objects::get(fd).ok_or(libc::EBADF)?;
+    const BPF_FD_TYPE_RAW_TRACEPOINT: u32 = 0;
+    const BPF_FD_TYPE_TRACEPOINT: u32 = 1;
+    const BPF_FD_TYPE_UPROBE: u32 = 4;
+    const BPF_FD_TYPE_URETPROBE: u32 = 5;
+    if obj.kind == Kind::PerfEvent {
+        use crate::perf_event::Spec;
+        let found = crate::perf_event::with_events(|evs| evs.iter().find(|e| e.id == obj.id).map(|e| (e.spec.clone(), e.prog, e.bpf_links.clone())));
+        let (spec, prog, links) = found.ok_or(libc::EBADF)?;
+        // (The link table is looked up outside the events' lock.)
+        let prog = prog.or_else(|| links.iter().find_map(|l| crate::attach::bpf_link_prog(*l))).ok_or(libc::ENOENT)?;
+        let (fd_type, name, offset) = match spec {
+            Spec::Uprobe { path, file_offset, retprobe, .. } => (if retprobe { BPF_FD_TYPE_URETPROBE } else { BPF_FD_TYPE_UPROBE }, path, file_offset),
+            Spec::Tracepoint { func, .. } => (BPF_FD_TYPE_TRACEPOINT, func.rsplit('/').next().unwrap_or(&func).to_string(), 0),
+            _ => return Err(libc::EOPNOTSUPP),
+        };
+        a.put_u32(24, prog)?;
+        a.put_u32(28, fd_type)?;
+        if 40 <= a.size {
+            write_user(a.user + 32, &offset.to_ne_bytes())?;
+        }
+        if 48 <= a.size {
+            write_user(a.user + 40, &0u64.to_ne_bytes())?;
+        }
+        return copy_name(a, buf, buf_len, &name);
+    }
     if obj.kind != Kind::Link {
         return Err(userbpf_maps::ENOTSUPP);
     }
@@ -155,12 +182,17 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
     if rec.kind != "raw_tracepoint" {
         return Err(userbpf_maps::ENOTSUPP);
     }
-    let name = rec.func.clone().unwrap_or_default();
-    let mut b = name.into_bytes();
+    a.put_u32(24, rec.prog_id)?;
+    a.put_u32(28, BPF_FD_TYPE_RAW_TRACEPOINT)?;
+    copy_name(a, buf, buf_len, &rec.func.clone().unwrap_or_default())
+}
+
+/// The name of a TASK_FD_QUERY answer: `buf_len` gets the name's length; the buffer, if
+/// any, as much as fits with a NUL (`ENOSPC` when cut).
+fn copy_name(a: &Attr, buf: u64, buf_len: u32, name: &str) -> Result<i64, i32> {
+    let mut b = name.as_bytes().to_vec();
     b.push(0);
     let needed = b.len() as u32 - 1;
-    a.put_u32(24, rec.prog_id)?;
-    a.put_u32(28, 0)?;
     a.put_u32(12, needed)?;
     if buf != 0 && buf_len != 0 {
         let n = (buf_len as usize).min(b.len());

@@ -386,6 +386,60 @@ static void links(void) {
     close(l); close(ev); close(pf);
 }
 
+__attribute__((noinline)) int probed_function(int x) {
+    volatile int y = x * 3;
+    return y + 1;
+}
+
+/* The file offset of probed_function in this executable (from /proc/self/maps). */
+static unsigned long file_offset_of(void *fn, char *path, size_t len) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    unsigned long a = (unsigned long)fn, off = 0;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi, foff;
+        char perms[8], p[256] = "";
+        if (sscanf(line, "%lx-%lx %7s %lx %*s %*s %255s", &lo, &hi, perms, &foff, p) >= 4 && a >= lo && a < hi) {
+            off = a - lo + foff;
+            snprintf(path, len, "%s", p);
+        }
+    }
+    fclose(f);
+    return off;
+}
+
+/* TASK_FD_QUERY on a uprobe perf event: no program yet (ENOENT), then with a perf link. */
+static void fd_query(void) {
+    char path[256];
+    unsigned long off = file_offset_of((void *)probed_function, path, sizeof(path));
+    FILE *t = fopen("/sys/bus/event_source/devices/uprobe/type", "r");
+    int type = 0;
+    if (!t || fscanf(t, "%d", &type) != 1) { printf("no uprobe pmu\n"); return; }
+    fclose(t);
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof(a));
+    a.size = sizeof(a); a.type = type; a.config1 = (uintptr_t)path; a.config2 = off;
+    int ev = syscall(__NR_perf_event_open, &a, getpid(), -1, -1, PERF_FLAG_FD_CLOEXEC);
+    printf("uprobe_event %s\n", ev >= 0 ? "fd" : strerror(errno));
+    char buf[256]; uint32_t blen = sizeof(buf), prog_id = 0, fd_type = 0; __u64 poff = 0, paddr = 0;
+    R("fd_query_no_prog", bpf_task_fd_query(getpid(), ev, 0, buf, &blen, &prog_id, &fd_type, &poff, &paddr));
+    struct bpf_insn p[] = { MOV64_IMM(0, 0), EXIT() };
+    int pf = bpf_prog_load(BPF_PROG_TYPE_KPROBE, "up", "GPL", p, 2, NULL);
+    int l = bpf_link_create(pf, ev, BPF_PERF_EVENT, NULL);
+    printf("uprobe_link %s\n", l >= 0 ? "fd" : strerror(errno));
+    blen = sizeof(buf);
+    R("fd_query", bpf_task_fd_query(getpid(), ev, 0, buf, &blen, &prog_id, &fd_type, &poff, &paddr));
+    struct bpf_prog_info pi; uint32_t pl = sizeof(pi); memset(&pi, 0, sizeof(pi));
+    bpf_obj_get_info_by_fd(pf, &pi, &pl);
+    printf("fd_query type=%u prog_same=%d path_same=%d len_ok=%d offset_same=%d\n", fd_type, prog_id == pi.id, !strcmp(buf, path), blen == strlen(path), poff == off);
+    blen = 4;
+    R("fd_query_short_buf", bpf_task_fd_query(getpid(), ev, 0, buf, &blen, &prog_id, &fd_type, &poff, &paddr));
+    printf("fd_query_short_buf len_ok=%d\n", blen == strlen(path));
+    R("fd_query_not_event", bpf_task_fd_query(getpid(), pf, 0, buf, &blen, &prog_id, &fd_type, &poff, &paddr));
+    printf("probed %d\n", probed_function(2));
+    close(l); close(pf); close(ev);
+}
+
 static void btf(void) {
     /* int type "int" (4 bytes, signed). */
     struct btf *b = btf__new_empty();
@@ -458,6 +512,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "progs")) progs();
     if (!strcmp(what, "all") || !strcmp(what, "btf")) btf();
     if (!strcmp(what, "all") || !strcmp(what, "links")) links();
+    if (!strcmp(what, "fdquery")) fd_query();
     if (!strcmp(what, "all") || !strcmp(what, "misc")) misc();
     if (!strcmp(what, "pins")) pins();
     return 0;
