@@ -5,8 +5,17 @@
 //! private to the run. Threads in user space can be preempted and migrate mid-run, so a run
 //! *claims* the slot of the CPU it starts on (one atomic compare-and-swap on a word shared by
 //! every process of the session); if another run holds it, the next free slot is taken. Two
-//! runs never share a slot, so per-CPU values see no lost updates. If every slot is busy the
-//! run is skipped and counted as missed, as the kernel counts runs it skips for recursion.
+//! runs never share a slot, so per-CPU values see no lost updates.
+//!
+//! **Every slot busy.** With more threads than CPUs, a thread is often preempted in the middle
+//! of a run, holding its slot, while the CPU runs the others (in a loop of probe hits most of
+//! a thread's time is spent in runs). Skipping their runs would lose whole threads' events,
+//! which the kernel never does: a run that finds every slot held *waits* for one (spinning,
+//! then yielding the CPU to the holder, then sleeping briefly), as the kernel's preempted-off
+//! run would have ended before another began on that CPU. A slot whose holder has died (a
+//! process killed mid-run) is taken over. Only when no slot is given back within
+//! [`SLOT_WAIT_LIMIT_NS`] (a holder stopped by a signal or a debugger) is the run skipped and
+//! counted as missed.
 //!
 //! **Recursion.** A probe hit on a thread already running a program (a probed function called
 //! from a helper, a signal handler) is skipped and counted as missed, as in the kernel.
@@ -171,6 +180,11 @@ impl CpuSlots {
     /// Opens (creating if needed) the slot file of a session.
     pub fn open(path: &Path) -> io::Result<CpuSlots> {
         init_rseq();
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a child handler that only writes this thread's block.
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(forget_tid_in_child));
+        });
         let nr = possible_cpus();
         let len = nr as usize * SLOT_STRIDE;
         let shm = match Shm::create(path, len) {
@@ -209,7 +223,8 @@ impl CpuSlots {
 pub enum Missed {
     /// This thread is already running a program.
     Recursion,
-    /// Every CPU slot is held by another run.
+    /// Every CPU slot stayed held by other runs for [`SLOT_WAIT_LIMIT_NS`] (their threads
+    /// stopped).
     NoSlot,
 }
 
@@ -261,15 +276,93 @@ fn claim(slots: &CpuSlots, t: &ThreadRun) -> Result<u32, Missed> {
     claim_other(slots, start, me)
 }
 
+/// How long a run waits for a CPU slot when every slot is held, before it is skipped. Holders
+/// that are merely preempted give their slot back within a scheduling period; this bounds
+/// the wait for holders that do not run at all (stopped by SIGSTOP or a debugger).
+pub const SLOT_WAIT_LIMIT_NS: u64 = 50_000_000;
+
+/// Takes the first free slot, from `start` on.
+#[inline]
+fn try_claim_any(slots: &CpuSlots, start: u32, me: u32) -> Option<u32> {
+    (0..slots.nr).map(|k| (start + k) % slots.nr).find(|&i| {
+        let w = slots.word(i);
+        w.load(Ordering::Relaxed) == 0 && w.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    })
+}
+
+/// Takes over a slot whose holder (a thread id) no longer exists: a process killed in the
+/// middle of a run never gives its slot back.
 #[cold]
+fn take_over_dead(slots: &CpuSlots, me: u32) -> Option<u32> {
+    (0..slots.nr).find(|&i| {
+        let w = slots.word(i);
+        let owner = w.load(Ordering::Relaxed);
+        // SAFETY: kill with signal 0 sends nothing; it only checks that the thread exists (a
+        // thread id names its thread for kill(2)).
+        let dead = owner != 0
+            && owner != me
+            && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        dead && w.compare_exchange(owner, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    })
+}
+
+/// Every other run's slot is held: waits for one to be given back (see the module's
+/// documentation). Not the hit path of an uncontended run: spinning, `sched_yield` and short
+/// sleeps are fine here, as the alternative is to lose the run.
+#[cold]
+#[inline(never)]
 fn claim_other(slots: &CpuSlots, start: u32, me: u32) -> Result<u32, Missed> {
-    for k in 1..slots.nr {
-        let i = (start + k) % slots.nr;
-        if slots.word(i).compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+    if let Some(i) = try_claim_any(slots, start, me) {
+        return Ok(i);
+    }
+    let t0 = monotonic_ns();
+    let mut next_dead_check = t0;
+    let mut round = 0u32;
+    loop {
+        round = round.saturating_add(1);
+        if round < 64 {
+            // The holder may be running on another CPU, a few instructions from the end.
+            std::hint::spin_loop();
+        } else if round < 128 {
+            // The holder may be waiting for this CPU.
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        } else {
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+            // SAFETY: nanosleep reads the timespec we own; the remainder is not wanted.
+            unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+        }
+        if let Some(i) = try_claim_any(slots, this_cpu() % slots.nr, me) {
             return Ok(i);
         }
+        if round >= 128 {
+            let now = monotonic_ns();
+            if now >= next_dead_check {
+                if let Some(i) = take_over_dead(slots, me) {
+                    return Ok(i);
+                }
+                next_dead_check = now + 1_000_000;
+            }
+            if now.saturating_sub(t0) >= SLOT_WAIT_LIMIT_NS {
+                return Err(Missed::NoSlot);
+            }
+        }
     }
-    Err(Missed::NoSlot)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we own (the vDSO: no system call).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// In the child of a fork: the thread's cached id is its parent's; read it again (a slot's
+/// holder id must name a live thread, see [`take_over_dead`]).
+extern "C" fn forget_tid_in_child() {
+    // SAFETY: this (the only) thread's block; only this thread uses it.
+    unsafe { (*thread_run()).tid.set(0) };
 }
 
 impl RunGuard<'_> {
