@@ -285,8 +285,15 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
         // contract, as the kernel reads it with strndup_user).
         let raw = unsafe { CStr::from_ptr(config1 as *const libc::c_char) }.to_string_lossy().into_owned();
         let path = absolute(&raw);
-        if !Path::new(&path).is_file() {
-            return Err(libc::ENOENT);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {
+                // The kernel refuses an offset beyond the file (uprobe_register).
+                if config2 >= m.len() {
+                    return Err(libc::EINVAL);
+                }
+            }
+            Ok(_) => return Err(libc::EINVAL),
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::ENOENT)),
         }
         let (func, offset) = match symbolize_file_offset(&path, config2)? {
             Some((f, d)) => (Some(f), d),
@@ -413,7 +420,7 @@ fn event_ioctl(id: u32, req: u64, arg: u64) -> Result<i64, i32> {
 fn prog_type_ok(spec: &Spec, prog_type: &str) -> bool {
     match spec {
         Spec::Uprobe { .. } => prog_type == "kprobe",
-        Spec::Tracepoint { .. } => prog_type == "tracepoint" || prog_type == "raw_tracepoint",
+        Spec::Tracepoint { .. } => prog_type == "tracepoint",
         Spec::Clock { .. } => prog_type == "perf_event",
         Spec::Output { .. } => false,
     }
