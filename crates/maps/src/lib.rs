@@ -13,6 +13,7 @@
 
 pub mod array;
 pub mod bloom_filter;
+pub mod cgroup_array;
 pub mod hash;
 pub mod lpm_trie;
 pub mod map;

@@ -91,6 +91,7 @@ pub enum Map {
     LpmTrie(LpmTrie),
     RingBuf(crate::ringbuf::RingBuf),
     PerfEventArray(crate::perf::PerfEventArray),
+    CgroupArray(crate::cgroup_array::CgroupArray),
 }
 
 /// Per-type layout: the total file size (for `open`: the least a valid file has), or why the
@@ -113,6 +114,7 @@ fn file_size(spec: &MapSpec, nr_cpus: u32, for_open: bool) -> Result<u64, MapErr
         BPF_MAP_TYPE_RINGBUF => crate::ringbuf::RingBuf::file_size(spec),
         BPF_MAP_TYPE_PERF_EVENT_ARRAY if for_open => crate::perf::PerfEventArray::min_file_size(spec, nr_cpus),
         BPF_MAP_TYPE_PERF_EVENT_ARRAY => crate::perf::PerfEventArray::file_size(spec, nr_cpus),
+        BPF_MAP_TYPE_CGROUP_ARRAY => crate::cgroup_array::CgroupArray::file_size(spec),
     };
     match size {
         Some(s) if s <= MAX_MAP_FILE_SIZE => Ok(s),
@@ -144,6 +146,7 @@ pub fn check_spec(spec: &MapSpec) -> Result<(), MapError> {
         BPF_MAP_TYPE_LPM_TRIE => LpmTrie::check(spec),
         BPF_MAP_TYPE_RINGBUF => crate::ringbuf::RingBuf::check(spec),
         BPF_MAP_TYPE_PERF_EVENT_ARRAY => crate::perf::PerfEventArray::check(spec),
+        BPF_MAP_TYPE_CGROUP_ARRAY => crate::cgroup_array::CgroupArray::check(spec),
     }
 }
 
@@ -196,6 +199,7 @@ impl Map {
             BPF_MAP_TYPE_LPM_TRIE => Map::LpmTrie(LpmTrie::create(base)),
             BPF_MAP_TYPE_RINGBUF => Map::RingBuf(crate::ringbuf::RingBuf::init(base)?),
             BPF_MAP_TYPE_PERF_EVENT_ARRAY => Map::PerfEventArray(crate::perf::PerfEventArray::init(base)?),
+            BPF_MAP_TYPE_CGROUP_ARRAY => Map::CgroupArray(crate::cgroup_array::CgroupArray::new(base)),
         })
     }
 
@@ -216,6 +220,7 @@ impl Map {
             BPF_MAP_TYPE_LPM_TRIE => Map::LpmTrie(LpmTrie::open(base)),
             BPF_MAP_TYPE_RINGBUF => Map::RingBuf(crate::ringbuf::RingBuf::open_base(base)?),
             BPF_MAP_TYPE_PERF_EVENT_ARRAY => Map::PerfEventArray(crate::perf::PerfEventArray::open_base(base)?),
+            BPF_MAP_TYPE_CGROUP_ARRAY => Map::CgroupArray(crate::cgroup_array::CgroupArray::new(base)),
         })
     }
 
@@ -260,6 +265,7 @@ impl Map {
             Map::LpmTrie(m) => m.base(),
             Map::RingBuf(m) => m.base(),
             Map::PerfEventArray(m) => m.base(),
+            Map::CgroupArray(m) => m.base(),
         }
     }
 
@@ -350,14 +356,16 @@ impl Map {
             Map::QueueStack(m) => m.peek_sys(value_out),
             Map::BloomFilter(m) => m.peek_sys(value_out),
             Map::LpmTrie(m) => m.lookup_elem(key, value_out),
-            Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
+            // fd arrays without map_fd_sys_lookup_elem.
+            Map::RingBuf(_) | Map::PerfEventArray(_) | Map::CgroupArray(_) => Err(ENOTSUPP_OP),
         }
     }
 
     /// BPF_MAP_UPDATE_ELEM (`BPF_ANY`, `BPF_NOEXIST`, `BPF_EXIST`). Queue/stack and bloom
     /// filter: push (key empty). Prog/map-in-map arrays and hash of maps: the value is the
     /// u32 id to store (the runtime checks that it names a live program or a compatible map;
-    /// 0 is refused with `EBADF`, as an invalid fd is by the kernel).
+    /// 0 is refused with `EBADF`, as an invalid fd is by the kernel). Cgroup arrays: the value
+    /// is a descriptor (in this process) of the cgroup's directory.
     pub fn update_elem(&self, key: &[u8], value: &[u8], flags: u64) -> Result<(), MapError> {
         self.check_key(key)?;
         if value.len() < self.value_buf_size() {
@@ -376,6 +384,7 @@ impl Map {
             // SAFETY: as above.
             Map::BloomFilter(m) => unsafe { m.push(value.as_ptr(), flags) },
             Map::LpmTrie(m) => m.update_elem(key, value, flags),
+            Map::CgroupArray(m) => m.update_elem(key, value, flags),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -390,6 +399,7 @@ impl Map {
             Map::QueueStack(_) => Err(einval("queue and stack maps have no delete")),
             Map::BloomFilter(_) => Err(EOPNOTSUPP),
             Map::LpmTrie(m) => m.delete_elem(key),
+            Map::CgroupArray(m) => m.delete_elem(key),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -410,6 +420,7 @@ impl Map {
             Map::QueueStack(_) => Err(einval("queue and stack maps have no keys")),
             Map::BloomFilter(_) => Err(EOPNOTSUPP),
             Map::LpmTrie(m) => m.get_next_key(key, next_out),
+            Map::CgroupArray(m) => m.get_next_key(key, next_out),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -426,7 +437,7 @@ impl Map {
             // SAFETY: `value_out` holds at least value_size bytes (checked above).
             Map::QueueStack(m) => unsafe { m.pop(value_out.as_mut_ptr(), true, crate::sync::Wait::Sys) },
             Map::BloomFilter(_) | Map::Array(_) | Map::StackTrace(_) | Map::LpmTrie(_) => Err(ENOTSUPP_OP),
-            Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
+            Map::RingBuf(_) | Map::PerfEventArray(_) | Map::CgroupArray(_) => Err(ENOTSUPP_OP),
         }
     }
 

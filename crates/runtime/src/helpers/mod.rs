@@ -6,7 +6,8 @@
 //! (`probe_read*`, `probe_write_user`), [`printf`] (`trace_printk`, `trace_vprintk`,
 //! `snprintf` and the trace sink), [`output`] (perf event and ring buffer output),
 //! [`stack`] (`get_stackid`, `get_stack`), [`func`] (function ip, cookie, arguments, return
-//! value) and [`string`] (`strncmp`, `strtol`, `strtoul`).
+//! value), [`string`] (`strncmp`, `strtol`, `strtoul`) and [`cgroup`] (cgroup v2 ids and
+//! `current_task_under_cgroup`, which make system calls).
 //!
 //! # Rules every helper follows
 //!
@@ -39,6 +40,7 @@ use std::sync::{Arc, OnceLock};
 use userbpf_vm::guard;
 use userbpf_vm::{Helper, HelperFn, HelperRegistry};
 
+pub mod cgroup;
 pub mod func;
 pub mod maps;
 pub mod output;
@@ -69,6 +71,7 @@ pub fn register_all(reg: &mut HelperRegistry) {
     stack::register(reg);
     func::register(reg);
     string::register(reg);
+    cgroup::register(reg);
     crate::control::register(reg);
 }
 

@@ -9,9 +9,10 @@ use userbpf_runtime::MapRecord;
 use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
 use crate::objects::{self, Kind};
 
-/// The kernel's BPF_MAP_TYPE_CGROUP_ARRAY: created here as a plain array of u32 (its slots
-/// hold what userspace stores; no program helper reads it as cgroups).
-pub const BPF_MAP_TYPE_CGROUP_ARRAY: u32 = 8;
+/// The kernel's BPF_MAP_TYPE_CGROUP_ARRAY (the maps crate's own type: an update's value is a
+/// cgroup2 directory's descriptor in this process, stored as the cgroup's id, which
+/// `bpf_current_task_under_cgroup` checks in the targets).
+pub const BPF_MAP_TYPE_CGROUP_ARRAY: u32 = MapType::BPF_MAP_TYPE_CGROUP_ARRAY as u32;
 
 const BPF_F_LOCK: u64 = 4;
 const BPF_F_RDONLY: u32 = 1 << 3;
@@ -52,16 +53,9 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         // BPF_F_NUMA_NODE: node 0 (or NUMA_NO_NODE) is all there is here.
         return Err(libc::EINVAL);
     }
-    // Emulated kernel types: created as the closest type the runtime has.
-    let (real_type, shown_type) = match map_type {
-        BPF_MAP_TYPE_CGROUP_ARRAY => {
-            if key_size != 4 || value_size != 4 {
-                return Err(libc::EINVAL);
-            }
-            (MapType::BPF_MAP_TYPE_ARRAY, map_type)
-        }
-        t => (MapType::from_u32(t).ok_or(libc::EINVAL)?, t),
-    };
+    // An emulated kernel type would be created as the closest type the runtime has and
+    // shown as its own (none is now: CGROUP_ARRAY is a maps crate type).
+    let (real_type, shown_type) = (MapType::from_u32(map_type).ok_or(libc::EINVAL)?, map_type);
     let inner = match real_type {
         MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
             let inner = map_of_fd(inner_map_fd)?;
@@ -389,9 +383,6 @@ pub enum Batch {
 /// The map families and which batch operations the kernel gives each.
 fn batch_supported(e: &MapEntry, op: Batch) -> bool {
     use MapType::*;
-    if e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
-        return false;
-    }
     match e.map.map_type() {
         BPF_MAP_TYPE_HASH | BPF_MAP_TYPE_PERCPU_HASH | BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH | BPF_MAP_TYPE_HASH_OF_MAPS => true,
         BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY | BPF_MAP_TYPE_ARRAY_OF_MAPS => matches!(op, Batch::Lookup | Batch::Update),

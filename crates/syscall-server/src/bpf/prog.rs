@@ -302,6 +302,74 @@ mod tests {
     }
 }
 
+/// Instructions other paths enter: jump targets, subprogram and callback entries.
+fn jump_targets(insns: &[Insn]) -> Vec<bool> {
+    let mut t = vec![false; insns.len() + 1];
+    let mut mark = |to: i64| {
+        if to >= 0 && (to as usize) < t.len() {
+            t[to as usize] = true;
+        }
+    };
+    for (pc, i) in insns.iter().enumerate() {
+        let class = i.op & 0x07;
+        if i.is_lddw() && i.src == BPF_PSEUDO_FUNC {
+            mark(pc as i64 + 1 + i.imm as i64);
+        } else if i.op == OP_CALL && i.src == BPF_PSEUDO_CALL {
+            mark(pc as i64 + 1 + i.imm as i64);
+        } else if (class == BPF_JMP || class == BPF_JMP32) && i.op != OP_CALL && i.op != OP_CALLX && i.op != OP_EXIT {
+            let rel = if class == BPF_JMP32 && i.op & 0xf0 == BPF_JA { i.imm as i64 } else { i.off as i64 };
+            mark(pc as i64 + 1 + rel);
+        }
+    }
+    t
+}
+
+/// The map (session id) whose pointer r1 holds at the helper call at `pc`, when the
+/// straight-line code just before the call loads it (`r1 = map ll`, as compilers emit it);
+/// None when r1 comes from elsewhere or another path enters in between. What the kernel's
+/// `check_map_func_compatibility` looks at for helpers taking a map in r1.
+fn r1_map_before(insns: &[Insn], targets: &[bool], pc: usize) -> Option<u32> {
+    let mut k = pc;
+    while k > 0 {
+        if targets[k] {
+            return None;
+        }
+        k -= 1;
+        if k > 0 && insns[k - 1].is_lddw() {
+            k -= 1;
+            let i = insns[k];
+            if i.dst == 1 {
+                return (i.src == BPF_PSEUDO_MAP_IDX).then_some(i.imm as u32);
+            }
+            continue;
+        }
+        let i = insns[k];
+        let class = i.op & 0x07;
+        let atomic_src = class == BPF_STX && i.op & 0xe0 == 0xc0 && i.src == 1;
+        if class == BPF_JMP || class == BPF_JMP32 || class == BPF_LD || atomic_src {
+            return None;
+        }
+        if (class == BPF_ALU || class == BPF_ALU64 || class == BPF_LDX) && i.dst == 1 {
+            return None;
+        }
+    }
+    None
+}
+
+/// The kernel's `check_map_func_compatibility` for the helpers taking a map in r1, as far as
+/// cgroup arrays go: `current_task_under_cgroup` (37) takes nothing else, and they go to no
+/// other helper of those (`skb_under_cgroup` takes its map in r2).
+fn map_func_compatible(map_type: u32, func: u32) -> bool {
+    const CGROUP_ARRAY: u32 = super::map::BPF_MAP_TYPE_CGROUP_ARRAY;
+    // Helpers whose r1 is a map (map operations, queue/stack, for_each, ringbuf).
+    const R1_MAP: &[u32] = &[1, 2, 3, 87, 88, 89, 130, 131, 134, 164, 195];
+    match func {
+        37 => map_type == CGROUP_ARRAY,
+        f if R1_MAP.contains(&f) => map_type != CGROUP_ARRAY,
+        _ => true,
+    }
+}
+
 /// A refused load: the log gets the offending instruction and the reason, then the
 /// verifier's summary line; the call fails with `errno` (or `ENOSPC` if the log did not fit).
 fn refuse(log: &mut VLog, a: &Attr, insns: &[Insn], pc: Option<usize>, msg: &str, errno: i32, processed: usize) -> Result<i64, i32> {
@@ -449,9 +517,12 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
     let registry = userbpf_runtime::helpers::registry();
     let missing = |i: &Insn| i.op == OP_CALL && i.src == 0 && registry.get(i.imm as u32).is_none();
     let mut live: Option<Vec<bool>> = None;
-    if insns.iter().any(&missing) {
+    let reachable = |insns: &[Insn]| {
         let entries: Vec<(u32, Arc<super::MapEntry>)> = map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
-        live = super::dead::reachable(&insns, &super::dead::Frozen::of(&entries));
+        super::dead::reachable(insns, &super::dead::Frozen::of(&entries))
+    };
+    if insns.iter().any(&missing) {
+        live = reachable(&insns);
         if let Some(live) = &live {
             for pc in 0..insns.len() {
                 if !live[pc] && missing(&insns[pc]) {
@@ -460,6 +531,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
             }
         }
     }
+    let targets = jump_targets(&insns);
     for pc in 0..insns.len() {
         let insn = insns[pc];
         if insn.op != OP_CALL || insn.src != 0 || (pc > 0 && insns[pc - 1].is_lddw()) {
@@ -478,6 +550,20 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         }
         if !gpl && GPL_ONLY.contains(&id) {
             return refuse(&mut log, a, &insns, Some(pc), "cannot call GPL-restricted function from non-GPL compatible program", libc::EINVAL, pc + 1);
+        }
+        if let Some(t) = r1_map_before(&insns, &targets, pc).and_then(|m| map_by_id(m).ok()).map(|e| e.map_type) {
+            if !map_func_compatible(t, id) {
+                // Only where the verifier goes (the walk above was only made if a helper
+                // is missing).
+                if live.is_none() {
+                    live = reachable(&insns);
+                }
+                if live.as_ref().is_some_and(|l| !l[pc]) {
+                    continue;
+                }
+                let msg = format!("cannot pass map_type {t} into func bpf_{}#{id}", helper_name(id).unwrap_or("unknown"));
+                return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
+            }
         }
     }
     // The VM's load-time checks, with the runtime's helpers and these maps.
