@@ -35,8 +35,8 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
     let r = match &parsed {
         Ok(btf) => {
             if log.on() {
-                for (id, t) in btf.types().skip(1) {
-                    log.line(&format!("[{id}] {} {} ", t.kind().name().to_uppercase(), btf.name(id)));
+                for (id, t) in btf.types() {
+                    log.line(&type_line(btf, id, t));
                 }
             }
             Ok(())
@@ -53,6 +53,41 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
     let session = objects::session()?;
     let id = session.add_btf(&data).map_err(|e| io_errno(&e))?;
     objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map(|fd| fd as i64)
+}
+
+/// One type as the kernel's BTF log prints it (`[ID] KIND name ...`, members indented).
+fn type_line(btf: &Btf, id: u32, t: &userbpf_object::btf::BtfType) -> String {
+    use userbpf_object::btf::TypeKind;
+    let n = btf.name(id);
+    let head = format!("[{id}] {} {}", t.kind().name().to_uppercase(), if n.is_empty() { "(anon)" } else { n });
+    let name = |off: u32| btf.name_of(off).to_string();
+    match &t.kind {
+        TypeKind::Int(i) => {
+            let enc = match i.encoding {
+                1 => "SIGNED",
+                2 => "CHAR",
+                4 => "BOOL",
+                _ => "(none)",
+            };
+            format!("{head} size={} bits_offset={} nr_bits={} encoding={enc}", i.size, i.offset, i.bits)
+        }
+        TypeKind::Struct(c) | TypeKind::Union(c) => {
+            let mut s = format!("{head} size={} vlen={}", c.size, c.members.len());
+            for m in &c.members {
+                s.push_str(&format!("\n\t{} type_id={} bits_offset={}", name(m.name_off), m.type_id, m.bit_offset));
+                if m.bitfield_size != 0 {
+                    s.push_str(&format!(" bitfield_size={}", m.bitfield_size));
+                }
+            }
+            s
+        }
+        TypeKind::Ptr(r) | TypeKind::Typedef(r) | TypeKind::Volatile(r) | TypeKind::Const(r) | TypeKind::Restrict(r) | TypeKind::TypeTag(r) => {
+            format!("{head} type_id={r}")
+        }
+        TypeKind::Array(a) => format!("{head} type_id={} index_type_id={} nr_elems={}", a.elem_type, a.index_type, a.nelems),
+        TypeKind::Float { size } => format!("{head} size={size}"),
+        _ => head,
+    }
 }
 
 /// The kernel's info copy protocol: the caller's `info_len` bytes beyond what we know must be

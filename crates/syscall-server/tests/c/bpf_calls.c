@@ -441,15 +441,21 @@ static void fd_query(void) {
 }
 
 static void btf(void) {
-    /* int type "int" (4 bytes, signed). */
+    /* int type "int" (4 bytes, signed), a struct of two of them, a pointer, an array. */
     struct btf *b = btf__new_empty();
     btf__add_int(b, "int", 4, BTF_INT_SIGNED);
+    btf__add_struct(b, "pt", 8);
+    btf__add_field(b, "x", 1, 0, 0);
+    btf__add_field(b, "y", 1, 32, 0);
+    btf__add_ptr(b, 2);
+    btf__add_array(b, 1, 1, 4);
     uint32_t size;
     const void *raw = btf__raw_data(b, &size);
     static char log[4096];
     LIBBPF_OPTS(bpf_btf_load_opts, o, .log_buf = log, .log_size = sizeof(log), .log_level = 1);
     int fd = bpf_btf_load(raw, size, &o);
     printf("btf_load %s\n", fd >= 0 ? "fd" : strerror(errno));
+    printf("btf_log:\n%s", log);
     struct bpf_btf_info info; uint32_t len = sizeof(info);
     char data[256];
     memset(&info, 0, sizeof(info));
