@@ -106,10 +106,21 @@ fn unknown_commands_and_bad_attributes_match_the_kernel() {
 /// Pins live in the session (the real BPF filesystem is not touched, and may not be mounted).
 #[test]
 fn pins_are_recorded_in_the_session() {
-    let out = run("pins", Some("bpfcalls-pins"));
+    let session = format!("bpfcalls-pins-{}", std::process::id());
+    let out = run("pins", Some(&session));
     assert_eq!(
         out,
         "u: pin 0\nu: pin_again -17\nu: obj_get same=1\nu: obj_get_missing -2\nu: pin_outside_bpffs -1\n",
         "{out}"
     );
+    // The pinned map keeps the session after the loader left: a second loader gets it.
+    let again = run("pins-get", Some(&session));
+    assert!(again.contains("u: obj_get_pinned_earlier 1"), "{again}");
+    // Pins keep the session: remove it (as rm of a bpffs pin would).
+    let shm = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shm");
+    for e in std::fs::read_dir(&shm).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(&format!("-{session}")) {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+    }
 }

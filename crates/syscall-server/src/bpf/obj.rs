@@ -473,7 +473,30 @@ pub fn pin(a: &Attr) -> Result<i64, i32> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&file).map_err(|e| io_errno(&e))?;
     f.write_all(text.as_bytes()).map_err(|e| io_errno(&e))?;
+    if obj.kind == Kind::Map {
+        // A pinned map keeps the session (and so its pins) when every process has left,
+        // as a pin in the BPF filesystem outlives its loader.
+        let path = String::from_utf8_lossy(&pin_path(a)?).into_owned();
+        mark_pinned(obj.id, &format!("/{path}"))?;
+    }
     Ok(0)
+}
+
+/// Records the pin in the map's session record (`MapRecord::pinned`).
+fn mark_pinned(id: u32, path: &str) -> Result<(), i32> {
+    let session = objects::session()?;
+    let Some(mut rec) = session.maps().map_err(|e| io_errno(&e))?.into_iter().find(|r| r.id == id) else {
+        return Ok(());
+    };
+    if rec.pinned.is_some() {
+        return Ok(());
+    }
+    rec.pinned = Some(path.to_string());
+    let json = serde_json::to_vec_pretty(&rec).map_err(|_| libc::EINVAL)?;
+    let dir = session.dir().join("maps");
+    let tmp = dir.join(format!(".{id}.json.pin-{}", std::process::id()));
+    std::fs::write(&tmp, json).map_err(|e| io_errno(&e))?;
+    std::fs::rename(&tmp, dir.join(format!("{id}.json"))).map_err(|e| io_errno(&e))
 }
 
 /// BPF_OBJ_GET: a new descriptor of the object pinned at the path.

@@ -491,7 +491,7 @@ static void misc(void) {
 static void pins(void) {
     int fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "pin", 4, 4, 1, NULL);
     char path[128];
-    snprintf(path, sizeof(path), "/sys/fs/bpf/userbpf_test_%d", getpid());
+    snprintf(path, sizeof(path), "/sys/fs/bpf/userbpf_test_pins");
     int r = bpf_obj_pin(fd, path);
     printf("u: pin %d\n", r < 0 ? -errno : 0);
     r = bpf_obj_pin(fd, path);
@@ -521,5 +521,10 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "fdquery")) fd_query();
     if (!strcmp(what, "all") || !strcmp(what, "misc")) misc();
     if (!strcmp(what, "pins")) pins();
+    if (!strcmp(what, "pins-get")) {
+        int fd = bpf_obj_get("/sys/fs/bpf/userbpf_test_pins");
+        struct bpf_map_info i; uint32_t l = sizeof(i); memset(&i, 0, sizeof(i));
+        printf("u: obj_get_pinned_earlier %d\n", fd >= 0 && bpf_obj_get_info_by_fd(fd, &i, &l) == 0 && !strcmp(i.name, "pin"));
+    }
     return 0;
 }
