@@ -82,6 +82,57 @@ fn sync_agent() {
             wait_for_agents(s.dir(), gen, std::time::Duration::from_secs(1));
         }
     }
+    nudge_later();
+}
+
+/// A target whose agent was starting while links changed may have listed `links/` before
+/// the change and set up its inotify watch after it: such an agent would never see the
+/// change. So the loader rewrites `links/nudge` (an event in `links/`, ignored as a link)
+/// 0.2 s and 1 s after the last change, and every agent looks at the links again.
+fn nudge_later() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    static THREAD: Once = Once::new();
+    static WAKE: std::sync::Condvar = std::sync::Condvar::new();
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    WAKE.notify_one();
+    THREAD.call_once(|| {
+        let _ = std::thread::Builder::new().name("userbpf-nudge".into()).spawn(|| {
+            block_async_signals();
+            let mut done_for: Option<Instant> = None;
+            let mut step = 0;
+            loop {
+                let g = LAST.lock().unwrap_or_else(|e| e.into_inner());
+                let last = *g;
+                if last != done_for {
+                    step = 0;
+                    done_for = last;
+                }
+                let Some(t) = last else {
+                    drop(WAKE.wait(g));
+                    continue;
+                };
+                let at = t + if step == 0 { Duration::from_millis(200) } else { Duration::from_secs(1) };
+                let now = Instant::now();
+                if step >= 2 {
+                    drop(WAKE.wait(g));
+                    continue;
+                }
+                if now < at {
+                    drop(WAKE.wait_timeout(g, at - now));
+                    continue;
+                }
+                drop(g);
+                if let Ok(s) = objects::session() {
+                    let dir = s.dir().join("links");
+                    let tmp = dir.join(format!("nudge.tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, b"").is_ok() {
+                        let _ = std::fs::rename(&tmp, dir.join("nudge"));
+                    }
+                }
+                step += 1;
+            }
+        });
+    });
 }
 
 /// Agents' acknowledgement protocol. The loader writes a new generation number (an id of the

@@ -90,7 +90,7 @@ fn session_links(name: &str) -> Option<usize> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let dir = shm().join(format!("userbpf-{uid}-{name}")).join("links");
-    Some(std::fs::read_dir(dir).ok()?.count())
+    Some(std::fs::read_dir(dir).ok()?.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count())
 }
 
 fn wait_line(r: &mut impl BufRead, want: &str) {
