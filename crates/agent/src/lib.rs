@@ -502,14 +502,14 @@ extern "C" fn fork_child() {
     // cache and malloc usable in the child before running this handler, our own locks are
     // released above, and the handler allocates nothing itself (the thread's start routine
     // does the work once the handler has returned). The attribute lives on this stack for
-    // the call only.
+    // the call only. The thread is created with the program's signals blocked (quiet).
     unsafe {
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         libc::pthread_attr_setstacksize(&mut attr, 1 << 20);
         let mut t: libc::pthread_t = 0;
-        libc::pthread_create(&mut t, &attr, child_watcher, std::ptr::null_mut());
+        userbpf_hook::quiet::with_quiet_mask(|| libc::pthread_create(&mut t, &attr, child_watcher, std::ptr::null_mut()));
         libc::pthread_attr_destroy(&mut attr);
     }
 }
@@ -635,7 +635,9 @@ extern "C" fn agent_init() {
                     Some(fd)
                 });
                 if let Some(fd) = fd {
-                    let _ = std::thread::Builder::new().name("userbpf-agent".into()).spawn(move || watch(fd));
+                    // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
+                    // go to its threads.
+                    let _ = userbpf_hook::quiet::spawn("userbpf-agent", move || watch(fd));
                 }
             }
             Err(e) => {

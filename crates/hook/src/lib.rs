@@ -45,6 +45,7 @@ mod arch;
 pub mod dlnotify;
 pub mod fork;
 mod patch;
+pub mod quiet;
 pub mod sud;
 pub mod symbols;
 pub mod syscalls;
