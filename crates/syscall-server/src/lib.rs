@@ -83,7 +83,7 @@ pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long,
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if serving() {
-        if let Some(r) = perf_event::ioctl(fd, req, arg) {
+        if let Some(r) = std::panic::catch_unwind(|| perf_event::ioctl(fd, req, arg)).unwrap_or(Some(Err(libc::EFAULT))) {
             return guarded(|| r) as c_int;
         }
     }
@@ -98,7 +98,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
     if serving() && fd >= 0 {
-        if let Some(r) = mmap::mmap(addr, len, prot, flags, fd, off) {
+        if let Some(r) = std::panic::catch_unwind(|| mmap::mmap(addr, len, prot, flags, fd, off)).unwrap_or(Some(Err(libc::EFAULT))) {
             return match r {
                 Ok(p) => p,
                 Err(e) => {
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flag
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if serving() {
-        mmap::munmap(addr, len);
+        let _ = std::panic::catch_unwind(|| mmap::munmap(addr, len));
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_munmap, addr as i64, len as i64, 0, 0, 0, 0) }) as c_int
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
     if serving() {
-        mmap::before_wait();
+        let _ = std::panic::catch_unwind(mmap::before_wait);
     }
     // SAFETY: the caller's arguments, passed on unchanged (epoll_pwait with no mask is epoll_wait).
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, 0, 8) }) as c_int
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event,
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int {
     if serving() {
-        mmap::before_wait();
+        let _ = std::panic::catch_unwind(mmap::before_wait);
     }
     // SAFETY: the caller's arguments; the kernel's sigset is 8 bytes.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, mask as i64, 8) }) as c_int
@@ -169,7 +169,7 @@ pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
     if serving() {
-        mmap::before_wait();
+        let _ = std::panic::catch_unwind(mmap::before_wait);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_poll, fds as i64, nfds as i64, timeout as i64, 0, 0, 0) }) as c_int
@@ -182,7 +182,7 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeou
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int {
     if serving() {
-        mmap::before_wait();
+        let _ = std::panic::catch_unwind(mmap::before_wait);
     }
     // SAFETY: the caller's arguments; the kernel may write the remaining time back into a
     // copy only (glibc passes a copy too), so we pass a copy.
