@@ -96,8 +96,7 @@ fn nudge_later() {
     *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     WAKE.notify_one();
     THREAD.call_once(|| {
-        let _ = std::thread::Builder::new().name("userbpf-nudge".into()).spawn(|| {
-            block_async_signals();
+        let _ = userbpf_hook::quiet::spawn("userbpf-nudge", || {
             let mut done_for: Option<Instant> = None;
             let mut step = 0;
             loop {
@@ -179,26 +178,6 @@ fn wait_for_agents(dir: &std::path::Path, gen: u32, limit: std::time::Duration) 
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-}
-
-/// Blocks the standard asynchronous signals in the calling thread (one of ours): the
-/// loader's signals (SIGINT, SIGCHLD read from a signalfd, ...) must go to its own threads,
-/// as they would without us. Faults stay deliverable (a program's fault is caught by the
-/// runtime's guard), and so do real-time signals (the hook crate signals threads with them).
-pub fn block_async_signals() {
-    // SAFETY: sigset operations on a local set, then pthread_sigmask on the calling thread.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [
-            libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE, libc::SIGALRM,
-            libc::SIGTERM, libc::SIGCHLD, libc::SIGCONT, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGURG,
-            libc::SIGXCPU, libc::SIGXFSZ, libc::SIGVTALRM, libc::SIGPROF, libc::SIGWINCH, libc::SIGIO, libc::SIGPWR,
-        ] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
@@ -527,54 +506,51 @@ fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Running, i32> {
         Some(Spec::Clock { cpu, .. }) => cpu,
         _ => -1,
     };
-    let t = std::thread::Builder::new()
-        .name(format!("userbpf-timer-{event}"))
-        .spawn(move || {
-            block_async_signals();
-            if cpu >= 0 && (cpu as usize) < libc::CPU_SETSIZE as usize {
-                // A per-CPU clock samples its CPU: the program runs there (its CPU slot, what
-                // bpf_get_smp_processor_id returns, is that CPU's when free).
-                // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity work on it.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu as usize, &mut set);
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                }
+    let t = userbpf_hook::quiet::spawn(format!("userbpf-timer-{event}"), move || {
+        if cpu >= 0 && (cpu as usize) < libc::CPU_SETSIZE as usize {
+            // A per-CPU clock samples its CPU: the program runs there (its CPU slot, what
+            // bpf_get_smp_processor_id returns, is that CPU's when free).
+            // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity work on it.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu as usize, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
             }
-            let mut period = period;
-            let mut next = Instant::now() + period;
-            loop {
-                let now = Instant::now();
-                if now < next {
-                    std::thread::park_timeout(next - now);
-                }
-                if flag.load(Ordering::SeqCst) {
-                    return;
-                }
-                if Instant::now() < next {
-                    // Unparked early: the period may have changed.
-                    if let Some(p) = period_of(event) {
-                        if p != period {
-                            next = next - period + p;
-                            period = p;
-                        }
+        }
+        let mut period = period;
+        let mut next = Instant::now() + period;
+        loop {
+            let now = Instant::now();
+            if now < next {
+                std::thread::park_timeout(next - now);
+            }
+            if flag.load(Ordering::SeqCst) {
+                return;
+            }
+            if Instant::now() < next {
+                // Unparked early: the period may have changed.
+                if let Some(p) = period_of(event) {
+                    if p != period {
+                        next = next - period + p;
+                        period = p;
                     }
-                    continue;
                 }
-                let mut data = PerfEventData { regs: [0; 21], sample_period: period.as_nanos() as u64, addr: 0 };
-                let info = RunContext { regs: data.regs.as_ptr() as u64, cookie, ..Default::default() };
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    prog.run((&mut data as *mut PerfEventData).cast(), std::mem::size_of::<PerfEventData>(), info)
-                }));
-                next += period;
-                let now = Instant::now();
-                if next < now {
-                    // Fell behind (a slow program, a stopped process): no burst of catch-up runs.
-                    next = now + period;
-                }
+                continue;
             }
-        })
-        .map_err(|_| libc::EAGAIN)?;
+            let mut data = PerfEventData { regs: [0; 21], sample_period: period.as_nanos() as u64, addr: 0 };
+            let info = RunContext { regs: data.regs.as_ptr() as u64, cookie, ..Default::default() };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                prog.run((&mut data as *mut PerfEventData).cast(), std::mem::size_of::<PerfEventData>(), info)
+            }));
+            next += period;
+            let now = Instant::now();
+            if next < now {
+                // Fell behind (a slow program, a stopped process): no burst of catch-up runs.
+                next = now + period;
+            }
+        }
+    })
+    .map_err(|_| libc::EAGAIN)?;
     Ok(Running::Timer(stop, t.thread().clone()))
 }
 
@@ -691,8 +667,7 @@ pub fn watch_closes() {
         if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_CLOSE_NOWRITE) } < 0 {
             return;
         }
-        let _ = std::thread::Builder::new().name("userbpf-closes".into()).spawn(move || {
-            block_async_signals();
+        let _ = userbpf_hook::quiet::spawn("userbpf-closes", move || {
             let mut buf = [0u8; 4096];
             loop {
                 // SAFETY: reading into our buffer, of its length.

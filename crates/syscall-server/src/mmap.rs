@@ -511,10 +511,8 @@ fn watcher(map_id: u32, m: &Arc<Map>) -> Arc<Watcher> {
     }
     let w = Arc::new(Watcher { map: m.clone(), rings: Mutex::new(Vec::new()) });
     let t = w.clone();
-    let _ = std::thread::Builder::new().name(format!("userbpf-wake-{map_id}")).spawn(move || {
-        crate::attach::block_async_signals();
-        t.run()
-    });
+    // Signals blocked: the loader's own (SIGINT, SIGCHLD from a signalfd...) go to its threads.
+    let _ = userbpf_hook::quiet::spawn(format!("userbpf-wake-{map_id}"), move || t.run());
     ws.insert(map_id, w.clone());
     w
 }
