@@ -60,7 +60,7 @@ pub fn cgroup_id_of_fd(fd: RawFd) -> Result<u64, MapError> {
         }
         (st, sfs)
     };
-    if sfs.f_type as i64 != CGROUP2_SUPER_MAGIC || st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_ino == 0 {
+    if sfs.f_type != CGROUP2_SUPER_MAGIC || st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_ino == 0 {
         return Err(EBADF);
     }
     Ok(st.st_ino)

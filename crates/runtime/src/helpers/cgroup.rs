@@ -41,7 +41,7 @@ fn root() -> Option<&'static [u8]> {
                 // SAFETY: statfs on a NUL-terminated path into a zeroed struct we own.
                 unsafe {
                     let mut s: libc::statfs = std::mem::zeroed();
-                    libc::statfs(p.as_ptr().cast(), &mut s) == 0 && s.f_type as i64 == CGROUP2_SUPER_MAGIC
+                    libc::statfs(p.as_ptr().cast(), &mut s) == 0 && s.f_type == CGROUP2_SUPER_MAGIC
                 }
             })
             .map_or(255, |i| i as u8 + 1);

@@ -312,9 +312,7 @@ fn jump_targets(insns: &[Insn]) -> Vec<bool> {
     };
     for (pc, i) in insns.iter().enumerate() {
         let class = i.op & 0x07;
-        if i.is_lddw() && i.src == BPF_PSEUDO_FUNC {
-            mark(pc as i64 + 1 + i.imm as i64);
-        } else if i.op == OP_CALL && i.src == BPF_PSEUDO_CALL {
+        if (i.is_lddw() && i.src == BPF_PSEUDO_FUNC) || (i.op == OP_CALL && i.src == BPF_PSEUDO_CALL) {
             mark(pc as i64 + 1 + i.imm as i64);
         } else if (class == BPF_JMP || class == BPF_JMP32) && i.op != OP_CALL && i.op != OP_CALLX && i.op != OP_EXIT {
             let rel = if class == BPF_JMP32 && i.op & 0xf0 == BPF_JA { i.imm as i64 } else { i.off as i64 };
