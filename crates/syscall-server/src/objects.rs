@@ -163,13 +163,76 @@ pub fn close(fd: i32) {
     unsafe { sys::raw6(libc::SYS_close, fd as i64, 0, 0, 0, 0, 0) };
 }
 
+static SESSION: OnceLock<Result<Session, i32>> = OnceLock::new();
+
 /// The loader's session (`USERBPF_SESSION`, default `default`), opened and joined on first
-/// use and kept for the life of the process. Errors map to an errno (`EPERM`-like failures of
-/// the shared-memory directory come back as the OS error).
+/// use and kept for the life of the process; the process leaves it at exit (see
+/// [`leave_at_exit`]). Errors map to an errno (`EPERM`-like failures of the shared-memory
+/// directory come back as the OS error).
 pub fn session() -> Result<&'static Session, i32> {
-    static SESSION: OnceLock<Result<Session, i32>> = OnceLock::new();
     SESSION
-        .get_or_init(|| Session::open(&Session::default_name()).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL)))
+        .get_or_init(|| {
+            let s = Session::open(&Session::default_name()).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+            // SAFETY: registering a function with no preconditions to run at exit.
+            unsafe { libc::atexit(leave_at_exit) };
+            Ok(s)
+        })
         .as_ref()
         .map_err(|e| *e)
+}
+
+/// At exit: this process leaves the session, and the last member to leave frees it (its
+/// maps' memory included) unless a map is pinned, as `Session::leave` does for a session
+/// value that is dropped (the loader's is static, so never dropped). Runs after the attach
+/// module's exit handler (registered later), so the loader's links are gone by then.
+extern "C" fn leave_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(s)) = SESSION.get() {
+            leave(s);
+        }
+    });
+}
+
+fn leave(s: &Session) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = s.dir();
+    let lock_path = dir.join("lock");
+    // The session's lock, as Session takes it: a lock file that is gone means the session
+    // was removed meanwhile.
+    let Ok(lock) = std::fs::OpenOptions::new().write(true).open(&lock_path) else { return };
+    // SAFETY: flock on a descriptor we own; released when `lock` is closed.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return;
+    }
+    match (lock.metadata(), std::fs::metadata(&lock_path)) {
+        (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev() => {}
+        _ => return,
+    }
+    // Every membership of this process (the loader's, and the agent's in the loader).
+    let me = std::process::id();
+    let prefix = format!("{me}.{}.", userbpf_runtime::session::start_time(me).unwrap_or(0));
+    if let Ok(rd) = std::fs::read_dir(dir.join("members")) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let alone = s.live_members().is_ok_and(|m| m.is_empty());
+    let pinned = s.maps().map_or(true, |m| m.iter().any(|r| r.pinned.is_some()));
+    if alone && !pinned {
+        // Everything but the lock, the members and the links directory, which agents in
+        // this very process may still be watching at exit (the next process to open the
+        // session wipes the rest, as it does for any session whose members are gone).
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                if name == "lock" || name == "members" || name == "links" {
+                    continue;
+                }
+                let p = e.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+    }
 }
