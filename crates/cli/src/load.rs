@@ -17,6 +17,11 @@ const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";
 pub const SERVER_ENV: &str = "USERBPF_SYSCALL_SERVER";
 
 #[derive(Args)]
+#[command(after_help = "The loader's bpf(), perf_event_open, ioctl and mmap calls are served in the session; \
+programs for other processes run in those started with `userbpf start` in the same session. \
+bpftrace itself insists on euid 0; libbpf tools run as any user. \
+USERBPF_TRACE_BPF=1 prints every served bpf() call and its result; \
+USERBPF_SYSCALL_SERVER names the server library (default: beside this binary).")]
 pub struct LoadArgs {
     /// Run the loaded programs in the interpreter instead of the JIT.
     #[arg(long)]
