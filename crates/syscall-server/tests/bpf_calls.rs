@@ -116,6 +116,7 @@ fn pins_are_recorded_in_the_session() {
     // The pinned map keeps the session after the loader left: a second loader gets it.
     let again = run("pins-get", Some(&session));
     assert!(again.contains("u: obj_get_pinned_earlier 1"), "{again}");
+    assert!(again.contains("u: update_frozen_by_another_loader -1"), "frozen in every process: {again}");
     // Pins keep the session: remove it (as rm of a bpffs pin would).
     let shm = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shm");
     for e in std::fs::read_dir(&shm).unwrap().flatten() {

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use userbpf_maps::{Map, MapSpec, MapType, ENOTSUPP};
+use userbpf_maps::{MapSpec, MapType, ENOTSUPP};
 use userbpf_runtime::MapRecord;
 
 use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
@@ -75,7 +75,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
     } else {
         None
     };
-    let spec = MapSpec { map_type: real_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP_IF(real_type), map_extra, name: name.clone() };
+    let spec = MapSpec { map_type: real_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
     let session = objects::session()?;
     let record = MapRecord {
         id: 0,
@@ -114,13 +114,6 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
     install_map_fd(id, real_type).map(|fd| fd as i64)
 }
 
-/// BPF_F_INNER_MAP is a creation flag the maps crate does not take (it only relaxes the
-/// max_entries check of map-in-map templates).
-#[allow(non_snake_case)]
-fn BPF_F_INNER_MAP_IF(_t: MapType) -> u32 {
-    BPF_F_INNER_MAP
-}
-
 /// A new descriptor of map `id` (ring buffers get the pollable path H4's mmap module keeps).
 pub fn install_map_fd(id: u32, t: MapType) -> Result<i32, i32> {
     let session = objects::session()?;
@@ -152,7 +145,7 @@ pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
         map_flags: spec.map_flags,
         map_extra: spec.map_extra,
         inner: None,
-        frozen: Default::default(),
+        frozen: frozen_marker(session, id).exists().into(),
     });
     Ok(state().maps.entry(id).or_insert(entry).clone())
 }
@@ -368,7 +361,16 @@ pub fn freeze(a: &Attr) -> Result<i64, i32> {
     if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.swap(true, Ordering::AcqRel) {
         return Err(libc::EPERM);
     }
+    // Other processes of the session opening the map see it frozen too.
+    if let Ok(session) = objects::session() {
+        let _ = std::fs::write(frozen_marker(session, e.map.id()), b"");
+    }
     Ok(0)
+}
+
+/// The file whose presence records that map `id` is frozen.
+fn frozen_marker(session: &userbpf_runtime::Session, id: u32) -> std::path::PathBuf {
+    session.dir().join("maps").join(format!("{id}.frozen"))
 }
 
 /// The four batch commands.
@@ -576,14 +578,4 @@ fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch
     } else {
         Ok(0)
     }
-}
-
-/// Whether `m` is a map the loader has open here (for PROG_BIND_MAP and info).
-pub fn spec_of(e: &MapEntry) -> &MapSpec {
-    e.map.spec()
-}
-
-/// The map handle itself.
-pub fn handle(e: &MapEntry) -> &Arc<Map> {
-    &e.map
 }

@@ -492,6 +492,7 @@ static void pins(void) {
     int fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "pin", 4, 4, 1, NULL);
     char path[128];
     snprintf(path, sizeof(path), "/sys/fs/bpf/userbpf_test_pins");
+    bpf_map_freeze(fd);
     int r = bpf_obj_pin(fd, path);
     printf("u: pin %d\n", r < 0 ? -errno : 0);
     r = bpf_obj_pin(fd, path);
@@ -525,6 +526,9 @@ int main(int argc, char **argv) {
         int fd = bpf_obj_get("/sys/fs/bpf/userbpf_test_pins");
         struct bpf_map_info i; uint32_t l = sizeof(i); memset(&i, 0, sizeof(i));
         printf("u: obj_get_pinned_earlier %d\n", fd >= 0 && bpf_obj_get_info_by_fd(fd, &i, &l) == 0 && !strcmp(i.name, "pin"));
+        uint32_t k = 0, v = 1;
+        int r = bpf_map_update_elem(fd, &k, &v, 0);
+        printf("u: update_frozen_by_another_loader %d\n", r < 0 ? -errno : 0);
     }
     return 0;
 }
