@@ -16,10 +16,19 @@ use common::*;
 /// `orders`; `expect` must appear in the kernel's output.
 fn compare(test: &str, script: &str, ending: Ending, orders: &[Order], expect: &[&str]) {
     let probed = probed_functions(script);
-    let (kout, kerr) = run_with_target(test, Via::Kernel, Order::LoaderFirst, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
-    for e in expect {
-        assert!(kout.contains(e), "the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}");
-    }
+    // The kernel's run is the reference; on a loaded machine it has once lost the hits of one
+    // probe (ustack, 1 run in 10), so a reference that lacks what the target certainly did is
+    // taken again before the test gives up.
+    let mut attempt = 0;
+    let (kout, kerr) = loop {
+        attempt += 1;
+        let (kout, kerr) = run_with_target(test, Via::Kernel, Order::LoaderFirst, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
+        match expect.iter().find(|e| !kout.contains(*e)) {
+            None => break (kout, kerr),
+            Some(e) if attempt == 3 => panic!("the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}"),
+            Some(e) => eprintln!("{test}: the kernel's output lacks {e:?}; running it again\n{kout}"),
+        }
+    };
     let kn = normalise_bpftrace(&kout);
     for &order in orders {
         let (uout, uerr) = run_with_target(test, Via::Userbpf, order, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
@@ -29,6 +38,18 @@ fn compare(test: &str, script: &str, ending: Ending, orders: &[Order], expect: &
 
 const BOTH: &[Order] = &[Order::LoaderFirst, Order::TargetFirst];
 const LOADER_FIRST: &[Order] = &[Order::LoaderFirst];
+
+#[test]
+fn count_sum_avg_min_max_stats() {
+    // tadd(t, i): 4 threads, t = 0..3, i = 0..49.
+    compare(
+        "aggregations",
+        "uprobe:{T}:tadd { @c = count(); @s = sum(arg1); @a = avg(arg1); @mn = min(arg1); @mx = max(arg1); @st = stats(arg0); @per[arg0] = count(); }",
+        Ending::Interrupt,
+        BOTH,
+        &["@c: 200\n", "@s: 4900\n", "@a: 24\n", "@mn: 0\n", "@mx: 49\n", "@st: count 200, average 1, total 300\n", "@per[3]: 50\n"],
+    );
+}
 
 #[test]
 fn hist_and_lhist() {
@@ -63,6 +84,45 @@ fn arg0_to_arg5_and_maps_keyed_by_several_values() {
         Ending::Interrupt,
         LOADER_FIRST,
         &["@[2, 1, 1]: 1\n", "@s[7, 4660, bt_target]: 66\n", "@neg[-1]: 12\n", "2 1 7 -1 4660 5\n"],
+    );
+}
+
+#[test]
+fn ustack() {
+    // leaf() under outer_a -> middle -> inner (3 times) and outer_b -> inner (5 times). At a
+    // uprobe on a function's first instruction the kernel's frame-pointer walk skips the
+    // direct caller (its frame is not set up yet): userbpf must show the same frames.
+    compare(
+        "ustack",
+        "uprobe:{T}:leaf { @[ustack(4)] = count(); } uprobe:{T}:inner { @i[ustack(2), arg0] = count(); }",
+        Ending::Interrupt,
+        BOTH,
+        &["    leaf+0\n    outer_b+", "]: 5\n", "    inner+0\n    middle+", "\n, 1]: 3\n"],
+    );
+}
+
+#[test]
+fn uretprobe_latency_with_a_per_thread_map_and_retval() {
+    // nap(12), nap(24), nap(48) in each of 4 threads at once: only a map keyed by tid pairs
+    // each return with its own entry. Latencies go into one wide bucket (timing is not compared).
+    compare(
+        "latency",
+        "uprobe:{T}:nap { @start[tid] = nsecs; } uretprobe:{T}:nap /@start[tid]/ { $ms = (nsecs - @start[tid]) / 1000000; @lat = lhist($ms, 0, 1000, 500); @ok = count(); @short[$ms < 12] = count(); @ret[retval] = count(); @rh = hist(retval); delete(@start[tid]); } uretprobe:{T}:tadd { @tr[retval / 1000] = sum(retval % 1000); }",
+        Ending::Interrupt,
+        LOADER_FIRST,
+        &["@ok: 12\n", "@ret[48]: 4\n", "@short[0]: 12\n", "[0, 500)              12 |", "@tr[2]: 1225\n"],
+    );
+}
+
+#[test]
+fn interval_begin_end_and_exit() {
+    // add() is called 30 times by one thread; the interval probe sees the final count.
+    compare(
+        "interval",
+        r#"BEGIN { printf("begin\n"); } uprobe:{T}:add { @calls = @calls + 1; } interval:ms:100 /@calls == 30/ { printf("calls %d\n", @calls); print(@calls); exit(); } END { printf("end\n"); }"#,
+        Ending::ItSelf,
+        LOADER_FIRST,
+        &["begin\n", "calls 30\n", "@calls: 30\n", "end\n"],
     );
 }
 
