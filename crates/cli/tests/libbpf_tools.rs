@@ -17,6 +17,43 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// funclatency's histogram rows: (low, high, count).
+fn histogram(out: &str) -> Vec<(u64, u64, u64)> {
+    out.lines()
+        .filter_map(|l| {
+            let (range, rest) = l.split_once(':')?;
+            let (lo, hi) = range.trim().split_once("->")?;
+            let count = rest.split('|').next()?.trim().parse().ok()?;
+            Some((lo.trim().parse().ok()?, hi.trim().parse().ok()?, count))
+        })
+        .collect()
+}
+
+/// What funclatency prints that does not depend on timing: the unit, the number of samples,
+/// and the lowest non-empty bucket (nap(ms) never returns before ms milliseconds).
+fn funclatency_summary(out: &str) -> (String, u64, u64) {
+    let unit = out.lines().find(|l| l.contains(": count")).map(|l| l.split(':').next().unwrap().trim().to_string()).unwrap_or_default();
+    let h = histogram(out);
+    let total = h.iter().map(|b| b.2).sum();
+    let lowest = h.iter().find(|b| b.2 > 0).map(|b| b.0).unwrap_or(u64::MAX);
+    (unit, total, lowest)
+}
+
+#[test]
+fn funclatency_program_function() {
+    let _g = serial();
+    let probed = vec!["nap".to_string()];
+    let argv = ["stdbuf", "-oL", "/usr/sbin/funclatency", "-m", "{T}:nap"];
+    let (kout, kerr) = run_with_target("funclatency", Via::Kernel, Order::LoaderFirst, &argv, "Tracing ", &probed, Ending::Interrupt);
+    // nap(12), nap(24), nap(48) in 4 threads: 12 samples, none under 8 ms.
+    let k = funclatency_summary(&kout);
+    assert_eq!(k, ("msec".to_string(), 12, 8), "kernel:\n{kout}\n{kerr}");
+    for order in [Order::LoaderFirst, Order::TargetFirst] {
+        let (uout, uerr) = run_with_target("funclatency", Via::Userbpf, order, &argv, "Tracing ", &probed, Ending::Interrupt);
+        assert_eq!(funclatency_summary(&uout), k, "funclatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+    }
+}
+
 /// gethostlatency's (COMM, HOST) for the test target's lines.
 fn resolutions(out: &str) -> Vec<String> {
     // "%-8s %-7d %-16s %-10.3f %-s": time, pid, comm, latency, host.
