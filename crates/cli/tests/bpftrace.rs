@@ -20,11 +20,11 @@ fn compare(test: &str, script: &str, ending: Ending, orders: &[Order], expect: &
     // probe (ustack, 1 run in 10), so a reference that lacks what the target certainly did is
     // taken again before the test gives up.
     let mut attempt = 0;
-    let (kout, kerr) = loop {
+    let kout = loop {
         attempt += 1;
         let (kout, kerr) = run_with_target(test, Via::Kernel, Order::LoaderFirst, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
         match expect.iter().find(|e| !kout.contains(*e)) {
-            None => break (kout, kerr),
+            None => break kout,
             Some(e) if attempt == 3 => panic!("the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}"),
             Some(e) => eprintln!("{test}: the kernel's output lacks {e:?}; running it again\n{kout}"),
         }
