@@ -8,6 +8,7 @@
 mod common;
 
 use common::*;
+use std::time::{Duration, Instant};
 
 /// The tools probe shared files (bash, libc): one test at a time in this file, so that no test
 /// sees another's processes through the kernel.
@@ -51,6 +52,76 @@ fn funclatency_program_function() {
     for order in [Order::LoaderFirst, Order::TargetFirst] {
         let (uout, uerr) = run_with_target("funclatency", Via::Userbpf, order, &argv, "Tracing ", &probed, Ending::Interrupt);
         assert_eq!(funclatency_summary(&uout), k, "funclatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+    }
+}
+
+/// bashreadline's COMMAND column for the lines of this test (their text holds "h5t").
+fn readline_commands(out: &str) -> Vec<String> {
+    // "%-9s %-7d %s": time, pid, command.
+    let mut v: Vec<String> = out
+        .lines()
+        .filter(|l| l.contains("h5t") && !l.contains("h5tsync"))
+        .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    v.sort();
+    v
+}
+
+fn bashreadline_run(via: Via, order: Order) -> (String, String) {
+    let session = session_name("bashreadline", via, order);
+    let start_loader = || {
+        let mut l = Proc::spawn(&format!("bashreadline ({via:?})"), loader_command(via, &session, &["stdbuf", "-oL", "/usr/sbin/bashreadline"]));
+        l.wait_for("COMMAND", "its header");
+        l
+    };
+    let start_shell = || {
+        let mut c = target_command(via, &session, &["script", "-qfec", "bash --norc --noprofile -i", "/dev/null"]);
+        c.env("TERM", "dumb").env("HISTFILE", "/dev/null").env("PS1", "$ ");
+        Proc::spawn(&format!("bash ({via:?})"), c)
+    };
+    let (mut loader, mut shell) = match order {
+        Order::LoaderFirst => {
+            let l = start_loader();
+            (l, start_shell())
+        }
+        Order::TargetFirst => {
+            let s = start_shell();
+            (start_loader(), s)
+        }
+    };
+    // Lines until one is seen: the uretprobe is live in this bash from then on.
+    let start = Instant::now();
+    let mut k = 0;
+    while !loader.stdout().contains("h5tsync") {
+        assert!(start.elapsed() < STEP, "bashreadline ({via:?}, {order:?}) saw no line\n{}\n{}", loader.stdout(), loader.stderr());
+        assert!(!shell.exited(), "bash exited: {}\n{}", shell.stdout(), shell.stderr());
+        shell.send(&format!("echo h5tsync {k}\n"));
+        k += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for cmd in ["echo h5t one", "true h5t two  spaces 'quoted'", "# h5t a comment", "x=1; echo h5t $x"] {
+        shell.send(&format!("{cmd}\n"));
+    }
+    shell.send("exit\n");
+    shell.wait_exit("after exit");
+    let start = Instant::now();
+    while readline_commands(&loader.stdout()).len() < 4 && start.elapsed() < STEP {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    loader.signal(libc::SIGINT);
+    loader.wait_exit("interrupted");
+    (loader.stdout(), loader.stderr())
+}
+
+#[test]
+fn bashreadline_sees_the_lines_bash_reads() {
+    let _g = serial();
+    let (kout, kerr) = bashreadline_run(Via::Kernel, Order::LoaderFirst);
+    let k = readline_commands(&kout);
+    assert_eq!(k, ["# h5t a comment", "echo h5t one", "true h5t two spaces 'quoted'", "x=1; echo h5t $x"], "kernel:\n{kout}\n{kerr}");
+    for order in [Order::LoaderFirst, Order::TargetFirst] {
+        let (uout, uerr) = bashreadline_run(Via::Userbpf, order);
+        assert_eq!(readline_commands(&uout), k, "bashreadline through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
     }
 }
 
