@@ -58,6 +58,44 @@ pub fn private_copy(bin: &Path, dir: &Path) -> PathBuf {
 pub enum Via {
     Kernel,
     Userbpf,
+    /// Through userbpf, the loader and the target running as this (unprivileged) user.
+    UserbpfAs(u32),
+}
+
+impl Via {
+    /// A name for directories and sessions.
+    fn tag(self) -> String {
+        match self {
+            Via::Kernel => "kernel".into(),
+            Via::Userbpf => "userbpf".into(),
+            Via::UserbpfAs(uid) => format!("userbpf-uid{uid}"),
+        }
+    }
+
+    fn userbpf(self) -> bool {
+        self != Via::Kernel
+    }
+
+    /// The sessions' directory: the test's, or one any user may write to.
+    fn shm_dir(self) -> PathBuf {
+        match self {
+            Via::UserbpfAs(_) => {
+                let d = tmp().join("shm-any-user");
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+                d
+            }
+            _ => tmp(),
+        }
+    }
+
+    fn apply(self, c: &mut Command, session: &str) {
+        c.env("USERBPF_SESSION", session).env("USERBPF_SHM_DIR", self.shm_dir());
+        if let Via::UserbpfAs(uid) = self {
+            std::os::unix::process::CommandExt::uid(c, uid);
+            std::os::unix::process::CommandExt::gid(c, uid);
+        }
+    }
 }
 
 /// Which of loader and target starts first.
@@ -275,9 +313,10 @@ pub fn loader_command(via: Via, session: &str, argv: &[&str]) -> Command {
             c.args(&argv[1..]);
             c
         }
-        Via::Userbpf => {
+        Via::Userbpf | Via::UserbpfAs(_) => {
             let mut c = Command::new(userbpf());
-            c.arg("load").args(argv).env("USERBPF_SESSION", session).env("USERBPF_SHM_DIR", tmp());
+            c.arg("load").args(argv);
+            via.apply(&mut c, session);
             c
         }
     }
@@ -291,9 +330,10 @@ pub fn target_command(via: Via, session: &str, argv: &[&str]) -> Command {
             c.args(&argv[1..]);
             c
         }
-        Via::Userbpf => {
+        Via::Userbpf | Via::UserbpfAs(_) => {
             let mut c = Command::new(userbpf());
-            c.arg("start").args(argv).env("USERBPF_SESSION", session).env("USERBPF_SHM_DIR", tmp());
+            c.arg("start").args(argv);
+            via.apply(&mut c, session);
             c
         }
     }
@@ -301,14 +341,21 @@ pub fn target_command(via: Via, session: &str, argv: &[&str]) -> Command {
 
 /// Removes a finished run's session directory (in the test's USERBPF_SHM_DIR).
 pub fn remove_session(session: &str) {
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    let _ = std::fs::remove_dir_all(tmp().join(format!("userbpf-{uid}-{session}")));
+    remove_session_of(Via::Userbpf, session);
+}
+
+fn remove_session_of(via: Via, session: &str) {
+    let uid = match via {
+        Via::UserbpfAs(uid) => uid,
+        // SAFETY: getuid has no preconditions.
+        _ => unsafe { libc::getuid() },
+    };
+    let _ = std::fs::remove_dir_all(via.shm_dir().join(format!("userbpf-{uid}-{session}")));
 }
 
 /// A session name of this run's own.
 pub fn session_name(test: &str, via: Via, order: Order) -> String {
-    format!("t{}-{test}-{via:?}-{order:?}", std::process::id()).to_lowercase()
+    format!("t{}-{test}-{}-{order:?}", std::process::id(), via.tag()).to_lowercase()
 }
 
 /// How a loader run ends.
@@ -343,7 +390,7 @@ pub fn run_with(
     ending: Ending,
     settled: &dyn Fn(&str) -> bool,
 ) -> (String, String) {
-    let dir = tmp().join("loaders").join(test).join(format!("{via:?}-{order:?}").to_lowercase());
+    let dir = tmp().join("loaders").join(test).join(format!("{}-{order:?}", via.tag()).to_lowercase());
     let target = private_copy(target_bin, &dir);
     let tpath = target.to_str().unwrap().to_string();
     let argv: Vec<String> = loader_argv.iter().map(|a| a.replace("{T}", &tpath)).collect();
@@ -374,7 +421,7 @@ pub fn run_with(
     };
     let ready = parse_ready(&target.stdout());
     wait_attached(&mut target, &ready, probed, &mut loader);
-    if via == Via::Userbpf && order == Order::TargetFirst {
+    if via.userbpf() && order == Order::TargetFirst {
         // The agent of a running target attaches links as they appear in the session, one
         // after the other, after the loader's attach calls have returned (the kernel's are live
         // when they return): a function's code changes with its first link, its return probe
@@ -421,7 +468,7 @@ pub fn run_with(
     let st = target.wait_exit("once its stdin closed");
     assert!(st.success(), "target failed: {st:?}\n{}", target.describe());
     assert!(lst.success(), "{} failed: {lst:?}\n{}\n{}", loader.name, loader.describe(), target.describe());
-    remove_session(&session);
+    remove_session_of(via, &session);
     // The target's stderr holds the agent's messages: shown with the loader's on a failure.
     let mut err = loader.stderr();
     let terr = target.stderr();
