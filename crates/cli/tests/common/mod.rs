@@ -375,10 +375,10 @@ pub fn run_with_target(test: &str, via: Via, order: Order, loader_argv: &[&str],
 }
 
 /// As `run_with_target`, with `target_bin` (which follows bt_target.c's protocol) as the target.
-#[allow(clippy::too_many_arguments)]
 /// `settled` tells from the loader's output that it has printed all it will print about the
 /// workload (tools that do not drain their buffers when interrupted); the loader is
 /// interrupted once it is true, or after a step's time.
+#[allow(clippy::too_many_arguments)]
 pub fn run_with(
     test: &str,
     via: Via,
@@ -425,7 +425,8 @@ pub fn run_with(
         // The agent of a running target attaches links as they appear in the session, one
         // after the other, after the loader's attach calls have returned (the kernel's are live
         // when they return): a function's code changes with its first link, its return probe
-        // may follow. There is no sign of the last one; give them a second.
+        // may follow. There is no sign of the last one; give them a second. (Remove once the
+        // agents acknowledge link changes: syscall-server/src/attach.rs waits for them.)
         std::thread::sleep(Duration::from_secs(1));
     }
     target.send("go\n");
