@@ -4,12 +4,14 @@
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
 
+// Stack ids are hashes of the frames, and libc's frames move with ASLR: room enough that two of
+// the few distinct stacks seldom share a bucket (that gives EEXIST, as in the kernel).
 #define DEPTH 5
 
 #define STACKS(name)                                    \
 	struct {                                        \
 		__uint(type, BPF_MAP_TYPE_STACK_TRACE); \
-		__uint(max_entries, 64);                \
+		__uint(max_entries, 16384);             \
 		__uint(key_size, 4);                    \
 		__uint(value_size, DEPTH * 8);          \
 	} name SEC(".maps")
