@@ -184,6 +184,25 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     drop(r);
     HOOK_CONTINUE
 }
+/// What the hook's stubs may call instead of [`on_hit`]: the program's native entry, for
+/// JIT'd programs calling no helper (`LoadedProgram::native_entry`), when the program sees
+/// the hook's own registers (no `ip` copy). Such a run reads nothing of the run context
+/// `on_hit` sets up, claims no CPU slot and cannot panic; it goes through `on_hit` while
+/// run statistics are on (the gate). Leaked, as the `Attached` it belongs to: a thread may
+/// still be calling it after detach.
+fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandler> {
+    if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
+        return None;
+    }
+    let func = a.prog.native_entry()?;
+    Some(Box::leak(Box::new(userbpf_hook::LeanHandler {
+        func,
+        arg: 0,
+        gate: userbpf_runtime::program::stats_gate(),
+        failures: &a.prog.stats.errors,
+    })))
+}
+
 /// `bpf_probe_read_kernel` as the runtime has it.
 static READ_KERNEL: OnceLock<userbpf_vm::HelperFn> = OnceLock::new();
 
@@ -380,7 +399,9 @@ impl Agent {
             at_func_entry: entry,
         }));
         let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
-        let id = userbpf_hook::attach_with(resolved.addr, kind, on_hit, data.cast(), ext).map_err(|e| e.to_string())?;
+        // SAFETY: `data` was just leaked above and is never freed.
+        let lean = lean_handler(unsafe { &*data });
+        let id = userbpf_hook::attach_lean(resolved.addr, kind, on_hit, data.cast(), ext, lean).map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
 }

@@ -123,6 +123,35 @@ pub const HOOK_SKIP: u32 = 1;
 /// `regs.flags` is not applied (the status flags are dead there).
 pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) -> u32;
 
+/// A handler the stubs call directly, without saving the FP/vector state and without
+/// going through Rust (see [`attach_lean`]): a probe that is the only one of its kind
+/// (entry, or return) at its site, and whose gate is closed, runs it instead of its
+/// [`Handler`].
+///
+/// `func` is called as `extern "C" fn(regs: *mut PtRegs, arg: u64, record: *mut [u64; 3])
+/// -> u64` on a 16-byte aligned stack, with `record[0] == 0`. It must follow the C calling
+/// convention for the general-purpose registers, must not touch any vector, opmask or x87
+/// register nor MXCSR, must not call out (nothing it runs may reach a probed function or
+/// take a lock) and must not unwind; it sets `record[0]` to non-zero when its run failed,
+/// which adds one to `*failures`. Its return value is ignored; a change of `regs.ip` is
+/// applied as for handlers (entry probes). (The JIT's fast entry of a program calling no
+/// helper is such a function.)
+#[repr(C)]
+#[derive(Debug)]
+pub struct LeanHandler {
+    pub func: usize,
+    pub arg: u64,
+    /// While the byte here is non-zero, hits take the general path (the [`Handler`]).
+    pub gate: *const u8,
+    /// Counts failed runs (`record[0] != 0`).
+    pub failures: *const AtomicU64,
+}
+
+// SAFETY: plain addresses of code and of 'static atomics, read by any thread.
+unsafe impl Sync for LeanHandler {}
+// SAFETY: as above.
+unsafe impl Send for LeanHandler {}
+
 /// Identifies one attached handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ProbeId(pub u64);
@@ -203,6 +232,7 @@ struct Entry {
     kind: ProbeKind,
     handler: Handler,
     data: usize,
+    lean: Option<&'static LeanHandler>,
 }
 
 struct HandlerList {
@@ -224,6 +254,11 @@ struct Site {
     /// skip the read-side section when it has nothing to run.
     has_entry: AtomicBool,
     has_ret: AtomicBool,
+    /// The lean handler the stubs call directly (see [`LeanHandler`]): set while the site's
+    /// only entry handler (and no return handler) has one.
+    lean_entry: AtomicPtr<LeanHandler>,
+    /// Set while the site's only return handler has a lean handler.
+    lean_ret: AtomicPtr<LeanHandler>,
     patched: AtomicBool,
 }
 
@@ -343,6 +378,21 @@ pub fn attach_with(
     data: *mut c_void,
     func: Option<FuncExtent>,
 ) -> Result<ProbeId, HookError> {
+    attach_lean(addr, kind, handler, data, func, None)
+}
+
+/// [`attach_with`], with a lean handler doing what `handler` does: the stubs of a function
+/// entry (or return) run it directly while this probe is the only one of its kind there (and,
+/// for entry probes, no return probe shares the site) and its gate is closed. `handler` runs
+/// otherwise (and must stay equivalent).
+pub fn attach_lean(
+    addr: usize,
+    kind: ProbeKind,
+    handler: Handler,
+    data: *mut c_void,
+    func: Option<FuncExtent>,
+    lean: Option<&'static LeanHandler>,
+) -> Result<ProbeId, HookError> {
     let g = init()?;
     if let Some(f) = func {
         if addr < f.start || addr >= f.start.saturating_add(f.len) {
@@ -386,6 +436,7 @@ pub fn attach_with(
         kind,
         handler,
         data: data as usize,
+        lean,
     });
     publish(site, items);
     if !site.patched.load(SeqCst) {
@@ -418,8 +469,21 @@ fn unsafe_list_items(site: &Site) -> Vec<Entry> {
 fn publish(site: &Site, items: Vec<Entry>) {
     let has_ret = items.iter().any(|e| e.kind == ProbeKind::Return);
     let has_entry = items.iter().any(|e| e.kind == ProbeKind::Entry);
+    let only = |kind: ProbeKind| {
+        let mut of_kind = items.iter().filter(|e| e.kind == kind);
+        match (of_kind.next(), of_kind.next()) {
+            (Some(e), None) => e.lean.map_or(std::ptr::null_mut(), |l| l as *const LeanHandler as *mut LeanHandler),
+            _ => std::ptr::null_mut(),
+        }
+    };
+    // The lean paths only serve function entries (the light stubs); an entry with a return
+    // probe beside it takes the general path, which also plants the return trampoline.
+    let lean_entry = if site.is_entry && !has_ret { only(ProbeKind::Entry) } else { std::ptr::null_mut() };
+    let lean_ret = if site.is_entry { only(ProbeKind::Return) } else { std::ptr::null_mut() };
     site.has_entry.store(has_entry, SeqCst);
     site.has_ret.store(has_ret, SeqCst);
+    site.lean_entry.store(lean_entry, SeqCst);
+    site.lean_ret.store(lean_ret, SeqCst);
     let new = if items.is_empty() {
         std::ptr::null_mut()
     } else {
@@ -539,6 +603,8 @@ fn create_site(
         list: AtomicPtr::new(std::ptr::null_mut()),
         has_entry: AtomicBool::new(false),
         has_ret: AtomicBool::new(false),
+        lean_entry: AtomicPtr::new(std::ptr::null_mut()),
+        lean_ret: AtomicPtr::new(std::ptr::null_mut()),
         patched: AtomicBool::new(false),
     }));
     let common = if site.is_entry {

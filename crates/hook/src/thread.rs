@@ -93,6 +93,10 @@ pub(crate) struct TableLayout {
     pub slot_size: i32,
     pub key: i32,
     pub state: i32,
+    /// The slot's RCU generation (see `read_lock`).
+    pub rcu: i32,
+    /// Address of the flag saying readers may announce a section with a plain store.
+    pub asym: u64,
     pub mask: i32,
     pub mul: u64,
     pub shift: u32,
@@ -104,6 +108,8 @@ pub(crate) fn table_layout() -> TableLayout {
         slot_size: std::mem::size_of::<Slot>() as i32,
         key: std::mem::offset_of!(Slot, key) as i32,
         state: std::mem::offset_of!(Slot, state) as i32,
+        rcu: std::mem::offset_of!(Slot, rcu) as i32,
+        asym: &ASYM as *const AtomicBool as u64,
         mask: (TABLE_SIZE - 1) as i32,
         mul: HASH_MUL as u64,
         shift: HASH_SHIFT,

@@ -177,6 +177,18 @@ impl LoadedProgram {
         self.interp.program()
     }
 
+    /// The native entry a probe may call directly instead of [`run`](Self::run): the JIT's
+    /// fast entry (see `JitProgram::fast_entry_address`), for JIT'd programs that call no
+    /// helper, no `callx` and no callback. Such a run needs none of what `run` sets up: no
+    /// helper reads the run context, and no per-CPU state is touched (per-CPU maps are
+    /// reached only through helpers), so no CPU slot is claimed. While
+    /// [`stats_gate`] reads non-zero, runs must go through `run` (it counts them). A failed
+    /// run (its abort record's first word non-zero) must be added to `stats.errors`. Valid
+    /// while `self` lives.
+    pub fn native_entry(&self) -> Option<usize> {
+        self.jit.as_ref()?.fast_entry_address()
+    }
+
     /// Runs the executor alone, inside a run that is already in progress on this thread (a
     /// tail call).
     #[inline]
@@ -245,6 +257,12 @@ pub fn set_stats_enabled(on: bool) {
 
 pub fn stats_enabled() -> bool {
     STATS_ENABLED.load(Ordering::Relaxed)
+}
+
+/// The byte that is non-zero while runs are counted (see
+/// [`LoadedProgram::native_entry`]): for generated code that checks it on each hit.
+pub fn stats_gate() -> *const u8 {
+    STATS_ENABLED.as_ptr() as *const u8
 }
 
 fn monotonic_ns() -> u64 {

@@ -170,6 +170,17 @@ impl JitProgram {
         self.entries.binary_search(&off).ok()
     }
 
+    /// Address of the fast run entry, for programs that call no helper, no `callx` and no
+    /// callback (None otherwise): an `extern "C" fn(r1: u64, r2: u64, abort: *mut [u64; 3])
+    /// -> u64` returning r0, which needs no run state (no thread-local access), touches no
+    /// vector, x87 or MXCSR state, calls nothing and follows the C convention for the
+    /// general-purpose registers. An abort (a fault in the program's code, contained by the
+    /// fault handler) writes `[kind, pc, detail]` (kind non-zero) to `abort`. Valid while
+    /// `self` lives; the same safety contract as [`run`](Self::run) applies to its calls.
+    pub fn fast_entry_address(&self) -> Option<usize> {
+        self.fast_entry.map(|off| self.mem.addr() + off)
+    }
+
     /// The native code, for inspection (disassembly, size).
     pub fn code(&self) -> &[u8] {
         self.mem.as_slice()

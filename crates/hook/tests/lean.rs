@@ -1,0 +1,210 @@
+//! Lean handlers (`attach_lean`): called directly by the stubs while their probe is alone of
+//! its kind at a function entry (or return) and their gate is closed; the general handler runs
+//! otherwise. What they see (pt_regs), failures counted, the gate, sharing a site, return
+//! probes (recursion included), detach.
+
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
+use std::sync::Mutex;
+
+use userbpf_hook::*;
+
+std::arch::global_asm!(
+    ".pushsection .text.userbpf_lean_test,\"ax\",@progbits",
+    // u64 t_lean_entry(u64 x): x * 2 + 1.
+    ".globl t_lean_entry",
+    "t_lean_entry:",
+    "    nop dword ptr [rax + rax * 1 + 0]",
+    "    lea rax, [rdi + rdi + 1]",
+    "    ret",
+    // u64 t_lean_rec(u64 n): n == 0 ? 0 : t_lean_rec(n - 1) + 3 (recursive: return probes).
+    ".globl t_lean_rec",
+    "t_lean_rec:",
+    "    nop dword ptr [rax + rax * 1 + 0]",
+    "    test rdi, rdi",
+    "    jz 2f",
+    "    sub rsp, 8",
+    "    dec rdi",
+    "    call t_lean_rec",
+    "    add rsp, 8",
+    "    add rax, 3",
+    "    ret",
+    "2:  xor eax, eax",
+    "    ret",
+    // The lean handler: u64 (PtRegs *regs, Rec *arg, u64 record[3]); touches no vector
+    // register. arg: [0] hits (locked add), [8] regs.di, [16] regs.ax, [24] regs.ip,
+    // [32] regs.sp. di == 77777 at an entry: the run fails (record[0] = 1).
+    ".globl t_lean_handler",
+    "t_lean_handler:",
+    "    lock inc qword ptr [rsi]",
+    "    mov rax, [rdi + 112]",
+    "    mov [rsi + 8], rax",
+    "    mov rax, [rdi + 80]",
+    "    mov [rsi + 16], rax",
+    "    mov rax, [rdi + 128]",
+    "    mov [rsi + 24], rax",
+    "    mov rax, [rdi + 152]",
+    "    mov [rsi + 32], rax",
+    "    cmp qword ptr [rdi + 112], 77777",
+    "    jne 3f",
+    "    mov qword ptr [rdx], 1",
+    "3:  xor eax, eax",
+    "    ret",
+    ".popsection",
+);
+
+extern "C" {
+    fn t_lean_entry(x: u64) -> u64;
+    fn t_lean_rec(n: u64) -> u64;
+    fn t_lean_handler();
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Rec {
+    hits: AtomicU64,
+    di: AtomicU64,
+    ax: AtomicU64,
+    ip: AtomicU64,
+    sp: AtomicU64,
+}
+
+/// The general handler: counts its hits in the u64 its data points at.
+unsafe extern "C" fn general(d: *mut c_void, _r: *mut PtRegs) -> u32 {
+    // SAFETY: the tests pass a leaked AtomicU64.
+    unsafe { &*(d as *const AtomicU64) }.fetch_add(1, SeqCst);
+    HOOK_CONTINUE
+}
+
+/// One test at a time: they share the probed functions.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Probe {
+    rec: &'static Rec,
+    general: &'static AtomicU64,
+    gate: &'static AtomicU8,
+    failures: &'static AtomicU64,
+    lean: &'static LeanHandler,
+}
+
+fn probe() -> Probe {
+    let rec: &'static Rec = Box::leak(Box::default());
+    let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+    let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let lean = Box::leak(Box::new(LeanHandler {
+        func: t_lean_handler as usize,
+        arg: rec as *const Rec as u64,
+        gate: gate.as_ptr(),
+        failures,
+    }));
+    Probe { rec, general: Box::leak(Box::new(AtomicU64::new(0))), gate, failures, lean }
+}
+
+fn attach_p(addr: usize, kind: ProbeKind, p: &Probe) -> ProbeId {
+    attach_lean(addr, kind, general, p.general as *const AtomicU64 as *mut c_void, None, Some(p.lean)).unwrap()
+}
+
+#[test]
+fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = t_lean_entry as usize;
+    let p = probe();
+    let id = attach_p(addr, ProbeKind::Entry, &p);
+    for i in 0..1000u64 {
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_lean_entry(black_box(i)) }, 2 * i + 1);
+    }
+    // The thread's first hit may take the general path (it creates the thread's state).
+    let (lean, gen) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
+    assert_eq!(lean + gen, 1000, "lean {lean} general {gen}");
+    assert!(lean >= 999, "lean {lean} general {gen}");
+    assert_eq!(p.rec.di.load(SeqCst), 999);
+    assert_eq!(p.rec.ip.load(SeqCst), addr as u64);
+    // At a function entry sp points at the return address (8 mod 16 by the ABI).
+    assert_eq!(p.rec.sp.load(SeqCst) % 16, 8);
+
+    // A failed run is counted; the function still runs.
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_entry(black_box(77777)) }, 155555);
+    assert_eq!(p.failures.load(SeqCst), 1);
+
+    // Gate open: the general handler runs instead.
+    p.gate.store(1, SeqCst);
+    // SAFETY: plain function.
+    unsafe { t_lean_entry(black_box(1)) };
+    assert_eq!(p.general.load(SeqCst), gen + 1);
+    assert_eq!(p.rec.hits.load(SeqCst), lean + 1);
+    p.gate.store(0, SeqCst);
+
+    // A second entry probe: both run their general handlers.
+    let q = probe();
+    let id2 = attach_p(addr, ProbeKind::Entry, &q);
+    // SAFETY: plain function.
+    unsafe { t_lean_entry(black_box(2)) };
+    assert_eq!(p.general.load(SeqCst), gen + 2);
+    assert_eq!(q.general.load(SeqCst), 1);
+    assert_eq!(q.rec.hits.load(SeqCst), 0);
+    detach(id).unwrap();
+    // Alone again: the second probe's lean handler.
+    // SAFETY: plain function.
+    unsafe { t_lean_entry(black_box(3)) };
+    assert_eq!(q.rec.hits.load(SeqCst), 1);
+    assert_eq!(q.rec.di.load(SeqCst), 3);
+    detach(id2).unwrap();
+    // SAFETY: plain function.
+    unsafe { t_lean_entry(black_box(4)) };
+    assert_eq!(q.rec.hits.load(SeqCst) + q.general.load(SeqCst), 2);
+    assert_eq!(p.rec.hits.load(SeqCst), lean + 1);
+}
+
+#[test]
+fn lean_return_probe_sees_the_return_value_through_recursion_and_threads() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = t_lean_rec as usize;
+    let p = probe();
+    let id = attach_p(addr, ProbeKind::Return, &p);
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_rec(black_box(0)) }, 0);
+    let base = p.rec.hits.load(SeqCst) + p.general.load(SeqCst);
+    assert_eq!(base, 1);
+    // SAFETY: plain function (recursion depth 200: 201 returns).
+    assert_eq!(unsafe { t_lean_rec(black_box(200)) }, 600);
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), base + 201);
+    // The outermost return comes last: its value.
+    assert_eq!(p.rec.ax.load(SeqCst), 600);
+    // ip: the return address, in the caller (this test), not the function.
+    let ip = p.rec.ip.load(SeqCst) as usize;
+    assert!(ip < addr || ip > addr + 64, "{ip:#x}");
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    // SAFETY: plain function.
+                    assert_eq!(unsafe { t_lean_rec(black_box((i + t) % 5)) }, 3 * ((i + t) % 5));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let total: u64 = (0..4u64).map(|t| (0..500u64).map(|i| (i + t) % 5 + 1).sum::<u64>()).sum();
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), base + 201 + total);
+    assert!(p.rec.hits.load(SeqCst) > total / 2);
+    // With an entry probe beside it, the return probe stays lean, the entry one general.
+    let q = probe();
+    let id2 = attach_p(addr, ProbeKind::Entry, &q);
+    let before = p.rec.hits.load(SeqCst);
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_rec(black_box(3)) }, 9);
+    assert_eq!(q.general.load(SeqCst), 4);
+    assert_eq!(q.rec.hits.load(SeqCst), 0);
+    assert_eq!(p.rec.hits.load(SeqCst), before + 4);
+    detach(id2).unwrap();
+    detach(id).unwrap();
+    let after = p.rec.hits.load(SeqCst) + p.general.load(SeqCst);
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_rec(black_box(3)) }, 9);
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), after);
+}
