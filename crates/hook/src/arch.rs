@@ -408,7 +408,8 @@ pub(crate) fn common_entry(
     let mut saved = a.create_label();
     let mut redirect = a.create_label();
     if kind != SaveKind::Full {
-        lean_entry_path(&mut a, &mut saved, &mut redirect)?;
+        let mut ret_only = a.create_label();
+        lean_entry_path(&mut a, &mut saved, &mut redirect, &mut ret_only)?;
         ret_only_fast_path(&mut a)?;
     }
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
@@ -478,9 +479,15 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.push(rcx)?;
     a.push(rdx)?;
     a.push(rsi)?;
+    let mut entry_done = a.create_label();
     a.mov(rax, qword_ptr(rsp + SITE))?;
+    // A tagged Site* (low bit set, by the lean entry path): the entry handlers already ran.
+    a.test(al, 1)?;
+    a.jnz(entry_done)?;
     a.cmp(byte_ptr(rax + has_entry), 0)?;
     a.jne(slow)?;
+    a.set_label(&mut entry_done)?;
+    a.and(rax, -2)?;
     a.cmp(byte_ptr(rax + has_ret), 0)?;
     a.je(slow)?;
     // The thread's state: the first slot of hash(fs:[0]) (thread::current).
@@ -525,6 +532,7 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(rdx, qword_ptr(rcx))?;
     a.mov(qword_ptr(rax + e_ret), rdx)?;
     a.mov(rdx, qword_ptr(rsp + SITE))?;
+    a.and(rdx, -2)?;
     a.mov(qword_ptr(rax + e_site), rdx)?;
     a.mov(rdx, qword_ptr(rdx + site_addr))?;
     a.mov(qword_ptr(rax + e_func), rdx)?;
@@ -635,12 +643,18 @@ fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
 /// this. `redirect`: the general path's resume at r12 (a changed `regs.ip`), rsp = pt_regs.
 ///
 /// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*.
-fn lean_entry_path(a: &mut CodeAssembler, saved: &mut CodeLabel, redirect: &mut CodeLabel) -> Result<(), IcedError> {
+fn lean_entry_path(
+    a: &mut CodeAssembler,
+    saved: &mut CodeLabel,
+    redirect: &mut CodeLabel,
+    ret_only: &mut CodeLabel,
+) -> Result<(), IcedError> {
     use std::mem::offset_of;
     let lean_entry = offset_of!(crate::Site, lean_entry) as i32;
+    let has_ret = offset_of!(crate::Site, has_ret) as i32;
+    let mut plant = a.create_label();
     let site_addr = offset_of!(crate::Site, addr) as i32;
     let gate = offset_of!(crate::LeanHandler, gate) as i32;
-    let mut not_lean = a.create_label();
     let mut not_lean_pop = a.create_label();
     let mut lean = a.create_label();
     let mut unlock_general = a.create_label();
@@ -653,7 +667,7 @@ fn lean_entry_path(a: &mut CodeAssembler, saved: &mut CodeLabel, redirect: &mut 
     a.jmp(lean)?;
     a.set_label(&mut not_lean_pop)?;
     a.pop(rcx)?;
-    a.jmp(not_lean)?;
+    a.jmp(*ret_only)?;
     a.set_label(&mut lean)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     save_gprs_f(a, false)?;
@@ -677,13 +691,22 @@ fn lean_entry_path(a: &mut CodeAssembler, saved: &mut CodeLabel, redirect: &mut 
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
     a.cmp(r12, qword_ptr(r15 + site_addr))?;
     a.jne(*redirect)?;
+    a.cmp(byte_ptr(r15 + has_ret), 0)?;
+    // Neither the loads nor lea change the flags of that comparison.
     restore_gprs_f(a, false)?;
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    a.jne(plant)?;
     a.ret()?; // back into the site stub
+    // Return probes too: the return-only path plants the trampoline, told by the tagged
+    // Site* (low bit) that the entry handlers ran (its general fallback then skips them).
+    a.set_label(&mut plant)?;
+    a.or(qword_ptr(rsp + 8), 1)?;
+    a.jmp(*ret_only)?;
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.jmp(*saved)?;
-    a.set_label(&mut not_lean)?;
+    // Not lean: the return-only path (which falls through to the general one) follows.
+    a.set_label(ret_only)?;
     Ok(())
 }
 

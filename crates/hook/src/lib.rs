@@ -255,7 +255,7 @@ struct Site {
     has_entry: AtomicBool,
     has_ret: AtomicBool,
     /// The lean handler the stubs call directly (see [`LeanHandler`]): set while the site's
-    /// only entry handler (and no return handler) has one.
+    /// only entry handler has one.
     lean_entry: AtomicPtr<LeanHandler>,
     /// Set while the site's only return handler has a lean handler.
     lean_ret: AtomicPtr<LeanHandler>,
@@ -382,8 +382,8 @@ pub fn attach_with(
 }
 
 /// [`attach_with`], with a lean handler doing what `handler` does: the stubs of a function
-/// entry (or return) run it directly while this probe is the only one of its kind there (and,
-/// for entry probes, no return probe shares the site) and its gate is closed. `handler` runs
+/// entry (or return) run it directly while this probe is the only one of its kind there and
+/// its gate is closed. `handler` runs
 /// otherwise (and must stay equivalent).
 pub fn attach_lean(
     addr: usize,
@@ -476,9 +476,8 @@ fn publish(site: &Site, items: Vec<Entry>) {
             _ => std::ptr::null_mut(),
         }
     };
-    // The lean paths only serve function entries (the light stubs); an entry with a return
-    // probe beside it takes the general path, which also plants the return trampoline.
-    let lean_entry = if site.is_entry && !has_ret { only(ProbeKind::Entry) } else { std::ptr::null_mut() };
+    // The lean paths only serve function entries (the light stubs).
+    let lean_entry = if site.is_entry { only(ProbeKind::Entry) } else { std::ptr::null_mut() };
     let lean_ret = if site.is_entry { only(ProbeKind::Return) } else { std::ptr::null_mut() };
     site.has_entry.store(has_entry, SeqCst);
     site.has_ret.store(has_ret, SeqCst);
@@ -681,6 +680,10 @@ struct Resume {
 /// Called by the shared entry stub. No lock, no allocation, no syscall
 /// (except the first hit of a thread, see `thread`).
 unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Resume {
+    // A Site* with its low bit set comes from the lean entry path (arch::lean_entry_path):
+    // the entry handler already ran, only the return trampoline is left to plant.
+    let entry_done = site as usize & 1 != 0;
+    let site = (site as usize & !1) as *const Site;
     // SAFETY: site is the leaked Site embedded in the stub; regs points at the
     // pt_regs the stub built on this thread's stack.
     let (site, regs) = unsafe { (&*site, &mut *regs) };
@@ -711,7 +714,7 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
     }
     let mut skip = false;
     let has_ret = site.has_ret.load(Relaxed);
-    if site.has_entry.load(Relaxed) {
+    if site.has_entry.load(Relaxed) && !entry_done {
         let idx = thread::read_lock(st);
         let list = site.list.load(SeqCst);
         if !list.is_null() {

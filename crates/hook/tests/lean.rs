@@ -93,7 +93,7 @@ fn probe() -> Probe {
     let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
     let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
     let lean = Box::leak(Box::new(LeanHandler {
-        func: t_lean_handler as usize,
+        func: t_lean_handler as *const () as usize,
         arg: rec as *const Rec as u64,
         gate: gate.as_ptr(),
         failures,
@@ -108,7 +108,7 @@ fn attach_p(addr: usize, kind: ProbeKind, p: &Probe) -> ProbeId {
 #[test]
 fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let addr = t_lean_entry as usize;
+    let addr = t_lean_entry as *const () as usize;
     let p = probe();
     let id = attach_p(addr, ProbeKind::Entry, &p);
     for i in 0..1000u64 {
@@ -161,7 +161,7 @@ fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
 #[test]
 fn lean_return_probe_sees_the_return_value_through_recursion_and_threads() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let addr = t_lean_rec as usize;
+    let addr = t_lean_rec as *const () as usize;
     let p = probe();
     let id = attach_p(addr, ProbeKind::Return, &p);
     // SAFETY: plain function.
@@ -192,15 +192,35 @@ fn lean_return_probe_sees_the_return_value_through_recursion_and_threads() {
     let total: u64 = (0..4u64).map(|t| (0..500u64).map(|i| (i + t) % 5 + 1).sum::<u64>()).sum();
     assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), base + 201 + total);
     assert!(p.rec.hits.load(SeqCst) > total / 2);
-    // With an entry probe beside it, the return probe stays lean, the entry one general.
+    // An entry probe beside it: both lean (the entry path then plants the trampoline), in
+    // every thread (the first hits of a thread may take the general paths).
     let q = probe();
     let id2 = attach_p(addr, ProbeKind::Entry, &q);
-    let before = p.rec.hits.load(SeqCst);
+    let before = p.rec.hits.load(SeqCst) + p.general.load(SeqCst);
     // SAFETY: plain function.
     assert_eq!(unsafe { t_lean_rec(black_box(3)) }, 9);
-    assert_eq!(q.general.load(SeqCst), 4);
-    assert_eq!(q.rec.hits.load(SeqCst), 0);
-    assert_eq!(p.rec.hits.load(SeqCst), before + 4);
+    assert_eq!(q.general.load(SeqCst), 0);
+    assert_eq!(q.rec.hits.load(SeqCst), 4);
+    assert_eq!(q.rec.di.load(SeqCst), 0);
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), before + 4);
+    assert_eq!(p.rec.ax.load(SeqCst), 9);
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..300u64 {
+                    // SAFETY: plain function.
+                    assert_eq!(unsafe { t_lean_rec(black_box((i + t) % 4)) }, 3 * ((i + t) % 4));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let calls: u64 = (0..3u64).map(|t| (0..300u64).map(|i| (i + t) % 4 + 1).sum::<u64>()).sum();
+    assert_eq!(q.rec.hits.load(SeqCst) + q.general.load(SeqCst), 4 + calls);
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), before + 4 + calls);
+    assert!(q.rec.hits.load(SeqCst) > calls / 2);
     detach(id2).unwrap();
     detach(id).unwrap();
     let after = p.rec.hits.load(SeqCst) + p.general.load(SeqCst);
