@@ -21,6 +21,17 @@
 //! alignment and also solves threads paused between the displaced
 //! instructions, which the single store does not.
 //!
+//! A thread blocked in the kernel (a system call, as `/proc/self/task/TID/syscall`
+//! shows it: `NR args... SP PC`) whose `PC` is outside the displaced range is not
+//! signalled: the signal would only make its `nanosleep`, `poll`, `epoll_wait`,
+//! `select`... return early (`EINTR`: those never restart, `SA_RESTART` or not), which
+//! the kernel's uprobes never do. Skipping it is sound: it is not between two displaced
+//! instructions (its `PC` says where it resumes), its instruction stream holds nothing
+//! fetched before the store (it entered the kernel and was scheduled out, and the file
+//! is read after the store is done), and once it returns it can reach the patched bytes
+//! only through their first byte, as any running thread: the `int3` (written before
+//! the file is read) handles that. A thread reported `running` is signalled as before.
+//!
 //! Limits: a thread that blocks `FIXUP_SIGNAL` makes the broadcast wait for
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
@@ -341,7 +352,35 @@ pub(crate) fn clear_fixup() {
     FIX_ACTIVE.store(false, SeqCst);
 }
 
-/// Runs the fixup handler on every other thread and waits (≤ 1 s) for them.
+/// Whether thread `tid` of this process is blocked in the kernel with its user `PC`
+/// outside the displaced range being fixed up (none: any `PC`): it then needs no signal
+/// (see the module docs). `/proc/self/task/TID/syscall` reads `NR a1..a6 SP PC` for a
+/// thread in a system call, `-1 SP PC` for one blocked otherwise (a fault, a stop),
+/// `running` for one on a CPU.
+fn blocked_elsewhere(tid: i32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
+        return false;
+    };
+    let Some(pc) = text
+        .split_whitespace()
+        .last()
+        .and_then(|w| w.strip_prefix("0x"))
+        .and_then(|h| usize::from_str_radix(h, 16).ok())
+    else {
+        return false; // "running", or a format we do not know
+    };
+    if FIX_ACTIVE.load(SeqCst) {
+        let addr = FIX_ADDR.load(SeqCst);
+        let len = FIX_LEN.load(SeqCst);
+        if pc > addr && pc < addr + len {
+            return false;
+        }
+    }
+    true
+}
+
+/// Runs the fixup handler on every other thread that may need it (not threads blocked in
+/// the kernel elsewhere, see the module docs) and waits (≤ 1 s) for them.
 pub(crate) fn broadcast() {
     // SAFETY: plain syscalls without memory arguments.
     let (pid, me) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid) as i32) };
@@ -352,7 +391,7 @@ pub(crate) fn broadcast() {
             let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
-            if tid == me {
+            if tid == me || blocked_elsewhere(tid) {
                 continue;
             }
             // SAFETY: tgkill to a thread of our own process with our handler installed.
