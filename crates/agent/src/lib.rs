@@ -83,6 +83,86 @@ pub struct Agent {
     programs: HashMap<u32, Arc<LoadedProgram>>,
     /// Attached links: their probes (none when attaching failed, so it is reported once).
     links: HashMap<u32, AttachedLink>,
+    /// This process's acknowledgement file, when it has a watcher (see [`Ack`]).
+    ack: Option<Ack>,
+}
+
+/// The agent's side of the loader's wait for link changes (the loader's side:
+/// `userbpf_syscall_server::attach::publish_links_gen`): after changing the session's links
+/// the loader writes a new generation into `links/gen` and waits (bounded) until every live
+/// agent's file `agents/PID.STARTTIME` holds at least that number. Every sync reads
+/// `links/gen` *before* listing `links/` and, once it has acted on the listing, writes the
+/// number it read into the file (temporary file + rename: the loader never reads half).
+/// So when the loader's LINK_CREATE, ioctl or close returns, the probes it changed are in
+/// place in every running target, as the kernel's are.
+///
+/// Only an agent with a watcher thread (which syncs when `links/gen` is renamed in) keeps a
+/// file; it is removed when the process exits or the watcher ends.
+struct Ack {
+    path: std::path::PathBuf,
+    /// The generation last written.
+    done: u32,
+}
+
+/// The process that keeps an acknowledgement file (a forked child has its own; 0: none).
+static ACK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl Ack {
+    /// Creates this process's file in session directory `dir`, holding 0 (the loader waits
+    /// for the agent from now on: the first sync follows).
+    fn create(dir: &std::path::Path) -> Option<Ack> {
+        let me = std::process::id();
+        let start = userbpf_runtime::session::start_time(me)?;
+        let agents = dir.join("agents");
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&agents).ok()?;
+        let mut a = Ack { path: agents.join(format!("{me}.{start}")), done: 0 };
+        a.write(0).ok()?;
+        ACK_PID.store(me, Ordering::SeqCst);
+        install_ack_exit();
+        Some(a)
+    }
+
+    fn write(&mut self, gen: u32) -> std::io::Result<()> {
+        // `PID.STARTTIME.tmp`: not a name the loader parses (it skips the temporary file).
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, gen.to_string())?;
+        std::fs::rename(&tmp, &self.path)?;
+        self.done = gen;
+        Ok(())
+    }
+
+    /// The generation in `links/` of session directory `dir` (none yet: 0).
+    fn current(dir: &std::path::Path) -> u32 {
+        std::fs::read_to_string(dir.join("links").join("gen")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Removes the file (the process can no longer acknowledge): the loader stops waiting.
+    fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = ACK_PID.compare_exchange(std::process::id(), 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Registers (once) the exit handler removing the acknowledgement file of the exiting
+/// process (inherited by forked children, which keep files of their own).
+fn install_ack_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn ack_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            let me = std::process::id();
+            if ACK_PID.load(Ordering::SeqCst) != me {
+                return;
+            }
+            let Some(start) = userbpf_runtime::session::start_time(me) else { return };
+            let dir = Session::dir_of(&Session::default_name());
+            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
+        });
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registers a function that catches its panics and has no preconditions.
+        unsafe { libc::atexit(ack_exit) };
+    });
 }
 
 /// What attaching one link made: its probes and the USDT semaphores it raised.
@@ -249,6 +329,12 @@ fn lock(m: &Mutex<Agent>) -> MutexGuard<'_, Agent> {
 impl Agent {
     /// Opens the session of this process and attaches its links.
     pub fn start() -> Result<&'static Mutex<Agent>, String> {
+        Self::start_with(false)
+    }
+
+    /// As [`Agent::start`]; `ack`: this process will have a watcher thread, so it keeps an
+    /// acknowledgement file (see [`Ack`]) from before its first sync.
+    fn start_with(ack: bool) -> Result<&'static Mutex<Agent>, String> {
         if let Some(a) = AGENT.get() {
             return Ok(a);
         }
@@ -259,7 +345,8 @@ impl Agent {
         let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
-        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new() };
+        let ack = if ack { Ack::create(session.dir()) } else { None };
+        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack };
         let cell = AGENT.get_or_init(|| Mutex::new(agent));
         // SAFETY: eventfd has no memory arguments; the descriptor is owned by the agent.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -283,14 +370,28 @@ impl Agent {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         let outer = SYNCING.swap(me, Ordering::SeqCst);
-        self.sync_inner();
+        // The generation first, then the listing (see `Ack`).
+        let gen = self.ack.is_some().then(|| Ack::current(self.session.dir()));
+        let complete = self.sync_inner();
+        if let (Some(a), Some(gen)) = (self.ack.as_mut(), gen) {
+            // A forked child syncing before its watcher made its own file leaves the
+            // parent's alone.
+            if complete && gen > a.done && ACK_PID.load(Ordering::SeqCst) == std::process::id() {
+                let _ = a.write(gen);
+            }
+        }
         SYNCING.store(outer, Ordering::SeqCst);
     }
 
-    fn sync_inner(&mut self) {
+    /// Whether every link was acted on (false: some wait for the dynamic loader, the watcher
+    /// syncs again).
+    fn sync_inner(&mut self) -> bool {
         let links = match self.session.links() {
             Ok(l) => l,
-            Err(e) => return log(&format!("reading links: {e}")),
+            Err(e) => {
+                log(&format!("reading links: {e}"));
+                return true;
+            }
         };
         let me = std::process::id();
         let objs = symbols::loaded_objects();
@@ -336,6 +437,7 @@ impl Agent {
         if deferred {
             kick();
         }
+        !deferred
     }
 
     fn program(&mut self, id: u32) -> Result<Arc<LoadedProgram>, String> {
@@ -570,10 +672,12 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
         if fd.is_none() {
             fd = watch_links(&a.session.dir().join("links"), false);
         }
+        // The parent's acknowledgement file is the parent's: the child acknowledges in its own.
+        a.ack = if fd.is_some() { Ack::create(a.session.dir()) } else { None };
         a.sync();
         drop(a);
         if let Some(fd) = fd {
-            watch(fd);
+            watch_then_stop_acking(fd);
         }
     });
     std::ptr::null_mut()
@@ -640,6 +744,17 @@ fn watch(fd: i32) {
     }
 }
 
+/// Runs `watch`; once it ends (nothing syncs on link changes any more), the process stops
+/// acknowledging them.
+fn watch_then_stop_acking(fd: i32) {
+    watch(fd);
+    if let Some(a) = AGENT.get() {
+        if let Some(ack) = lock(a).ack.take() {
+            ack.remove();
+        }
+    }
+}
+
 extern "C" fn agent_init() {
     if std::env::var_os("USERBPF_SESSION").is_none() {
         return;
@@ -648,17 +763,20 @@ extern "C" fn agent_init() {
         // Watch before the start-up sync, so that a link added in between is not missed (and no
         // second sync runs beside the program's first steps).
         let early = watch_links(&Session::dir_of(&Session::default_name()).join("links"), true);
-        match Agent::start() {
+        match Agent::start_with(true) {
             Ok(a) => {
                 let fd = early.or_else(|| {
                     let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
                     lock(a).sync();
                     Some(fd)
                 });
-                if let Some(fd) = fd {
-                    // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
-                    // go to its threads.
-                    let _ = userbpf_hook::quiet::spawn("userbpf-agent", move || watch(fd));
+                // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
+                // go to its threads.
+                let watching = fd.is_some_and(|fd| userbpf_hook::quiet::spawn("userbpf-agent", move || watch_then_stop_acking(fd)).is_ok());
+                if !watching {
+                    if let Some(ack) = lock(a).ack.take() {
+                        ack.remove();
+                    }
                 }
             }
             Err(e) => {
