@@ -46,6 +46,11 @@ enum Command {
 }
 
 fn main() {
+    // A closed stdout (`userbpf map dump | head`) ends the command quietly, as for other Unix
+    // tools, instead of a panic in println!.
+    // SAFETY: setting a signal's disposition to the default has no preconditions; no other
+    // thread exists yet.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
     let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);
     let result = match cli.command {
