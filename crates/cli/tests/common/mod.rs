@@ -421,14 +421,6 @@ pub fn run_with(
     };
     let ready = parse_ready(&target.stdout());
     wait_attached(&mut target, &ready, probed, &mut loader);
-    if via.userbpf() && order == Order::TargetFirst {
-        // The agent of a running target attaches links as they appear in the session, one
-        // after the other, after the loader's attach calls have returned (the kernel's are live
-        // when they return): a function's code changes with its first link, its return probe
-        // may follow. There is no sign of the last one; give them a second. (Remove once the
-        // agents acknowledge link changes: syscall-server/src/attach.rs waits for them.)
-        std::thread::sleep(Duration::from_secs(1));
-    }
     target.send("go\n");
     target.wait_for("done ", "the end of its workload");
     let start = Instant::now();
