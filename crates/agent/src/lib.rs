@@ -85,6 +85,43 @@ pub struct Agent {
     links: HashMap<u32, AttachedLink>,
     /// This process's acknowledgement file, when it has a watcher (see [`Ack`]).
     ack: Option<Ack>,
+    /// USDT semaphores of loader links (see [`Agent::sync_semaphores`]), by link id: the
+    /// one this process raised, or `None` when another did (the loader, at link time).
+    semas: HashMap<u32, Option<Sema>>,
+}
+
+/// A USDT semaphore this agent raised for a loader's link: at `addr`, file offset `off` of
+/// the file `(dev, ino)`.
+#[derive(Clone, Copy)]
+struct Sema {
+    addr: usize,
+    dev: u64,
+    ino: u64,
+    off: u64,
+}
+
+/// Where file offset `off` of the file `(dev, ino)` is mapped writable and private in this
+/// process (the `u16` fits in the mapping), from `maps` (the text of `/proc/self/maps`): the
+/// only mappings where the kernel updates a uprobe's reference counter (`valid_ref_ctr_vma`).
+fn mapped_offset(maps: &str, dev: u64, ino: u64, off: u64) -> Option<usize> {
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(offset), Some(devs), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else { continue };
+        if inode.parse::<u64>().ok() != Some(ino) || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+            continue;
+        }
+        let Some((maj, min)) = devs.split_once(':') else { continue };
+        let (Ok(maj), Ok(min)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16)) else { continue };
+        if libc::makedev(maj, min) != dev {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(offset, 16)) else { continue };
+        if off >= offset && off + 2 <= offset + (end - start) {
+            return Some((start + off - offset) as usize);
+        }
+    }
+    None
 }
 
 /// The agent's side of the loader's wait for link changes (the loader's side:
@@ -141,6 +178,22 @@ impl Ack {
     fn remove(self) {
         let _ = std::fs::remove_file(&self.path);
         let _ = ACK_PID.compare_exchange(std::process::id(), 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// At the start of an image: claims of USDT semaphores (see [`Agent::sync_semaphores`])
+/// for this pid and start time are a previous image's (before an exec, which keeps both):
+/// this image's semaphores are in their initial state, raised by nobody yet.
+fn forget_own_semaphore_claims(dir: &std::path::Path) {
+    let me = std::process::id();
+    let Some(start) = userbpf_runtime::session::start_time(me) else { return };
+    let suffix = format!(".{me}.{start}");
+    let Ok(rd) = std::fs::read_dir(dir.join("perf")) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if name.to_str().is_some_and(|n| n.starts_with("sema-") && n.ends_with(&suffix)) {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -346,7 +399,10 @@ impl Agent {
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
         let ack = if ack { Ack::create(session.dir()) } else { None };
-        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack };
+        if ack.is_some() {
+            forget_own_semaphore_claims(session.dir());
+        }
+        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new() };
         let cell = AGENT.get_or_init(|| Mutex::new(agent));
         // SAFETY: eventfd has no memory arguments; the descriptor is owned by the agent.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -437,7 +493,68 @@ impl Agent {
         if deferred {
             kick();
         }
+        self.sync_semaphores(&mine);
         !deferred
+    }
+
+    /// USDT semaphores of a loader's links (uprobe events with a `ref_ctr_offset`: the
+    /// syscall-server records them as `perf/sema-LINK` = "PATH\nFILE_OFFSET\nPID or -1\n"),
+    /// as the kernel keeps them: raised by one in every process mapping the file while the
+    /// link exists. The loader raises them in the processes that exist when it makes the
+    /// link; a process started (or a library mapped) later raises its own here. Exactly one
+    /// of them does, for each process and link: the one creating
+    /// `perf/sema-LINK.PID.STARTTIME` (O_EXCL). What this process raised it lowers when the
+    /// link goes (or is not for this process any more); a semaphore whose library was
+    /// unmapped is forgotten (raised again if the library comes back).
+    fn sync_semaphores(&mut self, mine: &HashSet<u32>) {
+        let perf = self.session.dir().join("perf");
+        let me = std::process::id();
+        let start = userbpf_runtime::session::start_time(me).unwrap_or(0);
+        let claim_path = |link: u32| perf.join(format!("sema-{link}.{me}.{start}"));
+        let mut maps: Option<String> = None;
+        let mut maps = || maps.get_or_insert_with(|| std::fs::read_to_string("/proc/self/maps").unwrap_or_default()).clone();
+        let known: Vec<u32> = self.semas.keys().copied().collect();
+        for id in known {
+            let Some(Some(s)) = self.semas.get(&id).copied() else {
+                if !mine.contains(&id) {
+                    self.semas.remove(&id);
+                }
+                continue;
+            };
+            let live = mapped_offset(&maps(), s.dev, s.ino, s.off) == Some(s.addr);
+            if !mine.contains(&id) {
+                self.semas.remove(&id);
+                if live {
+                    usdt::semaphore_add(s.addr, -1);
+                }
+                let _ = std::fs::remove_file(claim_path(id));
+            } else if !live {
+                self.semas.remove(&id);
+                let _ = std::fs::remove_file(claim_path(id));
+            }
+        }
+        let Ok(rd) = std::fs::read_dir(&perf) else { return };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("sema-")).and_then(|l| l.parse::<u32>().ok()) else { continue };
+            if !mine.contains(&id) || self.semas.contains_key(&id) {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
+            let mut l = text.lines();
+            let (Some(path), Some(off), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
+            if pid >= 0 && pid != me as i64 {
+                continue;
+            }
+            let Ok(md) = std::fs::metadata(path) else { continue };
+            let (dev, ino) = (std::os::unix::fs::MetadataExt::dev(&md), std::os::unix::fs::MetadataExt::ino(&md));
+            let Some(addr) = mapped_offset(&maps(), dev, ino, off) else { continue };
+            let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(claim_path(id)).is_ok();
+            if claimed {
+                usdt::semaphore_add(addr, 1);
+            }
+            self.semas.insert(id, claimed.then_some(Sema { addr, dev, ino, off }));
+        }
     }
 
     fn program(&mut self, id: u32) -> Result<Arc<LoadedProgram>, String> {
