@@ -159,6 +159,14 @@ impl Ack {
         Some(a)
     }
 
+    /// Removes this process's file, if a previous image (before exec) left one.
+    fn stale(dir: &std::path::Path) {
+        let me = std::process::id();
+        if let Some(start) = userbpf_runtime::session::start_time(me) {
+            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
+        }
+    }
+
     fn write(&mut self, gen: u32) -> std::io::Result<()> {
         // `PID.STARTTIME.tmp`: not a name the loader parses (it skips the temporary file).
         let mut tmp = self.path.clone().into_os_string();
@@ -398,7 +406,14 @@ impl Agent {
         let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
-        let ack = if ack { Ack::create(session.dir()) } else { None };
+        let ack = if ack {
+            Ack::create(session.dir())
+        } else {
+            // No watcher here: a file of this pid and start time is a previous image's (an
+            // exec keeps both), which can no longer acknowledge anything.
+            Ack::stale(session.dir());
+            None
+        };
         if ack.is_some() {
             forget_own_semaphore_claims(session.dir());
         }

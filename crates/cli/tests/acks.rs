@@ -148,3 +148,38 @@ fn agents_acknowledge_link_changes_once_they_are_in_place() {
         assert!(!f.exists(), "{} left behind", f.display());
     }
 }
+
+/// An image that cannot acknowledge (the syscall-server library's agent has no watcher)
+/// drops the file its process's previous image (before exec: same pid and start time) kept,
+/// so the loader does not wait for it.
+#[test]
+fn an_exec_into_an_image_without_a_watcher_drops_the_previous_images_file() {
+    let server = PathBuf::from(env!("CARGO_BIN_EXE_userbpf")).parent().unwrap().join("libuserbpf_syscall_server.so");
+    assert!(server.exists(), "{} missing: build userbpf-syscall-server first", server.display());
+    let name = format!("acks-exec-{}", std::process::id());
+    let session = Session::open(&name).unwrap();
+    // sh under the agent (it keeps a file), then cat under the server library only.
+    let mut target = Command::new("sh")
+        .arg("-c")
+        .arg("LD_PRELOAD=\"$0\" exec cat")
+        .arg(&server)
+        .env("LD_PRELOAD", agent())
+        .env("USERBPF_SESSION", &name)
+        .env_remove("USERBPF_SHM_DIR")
+        .env_remove("USERBPF_LOADER_PID")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = target.id();
+    // cat waits in read(2) once its constructors (the server library's) ran.
+    wait_for("cat reading its input", &mut || {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        exe.ends_with("cat") && maps.contains("libuserbpf_syscall_server.so") && sc.starts_with("0 ")
+    });
+    let f = ack_file(&session, pid);
+    assert!(!f.exists(), "{} of sh's image still there under cat", f.display());
+    drop(target.stdin.take());
+    assert!(target.wait().unwrap().success());
+}
