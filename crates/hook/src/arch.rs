@@ -8,7 +8,11 @@
 //!                push qword [rip+site]    ; the Site*
 //!                call qword [rip+common]  ; common_full or common_light (function entries)
 //!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
+//!                jc planted               ; (function entries) CF: a return probe was planted
 //!                jmp relocated
+//! planted:       lea rsp,[rsp+8]          ; drop the return address (in the shadow stack)
+//!                call relocated           ; the landing's address takes its slot
+//! landing:       jmp [rip+ret_tramp]      ; the function returned here
 //! relocated:     <displaced instructions, relocated>
 //!                jmp target+len
 //! common_entry:  lea rsp,[rsp-168]        ; struct pt_regs at rsp, ret addr at +168, Site* at +176
@@ -33,11 +37,14 @@
 //! (`lean_ret_path`).
 //!
 //! ## Return path
-//! `ret_tramp` is reached by the probed function's `ret` (its return address
-//! was replaced): it builds a pt_regs the same way (slot for the real return
-//! address at rsp+168), calls `ret_dispatch` which pops the shadow stack and
-//! runs the return handlers, then jumps (`jmp [rsp-8]`) to the original
-//! return address.
+//! `ret_tramp` is reached from a site stub's landing, where the probed function's `ret`
+//! came back (the stub called the function's relocated start, so the return-stack buffer
+//! predicts that return): it builds a pt_regs the same way (slot for the real return
+//! address at rsp+168), calls `ret_dispatch` which pops the shadow stack and runs the return
+//! handlers, then `ret`s to the original return address, which the return-stack buffer
+//! predicts too (the caller's entry is back on top). With `USERBPF_HOOK_FULL_FPSAVE=1` the
+//! entry path writes the trampoline's address over the return address instead (no CF
+//! signal from the full stub, whose `popfq` restores the flags).
 
 use iced_x86::code_asm::*;
 use iced_x86::{
@@ -428,9 +435,26 @@ pub(crate) fn common_entry(
     a.je(skip)?;
     a.cmp(r13, 2)?;
     a.je(redirect)?;
+    let mut planted = a.create_label();
+    if kind != SaveKind::Full {
+        a.cmp(r13, 3)?;
+        a.je(planted)?;
+    }
     restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    if kind != SaveKind::Full {
+        // CF tells the site stub whether to call the relocated code (a return probe was
+        // planted) or jump to it; the status flags are dead at a function entry.
+        a.clc()?;
+    }
     a.ret()?; // back into the site stub
+    if kind != SaveKind::Full {
+        a.set_label(&mut planted)?;
+        restore_gprs_f(&mut a, false)?;
+        a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+        a.stc()?;
+        a.ret()?;
+    }
     a.set_label(&mut redirect)?;
     a.mov(qword_ptr(rsp + (PT_REGS_SIZE + 8)), r12)?;
     restore_gprs(&mut a)?;
@@ -538,15 +562,15 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(qword_ptr(rax + e_func), rdx)?;
     a.mov(qword_ptr(rax + e_sp), rcx)?;
     a.add(qword_ptr(rsi + top), 1)?;
-    a.mov(rdx, &crate::RET_TRAMP as *const _ as u64)?;
-    a.mov(rdx, qword_ptr(rdx))?;
-    a.mov(qword_ptr(rcx), rdx)?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.pop(rsi)?;
     a.pop(rdx)?;
     a.pop(rcx)?;
     a.pop(rax)?;
-    a.ret()?; // back into the site stub, which resumes at the relocated code
+    // Back into the site stub, which calls the relocated code (CF set): that call puts the
+    // stub's return landing where the return address was.
+    a.stc()?;
+    a.ret()?;
     a.set_label(&mut slow_guarded)?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.set_label(&mut slow)?;
@@ -771,8 +795,10 @@ fn lean_ret_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(dword_ptr(r15 + in_handler), 0)?;
     lean_rcu_exit(a)?;
     restore_gprs_f(a, false)?;
-    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
-    a.jmp(qword_ptr(rsp - 8))?;
+    // The real return address is in the slot at rsp+168: `ret` to it, which the return-stack
+    // buffer predicts (the stub's call and the function's return paired off).
+    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    a.ret()?;
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.set_label(&mut general)?;
@@ -800,34 +826,57 @@ pub(crate) fn ret_tramp(
     fp_restore(&mut a, fp, kind)?;
     a.mov(qword_ptr(rsp + PT_REGS_SIZE), r12)?;
     restore_gprs_f(&mut a, kind == SaveKind::Full)?;
-    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
-    // An indirect jump (predicted per call site by the BTB) instead of a
-    // `ret` the return-stack buffer would mispredict. [rsp-8] is in the
-    // caller's red zone, which signal delivery does not touch and which the
-    // caller cannot rely on across the call it just returned from.
-    a.jmp(qword_ptr(rsp - 8))?;
+    // `ret` to the real return address (in the slot at rsp+168): with the site stub's call
+    // planting, the return-stack buffer holds the caller's entry here and predicts it.
+    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    a.ret()?;
     a.assemble(ip)
 }
 
 /// Offset of the relocated code inside a site page.
-pub(crate) const RELOC_OFF: usize = 64;
+pub(crate) const RELOC_OFF: usize = 128;
 
 /// The per-site stub (placed at the start of the site page): calls the
 /// common entry, which normally returns here; then the relocated code runs.
-pub(crate) fn site_stub(ip: u64, site: u64, common: u64, reloc: u64) -> Result<Vec<u8>, IcedError> {
+///
+/// With `ret_tramp` (function entries with the light stubs), the common entry says with CF
+/// that a return probe was planted (the shadow-stack entry holds the return address): the
+/// stub then drops the return address and *calls* the relocated code, so the function's
+/// frame looks as before (the call writes the stub's landing into the same slot) and its
+/// `ret` comes back to the landing as the return-stack buffer predicts; the landing jumps to
+/// the shared return trampoline, whose final `ret` to the real return address is predicted
+/// too (the caller's own entry is back on top). Writing the trampoline's address into the
+/// slot instead would cost a mispredicted return on every hit.
+pub(crate) fn site_stub(ip: u64, site: u64, common: u64, reloc: u64, ret_tramp: Option<u64>) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut site_l = a.create_label();
     let mut common_l = a.create_label();
+    let mut tramp_l = a.create_label();
+    let mut planted = a.create_label();
     a.lea(rsp, ptr(rsp - 128))?;
     a.push(qword_ptr(site_l))?;
     a.call(qword_ptr(common_l))?;
     a.lea(rsp, ptr(rsp + 136))?; // drop the Site* and the red-zone gap (no flags change)
+    if ret_tramp.is_some() {
+        a.jb(planted)?;
+    }
     a.jmp(reloc)?;
+    if ret_tramp.is_some() {
+        a.set_label(&mut planted)?;
+        a.lea(rsp, ptr(rsp + 8))?;
+        a.call(reloc)?;
+        // The landing: the function returned here.
+        a.jmp(qword_ptr(tramp_l))?;
+    }
     a.int3()?;
     a.set_label(&mut site_l)?;
     a.dq(&[site])?;
     a.set_label(&mut common_l)?;
     a.dq(&[common])?;
+    if let Some(t) = ret_tramp {
+        a.set_label(&mut tramp_l)?;
+        a.dq(&[t])?;
+    }
     a.assemble(ip)
 }
 

@@ -270,6 +270,10 @@ struct Registry {
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static RET_TRAMP: AtomicUsize = AtomicUsize::new(0);
+/// Whether return probes are planted by the site stub's `call` (light stubs; see
+/// `arch::site_stub`), rather than by writing the trampoline's address over the return
+/// address (the full save's stubs, `USERBPF_HOOK_FULL_FPSAVE=1`).
+static CALL_PLANTING: AtomicBool = AtomicBool::new(false);
 
 struct Globals {
     /// Entry stub with the full FP save (probes inside functions).
@@ -324,6 +328,7 @@ fn init_inner() -> Result<Globals, String> {
         &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)],
     )?;
     RET_TRAMP.store(ret_at, SeqCst);
+    CALL_PLANTING.store(!full_only, SeqCst);
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: creating a pthread key with a destructor that only takes the
     // pointer we store in it.
@@ -616,6 +621,7 @@ fn create_site(
         site as *const Site as u64,
         common as u64,
         relocated as u64,
+        (site.is_entry && CALL_PLANTING.load(SeqCst)).then(|| RET_TRAMP.load(SeqCst) as u64),
     )
     .map_err(|e| e.to_string());
     let res = stub.and_then(|stub| {
@@ -759,8 +765,14 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
                 sp,
             };
             stm.top += 1;
-            // SAFETY: same slot; the return trampoline restores the original.
-            unsafe { slot.write(RET_TRAMP.load(Relaxed) as u64) };
+            if CALL_PLANTING.load(Relaxed) {
+                // The site stub calls the relocated code (mode 3), which puts its return
+                // landing in that slot.
+                res = Resume { target: site.relocated as u64, mode: 3 };
+            } else {
+                // SAFETY: same slot; the return trampoline restores the original.
+                unsafe { slot.write(RET_TRAMP.load(Relaxed) as u64) };
+            }
         }
     }
     stm.in_handler = 0;
