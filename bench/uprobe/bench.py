@@ -40,6 +40,7 @@ KLOAD = os.path.join(BUILD, "kload")
 MODES = ["entry", "return", "both"]
 MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe"}
 ENGINES = ["none", "kernel", "jit", "interp"]
+FN_NAME = {"exe": "bench_fn (executable)", "lib": "lib_fn (libbenchlib.so)"}
 ENGINE_NAME = {"none": "no probe", "kernel": "kernel", "jit": "userbpf JIT", "interp": "userbpf interpreter"}
 # Calls of the calibration run, per engine (then scaled to SECONDS), and the most calls per run.
 CALIBRATE = {"none": 2_000_000, "kernel": 2_000, "jit": 20_000, "interp": 20_000}
@@ -215,7 +216,7 @@ def uprobe_tables():
                 cells.append(r["cpu"] if r else None)
                 hits[engine] = (r["cpu"] - b) if (r and b is not None) else None
             hit[(where, mode)] = hits
-            fn = "bench_fn (executable)" if where == "exe" else "lib_fn (libbenchlib.so)"
+            fn = FN_NAME[where]
             row = [fn, MODE_NAME[mode], fmt_ns(b)] + [fmt_ns(c) for c in cells]
             row += [fmt_ns(hits[e]) for e in ("kernel", "jit", "interp")]
             row += [fmt_ratio(hits["kernel"], hits["jit"]), fmt_ratio(hits["kernel"], hits["interp"])]
@@ -229,7 +230,7 @@ def uprobe_tables():
     print("|---|---|---:|---:|---:|---:|")
     for where in ("exe", "lib"):
         base = res[(where, "none")]
-        fn = "bench_fn (executable)" if where == "exe" else "lib_fn (libbenchlib.so)"
+        fn = FN_NAME[where]
         for mode in MODES:
             cells = [res[(where, mode, e)] for e in ("kernel", "jit", "interp")]
             row = [fn, MODE_NAME[mode], fmt_ns(base["wall"] if base else None)] + [fmt_ns(c["wall"] if c else None) for c in cells]
@@ -241,15 +242,11 @@ def uprobe_tables():
     print()
     print("| function | probe | userbpf JIT, empty program | hit |")
     print("|---|---|---:|---:|")
-    for where in ("exe", "lib"):
+    for (where, mode), r in hooks.items():
         base = res[(where, "none")]
-        b = base["cpu"] if base else None
-        fn = "bench_fn (executable)" if where == "exe" else "lib_fn (libbenchlib.so)"
-        for mode in MODES:
-            r = hooks[(where, mode)]
-            h = (r["cpu"] - b) if (r and b is not None) else None
-            hit[(where, mode)]["empty"] = h
-            print(f"| {fn} | {MODE_NAME[mode]} | {fmt_ns(r['cpu'] if r else None)} | {fmt_ns(h)} |")
+        h = (r["cpu"] - base["cpu"]) if (r and base) else None
+        hit[(where, mode)]["empty"] = h
+        print(f"| {FN_NAME[where]} | {MODE_NAME[mode]} | {fmt_ns(r['cpu'] if r else None)} | {fmt_ns(h)} |")
     print()
     calls = {}
     for k, r in res.items():
