@@ -13,7 +13,7 @@
 //! in any other process (a child the loader starts, e.g. bpftrace's `-c`) it only acts as
 //! the agent (the `userbpf-agent` crate linked in), which attaches the session's links.
 
-use std::ffi::{c_int, c_long, c_ulong, c_void};
+use std::ffi::{c_char, c_int, c_long, c_ulong, c_void};
 use std::sync::OnceLock;
 
 pub mod attach;
@@ -190,6 +190,50 @@ pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *
     let tp = copy.as_mut().map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
     // SAFETY: as above.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_ppoll, fds as i64, nfds as i64, tp as i64, mask as i64, 8, 0) }) as c_int
+}
+
+/// The BPF filesystem's `f_type` (`BPF_FS_MAGIC`).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Whether `path` (a C string) is on the BPF filesystem as the loader sees it (pins live in
+/// the session: see `bpf::obj::on_bpffs`).
+fn on_bpffs(path: *const c_char) -> bool {
+    if path.is_null() || !serving() {
+        return false;
+    }
+    std::panic::catch_unwind(|| {
+        // SAFETY: statfs succeeded on this path just before, so it is a readable C string.
+        let raw = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
+        bpf::obj::on_bpffs(raw)
+    })
+    .unwrap_or(false)
+}
+
+/// libc's `statfs(2)`: `/sys/fs/bpf` and what lies below it report the BPF filesystem's type
+/// in the loader, as if a bpffs were mounted there (its pins are the session's), so libbpf's
+/// check before pinning passes as on a machine with the BPF filesystem mounted.
+///
+/// # Safety
+/// As for libc's `statfs`.
+#[no_mangle]
+pub unsafe extern "C" fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let r = sys::libc_ret(unsafe { sys::raw6(libc::SYS_statfs, path as i64, buf as i64, 0, 0, 0, 0) }) as c_int;
+    if r == 0 && on_bpffs(path) {
+        // SAFETY: the kernel just filled the caller's struct statfs.
+        unsafe { (*buf).f_type = BPF_FS_MAGIC as _ };
+    }
+    r
+}
+
+/// libc's `statfs64`: the same struct as `statfs` on x86-64.
+///
+/// # Safety
+/// As for libc's `statfs64`.
+#[no_mangle]
+pub unsafe extern "C" fn statfs64(path: *const c_char, buf: *mut libc::statfs64) -> c_int {
+    // SAFETY: as for `statfs`: the same system call and layout on x86-64.
+    unsafe { statfs(path, buf.cast()) }
 }
 
 /// libc's `close(2)`: the last close of a perf event or link of ours detaches it before

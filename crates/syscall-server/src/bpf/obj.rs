@@ -436,6 +436,15 @@ fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
     if raw.is_empty() {
         return Err(libc::ENOENT);
     }
+    let norm = normalise(&raw);
+    if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
+        return Err(libc::EPERM);
+    }
+    Ok(norm)
+}
+
+/// A path without its leading `/`, `.` and `..` components.
+fn normalise(raw: &[u8]) -> Vec<u8> {
     let mut parts: Vec<&[u8]> = Vec::new();
     for c in raw.split(|&b| b == b'/') {
         match c {
@@ -446,11 +455,15 @@ fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
             c => parts.push(c),
         }
     }
-    let norm = parts.join(&b'/');
-    if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
-        return Err(libc::EPERM);
-    }
-    Ok(norm)
+    parts.join(&b'/')
+}
+
+/// Whether the absolute path `raw` is the BPF filesystem's directory (`/sys/fs/bpf`) or lies
+/// below it: there pins are the session's, so `statfs` reports the BPF filesystem (libbpf
+/// checks that before it pins a map, program or link) whether or not a bpffs is mounted.
+pub fn on_bpffs(raw: &[u8]) -> bool {
+    let norm = normalise(raw);
+    raw.first() == Some(&b'/') && (norm == b"sys/fs/bpf" || norm.starts_with(b"sys/fs/bpf/"))
 }
 
 /// BPF_OBJ_PIN: records the pin in the session (the real BPF filesystem is not touched).
