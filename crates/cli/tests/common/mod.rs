@@ -428,6 +428,10 @@ pub fn run_with(
         std::thread::sleep(Duration::from_millis(20));
     }
     if ending == Ending::Interrupt {
+        // Interrupt the loader once it waits in its event loop (its main thread blocked in
+        // an event loop's wait or sleep, as /proc/PID/syscall shows), not while it may
+        // still be finishing its set-up; at most a few seconds.
+        wait_in_event_loop(loader.child.id());
         loader.signal(libc::SIGINT);
         // A loader that missed the signal (seen once with the kernel's bpftrace under load)
         // gets it again; one that ignores both fails below.
@@ -469,6 +473,20 @@ pub fn run_with(
         err.push_str(&format!("\n--- target's stderr ---\n{terr}"));
     }
     (loader.stdout(), err)
+}
+
+/// Waits (at most 3 s) until process `pid`'s main thread is blocked in one of the calls an
+/// event loop waits in: epoll_wait (232), epoll_pwait (281), poll (7), ppoll (271), or a sleep
+/// between reports (nanosleep 35, clock_nanosleep 230, pause 34, rt_sigsuspend 130).
+fn wait_in_event_loop(pid: u32) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        if matches!(sc.split_whitespace().next(), Some("232" | "281" | "7" | "271" | "35" | "230" | "34" | "130") | None) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Output cut into entries: a line, a multi-line map entry (`@[` ... `]: N`, a histogram with
