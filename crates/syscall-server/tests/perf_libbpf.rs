@@ -9,19 +9,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn server_lib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join("libuserbpf_syscall_server.so");
-    assert!(lib.exists(), "{} is missing: build the crate first", lib.display());
-    lib
-}
+mod common;
+use common::tmp;
 
-fn tmp() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+fn server_lib() -> PathBuf {
+    common::lib("libuserbpf_syscall_server.so")
 }
 
 fn src(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/perf").join(name)
+    common::src("perf", name)
 }
 
 struct Built {

@@ -5,22 +5,13 @@
 //! pinned map (libbpf's `bpf_obj_get` and compatibility check) and sees the first one's value,
 //! as a bpffs pin outlives its loader.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn lib(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(lib.exists(), "{} is missing: build userbpf-syscall-server first", lib.display());
-    lib
-}
+mod common;
+use common::{lib, tmp};
 
-fn tmp() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-}
-
-fn src(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(name)
+fn src(name: &str) -> std::path::PathBuf {
+    common::src("c", name)
 }
 
 #[test]

@@ -9,19 +9,11 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn lib(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(lib.exists(), "{} is missing: build userbpf-agent and userbpf-syscall-server first", lib.display());
-    lib
-}
-
-fn tmp() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-}
+mod common;
+use common::{lib, tmp};
 
 fn src(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/perf").join(name)
+    common::src("perf", name)
 }
 
 fn shm() -> PathBuf {
