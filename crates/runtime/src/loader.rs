@@ -145,7 +145,7 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
     let mut prog_ids: Vec<Option<u32>> = vec![None; object.programs.len()];
     for (pi, spec) in object.programs.iter().enumerate() {
         let wanted = match opts.only {
-            Some(names) => names.iter().any(|n| *n == spec.name),
+            Some(names) => names.contains(&spec.name),
             None => spec.autoload,
         };
         if !wanted {

@@ -282,25 +282,6 @@ fn sha256(data: &[u8]) -> [u8; 32] {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn sha256_known_answers() {
-        let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
-        assert_eq!(hex(super::sha256(b"")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-        assert_eq!(hex(super::sha256(b"abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-        let long = vec![b'a'; 1000];
-        assert_eq!(hex(super::sha256(&long)), "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
-    }
-
-    #[test]
-    fn tag_of_return_zero_is_the_kernels() {
-        use userbpf_isa::Insn;
-        let p = [Insn::new(0xb7, 0, 0, 0, 0), Insn::new(0x95, 0, 0, 0, 0)];
-        // What Linux 6.18 reports for `r0 = 0; exit`.
-        assert_eq!(super::prog_tag(&p), [0x59, 0xf4, 0xa9, 0x31, 0x74, 0x4d, 0xcd, 0xc6]);
-    }
-}
 
 /// Instructions other paths enter: jump targets, subprogram and callback entries.
 fn jump_targets(insns: &[Insn]) -> Vec<bool> {
@@ -786,4 +767,24 @@ pub fn xlated(p: &ProgEntry) -> Vec<u8> {
         }
     }
     encode(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sha256_known_answers() {
+        let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(super::sha256(b"")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(hex(super::sha256(b"abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        let long = vec![b'a'; 1000];
+        assert_eq!(hex(super::sha256(&long)), "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+    }
+
+    #[test]
+    fn tag_of_return_zero_is_the_kernels() {
+        use userbpf_isa::Insn;
+        let p = [Insn::new(0xb7, 0, 0, 0, 0), Insn::new(0x95, 0, 0, 0, 0)];
+        // What Linux 6.18 reports for `r0 = 0; exit`.
+        assert_eq!(super::prog_tag(&p), [0x59, 0xf4, 0xa9, 0x31, 0x74, 0x4d, 0xcd, 0xc6]);
+    }
 }
