@@ -515,18 +515,7 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.cmp(byte_ptr(rax + has_ret), 0)?;
     a.je(slow)?;
     // The thread's state: the first slot of hash(fs:[0]) (thread::current).
-    a.mov(rcx, qword_ptr(0u64).fs())?;
-    a.mov(rdx, rcx)?;
-    a.shr(rdx, 6)?;
-    a.mov(rsi, t.mul)?;
-    a.imul_2(rdx, rsi)?;
-    a.shr(rdx, t.shift)?;
-    a.and(edx, t.mask)?;
-    a.imul_3(rdx, rdx, t.slot_size)?;
-    a.mov(rsi, t.table)?;
-    a.add(rsi, rdx)?;
-    a.cmp(qword_ptr(rsi + t.key), rcx)?;
-    a.jne(slow)?;
+    thread_slot(a, rsi, slow)?;
     a.mov(rsi, qword_ptr(rsi + t.state))?;
     a.test(rsi, rsi)?;
     a.jz(slow)?;
@@ -587,6 +576,26 @@ const CS_OFF: i32 = 136;
 const SP_OFF: i32 = 152;
 const SS_OFF: i32 = 160;
 
+/// `slot` = this thread's slot in the thread table: the first slot of hash(fs:[0]), as
+/// `thread::current` finds it; jumps to `fail` when that slot is another thread's. Clobbers
+/// rcx, rdx, flags (and `slot`).
+fn thread_slot(a: &mut CodeAssembler, slot: AsmRegister64, fail: CodeLabel) -> Result<(), IcedError> {
+    let t = crate::thread::table_layout();
+    a.mov(rcx, qword_ptr(0u64).fs())?;
+    a.mov(rdx, rcx)?;
+    a.shr(rdx, 6)?;
+    a.mov(slot, t.mul)?;
+    a.imul_2(rdx, slot)?;
+    a.shr(rdx, t.shift)?;
+    a.and(edx, t.mask)?;
+    a.imul_3(rdx, rdx, t.slot_size)?;
+    a.mov(slot, t.table)?;
+    a.add(slot, rdx)?;
+    a.cmp(qword_ptr(slot + t.key), rcx)?;
+    a.jne(fail)?;
+    Ok(())
+}
+
 /// Starts an RCU read-side section for the lean paths, as `thread::read_lock` does:
 /// r12 = the thread's table slot (the first of its hash), r13 = the odd generation announced.
 /// Jumps to `fail` (nothing announced) when the thread has no slot there or is already inside
@@ -596,18 +605,7 @@ fn lean_rcu_enter(a: &mut CodeAssembler, fail: CodeLabel) -> Result<(), IcedErro
     let t = crate::thread::table_layout();
     let mut xchg = a.create_label();
     let mut done = a.create_label();
-    a.mov(rcx, qword_ptr(0u64).fs())?;
-    a.mov(rdx, rcx)?;
-    a.shr(rdx, 6)?;
-    a.mov(rax, t.mul)?;
-    a.imul_2(rdx, rax)?;
-    a.shr(rdx, t.shift)?;
-    a.and(edx, t.mask)?;
-    a.imul_3(rdx, rdx, t.slot_size)?;
-    a.mov(r12, t.table)?;
-    a.add(r12, rdx)?;
-    a.cmp(qword_ptr(r12 + t.key), rcx)?;
-    a.jne(fail)?;
+    thread_slot(a, r12, fail)?;
     a.mov(r13, qword_ptr(r12 + t.rcu))?;
     a.test(r13b, 1)?;
     a.jnz(fail)?;
