@@ -34,6 +34,7 @@ use userbpf_hook::symbols::{self, LoadedObject, ObjectChanges};
 use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
+use userbpf_runtime::session::SemaphoreRecord;
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
 mod tracepoint;
@@ -100,29 +101,6 @@ struct Sema {
     off: u64,
 }
 
-/// Where file offset `off` of the file `(dev, ino)` is mapped writable and private in this
-/// process (the `u16` fits in the mapping), from `maps` (the text of `/proc/self/maps`): the
-/// only mappings where the kernel updates a uprobe's reference counter (`valid_ref_ctr_vma`).
-fn mapped_offset(maps: &str, dev: u64, ino: u64, off: u64) -> Option<usize> {
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(devs), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else { continue };
-        if inode.parse::<u64>().ok() != Some(ino) || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
-            continue;
-        }
-        let Some((maj, min)) = devs.split_once(':') else { continue };
-        let (Ok(maj), Ok(min)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16)) else { continue };
-        if libc::makedev(maj, min) != dev {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(offset, 16)) else { continue };
-        if off >= offset && off + 2 <= offset + (end - start) {
-            return Some((start + off - offset) as usize);
-        }
-    }
-    None
-}
 
 /// The agent's side of the loader's wait for link changes (the loader's side:
 /// `userbpf_syscall_server::attach::publish_links_gen`): after changing the session's links
@@ -536,7 +514,7 @@ impl Agent {
                 }
                 continue;
             };
-            let live = mapped_offset(&maps(), s.dev, s.ino, s.off) == Some(s.addr);
+            let live = userbpf_hook::usdt::semaphore_address(&maps(), s.dev, s.ino, s.off) == Some(s.addr as u64);
             if !mine.contains(&id) {
                 self.semas.remove(&id);
                 if live {
@@ -548,22 +526,14 @@ impl Agent {
                 let _ = std::fs::remove_file(claim_path(id));
             }
         }
-        let Ok(rd) = std::fs::read_dir(&perf) else { return };
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("sema-")).and_then(|l| l.parse::<u32>().ok()) else { continue };
-            if !mine.contains(&id) || self.semas.contains_key(&id) {
+        for r in SemaphoreRecord::all(self.session.dir()) {
+            let (id, off) = (r.link, r.offset);
+            if !mine.contains(&id) || self.semas.contains_key(&id) || !r.is_for(me) {
                 continue;
             }
-            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
-            let mut l = text.lines();
-            let (Some(path), Some(off), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
-            if pid >= 0 && pid != me as i64 {
-                continue;
-            }
-            let Ok(md) = std::fs::metadata(path) else { continue };
+            let Ok(md) = std::fs::metadata(&r.path) else { continue };
             let (dev, ino) = (std::os::unix::fs::MetadataExt::dev(&md), std::os::unix::fs::MetadataExt::ino(&md));
-            let Some(addr) = mapped_offset(&maps(), dev, ino, off) else { continue };
+            let Some(addr) = userbpf_hook::usdt::semaphore_address(&maps(), dev, ino, off).map(|a| a as usize) else { continue };
             let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(claim_path(id)).is_ok();
             if claimed {
                 usdt::semaphore_add(addr, 1);

@@ -347,6 +347,30 @@ fn patch_span(elf: &[u8], vaddr: u64) -> Option<usize> {
     Some(len)
 }
 
+/// Where file offset `off` of the file `(dev, ino)` is mapped writable and private, from
+/// `maps` (the text of a `/proc/PID/maps`), with the `u16` semaphore inside the mapping: the
+/// only mappings where the kernel updates a uprobe's reference counter (`valid_ref_ctr_vma`).
+pub fn semaphore_address(maps: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(offset), Some(devs), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else { continue };
+        if inode.parse::<u64>().ok() != Some(ino) || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+            continue;
+        }
+        let Some((maj, min)) = devs.split_once(':') else { continue };
+        let (Ok(maj), Ok(min)) = (u32::from_str_radix(maj, 16), u32::from_str_radix(min, 16)) else { continue };
+        if libc::makedev(maj, min) != dev {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(offset, 16)) else { continue };
+        if off >= offset && off + 2 <= offset + (end - start) {
+            return Some(start + off - offset);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

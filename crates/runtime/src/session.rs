@@ -397,6 +397,48 @@ fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+/// A USDT semaphore a loader's uprobe link raises while it exists (a uprobe event opened with
+/// a `ref_ctr_offset`), recorded in the session as `perf/sema-LINK` ("PATH\nFILE_OFFSET\nPID
+/// or -1\n") by the loader, so that processes started later raise it themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemaphoreRecord {
+    pub link: u32,
+    /// The file holding the semaphore.
+    pub path: String,
+    /// The semaphore's offset in the file.
+    pub offset: u64,
+    /// The process the link is for (`None`: every process mapping the file).
+    pub pid: Option<u32>,
+}
+
+impl SemaphoreRecord {
+    /// Records it in the session directory `dir`.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        let pid = self.pid.map_or(-1, |p| p as i64);
+        fs::write(dir.join("perf").join(format!("sema-{}", self.link)), format!("{}\n{}\n{pid}\n", self.path, self.offset))
+    }
+
+    /// The records of the session directory `dir` (unreadable ones are skipped).
+    pub fn all(dir: &Path) -> Vec<SemaphoreRecord> {
+        let Ok(rd) = fs::read_dir(dir.join("perf")) else { return Vec::new() };
+        let mut v = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(link) = name.to_str().and_then(|n| n.strip_prefix("sema-")).and_then(|l| l.parse::<u32>().ok()) else { continue };
+            let Ok(text) = fs::read_to_string(e.path()) else { continue };
+            let mut l = text.lines();
+            let (Some(path), Some(offset), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
+            v.push(SemaphoreRecord { link, path: path.to_string(), offset, pid: u32::try_from(pid).ok() });
+        }
+        v
+    }
+
+    /// Whether the link is for process `pid`.
+    pub fn is_for(&self, pid: u32) -> bool {
+        self.pid.is_none_or(|p| p == pid)
+    }
+}
+
 /// A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
 /// it identifies a process even after its pid is reused.
 pub fn start_time(pid: u32) -> Option<u64> {

@@ -715,34 +715,19 @@ pub mod semaphores {
     use std::path::Path;
     use std::sync::Mutex;
 
+    use userbpf_runtime::session::SemaphoreRecord;
+
     /// A counter raised in a process: (pid, its start time, address).
     type Raised = (u32, u64, u64);
 
     /// Counters raised by the loader, by link id.
     static RAISED: Mutex<Option<HashMap<u32, Vec<Raised>>>> = Mutex::new(None);
 
-    /// The address of file offset `off` of the file `(dev, ino)` in process `pid`'s maps.
+    /// The address of file offset `off` of the file `(dev, ino)` in process `pid`'s writable
+    /// private mappings (see `userbpf_hook::usdt::semaphore_address`).
     fn address_in(pid: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-        for line in maps.lines() {
-            let mut f = line.split_whitespace();
-            let (range, _perms, offset, devs, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-            if inode.parse::<u64>().ok()? != ino {
-                continue;
-            }
-            let (maj, min) = devs.split_once(':')?;
-            let (maj, min) = (u32::from_str_radix(maj, 16).ok()?, u32::from_str_radix(min, 16).ok()?);
-            if libc::makedev(maj, min) != dev {
-                continue;
-            }
-            let (start, end) = range.split_once('-')?;
-            let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
-            let offset = u64::from_str_radix(offset, 16).ok()?;
-            if off >= offset && off + 2 <= offset + (end - start) {
-                return Some(start + off - offset);
-            }
-        }
-        None
+        userbpf_hook::usdt::semaphore_address(&maps, dev, ino, off)
     }
 
     /// Adds `delta` to the u16 counter at `addr` in process `pid`.
@@ -759,7 +744,7 @@ pub mod semaphores {
     /// Link `link` has a semaphore at file offset `off` of `path`: raise it in the processes
     /// it is for and record it in the session.
     pub fn raise(dir: &Path, link: u32, path: &str, off: u64, pid: Option<u32>) {
-        let _ = std::fs::write(dir.join("perf").join(format!("sema-{link}")), format!("{path}\n{off}\n{}\n", pid.map_or(-1, |p| p as i64)));
+        let _ = SemaphoreRecord { link, path: path.to_string(), offset: off, pid }.write(dir);
         let Ok(md) = std::fs::metadata(path) else { return };
         let me = std::process::id();
         let mut done = Vec::new();
@@ -829,20 +814,14 @@ pub mod semaphores {
     /// At the start of a process of the session (not the loader): raise the semaphores of
     /// the session's links that are for this process.
     pub fn raise_own(dir: &Path) {
-        let Ok(rd) = std::fs::read_dir(dir.join("perf")) else { return };
         let me = std::process::id();
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(link) = name.strip_prefix("sema-").and_then(|l| l.parse::<u32>().ok()) else { continue };
-            let Ok(text) = std::fs::read_to_string(e.path()) else { continue };
-            let mut l = text.lines();
-            let (Some(path), Some(off), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
-            if pid >= 0 && pid != me as i64 {
+        for r in SemaphoreRecord::all(dir) {
+            if !r.is_for(me) {
                 continue;
             }
-            let Ok(md) = std::fs::metadata(path) else { continue };
-            if let Some(addr) = address_in("self", md.dev(), md.ino(), off) {
-                if claim(dir, link, me) {
+            let Ok(md) = std::fs::metadata(&r.path) else { continue };
+            if let Some(addr) = address_in("self", md.dev(), md.ino(), r.offset) {
+                if claim(dir, r.link, me) {
                     add_own(addr, 1);
                 }
             }
