@@ -316,16 +316,7 @@ impl ArrayMap {
     }
 
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
-        let idx = key.map_or(u32::MAX, Self::index);
-        let next = if idx >= self.max {
-            0
-        } else if idx == self.max - 1 {
-            return Err(ENOENT);
-        } else {
-            idx + 1
-        };
-        out[..4].copy_from_slice(&next.to_ne_bytes());
-        Ok(())
+        next_index(key.map(Self::index), self.max, out)
     }
 
     #[inline]
@@ -345,4 +336,16 @@ impl ArrayMap {
         };
         off < per_cpu && off % self.stride as u64 + len <= self.vs as u64
     }
+}
+
+/// BPF_MAP_GET_NEXT_KEY over the indexes `0..max` of the array kinds: the index after `idx`,
+/// the first one when there is no key or it is out of range, `ENOENT` after the last.
+pub(crate) fn next_index(idx: Option<u32>, max: u32, out: &mut [u8]) -> Result<(), MapError> {
+    let next = match idx {
+        Some(i) if i < max && i == max - 1 => return Err(ENOENT),
+        Some(i) if i < max => i + 1,
+        _ => 0,
+    };
+    out[..4].copy_from_slice(&next.to_ne_bytes());
+    Ok(())
 }

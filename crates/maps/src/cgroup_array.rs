@@ -155,15 +155,6 @@ impl CgroupArray {
 
     /// BPF_MAP_GET_NEXT_KEY: the next index, whatever the slots hold.
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
-        let idx = key.map_or(u32::MAX, Self::index);
-        let next = if idx >= self.max {
-            0
-        } else if idx == self.max - 1 {
-            return Err(ENOENT);
-        } else {
-            idx + 1
-        };
-        out[..4].copy_from_slice(&next.to_ne_bytes());
-        Ok(())
+        crate::array::next_index(key.map(Self::index), self.max, out)
     }
 }
