@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{agent};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
 }
@@ -15,13 +18,6 @@ fn object() -> PathBuf {
         userbpf_testutil::compile_bpf(&src, &tmp().join("bpf/debian"))
     })
     .clone()
-}
-
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 /// A Debian program by its path, resolved (python3 is a symlink).

@@ -4,12 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{agent, repo};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
-}
-
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
 }
 
 /// The bundled target, compiled once for all the tests of this file (they run in parallel).
@@ -21,14 +20,6 @@ fn workload() -> PathBuf {
 /// An eBPF object compiled into a directory of the test's own.
 fn object(src: &str, test: &str) -> PathBuf {
     userbpf_testutil::compile_bpf(&repo(src), &tmp().join("bpf").join(test))
-}
-
-/// The agent library built beside the test's `userbpf` binary.
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {

@@ -12,19 +12,11 @@ use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::loader::LoadOptions;
 use userbpf_runtime::{Engine, LinkRecord, Session};
 
+mod common;
+use common::{agent, here};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("signals")
-}
-
-fn here(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
-}
-
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 fn count_object() -> PathBuf {

@@ -5,12 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{agent, here};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
-}
-
-fn here(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
 }
 
 fn target() -> PathBuf {
@@ -20,13 +19,6 @@ fn target() -> PathBuf {
 
 fn object(name: &str) -> PathBuf {
     userbpf_testutil::compile_bpf(&here(&format!("bpf/{name}.bpf.c")), &tmp().join("bpf").join(name))
-}
-
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 fn run(obj: &Path, extra: &[&str], n: u32) -> (String, String, bool) {

@@ -5,12 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{agent, here};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
-}
-
-fn here(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
 }
 
 /// The target (two files: usdt_guarded.c declares its semaphore), built once into its own
@@ -29,13 +28,6 @@ fn target_dir() -> PathBuf {
 fn object() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| userbpf_testutil::compile_bpf(&here("bpf/usdt.bpf.c"), &tmp().join("bpf/usdt"))).clone()
-}
-
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 fn run(extra: &[&str], n: u32) -> (String, String, bool) {

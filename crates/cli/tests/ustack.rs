@@ -10,19 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::{agent, repo};
+
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("ustack")
-}
-
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
-}
-
-fn agent() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_userbpf"));
-    let so = exe.parent().unwrap().join("libuserbpf_agent.so");
-    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
-    so
 }
 
 /// The target's functions: (start, name), sorted.

@@ -7,10 +7,10 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::tmp;
+use common::{tmp, wait_line};
 
 fn server_lib() -> PathBuf {
     common::lib("libuserbpf_syscall_server.so")
@@ -87,21 +87,6 @@ fn session_links(name: &str) -> Option<usize> {
     let uid = unsafe { libc::getuid() };
     let dir = shm().join(format!("userbpf-{uid}-{name}")).join("links");
     Some(std::fs::read_dir(dir).ok()?.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count())
-}
-
-fn wait_line(r: &mut impl BufRead, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut line = String::new();
-    while Instant::now() < deadline {
-        line.clear();
-        if r.read_line(&mut line).unwrap() == 0 {
-            panic!("end of output before {want:?}");
-        }
-        if line.trim() == want {
-            return;
-        }
-    }
-    panic!("no {want:?}");
 }
 
 /// The target process: served sessions get the server library as their agent (what a child

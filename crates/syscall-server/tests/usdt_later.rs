@@ -7,10 +7,9 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod common;
-use common::{lib, tmp};
+use common::{lib, tmp, wait_line};
 
 fn src(name: &str) -> PathBuf {
     common::src("perf", name)
@@ -20,21 +19,6 @@ fn shm() -> PathBuf {
     let d = tmp().join("shm");
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn wait_line(r: &mut impl BufRead, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut line = String::new();
-    while Instant::now() < deadline {
-        line.clear();
-        if r.read_line(&mut line).unwrap() == 0 {
-            panic!("end of output before {want:?}");
-        }
-        if line.trim() == want {
-            return;
-        }
-    }
-    panic!("no {want:?}");
 }
 
 /// Loader first (served in `session`, or the kernel's), then the target; the target's and

@@ -29,6 +29,13 @@ pub fn userbpf() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_userbpf"))
 }
 
+/// The agent library built beside the `userbpf` binary.
+pub fn agent() -> PathBuf {
+    let so = userbpf().parent().unwrap().join("libuserbpf_agent.so");
+    assert!(so.exists(), "{} missing: build the workspace (cargo build) first", so.display());
+    so
+}
+
 /// The test target, compiled once per test binary.
 pub fn bt_target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -307,36 +314,25 @@ pub fn wait_attached(target: &mut Proc, ready: &Ready, names: &[String], loader:
 
 /// A command run through `userbpf load` in `session`, or as is through the kernel.
 pub fn loader_command(via: Via, session: &str, argv: &[&str]) -> Command {
-    match via {
-        Via::Kernel => {
-            let mut c = Command::new(argv[0]);
-            c.args(&argv[1..]);
-            c
-        }
-        Via::Userbpf | Via::UserbpfAs(_) => {
-            let mut c = Command::new(userbpf());
-            c.arg("load").args(argv);
-            via.apply(&mut c, session);
-            c
-        }
-    }
+    command_via(via, session, "load", argv)
 }
 
 /// A target started directly (kernel) or with `userbpf start` in `session`.
 pub fn target_command(via: Via, session: &str, argv: &[&str]) -> Command {
-    match via {
-        Via::Kernel => {
-            let mut c = Command::new(argv[0]);
-            c.args(&argv[1..]);
-            c
-        }
-        Via::Userbpf | Via::UserbpfAs(_) => {
-            let mut c = Command::new(userbpf());
-            c.arg("start").args(argv);
-            via.apply(&mut c, session);
-            c
-        }
+    command_via(via, session, "start", argv)
+}
+
+/// `argv` as is (kernel), or under `userbpf SUB` in `session`.
+fn command_via(via: Via, session: &str, sub: &str, argv: &[&str]) -> Command {
+    if via == Via::Kernel {
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..]);
+        return c;
     }
+    let mut c = Command::new(userbpf());
+    c.arg(sub).args(argv);
+    via.apply(&mut c, session);
+    c
 }
 
 /// Removes a finished run's session directory (in the test's USERBPF_SHM_DIR).
