@@ -8,15 +8,12 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userbpf_runtime::context::CpuSlots;
-use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{Engine, LinkRecord, Session};
+use userbpf_runtime::{LinkRecord, Session};
 
 mod common;
-use common::{agent, here};
+use common::{load_counter, agent, here};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("acks")
@@ -66,16 +63,7 @@ fn agents_acknowledge_link_changes_once_they_are_in_place() {
     let _ = std::fs::remove_file(dir.join("stop"));
     let name = format!("acks-{}", std::process::id());
     let session = Session::open(&name).unwrap();
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
-    let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
-    let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(&count).unwrap(), &opts, slots).unwrap();
-    let prog_id = loaded.programs[0].0.id;
-    let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
-    let hits = || {
-        let mut v = [0u8; 8];
-        bss.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
-        u64::from_le_bytes(v)
-    };
+    let (prog_id, hits) = load_counter(&session, &count);
 
     let mut target = Command::new(&exe)
         .arg(&dir)

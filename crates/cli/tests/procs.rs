@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{agent, here};
+use common::{load_counter, agent, here};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("procs")
@@ -101,10 +101,7 @@ fn wrappers_that_do_not_map_the_target_stay_quiet() {
 #[test]
 fn links_added_after_a_fork_are_attached_in_the_child() {
     use std::io::BufRead;
-    use std::sync::Arc;
-    use userbpf_runtime::context::CpuSlots;
-    use userbpf_runtime::loader::LoadOptions;
-    use userbpf_runtime::{Engine, LinkRecord, Session};
+    use userbpf_runtime::{LinkRecord, Session};
 
     let dir = tmp().join("forkwait");
     let exe = userbpf_testutil::compile_c(&here("targets/forkwait_target.c"), &dir.join("forkwait_target"), &[]);
@@ -113,16 +110,7 @@ fn links_added_after_a_fork_are_attached_in_the_child() {
     // no link yet.
     let name = format!("procs-forkwait-{}", std::process::id());
     let session = Session::open(&name).unwrap();
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
-    let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
-    let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(count_object()).unwrap(), &opts, slots).unwrap();
-    let prog_id = loaded.programs[0].0.id;
-    let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
-    let hits = || {
-        let mut v = [0u8; 8];
-        bss.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
-        u64::from_le_bytes(v)
-    };
+    let (prog_id, hits) = load_counter(&session, &count_object());
 
     let mut target = Command::new(&exe)
         .arg(&dir)

@@ -6,14 +6,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
-use userbpf_runtime::context::CpuSlots;
-use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{Engine, LinkRecord, Session};
+use userbpf_runtime::{LinkRecord, Session};
 
 mod common;
-use common::{agent, here};
+use common::{load_counter, agent, here};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("signals")
@@ -59,11 +56,7 @@ fn sigchld_read_from_a_signalfd_under_userbpf_start() {
     // A session with the program loaded and linked to tick() before the target starts.
     let name = format!("signals-start-{}", std::process::id());
     let session = Session::open(&name).unwrap();
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
-    let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
-    let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(count_object()).unwrap(), &opts, slots).unwrap();
-    let prog_id = loaded.programs[0].0.id;
-    let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
+    let (prog_id, hits) = load_counter(&session, &count_object());
     let exe = target();
     session
         .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("tick".into()), offset: 0, cookie: 0, pid: None })
@@ -78,7 +71,5 @@ fn sigchld_read_from_a_signalfd_under_userbpf_start() {
         .output()
         .unwrap();
     check_target_output(&String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr), out.status.success());
-    let mut v = [0u8; 8];
-    bss.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
-    assert_eq!(u64::from_le_bytes(v), 2 * CHILDREN, "the probe ran at every tick()");
+    assert_eq!(hits(), 2 * CHILDREN, "the probe ran at every tick()");
 }

@@ -29,6 +29,23 @@ pub fn userbpf() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_userbpf"))
 }
 
+/// The counting object `object` (a program and a `.bss` counter) loaded into `session` with
+/// the JIT, as a loader would: its program's session id, and a reader of the counter.
+pub fn load_counter(session: &userbpf_runtime::Session, object: &Path) -> (u32, impl Fn() -> u64) {
+    use userbpf_runtime::context::CpuSlots;
+    use userbpf_runtime::loader::LoadOptions;
+    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let opts = LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let loaded = userbpf_runtime::load_object(session, userbpf_object::Object::open(object).unwrap(), &opts, slots).unwrap();
+    let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
+    let hits = move || {
+        let mut v = [0u8; 8];
+        bss.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
+        u64::from_le_bytes(v)
+    };
+    (loaded.programs[0].0.id, hits)
+}
+
 /// The agent library built beside the `userbpf` binary.
 pub fn agent() -> PathBuf {
     let so = userbpf().parent().unwrap().join("libuserbpf_agent.so");
