@@ -34,3 +34,13 @@ if [ ${#need[@]} -gt 0 ]; then
     $sudo apt-get update -qq
     $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
+
+# The kernel-side references of the tests (libbpf and bpftrace attaching tracepoints) read the
+# tracing filesystem, which a fresh machine or container may not have mounted.
+mount_if_missing() { # mount_if_missing TYPE DIR PROBE
+    [ -e "$3" ] && return 0
+    [ "$(id -u)" -eq 0 ] || { echo "install-deps: $2 is not mounted (needs root: mount -t $1 nodev $2)" >&2; return 0; }
+    mount -t "$1" nodev "$2" && echo "install-deps: mounted $1 at $2"
+}
+mount_if_missing tracefs /sys/kernel/tracing /sys/kernel/tracing/events
+mount_if_missing debugfs /sys/kernel/debug /sys/kernel/debug/tracing
