@@ -787,6 +787,32 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
 
 // --------------------------------------------------------------- watcher ----
 
+/// The directory `links_watch` watches: an inotify descriptor and the directory's inode.
+struct LinksWatch {
+    fd: i32,
+    ino: u64,
+}
+
+/// The inode of a directory, if it exists.
+fn inode(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| m.ino())
+}
+
+/// As [`watch_links`], also telling which directory is watched: the session directory may be
+/// removed and made anew (a session with no live member is reaped by any `userbpf` command)
+/// between this watch, made before the agent joins, and the join.
+fn watch_links_early(dir: &std::path::Path) -> Option<LinksWatch> {
+    let before = inode(dir)?;
+    let fd = watch_links(dir, true)?;
+    if inode(dir) == Some(before) {
+        return Some(LinksWatch { fd, ino: before });
+    }
+    // SAFETY: our descriptor, not shared.
+    unsafe { libc::close(fd) };
+    None
+}
+
 /// An inotify descriptor watching the session's `links/` directory `dir` (`None` when it
 /// cannot be watched: said unless `quiet`).
 fn watch_links(dir: &std::path::Path, quiet: bool) -> Option<i32> {
@@ -864,9 +890,20 @@ extern "C" fn agent_init() {
     let _ = std::panic::catch_unwind(|| {
         // Watch before the start-up sync, so that a link added in between is not missed (and no
         // second sync runs beside the program's first steps).
-        let early = watch_links(&Session::dir_of(&Session::default_name()).join("links"), true);
+        let early = watch_links_early(&Session::dir_of(&Session::default_name()).join("links"));
         match Agent::start_with(true) {
             Ok(a) => {
+                // SAFETY: registering a function with no preconditions to run at exit.
+                unsafe { libc::atexit(leave_at_exit) };
+                // The watch is good only if it is on the directory of the session joined.
+                let early = early.and_then(|w| {
+                    if inode(&lock(a).session.dir().join("links")) == Some(w.ino) {
+                        return Some(w.fd);
+                    }
+                    // SAFETY: our descriptor, not shared.
+                    unsafe { libc::close(w.fd) };
+                    None
+                });
                 let fd = early.or_else(|| {
                     let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
                     lock(a).sync();
@@ -882,12 +919,25 @@ extern "C" fn agent_init() {
                 }
             }
             Err(e) => {
-                if let Some(fd) = early {
+                if let Some(w) = early {
                     // SAFETY: our descriptor, not shared.
-                    unsafe { libc::close(fd) };
+                    unsafe { libc::close(w.fd) };
                 }
                 log(&e)
             }
+        }
+    });
+}
+
+/// At exit: this process leaves its session, which goes with it when no other process uses it
+/// (see `Session::leave_process`). The agent's lock stays held from here on: the watcher must
+/// not sync against a session directory that is gone; the process is ending.
+extern "C" fn leave_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(a) = AGENT.get() {
+            let agent = lock(a);
+            let _ = agent.session.leave_process();
+            std::mem::forget(agent);
         }
     });
 }

@@ -6,6 +6,7 @@ mod load;
 mod map;
 mod prog;
 mod run;
+mod session;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +44,9 @@ enum Command {
     /// Maps: list, dump.
     #[command(subcommand)]
     Map(map::MapCmd),
+    /// Sessions: list.
+    #[command(subcommand)]
+    Session(session::SessionCmd),
 }
 
 fn main() {
@@ -53,6 +57,9 @@ fn main() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
     let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);
+    // Sessions whose processes are all gone (killed without leaving) go first, whatever the
+    // command: nothing else would remove them.
+    userbpf_runtime::Session::reap();
     let result = match cli.command {
         Command::Exec(args) => exec::run(args),
         Command::Asm(args) => tools::asm(args),
@@ -62,6 +69,7 @@ fn main() {
         Command::Load(args) => load::load(&session, args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
+        Command::Session(cmd) => session::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

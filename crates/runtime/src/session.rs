@@ -9,8 +9,12 @@
 //! - `progs/ID.json` ([`ProgRecord`]), `btf/ID` (raw BTF of an object), `links/ID.json`.
 //!
 //! A process joins a session while it uses it. A session whose members are all gone is
-//! removed: by the last member to leave, or by the next process to open it if the last one
-//! died. A session with a live member is never removed.
+//! removed, as the kernel frees a program's objects at the last close: by the last member to
+//! leave (a dropped [`Session`], or [`Session::leave_process`] at the exit of a process that
+//! keeps its session for life), by the next process to open it, or by any `userbpf` command
+//! ([`Session::reap`]) when the last one died without leaving (SIGKILL). A session with a
+//! live member, or with a pinned map (a pin outlives its loader, as on a BPF filesystem), is
+//! never removed.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -177,7 +181,7 @@ impl Session {
             // PID.STARTTIME.HANDLE: alive while that process (not a reuse of its pid) is.
             let mut parts = name.split('.');
             let alive = (|| Some((parts.next()?.parse::<u32>().ok()?, parts.next()?.parse::<u64>().ok()?)))()
-                .is_some_and(|(pid, t)| start_time(pid) == Some(t));
+                .is_some_and(|(pid, t)| start_time(pid) == Some(t) && !exited(pid));
             if alive {
                 live.push(name.split_once('.').map_or(0, |(p, _)| p.parse().unwrap_or(0)));
             } else {
@@ -338,18 +342,157 @@ impl Session {
         Ok(v)
     }
 
+    /// At the exit of a process that keeps its session for its whole life (the agent's and the
+    /// loader's are statics, never dropped): every membership of this process goes, and the
+    /// session with it when no other member is alive and nothing is pinned, as [`Session::leave`]
+    /// does for a session that is dropped.
+    pub fn leave_process(&self) -> io::Result<()> {
+        let _lock = self.lock()?;
+        let me = std::process::id();
+        let prefix = format!("{me}.{}.", start_time(me).unwrap_or(0));
+        if let Ok(rd) = fs::read_dir(self.dir.join("members")) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        self.remove_if_unused()
+    }
+
+    /// Removes the directory, lock file included, when no member is alive and no map is
+    /// pinned. The caller holds the lock: a process opening the session meanwhile blocks on
+    /// it, then recreates the directory it finds gone (see [`Session::lock`]).
+    fn remove_if_unused(&self) -> io::Result<()> {
+        let alone = self.live_members().map_or(true, |m| m.is_empty());
+        if alone && !self.has_pins().unwrap_or(false) {
+            match fs::remove_dir_all(&self.dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The names of this user's session directories under [`Session::root`].
+    fn names() -> Vec<String> {
+        // SAFETY: getuid has no preconditions.
+        let prefix = format!("userbpf-{}-", unsafe { libc::getuid() });
+        let Ok(rd) = fs::read_dir(Self::root()) else { return Vec::new() };
+        let mut names: Vec<String> = rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix(&prefix).map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Removes every session of this user whose processes are all gone (killed ones included)
+    /// and which holds no pin; returns their names. A session whose lock is held right now is
+    /// in use and left alone. Every `userbpf` command calls this first.
+    pub fn reap() -> Vec<String> {
+        let mut gone = Vec::new();
+        for name in Self::names() {
+            let s = Session { dir: Self::dir_of(&name), name, member: None };
+            let Ok(Some(_lock)) = s.try_lock() else { continue };
+            let before = s.dir.exists();
+            if s.remove_if_unused().is_ok() && before && !s.dir.exists() {
+                gone.push(s.name.clone());
+            }
+        }
+        gone
+    }
+
+    /// The sessions of this user that exist, after [`Session::reap`]: what `userbpf session
+    /// list` shows.
+    pub fn list() -> Vec<SessionInfo> {
+        Self::reap();
+        let mut out = Vec::new();
+        for name in Self::names() {
+            let s = Session { dir: Self::dir_of(&name), name, member: None };
+            let Ok(Some(_lock)) = s.try_lock() else {
+                out.push(SessionInfo { name: s.name.clone(), dir: s.dir.clone(), members: Vec::new(), progs: 0, maps: 0, links: 0, pinned: Vec::new(), busy: true });
+                continue;
+            };
+            let mut members = s.live_members().unwrap_or_default();
+            members.sort_unstable();
+            members.dedup();
+            let maps = s.maps().unwrap_or_default();
+            let count = |sub: &str| fs::read_dir(s.dir.join(sub)).map_or(0, |rd| rd.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count());
+            out.push(SessionInfo {
+                members: members.into_iter().map(|pid| (pid, comm(pid))).collect(),
+                progs: count("progs"),
+                maps: maps.len(),
+                links: count("links"),
+                pinned: maps.iter().filter_map(|m| m.pinned.clone()).collect(),
+                busy: false,
+                name: s.name.clone(),
+                dir: s.dir.clone(),
+            });
+        }
+        out
+    }
+
+    /// The session's lock without waiting: `None` while another process holds it. Unlike
+    /// [`Session::lock`] it never creates the directory.
+    fn try_lock(&self) -> io::Result<Option<File>> {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.dir.join("lock");
+        let f = match OpenOptions::new().write(true).open(&path) {
+            Ok(f) => f,
+            // A directory without a lock file (left by an older version): lock it the usual way.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.dir.is_dir() => return self.lock().map(Some),
+            Err(e) => return Err(e),
+        };
+        // SAFETY: flock on a descriptor we own; released when `f` is closed.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(None) } else { Err(e) };
+        }
+        let (held, now) = (f.metadata()?, fs::metadata(&path));
+        match now {
+            Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => Ok(Some(f)),
+            _ => Ok(None),
+        }
+    }
+
     /// Leaves the session; the last member to leave removes it (unless something is pinned).
     pub fn leave(&mut self) -> io::Result<()> {
         let Some(member) = self.member.take() else { return Ok(()) };
         let _lock = self.lock()?;
         let _ = fs::remove_file(member);
-        if self.live_members()?.is_empty() && !self.has_pins()? {
-            // Everything of the session goes, the lock file too: a process opening the
-            // session now blocks on our lock, then recreates the directory it finds gone.
-            fs::remove_dir_all(&self.dir)?;
-        }
-        Ok(())
+        self.remove_if_unused()
     }
+}
+
+/// A session as `userbpf session list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub name: String,
+    pub dir: PathBuf,
+    /// Live member processes: pid and command name.
+    pub members: Vec<(u32, String)>,
+    pub progs: usize,
+    pub maps: usize,
+    pub links: usize,
+    /// Pinned paths of its maps (they keep the session when no process uses it).
+    pub pinned: Vec<String>,
+    /// Its lock was held while looking: counts not read.
+    pub busy: bool,
+}
+
+/// Whether process `pid` has exited and waits to be reaped (a zombie whose threads are all
+/// gone: a main thread that called pthread_exit shows as a zombie while other threads run).
+fn exited(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    matches!(state, Some("Z" | "X")) && fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |rd| rd.count() <= 1)
+}
+
+/// A process's command name (/proc/PID/comm), empty when it is gone.
+fn comm(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
 }
 
 impl Drop for Session {
@@ -488,6 +631,68 @@ mod tests {
             let b = Session::open("dead").unwrap();
             assert!(fs::read_dir(b.dir().join("btf")).unwrap().next().is_none(), "stale contents wiped");
             assert_eq!(b.alloc_id().unwrap(), 1);
+        });
+    }
+
+    /// A member file of a process that is gone (pid beyond pid_max).
+    fn fake_dead_member(s: &Session) {
+        fs::write(s.dir().join("members").join("999999999.1.0"), b"").unwrap();
+    }
+
+    #[test]
+    fn reap_removes_sessions_whose_processes_are_gone() {
+        with_root(|| {
+            // Left by a process killed while a member: its member file names a dead process.
+            let dead = Session::open("reap-dead").unwrap();
+            let dead_dir = dead.dir().to_path_buf();
+            fake_dead_member(&dead);
+            fs::remove_file(dead.member.clone().unwrap()).unwrap();
+            std::mem::forget(dead);
+            // In use by this process: kept.
+            let live = Session::open("reap-live").unwrap();
+            // Pinned, no process: kept, as a bpffs pin outlives its loader.
+            let pinned = Session::open("reap-pinned").unwrap();
+            let spec = MapSpec { map_type: userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY, key_size: 4, value_size: 8, max_entries: 1, map_flags: 0, map_extra: 0, name: "p".into() };
+            let rec = MapRecord { id: 0, name: String::new(), btf_id: None, key_type_id: None, value_type_id: None, object: None, pinned: Some("/sys/fs/bpf/p".into()) };
+            pinned.create_map(&spec, rec).unwrap();
+            let pinned_dir = pinned.dir().to_path_buf();
+            drop(pinned);
+            assert!(pinned_dir.exists());
+
+            let gone = Session::reap();
+            assert!(gone.contains(&"reap-dead".to_string()), "{gone:?}");
+            assert!(!dead_dir.exists());
+            assert!(live.dir().exists() && pinned_dir.exists());
+            let listed = Session::list();
+            let live_info = listed.iter().find(|i| i.name == "reap-live").expect("listed");
+            assert_eq!(live_info.members.iter().map(|m| m.0).collect::<Vec<_>>(), vec![std::process::id()]);
+            let pinned_info = listed.iter().find(|i| i.name == "reap-pinned").expect("listed");
+            assert_eq!((pinned_info.maps, pinned_info.pinned.clone(), pinned_info.members.len()), (1, vec!["/sys/fs/bpf/p".to_string()], 0));
+            assert!(!listed.iter().any(|i| i.name == "reap-dead"));
+            fs::remove_dir_all(&pinned_dir).unwrap();
+        });
+    }
+
+    #[test]
+    fn leave_process_removes_a_session_only_it_used() {
+        with_root(|| {
+            let a = Session::open("leave-process").unwrap();
+            let dir = a.dir().to_path_buf();
+            let b = Session::open("leave-process").unwrap();
+            a.add_btf(b"x").unwrap();
+            // Both handles are this process's memberships: both go.
+            a.leave_process().unwrap();
+            assert!(!dir.exists(), "removed with the process's last membership");
+            std::mem::forget(a);
+            std::mem::forget(b);
+            // With another process's membership alive, it stays.
+            let c = Session::open("leave-process2").unwrap();
+            let parent = std::os::unix::process::parent_id();
+            fs::write(c.dir().join("members").join(format!("{parent}.{}.0", start_time(parent).unwrap())), b"").unwrap();
+            c.leave_process().unwrap();
+            assert!(c.dir().exists(), "the other member is alive");
+            fs::remove_dir_all(c.dir()).unwrap();
+            std::mem::forget(c);
         });
     }
 
