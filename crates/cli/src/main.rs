@@ -8,6 +8,7 @@ mod prog;
 mod run;
 mod session;
 mod tools;
+mod tracelog;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +48,8 @@ enum Command {
     /// Sessions: list.
     #[command(subcommand)]
     Session(session::SessionCmd),
+    /// Print the session's bpf_trace_printk lines as they come (as `bpftool prog tracelog`).
+    Tracelog(tracelog::TracelogArgs),
 }
 
 fn main() {
@@ -70,6 +73,7 @@ fn main() {
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),
+        Command::Tracelog(args) => tracelog::run(&session, args),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

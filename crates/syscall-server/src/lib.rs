@@ -22,6 +22,7 @@ pub mod mmap;
 pub mod objects;
 pub mod perf_event;
 pub mod sys;
+pub mod trace_pipe;
 
 /// Environment variable: the pid of the loader whose calls are served.
 pub const LOADER_PID_ENV: &str = "USERBPF_LOADER_PID";
