@@ -63,7 +63,7 @@ fn loader_and_target_leave_nothing_behind_and_are_listed_while_running() {
     assert!(list.contains("both") && list.contains(&format!("{} (bpftrace)", loader.pid())), "session list:\n{list}");
     let out = cmd(&d, "both", &["start", w.to_str().unwrap(), "1000"]).stdout(Stdio::null()).output().unwrap();
     assert!(out.status.success());
-    loader.signal(libc::SIGINT);
+    common::interrupt(&mut loader);
     loader.wait_exit("after SIGINT");
     assert!(loader.stdout().contains("@calls: 1000"), "{}", loader.stdout());
     assert_eq!(left(&d), Vec::<String>::new(), "files left after the loader and the target exited");

@@ -411,7 +411,16 @@ impl Session {
         let mut out = Vec::new();
         for name in Self::names() {
             let s = Session { dir: Self::dir_of(&name), name, member: None };
-            let Ok(Some(_lock)) = s.try_lock() else {
+            // The lock is held only while the registry changes: wait for it a little.
+            let mut lock = s.try_lock();
+            for _ in 0..100 {
+                if !matches!(lock, Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                lock = s.try_lock();
+            }
+            let Ok(Some(_lock)) = lock else {
                 out.push(SessionInfo { name: s.name.clone(), dir: s.dir.clone(), members: Vec::new(), progs: 0, maps: 0, links: 0, pinned: Vec::new(), busy: true });
                 continue;
             };

@@ -441,21 +441,7 @@ pub fn run_with(
         std::thread::sleep(Duration::from_millis(20));
     }
     if ending == Ending::Interrupt {
-        // Interrupt the loader once it waits in its event loop (its main thread blocked in
-        // an event loop's wait or sleep, as /proc/PID/syscall shows), not while it may
-        // still be finishing its set-up; at most a few seconds.
-        wait_in_event_loop(loader.child.id());
-        loader.signal(libc::SIGINT);
-        // A loader that missed the signal (seen once with the kernel's bpftrace under load)
-        // gets it again; one that ignores both fails below.
-        let start = Instant::now();
-        while !loader.exited() && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !loader.exited() {
-            eprintln!("{}: still running 10 s after SIGINT; sending it again\n{}", loader.name, loader.describe());
-            loader.signal(libc::SIGINT);
-        }
+        interrupt(&mut loader);
     }
     if ending == Ending::ItSelf {
         // A loader that should have exited by itself: interrupt it after a step, so that
@@ -486,6 +472,24 @@ pub fn run_with(
         err.push_str(&format!("\n--- target's stderr ---\n{terr}"));
     }
     (loader.stdout(), err)
+}
+
+/// Interrupts a loader once it waits in its event loop (its main thread blocked in an event
+/// loop's wait or sleep, as /proc/PID/syscall shows), not while it may still be finishing its
+/// set-up (at most a few seconds). A loader that missed the signal (seen with the kernel's
+/// bpftrace under load) gets it again after 10 s; one that ignores both fails its caller's
+/// wait for its exit.
+pub fn interrupt(loader: &mut Proc) {
+    wait_in_event_loop(loader.child.id());
+    loader.signal(libc::SIGINT);
+    let start = Instant::now();
+    while !loader.exited() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !loader.exited() {
+        eprintln!("{}: still running 10 s after SIGINT; sending it again\n{}", loader.name, loader.describe());
+        loader.signal(libc::SIGINT);
+    }
 }
 
 /// Waits (at most 3 s) until process `pid`'s main thread is blocked in one of the calls an
