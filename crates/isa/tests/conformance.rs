@@ -2,7 +2,7 @@
 //! this repository): every test program must assemble to the bytes the suite's reference
 //! assembler (`run.py dump`) produces (and pass the encoding checks and disassemble without
 //! `<unknown>`), and every file of `negative/` must be refused.
-//! Without the shared directory these tests print a notice and pass.
+//! The shared directory is required (see `userbpf_testutil::require`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ fn conformance_dir() -> Option<PathBuf> {
     if dir.join("run.py").is_file() {
         Some(dir)
     } else {
-        eprintln!("notice: {} not found, conformance assembler tests skipped", dir.display());
+        userbpf_testutil::require(false, &format!("the bpf_conformance suite at {} (shared/ beside the repository)", dir.display()));
         None
     }
 }

@@ -1,8 +1,8 @@
 //! The disassembler against LLVM 14's `llvm-objdump -d`: instructions covering every opcode
 //! LLVM 14 decodes, with varied registers, offsets and immediates, plus random slots (unused
 //! fields set, unknown opcodes, registers above r10), are wrapped in a BPF ELF object and
-//! every line of llvm-objdump's listing is compared with ours. Without llvm-objdump 14 the
-//! tests print a notice and pass.
+//! every line of llvm-objdump's listing is compared with ours. llvm-objdump 14 is required
+//! (see `userbpf_testutil::require`).
 //!
 //! Left out, because LLVM 14 does not decode them and we print newer LLVM's syntax (the unit
 //! tests of `disasm` cover them): mod, jset, gotol, callx, bswap, sign-extending loads, store
@@ -25,7 +25,7 @@ fn llvm_objdump() -> Option<&'static str> {
         }
         eprintln!("notice: {tool} is not LLVM 14's");
     }
-    eprintln!("notice: llvm-objdump 14 not found, disassembler comparison skipped");
+    userbpf_testutil::require(false, "llvm-objdump of LLVM 14 (Debian's llvm package) for the disassembler comparison");
     None
 }
 

@@ -1,6 +1,6 @@
 //! Differential tests: the same operations on a kernel map (bpf() syscall) and on ours, with
-//! return codes, values and iteration compared. Skipped (with a notice) where bpf() is not
-//! permitted.
+//! return codes, values and iteration compared. bpf() must be permitted (root or CAP_BPF;
+//! see `userbpf_testutil::require` for machines that cannot).
 
 mod common;
 

@@ -1,8 +1,32 @@
 //! Test support shared by the crates' tests: compiling eBPF C sources with clang at test
-//! time, into the build directory (objects are never committed).
+//! time, into the build directory (objects are never committed), and the rule for tests
+//! whose tool, privilege or data is missing ([`require`]: they fail, unless told to skip).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Environment variable: `1` lets tests whose requirement (a tool, a privilege, the kernel's
+/// BTF, the shared conformance suite) is missing pass with a `SKIPPED` line on stderr, on a
+/// machine that cannot give it. Unset, as under `make test` (which installs and sets up what
+/// the tests need) and in CI, a missing requirement fails the test.
+pub const ALLOW_SKIP_ENV: &str = "USERBPF_ALLOW_SKIP";
+
+/// Whether a test's requirement is met: `true` if `ok`. Otherwise the test fails, naming
+/// `what` is missing, unless [`ALLOW_SKIP_ENV`] is `1`: then it prints what was skipped and
+/// returns `false` (the caller returns without testing).
+///
+/// # Panics
+/// When `ok` is false and skipping was not asked for.
+pub fn require(ok: bool, what: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if std::env::var(ALLOW_SKIP_ENV).is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED ({ALLOW_SKIP_ENV}=1): {what}");
+        return false;
+    }
+    panic!("missing: {what} (`make test` installs and sets up what the tests need; {ALLOW_SKIP_ENV}=1 skips such tests on a machine that cannot have it)");
+}
 
 /// clang flags for eBPF objects, as libbpf programs are built (x86-64 register layout).
 pub const BPF_CFLAGS: [&str; 7] = ["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"];

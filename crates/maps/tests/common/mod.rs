@@ -164,10 +164,7 @@ impl Drop for KMap {
 pub fn kernel_available(test: &str) -> bool {
     match KMap::create(&spec(MapType::BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0)) {
         Ok(_) => true,
-        Err(e) => {
-            eprintln!("NOTICE: {test}: bpf() unavailable (errno {e}); differential test skipped");
-            false
-        }
+        Err(e) => userbpf_testutil::require(false, &format!("{test}: the kernel's bpf() (errno {e}; needs root or CAP_BPF) for the differential test")),
     }
 }
 
