@@ -382,16 +382,6 @@ impl Agent {
             None => return Err("USERBPF_SESSION is not set".into()),
         };
         let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
-        // bpf_trace_printk lines of the programs run here go to the session's trace pipe,
-        // where `userbpf tracelog` (or a loader reading trace_pipe) finds them.
-        match session.trace_pipe() {
-            Ok(pipe) => {
-                if let Err(e) = userbpf_runtime::helpers::set_trace_sink(Some(Arc::new(pipe))) {
-                    log(&format!("trace pipe: {e}"));
-                }
-            }
-            Err(e) => log(&format!("the session's trace pipe: {e}: bpf_trace_printk lines are dropped")),
-        }
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
         let ack = if ack {

@@ -221,8 +221,14 @@ fn explain(e: PrepareError) -> String {
     s
 }
 
+/// Whether a program calls `bpf_trace_printk` (helper 6) or `bpf_trace_vprintk` (177).
+fn calls_trace_printk(insns: &[userbpf_isa::Insn]) -> bool {
+    insns.iter().any(|i| i.op == userbpf_isa::insn::OP_CALL && i.src == 0 && (i.imm == 6 || i.imm == 177))
+}
+
 /// Prepares a program recorded in `session` (by a loader, possibly another process) to run in
 /// this process: opens the maps it references and compiles it.
+
 pub fn prepare_record(
     session: &Session,
     record: &ProgRecord,
@@ -232,6 +238,12 @@ pub fn prepare_record(
 ) -> Result<LoadedProgram, String> {
     let bytes = userbpf_isa::parse_hex(&record.insns_hex).map_err(|e| format!("program {} in the session: {e}", record.id))?;
     let insns = userbpf_isa::decode(&bytes).map_err(|e| format!("program {} in the session: {e}", record.id))?;
+    if calls_trace_printk(&insns) && !crate::helpers::has_trace_sink() {
+        // Its lines go to the session's trace pipe (opened by the first program that prints,
+        // so processes whose programs never print hold no descriptor for it).
+        let pipe = session.trace_pipe().map_err(|e| format!("program `{}`: the session's trace pipe: {e}", record.name))?;
+        crate::helpers::set_trace_sink(Some(Arc::new(pipe))).map_err(|e| format!("program `{}`: {e}", record.name))?;
+    }
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
     for &id in &record.map_ids {
         let map = Arc::new(session.open_map(id).map_err(|e| format!("map {id}: {e}"))?);

@@ -52,7 +52,7 @@ pub mod task;
 pub mod time;
 
 pub use maps::{register_map, registry_contains};
-pub use printf::{set_trace_sink, trace_lines_dropped};
+pub use printf::{has_trace_sink, set_trace_sink, trace_lines_dropped};
 
 /// Builds a [`Helper`]. Every helper of this module is constructed here, so a new field of
 /// `Helper` is filled in one place.

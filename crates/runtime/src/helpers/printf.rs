@@ -686,6 +686,11 @@ pub fn set_trace_sink(map: Option<Arc<Map>>) -> Result<(), MapError> {
     Ok(())
 }
 
+/// Whether a trace sink is installed.
+pub fn has_trace_sink() -> bool {
+    !SINK.load(Ordering::Acquire).is_null()
+}
+
 /// Lines `trace_printk` could not deliver (no sink, or the ring was full).
 pub fn trace_lines_dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed)
