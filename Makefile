@@ -59,6 +59,7 @@ bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	python3 bench/uprobe/bench.py
 	python3 bench/loader/bench.py
+	python3 bench/agent/bench.py
 
 demo: build
 	@scripts/demo.sh
