@@ -14,6 +14,9 @@ want llvm-mc llvm
 want clang clang
 want bpftool bpftool
 want fio fio
+# make bench counts system calls with perf stat.
+want perf linux-perf
+want strace strace
 # The loader tests (`userbpf load`) compare against the real tools through the kernel.
 want bpftrace bpftrace
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
