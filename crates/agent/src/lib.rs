@@ -381,6 +381,14 @@ impl Agent {
             Some(s) => s.map_err(|e| format!("opening the session: {e}"))?,
             None => return Err("USERBPF_SESSION is not set".into()),
         };
+        Self::start_in(session, ack)
+    }
+
+    /// As [`Agent::start_with`], in `session`.
+    fn start_in(session: Session, ack: bool) -> Result<&'static Mutex<Agent>, String> {
+        if let Some(a) = AGENT.get() {
+            return Ok(a);
+        }
         let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
@@ -940,6 +948,61 @@ extern "C" fn leave_at_exit() {
             std::mem::forget(agent);
         }
     });
+}
+
+/// The entry point of `userbpf attach` (called by the injector, see the userbpf-inject crate,
+/// on a borrowed thread of a running process, once the library is loaded by the process's own
+/// dlopen): `arg` is `ROOT\nSESSION`, where the session directories are and which session to
+/// join. Returns at once (the borrowed thread is paused while it runs): a thread of ours joins
+/// the session, attaches its links and then watches them, as in a process started under the
+/// agent. 0: started; 1: the agent already runs here; -1: a bad argument or no thread.
+///
+/// # Safety
+/// `arg` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i32 {
+    if arg.is_null() {
+        return -1;
+    }
+    // SAFETY: a NUL-terminated string (the caller's contract).
+    let arg = unsafe { std::ffi::CStr::from_ptr(arg) }.to_string_lossy().into_owned();
+    std::panic::catch_unwind(move || {
+        let Some((root, name)) = arg.split_once('\n') else { return -1 };
+        if AGENT.get().is_some() {
+            return 1;
+        }
+        let (root, name) = (std::path::PathBuf::from(root), name.to_string());
+        let started = userbpf_hook::quiet::spawn("userbpf-agent", move || {
+            // Watch first, then sync at the start: a link added in between is not missed.
+            let fd = watch_links(&Session::dir_in(&root, &name).join("links"), true);
+            let session = match Session::open_in(&root, &name) {
+                Ok(s) => s,
+                Err(e) => return log(&format!("attach: opening session {name}: {e}")),
+            };
+            match Agent::start_in(session, true) {
+                Ok(a) => {
+                    // SAFETY: registering a function with no preconditions to run at exit.
+                    unsafe { libc::atexit(leave_at_exit) };
+                    let fd = fd.or_else(|| {
+                        let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
+                        lock(a).sync();
+                        Some(fd)
+                    });
+                    match fd {
+                        Some(fd) => watch_then_stop_acking(fd),
+                        None => {
+                            if let Some(ack) = lock(a).ack.take() {
+                                ack.remove();
+                            }
+                        }
+                    }
+                }
+                Err(e) => log(&format!("attach: {e}")),
+            }
+        });
+        if started.is_ok() { 0 } else { -1 }
+    })
+    .unwrap_or(-1)
 }
 
 /// Runs when the library is loaded (LD_PRELOAD or dlopen).

@@ -1,5 +1,6 @@
 //! `userbpf`: the command line of the userspace eBPF runtime.
 
+mod attach;
 mod dump;
 mod exec;
 mod load;
@@ -37,6 +38,8 @@ enum Command {
     Run(run::RunArgs),
     /// Start a command in the session, with the agent that runs the session's programs.
     Start(run::StartArgs),
+    /// Put the agent into a running process, as a member of the session (ptrace).
+    Attach(attach::AttachArgs),
     /// Run an unmodified eBPF loader (bpftrace, libbpf tools) on the userspace runtime.
     Load(load::LoadArgs),
     /// Programs: list, run.
@@ -70,6 +73,7 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Start(args) => run::start(&session, args),
         Command::Load(args) => load::load(&session, args),
+        Command::Attach(args) => attach::run(&session, args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),

@@ -111,18 +111,29 @@ impl Session {
 
     /// The directory of session `name` for this user.
     pub fn dir_of(name: &str) -> PathBuf {
+        Self::dir_in(&Self::root(), name)
+    }
+
+    /// The directory of session `name` for this user under `root`.
+    pub fn dir_in(root: &Path, name: &str) -> PathBuf {
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
-        Self::root().join(format!("userbpf-{uid}-{name}"))
+        root.join(format!("userbpf-{uid}-{name}"))
     }
 
     /// Opens (creating if needed) session `name` and joins it. A leftover session whose
     /// members all died is wiped first.
     pub fn open(name: &str) -> io::Result<Session> {
+        Self::open_in(&Self::root(), name)
+    }
+
+    /// As [`Session::open`], with the sessions under `root` (a process whose environment does
+    /// not say where, such as one the agent was injected into).
+    pub fn open_in(root: &Path, name: &str) -> io::Result<Session> {
         if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) || name.starts_with('.') {
             return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
         }
-        let dir = Self::dir_of(name);
+        let dir = Self::dir_in(root, name);
         let mut s = Session { name: name.to_string(), dir, member: None };
         let _lock = s.lock()?;
         for sub in ["members", "maps", "progs", "btf", "links"] {

@@ -1,0 +1,94 @@
+//! `userbpf attach PID`: the agent put into a process started without userbpf, which then runs
+//! the session's programs like a process started under `userbpf start`, and runs on as before
+//! (no EINTR in its sleeps); what cannot be attached is refused with the reason.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use userbpf_runtime::{LinkRecord, Session};
+
+mod common;
+use common::{here, load_counter, tmp, userbpf};
+
+fn shm() -> PathBuf {
+    let d = tmp().join(format!("attach-shm-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn target() -> PathBuf {
+    userbpf_testutil::compile_c(&here("targets/attach_target.c"), &tmp().join("attach/attach_target"), &[])
+}
+
+fn attach(session: &str, pid: u32) -> std::process::Output {
+    Command::new(userbpf()).args(["attach", &pid.to_string(), "--session", session]).env("USERBPF_SHM_DIR", shm()).output().unwrap()
+}
+
+#[test]
+fn a_running_process_gets_the_sessions_probes() {
+    // SAFETY (of the environment change): the tests of this file set the same value.
+    unsafe { std::env::set_var("USERBPF_SHM_DIR", shm()) };
+    let exe = target();
+    let mut t = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(t.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = t.id();
+
+    let session = Session::open("attach-a").unwrap();
+    let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("attach"));
+    let (prog_id, hits) = load_counter(&session, &obj);
+    session
+        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .unwrap();
+    assert_eq!(hits(), 0, "not started under userbpf: nothing runs yet");
+
+    let r = attach("attach-a", pid);
+    let said = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(r.status.success(), "{said}{}", String::from_utf8_lossy(&r.stderr));
+    assert!(said.starts_with(&format!("attached to process {pid} (attach_target) in session attach-a")), "{said}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while hits() < 20 {
+        assert!(Instant::now() < deadline, "no hits after attaching");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Attached once: a second attach says so.
+    let again = attach("attach-a", pid);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already runs the agent"), "{}", String::from_utf8_lossy(&again.stderr));
+
+    t.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(t.wait().unwrap().success());
+    let calls: u64 = rest.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{rest}"));
+    assert!(rest.trim_end().ends_with("eintr 0"), "the target's sleeps were interrupted: {rest}");
+    assert!(hits() >= 20 && hits() <= calls, "hits {} of {calls} calls", hits());
+}
+
+#[test]
+fn what_cannot_be_attached_is_refused_with_the_reason() {
+    let r = attach("attach-b", 999_999_999);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("process 999999999 does not exist"), "{e}");
+    // A process someone already traces.
+    let mut traced = Command::new("strace").args(["-o", "/dev/null", "sleep", "30"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sleep_pid = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.id())).unwrap_or_default();
+        if let Some(p) = kids.split_whitespace().next() {
+            break p.parse::<u32>().unwrap();
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let r = attach("attach-b", sleep_pid);
+    traced.kill().unwrap();
+    traced.wait().unwrap();
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success() && e.contains("already traced by process"), "{e}");
+}
