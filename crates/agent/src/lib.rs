@@ -472,12 +472,14 @@ impl Agent {
             }
             match self.attach(&link, &objs) {
                 Ok(Outcome::Attached(l)) => {
+                    userbpf_runtime::loader::report_attach(&self.session, link.id, Ok(()));
                     self.links.insert(link.id, l);
                 }
                 Ok(Outcome::NotHere) => {}
                 Ok(Outcome::Deferred) => deferred = true,
                 Err(e) => {
                     log(&format!("link {} ({} {}): {e}", link.id, link.kind, target_spec(&link)));
+                    userbpf_runtime::loader::report_attach(&self.session, link.id, Err(&e));
                     // Remember the failure so it is reported once.
                     self.links.insert(link.id, AttachedLink::default());
                 }
@@ -550,6 +552,10 @@ impl Agent {
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
         userbpf_runtime::programs::register(prog.clone());
         self.programs.insert(id, prog.clone());
+        // The programs it may tail-call (statically initialised prog arrays included).
+        for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots.clone())? {
+            self.programs.insert(tid, t);
+        }
         Ok(prog)
     }
 

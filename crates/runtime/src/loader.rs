@@ -143,12 +143,9 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
     let resolver: Vec<(u32, Arc<Map>)> = maps.iter().map(|m| (m.record.id, m.map.clone())).collect();
     let mut programs = Vec::new();
     let mut prog_ids: Vec<Option<u32>> = vec![None; object.programs.len()];
+    let wanted = wanted_programs(&object, opts.only);
     for (pi, spec) in object.programs.iter().enumerate() {
-        let wanted = match opts.only {
-            Some(names) => names.contains(&spec.name),
-            None => spec.autoload,
-        };
-        if !wanted {
+        if !wanted[pi] {
             continue;
         }
         let perr = |why: String| LoadObjectError::Program { object: oname.clone(), prog: spec.name.clone(), section: spec.section.clone(), why };
@@ -175,11 +172,25 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         crate::programs::register(prog.clone());
         programs.push((record, prog));
     }
-    // Prog-array slots.
+    // Prog-array slots (libbpf fills them once the programs are loaded, and fails the load
+    // when a slot names a program that was not loaded).
     for (i, def) in object.maps.iter().enumerate() {
         for (slot, init) in def.init_slots.iter().enumerate() {
             if let Some(InitSlot::Program(p)) = init {
-                let Some(Some(id)) = prog_ids.get(*p) else { continue };
+                let Some(Some(id)) = prog_ids.get(*p) else {
+                    if opts.only.is_some() {
+                        // A map no loaded program uses (the slots of those that are used were
+                        // loaded with them, see `wanted_programs`).
+                        continue;
+                    }
+                    let name = object.programs.get(*p).map_or("?", |s| s.name.as_str());
+                    let section = object.programs.get(*p).map_or("?", |s| s.section.as_str());
+                    return Err(LoadObjectError::Map {
+                        object: oname.clone(),
+                        map: def.name.clone(),
+                        why: format!("`.values` slot {slot} names program `{name}` (section ?{section}), which is not loaded: its section starts with `?` (no autoload)"),
+                    });
+                };
                 maps[i]
                     .map
                     .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
@@ -188,6 +199,39 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         }
     }
     Ok(LoadedObject { object, btf_id, maps, programs })
+}
+
+/// Which programs of `object` to load: the autoload ones (`only` = `None`) or the named ones,
+/// and in both cases every program a loaded program can reach through the `.values` slots
+/// of a statically initialised prog array it references (so that its tail calls land).
+fn wanted_programs(object: &Object, only: Option<&[String]>) -> Vec<bool> {
+    let mut wanted: Vec<bool> = object
+        .programs
+        .iter()
+        .map(|p| match only {
+            Some(names) => names.contains(&p.name),
+            None => p.autoload,
+        })
+        .collect();
+    if only.is_none() {
+        // As libbpf: autoload decides; a slot naming a program left out is an error (below).
+        return wanted;
+    }
+    let mut work: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
+    while let Some(pi) = work.pop() {
+        for m in referenced_maps(&object.programs[pi].insns) {
+            let Some(def) = object.maps.get(m as usize) else { continue };
+            for slot in def.init_slots.iter().flatten() {
+                if let InitSlot::Program(t) = slot {
+                    if *t < wanted.len() && !wanted[*t] {
+                        wanted[*t] = true;
+                        work.push(*t);
+                    }
+                }
+            }
+        }
+    }
+    wanted
 }
 
 /// Replaces object map indices with session map ids in `lddw` map references.
@@ -240,4 +284,122 @@ pub fn prepare_record(
     }
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
+}
+
+/// Prepares, in this process, the programs `record` can tail-call: those in the prog arrays
+/// it references (and, in turn, theirs), which a process that runs only linked programs
+/// would otherwise not have (a tail call to a program this process lacks falls through).
+/// Programs already in this process's table ([`crate::programs`]) are skipped; the new ones
+/// are registered there and returned with their ids. The prog arrays are read as they are
+/// now: a program put in one later is found when this is called again.
+pub fn prepare_tail_targets(
+    session: &Session,
+    record: &ProgRecord,
+    helpers: Arc<HelperRegistry>,
+    engine: Engine,
+    slots: Arc<CpuSlots>,
+) -> Result<Vec<(u32, Arc<LoadedProgram>)>, String> {
+    let mut out: Vec<(u32, Arc<LoadedProgram>)> = Vec::new();
+    let mut records: Option<Vec<ProgRecord>> = None;
+    let mut seen_maps: Vec<u32> = Vec::new();
+    let mut work: Vec<Vec<u32>> = vec![record.map_ids.clone()];
+    while let Some(map_ids) = work.pop() {
+        for id in map_ids {
+            if seen_maps.contains(&id) {
+                continue;
+            }
+            seen_maps.push(id);
+            let opened;
+            let map: &Map = match crate::helpers::maps::map_by_id(id) {
+                Some(m) => m,
+                None => match session.open_map(id) {
+                    Ok(m) => {
+                        opened = m;
+                        &opened
+                    }
+                    Err(_) => continue,
+                },
+            };
+            if map.map_type() != MapType::BPF_MAP_TYPE_PROG_ARRAY {
+                continue;
+            }
+            for slot in 0..map.spec().max_entries {
+                let mut v = [0u8; 4];
+                if map.lookup_elem(&slot.to_ne_bytes(), &mut v).is_err() {
+                    continue;
+                }
+                let target = u32::from_ne_bytes(v);
+                if target == 0 || crate::programs::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
+                    continue;
+                }
+                let all = match &records {
+                    Some(r) => r,
+                    None => records.insert(session.progs().map_err(|e| format!("reading the session's programs: {e}"))?),
+                };
+                let Some(rec) = all.iter().find(|p| p.id == target).cloned() else { continue };
+                let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
+                    .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
+                let prog = Arc::new(prog);
+                crate::programs::register(prog.clone());
+                work.push(rec.map_ids.clone());
+                out.push((target, prog));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How a link fared in one process, as its agent reported it (see [`report_attach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachReport {
+    pub link: u32,
+    pub pid: u32,
+    /// `None`: attached; otherwise why not.
+    pub error: Option<String>,
+}
+
+/// The directory of attach reports of the session in `dir`: one file `LINK.PID` per link
+/// and process that tried.
+fn attach_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("attach")
+}
+
+/// Records in `session` that this process attached link `link` (`Ok`) or could not
+/// (`Err(reason)`), for the loader that made the link (`userbpf run` fails on such an
+/// error). Best effort: a report that cannot be written is lost, the link's fate unchanged.
+pub fn report_attach(session: &Session, link: u32, result: Result<(), &str>) {
+    let dir = attach_dir(session.dir());
+    let _ = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&dir);
+    let pid = std::process::id();
+    let text = match result {
+        Ok(()) => "ok\n".to_string(),
+        Err(why) => format!("error\n{why}\n"),
+    };
+    let tmp = dir.join(format!(".{link}.{pid}.tmp"));
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(format!("{link}.{pid}")));
+    }
+}
+
+/// Every attach report of the session in directory `dir` (see [`report_attach`]), by link
+/// then pid.
+pub fn attach_reports(dir: &std::path::Path) -> Vec<AttachReport> {
+    let Ok(rd) = std::fs::read_dir(attach_dir(dir)) else { return Vec::new() };
+    let mut out: Vec<AttachReport> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (link, pid) = name.split_once('.')?;
+            let (link, pid) = (link.parse().ok()?, pid.parse().ok()?);
+            let text = std::fs::read_to_string(e.path()).ok()?;
+            let error = match text.split_once('\n') {
+                Some(("ok", _)) => None,
+                Some(("error", why)) => Some(why.trim_end().to_string()),
+                _ => return None,
+            };
+            Some(AttachReport { link, pid, error })
+        })
+        .collect();
+    out.sort_by_key(|r| (r.link, r.pid));
+    out
 }
