@@ -189,6 +189,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = load_object(&session, object, &opts, slots)?;
+    // This session is the run's own: nobody could reuse what it pinned (LIBBPF_PIN_BY_NAME),
+    // and a pin would keep it after everyone left. Unpinned however `run` ends.
+    let unpin = Unpin(&session, &loaded);
     // A link without a path attaches in the processes whose executable has its function or
     // probe (the agent is loaded by every process of the command tree: `sh -c`, wrappers); say
     // so when the command's own executable does not.
@@ -409,6 +412,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             if stopped.load(Ordering::Acquire) {
                 eprintln!("userbpf: stopped {} (SIGTERM): a program could not be attached (--allow-partial carries on)", args.command[0]);
             }
+            drop(unpin);
             drop(loaded);
             drop(session);
             std::process::exit(1);
@@ -416,11 +420,21 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     if !status.success() {
         // Leave the session first: `exit` skips destructors.
+        drop(unpin);
         drop(loaded);
         drop(session);
         std::process::exit(status.code().unwrap_or(1));
     }
     Ok(())
+}
+
+/// Unpins an object's maps from a session when dropped (see `run`).
+struct Unpin<'a>(&'a Session, &'a userbpf_runtime::loader::LoadedObject);
+
+impl Drop for Unpin<'_> {
+    fn drop(&mut self) {
+        let _ = userbpf_runtime::loader::unpin_maps(self.0, self.1);
+    }
 }
 
 /// Whether program `name` is in a `.values` slot of a statically initialised prog array.

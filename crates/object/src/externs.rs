@@ -1,5 +1,6 @@
 //! Extern symbols: `__kconfig` externs (resolved statically into a read-only `.kconfig` map,
-//! as libbpf does) and `__ksym` externs (kernel symbols and kfuncs, which a user-space runtime
+//! as libbpf does: `LINUX_*` virtual externs computed, `CONFIG_*` ones from the values given
+//! or the running kernel's config, see [`system_kconfig`]) and `__ksym` externs (kernel symbols and kfuncs, which a user-space runtime
 //! cannot provide: refused unless weak).
 
 use crate::btf::{Btf, Kind, TypeKind, BTF_FUNC_EXTERN, BTF_VAR_GLOBAL_EXTERN};
@@ -62,6 +63,55 @@ pub fn parse_kconfig(text: &str) -> BTreeMap<String, KconfigValue> {
         }
     }
     out
+}
+
+/// The running kernel's config as libbpf finds it: `/boot/config-$(uname -r)`, else
+/// `/proc/config.gz` (either may be gzip-compressed or plain text); `path` reads that file
+/// instead. Only `CONFIG_X=value` lines count (libbpf skips `# CONFIG_X is not set`, so such
+/// an extern stays unset: 0 if weak, refused if strong). Returns the file read and the
+/// values, or why no file could be read.
+pub fn system_kconfig(path: Option<&std::path::Path>) -> Result<(std::path::PathBuf, BTreeMap<String, KconfigValue>), String> {
+    let candidates: Vec<std::path::PathBuf> = match path {
+        Some(p) => vec![p.to_path_buf()],
+        None => {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            let mut v = Vec::new();
+            if !release.trim().is_empty() {
+                v.push(std::path::PathBuf::from(format!("/boot/config-{}", release.trim())));
+            }
+            v.push("/proc/config.gz".into());
+            v
+        }
+    };
+    let mut tried = Vec::new();
+    for c in candidates {
+        match read_maybe_gzip(&c) {
+            Ok(text) => {
+                let values = parse_kconfig(&text).into_iter().filter(|(k, _)| text_sets(&text, k)).collect();
+                return Ok((c, values));
+            }
+            Err(e) => tried.push(format!("{}: {e}", c.display())),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+/// Whether `name` has a `CONFIG_X=` line (not only a `# ... is not set` comment).
+fn text_sets(text: &str, name: &str) -> bool {
+    text.lines().any(|l| l.trim().strip_prefix(name).is_some_and(|r| r.starts_with('=')))
+}
+
+/// A file's text, gunzipped when it starts with the gzip magic (as zlib's gzopen reads both).
+fn read_maybe_gzip(path: &std::path::Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_string(&mut text).map_err(|e| format!("gzip: {e}"))?;
+        Ok(text)
+    } else {
+        String::from_utf8(bytes).map_err(|_| "not text".to_string())
+    }
 }
 
 /// How a kconfig extern is stored (libbpf's `enum kcfg_type`).
@@ -295,8 +345,25 @@ pub(crate) fn collect(
     }
     let mut data = vec![0u8; off as usize];
     let kernel_version = opts.kernel_version.unwrap_or_else(running_kernel_version);
+    // libbpf reads the system's config when a CONFIG_ extern has no value given, and fails
+    // when it cannot (weak externs too).
+    let need_system = kcfgs.iter().any(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name));
+    let system = if need_system {
+        match system_kconfig(opts.kconfig_file.as_deref()) {
+            Ok((_, values)) => values,
+            Err(why) => {
+                let first = kcfgs.iter().find(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name)).expect("need_system");
+                return Err(err(
+                    &first.name,
+                    format!("the kernel's config is needed for CONFIG_ externs, as libbpf reads it, and none could be read ({why}); give the values in ParseOptions::kconfig"),
+                ));
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
     for (k, &o) in kcfgs.iter().zip(&offsets) {
-        let given = opts.kconfig.get(&k.name).cloned();
+        let given = opts.kconfig.get(&k.name).or_else(|| system.get(&k.name)).cloned();
         let value = if let Some(v) = given {
             Some(v)
         } else if k.name == "LINUX_KERNEL_VERSION" {
@@ -310,7 +377,7 @@ pub(crate) fn collect(
         } else if k.name.starts_with("CONFIG_") {
             return Err(err(
                 &k.name,
-                "no value for this kconfig extern (declare it __weak to default to 0, or pass it in ParseOptions::kconfig)".into(),
+                "no value for this kconfig extern in the kernel's config (declare it __weak to default to 0, or pass it in ParseOptions::kconfig)".into(),
             ));
         } else {
             return Err(err(&k.name, "unrecognized kconfig extern (only CONFIG_* and LINUX_* are known)".into()));

@@ -1,6 +1,10 @@
 //! Loading an object into a session: its maps are created in shared memory (initial data,
-//! map-in-map and prog-array slots filled in), its BTF stored, its programs recorded with map
-//! references by session map id, and prepared to run in this process.
+//! map-in-map and prog-array slots filled in; `LIBBPF_PIN_BY_NAME` maps reused from the
+//! session's pins or pinned there, as libbpf does under /sys/fs/bpf), its BTF stored, its
+//! programs recorded with map references by session map id, and prepared to run in this
+//! process. Programs named by a statically initialised prog array come with the programs
+//! asked for; [`prepare_tail_targets`] prepares them where only linked programs run (the
+//! agent). Agents report how each link fared ([`report_attach`], [`attach_reports`]).
 
 use std::sync::Arc;
 
@@ -29,6 +33,8 @@ pub struct LoadedMap {
     pub record: MapRecord,
     pub map: Arc<Map>,
     pub def: MapDef,
+    /// A pinned map (`LIBBPF_PIN_BY_NAME`) found in the session and reused, not created.
+    pub reused: bool,
 }
 
 /// An object loaded into a session and prepared in this process.
@@ -86,6 +92,91 @@ fn spec_of(def: &MapDef) -> Result<MapSpec, String> {
     })
 }
 
+/// libbpf's default pin root: `LIBBPF_PIN_BY_NAME` maps are pinned at `PIN_ROOT/NAME`.
+pub const PIN_ROOT: &str = "/sys/fs/bpf";
+
+/// The session file recording a pin at absolute path `path` (`/sys/fs/bpf/NAME`): in the
+/// session's `pins/`, named by the path without its leading `/`, bytes other than
+/// alphanumerics, `.`, `_` and `-` as `%xx`, holding `map ID` (the layout of the syscall
+/// server's BPF_OBJ_PIN, so that a loader's BPF_OBJ_GET finds what an object pinned).
+fn pin_file(session: &Session, path: &str) -> std::path::PathBuf {
+    let mut name = String::new();
+    for &b in path.trim_start_matches('/').as_bytes() {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("%{b:02x}"));
+        }
+    }
+    session.dir().join("pins").join(name)
+}
+
+/// The map pinned at `path` in `session`, if any, when it matches `spec` as libbpf's
+/// `map_is_reuse_compat` requires (type, key and value sizes, max_entries, flags, map_extra).
+fn reuse_pinned(session: &Session, path: &str, spec: &MapSpec) -> Result<Option<(MapRecord, Map)>, String> {
+    let Ok(text) = std::fs::read_to_string(pin_file(session, path)) else { return Ok(None) };
+    let id = match text.trim().split_once(' ') {
+        Some(("map", id)) => id.parse::<u32>().map_err(|_| format!("the pin at {path} is corrupt ({:?})", text.trim()))?,
+        _ => return Err(format!("{path} is pinned, but not to a map ({:?})", text.trim())),
+    };
+    let Some(record) = session.maps().map_err(|e| e.to_string())?.into_iter().find(|r| r.id == id) else {
+        // A pin left by a map that is gone: pin anew.
+        return Ok(None);
+    };
+    let map = session.open_map(id).map_err(|e| format!("opening the map pinned at {path} (id {id}): {e}"))?;
+    let have = map.spec();
+    let mut diffs = Vec::new();
+    if have.map_type != spec.map_type {
+        diffs.push(format!("type {} != {}", have.map_type.name(), spec.map_type.name()));
+    }
+    for (what, a, b) in [
+        ("key_size", have.key_size, spec.key_size),
+        ("value_size", have.value_size, spec.value_size),
+        ("max_entries", have.max_entries, spec.max_entries),
+        ("map_flags", have.map_flags, spec.map_flags),
+    ] {
+        if a != b {
+            diffs.push(format!("{what} {a:#x} != {b:#x}"));
+        }
+    }
+    if have.map_extra != spec.map_extra {
+        diffs.push(format!("map_extra {:#x} != {:#x}", have.map_extra, spec.map_extra));
+    }
+    if !diffs.is_empty() {
+        return Err(format!("the map pinned at {path} (id {id}) does not match this definition ({}): libbpf refuses to reuse it", diffs.join(", ")));
+    }
+    Ok(Some((record, map)))
+}
+
+/// Pins map `id` at `path` (see [`pin_file`]).
+fn pin_map(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
+    let file = pin_file(session, path);
+    if let Some(d) = file.parent() {
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(d)?;
+    }
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, format!("map {id}\n"))?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// The kernel's check of `numa_node` (used only with `BPF_F_NUMA_NODE`): an online node.
+fn check_numa_node(def: &MapDef) -> Result<(), String> {
+    const BPF_F_NUMA_NODE: u32 = 1 << 2;
+    if def.map_flags & BPF_F_NUMA_NODE == 0 {
+        return Ok(());
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/node/online").unwrap_or_else(|_| "0".into());
+    let node = def.numa_node;
+    let is_online = online.trim().split(',').any(|r| match r.split_once('-') {
+        Some((a, b)) => a.parse::<u32>().is_ok_and(|a| a <= node) && b.parse::<u32>().is_ok_and(|b| node <= b),
+        None => r.parse::<u32>() == Ok(node),
+    });
+    if !is_online {
+        return Err(format!("numa_node {node} (with BPF_F_NUMA_NODE) is not an online NUMA node (online: {})", online.trim()));
+    }
+    Ok(())
+}
+
 /// Loads `object` into `session`.
 pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, slots: Arc<CpuSlots>) -> Result<LoadedObject, LoadObjectError> {
     let oname = object.file.clone();
@@ -104,6 +195,18 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
     for def in &object.maps {
         let map_err = |why: String| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why };
         let spec = spec_of(def).map_err(map_err)?;
+        check_numa_node(def).map_err(map_err)?;
+        // LIBBPF_PIN_BY_NAME: reuse the map pinned at the pin path, or create it and pin it
+        // there (libbpf's bpf_object__reuse_map, then bpf_map__pin).
+        let pin_path = (def.pinning == userbpf_object::maps::PIN_BY_NAME).then(|| format!("{PIN_ROOT}/{}", def.name));
+        if let Some(path) = &pin_path {
+            if let Some((record, map)) = reuse_pinned(session, path, &spec).map_err(map_err)? {
+                let map = Arc::new(map);
+                crate::helpers::maps::register_map(record.id, map.clone());
+                maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
+                continue;
+            }
+        }
         let record = MapRecord {
             id: 0,
             name: def.name.clone(),
@@ -111,9 +214,12 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
             key_type_id: def.key_type_id,
             value_type_id: def.value_type_id,
             object: Some(oname.clone()),
-            pinned: None,
+            pinned: pin_path.clone(),
         };
         let (record, map) = session.create_map(&spec, record).map_err(|e| map_err(e.to_string()))?;
+        if let Some(path) = &pin_path {
+            pin_map(session, path, record.id).map_err(|e| map_err(format!("pinning it at {path}: {e}")))?;
+        }
         if let Some(init) = &def.initial {
             let key = 0u32.to_ne_bytes();
             let mut value = init.clone();
@@ -122,10 +228,13 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         }
         let map = Arc::new(map);
         crate::helpers::maps::register_map(record.id, map.clone());
-        maps.push(LoadedMap { record, map, def: def.clone() });
+        maps.push(LoadedMap { record, map, def: def.clone(), reused: false });
     }
-    // Map-in-map slots.
+    // Map-in-map slots (not in a reused pinned map, as libbpf).
     for (i, def) in object.maps.iter().enumerate() {
+        if maps[i].reused {
+            continue;
+        }
         for (slot, init) in def.init_slots.iter().enumerate() {
             if let Some(InitSlot::Map(j)) = init {
                 let inner = maps.get(*j).ok_or_else(|| other(format!("map `{}` slot {slot} names map #{j}, which does not exist", def.name)))?;
@@ -402,4 +511,30 @@ pub fn attach_reports(dir: &std::path::Path) -> Vec<AttachReport> {
         .collect();
     out.sort_by_key(|r| (r.link, r.pid));
     out
+}
+
+/// Removes the pins `object` made or reused (`LIBBPF_PIN_BY_NAME`), as `bpf_object__unpin_maps`
+/// does: for a session nobody else can reach (`userbpf run`'s own), which a pin would
+/// otherwise keep after everyone left.
+pub fn unpin_maps(session: &Session, object: &LoadedObject) -> std::io::Result<()> {
+    for m in object.maps.iter().filter(|m| m.def.pinning == userbpf_object::maps::PIN_BY_NAME) {
+        let path = format!("{PIN_ROOT}/{}", m.def.name);
+        match std::fs::remove_file(pin_file(session, &path)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let rec_path = session.dir().join("maps").join(format!("{}.json", m.record.id));
+        if let Ok(text) = std::fs::read(&rec_path) {
+            if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
+                if rec.pinned.is_some() {
+                    rec.pinned = None;
+                    let tmp = rec_path.with_extension(format!("tmp{}", std::process::id()));
+                    std::fs::write(&tmp, serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
+                    std::fs::rename(&tmp, &rec_path)?;
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -60,3 +60,59 @@ fn a_slot_naming_a_program_that_is_not_loaded_is_refused() {
     assert!(loaded.program("lazy_target").is_some());
     assert_eq!(common::run(&loaded, "caller"), 1, "the tail call lands");
 }
+
+fn try_load(s: &userbpf_runtime::Session, name: &str) -> Result<userbpf_runtime::LoadedObject, String> {
+    let obj = userbpf_object::Object::open(common::compile(name)).unwrap();
+    let slots = Arc::new(CpuSlots::open(&s.dir().join("cpus")).unwrap());
+    let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
+    load_object(s, obj, &opts, slots).map_err(|e| e.to_string())
+}
+
+#[test]
+fn map_attributes_and_subprograms_work_as_in_libbpf() {
+    let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = common::session("features");
+    let first = try_load(&s, "features").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(common::run(&first, "features"), 0, "failed at the line returned");
+    let m = |n: &str| first.map(n).unwrap_or_else(|| panic!("no map {n}"));
+    // map_extra reaches the bloom filter (its number of hash functions); flags as declared.
+    assert_eq!(m("bloom").map.spec().map_extra, 5);
+    assert_eq!(m("sparse").map.spec().map_flags, userbpf_maps::BPF_F_NO_PREALLOC | (1 << 2));
+    assert_eq!(m("shared").map.spec().map_flags, userbpf_object::maps::BPF_F_MMAPABLE);
+    assert_eq!(m("settings").map.spec().map_flags, userbpf_object::maps::BPF_F_RDONLY_PROG);
+    // LIBBPF_PIN_BY_NAME: pinned at /sys/fs/bpf/NAME in the session ...
+    let pinned = m("pinned_runs");
+    assert!(!pinned.reused);
+    assert_eq!(pinned.record.pinned.as_deref(), Some("/sys/fs/bpf/pinned_runs"));
+    let recorded = s.maps().unwrap().into_iter().find(|r| r.id == pinned.record.id).unwrap();
+    assert_eq!(recorded.pinned.as_deref(), Some("/sys/fs/bpf/pinned_runs"));
+    let pin = std::fs::read_to_string(s.dir().join("pins/sys%2ffs%2fbpf%2fpinned_runs")).unwrap();
+    assert_eq!(pin, format!("map {}\n", pinned.record.id));
+    // ... and reused by the next load, which counts on (unpinned maps are created anew).
+    let second = try_load(&s, "features").unwrap_or_else(|e| panic!("{e}"));
+    let again = second.map("pinned_runs").unwrap();
+    assert!(again.reused);
+    assert_eq!(again.record.id, pinned.record.id);
+    assert_ne!(second.map("sparse").unwrap().record.id, m("sparse").record.id);
+    assert_eq!(common::run(&second, "features"), 0);
+    let mut v = [0u8; 8];
+    again.map.lookup_elem(&0u32.to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 2, "both runs counted in the one pinned map");
+    // A definition that does not match the pinned map is refused, as libbpf refuses it.
+    let e = try_load(&s, "pin_mismatch").err().expect("refused");
+    assert!(e.contains("map `pinned_runs`") && e.contains("the map pinned at /sys/fs/bpf/pinned_runs") && e.contains("max_entries 0x1 != 0x4"), "{e}");
+    // Unpinning (what `userbpf run` does for its own session) removes pin and record mark.
+    userbpf_runtime::loader::unpin_maps(&s, &second).unwrap();
+    assert!(!s.dir().join("pins/sys%2ffs%2fbpf%2fpinned_runs").exists());
+    assert!(s.maps().unwrap().iter().all(|r| r.pinned.is_none()));
+}
+
+#[test]
+fn map_attributes_the_kernel_refuses_are_refused_by_name() {
+    let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = common::session("bad-attrs");
+    let e = try_load(&s, "bad_numa").err().expect("refused");
+    assert!(e.contains("map `far_node`: numa_node 4000 (with BPF_F_NUMA_NODE) is not an online NUMA node"), "{e}");
+    let e = try_load(&s, "bad_flags").err().expect("refused");
+    assert!(e.contains("map `mmap_hash`") && e.contains("flags"), "{e}");
+}
