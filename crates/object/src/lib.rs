@@ -52,7 +52,9 @@
 //!   Weak `__ksym` variables resolve to
 //!   0 and weak kfunc calls stay unresolved kfunc calls (`imm` 0), as libbpf leaves missing
 //!   ones; strong `__ksym`s are refused.
-//! - Ring buffer sizes are rounded up with a 4096-byte page; pinning is recorded, not acted on.
+//! - Ring buffer sizes are rounded up with a 4096-byte page. `pinning`, `numa_node`,
+//!   `map_flags` and `map_extra` are recorded in the [`MapDef`] for the runtime, which pins
+//!   `LIBBPF_PIN_BY_NAME` maps in its session and checks the rest as the kernel does.
 //! - Malformed `.BTF`/`.BTF.ext` refuse the object (libbpf may drop BTF it does not need).
 
 pub mod btf;
