@@ -87,18 +87,13 @@ pub fn system_kconfig(path: Option<&std::path::Path>) -> Result<(std::path::Path
     for c in candidates {
         match read_maybe_gzip(&c) {
             Ok(text) => {
-                let values = parse_kconfig(&text).into_iter().filter(|(k, _)| text_sets(&text, k)).collect();
-                return Ok((c, values));
+                let set: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("CONFIG_")).collect();
+                return Ok((c, parse_kconfig(&set.join("\n"))));
             }
             Err(e) => tried.push(format!("{}: {e}", c.display())),
         }
     }
     Err(tried.join("; "))
-}
-
-/// Whether `name` has a `CONFIG_X=` line (not only a `# ... is not set` comment).
-fn text_sets(text: &str, name: &str) -> bool {
-    text.lines().any(|l| l.trim().strip_prefix(name).is_some_and(|r| r.starts_with('=')))
 }
 
 /// A file's text, gunzipped when it starts with the gzip magic (as zlib's gzopen reads both).
@@ -349,8 +344,16 @@ pub(crate) fn collect(
     // when it cannot (weak externs too).
     let need_system = kcfgs.iter().any(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name));
     let system = if need_system {
-        match system_kconfig(opts.kconfig_file.as_deref()) {
-            Ok((_, values)) => values,
+        let read = match opts.kconfig_file.as_deref() {
+            Some(path) => system_kconfig(Some(path)).map(|(_, v)| v),
+            // The running kernel's config does not change: read it once per process.
+            None => {
+                static SYSTEM: std::sync::OnceLock<Result<BTreeMap<String, KconfigValue>, String>> = std::sync::OnceLock::new();
+                SYSTEM.get_or_init(|| system_kconfig(None).map(|(_, v)| v)).clone()
+            }
+        };
+        match read {
+            Ok(values) => values,
             Err(why) => {
                 let first = kcfgs.iter().find(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name)).expect("need_system");
                 return Err(err(

@@ -5,6 +5,11 @@
 //! process. Programs named by a statically initialised prog array come with the programs
 //! asked for; [`prepare_tail_targets`] prepares them where only linked programs run (the
 //! agent). Agents report how each link fared ([`report_attach`], [`attach_reports`]).
+//!
+//! Refused as the kernel refuses them, naming the map or program: kernel-only program kinds,
+//! map types or flags userbpf lacks, `numa_node` not online (with `BPF_F_NUMA_NODE`), a pinned
+//! map that does not match its definition, a prog-array slot naming a program left unloaded,
+//! and GPL-only helpers called by a program whose license is not GPL-compatible.
 
 use std::sync::Arc;
 
@@ -261,6 +266,7 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         if let ProgramKind::KernelOnly { kind } = &spec.kind {
             return Err(perr(format!("{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet")));
         }
+        check_license(spec, &object.license, &opts.helpers).map_err(perr)?;
         let insns = rewrite_map_refs(spec, &ids).map_err(perr)?;
         let record = ProgRecord {
             id: 0,
@@ -341,6 +347,46 @@ fn wanted_programs(object: &Object, only: Option<&[String]>) -> Vec<bool> {
         }
     }
     wanted
+}
+
+/// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their
+/// `bpf_func_proto`), among those a tracing program may call: probe_read (4), trace_printk
+/// (6), perf_event_read (22), perf_event_output (25), get_stackid (27), get_current_task (35),
+/// probe_write_user (36), probe_read_str (45), perf_event_read_value (55), get_stack (67),
+/// probe_read_user (112), probe_read_kernel (113), probe_read_user_str (114),
+/// probe_read_kernel_str (115), get_current_task_btf (158), snprintf (165), the timer
+/// helpers (169-172), get_func_ip (173), task_pt_regs (175), get_branch_snapshot (176),
+/// trace_vprintk (177), copy_from_user_task (191). Checked against the running kernel's
+/// verifier (a kprobe program of license "Proprietary" calling each id; 36 from the kernel
+/// source, this kernel refuses it for kprobes altogether).
+const GPL_ONLY_HELPERS: &[u32] = &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+
+/// The kernel's `license_is_gpl_compatible`.
+fn license_is_gpl_compatible(license: &str) -> bool {
+    matches!(license, "GPL" | "GPL v2" | "GPL and additional rights" | "Dual BSD/GPL" | "Dual MIT/GPL" | "Dual MPL/GPL")
+}
+
+/// The verifier's license check: a program whose license is not GPL-compatible may not call
+/// a GPL-only helper ("cannot call GPL-restricted function from non-GPL compatible
+/// program").
+fn check_license(spec: &ProgramSpec, license: &str, helpers: &HelperRegistry) -> Result<(), String> {
+    if license_is_gpl_compatible(license) {
+        return Ok(());
+    }
+    let mut pc = 0;
+    while pc < spec.insns.len() {
+        let insn = &spec.insns[pc];
+        if insn.op == OP_CALL && insn.src == 0 && GPL_ONLY_HELPERS.contains(&(insn.imm as u32)) {
+            let id = insn.imm as u32;
+            let name = helpers.get(id).map_or_else(|| format!("#{id}"), |h| format!("bpf_{}#{id}", h.name));
+            let shown = if license.is_empty() { "no license section".to_string() } else { format!("license \"{license}\"") };
+            return Err(format!(
+                "instruction {pc}: cannot call GPL-restricted function {name} from a program that is not GPL-compatible ({shown}; the kernel refuses it too)"
+            ));
+        }
+        pc += if insn.is_lddw() { 2 } else { 1 };
+    }
+    Ok(())
 }
 
 /// Replaces object map indices with session map ids in `lddw` map references.

@@ -116,3 +116,20 @@ fn map_attributes_the_kernel_refuses_are_refused_by_name() {
     let e = try_load(&s, "bad_flags").err().expect("refused");
     assert!(e.contains("map `mmap_hash`") && e.contains("flags"), "{e}");
 }
+
+#[test]
+fn gpl_only_helpers_need_a_gpl_compatible_license() {
+    let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = common::session("license");
+    let e = try_load(&s, "proprietary").err().expect("refused");
+    assert!(
+        e.contains("program `reads` (section uprobe): instruction ")
+            && e.contains("cannot call GPL-restricted function bpf_probe_read_user#112 from a program that is not GPL-compatible (license \"Proprietary\""),
+        "{e}"
+    );
+    // Map helpers are for every license.
+    let path = common::compile("proprietary");
+    let only = ["counts".to_string()];
+    let obj = common::load(&s, &path, Engine::Jit, Some(&only));
+    assert_eq!(common::run(&obj, "counts"), 0);
+}
