@@ -22,7 +22,10 @@
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
 //! allocates, locks or makes a system call. Errors are printed once per link to stderr,
-//! prefixed `userbpf-agent:`, and the target runs on without the probe.
+//! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
+//! is also reported to the session (`userbpf_runtime::loader::report_attach`), where
+//! `userbpf run` reads it. With a program, the agent prepares the programs its prog arrays
+//! hold (`prepare_tail_targets`), so that tail calls land.
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet};

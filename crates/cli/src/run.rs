@@ -1,6 +1,16 @@
 //! `userbpf run OBJ -- CMD ARGS...`: starts CMD with the object's programs attached where
 //! their sections point, streams trace_printk lines and ring buffer events while it runs, and
 //! prints the maps when it exits.
+//!
+//! A program that cannot be attached is an error, as a failed attach is for a libbpf tool:
+//! a kind `run` does not attach (a tracepoint other than a system call's, an unknown
+//! section) or a target file that is missing or lacks the function or probe refuses to start
+//! CMD; a failure the agent inside CMD reports (see `userbpf_runtime::loader::report_attach`)
+//! stops CMD with SIGTERM; a target without a path that the command's executable lacks and
+//! no process of the command attached fails at exit. `run` then exits 1 naming the program,
+//! its target and the reason. `--allow-partial` turns all of these into warnings (for
+//! tools that probe optional functions). Programs naming no target are loaded, not
+//! attached (libbpf's auto-attach skips them), and `?` sections are not loaded at all.
 
 use std::path::PathBuf;
 use std::process::Command;
