@@ -184,6 +184,24 @@ fn check_numa_node(def: &MapDef) -> Result<(), String> {
 
 /// Loads `object` into `session`.
 pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, slots: Arc<CpuSlots>) -> Result<LoadedObject, LoadObjectError> {
+    let mut pinned: Vec<(String, u32)> = Vec::new();
+    let r = load_object_pinning(session, object, opts, slots, &mut pinned);
+    if r.is_err() {
+        // As libbpf: a failed load unpins the maps it pinned (not those it reused).
+        for (path, id) in &pinned {
+            let _ = unpin(session, path, *id);
+        }
+    }
+    r
+}
+
+fn load_object_pinning(
+    session: &Session,
+    object: Object,
+    opts: &LoadOptions<'_>,
+    slots: Arc<CpuSlots>,
+    pinned: &mut Vec<(String, u32)>,
+) -> Result<LoadedObject, LoadObjectError> {
     let oname = object.file.clone();
     let other = |why: String| LoadObjectError::Other { object: oname.clone(), why };
     let btf_id = match &object.btf {
@@ -223,6 +241,8 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         };
         let (record, map) = session.create_map(&spec, record).map_err(|e| map_err(e.to_string()))?;
         if let Some(path) = &pin_path {
+            // The record says pinned from its creation: undo that too if pinning fails.
+            pinned.push((path.clone(), record.id));
             pin_map(session, path, record.id).map_err(|e| map_err(format!("pinning it at {path}: {e}")))?;
         }
         if let Some(init) = &def.initial {
@@ -564,21 +584,26 @@ pub fn attach_reports(dir: &std::path::Path) -> Vec<AttachReport> {
 /// otherwise keep after everyone left.
 pub fn unpin_maps(session: &Session, object: &LoadedObject) -> std::io::Result<()> {
     for m in object.maps.iter().filter(|m| m.def.pinning == userbpf_object::maps::PIN_BY_NAME) {
-        let path = format!("{PIN_ROOT}/{}", m.def.name);
-        match std::fs::remove_file(pin_file(session, &path)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let rec_path = session.dir().join("maps").join(format!("{}.json", m.record.id));
-        if let Ok(text) = std::fs::read(&rec_path) {
-            if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
-                if rec.pinned.is_some() {
-                    rec.pinned = None;
-                    let tmp = rec_path.with_extension(format!("tmp{}", std::process::id()));
-                    std::fs::write(&tmp, serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
-                    std::fs::rename(&tmp, &rec_path)?;
-                }
+        unpin(session, &format!("{PIN_ROOT}/{}", m.def.name), m.record.id)?;
+    }
+    Ok(())
+}
+
+/// Removes the pin at `path` and the pinned mark of map `id`'s record.
+fn unpin(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
+    match std::fs::remove_file(pin_file(session, path)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let rec_path = session.dir().join("maps").join(format!("{id}.json"));
+    if let Ok(text) = std::fs::read(&rec_path) {
+        if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
+            if rec.pinned.is_some() {
+                rec.pinned = None;
+                let tmp = rec_path.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
+                std::fs::rename(&tmp, &rec_path)?;
             }
         }
     }

@@ -133,3 +133,13 @@ fn gpl_only_helpers_need_a_gpl_compatible_license() {
     let obj = common::load(&s, &path, Engine::Jit, Some(&only));
     assert_eq!(common::run(&obj, "counts"), 0);
 }
+
+#[test]
+fn a_failed_load_unpins_what_it_pinned() {
+    let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());
+    let s = common::session("pin-then-fail");
+    let e = try_load(&s, "pin_then_fail").err().expect("refused");
+    assert!(e.contains("GPL-restricted"), "{e}");
+    assert!(!s.dir().join("pins/sys%2ffs%2fbpf%2fdoomed_pin").exists(), "the pin was removed");
+    assert!(s.maps().unwrap().iter().all(|r| r.pinned.is_none()), "no map record is left pinned");
+}
