@@ -344,7 +344,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         })
     };
 
-    let mut child = target_command(&args.command, &session_name, args.interpreter)?.spawn().with_context(|| format!("starting {}", args.command[0]))?;
+    let mut child = target_command(&args.command, &session_name, args.interpreter)?
+        .env(userbpf_runtime::loader::ATTACH_REPORTS_ENV, "1")
+        .spawn()
+        .with_context(|| format!("starting {}", args.command[0]))?;
     // The agents' reports: without --allow-partial, the first failure stops the command.
     let stopped = Arc::new(AtomicBool::new(false));
     let watcher = (!args.allow_partial).then(|| {

@@ -539,10 +539,19 @@ fn attach_dir(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("attach")
 }
 
+/// Set (to `1`) in the environment of a command whose loader reads the attach reports
+/// (`userbpf run` sets it for its command); without it [`report_attach`] writes nothing, so
+/// that long-lived sessions of many processes (`userbpf start`) collect no files.
+pub const ATTACH_REPORTS_ENV: &str = "USERBPF_ATTACH_REPORTS";
+
 /// Records in `session` that this process attached link `link` (`Ok`) or could not
 /// (`Err(reason)`), for the loader that made the link (`userbpf run` fails on such an
-/// error). Best effort: a report that cannot be written is lost, the link's fate unchanged.
+/// error), when [`ATTACH_REPORTS_ENV`] asks for it. Best effort: a report that cannot be
+/// written is lost, the link's fate unchanged.
 pub fn report_attach(session: &Session, link: u32, result: Result<(), &str>) {
+    if std::env::var_os(ATTACH_REPORTS_ENV).is_none_or(|v| v != "1") {
+        return;
+    }
     let dir = attach_dir(session.dir());
     let _ = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&dir);
     let pid = std::process::id();
