@@ -22,7 +22,10 @@
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
 //! allocates, locks or makes a system call. Errors are printed once per link to stderr,
-//! prefixed `userbpf-agent:`, and the target runs on without the probe.
+//! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
+//! is also reported to the session (`userbpf_runtime::loader::report_attach`), where
+//! `userbpf run` reads it. With a program, the agent prepares the programs its prog arrays
+//! hold (`prepare_tail_targets`), so that tail calls land.
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet};
@@ -480,12 +483,14 @@ impl Agent {
             }
             match self.attach(&link, &objs) {
                 Ok(Outcome::Attached(l)) => {
+                    userbpf_runtime::loader::report_attach(&self.session, link.id, Ok(()));
                     self.links.insert(link.id, l);
                 }
                 Ok(Outcome::NotHere) => {}
                 Ok(Outcome::Deferred) => deferred = true,
                 Err(e) => {
                     log(&format!("link {} ({} {}): {e}", link.id, link.kind, target_spec(&link)));
+                    userbpf_runtime::loader::report_attach(&self.session, link.id, Err(&e));
                     // Remember the failure so it is reported once.
                     self.links.insert(link.id, AttachedLink::default());
                 }
@@ -558,6 +563,10 @@ impl Agent {
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
         userbpf_runtime::programs::register(prog.clone());
         self.programs.insert(id, prog.clone());
+        // The programs it may tail-call (statically initialised prog arrays included).
+        for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots.clone())? {
+            self.programs.insert(tid, t);
+        }
         Ok(prog)
     }
 

@@ -1,6 +1,16 @@
 //! `userbpf run OBJ -- CMD ARGS...`: starts CMD with the object's programs attached where
 //! their sections point, streams trace_printk lines and ring buffer events while it runs, and
 //! prints the maps when it exits.
+//!
+//! A program that cannot be attached is an error, as a failed attach is for a libbpf tool:
+//! a kind `run` does not attach (a tracepoint other than a system call's, an unknown
+//! section) or a target file that is missing or lacks the function or probe refuses to start
+//! CMD; a failure the agent inside CMD reports (see `userbpf_runtime::loader::report_attach`)
+//! stops CMD with SIGTERM; a target without a path that the command's executable lacks and
+//! no process of the command attached fails at exit. `run` then exits 1 naming the program,
+//! its target and the reason. `--allow-partial` turns all of these into warnings (for
+//! tools that probe optional functions). Programs naming no target are loaded, not
+//! attached (libbpf's auto-attach skips them), and `?` sections are not loaded at all.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,6 +39,12 @@ pub struct RunArgs {
     /// `CATEGORY/NAME` for tracepoints, `NAME` for raw tracepoints.
     #[arg(long = "attach", value_name = "PROG=TARGET")]
     attach: Vec<String>,
+    /// Carry on when a program cannot be attached (a target that is not there, a kind `run`
+    /// does not attach): warn and run the command with the programs that could be. Without
+    /// it such a program is an error: `run` refuses to start the command, or stops it and
+    /// exits non-zero when the agent in the command reports a failure.
+    #[arg(long)]
+    allow_partial: bool,
     /// The command to start, and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -153,6 +169,28 @@ fn command_executable(cmd: &str) -> Option<PathBuf> {
     None
 }
 
+/// A link `run` made, for messages: the program and where it attaches.
+struct MadeLink {
+    id: u32,
+    prog: String,
+    target: String,
+    /// Why the link may attach nowhere (its target is not in the command's executable): an
+    /// error at exit if no process of the command attached it.
+    doubt: Option<String>,
+}
+
+/// A link target written as `run` takes it: `[PATH:]FUNC[+OFF]`, `PATH:0xADDR`,
+/// `[PATH:]PROVIDER:NAME`, `CATEGORY/NAME`.
+fn describe_target(kind: &str, path: &str, func: Option<&str>, offset: u64) -> String {
+    let f = match func {
+        Some(f) if offset != 0 => format!("{f}+{offset:#x}"),
+        Some(f) => f.to_string(),
+        None => format!("{offset:#x}"),
+    };
+    let t = if path.is_empty() { f } else { format!("{path}:{f}") };
+    format!("{kind} {t}")
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
@@ -161,18 +199,38 @@ pub fn run(args: RunArgs) -> Result<()> {
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = load_object(&session, object, &opts, slots)?;
+    // This session is the run's own: nobody could reuse what it pinned (LIBBPF_PIN_BY_NAME),
+    // and a pin would keep it after everyone left. Unpinned however `run` ends.
+    let unpin = Unpin(&session, &loaded);
     // A link without a path attaches in the processes whose executable has its function or
     // probe (the agent is loaded by every process of the command tree: `sh -c`, wrappers); say
     // so when the command's own executable does not.
     let exe = args.command.first().and_then(|c| command_executable(c));
-    let note_missing = |prog: &str, what: &str, has: Result<bool, String>| {
-        if let (Some(exe), Ok(false)) = (&exe, has) {
-            eprintln!("userbpf: {what} is not in {}: program `{prog}` attaches only in processes it starts whose executable has it", exe.display());
+    let doubt_of = |prog: &str, what: &str, has: Result<bool, String>| -> Option<String> {
+        match (&exe, has) {
+            (Some(exe), Ok(false)) => {
+                eprintln!("userbpf: {what} is not in {}: program `{prog}` attaches only in processes it starts whose executable has it", exe.display());
+                Some(format!("{what} is not in {}, and no process of the command had it", exe.display()))
+            }
+            _ => None,
         }
     };
+    for a in &args.attach {
+        match a.split_once('=') {
+            Some((p, t)) if !p.is_empty() && !t.is_empty() => {
+                if !loaded.programs.iter().any(|(r, _)| r.name == p) {
+                    let names: Vec<&str> = loaded.programs.iter().map(|(r, _)| r.name.as_str()).collect();
+                    bail!("--attach {a}: {} has no loaded program `{p}` (it has: {})", args.object.display(), names.join(", "));
+                }
+            }
+            _ => bail!("--attach {a}: expected PROG=TARGET"),
+        }
+    }
+    // Programs that cannot be attached, found before the command starts.
+    let mut unattached: Vec<String> = Vec::new();
+    let mut made: Vec<MadeLink> = Vec::new();
 
     // Links, from the section names or --attach.
-    let mut attached = 0;
     for (rec, _) in &loaded.programs {
         let spec = loaded.object.program(&rec.name).context("program vanished")?;
         let given = args.attach.iter().find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
@@ -182,15 +240,20 @@ pub fn run(args: RunArgs) -> Result<()> {
                 (None, Some(t)) => (t.path.clone(), format!("{}:{}", t.provider, t.name)),
                 (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=PROVIDER:NAME", rec.name, spec.section, rec.name),
             };
+            let described = describe_target("usdt", &path, Some(&probe), 0);
+            let mut doubt = None;
             if path.is_empty() {
                 if let Some(exe) = &exe {
                     let has = userbpf_hook::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
-                    note_missing(&rec.name, &format!("USDT probe `{probe}`"), has);
+                    doubt = doubt_of(&rec.name, &format!("USDT probe `{probe}`"), has);
                 }
+            } else if let Err(why) = check_file_target(&path, |p| userbpf_hook::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
+                unattached.push(format!("program `{}` ({described}): {why}", rec.name));
+                continue;
             }
             let path = absolute_if_file(&path);
-            session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: "usdt".into(), path, func: Some(probe), offset: 0, cookie: 0, pid: None })?;
-            attached += 1;
+            let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: "usdt".into(), path, func: Some(probe), offset: 0, cookie: 0, pid: None })?;
+            made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: described, doubt });
             continue;
         }
         let tracepoint = match &spec.kind {
@@ -205,38 +268,61 @@ pub fn run(args: RunArgs) -> Result<()> {
                 None => tp,
             };
             if !is_syscall_tracepoint(kind, &tp) {
-                eprintln!(
-                    "userbpf: program `{}` ({kind} {tp}) is not attached: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit, raw_tracepoint sys_enter and sys_exit) are attached in a process",
+                unattached.push(format!(
+                    "program `{}` ({kind} {tp}) cannot be attached: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit, raw_tracepoint sys_enter and sys_exit) are attached in a process",
                     rec.name
-                );
+                ));
                 continue;
             }
-            session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path: String::new(), func: Some(tp), offset: 0, cookie: 0, pid: None })?;
-            attached += 1;
+            let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path: String::new(), func: Some(tp.clone()), offset: 0, cookie: 0, pid: None })?;
+            made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: format!("{kind} {tp}"), doubt: None });
             continue;
         }
         let ProgramKind::Uprobe { retprobe, target } = &spec.kind else {
-            eprintln!("userbpf: program `{}` ({}) is not attached: only uprobes, uretprobes, USDT probes and system call tracepoints are attached by `run` so far", rec.name, spec.kind.describe());
+            unattached.push(format!(
+                "program `{}` (section {}, {}) cannot be attached: only uprobes, uretprobes, USDT probes and system call tracepoints are attached by `run`",
+                rec.name,
+                spec.section,
+                spec.kind.describe()
+            ));
             continue;
         };
         let (path, func, offset) = match (given, target) {
             (Some(t), _) => split_target(&t),
             (None, Some(t)) => (t.path.clone(), t.func.clone(), t.offset),
             (None, None) => {
-                // As libbpf's auto-attach: a program without a target is loaded, not attached.
-                eprintln!("userbpf: program `{}` (section {}) is not attached: it names no target (give one with --attach {}=FUNC)", rec.name, spec.section, rec.name);
+                // As libbpf's auto-attach: a program without a target is loaded, not attached
+                // (not an error). Tail-call targets need no word.
+                if !is_tail_target(&loaded.object, &rec.name) {
+                    eprintln!("userbpf: program `{}` (section {}) is not attached: it names no target (give one with --attach {}=FUNC)", rec.name, spec.section, rec.name);
+                }
                 continue;
             }
         };
+        let kind = if *retprobe { "uretprobe" } else { "uprobe" };
+        let described = describe_target(kind, &path, func.as_deref(), offset);
+        let mut doubt = None;
         if let (true, Some(f), Some(exe)) = (path.is_empty(), &func, &exe) {
-            note_missing(&rec.name, &format!("function `{f}`"), userbpf_hook::symbols::has_function(exe, f));
+            doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_hook::symbols::has_function(exe, f));
+        } else if let (false, Some(f)) = (path.is_empty(), &func) {
+            if let Err(why) = check_file_target(&path, |p| userbpf_hook::symbols::has_function(p, f), &format!("function `{f}`")) {
+                unattached.push(format!("program `{}` ({described}): {why}", rec.name));
+                continue;
+            }
         }
         let path = absolute_if_file(&path);
-        let kind = if *retprobe { "uretprobe" } else { "uprobe" };
-        session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;
-        attached += 1;
+        let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;
+        made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: described, doubt });
     }
-    if attached == 0 {
+    if !unattached.is_empty() {
+        if !args.allow_partial {
+            bail!("{}: {} (--allow-partial runs the command with the programs that can be attached)", args.object.display(), unattached.join("; "));
+        }
+        for u in &unattached {
+            eprintln!("userbpf: {u}; carrying on (--allow-partial)");
+        }
+    }
+    if made.is_empty() {
         bail!("{}: no program to attach (give targets with --attach PROG=FUNC)", args.object.display());
     }
 
@@ -258,9 +344,46 @@ pub fn run(args: RunArgs) -> Result<()> {
         })
     };
 
-    let status = target_command(&args.command, &session_name, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
+    let mut child = target_command(&args.command, &session_name, args.interpreter)?
+        .env(userbpf_runtime::loader::ATTACH_REPORTS_ENV, "1")
+        .spawn()
+        .with_context(|| format!("starting {}", args.command[0]))?;
+    // The agents' reports: without --allow-partial, the first failure stops the command.
+    let stopped = Arc::new(AtomicBool::new(false));
+    let watcher = (!args.allow_partial).then(|| {
+        let (done, stopped, dir, pid) = (done.clone(), stopped.clone(), session.dir().to_path_buf(), child.id());
+        std::thread::spawn(move || loop {
+            let finished = done.load(Ordering::Acquire);
+            if userbpf_runtime::loader::attach_reports(&dir).iter().any(|r| r.error.is_some()) {
+                stopped.store(true, Ordering::Release);
+                // SAFETY: kill has no memory arguments; `pid` is our child, not yet reaped
+                // (the main thread reaps it only after joining this thread).
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                return;
+            }
+            if finished {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        })
+    });
+    // Wait for the child's end without reaping it (WNOWAIT), so that its pid stays its own
+    // while the watcher may still signal it; reap it once the watcher is done.
+    loop {
+        // SAFETY: `info` is a writable siginfo_t; waitid has no other memory arguments.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
+    }
     done.store(true, Ordering::Release);
     let _ = streamer.join();
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
+    let status = child.wait().with_context(|| format!("waiting for {}", args.command[0]))?;
 
     // Maps at exit, as bpftrace prints its own.
     let btf = loaded.object.btf.as_ref();
@@ -277,13 +400,78 @@ pub fn run(args: RunArgs) -> Result<()> {
             println!("{line}");
         }
     }
+    // How the links fared: errors the agents reported, and links whose target was in doubt
+    // (not in the command's executable) that no process attached.
+    let reports = userbpf_runtime::loader::attach_reports(session.dir());
+    let mut failures: Vec<String> = Vec::new();
+    for l in &made {
+        let mine: Vec<_> = reports.iter().filter(|r| r.link == l.id).collect();
+        let errors: Vec<String> = mine.iter().filter_map(|r| r.error.as_ref().map(|e| format!("{e} (process {})", r.pid))).collect();
+        if !errors.is_empty() {
+            failures.push(format!("program `{}` could not be attached at {}: {}", l.prog, l.target, errors.join("; ")));
+        } else if let (Some(why), false) = (&l.doubt, mine.iter().any(|r| r.error.is_none())) {
+            failures.push(format!("program `{}` was not attached at {}: {why}", l.prog, l.target));
+        }
+    }
+    if !failures.is_empty() {
+        if args.allow_partial {
+            for f in &failures {
+                eprintln!("userbpf: {f}; carried on (--allow-partial)");
+            }
+        } else {
+            for f in &failures {
+                eprintln!("userbpf: {f}");
+            }
+            if stopped.load(Ordering::Acquire) {
+                eprintln!("userbpf: stopped {} (SIGTERM): a program could not be attached (--allow-partial carries on)", args.command[0]);
+            }
+            drop(unpin);
+            drop(loaded);
+            drop(session);
+            std::process::exit(1);
+        }
+    }
     if !status.success() {
         // Leave the session first: `exit` skips destructors.
+        drop(unpin);
         drop(loaded);
         drop(session);
         std::process::exit(status.code().unwrap_or(1));
     }
     Ok(())
+}
+
+/// Unpins an object's maps from a session when dropped (see `run`).
+struct Unpin<'a>(&'a Session, &'a userbpf_runtime::loader::LoadedObject);
+
+impl Drop for Unpin<'_> {
+    fn drop(&mut self) {
+        let _ = userbpf_runtime::loader::unpin_maps(self.0, self.1);
+    }
+}
+
+/// Whether program `name` is in a `.values` slot of a statically initialised prog array.
+fn is_tail_target(object: &Object, name: &str) -> bool {
+    let Some(idx) = object.programs.iter().position(|p| p.name == name) else { return false };
+    object.maps.iter().any(|m| m.init_slots.iter().any(|s| *s == Some(userbpf_object::InitSlot::Program(idx))))
+}
+
+/// Checks a target naming a file (`PATH:...`, PATH with a `/`) before the command starts, as
+/// libbpf's attach does: the file exists and has the function or probe (`has`). Library
+/// names without a `/` are found by the target's dynamic loader, so only the agent can tell.
+fn check_file_target(path: &str, has: impl Fn(&std::path::Path) -> Result<bool, String>, what: &str) -> Result<(), String> {
+    if !path.contains('/') {
+        return Ok(());
+    }
+    let p = std::path::Path::new(path);
+    if !p.exists() {
+        return Err(format!("{path} does not exist"));
+    }
+    match has(p) {
+        Ok(false) => Err(format!("{what} is not in {path}")),
+        // Unreadable symbols: the agent says what is wrong, if anything.
+        _ => Ok(()),
+    }
 }
 
 /// The agent's switch to the interpreter (`userbpf_agent::INTERPRETER_ENV`).

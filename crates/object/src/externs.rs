@@ -1,5 +1,6 @@
 //! Extern symbols: `__kconfig` externs (resolved statically into a read-only `.kconfig` map,
-//! as libbpf does) and `__ksym` externs (kernel symbols and kfuncs, which a user-space runtime
+//! as libbpf does: `LINUX_*` virtual externs computed, `CONFIG_*` ones from the values given
+//! or the running kernel's config, see [`system_kconfig`]) and `__ksym` externs (kernel symbols and kfuncs, which a user-space runtime
 //! cannot provide: refused unless weak).
 
 use crate::btf::{Btf, Kind, TypeKind, BTF_FUNC_EXTERN, BTF_VAR_GLOBAL_EXTERN};
@@ -62,6 +63,50 @@ pub fn parse_kconfig(text: &str) -> BTreeMap<String, KconfigValue> {
         }
     }
     out
+}
+
+/// The running kernel's config as libbpf finds it: `/boot/config-$(uname -r)`, else
+/// `/proc/config.gz` (either may be gzip-compressed or plain text); `path` reads that file
+/// instead. Only `CONFIG_X=value` lines count (libbpf skips `# CONFIG_X is not set`, so such
+/// an extern stays unset: 0 if weak, refused if strong). Returns the file read and the
+/// values, or why no file could be read.
+pub fn system_kconfig(path: Option<&std::path::Path>) -> Result<(std::path::PathBuf, BTreeMap<String, KconfigValue>), String> {
+    let candidates: Vec<std::path::PathBuf> = match path {
+        Some(p) => vec![p.to_path_buf()],
+        None => {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            let mut v = Vec::new();
+            if !release.trim().is_empty() {
+                v.push(std::path::PathBuf::from(format!("/boot/config-{}", release.trim())));
+            }
+            v.push("/proc/config.gz".into());
+            v
+        }
+    };
+    let mut tried = Vec::new();
+    for c in candidates {
+        match read_maybe_gzip(&c) {
+            Ok(text) => {
+                let set: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("CONFIG_")).collect();
+                return Ok((c, parse_kconfig(&set.join("\n"))));
+            }
+            Err(e) => tried.push(format!("{}: {e}", c.display())),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+/// A file's text, gunzipped when it starts with the gzip magic (as zlib's gzopen reads both).
+fn read_maybe_gzip(path: &std::path::Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_string(&mut text).map_err(|e| format!("gzip: {e}"))?;
+        Ok(text)
+    } else {
+        String::from_utf8(bytes).map_err(|_| "not text".to_string())
+    }
 }
 
 /// How a kconfig extern is stored (libbpf's `enum kcfg_type`).
@@ -295,8 +340,33 @@ pub(crate) fn collect(
     }
     let mut data = vec![0u8; off as usize];
     let kernel_version = opts.kernel_version.unwrap_or_else(running_kernel_version);
+    // libbpf reads the system's config when a CONFIG_ extern has no value given, and fails
+    // when it cannot (weak externs too).
+    let need_system = kcfgs.iter().any(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name));
+    let system = if need_system {
+        let read = match opts.kconfig_file.as_deref() {
+            Some(path) => system_kconfig(Some(path)).map(|(_, v)| v),
+            // The running kernel's config does not change: read it once per process.
+            None => {
+                static SYSTEM: std::sync::OnceLock<Result<BTreeMap<String, KconfigValue>, String>> = std::sync::OnceLock::new();
+                SYSTEM.get_or_init(|| system_kconfig(None).map(|(_, v)| v)).clone()
+            }
+        };
+        match read {
+            Ok(values) => values,
+            Err(why) => {
+                let first = kcfgs.iter().find(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name)).expect("need_system");
+                return Err(err(
+                    &first.name,
+                    format!("the kernel's config is needed for CONFIG_ externs, as libbpf reads it, and none could be read ({why}); give the values in ParseOptions::kconfig"),
+                ));
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
     for (k, &o) in kcfgs.iter().zip(&offsets) {
-        let given = opts.kconfig.get(&k.name).cloned();
+        let given = opts.kconfig.get(&k.name).or_else(|| system.get(&k.name)).cloned();
         let value = if let Some(v) = given {
             Some(v)
         } else if k.name == "LINUX_KERNEL_VERSION" {
@@ -310,7 +380,7 @@ pub(crate) fn collect(
         } else if k.name.starts_with("CONFIG_") {
             return Err(err(
                 &k.name,
-                "no value for this kconfig extern (declare it __weak to default to 0, or pass it in ParseOptions::kconfig)".into(),
+                "no value for this kconfig extern in the kernel's config (declare it __weak to default to 0, or pass it in ParseOptions::kconfig)".into(),
             ));
         } else {
             return Err(err(&k.name, "unrecognized kconfig extern (only CONFIG_* and LINUX_* are known)".into()));

@@ -27,7 +27,9 @@
 //! symbols or on instructions that are neither calls nor 64-bit loads, calls that do not land
 //! on a function, static programs outside `.text`, strong `__ksym` externs (kernel symbols and
 //! kfuncs), `__kconfig` externs with no value, malformed attach targets in section names, and
-//! CO-RE relocations that libbpf refuses (ambiguous candidates, unexpected instructions).
+//! CO-RE relocations that libbpf refuses (ambiguous candidates, unexpected instructions),
+//! `struct_ops` maps (`.struct_ops`, `.struct_ops.link` variables: kernel-only; struct_ops
+//! programs are [`ProgramKind::KernelOnly`], refused by the runtime when loaded).
 //!
 //! # Differences from libbpf
 //!
@@ -44,12 +46,15 @@
 //!   libbpf would use the running kernel's. Module BTFs are never searched.
 //! - `.kconfig`: `LINUX_KERNEL_VERSION` comes from [`ParseOptions::kernel_version`] or
 //!   `/proc/sys/kernel/osrelease`; `LINUX_HAS_BPF_COOKIE` and `LINUX_HAS_SYSCALL_WRAPPER` are
-//!   1 (libbpf probes the kernel); `CONFIG_*` values come only from [`ParseOptions::kconfig`]
-//!   (see [`parse_kconfig`]), never from `/proc/config.gz`. Weak `__ksym` variables resolve to
+//!   1 (libbpf probes the kernel); `CONFIG_*` values come from [`ParseOptions::kconfig`], then
+//!   as libbpf from `/boot/config-$(uname -r)` or `/proc/config.gz` ([`system_kconfig`]; an
+//!   object with a `CONFIG_*` extern is refused when neither is readable, as libbpf fails).
+//!   Weak `__ksym` variables resolve to
 //!   0 and weak kfunc calls stay unresolved kfunc calls (`imm` 0), as libbpf leaves missing
 //!   ones; strong `__ksym`s are refused.
-//! - `.struct_ops` data is ignored (struct_ops programs are [`ProgramKind::KernelOnly`]).
-//! - Ring buffer sizes are rounded up with a 4096-byte page; pinning is recorded, not acted on.
+//! - Ring buffer sizes are rounded up with a 4096-byte page. `pinning`, `numa_node`,
+//!   `map_flags` and `map_extra` are recorded in the [`MapDef`] for the runtime, which pins
+//!   `LIBBPF_PIN_BY_NAME` maps in its session and checks the rest as the kernel does.
 //! - Malformed `.BTF`/`.BTF.ext` refuse the object (libbpf may drop BTF it does not need).
 
 pub mod btf;
@@ -65,7 +70,7 @@ pub mod section;
 pub use btf::ext::{FuncInfo, LineInfo};
 pub use btf::Btf;
 pub use error::{CoreFailure, ErrorKind, ObjectError};
-pub use externs::{parse_kconfig, KconfigValue};
+pub use externs::{parse_kconfig, system_kconfig, KconfigValue};
 pub use maps::{map_type_name, InitSlot, Limits, MapDef, MapKind};
 pub use section::{ProgramKind, UprobeTarget, UsdtTarget};
 
@@ -140,8 +145,12 @@ pub struct ParseOptions<'a> {
     /// Value of the `LINUX_KERNEL_VERSION` kconfig extern; `None` reads
     /// `/proc/sys/kernel/osrelease` (0 when unreadable).
     pub kernel_version: Option<u32>,
-    /// Values for `CONFIG_*` (and `LINUX_*`) kconfig externs, overriding the defaults.
+    /// Values for `CONFIG_*` (and `LINUX_*`) kconfig externs, overriding the defaults (as
+    /// libbpf's `kconfig` open option).
     pub kconfig: BTreeMap<String, KconfigValue>,
+    /// The kernel config file to read `CONFIG_*` externs from when [`kconfig`](Self::kconfig)
+    /// lacks one; `None`: libbpf's `/boot/config-$(uname -r)`, else `/proc/config.gz`.
+    pub kconfig_file: Option<std::path::PathBuf>,
     /// Sanity limits on map sizes.
     pub limits: Limits,
 }

@@ -141,6 +141,20 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
                     .map_err(|_| sec_err("version", format!("size {} is not 4", sec.data.len())))?;
                 kern_version = Some(u32::from_le_bytes(v));
             }
+            ".struct_ops" | ".struct_ops.link" if sec.size > 0 => {
+                // libbpf makes a BPF_MAP_TYPE_STRUCT_OPS map of each variable and registers
+                // it with a kernel subsystem, which then calls its programs.
+                let var = elf
+                    .symbols
+                    .iter()
+                    .find(|s| s.shndx as usize == sec.index && s.typ == elf::STT_OBJECT)
+                    .map_or_else(|| "?".to_string(), |s| s.name.clone());
+                return Err(ErrorKind::Map {
+                    section: sec.name.clone(),
+                    map: var,
+                    msg: "struct_ops maps hand programs to a kernel subsystem (TCP congestion control, sched_ext, ...) to call; only the kernel can run them, not a user-space runtime".into(),
+                });
+            }
             "maps" => legacy_sec = Some(sec.index),
             ".maps" => maps_sec = Some(sec.index),
             ".BTF" => btf_sec = Some(sec),

@@ -315,6 +315,50 @@ mod tests {
         assert_eq!(k("uprobex"), ProgramKind::Unknown);
     }
 
+    /// libbpf 1.1's `section_defs`, in its order: each name (with a target where the
+    /// definition takes one) is recognised, as libbpf recognises it.
+    #[test]
+    fn every_libbpf_1_1_section_is_recognised() {
+        const LIBBPF_1_1: &[&str] = &[
+            "socket", "sk_reuseport/migrate", "sk_reuseport", "kprobe+", "uprobe+", "uprobe.s+", "kretprobe+",
+            "uretprobe+", "uretprobe.s+", "kprobe.multi+", "kretprobe.multi+", "ksyscall+", "kretsyscall+", "usdt+",
+            "tc", "classifier", "action", "tracepoint+", "tp+", "raw_tracepoint+", "raw_tp+", "raw_tracepoint.w+",
+            "raw_tp.w+", "tp_btf+", "fentry+", "fmod_ret+", "fexit+", "fentry.s+", "fmod_ret.s+", "fexit.s+",
+            "freplace+", "lsm+", "lsm.s+", "lsm_cgroup+", "iter+", "iter.s+", "syscall", "xdp.frags/devmap",
+            "xdp/devmap", "xdp.frags/cpumap", "xdp/cpumap", "xdp.frags", "xdp", "perf_event", "lwt_in", "lwt_out",
+            "lwt_xmit", "lwt_seg6local", "sockops", "sk_skb/stream_parser", "sk_skb/stream_verdict", "sk_skb",
+            "sk_msg", "lirc_mode2", "flow_dissector", "cgroup_skb/ingress", "cgroup_skb/egress", "cgroup/skb",
+            "cgroup/sock_create", "cgroup/sock_release", "cgroup/sock", "cgroup/post_bind4", "cgroup/post_bind6",
+            "cgroup/bind4", "cgroup/bind6", "cgroup/connect4", "cgroup/connect6", "cgroup/sendmsg4",
+            "cgroup/sendmsg6", "cgroup/recvmsg4", "cgroup/recvmsg6", "cgroup/getpeername4", "cgroup/getpeername6",
+            "cgroup/getsockname4", "cgroup/getsockname6", "cgroup/sysctl", "cgroup/getsockopt", "cgroup/setsockopt",
+            "cgroup/dev", "struct_ops+", "sk_lookup",
+        ];
+        for def in LIBBPF_1_1 {
+            let (base, with_target) = match def.strip_suffix('+') {
+                Some(b) => (b, true),
+                None => (*def, false),
+            };
+            let mut names = vec![base.to_string()];
+            if with_target {
+                names.push(match base {
+                    "uprobe" | "uprobe.s" | "uretprobe" | "uretprobe.s" => format!("{base}/bin:func"),
+                    "usdt" => format!("{base}/bin:prov:name"),
+                    "tracepoint" | "tp" => format!("{base}/cat/name"),
+                    _ => format!("{base}/target"),
+                });
+            }
+            for n in names {
+                let c = classify(&n).unwrap_or_else(|e| panic!("{n}: {e}"));
+                assert_ne!(c.kind, ProgramKind::Unknown, "{n}");
+                let user = matches!(c.kind, ProgramKind::Uprobe { .. } | ProgramKind::Usdt { .. } | ProgramKind::Tracepoint { .. } | ProgramKind::RawTracepoint { .. });
+                let want_user = ["uprobe", "uretprobe", "usdt", "tracepoint", "tp", "raw_tracepoint", "raw_tp"].contains(&base.trim_end_matches(".s"));
+                assert_eq!(user, want_user, "{n}: {:?}", c.kind);
+                assert_eq!(c.sleepable, base.ends_with(".s") || base == "syscall", "{n}");
+            }
+        }
+    }
+
     #[test]
     fn others() {
         assert_eq!(

@@ -335,12 +335,82 @@ fn kconfig_externs() {
     assert_eq!(kfunc_calls.len(), 1);
     assert_eq!((kfunc_calls[0].imm, kfunc_calls[0].off), (0, 0));
 
-    // Defaults: LINUX_KERNEL_VERSION from the running kernel, weak CONFIG_* zero.
+    // Defaults, as libbpf: LINUX_KERNEL_VERSION from the running kernel, CONFIG_* from the
+    // kernel's config (/boot/config-RELEASE or /proc/config.gz), weak ones missing there 0.
+    let (file, sys) = system_kconfig(None).expect("the kernel's config is readable here (/proc/config.gz)");
     let o = Object::parse(&bytes, "kconfig.bpf.o").unwrap();
     let (_, k) = o.map("kconfig.kconfig").unwrap();
-    let init = k.initial.as_ref().unwrap();
-    assert_eq!(&init[0..12], &[0u8; 12]);
-    assert_eq!(&init[16..], &[0u8; 17]);
+    let text = btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap()).unwrap();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut it = release.trim().split(|c: char| !c.is_ascii_digit()).map(|x| x.parse::<u32>().unwrap_or(0));
+    let (a, b, c) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap_or(0));
+    let version = (a << 16) | (b << 8) | c.min(255);
+    let hz = match sys.get("CONFIG_HZ") {
+        Some(KconfigValue::Number(n)) => n.to_string(),
+        None => "0".into(),
+        other => panic!("CONFIG_HZ in {}: {other:?}", file.display()),
+    };
+    let modules = match sys.get("CONFIG_MODULES") {
+        Some(KconfigValue::Yes) => "TRI_YES",
+        Some(KconfigValue::Module) => "TRI_MODULE",
+        _ => "TRI_NO",
+    };
+    let bpf = if sys.get("CONFIG_BPF_SYSCALL") == Some(&KconfigValue::Yes) { "true" } else { "false" };
+    let host = match sys.get("CONFIG_DEFAULT_HOSTNAME") {
+        Some(KconfigValue::Str(h)) => h.chars().take(15).collect::<String>(),
+        _ => String::new(),
+    };
+    assert!(!sys.contains_key("CONFIG_NOT_SET"));
+    assert_eq!(
+        text,
+        format!(
+            "{{ .CONFIG_HZ = {hz}, .CONFIG_MODULES = {modules}, .CONFIG_NOT_SET = 0, .LINUX_KERNEL_VERSION = {version}, \
+             .CONFIG_BPF_SYSCALL = {bpf}, .CONFIG_DEFAULT_HOSTNAME = \"{host}\" }}"
+        ),
+        "from {}",
+        file.display()
+    );
+}
+
+#[test]
+fn kconfig_from_a_config_file_plain_or_gzipped() {
+    use std::io::Write;
+    let bytes = compile("kconfig.bpf.c");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kconfig-files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = "# comment\nCONFIG_HZ=300\nCONFIG_BPF_SYSCALL=y\n# CONFIG_MODULES is not set\nCONFIG_DEFAULT_HOSTNAME=\"host\"\n";
+    let plain = dir.join("config");
+    std::fs::write(&plain, config).unwrap();
+    let gz = dir.join("config.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(config.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for f in [&plain, &gz] {
+        let opts = ParseOptions { kconfig_file: Some(f.clone()), kernel_version: Some(0x050f00), ..Default::default() };
+        let o = Object::parse_with_options(&bytes, "kconfig.bpf.o", &opts).unwrap();
+        let (_, k) = o.map("kconfig.kconfig").unwrap();
+        let text = btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap()).unwrap();
+        // `# ... is not set` leaves the weak CONFIG_MODULES unset (0), as libbpf reads it.
+        assert_eq!(
+            text,
+            "{ .CONFIG_HZ = 300, .CONFIG_MODULES = TRI_NO, .CONFIG_NOT_SET = 0, .LINUX_KERNEL_VERSION = 331520, \
+             .CONFIG_BPF_SYSCALL = true, .CONFIG_DEFAULT_HOSTNAME = \"host\" }",
+            "{}",
+            f.display()
+        );
+    }
+    // Values given win over the file.
+    let mut opts = ParseOptions { kconfig_file: Some(plain.clone()), ..Default::default() };
+    opts.kconfig.insert("CONFIG_HZ".into(), KconfigValue::Number(1000));
+    let o = Object::parse_with_options(&bytes, "kconfig.bpf.o", &opts).unwrap();
+    let init = o.map("kconfig.kconfig").unwrap().1.initial.clone().unwrap();
+    assert_eq!(&init[0..4], &1000u32.to_le_bytes());
+    // No config to read: refused, naming the extern and the file, as libbpf fails.
+    let missing = dir.join("no-such-config");
+    let opts = ParseOptions { kconfig_file: Some(missing.clone()), ..Default::default() };
+    let e = Object::parse_with_options(&bytes, "kconfig.bpf.o", &opts).unwrap_err().to_string();
+    assert!(e.starts_with("kconfig.bpf.o: extern `CONFIG_"), "{e}");
+    assert!(e.contains(&missing.display().to_string()) && e.contains("ParseOptions::kconfig"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,15 @@
 //! Loading an object into a session: its maps are created in shared memory (initial data,
-//! map-in-map and prog-array slots filled in), its BTF stored, its programs recorded with map
-//! references by session map id, and prepared to run in this process.
+//! map-in-map and prog-array slots filled in; `LIBBPF_PIN_BY_NAME` maps reused from the
+//! session's pins or pinned there, as libbpf does under /sys/fs/bpf), its BTF stored, its
+//! programs recorded with map references by session map id, and prepared to run in this
+//! process. Programs named by a statically initialised prog array come with the programs
+//! asked for; [`prepare_tail_targets`] prepares them where only linked programs run (the
+//! agent). Agents report how each link fared ([`report_attach`], [`attach_reports`]).
+//!
+//! Refused as the kernel refuses them, naming the map or program: kernel-only program kinds,
+//! map types or flags userbpf lacks, `numa_node` not online (with `BPF_F_NUMA_NODE`), a pinned
+//! map that does not match its definition, a prog-array slot naming a program left unloaded,
+//! and GPL-only helpers called by a program whose license is not GPL-compatible.
 
 use std::sync::Arc;
 
@@ -29,6 +38,8 @@ pub struct LoadedMap {
     pub record: MapRecord,
     pub map: Arc<Map>,
     pub def: MapDef,
+    /// A pinned map (`LIBBPF_PIN_BY_NAME`) found in the session and reused, not created.
+    pub reused: bool,
 }
 
 /// An object loaded into a session and prepared in this process.
@@ -86,8 +97,111 @@ fn spec_of(def: &MapDef) -> Result<MapSpec, String> {
     })
 }
 
+/// libbpf's default pin root: `LIBBPF_PIN_BY_NAME` maps are pinned at `PIN_ROOT/NAME`.
+pub const PIN_ROOT: &str = "/sys/fs/bpf";
+
+/// The session file recording a pin at absolute path `path` (`/sys/fs/bpf/NAME`): in the
+/// session's `pins/`, named by the path without its leading `/`, bytes other than
+/// alphanumerics, `.`, `_` and `-` as `%xx`, holding `map ID` (the layout of the syscall
+/// server's BPF_OBJ_PIN, so that a loader's BPF_OBJ_GET finds what an object pinned).
+fn pin_file(session: &Session, path: &str) -> std::path::PathBuf {
+    let mut name = String::new();
+    for &b in path.trim_start_matches('/').as_bytes() {
+        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("%{b:02x}"));
+        }
+    }
+    session.dir().join("pins").join(name)
+}
+
+/// The map pinned at `path` in `session`, if any, when it matches `spec` as libbpf's
+/// `map_is_reuse_compat` requires (type, key and value sizes, max_entries, flags, map_extra).
+fn reuse_pinned(session: &Session, path: &str, spec: &MapSpec) -> Result<Option<(MapRecord, Map)>, String> {
+    let Ok(text) = std::fs::read_to_string(pin_file(session, path)) else { return Ok(None) };
+    let id = match text.trim().split_once(' ') {
+        Some(("map", id)) => id.parse::<u32>().map_err(|_| format!("the pin at {path} is corrupt ({:?})", text.trim()))?,
+        _ => return Err(format!("{path} is pinned, but not to a map ({:?})", text.trim())),
+    };
+    let Some(record) = session.maps().map_err(|e| e.to_string())?.into_iter().find(|r| r.id == id) else {
+        // A pin left by a map that is gone: pin anew.
+        return Ok(None);
+    };
+    let map = session.open_map(id).map_err(|e| format!("opening the map pinned at {path} (id {id}): {e}"))?;
+    let have = map.spec();
+    let mut diffs = Vec::new();
+    if have.map_type != spec.map_type {
+        diffs.push(format!("type {} != {}", have.map_type.name(), spec.map_type.name()));
+    }
+    for (what, a, b) in [
+        ("key_size", have.key_size, spec.key_size),
+        ("value_size", have.value_size, spec.value_size),
+        ("max_entries", have.max_entries, spec.max_entries),
+        ("map_flags", have.map_flags, spec.map_flags),
+    ] {
+        if a != b {
+            diffs.push(format!("{what} {a:#x} != {b:#x}"));
+        }
+    }
+    if have.map_extra != spec.map_extra {
+        diffs.push(format!("map_extra {:#x} != {:#x}", have.map_extra, spec.map_extra));
+    }
+    if !diffs.is_empty() {
+        return Err(format!("the map pinned at {path} (id {id}) does not match this definition ({}): libbpf refuses to reuse it", diffs.join(", ")));
+    }
+    Ok(Some((record, map)))
+}
+
+/// Pins map `id` at `path` (see [`pin_file`]).
+fn pin_map(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
+    let file = pin_file(session, path);
+    if let Some(d) = file.parent() {
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(d)?;
+    }
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, format!("map {id}\n"))?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// The kernel's check of `numa_node` (used only with `BPF_F_NUMA_NODE`): an online node.
+fn check_numa_node(def: &MapDef) -> Result<(), String> {
+    const BPF_F_NUMA_NODE: u32 = 1 << 2;
+    if def.map_flags & BPF_F_NUMA_NODE == 0 {
+        return Ok(());
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/node/online").unwrap_or_else(|_| "0".into());
+    let node = def.numa_node;
+    let is_online = online.trim().split(',').any(|r| match r.split_once('-') {
+        Some((a, b)) => a.parse::<u32>().is_ok_and(|a| a <= node) && b.parse::<u32>().is_ok_and(|b| node <= b),
+        None => r.parse::<u32>() == Ok(node),
+    });
+    if !is_online {
+        return Err(format!("numa_node {node} (with BPF_F_NUMA_NODE) is not an online NUMA node (online: {})", online.trim()));
+    }
+    Ok(())
+}
+
 /// Loads `object` into `session`.
 pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, slots: Arc<CpuSlots>) -> Result<LoadedObject, LoadObjectError> {
+    let mut pinned: Vec<(String, u32)> = Vec::new();
+    let r = load_object_pinning(session, object, opts, slots, &mut pinned);
+    if r.is_err() {
+        // As libbpf: a failed load unpins the maps it pinned (not those it reused).
+        for (path, id) in &pinned {
+            let _ = unpin(session, path, *id);
+        }
+    }
+    r
+}
+
+fn load_object_pinning(
+    session: &Session,
+    object: Object,
+    opts: &LoadOptions<'_>,
+    slots: Arc<CpuSlots>,
+    pinned: &mut Vec<(String, u32)>,
+) -> Result<LoadedObject, LoadObjectError> {
     let oname = object.file.clone();
     let other = |why: String| LoadObjectError::Other { object: oname.clone(), why };
     let btf_id = match &object.btf {
@@ -104,6 +218,18 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
     for def in &object.maps {
         let map_err = |why: String| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why };
         let spec = spec_of(def).map_err(map_err)?;
+        check_numa_node(def).map_err(map_err)?;
+        // LIBBPF_PIN_BY_NAME: reuse the map pinned at the pin path, or create it and pin it
+        // there (libbpf's bpf_object__reuse_map, then bpf_map__pin).
+        let pin_path = (def.pinning == userbpf_object::maps::PIN_BY_NAME).then(|| format!("{PIN_ROOT}/{}", def.name));
+        if let Some(path) = &pin_path {
+            if let Some((record, map)) = reuse_pinned(session, path, &spec).map_err(map_err)? {
+                let map = Arc::new(map);
+                crate::helpers::maps::register_map(record.id, map.clone());
+                maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
+                continue;
+            }
+        }
         let record = MapRecord {
             id: 0,
             name: def.name.clone(),
@@ -111,9 +237,14 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
             key_type_id: def.key_type_id,
             value_type_id: def.value_type_id,
             object: Some(oname.clone()),
-            pinned: None,
+            pinned: pin_path.clone(),
         };
         let (record, map) = session.create_map(&spec, record).map_err(|e| map_err(e.to_string()))?;
+        if let Some(path) = &pin_path {
+            // The record says pinned from its creation: undo that too if pinning fails.
+            pinned.push((path.clone(), record.id));
+            pin_map(session, path, record.id).map_err(|e| map_err(format!("pinning it at {path}: {e}")))?;
+        }
         if let Some(init) = &def.initial {
             let key = 0u32.to_ne_bytes();
             let mut value = init.clone();
@@ -122,10 +253,13 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         }
         let map = Arc::new(map);
         crate::helpers::maps::register_map(record.id, map.clone());
-        maps.push(LoadedMap { record, map, def: def.clone() });
+        maps.push(LoadedMap { record, map, def: def.clone(), reused: false });
     }
-    // Map-in-map slots.
+    // Map-in-map slots (not in a reused pinned map, as libbpf).
     for (i, def) in object.maps.iter().enumerate() {
+        if maps[i].reused {
+            continue;
+        }
         for (slot, init) in def.init_slots.iter().enumerate() {
             if let Some(InitSlot::Map(j)) = init {
                 let inner = maps.get(*j).ok_or_else(|| other(format!("map `{}` slot {slot} names map #{j}, which does not exist", def.name)))?;
@@ -143,18 +277,16 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
     let resolver: Vec<(u32, Arc<Map>)> = maps.iter().map(|m| (m.record.id, m.map.clone())).collect();
     let mut programs = Vec::new();
     let mut prog_ids: Vec<Option<u32>> = vec![None; object.programs.len()];
+    let wanted = wanted_programs(&object, opts.only);
     for (pi, spec) in object.programs.iter().enumerate() {
-        let wanted = match opts.only {
-            Some(names) => names.contains(&spec.name),
-            None => spec.autoload,
-        };
-        if !wanted {
+        if !wanted[pi] {
             continue;
         }
         let perr = |why: String| LoadObjectError::Program { object: oname.clone(), prog: spec.name.clone(), section: spec.section.clone(), why };
         if let ProgramKind::KernelOnly { kind } = &spec.kind {
             return Err(perr(format!("{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet")));
         }
+        check_license(spec, &object.license, &opts.helpers).map_err(perr)?;
         let insns = rewrite_map_refs(spec, &ids).map_err(perr)?;
         let record = ProgRecord {
             id: 0,
@@ -175,11 +307,25 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         crate::programs::register(prog.clone());
         programs.push((record, prog));
     }
-    // Prog-array slots.
+    // Prog-array slots (libbpf fills them once the programs are loaded, and fails the load
+    // when a slot names a program that was not loaded).
     for (i, def) in object.maps.iter().enumerate() {
         for (slot, init) in def.init_slots.iter().enumerate() {
             if let Some(InitSlot::Program(p)) = init {
-                let Some(Some(id)) = prog_ids.get(*p) else { continue };
+                let Some(Some(id)) = prog_ids.get(*p) else {
+                    if opts.only.is_some() {
+                        // A map no loaded program uses (the slots of those that are used were
+                        // loaded with them, see `wanted_programs`).
+                        continue;
+                    }
+                    let name = object.programs.get(*p).map_or("?", |s| s.name.as_str());
+                    let section = object.programs.get(*p).map_or("?", |s| s.section.as_str());
+                    return Err(LoadObjectError::Map {
+                        object: oname.clone(),
+                        map: def.name.clone(),
+                        why: format!("`.values` slot {slot} names program `{name}` (section ?{section}), which is not loaded: its section starts with `?` (no autoload)"),
+                    });
+                };
                 maps[i]
                     .map
                     .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
@@ -188,6 +334,79 @@ pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, sl
         }
     }
     Ok(LoadedObject { object, btf_id, maps, programs })
+}
+
+/// Which programs of `object` to load: the autoload ones (`only` = `None`) or the named ones,
+/// and in both cases every program a loaded program can reach through the `.values` slots
+/// of a statically initialised prog array it references (so that its tail calls land).
+fn wanted_programs(object: &Object, only: Option<&[String]>) -> Vec<bool> {
+    let mut wanted: Vec<bool> = object
+        .programs
+        .iter()
+        .map(|p| match only {
+            Some(names) => names.contains(&p.name),
+            None => p.autoload,
+        })
+        .collect();
+    if only.is_none() {
+        // As libbpf: autoload decides; a slot naming a program left out is an error (below).
+        return wanted;
+    }
+    let mut work: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i]).collect();
+    while let Some(pi) = work.pop() {
+        for m in referenced_maps(&object.programs[pi].insns) {
+            let Some(def) = object.maps.get(m as usize) else { continue };
+            for slot in def.init_slots.iter().flatten() {
+                if let InitSlot::Program(t) = slot {
+                    if *t < wanted.len() && !wanted[*t] {
+                        wanted[*t] = true;
+                        work.push(*t);
+                    }
+                }
+            }
+        }
+    }
+    wanted
+}
+
+/// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their
+/// `bpf_func_proto`), among those a tracing program may call: probe_read (4), trace_printk
+/// (6), perf_event_read (22), perf_event_output (25), get_stackid (27), get_current_task (35),
+/// probe_write_user (36), probe_read_str (45), perf_event_read_value (55), get_stack (67),
+/// probe_read_user (112), probe_read_kernel (113), probe_read_user_str (114),
+/// probe_read_kernel_str (115), get_current_task_btf (158), snprintf (165), the timer
+/// helpers (169-172), get_func_ip (173), task_pt_regs (175), get_branch_snapshot (176),
+/// trace_vprintk (177), copy_from_user_task (191). Checked against the running kernel's
+/// verifier (a kprobe program of license "Proprietary" calling each id; 36 from the kernel
+/// source, this kernel refuses it for kprobes altogether).
+const GPL_ONLY_HELPERS: &[u32] = &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+
+/// The kernel's `license_is_gpl_compatible`.
+fn license_is_gpl_compatible(license: &str) -> bool {
+    matches!(license, "GPL" | "GPL v2" | "GPL and additional rights" | "Dual BSD/GPL" | "Dual MIT/GPL" | "Dual MPL/GPL")
+}
+
+/// The verifier's license check: a program whose license is not GPL-compatible may not call
+/// a GPL-only helper ("cannot call GPL-restricted function from non-GPL compatible
+/// program").
+fn check_license(spec: &ProgramSpec, license: &str, helpers: &HelperRegistry) -> Result<(), String> {
+    if license_is_gpl_compatible(license) {
+        return Ok(());
+    }
+    let mut pc = 0;
+    while pc < spec.insns.len() {
+        let insn = &spec.insns[pc];
+        if insn.op == OP_CALL && insn.src == 0 && GPL_ONLY_HELPERS.contains(&(insn.imm as u32)) {
+            let id = insn.imm as u32;
+            let name = helpers.get(id).map_or_else(|| format!("#{id}"), |h| format!("bpf_{}#{id}", h.name));
+            let shown = if license.is_empty() { "no license section".to_string() } else { format!("license \"{license}\"") };
+            return Err(format!(
+                "instruction {pc}: cannot call GPL-restricted function {name} from a program that is not GPL-compatible ({shown}; the kernel refuses it too)"
+            ));
+        }
+        pc += if insn.is_lddw() { 2 } else { 1 };
+    }
+    Ok(())
 }
 
 /// Replaces object map indices with session map ids in `lddw` map references.
@@ -252,4 +471,162 @@ pub fn prepare_record(
     }
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
+}
+
+/// Prepares, in this process, the programs `record` can tail-call: those in the prog arrays
+/// it references (and, in turn, theirs), which a process that runs only linked programs
+/// would otherwise not have (a tail call to a program this process lacks falls through).
+/// Programs already in this process's table ([`crate::programs`]) are skipped; the new ones
+/// are registered there and returned with their ids. The prog arrays are read as they are
+/// now: a program put in one later is found when this is called again.
+pub fn prepare_tail_targets(
+    session: &Session,
+    record: &ProgRecord,
+    helpers: Arc<HelperRegistry>,
+    engine: Engine,
+    slots: Arc<CpuSlots>,
+) -> Result<Vec<(u32, Arc<LoadedProgram>)>, String> {
+    let mut out: Vec<(u32, Arc<LoadedProgram>)> = Vec::new();
+    let mut records: Option<Vec<ProgRecord>> = None;
+    let mut seen_maps: Vec<u32> = Vec::new();
+    let mut work: Vec<Vec<u32>> = vec![record.map_ids.clone()];
+    while let Some(map_ids) = work.pop() {
+        for id in map_ids {
+            if seen_maps.contains(&id) {
+                continue;
+            }
+            seen_maps.push(id);
+            let opened;
+            let map: &Map = match crate::helpers::maps::map_by_id(id) {
+                Some(m) => m,
+                None => match session.open_map(id) {
+                    Ok(m) => {
+                        opened = m;
+                        &opened
+                    }
+                    Err(_) => continue,
+                },
+            };
+            if map.map_type() != MapType::BPF_MAP_TYPE_PROG_ARRAY {
+                continue;
+            }
+            for slot in 0..map.spec().max_entries {
+                let mut v = [0u8; 4];
+                if map.lookup_elem(&slot.to_ne_bytes(), &mut v).is_err() {
+                    continue;
+                }
+                let target = u32::from_ne_bytes(v);
+                if target == 0 || crate::programs::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
+                    continue;
+                }
+                let all = match &records {
+                    Some(r) => r,
+                    None => records.insert(session.progs().map_err(|e| format!("reading the session's programs: {e}"))?),
+                };
+                let Some(rec) = all.iter().find(|p| p.id == target).cloned() else { continue };
+                let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
+                    .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
+                let prog = Arc::new(prog);
+                crate::programs::register(prog.clone());
+                work.push(rec.map_ids.clone());
+                out.push((target, prog));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How a link fared in one process, as its agent reported it (see [`report_attach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachReport {
+    pub link: u32,
+    pub pid: u32,
+    /// `None`: attached; otherwise why not.
+    pub error: Option<String>,
+}
+
+/// The directory of attach reports of the session in `dir`: one file `LINK.PID` per link
+/// and process that tried.
+fn attach_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("attach")
+}
+
+/// Set (to `1`) in the environment of a command whose loader reads the attach reports
+/// (`userbpf run` sets it for its command); without it [`report_attach`] writes nothing, so
+/// that long-lived sessions of many processes (`userbpf start`) collect no files.
+pub const ATTACH_REPORTS_ENV: &str = "USERBPF_ATTACH_REPORTS";
+
+/// Records in `session` that this process attached link `link` (`Ok`) or could not
+/// (`Err(reason)`), for the loader that made the link (`userbpf run` fails on such an
+/// error), when [`ATTACH_REPORTS_ENV`] asks for it. Best effort: a report that cannot be
+/// written is lost, the link's fate unchanged.
+pub fn report_attach(session: &Session, link: u32, result: Result<(), &str>) {
+    if std::env::var_os(ATTACH_REPORTS_ENV).is_none_or(|v| v != "1") {
+        return;
+    }
+    let dir = attach_dir(session.dir());
+    let _ = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&dir);
+    let pid = std::process::id();
+    let text = match result {
+        Ok(()) => "ok\n".to_string(),
+        Err(why) => format!("error\n{why}\n"),
+    };
+    let tmp = dir.join(format!(".{link}.{pid}.tmp"));
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(format!("{link}.{pid}")));
+    }
+}
+
+/// Every attach report of the session in directory `dir` (see [`report_attach`]), by link
+/// then pid.
+pub fn attach_reports(dir: &std::path::Path) -> Vec<AttachReport> {
+    let Ok(rd) = std::fs::read_dir(attach_dir(dir)) else { return Vec::new() };
+    let mut out: Vec<AttachReport> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let (link, pid) = name.split_once('.')?;
+            let (link, pid) = (link.parse().ok()?, pid.parse().ok()?);
+            let text = std::fs::read_to_string(e.path()).ok()?;
+            let error = match text.split_once('\n') {
+                Some(("ok", _)) => None,
+                Some(("error", why)) => Some(why.trim_end().to_string()),
+                _ => return None,
+            };
+            Some(AttachReport { link, pid, error })
+        })
+        .collect();
+    out.sort_by_key(|r| (r.link, r.pid));
+    out
+}
+
+/// Removes the pins `object` made or reused (`LIBBPF_PIN_BY_NAME`), as `bpf_object__unpin_maps`
+/// does: for a session nobody else can reach (`userbpf run`'s own), which a pin would
+/// otherwise keep after everyone left.
+pub fn unpin_maps(session: &Session, object: &LoadedObject) -> std::io::Result<()> {
+    for m in object.maps.iter().filter(|m| m.def.pinning == userbpf_object::maps::PIN_BY_NAME) {
+        unpin(session, &format!("{PIN_ROOT}/{}", m.def.name), m.record.id)?;
+    }
+    Ok(())
+}
+
+/// Removes the pin at `path` and the pinned mark of map `id`'s record.
+fn unpin(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
+    match std::fs::remove_file(pin_file(session, path)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let rec_path = session.dir().join("maps").join(format!("{id}.json"));
+    if let Ok(text) = std::fs::read(&rec_path) {
+        if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
+            if rec.pinned.is_some() {
+                rec.pinned = None;
+                let tmp = rec_path.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
+                std::fs::rename(&tmp, &rec_path)?;
+            }
+        }
+    }
+    Ok(())
 }
