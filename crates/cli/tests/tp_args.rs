@@ -82,3 +82,14 @@ fn raw_syscalls_sys_enter_id_and_args() {
         &["@id[110]: 7\n", "@id[95]: 5\n", "@umask[18]: 3\n", "@umask[63]: 2\n"],
     );
 }
+
+#[test]
+fn sys_enter_umount_is_umount2_as_the_kernel_names_it() {
+    // umount2(path, 0) 3 times, umount(path) twice: all the umount2 system call, -ENOENT.
+    compare(
+        "tpa_umount",
+        r#"tracepoint:syscalls:sys_enter_umount /comm == "{C}"/ { @e[str(args->name), args->flags] = count(); } tracepoint:syscalls:sys_exit_umount /comm == "{C}"/ { @r[args->ret] = count(); } uprobe:{T}:mark { @m = count(); }"#,
+        &[Order::LoaderFirst],
+        &["@e[/nonexistent/userbpf-tp, 0]: 5\n", "@r[-2]: 5\n"],
+    );
+}

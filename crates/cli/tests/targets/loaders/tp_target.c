@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,6 +67,13 @@ static long workload(void)
 		sum += getppid() > 0;
 	for (int i = 0; i < 5; i++)
 		sum += umask(i < 3 ? 022 : 077);
+	// umount2 (whose tracepoints the kernel names sys_enter_umount/sys_exit_umount) 3 times,
+	// and umount() (glibc's, which makes the same system call) twice, of a path that does not
+	// exist (-ENOENT).
+	for (int i = 0; i < 3; i++)
+		sum += umount2("/nonexistent/userbpf-tp", 0);
+	for (int i = 0; i < 2; i++)
+		sum += umount("/nonexistent/userbpf-tp");
 	mark(2);
 	return sum;
 }
