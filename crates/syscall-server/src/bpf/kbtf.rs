@@ -94,9 +94,16 @@ pub fn name_of(id: u32) -> Result<Option<String>, i32> {
     Ok(all()?.into_iter().find(|&(i, _)| i == id).map(|(_, n)| n))
 }
 
+/// The name of kernel BTF object `id` if it has been recorded (no ids are handed out: a
+/// descriptor of one exists only once it has been).
+pub fn recorded_name(id: u32) -> Option<String> {
+    let d = dir().ok()?;
+    records(&d).into_iter().find(|&(i, _)| i == id).map(|(_, n)| n)
+}
+
 /// Whether `id` is a kernel BTF object already recorded (no ids are handed out).
 pub fn is_kernel(id: u32) -> bool {
-    dir().is_ok_and(|d| records(&d).iter().any(|&(i, _)| i == id))
+    recorded_name(id).is_some()
 }
 
 /// A new descriptor of kernel BTF object `id` named `name`.

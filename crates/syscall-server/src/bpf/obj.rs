@@ -274,7 +274,7 @@ fn map_info(a: &Attr, fd: i32) -> Result<i64, i32> {
 fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
     // The kernel's own BTF (vmlinux, modules) has its name and kernel_btf = 1; BTF loaded
     // by a program has an empty name and kernel_btf = 0.
-    let kernel = super::kbtf::name_of(id)?;
+    let kernel = super::kbtf::recorded_name(id);
     let data = match &kernel {
         Some(name) => super::kbtf::data(name)?,
         None => objects::session()?.btf(id).map_err(|e| io_errno(&e))?,
