@@ -9,10 +9,11 @@ td_io_queue call by unmodified loaders, each through the kernel and through `use
   skeleton): the most common counting pattern, `bpf_map_lookup_elem` of a
   BPF_MAP_TYPE_PERCPU_ARRAY slot then `*v += 1`, summed over CPUs at exit.
 
-Each round runs every configuration once, unprobed first, so a share is measured against the
-unprobed rate of its own round (a burst of load from other work hits them alike). Prints one
-Markdown table: median IOPS, the median unprobed IOPS beside each share, the median share, and
-the hits the loader printed (which must cover every I/O fio issued). It reports; it never
+Each round runs every probed configuration once, with an unprobed run before and after each
+(none, A, none, B, ..., none): a probed run's share is measured against the mean of its two
+neighbouring unprobed runs, so a burst of load from other work hits both sides alike. Prints
+one Markdown table: median IOPS, the median of those unprobed baselines beside each share, the
+median share, and the hits the loader printed (which must cover every I/O fio issued). It reports; it never
 fails on timing. Problems met on the way (a loader that does not start, a count that does not
 match) are printed verbatim.
 
@@ -201,38 +202,53 @@ def main():
         cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    # Per configuration, per round: the result (None when the run failed).
-    rounds = {c: [] for c in configs}
+    probed = [c for c in configs if c != "none"]
+    # Per probed configuration: (its result, the mean unprobed IOPS of the runs beside it).
+    pairs = {c: [] for c in probed}
+    unprobed = []
     loads = [loadavg()]
     failed = set()
     with tempfile.TemporaryDirectory(prefix="lbench-") as workdir:
+        before = run("none", workdir)
+        if before:
+            unprobed.append(before["iops"])
         for _ in range(ROUNDS):
-            for c in configs:
+            for c in probed:
                 r = None if c in failed else run(c, workdir)
                 if r is None:
                     failed.add(c)
-                rounds[c].append(r)
+                after = run("none", workdir)
+                if after:
+                    unprobed.append(after["iops"])
+                sides = [x["iops"] for x in (before, after) if x]
+                if r and sides:
+                    pairs[c].append((r, sum(sides) / len(sides)))
+                before = after
             loads.append(loadavg())
     print(f"## loader benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
           f"load average {' → '.join(loads)} (before, after each round)")
     print()
     print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, {ROUNDS} rounds of {RUNTIME} s runs, medians; "
-          f"each share against the unprobed run of its own round")
+          f"each share against the mean of the unprobed runs just before and after it")
     print()
     print("| fio under | IOPS | unprobed IOPS | share of unprobed | hits (loader's count) |")
     print("|---|---:|---:|---:|---:|")
+    if unprobed:
+        print(f"| {CONFIGS['none'][0]} ({len(unprobed)} runs) | {statistics.median(unprobed):,.0f} | "
+              f"{min(unprobed):,.0f} – {max(unprobed):,.0f} | 100% | – |")
+    else:
+        print(f"| {CONFIGS['none'][0]} | failed | – | – | – |")
     shares = {}
-    for c in configs:
+    for c in probed:
         label = CONFIGS[c][0]
-        pairs = [(r, b) for r, b in zip(rounds[c], rounds["none"]) if r and b]
-        if not pairs:
+        if not pairs[c]:
             print(f"| {label} | failed | – | – | – |")
             continue
-        iops = statistics.median(r["iops"] for r, _ in pairs)
-        base = statistics.median(b["iops"] for _, b in pairs)
-        share = statistics.median(100 * r["iops"] / b["iops"] for r, b in pairs)
+        iops = statistics.median(r["iops"] for r, _ in pairs[c])
+        base = statistics.median(b for _, b in pairs[c])
+        share = statistics.median(100 * r["iops"] / b for r, b in pairs[c])
         shares[c] = share
-        hits = [r["hits"] for r, _ in pairs if r.get("hits") is not None]
+        hits = [r["hits"] for r, _ in pairs[c] if r.get("hits") is not None]
         hits_text = f"{int(statistics.median(hits)):,}" if hits else "–"
         print(f"| {label} | {iops:,.0f} | {base:,.0f} | {share:.1f}% | {hits_text} |")
     print()
