@@ -13,7 +13,9 @@ Each round runs every probed configuration once, with an unprobed run before and
 (none, A, none, B, ..., none): a probed run's share is measured against the mean of its two
 neighbouring unprobed runs, so a burst of load from other work hits both sides alike. Prints
 one Markdown table: median IOPS, the median of those unprobed baselines beside each share, the
-median share, and the hits the loader printed (which must cover every I/O fio issued). It reports; it never
+median share, the same share in I/Os per second of CPU time fio's job got (fio's usr_cpu +
+sys_cpu: less moved by other work taking the machine's CPUs), and the hits the loader printed
+(which must cover every I/O fio issued). The target is judged on the IOPS share. It reports; it never
 fails on timing. Problems met on the way (a loader that does not start, a count that does not
 match) are printed verbatim.
 
@@ -96,8 +98,12 @@ def fio_cmd(out):
 def read_fio(out, what):
     try:
         with open(out) as f:
-            job = json.load(f)["jobs"][0]["read"]
-        return {"iops": job["iops"], "ios": job.get("total_ios", 0)}
+            job = json.load(f)["jobs"][0]
+        cpu = (job.get("usr_cpu", 0) + job.get("sys_cpu", 0)) / 100
+        read = job["read"]
+        # I/Os per second of CPU time fio's job thread got: what the probes cost, less
+        # dependent than IOPS on how much of the machine other work takes.
+        return {"iops": read["iops"], "ios": read.get("total_ios", 0), "cpu_rate": read["iops"] / cpu if cpu > 0 else None}
     except (OSError, ValueError, KeyError, IndexError) as e:
         problem(f"{what}: no fio result ({e})")
         return None
@@ -203,7 +209,8 @@ def main():
     except (OSError, StopIteration):
         pass
     probed = [c for c in configs if c != "none"]
-    # Per probed configuration: (its result, the mean unprobed IOPS of the runs beside it).
+    # Per probed configuration: (its result, the mean unprobed IOPS of the runs beside it, the
+    # mean unprobed I/Os per CPU-second of the same runs).
     pairs = {c: [] for c in probed}
     unprobed = []
     loads = [loadavg()]
@@ -220,9 +227,10 @@ def main():
                 after = run("none", workdir)
                 if after:
                     unprobed.append(after["iops"])
-                sides = [x["iops"] for x in (before, after) if x]
+                sides = [x for x in (before, after) if x]
                 if r and sides:
-                    pairs[c].append((r, sum(sides) / len(sides)))
+                    rates = [x["cpu_rate"] for x in sides if x["cpu_rate"]]
+                    pairs[c].append((r, sum(x["iops"] for x in sides) / len(sides), sum(rates) / len(rates) if rates else None))
                 before = after
             loads.append(loadavg())
     print(f"## loader benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
@@ -231,26 +239,28 @@ def main():
     print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, {ROUNDS} rounds of {RUNTIME} s runs, medians; "
           f"each share against the mean of the unprobed runs just before and after it")
     print()
-    print("| fio under | IOPS | unprobed IOPS | share of unprobed | hits (loader's count) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| fio under | IOPS | unprobed IOPS | share of unprobed | share per fio CPU-second | hits (loader's count) |")
+    print("|---|---:|---:|---:|---:|---:|")
     if unprobed:
         print(f"| {CONFIGS['none'][0]} ({len(unprobed)} runs) | {statistics.median(unprobed):,.0f} | "
-              f"{min(unprobed):,.0f} – {max(unprobed):,.0f} | 100% | – |")
+              f"{min(unprobed):,.0f} – {max(unprobed):,.0f} | 100% | 100% | – |")
     else:
-        print(f"| {CONFIGS['none'][0]} | failed | – | – | – |")
+        print(f"| {CONFIGS['none'][0]} | failed | – | – | – | – |")
     shares = {}
     for c in probed:
         label = CONFIGS[c][0]
         if not pairs[c]:
-            print(f"| {label} | failed | – | – | – |")
+            print(f"| {label} | failed | – | – | – | – |")
             continue
-        iops = statistics.median(r["iops"] for r, _ in pairs[c])
-        base = statistics.median(b for _, b in pairs[c])
-        share = statistics.median(100 * r["iops"] / b for r, b in pairs[c])
+        iops = statistics.median(r["iops"] for r, _, _ in pairs[c])
+        base = statistics.median(b for _, b, _ in pairs[c])
+        share = statistics.median(100 * r["iops"] / b for r, b, _ in pairs[c])
         shares[c] = share
-        hits = [r["hits"] for r, _ in pairs[c] if r.get("hits") is not None]
+        cpu_shares = [100 * r["cpu_rate"] / rb for r, _, rb in pairs[c] if r["cpu_rate"] and rb]
+        cpu_text = f"{statistics.median(cpu_shares):.1f}%" if cpu_shares else "–"
+        hits = [r["hits"] for r, _, _ in pairs[c] if r.get("hits") is not None]
         hits_text = f"{int(statistics.median(hits)):,}" if hits else "–"
-        print(f"| {label} | {iops:,.0f} | {base:,.0f} | {share:.1f}% | {hits_text} |")
+        print(f"| {label} | {iops:,.0f} | {base:,.0f} | {share:.1f}% | {cpu_text} | {hits_text} |")
     print()
     print("Scripts: `" + COUNT_SCRIPT + "`, `" + HIST_SCRIPT + "`; the libbpf counter is target/libbpf/percpu-counter "
           f"(`{FIO} {FUNC}`).")
