@@ -3,6 +3,8 @@
 //! name (which is not always the call's: `umount` for umount2, `newstat` for stat); and the
 //! numbers of the names the kernel spells its own way, and of the newest calls, are the
 //! kernel's (each call is made once under the kernel's tracepoints, which report the number).
+//! And every one of them, entry and exit, is attached by `userbpf run` or refused with a reason
+//! (a call no hook of a process can see), never as an unknown system call.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -74,4 +76,40 @@ fn numbers_of_renamed_and_new_calls_are_the_kernels() {
         let want = format!("tracepoint:syscalls:sys_enter_{n} {nr}\n");
         assert!(out.contains(&want), "userbpf's number of `{n}` is {nr}, the kernel's tracepoint reports otherwise:\n{out}");
     }
+}
+
+#[test]
+fn every_kernel_syscall_tracepoint_attaches_or_is_refused_with_a_reason() {
+    let names = kernel_names();
+    // One program per tracepoint, entry and exit, generated from the kernel's list.
+    let mut src = String::from("#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nlong hits;\n");
+    for n in &names {
+        for k in ["enter", "exit"] {
+            src.push_str(&format!("SEC(\"tp/syscalls/sys_{k}_{n}\") int {k}_{n}(void *ctx) {{ __sync_fetch_and_add(&hits, 1); return 0; }}\n"));
+        }
+    }
+    src.push_str("char LICENSE[] SEC(\"license\") = \"GPL\";\n");
+    let dir = tmp().join("syscall_names");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("all_syscalls.bpf.c");
+    std::fs::write(&c, src).unwrap();
+    let obj = userbpf_testutil::compile_bpf(&c, &dir);
+    let out = Command::new(userbpf()).env("USERBPF_AGENT", agent()).env("USERBPF_SHM_DIR", tmp()).arg("run").arg(&obj).args(["--", "/bin/true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let mut refused = std::collections::BTreeSet::new();
+    for l in err.lines() {
+        let Some(at) = l.find("syscalls/sys_") else { continue };
+        let tp: String = l[at + "syscalls/".len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        assert!(!l.contains("no x86-64 system call"), "a kernel tracepoint name userbpf does not know: {l}");
+        let reason = l[at..].split_once(": ").map_or("", |(_, r)| r.trim());
+        assert!(!reason.is_empty(), "{tp} refused without a reason: {l}");
+        refused.insert(tp);
+    }
+    let total = names.len() * 2;
+    // Most calls have a libc function that userbpf hooks.
+    assert!(refused.len() * 2 < total, "{} of {total} system call tracepoints refused:\n{err}", refused.len());
+    assert!(
+        err.lines().filter(|l| l.contains("syscalls/sys_")).all(|l| l.contains("userbpf")),
+        "every refusal comes from userbpf, naming the tracepoint:\n{err}"
+    );
 }
