@@ -105,7 +105,12 @@ def read_fio(out, what):
         # dependent than IOPS on how much of the machine other work takes.
         return {"iops": read["iops"], "ios": read.get("total_ios", 0), "cpu_rate": read["iops"] / cpu if cpu > 0 else None}
     except (OSError, ValueError, KeyError, IndexError) as e:
-        problem(f"{what}: no fio result ({e})")
+        try:
+            with open(out, errors="replace") as f:
+                head = f.read(600)
+        except OSError:
+            head = ""
+        problem(f"{what}: no fio result ({e})", f"{out} begins with: {head!r}" if head else f"{out} is empty or missing")
         return None
 
 
@@ -214,16 +219,17 @@ def main():
     pairs = {c: [] for c in probed}
     unprobed = []
     loads = [loadavg()]
-    failed = set()
+    failed = {}
     with tempfile.TemporaryDirectory(prefix="lbench-") as workdir:
         before = run("none", workdir)
         if before:
             unprobed.append(before["iops"])
         for _ in range(ROUNDS):
             for c in probed:
-                r = None if c in failed else run(c, workdir)
+                # A configuration that failed twice is not run again.
+                r = None if failed.get(c, 0) >= 2 else run(c, workdir)
                 if r is None:
-                    failed.add(c)
+                    failed[c] = failed.get(c, 0) + 1
                 after = run("none", workdir)
                 if after:
                     unprobed.append(after["iops"])
