@@ -338,6 +338,8 @@ pub const SYSCALLS: &[(&str, u32)] = &[
     ("statx", 332),
     ("io_pgetevents", 333),
     ("rseq", 334),
+    ("uretprobe", 335),
+    ("uprobe", 336),
     ("pidfd_send_signal", 424),
     ("io_uring_setup", 425),
     ("io_uring_enter", 426),
@@ -365,10 +367,48 @@ pub const SYSCALLS: &[(&str, u32)] = &[
     ("process_mrelease", 448),
     ("futex_waitv", 449),
     ("set_mempolicy_home_node", 450),
+    ("cachestat", 451),
+    ("fchmodat2", 452),
+    ("map_shadow_stack", 453),
+    ("futex_wake", 454),
+    ("futex_wait", 455),
+    ("futex_requeue", 456),
+    ("statmount", 457),
+    ("listmount", 458),
+    ("lsm_get_self_attr", 459),
+    ("lsm_set_self_attr", 460),
+    ("lsm_list_modules", 461),
+    ("mseal", 462),
+    ("setxattrat", 463),
+    ("getxattrat", 464),
+    ("listxattrat", 465),
+    ("removexattrat", 466),
+    ("open_tree_attr", 467),
+    ("file_getattr", 468),
+    ("file_setattr", 469),
 ];
 
-/// The number of system call `name`.
+/// The kernel's names of system call tracepoints (`syscalls:sys_enter_NAME`, from the
+/// `SYSCALL_DEFINE` of the call) that differ from the call's name in `asm/unistd_64.h`:
+/// `(tracepoint name, system call name)`.
+pub const TRACEPOINT_NAMES: &[(&str, &str)] = &[
+    ("newstat", "stat"),
+    ("newlstat", "lstat"),
+    ("newfstat", "fstat"),
+    ("newuname", "uname"),
+    ("sendfile64", "sendfile"),
+    ("umount", "umount2"),
+];
+
+/// The system call named `name`, which may be the kernel's tracepoint name of it
+/// (`umount` for `umount2`, see [`TRACEPOINT_NAMES`]).
+pub fn canonical(name: &str) -> &str {
+    TRACEPOINT_NAMES.iter().find(|(t, _)| *t == name).map_or(name, |(_, n)| *n)
+}
+
+/// The number of system call `name` (or of the call a kernel tracepoint name stands for).
 pub fn number(name: &str) -> Option<u32> {
+    let name = canonical(name);
     SYSCALLS.iter().find(|(n, _)| *n == name).map(|(_, nr)| *nr)
 }
 
@@ -636,8 +676,10 @@ const NOT_WRAPPERS: &[&str] = &[
     "fcntl",
 ];
 
-/// The libc functions issuing system call `name` (none if it is unknown).
+/// The libc functions issuing system call `name` (none if it is unknown); `name` may be the
+/// kernel's tracepoint name of the call.
 pub fn wrappers_of(name: &str) -> Vec<Wrapper> {
+    let name = canonical(name);
     let mut v: Vec<Wrapper> = RENAMED
         .iter()
         .filter(|w| w.syscall == name)

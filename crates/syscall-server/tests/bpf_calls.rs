@@ -98,6 +98,14 @@ fn btf_loads_and_info_match_the_kernel() {
     compare("btf");
 }
 
+/// The kernel's own BTF (vmlinux, modules) listed, opened and read as on the kernel (bpftrace
+/// finds the types of tracepoint records this way).
+#[test]
+fn kernel_btf_objects_match_the_kernel() {
+    compare("kbtf");
+    assert!(run("kbtf", None).contains("kbtf vmlinux id_ok=1"), "the kernel serves vmlinux BTF here");
+}
+
 #[test]
 fn unknown_commands_and_bad_attributes_match_the_kernel() {
     compare("misc");

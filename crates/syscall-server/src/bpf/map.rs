@@ -71,7 +71,12 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         if btf_value == 0 && btf_key != 0 {
             return Err(libc::EINVAL);
         }
-        Some(objects::get_kind(btf_fd, Kind::Btf)?.id)
+        let id = objects::get_kind(btf_fd, Kind::Btf)?.id;
+        // The kernel's own BTF cannot describe a map (as the kernel answers).
+        if super::kbtf::is_kernel(id) {
+            return Err(libc::EACCES);
+        }
+        Some(id)
     } else {
         None
     };

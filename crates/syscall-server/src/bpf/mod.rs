@@ -5,6 +5,7 @@
 //! - [`prog`]: PROG_LOAD (with a verifier-like log), PROG_TEST_RUN, PROG_BIND_MAP;
 //! - [`obj`]: BTF_LOAD, OBJ_GET_INFO_BY_FD, the *_GET_FD_BY_ID and *_GET_NEXT_ID commands,
 //!   OBJ_PIN and OBJ_GET;
+//! - [`kbtf`]: the kernel's own BTF objects (vmlinux, modules), listed and read as on the kernel;
 //! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN.
 //!
 //! Pointers in `union bpf_attr` are addresses in this process (the loader's); they are read
@@ -21,6 +22,7 @@ use crate::sys;
 
 mod dead;
 mod h4;
+pub mod kbtf;
 pub mod link;
 pub mod map;
 pub mod obj;

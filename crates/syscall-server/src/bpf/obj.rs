@@ -272,8 +272,13 @@ fn map_info(a: &Attr, fd: i32) -> Result<i64, i32> {
 }
 
 fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
-    let session = objects::session()?;
-    let data = session.btf(id).map_err(|e| io_errno(&e))?;
+    // The kernel's own BTF (vmlinux, modules) has its name and kernel_btf = 1; BTF loaded
+    // by a program has an empty name and kernel_btf = 0.
+    let kernel = super::kbtf::recorded_name(id);
+    let data = match &kernel {
+        Some(name) => super::kbtf::data(name)?,
+        None => objects::session()?.btf(id).map_err(|e| io_errno(&e))?,
+    };
     let mut i = Info::read(a, 32)?;
     let ubtf = i.u64(0);
     let ulen = i.u32(8) as usize;
@@ -287,13 +292,24 @@ fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
     if (uname == 0) != (uname_len == 0) {
         return Err(libc::EINVAL);
     }
-    // BTF loaded by a program has no name; kernel_btf is 0.
-    i.set32(24, 0);
+    let name = kernel.as_deref().unwrap_or("").as_bytes();
+    i.set32(24, name.len() as u32);
+    i.set32(28, u32::from(kernel.is_some()));
+    // As the kernel: the name and its NUL when they fit, else as much as fits, NUL-ended,
+    // and ENOSPC (after the info is written back).
+    let mut short = false;
     if uname != 0 {
-        write_user(uname, &[0])?;
+        let fit = (uname_len as usize).min(name.len() + 1);
+        let mut b = name[..fit - 1].to_vec();
+        b.push(0);
+        write_user(uname, &b)?;
+        short = (uname_len as usize) < name.len() + 1;
     }
-    i.set32(28, 0);
-    i.finish(a)
+    i.finish(a)?;
+    if short {
+        return Err(libc::ENOSPC);
+    }
+    Ok(0)
 }
 
 /// bpf_link_type values.
@@ -345,6 +361,7 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
         Kind::Btf => std::fs::read_dir(session.dir().join("btf"))
             .map_err(|e| io_errno(&e))?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .chain(super::kbtf::all()?.into_iter().map(|(id, _)| id))
             .collect(),
         Kind::PerfEvent => Vec::new(),
     };
@@ -393,7 +410,10 @@ pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
             prog_by_id(id)?;
             objects::install(Kind::Prog, id, &session.dir().join("progs").join(format!("{id}.json"))).map_err(not_found)
         }
-        Kind::Btf => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+        Kind::Btf => match super::kbtf::name_of(id)? {
+            Some(name) => super::kbtf::install(id, &name).map_err(not_found),
+            None => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+        },
         Kind::Link => {
             // Perf links open the perf module's link file; raw tracepoint links their record.
             let perf = crate::attach::link_file(id);

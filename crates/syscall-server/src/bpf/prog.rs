@@ -418,6 +418,10 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
     }
     // BTF and the func/line info that comes with it.
     let btf_id = if prog_btf_fd != 0 { objects::get_kind(prog_btf_fd, Kind::Btf)?.id } else { 0 };
+    if btf_id != 0 && super::kbtf::is_kernel(btf_id) {
+        // A program's BTF is its own, never the kernel's (as the kernel answers).
+        return refuse(&mut log, a, &insns, None, "prog_btf_fd is the kernel's BTF, not the program's", libc::EACCES, 0);
+    }
     let read_info = |rec: u32, ptr: u64, cnt: u32, what: &str, log: &mut VLog| -> Result<Vec<u8>, String> {
         if cnt == 0 {
             return Ok(Vec::new());

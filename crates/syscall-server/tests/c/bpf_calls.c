@@ -476,6 +476,59 @@ static void btf(void) {
     btf__free(b);
 }
 
+/* The kernel's own BTF objects, found as bpftrace and libbpf find them: walking the BTF ids for
+ * kernel_btf objects (other processes' BTF, kernel_btf 0, is skipped: its number varies). */
+static void kernel_btf(void) {
+    uint32_t id = 0;
+    int seen = 0, vmlinux = 0;
+    while (bpf_btf_get_next_id(id, &id) == 0) {
+        int fd = bpf_btf_get_fd_by_id(id);
+        if (fd < 0) { printf("kbtf_fd_by_id %d\n", -errno); continue; }
+        char name[64] = "";
+        struct bpf_btf_info info; uint32_t len = sizeof(info);
+        memset(&info, 0, sizeof(info));
+        info.name = (uintptr_t)name; info.name_len = sizeof(name);
+        if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) { printf("kbtf_info %d\n", -errno); close(fd); continue; }
+        if (!info.kernel_btf) { close(fd); continue; }
+        seen++;
+        char path[128];
+        snprintf(path, sizeof(path), "/sys/kernel/btf/%s", name);
+        FILE *f = fopen(path, "rb");
+        long fsize = -1;
+        if (f) { fseek(f, 0, SEEK_END); fsize = ftell(f); }
+        printf("kbtf %s id_ok=%d name_len=%u size_matches_file=%d\n", name, info.id == id, info.name_len, fsize == (long)info.btf_size);
+        if (strcmp(name, "vmlinux") == 0) {
+            vmlinux = 1;
+            /* The data, as btf__load_from_kernel_by_id reads it, against the file. */
+            char *data = malloc(info.btf_size), *file = malloc(info.btf_size);
+            uint32_t size = info.btf_size;
+            memset(&info, 0, sizeof(info)); len = sizeof(info);
+            info.btf = (uintptr_t)data; info.btf_size = size;
+            R("kbtf_data_info", bpf_obj_get_info_by_fd(fd, &info, &len));
+            fseek(f, 0, SEEK_SET);
+            printf("kbtf_data_matches_file %d\n", fread(file, 1, size, f) == size && memcmp(data, file, size) == 0);
+            free(data); free(file);
+            /* A name buffer too short: as much as fits, NUL-ended, and ENOSPC. */
+            char shortname[4] = "zzz";
+            memset(&info, 0, sizeof(info)); len = sizeof(info);
+            info.name = (uintptr_t)shortname; info.name_len = sizeof(shortname);
+            R("kbtf_short_name", bpf_obj_get_info_by_fd(fd, &info, &len));
+            printf("kbtf_short_name %s name_len=%u kernel_btf=%u\n", shortname, info.name_len, info.kernel_btf);
+            struct btf *b = btf__load_from_kernel_by_id(id);
+            struct btf *fb = btf__parse(path, NULL);
+            printf("kbtf_load_by_id ok=%d same_types=%d\n", b != NULL, b && fb && btf__type_cnt(b) == btf__type_cnt(fb));
+            btf__free(b); btf__free(fb);
+            /* The kernel's BTF does not describe maps or programs. */
+            int m = bpf_map_create(BPF_MAP_TYPE_ARRAY, "kb", 4, 4, 1, &(struct bpf_map_create_opts){ .sz = sizeof(struct bpf_map_create_opts), .btf_fd = fd, .btf_key_type_id = 1, .btf_value_type_id = 1 });
+            printf("kbtf_map_create %d\n", m < 0 ? -errno : 0);
+            if (m >= 0) close(m);
+        }
+        if (f) fclose(f);
+        close(fd);
+    }
+    printf("kbtf_objects_seen %d vmlinux %d\n", seen > 0, vmlinux);
+}
+
 static void misc(void) {
     union bpf_attr attr;
     memset(&attr, 0, sizeof(attr));
@@ -518,6 +571,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "fdmaps")) fd_maps();
     if (!strcmp(what, "all") || !strcmp(what, "progs")) progs();
     if (!strcmp(what, "all") || !strcmp(what, "btf")) btf();
+    if (!strcmp(what, "all") || !strcmp(what, "kbtf")) kernel_btf();
     if (!strcmp(what, "all") || !strcmp(what, "links")) links();
     if (!strcmp(what, "fdquery")) fd_query();
     if (!strcmp(what, "all") || !strcmp(what, "misc")) misc();
