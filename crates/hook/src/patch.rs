@@ -36,7 +36,7 @@
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// Signal used to stop-and-fix threads during patching (SIGRTMAX - 3).
@@ -230,10 +230,10 @@ static ACKS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static FIXUPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TRAPS: AtomicU64 = AtomicU64::new(0);
 
-static mut OLD_TRAP: libc::sigaction = {
-    // SAFETY: sigaction is plain old data; all-zero is SIG_DFL.
-    unsafe { std::mem::zeroed() }
-};
+/// The program's `SIGTRAP` disposition, handed the traps that are not ours: the one found at
+/// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
+/// [`guard_sigtrap`]). Leaked copies, never freed (a handler may be reading one).
+static OLD_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 
 fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     let uc = ctx as *mut libc::ucontext_t;
@@ -241,47 +241,130 @@ fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as *mut i64 }
 }
 
+/// The `SIGTRAP` handler: an `int3` of ours (a breakpoint site, or the first byte of a jump
+/// being written) sends the thread on; anything else goes to the program's disposition.
+///
+/// Ours: the trap comes from an `int3` (`si_code` `SI_KERNEL`, not a `kill`) and the byte
+/// before the saved `rip` is a registered site (a lock-free scan of the site table: no lock,
+/// no allocation). The saved `rip` becomes the site's target (the stub of a breakpoint
+/// site, which runs the handlers after the signal returned; the relocated copy of a jump
+/// being written), or the site's own address when its `int3` is gone by now (detached).
 extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let rip = rip_of(ctx);
-    // SAFETY: rip points into the live ucontext.
-    let after = unsafe { *rip } as usize;
-    let at = after.wrapping_sub(1);
-    let n = TRAP_COUNT.load(Acquire);
-    for i in 0..n {
-        if TRAP_ADDR[i].load(Acquire) == at {
-            TRAPS.fetch_add(1, Relaxed);
-            // SAFETY: `at` is a patched site address, mapped and readable.
-            let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
-            let target = if byte == 0xCC {
-                TRAP_RELOC[i].load(Acquire)
-            } else {
-                at
-            };
-            // SAFETY: writing the saved rip of this thread's signal frame.
-            unsafe { *rip = target as i64 };
-            return;
+    // SAFETY: info is the siginfo the kernel passed to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    if code == libc::SI_KERNEL {
+        let rip = rip_of(ctx);
+        // SAFETY: rip points into the live ucontext.
+        let after = unsafe { *rip } as usize;
+        let at = after.wrapping_sub(1);
+        let n = TRAP_COUNT.load(Acquire);
+        for i in 0..n {
+            if TRAP_ADDR[i].load(Acquire) == at {
+                TRAPS.fetch_add(1, Relaxed);
+                // SAFETY: `at` is a patched site address, mapped and readable.
+                let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
+                let target = if byte == 0xCC {
+                    TRAP_RELOC[i].load(Acquire)
+                } else {
+                    at
+                };
+                // SAFETY: writing the saved rip of this thread's signal frame.
+                unsafe { *rip = target as i64 };
+                return;
+            }
         }
     }
-    // Not ours: hand over to the previous disposition.
-    // SAFETY: OLD_TRAP was written once in install_handlers before this handler
-    // could run; we only read it.
-    let old = unsafe { std::ptr::addr_of!(OLD_TRAP).read() };
-    if old.sa_flags & libc::SA_SIGINFO != 0 && old.sa_sigaction > 1 {
-        // SAFETY: the previous handler was installed as an SA_SIGINFO handler.
-        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(old.sa_sigaction) };
-        f(sig, info, ctx);
-    } else if old.sa_sigaction > 1 {
-        // SAFETY: the previous handler was installed as a plain handler.
-        let f: extern "C" fn(i32) = unsafe { std::mem::transmute(old.sa_sigaction) };
-        f(sig);
-    } else {
-        // SIG_DFL/SIG_IGN for a stray int3: die like without us.
-        // SAFETY: resetting SIGTRAP to default and re-raising is async-signal-safe.
+    chain_trap(sig, info, ctx, code);
+}
+
+/// Hands a `SIGTRAP` that is not ours to the program's disposition, as the kernel would
+/// have: its handler runs with its `sa_mask` (and `SIGTRAP` unless `SA_NODEFER`) blocked,
+/// `SA_RESETHAND` resets it first; `SIG_IGN` ignores a sent signal; the default action (or
+/// `SIG_IGN` for a real trap, which the kernel does not let be ignored) kills the process.
+fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code: i32) {
+    let p = OLD_TRAP.load(Acquire);
+    // SAFETY: a leaked copy (never freed), or null for SIG_DFL.
+    let old: libc::sigaction = if p.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *p } };
+    let handler = old.sa_sigaction;
+    if handler == libc::SIG_IGN && code <= 0 {
+        return; // sent with kill/tgkill/sigqueue and ignored
+    }
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // SAFETY: raw rt_sigaction (not libc's, which the guard probe intercepts) to the
+        // default action, then the signal again: async-signal-safe; SA_NODEFER delivers it
+        // at once.
         unsafe {
-            libc::signal(libc::SIGTRAP, libc::SIG_DFL);
+            let k = [0u64; 4];
+            libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, k.as_ptr(), std::ptr::null_mut::<u64>(), 8);
             libc::raise(libc::SIGTRAP);
         }
+        return;
+    }
+    if old.sa_flags & libc::SA_RESETHAND != 0 {
+        OLD_TRAP.store(std::ptr::null_mut(), Release);
+    }
+    // SAFETY: sigset operations on local sets; pthread_sigmask is async-signal-safe.
+    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        let mut block = old.sa_mask;
+        if old.sa_flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut block, libc::SIGTRAP);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut prev);
+    }
+    if old.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed it as an SA_SIGINFO handler.
+        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed it as a plain handler.
+        let f: extern "C" fn(i32) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+    // SAFETY: restores this thread's mask as it was in our handler.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &prev, std::ptr::null_mut()) };
+}
+
+/// Entry handler of the guard probe on libc's `sigaction` (which `signal`, `sigset` and
+/// `sysv_signal` call too): a `SIGTRAP` disposition the program sets is recorded as the one
+/// [`chain_trap`] hands foreign traps to, instead of replacing the engine's handler; a query
+/// returns the recorded one. Other signals go on to libc.
+unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::PtRegs) -> u32 {
+    // SAFETY: the engine passes the live pt_regs of the call.
+    let regs = unsafe { &mut *regs };
+    if regs.di as i32 != libc::SIGTRAP {
+        return crate::HOOK_CONTINUE;
+    }
+    let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
+    let prev = OLD_TRAP.load(Acquire);
+    if !old.is_null() {
+        // SAFETY: the program's buffer for a struct sigaction (glibc's layout is the libc
+        // crate's); `prev` a leaked copy.
+        unsafe { old.write(if prev.is_null() { std::mem::zeroed() } else { *prev }) };
+    }
+    if !act.is_null() {
+        // SAFETY: the program's struct sigaction, which libc would have read.
+        let new = Box::into_raw(Box::new(unsafe { act.read() }));
+        OLD_TRAP.store(new, Release);
+    }
+    regs.ax = 0;
+    crate::HOOK_SKIP
+}
+
+static GUARD: AtomicUsize = AtomicUsize::new(0);
+
+/// Puts the guard probe on libc's `sigaction` (once; best effort: a process without a
+/// dynamic libc has no such function to call, and a raw `rt_sigaction` system call is not
+/// seen). Called outside the registry lock.
+pub(crate) fn guard_sigtrap() {
+    if GUARD.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+        return;
+    }
+    let Ok(r) = crate::symbols::resolve("libc.so.6:sigaction") else { return };
+    let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
+    if crate::attach_with(r.addr, crate::ProbeKind::Entry, sigaction_guard, std::ptr::null_mut(), ext).is_ok() {
+        GUARD.store(2, SeqCst);
     }
 }
 
@@ -313,14 +396,17 @@ pub(crate) fn install_handlers() -> Result<(), String> {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = trap_handler as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
+        // SA_ONSTACK: a program handler chained from here may rely on its alternate stack.
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGTRAP, &sa, std::ptr::addr_of_mut!(OLD_TRAP)) != 0 {
+        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
             return Err(format!(
                 "sigaction(SIGTRAP): {}",
                 std::io::Error::last_os_error()
             ));
         }
+        OLD_TRAP.store(old, SeqCst);
         let mut sb: libc::sigaction = std::mem::zeroed();
         sb.sa_sigaction = fixup_handler as *const () as usize;
         sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
