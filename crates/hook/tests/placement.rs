@@ -442,3 +442,52 @@ fn the_programs_own_sigtrap_handler_is_chained() {
     assert_ne!(k[0] as usize, own_handler as extern "C" fn(i32) as usize);
     assert_ne!(k[0], 0);
 }
+
+static INFO_TRAPS: AtomicU64 = AtomicU64::new(0);
+static INFO_CODE: AtomicU64 = AtomicU64::new(0);
+static MASKED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn info_handler(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
+    INFO_TRAPS.fetch_add(1, SeqCst);
+    // SAFETY: the siginfo of this delivery; a query of this thread's mask into a local set.
+    unsafe {
+        INFO_CODE.store((*info).si_code as u64, SeqCst);
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur);
+        if libc::sigismember(&cur, libc::SIGUSR2) == 1 && libc::sigismember(&cur, libc::SIGTRAP) == 1 {
+            MASKED.fetch_add(1, SeqCst);
+        }
+    }
+}
+
+#[test]
+fn the_programs_handler_gets_its_flags_and_mask() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    static E: AtomicU64 = AtomicU64::new(0);
+    let id = attach_symbol(&spec("f1_bp"), ProbeKind::Entry, count, data(&E)).unwrap();
+    let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: installing an SA_SIGINFO | SA_RESETHAND handler with SIGUSR2 in its mask.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = info_handler as extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void) as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaddset(&mut sa.sa_mask, libc::SIGUSR2);
+        assert_eq!(libc::sigaction(libc::SIGTRAP, &sa, &mut prev), 0);
+    }
+    fn_ptr("f1_bp")(1);
+    fn_ptr("own_trap")(0);
+    fn_ptr("f1_bp")(1);
+    assert_eq!(INFO_TRAPS.load(SeqCst), 1);
+    assert_eq!(INFO_CODE.load(SeqCst), libc::SI_KERNEL as u64, "the siginfo of the int3");
+    assert_eq!(MASKED.load(SeqCst), 1, "SIGUSR2 (sa_mask) and SIGTRAP (no SA_NODEFER) blocked in the handler");
+    assert_eq!(E.load(SeqCst), 2);
+    let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query into a local struct, then the previous disposition back.
+    unsafe {
+        assert_eq!(libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut now), 0);
+        assert_eq!(now.sa_sigaction, libc::SIG_DFL, "SA_RESETHAND reset the program's disposition");
+        assert_eq!(libc::sigaction(libc::SIGTRAP, &prev, std::ptr::null_mut()), 0);
+    }
+    detach(id).unwrap();
+}
