@@ -1,7 +1,11 @@
 //! userbpf-hook: in-process inline hooks for x86-64 Linux.
 //!
 //! A probe patches the first 5 bytes at an address with `jmp rel32` to a
-//! per-site stub on a page mapped within ±1.5 GB of the target. The stub
+//! per-site stub on a page mapped within ±1.5 GB of the target; where 5 bytes cannot be
+//! taken it uses the alignment padding after the function, or else a one-byte `int3`
+//! whose `SIGTRAP` sends the thread to the same stub (`placement` explains the choice,
+//! [`probe_method`] tells which was made; an `endbr64` at a function's start is kept and
+//! the patch goes after it). The stub
 //! calls a shared stub that saves every GPR, the flags and the FP/vector
 //! state that can be live there, builds a kernel x86-64 `struct pt_regs`
 //! ([`PtRegs`]) and calls the site's handlers; then the displaced

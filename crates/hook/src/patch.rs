@@ -32,6 +32,27 @@
 //! only through their first byte, as any running thread: the `int3` (written before
 //! the file is read) handles that. A thread reported `running` is signalled as before.
 //!
+//! ## Breakpoint sites
+//! A probe planted as a breakpoint (`placement`) is one `int3` byte, written alone (a
+//! thread fetches the old byte or the new one, as with the kernel's and debuggers'
+//! breakpoints); detach writes the original byte back. No broadcast is needed: no thread can
+//! be inside one byte.
+//!
+//! ## SIGTRAP
+//! The engine's handler stays installed: an `int3` of ours (`si_code` `SI_KERNEL`, a
+//! registered address before the saved `rip`) sends the thread on; any other `SIGTRAP` goes
+//! to the program's disposition as the kernel would deliver it (its mask, `SA_NODEFER`,
+//! `SA_RESETHAND`, `SA_SIGINFO`; the default action kills the process). The program's later
+//! `sigaction`/`signal` calls for `SIGTRAP` are recorded (an entry probe on libc's
+//! `sigaction`, which `signal`, `sigset` and `sysv_signal` call) instead of replacing ours, and
+//! queries return what it set. `SIGTRAP` is taken out of the sets given to libc's
+//! `pthread_sigmask`/`sigprocmask` and of other handlers' `sa_mask` (a blocked `SIGTRAP`
+//! makes the kernel kill the process at an `int3`; see `sigmask_guard`). Not seen: raw
+//! `rt_sigaction`/`rt_sigprocmask` system calls, masks set by other paths (`sigsuspend`,
+//! `pselect`, `signalfd` users blocking it, glibc's internal blocking), and threads that
+//! blocked `SIGTRAP` before the engine's first probe: a breakpoint hit there ends the process
+//! as the program's own `int3` would.
+//!
 //! Limits: a thread that blocks `FIXUP_SIGNAL` makes the broadcast wait for
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
@@ -278,7 +299,7 @@ extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc:
 }
 
 /// Hands a `SIGTRAP` that is not ours to the program's disposition, as the kernel would
-/// have: its handler runs with its `sa_mask` (and `SIGTRAP` unless `SA_NODEFER`) blocked,
+/// have: its handler runs with its `sa_mask` blocked (but never `SIGTRAP`),
 /// `SA_RESETHAND` resets it first; `SIG_IGN` ignores a sent signal; the default action (or
 /// `SIG_IGN` for a real trap, which the kernel does not let be ignored) kills the process.
 fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code: i32) {
@@ -306,10 +327,10 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
     // SAFETY: sigset operations on local sets; pthread_sigmask is async-signal-safe.
     let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     unsafe {
+        // Never SIGTRAP itself (see `sigmask_guard`): the kernel would block it without
+        // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.
         let mut block = old.sa_mask;
-        if old.sa_flags & libc::SA_NODEFER == 0 {
-            libc::sigaddset(&mut block, libc::SIGTRAP);
-        }
+        libc::sigdelset(&mut block, libc::SIGTRAP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut prev);
     }
     if old.sa_flags & libc::SA_SIGINFO != 0 {
@@ -334,6 +355,9 @@ unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::Pt
     // SAFETY: the engine passes the live pt_regs of the call.
     let regs = unsafe { &mut *regs };
     if regs.di as i32 != libc::SIGTRAP {
+        // Another signal's handler blocks its sa_mask while it runs: never SIGTRAP (see
+        // `sigmask_guard`).
+        strip_sigtrap(regs, 19, 1);
         return crate::HOOK_CONTINUE;
     }
     let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
@@ -352,18 +376,66 @@ unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::Pt
     crate::HOOK_SKIP
 }
 
+thread_local! {
+    /// A copy of the signal set (or `struct sigaction`) a program passed, without `SIGTRAP`
+    /// (glibc's sigset_t is 128 bytes; its struct sigaction 152).
+    static MASK_COPY: std::cell::UnsafeCell<[u64; 20]> = const { std::cell::UnsafeCell::new([0; 20]) };
+}
+
+/// Passes libc a copy of the set at `regs.si` (`words` words, the set at word `at`) without
+/// `SIGTRAP`, when it has it.
+fn strip_sigtrap(regs: &mut crate::PtRegs, words: usize, at: usize) {
+    let bit = 1u64 << (libc::SIGTRAP - 1);
+    let src = regs.si as *const u64;
+    // SAFETY: the program passes this pointer to libc, which reads these bytes too.
+    if src.is_null() || unsafe { src.add(at).read_unaligned() } & bit == 0 {
+        return;
+    }
+    MASK_COPY.with(|c| {
+        let dst = c.get() as *mut u64;
+        // SAFETY: copying the program's set/struct (readable, see above) into this thread's
+        // buffer of 20 words, which libc reads before this thread can come here again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, words * 8);
+            *dst.add(at) &= !bit;
+        }
+        regs.si = dst as u64;
+    });
+}
+
+/// Entry handler on libc's `pthread_sigmask` (which `sigprocmask` calls): `SIGTRAP` is never
+/// blocked. A blocked `SIGTRAP` does not hold back an `int3`'s trap: the kernel kills the
+/// process instead (it would for the program's own `int3` too), so a thread that blocks every
+/// signal would die at its next breakpoint probe. Only a `SIGTRAP` sent with `kill` is delayed
+/// by blocking it, which is all the program loses.
+unsafe extern "C" fn sigmask_guard(_d: *mut libc::c_void, regs: *mut crate::PtRegs) -> u32 {
+    // SAFETY: the engine passes the live pt_regs of the call.
+    let regs = unsafe { &mut *regs };
+    if regs.di as i32 != libc::SIG_UNBLOCK {
+        strip_sigtrap(regs, 16, 0);
+    }
+    crate::HOOK_CONTINUE
+}
+
 static GUARD: AtomicUsize = AtomicUsize::new(0);
 
-/// Puts the guard probe on libc's `sigaction` (once; best effort: a process without a
+/// Puts the guard probes on libc's `sigaction` and `pthread_sigmask` (once; best effort: a process without a
 /// dynamic libc has no such function to call, and a raw `rt_sigaction` system call is not
 /// seen). Called outside the registry lock.
 pub(crate) fn guard_sigtrap() {
     if GUARD.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
         return;
     }
-    let Ok(r) = crate::symbols::resolve("libc.so.6:sigaction") else { return };
-    let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
-    if crate::attach_with(r.addr, crate::ProbeKind::Entry, sigaction_guard, std::ptr::null_mut(), ext).is_ok() {
+    let mut ok = true;
+    for (func, h) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)] {
+        let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) else {
+            ok = false;
+            continue;
+        };
+        let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
+        ok &= crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+    }
+    if ok {
         GUARD.store(2, SeqCst);
     }
 }
