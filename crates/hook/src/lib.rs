@@ -208,6 +208,8 @@ pub struct HookStats {
     pub traps: u64,
     /// Threads moved out of displaced instructions while patching.
     pub fixups: u64,
+    /// Hits of probes planted as breakpoints (each one a SIGTRAP).
+    pub breakpoint_hits: u64,
     pub thread_states_created: u64,
     pub thread_states_freed: u64,
 }
@@ -225,6 +227,7 @@ pub fn stats() -> HookStats {
         shadow_stale: SHADOW_STALE.load(Relaxed),
         traps: patch::TRAPS.load(Relaxed),
         fixups: patch::FIXUPS.load(Relaxed),
+        breakpoint_hits: patch::BREAKPOINT_HITS.load(Relaxed),
         thread_states_created: thread::STATES_CREATED.load(Relaxed),
         thread_states_freed: thread::STATES_FREED.load(Relaxed),
     }
@@ -672,7 +675,7 @@ fn create_site(
     }
     // A thread meeting the int3 of a jump being written goes on with the relocated copy (the
     // probe is not fired for it); one meeting a breakpoint goes to the site stub.
-    let trap_to = if place.method == Method::Breakpoint { page } else { relocated };
+    let trap_to = if place.method == Method::Breakpoint { page | 1 } else { relocated };
     if !patch::register_trap_site(patch_at, trap_to) {
         return Err(HookError::TooManySites(patch::MAX_SITES));
     }

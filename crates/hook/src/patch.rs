@@ -208,35 +208,70 @@ pub(crate) fn write_text(addr: usize, bytes: &[u8], prot: i32) -> Result<(), Str
 // ------------------------------------------------------------ signals ----
 
 pub(crate) const MAX_SITES: usize = 4096;
-static TRAP_ADDR: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
-static TRAP_RELOC: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
+/// The sites the SIGTRAP handler knows: an open-addressing table (linear probing, twice
+/// `MAX_SITES` slots) keyed by the patched address, written under the registry lock and read
+/// lock-free by the handler (the target before the address, both Release/Acquire).
+const TRAP_SLOTS: usize = 2 * MAX_SITES;
+/// A slot whose site was removed: lookups go on past it, inserts take it again.
+const TRAP_GONE: usize = 1;
+static TRAP_ADDR: [AtomicUsize; TRAP_SLOTS] = [const { AtomicUsize::new(0) }; TRAP_SLOTS];
+static TRAP_RELOC: [AtomicUsize; TRAP_SLOTS] = [const { AtomicUsize::new(0) }; TRAP_SLOTS];
 static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Makes a site known to the SIGTRAP handler (a slot freed by [`unregister_trap_site`] is
-/// used again first).
-pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
-    let n = TRAP_COUNT.load(Acquire);
-    if let Some(i) = (0..n).find(|&i| TRAP_ADDR[i].load(Acquire) == 0) {
-        // The handler reads the address (Acquire) before the relocated copy.
-        TRAP_RELOC[i].store(relocated, Release);
-        TRAP_ADDR[i].store(addr, Release);
-        return true;
+fn trap_slot(addr: usize) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % TRAP_SLOTS
+}
+
+/// The target registered for `addr` (lock-free, no allocation: the SIGTRAP handler's lookup).
+fn trap_lookup(addr: usize) -> Option<usize> {
+    let mut i = trap_slot(addr);
+    for _ in 0..TRAP_SLOTS {
+        match TRAP_ADDR[i].load(Acquire) {
+            0 => return None,
+            a if a == addr => return Some(TRAP_RELOC[i].load(Acquire)),
+            _ => i = (i + 1) % TRAP_SLOTS,
+        }
     }
-    if n >= MAX_SITES {
+    None
+}
+
+/// Makes a site known to the SIGTRAP handler: a thread trapping at `addr` goes to
+/// `relocated` while the `int3` is there (registry lock held).
+pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
+    if TRAP_COUNT.load(Acquire) >= MAX_SITES {
         return false;
     }
-    TRAP_RELOC[n].store(relocated, Release);
-    TRAP_ADDR[n].store(addr, Release);
-    TRAP_COUNT.store(n + 1, Release);
-    true
+    let mut i = trap_slot(addr);
+    for _ in 0..TRAP_SLOTS {
+        let a = TRAP_ADDR[i].load(Acquire);
+        if a == 0 || a == TRAP_GONE || a == addr {
+            // The handler reads the address (Acquire) before the target.
+            TRAP_RELOC[i].store(relocated, Release);
+            TRAP_ADDR[i].store(addr, Release);
+            if a != addr {
+                TRAP_COUNT.fetch_add(1, AcqRel);
+            }
+            return true;
+        }
+        i = (i + 1) % TRAP_SLOTS;
+    }
+    false
 }
 
 /// Forgets the site at `addr` (its code was unmapped: `dlnotify`), so that an `int3` met
-/// there later is not taken for its patch.
+/// there later is not taken for its patch (registry lock held).
 pub(crate) fn unregister_trap_site(addr: usize) {
-    let n = TRAP_COUNT.load(Acquire);
-    for a in TRAP_ADDR.iter().take(n) {
-        let _ = a.compare_exchange(addr, 0, AcqRel, Acquire);
+    let mut i = trap_slot(addr);
+    for _ in 0..TRAP_SLOTS {
+        match TRAP_ADDR[i].load(Acquire) {
+            0 => return,
+            a if a == addr => {
+                TRAP_ADDR[i].store(TRAP_GONE, Release);
+                TRAP_COUNT.fetch_sub(1, AcqRel);
+                return;
+            }
+            _ => i = (i + 1) % TRAP_SLOTS,
+        }
     }
 }
 
@@ -250,6 +285,7 @@ static FIX_TARGET: [AtomicUsize; FIX_MAX] = [const { AtomicUsize::new(0) }; FIX_
 static ACKS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static FIXUPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TRAPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BREAKPOINT_HITS: AtomicU64 = AtomicU64::new(0);
 
 /// The program's `SIGTRAP` disposition, handed the traps that are not ours: the one found at
 /// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
@@ -266,8 +302,8 @@ fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
 /// being written) sends the thread on; anything else goes to the program's disposition.
 ///
 /// Ours: the trap comes from an `int3` (`si_code` `SI_KERNEL`, not a `kill`) and the byte
-/// before the saved `rip` is a registered site (a lock-free scan of the site table: no lock,
-/// no allocation). The saved `rip` becomes the site's target (the stub of a breakpoint
+/// before the saved `rip` is a registered site (a lock-free hash lookup: no lock, no
+/// allocation). The saved `rip` becomes the site's target (the stub of a breakpoint
 /// site, which runs the handlers after the signal returned; the relocated copy of a jump
 /// being written), or the site's own address when its `int3` is gone by now (detached).
 extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -278,21 +314,16 @@ extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc:
         // SAFETY: rip points into the live ucontext.
         let after = unsafe { *rip } as usize;
         let at = after.wrapping_sub(1);
-        let n = TRAP_COUNT.load(Acquire);
-        for i in 0..n {
-            if TRAP_ADDR[i].load(Acquire) == at {
-                TRAPS.fetch_add(1, Relaxed);
-                // SAFETY: `at` is a patched site address, mapped and readable.
-                let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
-                let target = if byte == 0xCC {
-                    TRAP_RELOC[i].load(Acquire)
-                } else {
-                    at
-                };
-                // SAFETY: writing the saved rip of this thread's signal frame.
-                unsafe { *rip = target as i64 };
-                return;
-            }
+        if let Some(to) = trap_lookup(at) {
+            // A breakpoint site's target (its stub) is registered with the low bit set.
+            let counter = if to & 1 != 0 { &BREAKPOINT_HITS } else { &TRAPS };
+            counter.fetch_add(1, Relaxed);
+            // SAFETY: `at` is a patched site address, mapped and readable.
+            let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
+            let target = if byte == 0xCC { to & !1 } else { at };
+            // SAFETY: writing the saved rip of this thread's signal frame.
+            unsafe { *rip = target as i64 };
+            return;
         }
     }
     chain_trap(sig, info, ctx, code);

@@ -522,3 +522,17 @@ fn a_thread_blocking_every_signal_still_passes_breakpoints() {
     assert_eq!(E.load(SeqCst), 10);
     detach(id).unwrap();
 }
+
+#[test]
+fn breakpoint_hits_are_counted_apart() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    static E: AtomicU64 = AtomicU64::new(0);
+    let id = attach_symbol(&spec("f4_bp"), ProbeKind::Entry, count, data(&E)).unwrap();
+    let (b0, t0) = (stats().breakpoint_hits, stats().traps);
+    for i in 0..7 {
+        assert_eq!(fn_ptr("f4_bp")(i), 3 * i);
+    }
+    detach(id).unwrap();
+    assert_eq!(stats().breakpoint_hits - b0, 7);
+    assert_eq!(stats().traps, t0, "no patch in progress was met");
+}
