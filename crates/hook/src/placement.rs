@@ -298,3 +298,80 @@ pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: usize = 0x40_1000;
+
+    fn pick(bytes: &[u8], off: usize, padding: usize, taken: &[(usize, usize)]) -> Result<(Method, usize), String> {
+        let c = Code {
+            addr: AT + off,
+            func: Some(FuncExtent { start: AT, len: bytes.len() }),
+            base: AT,
+            bytes,
+            is_entry: off == 0,
+            padding,
+            taken,
+        };
+        choose(&c).map(|p| (p.method, p.patch_at - AT))
+    }
+
+    #[test]
+    fn each_method_where_it_fits() {
+        // push rbp; mov rbp, rsp; pop rbp; ret
+        let frame = [0x55, 0x48, 0x89, 0xE5, 0x5D, 0xC3];
+        assert_eq!(pick(&frame, 0, 0, &[]), Ok((Method::Jump, 0)));
+        assert_eq!(pick(&[0xC3], 0, 15, &[]), Ok((Method::Padding, 0)));
+        assert_eq!(pick(&[0xC3], 0, 3, &[]), Ok((Method::Breakpoint, 0)));
+        // lea eax, [rdi+rdi*2]; ret: 4 bytes, one byte of padding is enough.
+        assert_eq!(pick(&[0x8D, 0x04, 0x7F, 0xC3], 0, 1, &[]), Ok((Method::Padding, 0)));
+        assert_eq!(pick(&[0x8D, 0x04, 0x7F, 0xC3], 3, 1, &[]), Ok((Method::Breakpoint, 3)));
+        assert_eq!(pick(&[0x8D, 0x04, 0x7F, 0xC3], 3, 4, &[]), Ok((Method::Padding, 3)));
+    }
+
+    #[test]
+    fn endbr64_stays_in_front() {
+        let f = [0xF3, 0x0F, 0x1E, 0xFA, 0xC3];
+        assert_eq!(pick(&f, 0, 11, &[]), Ok((Method::Padding, 4)));
+        assert_eq!(pick(&f, 0, 0, &[]), Ok((Method::Breakpoint, 4)));
+        let g = [0xF3, 0x0F, 0x1E, 0xFA, 0x55, 0x48, 0x89, 0xE5, 0x5D, 0xC3];
+        assert_eq!(pick(&g, 0, 0, &[]), Ok((Method::Jump, 4)));
+    }
+
+    #[test]
+    fn a_branch_into_the_first_bytes_takes_a_breakpoint() {
+        // xor eax, eax; 1: inc rax; dec rdi; jnz 1b; ret
+        let f = [0x31, 0xC0, 0x48, 0xFF, 0xC0, 0x48, 0xFF, 0xCF, 0x75, 0xF8, 0xC3];
+        assert_eq!(pick(&f, 0, 5, &[]), Ok((Method::Breakpoint, 0)));
+        // The loop head itself: the jump back lands on the patch's first byte.
+        assert_eq!(pick(&f, 2, 5, &[]), Ok((Method::Jump, 2)));
+        let e = pick(&f, 3, 5, &[]).unwrap_err();
+        assert!(e.contains("offset 3 is not an instruction boundary"), "{e}");
+    }
+
+    #[test]
+    fn an_int3_is_named() {
+        let e = pick(&[0xCC, 0x48, 0x89, 0xE5, 0x5D, 0xC3], 0, 0, &[]).unwrap_err();
+        assert!(e.contains("kernel uprobe") && e.contains("debugger"), "{e}");
+        // On the second instruction (a uprobe there): the first still takes a breakpoint.
+        assert_eq!(pick(&[0x55, 0xCC, 0x89, 0xE5, 0x5D, 0xC3], 0, 0, &[]), Ok((Method::Breakpoint, 0)));
+    }
+
+    #[test]
+    fn other_patches_are_not_overlapped() {
+        let frame = [0x55, 0x48, 0x89, 0xE5, 0x5D, 0xC3];
+        // Another site's patch at +4: a jump at 0 would cover it.
+        assert_eq!(pick(&frame, 0, 0, &[(AT + 4, AT + 5)]), Ok((Method::Breakpoint, 0)));
+        let e = pick(&frame, 4, 0, &[(AT, AT + 5)]).unwrap_err();
+        assert!(e.contains("inside the patched bytes of another probe"), "{e}");
+    }
+
+    #[test]
+    fn what_cannot_be_placed_says_why() {
+        // xbegin at the entry: no method can move it.
+        let e = pick(&[0xC7, 0xF8, 0, 0, 0, 0, 0xC3], 0, 0, &[]).unwrap_err();
+        assert!(e.starts_with("no way to place the probe (inline jump: ") && e.contains("breakpoint: transactional"), "{e}");
+    }
+}
