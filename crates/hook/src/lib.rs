@@ -570,6 +570,7 @@ fn create_site(
     let refuse = |reason: String| HookError::Refused { addr, reason };
     // The function's bytes (or up to 64 from addr), plus the padding after it, with the
     // patches of other sites undone.
+    let is_entry = func.map(|f| f.start == addr).unwrap_or(true);
     let func = func.filter(|f| f.start >= map.start && f.start + f.len <= map.end);
     let base = func.map_or(addr, |f| f.start);
     let end = func.map_or(map.end.min(addr + 64), |f| f.start + f.len);
@@ -589,7 +590,6 @@ fn create_site(
             }
         }
     }
-    let is_entry = func.map(|f| f.start == addr).unwrap_or(true);
     let place = placement::choose(&placement::Code {
         addr,
         func,
