@@ -49,9 +49,12 @@ SHORT = {
     "pad": ("sf_pad", "4 bytes + padding", "jump into the padding"),
     "bp": ("sf_bp", "4 bytes, no padding", "breakpoint (int3 + SIGTRAP)"),
 }
+# Not probed: an int3 caught by an empty SIGTRAP handler (the breakpoint method's floor).
+TRAP = ("sf_trap", "int3 + empty handler", "none")
 ENGINE_NAME = {"none": "no probe", "kernel": "kernel", "jit": "userbpf JIT", "interp": "userbpf interpreter"}
 # Calls of the calibration run, per engine (then scaled to SECONDS), and the most calls per run.
 CALIBRATE = {"none": 2_000_000, "kernel": 2_000, "jit": 20_000, "interp": 20_000}
+CALIBRATE_TRAP = 20_000
 MAX_CALLS = 100_000_000
 
 problems = []
@@ -144,7 +147,7 @@ def probe_cmd(engine, mode, binary, func, cmd, noop=False):
 
 
 def measure_once(engine, where, mode, n, what, noop=False):
-    binary, func = (TARGET, "bench_fn") if where == "exe" else (LIB, "lib_fn") if where == "lib" else (TARGET, SHORT[where][0])
+    binary, func = (TARGET, "bench_fn") if where == "exe" else (LIB, "lib_fn") if where == "lib" else (TARGET, TRAP[0]) if where == "trap" else (TARGET, SHORT[where][0])
     cmd = [TARGET, where, str(n)]
     if engine != "none":
         cmd = probe_cmd(engine, mode, binary, func, cmd, noop)
@@ -170,9 +173,9 @@ def measure_once(engine, where, mode, n, what, noop=False):
 
 
 def measure(engine, where, mode, noop=False):
-    place = f"{SHORT[where][0]} ({SHORT[where][2]})" if where in SHORT else "function in the " + ("executable" if where == "exe" else "shared library")
+    place = f"{SHORT[where][0]} ({SHORT[where][2]})" if where in SHORT else f"{TRAP[0]} ({TRAP[1]})" if where == "trap" else "function in the " + ("executable" if where == "exe" else "shared library")
     what = f"no probe, {place}" if engine == "none" else f"{ENGINE_NAME[engine]}, {MODE_NAME[mode]}{' (empty program)' if noop else ''}, {place}"
-    n0 = CALIBRATE[engine]
+    n0 = CALIBRATE_TRAP if where == "trap" else CALIBRATE[engine]
     first = measure_once(engine, where, mode, n0, what, noop)
     if first is None:
         return None
@@ -273,6 +276,7 @@ def method_table():
         for mode in ("entry", "return"):
             for engine in ("kernel", "jit"):
                 res[(where, mode, engine)] = measure(engine, where, mode)
+    floor = measure("none", "trap", None)
     print()
     print(f"### Probe methods on a short function (3 * x, called through a pointer): ns per call, thread CPU time, fastest of {REPEATS} runs of ~{SECONDS} s")
     print()
@@ -294,7 +298,10 @@ def method_table():
     print("The method follows from the function's shape (the hook crate's tests check which one each")
     print("shape gets). A breakpoint hit is the SIGTRAP's delivery and return (two kernel entries),")
     print("then the same path as a jump; the kernel's uprobe traps too, then single-steps or")
-    print("emulates the instruction and runs its program.")
+    print("emulates the instruction and runs its program. The floor of a breakpoint on this machine,")
+    b = res[("bp", "none")]
+    fl = (floor["cpu"] - b["cpu"]) if (floor and b) else None
+    print(f"an `int3` caught by an empty SIGTRAP handler in the same loop (no userbpf): {fmt_ns(fl)} ns a hit.")
     return hits
 
 
