@@ -241,21 +241,31 @@ pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
     if TRAP_COUNT.load(Acquire) >= MAX_SITES {
         return false;
     }
+    // The address's own slot when it has one (a later site at the same address), else the
+    // first free or removed slot of its chain.
     let mut i = trap_slot(addr);
+    let mut free = None;
     for _ in 0..TRAP_SLOTS {
-        let a = TRAP_ADDR[i].load(Acquire);
-        if a == 0 || a == TRAP_GONE || a == addr {
-            // The handler reads the address (Acquire) before the target.
-            TRAP_RELOC[i].store(relocated, Release);
-            TRAP_ADDR[i].store(addr, Release);
-            if a != addr {
-                TRAP_COUNT.fetch_add(1, AcqRel);
+        match TRAP_ADDR[i].load(Acquire) {
+            a if a == addr => {
+                TRAP_RELOC[i].store(relocated, Release);
+                return true;
             }
-            return true;
+            0 => {
+                free = free.or(Some(i));
+                break;
+            }
+            TRAP_GONE => free = free.or(Some(i)),
+            _ => {}
         }
         i = (i + 1) % TRAP_SLOTS;
     }
-    false
+    let Some(i) = free else { return false };
+    // The handler reads the address (Acquire) before the target.
+    TRAP_RELOC[i].store(relocated, Release);
+    TRAP_ADDR[i].store(addr, Release);
+    TRAP_COUNT.fetch_add(1, AcqRel);
+    true
 }
 
 /// Forgets the site at `addr` (its code was unmapped: `dlnotify`), so that an `int3` met
