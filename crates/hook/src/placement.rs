@@ -38,6 +38,14 @@
 //! handlers see the function's address as `ip`.
 //!
 //! Bytes of another site's patch are read as their original bytes.
+//!
+//! Limits: a kernel uprobe registered on the same file *after* a probe was planted here (the
+//! kernel writes its `int3` into every process mapping the file) takes over a breakpoint site
+//! (the kernel handles the trap, the SIGTRAP never comes) and breaks a jump (its `int3` lands
+//! on the `jmp`'s first byte and the kernel then runs the file's original instruction followed
+//! by the jump's remaining bytes); one registered before is detected and named. Under a
+//! debugger, a breakpoint probe's SIGTRAP stops the debugger, which must pass it on (gdb:
+//! `handle SIGTRAP nostop noprint pass`).
 
 use std::collections::BTreeSet;
 
