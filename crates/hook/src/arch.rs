@@ -1012,6 +1012,20 @@ fn emulate_call(ins: &Instruction) -> Result<Vec<Instruction>, String> {
     Ok(out)
 }
 
+/// Whether this thread runs with a CET shadow stack (`arch_prctl(ARCH_SHSTK_STATUS)`, Linux
+/// 6.6+; enabled by glibc 2.39+ for binaries marked for it). A moved `call` is then a real
+/// `call` from the relocated copy (its return address points there and the copy's jump takes
+/// the thread back), since a return address pushed by hand is not on the shadow stack and
+/// the callee's `ret` would fault.
+fn shadow_stack() -> bool {
+    const ARCH_SHSTK_STATUS: i32 = 0x5005;
+    let mut features = 0u64;
+    // SAFETY: arch_prctl writes the feature mask into the local; an older kernel fails with
+    // EINVAL and writes nothing.
+    let r = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_SHSTK_STATUS, &mut features as *mut u64) };
+    r == 0 && features & 1 != 0
+}
+
 /// Relocates the displaced instructions to `at`, followed by a jump back to
 /// `back`. Returns the code and the new address of each displaced instruction.
 ///
@@ -1024,7 +1038,10 @@ pub(crate) fn relocate(d: &Displaced, at: u64, back: u64) -> Result<(Vec<u8>, Ve
     let mut first_of = Vec::with_capacity(d.instrs.len());
     for (i, ins) in d.instrs.iter().enumerate() {
         first_of.push(instrs.len());
-        if matches!(ins.flow_control(), FlowControl::Call | FlowControl::IndirectCall) && !is_syscall(ins) {
+        if matches!(ins.flow_control(), FlowControl::Call | FlowControl::IndirectCall)
+            && !is_syscall(ins)
+            && !shadow_stack()
+        {
             instrs.extend(emulate_call(ins)?);
         } else {
             let mut ins = *ins;

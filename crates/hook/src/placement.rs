@@ -33,8 +33,10 @@
 //!
 //! `endbr64`: a function starting with it keeps it (the patch goes after it), so an indirect
 //! call or jump still lands on an `endbr64` should indirect-branch tracking be enforced (Linux
-//! does not enforce IBT in user space today; the shadow stack is unaffected: the stubs pair
-//! their calls and returns). The registers are the same before and after `endbr64`, so
+//! does not enforce IBT in user space today, and this machine's CPU reports neither IBT nor
+//! shadow stacks). A user shadow stack (Linux 6.6+, glibc 2.39+) is kept consistent: the
+//! stubs pair their calls and returns, a SIGTRAP's frame is the kernel's, and a moved `call`
+//! stays a real `call` when the thread has a shadow stack (`arch::relocate`). The registers are the same before and after `endbr64`, so
 //! handlers see the function's address as `ip`.
 //!
 //! Bytes of another site's patch are read as their original bytes.
