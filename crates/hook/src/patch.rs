@@ -365,14 +365,15 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
     if old.sa_flags & libc::SA_RESETHAND != 0 {
         OLD_TRAP.store(std::ptr::null_mut(), Release);
     }
-    // SAFETY: sigset operations on local sets; pthread_sigmask is async-signal-safe.
+    // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
+    // not through libc's pthread_sigmask, which carries the engine's own guard probe).
     let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     unsafe {
         // Never SIGTRAP itself (see `sigmask_guard`): the kernel would block it without
         // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.
         let mut block = old.sa_mask;
         libc::sigdelset(&mut block, libc::SIGTRAP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut prev);
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &block as *const libc::sigset_t, &mut prev as *mut libc::sigset_t, 8);
     }
     if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed it as an SA_SIGINFO handler.
@@ -385,7 +386,7 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
         f(sig);
     }
     // SAFETY: restores this thread's mask as it was in our handler.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &prev, std::ptr::null_mut()) };
+    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &prev as *const libc::sigset_t, std::ptr::null_mut::<libc::sigset_t>(), 8) };
 }
 
 /// Entry handler of the guard probe on libc's `sigaction` (which `signal`, `sigset` and
@@ -460,9 +461,9 @@ unsafe extern "C" fn sigmask_guard(_d: *mut libc::c_void, regs: *mut crate::PtRe
 
 static GUARD: AtomicUsize = AtomicUsize::new(0);
 
-/// Puts the guard probes on libc's `sigaction` and `pthread_sigmask` (once; best effort: a process without a
-/// dynamic libc has no such function to call, and a raw `rt_sigaction` system call is not
-/// seen). Called outside the registry lock.
+/// Puts the guard probes on libc's `sigaction` and `pthread_sigmask` (once; best effort: a
+/// process without a dynamic libc has no such function to call, and raw `rt_sigaction` /
+/// `rt_sigprocmask` system calls are not seen). Called outside the registry lock.
 pub(crate) fn guard_sigtrap() {
     if GUARD.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
         return;
