@@ -434,7 +434,8 @@ pub fn lookup_addr(addr: usize) -> Option<Resolved> {
 /// table (`.symtab` and `.dynsym`, every defined symbol but sections and files) gives the
 /// next symbol after `end` (or the end of the section) and shows that none covers `end`; the
 /// bytes up to there (at most 64 are looked at) must decode as `int3` or `nop` in memory.
-/// 0 when nothing is proven.
+/// When the next symbol is further than that (stripped objects list no static functions),
+/// only the padding before the next 16-byte boundary counts. 0 when nothing is proven.
 pub fn gap_after(end: usize) -> usize {
     let c = iterate();
     let Some((obj, _)) = c
@@ -488,9 +489,14 @@ pub fn gap_after(end: usize) -> usize {
         }
         ok += ins.len();
     }
-    if ok >= gap || whole > gap {
-        ok.min(gap)
+    if ok >= gap {
+        gap
+    } else if whole > gap {
+        // The next symbol is far (a stripped object: static functions have none): only the
+        // bytes before the next 16-byte boundary, where no function can start unless the
+        // compiler was told to align functions less, are taken for padding.
+        ok.min(((end + 15) & !15) - end)
     } else {
-        0
+        0 // code without a symbol before the next one
     }
 }
