@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The uprobe benchmark (`make bench`): what a probe hit costs with no probe, a kernel
 uprobe and userbpf (JIT and interpreter), for uprobe, uretprobe and both, on a function of the
-executable and one of a shared library; then fio's IOPS with a counting probe on td_io_queue.
+executable and one of a shared library; the hit of each way userbpf plants a probe (inline
+jump, jump into the padding, breakpoint) on a short function beside the kernel's uprobe on the
+same function; then fio's IOPS with a counting probe on td_io_queue.
 
 Builds its C pieces (target, libbenchlib.so, kload, the count-*.bpf.o objects) into
 target/ubench/, measures, prints Markdown tables and whether the targets are met. It reports;
@@ -41,9 +43,18 @@ MODES = ["entry", "return", "both"]
 MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe"}
 ENGINES = ["none", "kernel", "jit", "interp"]
 FN_NAME = {"exe": "bench_fn (executable)", "lib": "lib_fn (libbenchlib.so)"}
+# The short functions of the method table: (function, its shape, the method it gets).
+SHORT = {
+    "jmp": ("sf_jmp", "7 bytes", "inline jump"),
+    "pad": ("sf_pad", "4 bytes + padding", "jump into the padding"),
+    "bp": ("sf_bp", "4 bytes, no padding", "breakpoint (int3 + SIGTRAP)"),
+}
+# Not probed: an int3 caught by an empty SIGTRAP handler (the breakpoint method's floor).
+TRAP = ("sf_trap", "int3 + empty handler", "none")
 ENGINE_NAME = {"none": "no probe", "kernel": "kernel", "jit": "userbpf JIT", "interp": "userbpf interpreter"}
 # Calls of the calibration run, per engine (then scaled to SECONDS), and the most calls per run.
 CALIBRATE = {"none": 2_000_000, "kernel": 2_000, "jit": 20_000, "interp": 20_000}
+CALIBRATE_TRAP = 20_000
 MAX_CALLS = 100_000_000
 
 problems = []
@@ -136,7 +147,7 @@ def probe_cmd(engine, mode, binary, func, cmd, noop=False):
 
 
 def measure_once(engine, where, mode, n, what, noop=False):
-    binary, func = (TARGET, "bench_fn") if where == "exe" else (LIB, "lib_fn")
+    binary, func = (TARGET, "bench_fn") if where == "exe" else (LIB, "lib_fn") if where == "lib" else (TARGET, TRAP[0]) if where == "trap" else (TARGET, SHORT[where][0])
     cmd = [TARGET, where, str(n)]
     if engine != "none":
         cmd = probe_cmd(engine, mode, binary, func, cmd, noop)
@@ -162,9 +173,9 @@ def measure_once(engine, where, mode, n, what, noop=False):
 
 
 def measure(engine, where, mode, noop=False):
-    place = "function in the " + ("executable" if where == "exe" else "shared library")
+    place = f"{SHORT[where][0]} ({SHORT[where][2]})" if where in SHORT else f"{TRAP[0]} ({TRAP[1]})" if where == "trap" else "function in the " + ("executable" if where == "exe" else "shared library")
     what = f"no probe, {place}" if engine == "none" else f"{ENGINE_NAME[engine]}, {MODE_NAME[mode]}{' (empty program)' if noop else ''}, {place}"
-    n0 = CALIBRATE[engine]
+    n0 = CALIBRATE_TRAP if where == "trap" else CALIBRATE[engine]
     first = measure_once(engine, where, mode, n0, what, noop)
     if first is None:
         return None
@@ -256,6 +267,44 @@ def uprobe_tables():
     return hit
 
 
+def method_table():
+    """The hit of each probe method on a short function (3 * x), beside the kernel's uprobe on
+    the same function, uprobe and uretprobe, all in this run."""
+    res = {}
+    for where in SHORT:
+        res[(where, "none")] = measure("none", where, None)
+        for mode in ("entry", "return"):
+            for engine in ("kernel", "jit"):
+                res[(where, mode, engine)] = measure(engine, where, mode)
+    floor = measure("none", "trap", None)
+    print()
+    print(f"### Probe methods on a short function (3 * x, called through a pointer): ns per call, thread CPU time, fastest of {REPEATS} runs of ~{SECONDS} s")
+    print()
+    print("| function | userbpf's method | probe | no probe | kernel | userbpf JIT | kernel hit | userbpf hit | kernel hit / userbpf hit |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    hits = {}
+    for where, (fn, shape, method) in SHORT.items():
+        base = res[(where, "none")]
+        b = base["cpu"] if base else None
+        for mode in ("entry", "return"):
+            k, j = res[(where, mode, "kernel")], res[(where, mode, "jit")]
+            kh = (k["cpu"] - b) if (k and b is not None) else None
+            jh = (j["cpu"] - b) if (j and b is not None) else None
+            hits[(where, mode)] = (kh, jh)
+            row = [f"{fn} ({shape})", method, MODE_NAME[mode], fmt_ns(b), fmt_ns(k["cpu"] if k else None),
+                   fmt_ns(j["cpu"] if j else None), fmt_ns(kh), fmt_ns(jh), fmt_ratio(kh, jh)]
+            print("| " + " | ".join(row) + " |")
+    print()
+    print("The method follows from the function's shape (the hook crate's tests check which one each")
+    print("shape gets). A breakpoint hit is the SIGTRAP's delivery and return (two kernel entries),")
+    print("then the same path as a jump; the kernel's uprobe traps too, then single-steps or")
+    print("emulates the instruction and runs its program. The floor of a breakpoint on this machine,")
+    b = res[("bp", "none")]
+    fl = (floor["cpu"] - b["cpu"]) if (floor and b) else None
+    print(f"an `int3` caught by an empty SIGTRAP handler in the same loop (no userbpf): {fmt_ns(fl)} ns a hit.")
+    return hits
+
+
 def fio_cmd(out):
     return [FIO, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
             f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
@@ -341,6 +390,7 @@ def main():
         pass
     print(f"## uprobe benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}")
     hit = uprobe_tables()
+    methods = method_table()
     fio = fio_table()
 
     print()
@@ -356,6 +406,10 @@ def main():
         verdict(j is not None and j <= 20, f"uretprobe hit ≤ 20 ns (JIT, {name}): {fmt_ns(j)} ns with the counting program, {fmt_ns(e)} ns with an empty one")
         verdict(j is not None and k is not None and j > 0 and k / j >= 200,
                 f"uretprobe hit ≥ 200× cheaper than the kernel's (JIT, {name}): {fmt_ratio(k, j)}")
+    for where, (fn, shape, method) in SHORT.items():
+        kh, jh = methods[(where, "entry")]
+        verdict(jh is not None and kh is not None and 0 < jh < kh,
+                f"{method} on {fn} ({shape}) cheaper than the kernel's uprobe: {fmt_ns(jh)} ns against {fmt_ns(kh)} ns a hit ({fmt_ratio(kh, jh)})")
     if fio:
         pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
         s = fio.get("jit")

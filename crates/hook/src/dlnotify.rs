@@ -170,7 +170,7 @@ pub fn forget_sites_in(ranges: &[(usize, usize)]) -> usize {
         if let Some(site) = reg.sites.remove(addr) {
             site.patched.store(false, SeqCst);
             crate::publish(site, Vec::new());
-            crate::patch::unregister_trap_site(*addr);
+            crate::patch::unregister_trap_site(site.patch_at);
         }
         reg.probes.retain(|_, a| a != addr);
     }

@@ -1,7 +1,11 @@
 //! userbpf-hook: in-process inline hooks for x86-64 Linux.
 //!
 //! A probe patches the first 5 bytes at an address with `jmp rel32` to a
-//! per-site stub on a page mapped within ±1.5 GB of the target. The stub
+//! per-site stub on a page mapped within ±1.5 GB of the target; where 5 bytes cannot be
+//! taken it uses the alignment padding after the function, or else a one-byte `int3`
+//! whose `SIGTRAP` sends the thread to the same stub (`placement` explains the choice,
+//! [`probe_method`] tells which was made; an `endbr64` at a function's start is kept and
+//! the patch goes after it). The stub
 //! calls a shared stub that saves every GPR, the flags and the FP/vector
 //! state that can be live there, builds a kernel x86-64 `struct pt_regs`
 //! ([`PtRegs`]) and calls the site's handlers; then the displaced
@@ -45,6 +49,7 @@ mod arch;
 pub mod dlnotify;
 pub mod fork;
 mod patch;
+mod placement;
 pub mod quiet;
 pub mod sud;
 pub mod symbols;
@@ -53,6 +58,7 @@ mod thread;
 pub mod usdt;
 
 pub use patch::fixup_signal;
+pub use placement::Method;
 pub use thread::SHADOW_CAPACITY;
 
 /// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
@@ -202,6 +208,8 @@ pub struct HookStats {
     pub traps: u64,
     /// Threads moved out of displaced instructions while patching.
     pub fixups: u64,
+    /// Hits of probes planted as breakpoints (each one a SIGTRAP).
+    pub breakpoint_hits: u64,
     pub thread_states_created: u64,
     pub thread_states_freed: u64,
 }
@@ -219,6 +227,7 @@ pub fn stats() -> HookStats {
         shadow_stale: SHADOW_STALE.load(Relaxed),
         traps: patch::TRAPS.load(Relaxed),
         fixups: patch::FIXUPS.load(Relaxed),
+        breakpoint_hits: patch::BREAKPOINT_HITS.load(Relaxed),
         thread_states_created: thread::STATES_CREATED.load(Relaxed),
         thread_states_freed: thread::STATES_FREED.load(Relaxed),
     }
@@ -249,6 +258,9 @@ struct Site {
     orig: [u8; 5],
     jmp: [u8; 5],
     fix_map: Vec<(usize, usize)>,
+    /// Where the patch is written (`addr`, or after an `endbr64` there) and how.
+    patch_at: usize,
+    method: Method,
     list: AtomicPtr<HandlerList>,
     /// Whether the published list has entry / return handlers: lets a hit
     /// skip the read-side section when it has nothing to run.
@@ -399,6 +411,7 @@ pub fn attach_lean(
     lean: Option<&'static LeanHandler>,
 ) -> Result<ProbeId, HookError> {
     let g = init()?;
+    patch::guard_sigtrap();
     if let Some(f) = func {
         if addr < f.start || addr >= f.start.saturating_add(f.len) {
             return Err(HookError::Refused {
@@ -419,7 +432,7 @@ pub fn attach_lean(
     let site = match reg.sites.get(&addr) {
         Some(s) => *s,
         None => {
-            let s = create_site(g, addr, func)?;
+            let s = create_site(g, addr, func, reg)?;
             reg.sites.insert(addr, s);
             s
         }
@@ -533,10 +546,16 @@ pub fn original_bytes(addr: usize) -> Option<[u8; 5]> {
     registry().as_ref()?.sites.get(&addr).map(|s| s.orig)
 }
 
+/// How the probe at `addr` was planted, and where its patch is (see [`Method`]).
+pub fn probe_method(addr: usize) -> Option<(Method, usize)> {
+    registry().as_ref()?.sites.get(&addr).map(|s| (s.method, s.patch_at))
+}
+
 fn create_site(
     g: &Globals,
     addr: usize,
     func: Option<FuncExtent>,
+    reg: &Registry,
 ) -> Result<&'static Site, HookError> {
     let map = patch::mapping_of(addr).ok_or_else(|| HookError::NotCode {
         addr,
@@ -548,26 +567,41 @@ fn create_site(
             reason: "mapping is not readable and executable".into(),
         });
     }
-    let mut end = map.end;
-    if let Some(f) = func {
-        end = end.min(f.start.saturating_add(f.len));
-    }
-    let avail = end.saturating_sub(addr).min(64);
-    // SAFETY: [addr, addr+avail) lies inside a readable mapping of this process.
-    let code = unsafe { std::slice::from_raw_parts(addr as *const u8, avail) };
     let refuse = |reason: String| HookError::Refused { addr, reason };
-    let disp = arch::decode_displaced(addr as u64, code).map_err(refuse)?;
-    // Branches from the displaced instructions themselves.
-    arch::check_branches_into(addr as u64, &code[..disp.len], addr as u64, disp.len)
-        .map_err(refuse)?;
-    if let Some(f) = func {
-        if f.start >= map.start && f.start + f.len <= map.end {
-            // SAFETY: the function extent lies inside the same readable mapping.
-            let fcode = unsafe { std::slice::from_raw_parts(f.start as *const u8, f.len) };
-            arch::check_branches_into(f.start as u64, fcode, addr as u64, disp.len)
-                .map_err(refuse)?;
+    // The function's bytes (or up to 64 from addr), plus the padding after it, with the
+    // patches of other sites undone.
+    let is_entry = func.map(|f| f.start == addr).unwrap_or(true);
+    let func = func.filter(|f| f.start >= map.start && f.start + f.len <= map.end);
+    let base = func.map_or(addr, |f| f.start);
+    let end = func.map_or(map.end.min(addr + 64), |f| f.start + f.len);
+    let padding = func.map_or(0, |f| symbols::gap_after(f.start + f.len));
+    let stop = (end + padding).min(map.end);
+    // SAFETY: [base, stop) lies inside a readable mapping of this process.
+    let mut bytes = unsafe { std::slice::from_raw_parts(base as *const u8, stop - base) }.to_vec();
+    let mut taken = Vec::new();
+    for s in reg.sites.values().filter(|s| s.patched.load(SeqCst)) {
+        let n = s.method.patch_len();
+        // A jump's displaced instructions run from its copy, which would not see a new patch.
+        let span = if s.method == Method::Breakpoint { n } else { s.len.max(n) };
+        taken.push((s.patch_at, s.patch_at + span));
+        for k in 0..n {
+            if let Some(b) = (s.patch_at + k).checked_sub(base).and_then(|i| bytes.get_mut(i)) {
+                *b = s.orig[k];
+            }
         }
     }
+    let place = placement::choose(&placement::Code {
+        addr,
+        func,
+        base,
+        bytes: &bytes[..end - base],
+        is_entry,
+        padding: stop - end,
+        taken: &taken,
+    })
+    .map_err(refuse)?;
+    let patch_at = place.patch_at;
+    let disp = place.disp;
     let page = patch::alloc_near(addr).ok_or(HookError::NoNearMemory { addr })?;
     let fail = |reason: String| {
         // SAFETY: page was mapped by alloc_near and nothing refers to it.
@@ -575,28 +609,32 @@ fn create_site(
         HookError::Refused { addr, reason }
     };
     let relocated = page + arch::RELOC_OFF;
-    let (rcode, new_addrs) = match arch::relocate(&disp, relocated as u64, (addr + disp.len) as u64)
-    {
-        Ok(r) => r,
-        Err(e) => return Err(fail(e)),
-    };
+    let (rcode, new_addrs) =
+        match arch::relocate(&disp, relocated as u64, (patch_at + disp.len) as u64) {
+            Ok(r) => r,
+            Err(e) => return Err(fail(e)),
+        };
     let fix_map = disp
         .instrs
         .iter()
         .zip(&new_addrs)
-        .map(|(i, n)| (i.ip() as usize - addr, *n as usize))
+        .map(|(i, n)| (i.ip() as usize - patch_at, *n as usize))
         .collect();
     let mut orig = [0u8; 5];
-    orig.copy_from_slice(&code[..5]);
-    let rel = (page as i64) - (addr as i64 + 5);
+    let n = place.method.patch_len();
+    orig[..n].copy_from_slice(&bytes[patch_at - base..patch_at - base + n]);
+    let rel = (page as i64) - (patch_at as i64 + 5);
     let Ok(rel) = i32::try_from(rel) else {
         return Err(fail("trampoline out of rel32 range".into()));
     };
     let mut jmp = [0xE9, 0, 0, 0, 0];
     jmp[1..].copy_from_slice(&rel.to_le_bytes());
+    if place.method == Method::Breakpoint {
+        jmp = [0xCC, 0, 0, 0, 0];
+    }
     let site: &'static Site = Box::leak(Box::new(Site {
         addr,
-        is_entry: func.map(|f| f.start == addr).unwrap_or(true),
+        is_entry,
         page,
         relocated,
         len: disp.len,
@@ -604,6 +642,8 @@ fn create_site(
         orig,
         jmp,
         fix_map,
+        patch_at,
+        method: place.method,
         list: AtomicPtr::new(std::ptr::null_mut()),
         has_entry: AtomicBool::new(false),
         has_ret: AtomicBool::new(false),
@@ -633,7 +673,10 @@ fn create_site(
     if let Err(e) = res {
         return Err(fail(e));
     }
-    if !patch::register_trap_site(addr, relocated) {
+    // A thread meeting the int3 of a jump being written goes on with the relocated copy (the
+    // probe is not fired for it); one meeting a breakpoint goes to the site stub.
+    let trap_to = if place.method == Method::Breakpoint { page | 1 } else { relocated };
+    if !patch::register_trap_site(patch_at, trap_to) {
         return Err(HookError::TooManySites(patch::MAX_SITES));
     }
     let _ = site.page;
@@ -645,16 +688,24 @@ fn patch_in(site: &Site) -> Result<(), HookError> {
         addr: site.addr,
         reason,
     };
-    patch::write_text(site.addr, &[0xCC], site.prot).map_err(perr)?;
-    patch::set_fixup(site.addr, site.len, &site.fix_map);
+    let at = site.patch_at;
+    if site.method == Method::Breakpoint {
+        // One byte: a thread fetches either the old byte or the int3 (as the kernel's and
+        // debuggers' breakpoints are written); no thread can be inside it.
+        patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
+        site.patched.store(true, SeqCst);
+        return Ok(());
+    }
+    patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
+    patch::set_fixup(at, site.len, &site.fix_map);
     patch::broadcast();
-    if let Err(e) = patch::write_text(site.addr + 1, &site.jmp[1..], site.prot) {
+    if let Err(e) = patch::write_text(at + 1, &site.jmp[1..], site.prot) {
         patch::clear_fixup();
-        let _ = patch::write_text(site.addr, &site.orig[..1], site.prot);
+        let _ = patch::write_text(at, &site.orig[..1], site.prot);
         return Err(perr(e));
     }
     patch::broadcast();
-    let r = patch::write_text(site.addr, &site.jmp[..1], site.prot).map_err(perr);
+    let r = patch::write_text(at, &site.jmp[..1], site.prot).map_err(perr);
     patch::clear_fixup();
     r?;
     site.patched.store(true, SeqCst);
@@ -666,11 +717,19 @@ fn patch_out(site: &Site) -> Result<(), HookError> {
         addr: site.addr,
         reason,
     };
-    patch::write_text(site.addr, &[0xCC], site.prot).map_err(perr)?;
+    let at = site.patch_at;
+    if site.method == Method::Breakpoint {
+        // A thread that met the int3 just before is sent back to `at` by the SIGTRAP
+        // handler (the byte is no longer an int3).
+        patch::write_text(at, &site.orig[..1], site.prot).map_err(perr)?;
+        site.patched.store(false, SeqCst);
+        return Ok(());
+    }
+    patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
     patch::broadcast();
-    patch::write_text(site.addr + 1, &site.orig[1..], site.prot).map_err(perr)?;
+    patch::write_text(at + 1, &site.orig[1..], site.prot).map_err(perr)?;
     patch::broadcast();
-    patch::write_text(site.addr, &site.orig[..1], site.prot).map_err(perr)?;
+    patch::write_text(at, &site.orig[..1], site.prot).map_err(perr)?;
     site.patched.store(false, SeqCst);
     Ok(())
 }

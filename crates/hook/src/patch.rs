@@ -32,11 +32,32 @@
 //! only through their first byte, as any running thread: the `int3` (written before
 //! the file is read) handles that. A thread reported `running` is signalled as before.
 //!
+//! ## Breakpoint sites
+//! A probe planted as a breakpoint (`placement`) is one `int3` byte, written alone (a
+//! thread fetches the old byte or the new one, as with the kernel's and debuggers'
+//! breakpoints); detach writes the original byte back. No broadcast is needed: no thread can
+//! be inside one byte.
+//!
+//! ## SIGTRAP
+//! The engine's handler stays installed: an `int3` of ours (`si_code` `SI_KERNEL`, a
+//! registered address before the saved `rip`) sends the thread on; any other `SIGTRAP` goes
+//! to the program's disposition as the kernel would deliver it (its mask, `SA_NODEFER`,
+//! `SA_RESETHAND`, `SA_SIGINFO`; the default action kills the process). The program's later
+//! `sigaction`/`signal` calls for `SIGTRAP` are recorded (an entry probe on libc's
+//! `sigaction`, which `signal`, `sigset` and `sysv_signal` call) instead of replacing ours, and
+//! queries return what it set. `SIGTRAP` is taken out of the sets given to libc's
+//! `pthread_sigmask`/`sigprocmask` and of other handlers' `sa_mask` (a blocked `SIGTRAP`
+//! makes the kernel kill the process at an `int3`; see `sigmask_guard`). Not seen: raw
+//! `rt_sigaction`/`rt_sigprocmask` system calls, masks set by other paths (`sigsuspend`,
+//! `pselect`, `signalfd` users blocking it, glibc's internal blocking), and threads that
+//! blocked `SIGTRAP` before the engine's first probe: a breakpoint hit there ends the process
+//! as the program's own `int3` would.
+//!
 //! Limits: a thread that blocks `FIXUP_SIGNAL` makes the broadcast wait for
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// Signal used to stop-and-fix threads during patching (SIGRTMAX - 3).
@@ -187,35 +208,80 @@ pub(crate) fn write_text(addr: usize, bytes: &[u8], prot: i32) -> Result<(), Str
 // ------------------------------------------------------------ signals ----
 
 pub(crate) const MAX_SITES: usize = 4096;
-static TRAP_ADDR: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
-static TRAP_RELOC: [AtomicUsize; MAX_SITES] = [const { AtomicUsize::new(0) }; MAX_SITES];
+/// The sites the SIGTRAP handler knows: an open-addressing table (linear probing, twice
+/// `MAX_SITES` slots) keyed by the patched address, written under the registry lock and read
+/// lock-free by the handler (the target before the address, both Release/Acquire).
+const TRAP_SLOTS: usize = 2 * MAX_SITES;
+/// A slot whose site was removed: lookups go on past it, inserts take it again.
+const TRAP_GONE: usize = 1;
+static TRAP_ADDR: [AtomicUsize; TRAP_SLOTS] = [const { AtomicUsize::new(0) }; TRAP_SLOTS];
+static TRAP_RELOC: [AtomicUsize; TRAP_SLOTS] = [const { AtomicUsize::new(0) }; TRAP_SLOTS];
 static TRAP_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Makes a site known to the SIGTRAP handler (a slot freed by [`unregister_trap_site`] is
-/// used again first).
-pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
-    let n = TRAP_COUNT.load(Acquire);
-    if let Some(i) = (0..n).find(|&i| TRAP_ADDR[i].load(Acquire) == 0) {
-        // The handler reads the address (Acquire) before the relocated copy.
-        TRAP_RELOC[i].store(relocated, Release);
-        TRAP_ADDR[i].store(addr, Release);
-        return true;
+fn trap_slot(addr: usize) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % TRAP_SLOTS
+}
+
+/// The target registered for `addr` (lock-free, no allocation: the SIGTRAP handler's lookup).
+fn trap_lookup(addr: usize) -> Option<usize> {
+    let mut i = trap_slot(addr);
+    for _ in 0..TRAP_SLOTS {
+        match TRAP_ADDR[i].load(Acquire) {
+            0 => return None,
+            a if a == addr => return Some(TRAP_RELOC[i].load(Acquire)),
+            _ => i = (i + 1) % TRAP_SLOTS,
+        }
     }
-    if n >= MAX_SITES {
+    None
+}
+
+/// Makes a site known to the SIGTRAP handler: a thread trapping at `addr` goes to
+/// `relocated` while the `int3` is there (registry lock held).
+pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
+    if TRAP_COUNT.load(Acquire) >= MAX_SITES {
         return false;
     }
-    TRAP_RELOC[n].store(relocated, Release);
-    TRAP_ADDR[n].store(addr, Release);
-    TRAP_COUNT.store(n + 1, Release);
+    // The address's own slot when it has one (a later site at the same address), else the
+    // first free or removed slot of its chain.
+    let mut i = trap_slot(addr);
+    let mut free = None;
+    for _ in 0..TRAP_SLOTS {
+        match TRAP_ADDR[i].load(Acquire) {
+            a if a == addr => {
+                TRAP_RELOC[i].store(relocated, Release);
+                return true;
+            }
+            0 => {
+                free = free.or(Some(i));
+                break;
+            }
+            TRAP_GONE => free = free.or(Some(i)),
+            _ => {}
+        }
+        i = (i + 1) % TRAP_SLOTS;
+    }
+    let Some(i) = free else { return false };
+    // The handler reads the address (Acquire) before the target.
+    TRAP_RELOC[i].store(relocated, Release);
+    TRAP_ADDR[i].store(addr, Release);
+    TRAP_COUNT.fetch_add(1, AcqRel);
     true
 }
 
 /// Forgets the site at `addr` (its code was unmapped: `dlnotify`), so that an `int3` met
-/// there later is not taken for its patch.
+/// there later is not taken for its patch (registry lock held).
 pub(crate) fn unregister_trap_site(addr: usize) {
-    let n = TRAP_COUNT.load(Acquire);
-    for a in TRAP_ADDR.iter().take(n) {
-        let _ = a.compare_exchange(addr, 0, AcqRel, Acquire);
+    let mut i = trap_slot(addr);
+    for _ in 0..TRAP_SLOTS {
+        match TRAP_ADDR[i].load(Acquire) {
+            0 => return,
+            a if a == addr => {
+                TRAP_ADDR[i].store(TRAP_GONE, Release);
+                TRAP_COUNT.fetch_sub(1, AcqRel);
+                return;
+            }
+            _ => i = (i + 1) % TRAP_SLOTS,
+        }
     }
 }
 
@@ -229,11 +295,12 @@ static FIX_TARGET: [AtomicUsize; FIX_MAX] = [const { AtomicUsize::new(0) }; FIX_
 static ACKS: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static FIXUPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TRAPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BREAKPOINT_HITS: AtomicU64 = AtomicU64::new(0);
 
-static mut OLD_TRAP: libc::sigaction = {
-    // SAFETY: sigaction is plain old data; all-zero is SIG_DFL.
-    unsafe { std::mem::zeroed() }
-};
+/// The program's `SIGTRAP` disposition, handed the traps that are not ours: the one found at
+/// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
+/// [`guard_sigtrap`]). Leaked copies, never freed (a handler may be reading one).
+static OLD_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 
 fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     let uc = ctx as *mut libc::ucontext_t;
@@ -241,47 +308,177 @@ fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     unsafe { &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as *mut i64 }
 }
 
+/// The `SIGTRAP` handler: an `int3` of ours (a breakpoint site, or the first byte of a jump
+/// being written) sends the thread on; anything else goes to the program's disposition.
+///
+/// Ours: the trap comes from an `int3` (`si_code` `SI_KERNEL`, not a `kill`) and the byte
+/// before the saved `rip` is a registered site (a lock-free hash lookup: no lock, no
+/// allocation). The saved `rip` becomes the site's target (the stub of a breakpoint
+/// site, which runs the handlers after the signal returned; the relocated copy of a jump
+/// being written), or the site's own address when its `int3` is gone by now (detached).
 extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let rip = rip_of(ctx);
-    // SAFETY: rip points into the live ucontext.
-    let after = unsafe { *rip } as usize;
-    let at = after.wrapping_sub(1);
-    let n = TRAP_COUNT.load(Acquire);
-    for i in 0..n {
-        if TRAP_ADDR[i].load(Acquire) == at {
-            TRAPS.fetch_add(1, Relaxed);
+    // SAFETY: info is the siginfo the kernel passed to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    if code == libc::SI_KERNEL {
+        let rip = rip_of(ctx);
+        // SAFETY: rip points into the live ucontext.
+        let after = unsafe { *rip } as usize;
+        let at = after.wrapping_sub(1);
+        if let Some(to) = trap_lookup(at) {
+            // A breakpoint site's target (its stub) is registered with the low bit set.
+            let counter = if to & 1 != 0 { &BREAKPOINT_HITS } else { &TRAPS };
+            counter.fetch_add(1, Relaxed);
             // SAFETY: `at` is a patched site address, mapped and readable.
             let byte = unsafe { std::ptr::read_volatile(at as *const u8) };
-            let target = if byte == 0xCC {
-                TRAP_RELOC[i].load(Acquire)
-            } else {
-                at
-            };
+            let target = if byte == 0xCC { to & !1 } else { at };
             // SAFETY: writing the saved rip of this thread's signal frame.
             unsafe { *rip = target as i64 };
             return;
         }
     }
-    // Not ours: hand over to the previous disposition.
-    // SAFETY: OLD_TRAP was written once in install_handlers before this handler
-    // could run; we only read it.
-    let old = unsafe { std::ptr::addr_of!(OLD_TRAP).read() };
-    if old.sa_flags & libc::SA_SIGINFO != 0 && old.sa_sigaction > 1 {
-        // SAFETY: the previous handler was installed as an SA_SIGINFO handler.
-        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(old.sa_sigaction) };
-        f(sig, info, ctx);
-    } else if old.sa_sigaction > 1 {
-        // SAFETY: the previous handler was installed as a plain handler.
-        let f: extern "C" fn(i32) = unsafe { std::mem::transmute(old.sa_sigaction) };
-        f(sig);
-    } else {
-        // SIG_DFL/SIG_IGN for a stray int3: die like without us.
-        // SAFETY: resetting SIGTRAP to default and re-raising is async-signal-safe.
+    chain_trap(sig, info, ctx, code);
+}
+
+/// Hands a `SIGTRAP` that is not ours to the program's disposition, as the kernel would
+/// have: its handler runs with its `sa_mask` blocked (but never `SIGTRAP`),
+/// `SA_RESETHAND` resets it first; `SIG_IGN` ignores a sent signal; the default action (or
+/// `SIG_IGN` for a real trap, which the kernel does not let be ignored) kills the process.
+fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code: i32) {
+    let p = OLD_TRAP.load(Acquire);
+    // SAFETY: a leaked copy (never freed), or null for SIG_DFL.
+    let old: libc::sigaction = if p.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *p } };
+    let handler = old.sa_sigaction;
+    if handler == libc::SIG_IGN && code <= 0 {
+        return; // sent with kill/tgkill/sigqueue and ignored
+    }
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // SAFETY: raw rt_sigaction (not libc's, which the guard probe intercepts) to the
+        // default action, then the signal again: async-signal-safe; SA_NODEFER delivers it
+        // at once.
         unsafe {
-            libc::signal(libc::SIGTRAP, libc::SIG_DFL);
+            let k = [0u64; 4];
+            libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, k.as_ptr(), std::ptr::null_mut::<u64>(), 8);
             libc::raise(libc::SIGTRAP);
         }
+        return;
+    }
+    if old.sa_flags & libc::SA_RESETHAND != 0 {
+        OLD_TRAP.store(std::ptr::null_mut(), Release);
+    }
+    // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
+    // not through libc's pthread_sigmask, which carries the engine's own guard probe).
+    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        // Never SIGTRAP itself (see `sigmask_guard`): the kernel would block it without
+        // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.
+        let mut block = old.sa_mask;
+        libc::sigdelset(&mut block, libc::SIGTRAP);
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &block as *const libc::sigset_t, &mut prev as *mut libc::sigset_t, 8);
+    }
+    if old.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed it as an SA_SIGINFO handler.
+        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed it as a plain handler.
+        let f: extern "C" fn(i32) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+    // SAFETY: restores this thread's mask as it was in our handler.
+    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &prev as *const libc::sigset_t, std::ptr::null_mut::<libc::sigset_t>(), 8) };
+}
+
+/// Entry handler of the guard probe on libc's `sigaction` (which `signal`, `sigset` and
+/// `sysv_signal` call too): a `SIGTRAP` disposition the program sets is recorded as the one
+/// [`chain_trap`] hands foreign traps to, instead of replacing the engine's handler; a query
+/// returns the recorded one. Other signals go on to libc.
+unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::PtRegs) -> u32 {
+    // SAFETY: the engine passes the live pt_regs of the call.
+    let regs = unsafe { &mut *regs };
+    if regs.di as i32 != libc::SIGTRAP {
+        // Another signal's handler blocks its sa_mask while it runs: never SIGTRAP (see
+        // `sigmask_guard`).
+        strip_sigtrap(regs, 19, 1);
+        return crate::HOOK_CONTINUE;
+    }
+    let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
+    let prev = OLD_TRAP.load(Acquire);
+    if !old.is_null() {
+        // SAFETY: the program's buffer for a struct sigaction (glibc's layout is the libc
+        // crate's); `prev` a leaked copy.
+        unsafe { old.write(if prev.is_null() { std::mem::zeroed() } else { *prev }) };
+    }
+    if !act.is_null() {
+        // SAFETY: the program's struct sigaction, which libc would have read.
+        let new = Box::into_raw(Box::new(unsafe { act.read() }));
+        OLD_TRAP.store(new, Release);
+    }
+    regs.ax = 0;
+    crate::HOOK_SKIP
+}
+
+thread_local! {
+    /// A copy of the signal set (or `struct sigaction`) a program passed, without `SIGTRAP`
+    /// (glibc's sigset_t is 128 bytes; its struct sigaction 152).
+    static MASK_COPY: std::cell::UnsafeCell<[u64; 20]> = const { std::cell::UnsafeCell::new([0; 20]) };
+}
+
+/// Passes libc a copy of the set at `regs.si` (`words` words, the set at word `at`) without
+/// `SIGTRAP`, when it has it.
+fn strip_sigtrap(regs: &mut crate::PtRegs, words: usize, at: usize) {
+    let bit = 1u64 << (libc::SIGTRAP - 1);
+    let src = regs.si as *const u64;
+    // SAFETY: the program passes this pointer to libc, which reads these bytes too.
+    if src.is_null() || unsafe { src.add(at).read_unaligned() } & bit == 0 {
+        return;
+    }
+    MASK_COPY.with(|c| {
+        let dst = c.get() as *mut u64;
+        // SAFETY: copying the program's set/struct (readable, see above) into this thread's
+        // buffer of 20 words, which libc reads before this thread can come here again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, words * 8);
+            *dst.add(at) &= !bit;
+        }
+        regs.si = dst as u64;
+    });
+}
+
+/// Entry handler on libc's `pthread_sigmask` (which `sigprocmask` calls): `SIGTRAP` is never
+/// blocked. A blocked `SIGTRAP` does not hold back an `int3`'s trap: the kernel kills the
+/// process instead (it would for the program's own `int3` too), so a thread that blocks every
+/// signal would die at its next breakpoint probe. Only a `SIGTRAP` sent with `kill` is delayed
+/// by blocking it, which is all the program loses.
+unsafe extern "C" fn sigmask_guard(_d: *mut libc::c_void, regs: *mut crate::PtRegs) -> u32 {
+    // SAFETY: the engine passes the live pt_regs of the call.
+    let regs = unsafe { &mut *regs };
+    if regs.di as i32 != libc::SIG_UNBLOCK {
+        strip_sigtrap(regs, 16, 0);
+    }
+    crate::HOOK_CONTINUE
+}
+
+static GUARD: AtomicUsize = AtomicUsize::new(0);
+
+/// Puts the guard probes on libc's `sigaction` and `pthread_sigmask` (once; best effort: a
+/// process without a dynamic libc has no such function to call, and raw `rt_sigaction` /
+/// `rt_sigprocmask` system calls are not seen). Called outside the registry lock.
+pub(crate) fn guard_sigtrap() {
+    if GUARD.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+        return;
+    }
+    let mut ok = true;
+    for (func, h) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)] {
+        let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) else {
+            ok = false;
+            continue;
+        };
+        let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
+        ok &= crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+    }
+    if ok {
+        GUARD.store(2, SeqCst);
     }
 }
 
@@ -313,14 +510,17 @@ pub(crate) fn install_handlers() -> Result<(), String> {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = trap_handler as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
+        // SA_ONSTACK: a program handler chained from here may rely on its alternate stack.
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGTRAP, &sa, std::ptr::addr_of_mut!(OLD_TRAP)) != 0 {
+        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
             return Err(format!(
                 "sigaction(SIGTRAP): {}",
                 std::io::Error::last_os_error()
             ));
         }
+        OLD_TRAP.store(old, SeqCst);
         let mut sb: libc::sigaction = std::mem::zeroed();
         sb.sa_sigaction = fixup_handler as *const () as usize;
         sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;

@@ -428,3 +428,75 @@ pub fn lookup_addr(addr: usize) -> Option<Resolved> {
     }
     None
 }
+
+/// Bytes of alignment padding that follow the code ending at `end` (a function's end) and
+/// belong to no symbol: the object holding `end` is found among the loaded ones, the symbol
+/// table (`.symtab` and `.dynsym`, every defined symbol but sections and files) gives the
+/// next symbol after `end` (or the end of the section) and shows that none covers `end`; the
+/// bytes up to there (at most 64 are looked at) must decode as `int3` or `nop` in memory.
+/// When the next symbol is further than that (stripped objects list no static functions),
+/// only the padding before the next 16-byte boundary counts. 0 when nothing is proven.
+pub fn gap_after(end: usize) -> usize {
+    let c = iterate();
+    let Some((obj, _)) = c
+        .objs
+        .iter()
+        .zip(&c.segments)
+        .find(|(_, segs)| segs.iter().any(|(s, e)| *s < end && end <= *e))
+    else {
+        return 0;
+    };
+    let path = if obj.path.is_file() { obj.path.clone() } else { return 0 };
+    let Ok(data) = std::fs::read(&path) else { return 0 };
+    let Ok(file) = object::File::parse(&*data) else { return 0 };
+    use object::ObjectSection;
+    let rel = end.wrapping_sub(obj.bias) as u64;
+    let Some(sec_end) = file
+        .sections()
+        .find(|s| s.address() < rel && rel <= s.address() + s.size())
+        .map(|s| s.address() + s.size())
+    else {
+        return 0;
+    };
+    let mut next = sec_end;
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.is_undefined() || matches!(sym.kind(), SymbolKind::Section | SymbolKind::File) {
+            continue;
+        }
+        let (a, sz) = (sym.address(), sym.size());
+        if a < rel && a + sz > rel {
+            return 0; // a symbol covers the bytes after the function
+        }
+        if a >= rel && a < next {
+            next = a;
+        }
+    }
+    let whole = (next - rel) as usize;
+    let gap = whole.min(64);
+    if gap == 0 {
+        return 0;
+    }
+    let Some(m) = crate::patch::mapping_of(end) else { return 0 };
+    let gap = gap.min(m.end - end);
+    // SAFETY: [end, end+gap) lies inside a mapped, readable (text) mapping of this process.
+    let bytes = unsafe { std::slice::from_raw_parts(end as *const u8, gap) };
+    let mut dec = iced_x86::Decoder::with_ip(64, bytes, end as u64, iced_x86::DecoderOptions::NONE);
+    let mut ok = 0;
+    while dec.can_decode() {
+        let ins = dec.decode();
+        if ins.is_invalid() || !matches!(ins.mnemonic(), iced_x86::Mnemonic::Nop | iced_x86::Mnemonic::Int3) {
+            break;
+        }
+        ok += ins.len();
+    }
+    if ok >= gap {
+        gap
+    } else if whole > gap {
+        // The next symbol is far (a stripped object: static functions have none): only the
+        // bytes before the next 16-byte boundary, where no function can start unless the
+        // compiler was told to align functions less, are taken for padding.
+        ok.min(((end + 15) & !15) - end)
+    } else {
+        0 // code without a symbol before the next one
+    }
+}

@@ -267,36 +267,38 @@ unsafe extern "C" fn nop_handler(_d: *mut c_void, _r: *mut PtRegs) -> u32 {
 }
 
 #[test]
-fn too_short_function_is_refused() {
+fn short_function_uses_the_padding_after_it() {
+    static N: AtomicU64 = AtomicU64::new(0);
     let (addr, _) = addr_of_sym("t_short");
     let before = bytes_at(addr);
-    let e = attach_symbol("t_short", ProbeKind::Entry, nop_handler, null_mut()).unwrap_err();
-    assert!(
-        matches!(&e, HookError::Refused { addr: a, reason } if *a == addr && reason.contains("too short")),
-        "{e}"
-    );
-    let e = attach(addr, ProbeKind::Entry, nop_handler, null_mut()).unwrap_err();
-    assert!(
-        matches!(&e, HookError::Refused { reason, .. } if reason.contains("too short")),
-        "{e}"
-    );
-    assert!(e.to_string().contains(&format!("{addr:#x}")));
-    assert_eq!(bytes_at(addr), before);
+    let id = attach_symbol("t_short", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
+    assert_eq!(probe_method(addr), Some((Method::Padding, addr)));
     // SAFETY: asm test function.
     assert_eq!(unsafe { t_short() }, 0);
+    assert_eq!(N.load(SeqCst), 1);
+    detach(id).unwrap();
+    assert_eq!(bytes_at(addr), before);
 }
 
 #[test]
-fn branch_into_patched_bytes_is_refused() {
+fn branch_into_patched_bytes_takes_a_breakpoint() {
+    static N: AtomicU64 = AtomicU64::new(0);
     let (addr, _) = addr_of_sym("t_loop");
-    let e = attach_symbol("t_loop", ProbeKind::Entry, nop_handler, null_mut()).unwrap_err();
-    assert!(
-        matches!(&e, HookError::Refused { reason, .. } if reason.contains("branches to")),
-        "{e}"
-    );
+    let id = attach_symbol("t_loop", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
+    assert_eq!(probe_method(addr), Some((Method::Breakpoint, addr)));
     // SAFETY: asm test function.
     assert_eq!(unsafe { t_loop(black_box(5)) }, 5);
-    let _ = addr;
+    assert_eq!(N.load(SeqCst), 1);
+    detach(id).unwrap();
+    // +2 is the loop head: the jump back lands on the patch's first byte, the probe fires on
+    // each iteration.
+    let id = attach_symbol("t_loop+2", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
+    // SAFETY: asm test function.
+    assert_eq!(unsafe { t_loop(black_box(5)) }, 5);
+    assert_eq!(N.load(SeqCst), 6);
+    detach(id).unwrap();
+    let e = attach_symbol("t_loop+1", ProbeKind::Entry, nop_handler, null_mut()).unwrap_err();
+    assert!(e.to_string().contains("not an instruction boundary"), "{e}");
 }
 
 #[test]

@@ -188,26 +188,33 @@ fn threads_blocked_elsewhere_sleep_through_attach_and_detach() {
 }
 
 /// Why a thread blocked in a system call never needs the move to the relocated copy: a
-/// `syscall` among the displaced instructions is refused like a call (the thread would
-/// resume inside them), so a blocked thread's `PC` can only lie inside displaced bytes when
-/// it is stopped there otherwise (a fault, a stop), and such a thread is still signalled.
+/// `syscall` among the displaced instructions of a jump is refused like a call (the thread
+/// would resume inside them), so a blocked thread's `PC` can only lie inside displaced bytes
+/// when it is stopped there otherwise (a fault, a stop), and such a thread is still
+/// signalled. Such a function gets a breakpoint instead; a breakpoint on the `syscall` itself
+/// runs it from the relocated copy.
 #[test]
-fn a_system_call_among_the_displaced_bytes_is_refused() {
+fn a_system_call_among_the_displaced_bytes_takes_a_breakpoint() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let addr = t_sl_read as *const () as usize;
     let ext = Some(FuncExtent { start: addr, len: 11 });
-    match attach_with(addr, ProbeKind::Entry, count, std::ptr::null_mut(), ext) {
-        Err(HookError::Refused { reason, .. }) => assert!(reason.contains("offset 2"), "{reason}"),
-        other => panic!("a probe over a `syscall` must be refused: {other:?}"),
+    let before = HITS.load(SeqCst);
+    for at in [addr, addr + 2] {
+        let id = attach_with(at, ProbeKind::Entry, count, std::ptr::null_mut(), ext).expect("attach");
+        assert_eq!(probe_method(at), Some((Method::Breakpoint, at)));
+        let (r, w) = pipe();
+        // SAFETY: a one-byte write from a constant into a pipe we own, then read(2) in
+        // assembly into a local buffer.
+        unsafe {
+            assert_eq!(libc::write(w, b"y".as_ptr().cast(), 1), 1);
+            let mut b = [0u8; 1];
+            assert_eq!(t_sl_read(r, b.as_mut_ptr(), 1), 1);
+            assert_eq!(b[0], b'y');
+        }
+        detach(id).expect("detach");
     }
-    // The function still works (nothing was written).
-    let (r, w) = pipe();
-    // SAFETY: a one-byte write from a constant into a pipe we own, then read(2) in assembly
-    // into a local buffer.
-    unsafe {
-        assert_eq!(libc::write(w, b"y".as_ptr().cast(), 1), 1);
-        let mut b = [0u8; 1];
-        assert_eq!(t_sl_read(r, b.as_mut_ptr(), 1), 1);
-        assert_eq!(b[0], b'y');
-    }
+    assert_eq!(HITS.load(SeqCst) - before, 2);
+    // Inside an instruction (`xor eax, eax` is two bytes): refused.
+    let e = attach_with(addr + 1, ProbeKind::Entry, count, std::ptr::null_mut(), ext).unwrap_err();
+    assert!(e.to_string().contains("not an instruction boundary"), "{e}");
 }
