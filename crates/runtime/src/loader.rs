@@ -447,7 +447,6 @@ fn calls_trace_printk(insns: &[userbpf_isa::Insn]) -> bool {
 
 /// Prepares a program recorded in `session` (by a loader, possibly another process) to run in
 /// this process: opens the maps it references and compiles it.
-
 pub fn prepare_record(
     session: &Session,
     record: &ProgRecord,
