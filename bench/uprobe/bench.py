@@ -38,7 +38,10 @@ TARGET = os.path.join(BUILD, "target")
 LIB = os.path.join(BUILD, "libbenchlib.so")
 KLOAD = os.path.join(BUILD, "kload")
 MODES = ["entry", "return", "both"]
-MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe"}
+MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe", "percpu": "uprobe, per-CPU array counter"}
+# Modes whose object has an entry program / a return program.
+ENTRY_MODES = ("entry", "both", "percpu")
+RETURN_MODES = ("return", "both")
 ENGINES = ["none", "kernel", "jit", "interp"]
 FN_NAME = {"exe": "bench_fn (executable)", "lib": "lib_fn (libbenchlib.so)"}
 ENGINE_NAME = {"none": "no probe", "kernel": "kernel", "jit": "userbpf JIT", "interp": "userbpf interpreter"}
@@ -74,6 +77,7 @@ def build():
         bpf + ["-DNOOP", "-DCOUNT_ENTRY", "-c", "-o", obj("noop-entry"), src("count.bpf.c")],
         bpf + ["-DNOOP", "-DCOUNT_RETURN", "-c", "-o", obj("noop-return"), src("count.bpf.c")],
         bpf + ["-DNOOP", "-DCOUNT_ENTRY", "-DCOUNT_RETURN", "-c", "-o", obj("noop-both"), src("count.bpf.c")],
+        bpf + ["-DPERCPU", "-DCOUNT_ENTRY", "-c", "-o", obj("percpu-entry"), src("count.bpf.c")],
     ]
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -115,6 +119,10 @@ def userbpf_hits(stdout):
         m = re.match(r"key = (\d+), value = (\d+)", line.strip())
         if inside and m:
             hits[int(m.group(1))] = int(m.group(2))
+        # A per-CPU array: `key = K, values = { cpu0 = V, ... }`, summed.
+        m = re.match(r"key = (\d+), values = \{(.*)\}", line.strip())
+        if inside and m:
+            hits[int(m.group(1))] = sum(int(v) for v in re.findall(r"= (\d+)", m.group(2)))
     return hits
 
 
@@ -123,16 +131,21 @@ def kernel_hits(stderr):
     return {0: int(m.group(1)), 1: int(m.group(2))} if m else {}
 
 
+def mode_obj(mode):
+    """The object of a probe mode (see build)."""
+    return "percpu-entry" if mode == "percpu" else mode
+
+
 def probe_cmd(engine, mode, binary, func, cmd, noop=False):
     if engine == "kernel":
-        return [KLOAD, obj(mode), binary, func, "--"] + cmd
+        return [KLOAD, obj(mode_obj(mode)), binary, func, "--"] + cmd
     spec = func if binary == TARGET else f"{binary}:{func}"
     attach = []
-    if mode in ("entry", "both"):
+    if mode in ENTRY_MODES:
         attach += ["--attach", f"count_entry={spec}"]
-    if mode in ("return", "both"):
+    if mode in RETURN_MODES:
         attach += ["--attach", f"count_return={spec}"]
-    return [USERBPF, "run", obj(f"noop-{mode}" if noop else mode)] + (["--interpreter"] if engine == "interp" else []) + attach + ["--"] + cmd
+    return [USERBPF, "run", obj(f"noop-{mode}" if noop else mode_obj(mode))] + (["--interpreter"] if engine == "interp" else []) + attach + ["--"] + cmd
 
 
 def measure_once(engine, where, mode, n, what, noop=False):
@@ -153,7 +166,7 @@ def measure_once(engine, where, mode, n, what, noop=False):
     elif engine != "none":
         agent_messages(stderr, what)
         hits = kernel_hits(stderr) if engine == "kernel" else userbpf_hits(stdout)
-        want = {0: n if mode in ("entry", "both") else 0, 1: n if mode in ("return", "both") else 0}
+        want = {0: n if mode in ENTRY_MODES else 0, 1: n if mode in RETURN_MODES else 0}
         got = {k: hits.get(k) for k in (0, 1)}
         if got != want:
             problem(f"{what}: the probe counted entry={got[0]} return={got[1]}, expected entry={want[0]} return={want[1]} for {n} calls", "")

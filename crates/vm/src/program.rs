@@ -53,14 +53,21 @@ pub trait Relocator {
 }
 
 /// An array map whose lookups are inlined: element `i < max_entries` is at
-/// `values + i * elem_size`; any other index gives null (0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `values + i * elem_size` (plus `cpu * cpu_stride` for a per-CPU array, `cpu` being the
+/// run's CPU slot); any other index gives null (0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct InlineArray {
-    /// Address of element 0.
+    /// Address of element 0 (of CPU 0's values for a per-CPU array).
     pub values: u64,
     pub max_entries: u32,
     /// Bytes from one element to the next, 1 to `i32::MAX` (other sizes are not inlined).
     pub elem_size: u32,
+    /// Per-CPU arrays: bytes from one CPU's values to the next's, 1 to `i32::MAX`, for every
+    /// CPU slot a run can hold. 0: a plain array. Per-CPU lookups are inlined only by the
+    /// JIT, and only in programs that load no callback, make no `callx` and call no helper
+    /// marked `may_exit` (their runs always go through the fast entry, which is given the
+    /// CPU); the interpreter calls the helper.
+    pub cpu_stride: u32,
 }
 
 impl InlineArray {
@@ -246,7 +253,13 @@ impl Program {
         }
         let max_depth = call_depth(&subprogs, &callees)?;
         let inline_lookups = match relocator {
-            Some(r) if !map_lddws.is_empty() => inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, r),
+            Some(r) if !map_lddws.is_empty() => {
+                let mut sites = inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, r);
+                if !percpu_inline_allowed(&insns, &second_half, options) {
+                    sites.retain(|(_, a)| a.cpu_stride == 0);
+                }
+                sites
+            }
             _ => Vec::new(),
         };
         Ok(Program {
@@ -332,7 +345,7 @@ fn inline_sites(
             if i.op == OP_CALL && i.src == 0 && i.imm == MAP_LOOKUP_ELEM {
                 let map = insns[l].wide_imm(insns[l + 1]);
                 if let Some(a) = relocator.inline_lookup(map) {
-                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 {
+                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32 {
                         sites.push((pc, a));
                     }
                 }
@@ -351,6 +364,27 @@ fn inline_sites(
         }
     }
     sites
+}
+
+/// Whether per-CPU lookups may be inlined (see [`InlineArray::cpu_stride`]): the program loads
+/// no callback, makes no `callx` and calls no helper marked `may_exit`, so the JIT gives it a
+/// fast entry, which knows the run's CPU.
+fn percpu_inline_allowed(insns: &[Insn], second_half: &[bool], options: &LoadOptions) -> bool {
+    insns.iter().enumerate().all(|(pc, i)| {
+        if second_half[pc] {
+            return true;
+        }
+        if i.is_lddw() {
+            return i.src != BPF_PSEUDO_FUNC;
+        }
+        if i.op == OP_CALLX {
+            return false;
+        }
+        if i.op == OP_CALL && i.src == 0 {
+            return !options.helpers.get(i.imm as u32).is_some_and(|h| h.may_exit);
+        }
+        true
+    })
 }
 
 fn jump_target(pc: usize, rel: i64) -> i64 {

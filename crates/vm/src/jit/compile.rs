@@ -19,11 +19,14 @@
 //!
 //! ```text
 //! Entry(k)   for every subprogram k: an `extern "C" fn(u64 x5) -> u64`
-//!            push rbp, rbx, r12..r15; sub rsp, 8; mov r12, rsp; r0 = r6..r9 = 0;
+//!            push rbp, rbx, r12..r15; push 0 x3 (run slots); mov r12, rsp; r0 = r6..r9 = 0;
 //!            call Func(k); jmp Epilogue
+//! FastEntry  `extern "C" fn(r1, r2, abort, cpu) -> u64`, see [`Output::fast_entry`]: the same
+//!            with the run slots [r12] = abort, [r12+8] = cpu
+//! CpuEntry   `extern "C" fn(r1, r2, cpu) -> u64`: `Entry(0)` with [r12+8] = cpu
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
-//! Epilogue:  add rsp, 8; pop r15..r12, rbx, rbp; ret
+//! Epilogue:  add rsp, 24; pop r15..r12, rbx, rbp; ret
 //! Func(k)    for every subprogram k: the body, with its own frame:
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
@@ -56,6 +59,12 @@
 //! A `call 1` (map_lookup_elem) that [`Program`] found to look up an array map the relocator
 //! described ([`Program::inline_lookup_at`]) is not a call: `r11d = *(u32 *)r2; r0 = 0; if
 //! r11d < max_entries: r0 = values + r11 * elem_size` (the kernel's `array_map_gen_lookup`).
+//! For a per-CPU array (`cpu_stride` non-zero) the run's CPU slot, which the fast entry keeps
+//! at `[r12+8]`, adds `cpu * cpu_stride` (the kernel's `percpu_array_map_gen_lookup`, which
+//! reads the CPU's offset). Such lookups are only made in programs with no callback, no
+//! `callx` and no helper that may end the run (`Program` checks), whose runs enter through
+//! the fast entry or `CpuEntry`, both given the CPU, so `[r12+8]` is the run's CPU; compiling
+//! one into a program that needs run state is an error.
 //!
 //! # Jumps
 //!
@@ -145,12 +154,20 @@ pub(crate) struct Output {
     pub entries: Vec<usize>,
     /// Offset of the abort path.
     pub abort: usize,
-    /// Offset of the fast run entry, for programs that call no helper (inlined lookups
-    /// aside), no `callx` and load no callback (`BPF_PSEUDO_FUNC`): nothing in their run reads
-    /// the run state of `run.rs`. An `extern "C" fn(r1, r2, abort: *mut [u64; 3]) -> u64` (r3..r5 =
-    /// 0); an abort stores `[kind, pc, detail]` at `abort` (kind != 0) instead of calling
-    /// `Runtime::abort_fn`. None for other programs.
+    /// Offset of the fast run entry, for programs that call no helper marked `may_exit`, no
+    /// `callx` and load no callback (`BPF_PSEUDO_FUNC`): nothing in their run reads the run
+    /// state of `run.rs` (the other helpers never end a run: an exit request a helper not
+    /// marked `may_exit` made would be ignored). An `extern "C" fn(r1, r2, abort: *mut [u64;
+    /// 3], cpu: u64) -> u64` (r3..r5 = 0); an abort stores `[kind, pc, detail]` at `abort`
+    /// (kind != 0) instead of calling `Runtime::abort_fn`; `cpu` is the run's CPU slot, which
+    /// inlined per-CPU lookups use. None for other programs.
     pub fast_entry: Option<usize>,
+    /// The code calls helpers (other than inlined lookups) or inlines per-CPU lookups: its
+    /// runs need a run context (a CPU slot, what helpers read).
+    pub needs_context: bool,
+    /// Offset of `Entry(0)` for a run holding a CPU slot: an `extern "C" fn(r1, r2, cpu) ->
+    /// u64` with the run state of `run.rs` (r3..r5 = 0).
+    pub cpu_entry: usize,
     /// `(offset, pc)`, ascending by offset: the code from `offset` up to the next entry's is
     /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
     /// (entries, abort path, epilogue) belongs to no instruction.
@@ -179,6 +196,8 @@ enum Label {
     Unwind,
     /// The run entry of programs that need no run state (see [`Output::fast_entry`]).
     FastEntry,
+    /// `Entry(0)` with the run's CPU (see [`Output::cpu_entry`]).
+    CpuEntry,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -221,8 +240,13 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             let entries = (0..nsub).map(|k| labels[n + nsub + k]).collect();
             let abort = labels[e.label_index(Label::Abort)];
             let fast_entry = (!e.needs_run_state).then(|| labels[e.label_index(Label::FastEntry)]);
+            if e.needs_run_state && e.percpu_inline {
+                return Err("internal error: a per-CPU lookup is inlined in a program that needs run state".into());
+            }
+            let needs_context = e.calls_helpers || e.percpu_inline;
+            let cpu_entry = labels[e.label_index(Label::CpuEntry)];
             let pc_map = pc_map(prog, &frames, labels)?;
-            return Ok(Output { code: e.a.into_code(), entries, abort, fast_entry, pc_map });
+            return Ok(Output { code: e.a.into_code(), entries, abort, fast_entry, needs_context, cpu_entry, pc_map });
         }
         if freeze {
             break;
@@ -321,6 +345,10 @@ struct Emitter<'a> {
     rt: Runtime,
     /// The code reads the run state of `run.rs` (see [`Output::fast_entry`]).
     needs_run_state: bool,
+    /// The code calls a helper (see [`Output::needs_context`]).
+    calls_helpers: bool,
+    /// The code inlines a per-CPU lookup.
+    percpu_inline: bool,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -337,7 +365,7 @@ impl<'a> Emitter<'a> {
         rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 4;
+        let nlabels = insns.len() + 2 * frames.len() + 5;
         Emitter {
             a: Asm::new(),
             prog,
@@ -351,6 +379,8 @@ impl<'a> Emitter<'a> {
             err: None,
             inexact: false,
             needs_run_state: false,
+            calls_helpers: false,
+            percpu_inline: false,
         }
     }
 
@@ -371,6 +401,7 @@ impl<'a> Emitter<'a> {
             Label::Epilogue => n + 2 * s + 1,
             Label::Unwind => n + 2 * s + 2,
             Label::FastEntry => n + 2 * s + 3,
+            Label::CpuEntry => n + 2 * s + 4,
         }
     }
 
@@ -492,6 +523,7 @@ impl<'a> Emitter<'a> {
             self.entry_trampoline(k);
         }
         self.fast_entry();
+        self.cpu_entry();
         self.abort_and_epilogue();
         for k in 0..self.frames.len() {
             self.function(k);
@@ -507,10 +539,13 @@ impl<'a> Emitter<'a> {
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
-        // 8 (return address) + 6 * 8 pushed: 8 more keep rsp 16-aligned. That slot, at r12,
-        // holds where the abort path stores an abort (0: call `abort_fn`, see `fast_entry`).
+        // 8 (return address) + 6 * 8 pushed: 24 more keep rsp 16-aligned. Those three run
+        // slots, from r12: where the abort path stores an abort (0: call `abort_fn`, see
+        // `fast_entry`), the CPU (0: no program run here inlines per-CPU lookups), padding.
         self.a.zero(Reg::R11);
-        self.a.push(Reg::R11);
+        for _ in 0..3 {
+            self.a.push(Reg::R11);
+        }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
         for r in [0u8, 6, 7, 8, 9] {
@@ -522,13 +557,34 @@ impl<'a> Emitter<'a> {
     }
 
     /// `FastEntry`: `Entry(0)` for runs without run state, with the abort record's address
-    /// (rdx) in the slot at r12; r3 = r4 = r5 = 0.
+    /// (rdx) in the slot at r12 and the CPU (rcx) at r12+8; r3 = r4 = r5 = 0.
     fn fast_entry(&mut self) {
         self.bind(Label::FastEntry);
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
+        self.a.push(Reg::RCX);
+        self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
+            self.a.zero(reg(r));
+        }
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
+    /// `CpuEntry`: `Entry(0)` with the CPU (rdx) in the slot at r12+8; r3 = r4 = r5 = 0.
+    fn cpu_entry(&mut self) {
+        self.bind(Label::CpuEntry);
+        for r in ENTRY_SAVES {
+            self.a.push(r);
+        }
+        self.a.zero(Reg::R11);
+        self.a.push(Reg::R11);
+        self.a.push(Reg::RDX);
+        self.a.push(Reg::R11);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
             self.a.zero(reg(r));
@@ -562,7 +618,7 @@ impl<'a> Emitter<'a> {
         self.bind(Label::Unwind);
         self.a.mov_rr(true, Reg::RSP, Reg::R12);
         self.bind(Label::Epilogue);
-        self.a.alu_ri(Alu::Add, true, Reg::RSP, 8);
+        self.a.alu_ri(Alu::Add, true, Reg::RSP, 24);
         for r in ENTRY_SAVES.iter().rev() {
             self.a.pop(*r);
         }
@@ -1058,9 +1114,9 @@ impl<'a> Emitter<'a> {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
                 };
                 // r1..r5 are already the argument registers; the result lands in rax = r0.
-                // A helper may call `request_exit` (honoured when the run ends, even when the
-                // helper is not marked `may_exit`): the run needs its state.
-                self.needs_run_state = true;
+                // Only helpers marked `may_exit` end runs (`end_if_requested` marks the run
+                // state as needed); the others need the run context of the caller.
+                self.calls_helpers = true;
                 let may_exit = h.may_exit;
                 self.a.mov_imm(Reg::RAX, h.func as usize as u64);
                 self.a.call_r(Reg::RAX);
@@ -1083,6 +1139,9 @@ impl<'a> Emitter<'a> {
     /// they were (a helper call could have clobbered them, so nothing reads them after). A
     /// fault reading the key is a fault of this instruction, as for any load.
     fn inline_array_lookup(&mut self, a: crate::program::InlineArray) {
+        if a.cpu_stride != 0 {
+            self.percpu_inline = true;
+        }
         self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
         self.a.zero(Reg::RAX);
         self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
@@ -1099,6 +1158,13 @@ impl<'a> Emitter<'a> {
                 self.a.imul_rri(true, Reg::R11, Reg::R11, size as i32);
             }
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
+        }
+        if a.cpu_stride != 0 {
+            // The run's CPU slot (below the map's CPUs: the runtime's slots are the possible
+            // CPUs, as the map's), times the bytes of one CPU's values (< 2^31, checked at load).
+            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
+            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
         }
         self.a.bind(out);
     }
