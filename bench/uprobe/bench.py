@@ -89,10 +89,10 @@ def build():
             sys.exit(f"uprobe-bench: {f} is missing: run `cargo build --release -p userbpf-cli -p userbpf-agent`")
 
 
-def run(cmd, what):
+def run(cmd, what, env=None):
     """Runs cmd; returns (stdout, stderr) or None after recording a problem."""
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired as e:
         problem(f"{what}: timed out after {TIMEOUT} s", (e.stderr or b"").decode(errors="replace")[-2000:] if isinstance(e.stderr, bytes) else (e.stderr or "")[-2000:])
         return None
@@ -266,6 +266,8 @@ def uprobe_tables():
         if r:
             calls.setdefault(k[-1] if len(k) == 3 else "none", []).append(r["calls"])
     print("Calls per run: " + ", ".join(f"{ENGINE_NAME[e]} {min(calls[e]):,}–{max(calls[e]):,}" for e in ENGINES if e in calls) + ".")
+    base = res[("exe", "none")]
+    hit["base_exe"] = base["cpu"] if base else None
     return hit
 
 
@@ -340,6 +342,145 @@ def fio_table():
     return {e: (100 * r["iops"] / base if (r and base) else None) for e, r in res.items()}
 
 
+# bpftrace programs for the hit-cost table: (name, probe body, how to check the count from
+# bpftrace's output for N calls of bench_fn(i), i = 0..N-1, on one thread).
+BPFTRACE = [
+    ("count()", "@c = count();", lambda out, n: _bt_scalar(out, "c") == n),
+    ("@x[tid] = count()", "@x[tid] = count();", lambda out, n: sum(_bt_keyed(out, "x").values()) == n),
+    ("sum(arg0)", "@s = sum(arg0);", lambda out, n: _bt_scalar(out, "s") == n * (n - 1) // 2),
+    ("hist(arg0)", "@h = hist(arg0);", lambda out, n: _bt_hist_total(out, "h") == n),
+]
+BPFTRACE_CALLS = {"kernel": 50_000, "userbpf": 20_000_000}
+
+
+def _bt_scalar(out, name):
+    m = re.search(rf"^@{name}: (\d+)$", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _bt_keyed(out, name):
+    return {int(k): int(v) for k, v in re.findall(rf"^@{name}\[(\d+)\]: (\d+)$", out, re.M)}
+
+
+def _bt_hist_total(out, name):
+    m = re.search(rf"^@{name}: *\n((?:.*\n?)*)", out, re.M)
+    if not m:
+        return None
+    total = 0
+    for line in m.group(1).splitlines():
+        b = re.match(r"^[\[(].*?[\])]\s+(\d+)\s*\|", line)
+        if not b:
+            break
+        total += int(b.group(1))
+    return total
+
+
+def bpftrace_once(engine, body, check, n, what):
+    """One run of TARGET exe N under `bpftrace -e 'uprobe:TARGET:bench_fn { BODY }'`, through
+    the kernel or through `userbpf load` (the target under `userbpf start`). Returns the
+    target's CPU ns per call, or None after recording a problem."""
+    import signal
+    import tempfile
+    script = f"uprobe:{TARGET}:bench_fn {{ {body} }}"
+    env = dict(os.environ)
+    env["USERBPF_SESSION"] = f"ubench-bt-{os.getpid()}"
+    loader = ["bpftrace", "-e", script]
+    cmd = [TARGET, "exe", str(n)]
+    if engine == "userbpf":
+        loader = [USERBPF, "load"] + loader
+        cmd = [USERBPF, "start"] + cmd
+    with tempfile.TemporaryDirectory(prefix="ubench-bt-") as d:
+        lout, lerr = os.path.join(d, "out"), os.path.join(d, "err")
+        with open(lout, "w") as o, open(lerr, "w") as e:
+            bt = subprocess.Popen(loader, stdout=o, stderr=e, env=env)
+        r = None
+        try:
+            deadline = time.time() + TIMEOUT
+            while time.time() < deadline and bt.poll() is None:
+                with open(lout) as f:
+                    if "Attaching " in f.read():
+                        break
+                time.sleep(0.05)
+            else:
+                with open(lerr) as f:
+                    problem(f"{what}: bpftrace did not start", f.read()[-2000:])
+                return None
+            # "Attaching" is printed just before the probes are attached: through userbpf,
+            # wait for the session's link (what `userbpf start` attaches), else a second.
+            links = f"/dev/shm/userbpf-{os.getuid()}-{env['USERBPF_SESSION']}/links"
+            while engine == "userbpf" and time.time() < deadline and bt.poll() is None:
+                if any(f.endswith(".json") for f in (os.listdir(links) if os.path.isdir(links) else [])):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.2 if engine == "userbpf" else 1)
+            r = run(cmd, what, env)
+        finally:
+            if bt.poll() is None:
+                bt.send_signal(signal.SIGINT)
+            try:
+                bt.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                bt.kill()
+                bt.wait()
+                problem(f"{what}: bpftrace did not exit on SIGINT", "")
+        if r is None:
+            return None
+        with open(lout) as f:
+            out = f.read()
+        m = re.search(r"ns_per_call=([\d.]+) cpu_ns_per_call=([\d.]+)", r[0])
+        if not m:
+            problem(f"{what}: the target printed no timing", r[0][-1000:] + r[1][-1000:])
+            return None
+        if not check(out, n):
+            with open(lerr) as f:
+                problem(f"{what}: bpftrace's map does not account for the {n} calls", (out + f.read())[-1500:])
+            return None
+        return float(m.group(2))
+
+
+def bpftrace_table(base):
+    """The hit of bpftrace programs through the kernel and through `userbpf load`, beside the
+    unprobed call and a libbpf per-CPU array counter (`userbpf run` and the kernel)."""
+    if subprocess.run(["which", "bpftrace"], capture_output=True).returncode != 0:
+        problem("bpftrace", "bpftrace is not installed (scripts/install-deps.sh installs it)")
+        return {}
+    rows, hits = [], {}
+    for name, body, check in BPFTRACE:
+        cells = {}
+        for engine in ("kernel", "userbpf"):
+            what = f"bpftrace {name}, {'kernel uprobe' if engine == 'kernel' else 'userbpf load'}"
+            best = None
+            for _ in range(REPEATS):
+                v = bpftrace_once(engine, body, check, BPFTRACE_CALLS[engine], what)
+                if v is None:
+                    best = None
+                    break
+                best = v if best is None or v < best else best
+            if best is not None:
+                print(f"  {what}: {best:.2f} ns/call CPU", file=sys.stderr, flush=True)
+            cells[engine] = best
+        rows.append((f"bpftrace `{body}`", cells))
+    pc = {e: measure(e, "exe", "percpu") for e in ("kernel", "jit")}
+    rows.append(("libbpf per-CPU array counter (`userbpf run`)", {"kernel": pc["kernel"] and pc["kernel"]["cpu"], "userbpf": pc["jit"] and pc["jit"]["cpu"]}))
+    print()
+    print(f"### Hit cost of counting programs: bench_fn called in a loop (ns per call, thread CPU time, fastest of {REPEATS} runs)")
+    print()
+    print("| program | no probe | kernel | userbpf | kernel hit | userbpf hit | kernel hit / userbpf hit |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, cells in rows:
+        k, u = cells.get("kernel"), cells.get("userbpf")
+        kh = k - base if (k is not None and base is not None) else None
+        uh = u - base if (u is not None and base is not None) else None
+        hits[name] = uh
+        print(f"| {name} | {fmt_ns(base)} | {fmt_ns(k)} | {fmt_ns(u)} | {fmt_ns(kh)} | {fmt_ns(uh)} | {fmt_ratio(kh, uh)} |")
+    print()
+    print(f"Hit = probed minus unprobed ns per call. bpftrace runs unmodified (`bpftrace -e "
+          f"'uprobe:TARGET:bench_fn {{ ... }}'`), through the kernel, and through `userbpf load` with "
+          f"the target under `userbpf start`; {BPFTRACE_CALLS['kernel']:,} calls per kernel run, "
+          f"{BPFTRACE_CALLS['userbpf']:,} per userbpf run. The libbpf counter is count.bpf.c -DPERCPU.")
+    return hits
+
+
 def verdict(ok, text):
     print(f"- {'met' if ok else 'NOT met'}: {text}")
 
@@ -354,6 +495,8 @@ def main():
         pass
     print(f"## uprobe benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}")
     hit = uprobe_tables()
+    base = hit.get("base_exe")
+    counting = bpftrace_table(base)
     fio = fio_table()
 
     print()
@@ -373,6 +516,8 @@ def main():
         pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
         s = fio.get("jit")
         verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
+    for name, h in counting.items():
+        verdict(h is not None and h <= 15, f"{name}: hit ≤ 15 ns: {fmt_ns(h)} ns")
     print()
     if problems:
         print("### Problems")

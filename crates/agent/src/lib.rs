@@ -310,6 +310,9 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
 /// * a program calling no helper (`LoadedProgram::native_entry`): its native entry itself.
 ///   Such a run reads nothing of the run context `on_hit` sets up, claims no CPU slot, calls
 ///   nothing and cannot panic.
+/// * a program calling no helper but using per-CPU arrays (`LoadedProgram::claim_entry`): its
+///   claiming entry, which claims the CPU slot itself (no call) or, when it cannot, makes the
+///   hit take the general path (`CLAIM_RETRY`, see `userbpf_hook::LeanHandler`).
 /// * any other ([`LoadedProgram::context_entry`]): [`lean_run`], which does what `on_hit`
 ///   does in a few instructions (`calls_out`: the stub keeps the live vector registers and
 ///   holds the recursion guard).
@@ -320,13 +323,16 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
         return None;
     }
-    let (func, arg, calls_out) = match (a.prog.native_entry(), a.prog.context_entry()) {
-        (Some(f), _) => (f, 0, 0),
-        (None, Some(entry)) => {
-            let run: &'static LeanRun = Box::leak(Box::new(LeanRun { a, entry }));
-            (lean_run as *const () as usize, run as *const LeanRun as u64, 1)
-        }
-        (None, None) => return None,
+    let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
+        (f, 0, 0)
+    } else if let Some((f, claim)) = a.prog.claim_entry() {
+        let claim: &'static userbpf_vm::jit::SlotClaim = Box::leak(Box::new(claim));
+        (f, claim as *const userbpf_vm::jit::SlotClaim as u64, 0)
+    } else if let Some(entry) = a.prog.context_entry() {
+        let run: &'static LeanRun = Box::leak(Box::new(LeanRun { a, entry }));
+        (lean_run as *const () as usize, run as *const LeanRun as u64, 1)
+    } else {
+        return None;
     };
     Some(Box::leak(Box::new(userbpf_hook::LeanHandler {
         func,
@@ -336,6 +342,9 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         calls_out,
     })))
 }
+
+// The claiming entry's "ran nothing" is the hook's "take the general path".
+const _: () = assert!(userbpf_vm::jit::CLAIM_RETRY == userbpf_hook::LEAN_RETRY);
 
 /// The argument of [`lean_run`]: the probe and its program's `context_entry`.
 struct LeanRun {

@@ -632,9 +632,10 @@ fn lean_rcu_exit(a: &mut CodeAssembler) -> Result<(), IcedError> {
 }
 
 /// Calls the lean handler at r14 on the pt_regs at rsp (16-byte aligned stack, a zeroed
-/// failure record), counts a failure; rsp is back at the pt_regs after. Clobbers every
-/// caller-saved register and rbx.
-fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
+/// failure record), counts a failure; rsp is back at the pt_regs after. A handler that ran
+/// nothing and asks for the general path ([`crate::LEAN_RETRY`] in the record) jumps to
+/// `retry` instead (rsp at the pt_regs). Clobbers every caller-saved register and rbx.
+fn lean_call(a: &mut CodeAssembler, retry: CodeLabel) -> Result<(), IcedError> {
     use std::mem::offset_of;
     let func = offset_of!(crate::LeanHandler, func) as i32;
     let arg = offset_of!(crate::LeanHandler, arg) as i32;
@@ -650,6 +651,12 @@ fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.call(qword_ptr(r14 + func))?;
     a.cmp(qword_ptr(rsp), 0)?;
     a.je(ok)?;
+    let mut failed = a.create_label();
+    a.cmp(qword_ptr(rsp), -1)?;
+    a.jne(failed)?;
+    a.mov(rsp, rbx)?;
+    a.jmp(retry)?;
+    a.set_label(&mut failed)?;
     a.mov(rax, qword_ptr(r14 + failures))?;
     a.lock().inc(qword_ptr(rax))?;
     a.set_label(&mut ok)?;
@@ -767,13 +774,13 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
 }
 
 /// [`lean_call`] or [`lean_call_out`], as the lean handler at r14 says (`calls_out`).
-fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), IcedError> {
+fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) -> Result<(), IcedError> {
     let calls_out = std::mem::offset_of!(crate::LeanHandler, calls_out) as i32;
     let mut out = a.create_label();
     let mut done = a.create_label();
     a.cmp(qword_ptr(r14 + calls_out), 0)?;
     a.jne(out)?;
-    lean_call(a)?;
+    lean_call(a, retry)?;
     a.jmp(done)?;
     a.set_label(&mut out)?;
     lean_call_out(a, fp, n)?;
@@ -858,7 +865,7 @@ fn lean_entry_path(
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.jmp(called)?;
     a.set_label(&mut plain)?;
-    lean_call(a)?;
+    lean_call(a, unlock_general)?;
     a.set_label(&mut called)?;
     lean_rcu_exit(a)?;
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
@@ -940,7 +947,8 @@ fn lean_ret_path(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
     a.mov(qword_ptr(rsp + CS_OFF), 0x33)?;
     a.mov(qword_ptr(rsp + SS_OFF), 0x2b)?;
     a.mov(qword_ptr(rsp + ORIG_AX_OFF), -1)?;
-    lean_call_any(a, fp, 2)?;
+    let mut retry = a.create_label();
+    lean_call_any(a, fp, 2, retry)?;
     a.mov(dword_ptr(r15 + in_handler), 0)?;
     lean_rcu_exit(a)?;
     restore_gprs_f(a, false)?;
@@ -948,6 +956,11 @@ fn lean_ret_path(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
     // buffer predicts (the stub's call and the function's return paired off).
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
     a.ret()?;
+    // The handler ran nothing and asks for the general path: the entry back on the shadow
+    // stack (popped above, still in place) and the guard released, for ret_dispatch.
+    a.set_label(&mut retry)?;
+    a.mov(dword_ptr(r15 + in_handler), 0)?;
+    a.add(qword_ptr(r15 + top), 1)?;
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.set_label(&mut general)?;

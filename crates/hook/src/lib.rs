@@ -134,6 +134,9 @@ pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) ->
 /// it sets `record[0]` to non-zero when its run failed, which adds one to `*failures`. Its
 /// return value is ignored; a change of `regs.ip` is applied as for handlers (entry probes).
 ///
+/// It may also run nothing and set `record[0]` to [`LEAN_RETRY`]: the hit then takes the general
+/// path (the [`Handler`]), as if the lean handler were not there.
+///
 /// With `calls_out == 0` it must not touch any vector, opmask or x87 register nor MXCSR and
 /// must not call out (nothing it runs may reach a probed function): the JIT's fast entry of a
 /// program calling no helper is such a function. With `calls_out != 0` it may run compiled
@@ -162,6 +165,9 @@ pub struct LeanHandler {
 unsafe impl Sync for LeanHandler {}
 // SAFETY: as above.
 unsafe impl Send for LeanHandler {}
+
+/// What a [`LeanHandler`] stores in `record[0]` to hand the hit to the general path (all ones).
+pub const LEAN_RETRY: u64 = u64::MAX;
 
 /// Identifies one attached handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

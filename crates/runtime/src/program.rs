@@ -134,6 +134,18 @@ impl Relocator for Resolve<'_> {
             && at(u32::MAX, 0) == 0;
         layout_holds.then_some(InlineArray { values, max_entries, elem_size, cpu_stride })
     }
+
+    /// Updates of the same arrays, when their values are whole 8-byte words: the helper's
+    /// `Array::update` copies them 8 bytes at a time into the element (this run's CPU's for a
+    /// per-CPU array) after the checks `Relocator::inline_update` lists, which the JIT's inline
+    /// form repeats (`userbpf_maps::array`'s `check_update`: coupled as the layout is).
+    fn inline_update(&self, map_addr: u64) -> Option<InlineArray> {
+        let (map, _) = crate::helpers::maps::map_at(map_addr)?;
+        if map.spec().value_size % 8 != 0 {
+            return None;
+        }
+        self.inline_lookup(map_addr)
+    }
 }
 
 /// Run statistics. `run_cnt` and `run_time_ns` are kept only while [`set_stats_enabled`] is
@@ -225,6 +237,20 @@ impl LoadedProgram {
         }
     }
 
+    /// The claiming entry of a JIT'd program whose runs need a CPU slot but call no helper
+    /// (per-CPU array lookups, inlined), with what it needs to claim the slot itself (see
+    /// `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
+    /// stores `userbpf_vm::jit::CLAIM_RETRY` in `record[0]` when the caller must [`run`](Self::run)
+    /// the program instead. Runs it makes are not counted in statistics (callers take `run`
+    /// while [`stats_gate`] is set). None for other programs.
+    pub fn claim_entry(&self) -> Option<(usize, userbpf_vm::jit::SlotClaim)> {
+        let j = self.jit.as_ref()?;
+        if !j.needs_context() {
+            return None;
+        }
+        Some((j.claim_entry_address()?, self.slots.claim_desc()))
+    }
+
     /// [`run`](Self::run) through `entry` (this program's [`context_entry`](Self::context_entry)),
     /// for a probe's lean handler: claims a CPU slot and makes `info` the thread's run context,
     /// as `run` does, then calls the native code directly (no state of the VM, no statistics:
@@ -278,7 +304,7 @@ impl LoadedProgram {
     /// run context (CPU slot, probe information). Returns `Ok(None)` when the run was skipped.
     ///
     /// The hit path of every probe: no allocation, no lock, no system call (but the thread's
-    /// id, once per thread), one thread-local access, one atomic read-modify-write (the CPU
+    /// id, once per thread), no thread-local call, one atomic read-modify-write (the CPU
     /// slot's claim). `run_cnt` and `run_time_ns` are counted only while
     /// [`set_stats_enabled`] is on, as the kernel counts them only with
     /// `kernel.bpf_stats_enabled`.

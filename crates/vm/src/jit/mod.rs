@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use crate::guard::{self, FaultContext, RangeId};
 use crate::run::{self, RunCtx, RunKind};
-use crate::{HelperFn, Program, VmError};
+use crate::{Program, VmError};
 
 use compile::{Options, Runtime, ABORT_FAULT, ABORT_UNKNOWN_HELPER, NO_PC};
 use exec::ExecMemory;
@@ -63,6 +63,8 @@ pub struct JitProgram {
     needs_context: bool,
     /// Offset of `Entry(0)` taking the run's CPU (`Output::cpu_entry`).
     cpu_entry: usize,
+    /// Offset of the claiming entry (`Output::claim_entry`).
+    claim_entry: Option<usize>,
     /// Read by the fault handler through the registered range; boxed so that its address
     /// stays put when the `JitProgram` moves.
     _faults: Box<FaultMap>,
@@ -122,6 +124,32 @@ fn abort_error(kind: u64, pc: u64, detail: u64) -> VmError {
     }
 }
 
+pub use compile::CLAIM_RETRY;
+
+/// What the claiming entry ([`JitProgram::claim_entry_address`]) needs to claim a CPU slot by
+/// itself, with no call: where the slots are, and the thread-local words it reads and writes,
+/// as offsets from the thread pointer (`fs`) valid in every thread (static TLS).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SlotClaim {
+    /// Address of slot 0's 32-bit owner word (0: free, else the holder's thread id); slot `i`'s
+    /// is `64 * i` bytes further. Only ever changed by a compare-and-swap from 0 to a thread
+    /// id (claim) and a store of 0 by the holder (give back).
+    pub slots: u64,
+    /// Slots (the possible CPUs).
+    pub nr: u32,
+    /// Non-zero: glibc registered restartable sequences, and `rseq_cpu` is valid.
+    pub have_rseq: u32,
+    /// TLS offset of the `cpu_id` field of the thread's `struct rseq` (`__rseq_offset + 4`):
+    /// the CPU the thread runs on, kept current by the kernel.
+    pub rseq_cpu: i64,
+    /// TLS offset of the byte saying a run is in progress on the thread (non-zero), which the
+    /// entry sets while it runs.
+    pub active: i64,
+    /// TLS offset of the thread's id as a 32-bit word (0: not known yet).
+    pub tid: i64,
+}
+
 /// The fast entry's signature: r1, r2, where an abort is recorded (`[kind, pc, detail]`), the
 /// run's CPU slot.
 type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3], u64) -> u64;
@@ -168,6 +196,7 @@ impl JitProgram {
             fast_entry: out.fast_entry,
             needs_context: out.needs_context,
             cpu_entry: out.cpu_entry,
+            claim_entry: out.claim_entry,
             _faults: faults,
             range: Some(range),
         })
@@ -202,6 +231,23 @@ impl JitProgram {
         self.fast_entry.map(|off| self.mem.addr() + off)
     }
 
+    /// Address of the claiming entry, for programs that call no helper (inlined lookups aside),
+    /// no `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
+    /// SlotClaim, abort: *mut [u64; 3]) -> u64`. It claims the slot of the CPU the thread runs
+    /// on, as the runtime's runs do (a compare-and-swap of the slot's word from 0 to the
+    /// thread's id), when restartable sequences are registered, the thread's id is known, no
+    /// run is in progress on the thread and the slot is free; marks the run in progress; runs
+    /// the program (r2..r5 = 0) with that CPU for its inlined per-CPU lookups; then clears the
+    /// mark and frees the slot (also after an abort). Otherwise it runs nothing and stores
+    /// [`CLAIM_RETRY`] in `abort[0]`: the caller runs the program its general way. Like the
+    /// fast entry, it follows the C convention for the general-purpose registers, touches no
+    /// vector, x87 or MXCSR state and calls nothing. Valid while `self` lives; the same
+    /// safety contract as [`run`](Self::run) applies; `claim` must describe the slots and
+    /// thread-local words the caller's own runs use.
+    pub fn claim_entry_address(&self) -> Option<usize> {
+        self.claim_entry.map(|off| self.mem.addr() + off)
+    }
+
     /// Whether runs call helpers or inline per-CPU lookups (see
     /// [`fast_entry_address`](Self::fast_entry_address)).
     pub fn needs_context(&self) -> bool {
@@ -215,7 +261,7 @@ impl JitProgram {
 
     /// Address of the C-callable entry of subprogram `index` (an index into
     /// [`Program::subprogs`]; 0 is the program's entry). It can be called as a
-    /// [`HelperFn`] with r1..r5 as arguments, returning r0, on the thread
+    /// [`HelperFn`](crate::HelperFn) with r1..r5 as arguments, returning r0, on the thread
     /// of a [`run`](Self::run) of this program or of another; if it aborts (for example a
     /// `callx` to an unknown id, or a fault) it returns 1 and the enclosing `run` reports the
     /// error. This is the address `lddw rX, BPF_PSEUDO_FUNC` loads; helpers should run it
