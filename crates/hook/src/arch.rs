@@ -676,8 +676,9 @@ fn lean_call(a: &mut CodeAssembler, retry: CodeLabel) -> Result<(), IcedError> {
 /// after a second `vzeroupper` gives the registers exactly their values (upper halves zero)
 /// with the upper state clean, as `fp_save` does after XINUSE says "not in use". Otherwise
 /// the registers are saved and restored whole (ymm, or zmm with AVX-512). MXCSR, the x87
-/// control word and stack are left to the handler, which must not change them. Clobbers
-/// every caller-saved register and rbx.
+/// control word and stack are left to the handler, which must not change them. Ends with ZF
+/// set when the handler asked for the general path ([`crate::LEAN_RETRY`]), rsp at the
+/// pt_regs. Clobbers every caller-saved register and rbx.
 fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), IcedError> {
     use std::mem::offset_of;
     let func = offset_of!(crate::LeanHandler, func) as i32;
@@ -746,6 +747,8 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
     a.call(qword_ptr(r14 + func))?;
     a.cmp(qword_ptr(rsp), 0)?;
     a.je(ok)?;
+    a.cmp(qword_ptr(rsp), -1)?;
+    a.je(ok)?;
     a.mov(rax, qword_ptr(r14 + failures))?;
     a.lock().inc(qword_ptr(rax))?;
     a.set_label(&mut ok)?;
@@ -769,6 +772,7 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
         }
     }
     a.set_label(&mut back)?;
+    a.cmp(qword_ptr(rsp), -1)?;
     a.mov(rsp, rbx)?;
     Ok(())
 }
@@ -784,6 +788,7 @@ fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) 
     a.jmp(done)?;
     a.set_label(&mut out)?;
     lean_call_out(a, fp, n)?;
+    a.je(retry)?;
     a.set_label(&mut done)?;
     Ok(())
 }
@@ -861,8 +866,10 @@ fn lean_entry_path(
     a.jne(unlock_general)?;
     a.mov(dword_ptr(rsi + in_handler), 1)?;
     lean_call_out(a, fp, 8)?;
+    // (The loads and stores keep lean_call_out's flags: ZF = go to the general path.)
     a.mov(rsi, qword_ptr(r12 + t.state))?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.je(unlock_general)?;
     a.jmp(called)?;
     a.set_label(&mut plain)?;
     lean_call(a, unlock_general)?;
