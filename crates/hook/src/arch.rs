@@ -32,9 +32,11 @@
 //!                        return to the caller with the handler-set ax)
 //! ```
 //! The light stub first tries the lean path (`lean_entry_path`: the site's only probe has
-//! a `LeanHandler`, called directly with no FP save inside an RCU section) and the
-//! return-only fast path (`ret_only_fast_path`). The return trampoline has a lean path too
-//! (`lean_ret_path`).
+//! a `LeanHandler`, called directly with no FP save inside an RCU section; a handler that
+//! calls out gets the live vector registers kept, `lean_call_out`, and the recursion guard
+//! held) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
+//! lean path too (`lean_ret_path`). A lean handler may hand the hit to the general path
+//! (`LEAN_RETRY`).
 //!
 //! ## Return path
 //! `ret_tramp` is reached from a site stub's landing, where the probed function's `ret`
