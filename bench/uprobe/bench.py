@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The uprobe benchmark (`make bench`): what a probe hit costs with no probe, a kernel
 uprobe and userbpf (JIT and interpreter), for uprobe, uretprobe and both, on a function of the
-executable and one of a shared library; then fio's IOPS with a counting probe on td_io_queue.
+executable and one of a shared library; the hit of counting programs that use helpers and
+per-CPU maps (bpftrace's count(), @x[tid] = count(), sum(arg0) and hist(arg0), unmodified,
+through the kernel and through `userbpf load`; a libbpf per-CPU array counter through the
+kernel and `userbpf run`); then fio's IOPS with a counting probe on td_io_queue (an array
+counter, and a per-CPU one).
 
 Builds its C pieces (target, libbenchlib.so, kload, the count-*.bpf.o objects) into
 target/ubench/, measures, prints Markdown tables and whether the targets are met. It reports;
@@ -276,14 +280,25 @@ def fio_cmd(out):
             f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
 
 
-def fio_run(engine):
-    out = os.path.join(BUILD, f"fio-{engine}.json")
+# fio configurations: (engine, probe mode); the per-CPU counter (count.bpf.c -DPERCPU) beside
+# the array one.
+FIO_CONFIGS = [("none", None), ("kernel", "entry"), ("jit", "entry"), ("interp", "entry"), ("kernel", "percpu"), ("jit", "percpu")]
+
+
+def fio_name(config):
+    engine, mode = config
+    return ENGINE_NAME[engine] + (", per-CPU array counter" if mode == "percpu" else "")
+
+
+def fio_run(config):
+    engine, mode = config
+    out = os.path.join(BUILD, f"fio-{engine}-{mode}.json")
     if os.path.exists(out):
         os.unlink(out)
     cmd = fio_cmd(out)
-    what = f"fio, {ENGINE_NAME[engine]}"
+    what = f"fio, {fio_name(config)}"
     if engine != "none":
-        cmd = probe_cmd(engine, "entry", FIO, "td_io_queue", cmd)
+        cmd = probe_cmd(engine, mode, FIO, "td_io_queue", cmd)
     r = run(cmd, what)
     if r is None:
         return None
@@ -315,31 +330,33 @@ def fio_table():
         return None
     # Rounds alternate the probes, so a burst of load on the machine hits them alike; the
     # best round of each is kept.
-    res = {e: None for e in ENGINES}
+    res = {c: None for c in FIO_CONFIGS}
     failed = set()
     for _ in range(FIO_ROUNDS):
-        for e in ENGINES:
-            if e in failed:
+        for c in FIO_CONFIGS:
+            if c in failed:
                 continue
-            r = fio_run(e)
+            r = fio_run(c)
             if r is None:
-                failed.add(e)
-                res[e] = None
-            elif res[e] is None or r["iops"] > res[e]["iops"]:
-                res[e] = r
+                failed.add(c)
+                res[c] = None
+            elif res[c] is None or r["iops"] > res[c]["iops"]:
+                res[c] = r
     print()
     print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, best of {FIO_ROUNDS} runs of {FIO_RUNTIME} s; a counting uprobe on td_io_queue")
     print()
     print("| probe | IOPS | share of unprobed | td_io_queue hits |")
     print("|---|---:|---:|---:|")
-    base = res["none"]["iops"] if res["none"] else None
-    for e in ENGINES:
-        r = res[e]
+    none = res[("none", None)]
+    base = none["iops"] if none else None
+    for c in FIO_CONFIGS:
+        r = res[c]
         share = f"{100 * r['iops'] / base:.1f}%" if (r and base) else "–"
         iops = f"{r['iops']:,.0f}" if r else "failed"
         hits = f"{r['hits']:,}" if r and r.get("hits") is not None else "–"
-        print(f"| {ENGINE_NAME[e]} | {iops} | {share} | {hits} |")
-    return {e: (100 * r["iops"] / base if (r and base) else None) for e, r in res.items()}
+        print(f"| {fio_name(c)} | {iops} | {share} | {hits} |")
+    shares = {(e if m != "percpu" else f"{e}-percpu"): (100 * r["iops"] / base if (r and base) else None) for (e, m), r in res.items()}
+    return shares
 
 
 # bpftrace programs for the hit-cost table: (name, probe body, how to check the count from
@@ -516,6 +533,8 @@ def main():
         pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
         s = fio.get("jit")
         verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
+        s = fio.get("jit-percpu")
+        verdict(s is not None and s >= 90, f"fio under a per-CPU counting program (userbpf JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (kernel uprobe {pct(fio.get('kernel-percpu'))})")
     for name, h in counting.items():
         verdict(h is not None and h <= 15, f"{name}: hit ≤ 15 ns: {fmt_ns(h)} ns")
     print()
