@@ -36,6 +36,7 @@ REPEATS = max(1, int(os.environ.get("UBENCH_REPEATS", "3")))
 FIO_RUNTIME = int(os.environ.get("UBENCH_FIO_RUNTIME", "3"))
 FIO_ROUNDS = max(1, int(os.environ.get("UBENCH_FIO_ROUNDS", "2")))
 FIO = "/usr/bin/fio"
+FIO_COPY = os.path.join(BUILD, "fio")
 TIMEOUT = 180
 
 TARGET = os.path.join(BUILD, "target")
@@ -276,7 +277,7 @@ def uprobe_tables():
 
 
 def fio_cmd(out):
-    return [FIO, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
+    return [FIO_COPY, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
             f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
 
 
@@ -298,7 +299,7 @@ def fio_run(config):
     cmd = fio_cmd(out)
     what = f"fio, {fio_name(config)}"
     if engine != "none":
-        cmd = probe_cmd(engine, mode, FIO, "td_io_queue", cmd)
+        cmd = probe_cmd(engine, mode, FIO_COPY, "td_io_queue", cmd)
     r = run(cmd, what)
     if r is None:
         return None
@@ -328,6 +329,11 @@ def fio_table():
     if not re.search(r"\bFUNC\b.*\btd_io_queue$", syms, re.M):
         problem("fio", f"td_io_queue is not a function in {FIO}'s .dynsym (the binary is stripped): no probe possible")
         return None
+    # A private copy: a kernel uprobe is placed on a file (every process mapping it), so
+    # another tool probing /usr/bin/fio meanwhile would put its breakpoints into these runs
+    # (and, when it detaches, write the original bytes back over userbpf's patch).
+    import shutil
+    shutil.copy2(FIO, FIO_COPY)
     # Rounds alternate the probes, so a burst of load on the machine hits them alike; the
     # best round of each is kept.
     res = {c: None for c in FIO_CONFIGS}

@@ -53,6 +53,24 @@ std::arch::global_asm!(
     "    nop dword ptr [rax + rax * 1 + 0]",
     "    lea rax, [rdi + rdi]",
     "    ret",
+    // __m256 x2 t_co_ret_ymm(const u8 *in): returns ymm0 = in[0..32], ymm1 = in[32..64].
+    ".globl t_co_ret_ymm",
+    "t_co_ret_ymm:",
+    "    nop dword ptr [rax + rax * 1 + 0]",
+    "    vmovdqu ymm0, [rdi]",
+    "    vmovdqu ymm1, [rdi + 32]",
+    "    ret",
+    // void t_co_call_ret(u8 *out, const u8 *in): out = what t_co_ret_ymm(in) returned.
+    ".globl t_co_call_ret",
+    "t_co_call_ret:",
+    "    push rdi",
+    "    mov rdi, rsi",
+    "    call t_co_ret_ymm",
+    "    pop rdi",
+    "    vmovdqu [rdi], ymm0",
+    "    vmovdqu [rdi + 32], ymm1",
+    "    vzeroupper",
+    "    ret",
     ".popsection",
 );
 
@@ -61,6 +79,8 @@ extern "C" {
     fn t_co_call_ymm(out: *mut u8, input: *const u8);
     fn t_co_inner(x: u64) -> u64;
     fn t_co_plain(x: u64) -> u64;
+    fn t_co_ret_ymm(input: *const u8);
+    fn t_co_call_ret(out: *mut u8, input: *const u8);
 }
 
 /// What the calling-out handler does: counts, clobbers every vector register it may
@@ -212,4 +232,35 @@ fn lean_retry_takes_the_general_path_at_entries_and_returns() {
         assert_eq!(p.general.load(SeqCst), 100, "{kind:?}");
         detach(id).unwrap();
     }
+}
+
+#[test]
+fn return_registers_survive_a_return_handler_that_calls_out() {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        eprintln!("no AVX2 here: this test needs it");
+        return;
+    }
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let p = probe();
+    let f = t_co_ret_ymm as *const () as usize;
+    let id = attach_p(f, ProbeKind::Return, &p);
+    let wide: [u8; 64] = std::array::from_fn(|i| (i * 5 + 1) as u8);
+    let mut narrow = [0u8; 64];
+    for b in 0..16 {
+        narrow[b] = b as u8 + 1;
+        narrow[32 + b] = b as u8 + 101;
+    }
+    for round in 0..200 {
+        let input = if round % 2 == 0 { &wide } else { &narrow };
+        let mut out = [0u8; 64];
+        // SAFETY: AVX2 checked; 64-byte buffers.
+        unsafe { t_co_call_ret(out.as_mut_ptr(), input.as_ptr()) };
+        assert_eq!(&out[..], &input[..], "round {round}: ymm0-1 as the function returned them");
+    }
+    let (lean, gen) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
+    assert_eq!(lean + gen, 200);
+    assert!(lean >= 199, "lean {lean} general {gen}");
+    detach(id).unwrap();
+    // SAFETY: unprobed now; reads 64 bytes.
+    unsafe { t_co_ret_ymm([0u8; 64].as_ptr()) };
 }
