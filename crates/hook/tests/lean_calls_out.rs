@@ -53,6 +53,14 @@ std::arch::global_asm!(
     "    nop dword ptr [rax + rax * 1 + 0]",
     "    lea rax, [rdi + rdi]",
     "    ret",
+    // A lean handler that calls nothing and touches no vector register, always giving the
+    // hit to the general path: u64 (PtRegs *regs, u64 *hits, u64 record[3]).
+    ".globl t_co_retry",
+    "t_co_retry:",
+    "    lock inc qword ptr [rsi]",
+    "    mov qword ptr [rdx], -1",
+    "    xor eax, eax",
+    "    ret",
     // __m256 x2 t_co_ret_ymm(const u8 *in): returns ymm0 = in[0..32], ymm1 = in[32..64].
     ".globl t_co_ret_ymm",
     "t_co_ret_ymm:",
@@ -80,6 +88,7 @@ extern "C" {
     fn t_co_inner(x: u64) -> u64;
     fn t_co_plain(x: u64) -> u64;
     fn t_co_ret_ymm(input: *const u8);
+    fn t_co_retry();
     fn t_co_call_ret(out: *mut u8, input: *const u8);
 }
 
@@ -263,4 +272,33 @@ fn return_registers_survive_a_return_handler_that_calls_out() {
     detach(id).unwrap();
     // SAFETY: unprobed now; reads 64 bytes.
     unsafe { t_co_ret_ymm([0u8; 64].as_ptr()) };
+}
+
+/// `LEAN_RETRY` from a lean handler that does not call out (the claiming entry's case).
+#[test]
+fn lean_retry_from_a_handler_that_does_not_call_out() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = t_co_plain as *const () as usize;
+    for kind in [ProbeKind::Entry, ProbeKind::Return] {
+        let hits: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let gate: &'static AtomicU8 = leak(AtomicU8::new(0));
+        let failures: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let lean = leak(LeanHandler {
+            func: t_co_retry as *const () as usize,
+            arg: hits as *const AtomicU64 as u64,
+            gate: gate.as_ptr(),
+            failures,
+            calls_out: 0,
+        });
+        let gen: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let id = attach_lean(f, kind, general, gen as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
+        for i in 0..100u64 {
+            // SAFETY: plain function.
+            assert_eq!(unsafe { t_co_plain(black_box(i)) }, 2 * i, "{kind:?}");
+        }
+        assert_eq!(gen.load(SeqCst), 100, "{kind:?}: every hit ran the general handler");
+        assert!(hits.load(SeqCst) >= 99, "{kind:?}: the lean handler was tried");
+        assert_eq!(failures.load(SeqCst), 0, "{kind:?}");
+        detach(id).unwrap();
+    }
 }
