@@ -70,6 +70,13 @@
 //! the fast entry or `CpuEntry`, both given the CPU, so `[r12+8]` is the run's CPU; compiling
 //! one into a program that needs run state is an error.
 //!
+//! A `call 2` (map_update_elem) on an array whose values are whole 8-byte words
+//! ([`Program::inline_update_at`], up to 64 bytes) is inline too: the helper's checks in its
+//! order (`-EINVAL` for unknown flags, `-E2BIG` for an index out of the array, `-EEXIST` for
+//! `BPF_NOEXIST`, `-EINVAL` for `BPF_F_LOCK`), then the value copied 8 bytes at a time into
+//! the element (the run's CPU's), r0 = 0. With both inlined, bpftrace's `count()` (a per-CPU
+//! array lookup and update) calls no helper.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
