@@ -3,7 +3,10 @@
 uprobe and userbpf (JIT and interpreter), for uprobe, uretprobe and both, on a function of the
 executable and one of a shared library; the hit of each way userbpf plants a probe (inline
 jump, jump into the padding, breakpoint) on a short function beside the kernel's uprobe on the
-same function; then fio's IOPS with a counting probe on td_io_queue.
+same function; the hit of counting programs that use helpers and per-CPU maps (bpftrace's
+count(), @x[tid] = count(), sum(arg0) and hist(arg0), unmodified, through the kernel and
+through `userbpf load`; a libbpf per-CPU array counter through the kernel and `userbpf run`);
+then fio's IOPS with a counting probe on td_io_queue (an array counter, and a per-CPU one).
 
 Builds its C pieces (target, libbenchlib.so, kload, the count-*.bpf.o objects) into
 target/ubench/, measures, prints Markdown tables and whether the targets are met. It reports;
@@ -34,13 +37,17 @@ REPEATS = max(1, int(os.environ.get("UBENCH_REPEATS", "3")))
 FIO_RUNTIME = int(os.environ.get("UBENCH_FIO_RUNTIME", "3"))
 FIO_ROUNDS = max(1, int(os.environ.get("UBENCH_FIO_ROUNDS", "2")))
 FIO = "/usr/bin/fio"
+FIO_COPY = os.path.join(BUILD, "fio")
 TIMEOUT = 180
 
 TARGET = os.path.join(BUILD, "target")
 LIB = os.path.join(BUILD, "libbenchlib.so")
 KLOAD = os.path.join(BUILD, "kload")
 MODES = ["entry", "return", "both"]
-MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe"}
+MODE_NAME = {"entry": "uprobe", "return": "uretprobe", "both": "uprobe + uretprobe", "percpu": "uprobe, per-CPU array counter"}
+# Modes whose object has an entry program / a return program.
+ENTRY_MODES = ("entry", "both", "percpu")
+RETURN_MODES = ("return", "both")
 ENGINES = ["none", "kernel", "jit", "interp"]
 FN_NAME = {"exe": "bench_fn (executable)", "lib": "lib_fn (libbenchlib.so)"}
 # The short functions of the method table: (function, its shape, the method it gets).
@@ -85,6 +92,7 @@ def build():
         bpf + ["-DNOOP", "-DCOUNT_ENTRY", "-c", "-o", obj("noop-entry"), src("count.bpf.c")],
         bpf + ["-DNOOP", "-DCOUNT_RETURN", "-c", "-o", obj("noop-return"), src("count.bpf.c")],
         bpf + ["-DNOOP", "-DCOUNT_ENTRY", "-DCOUNT_RETURN", "-c", "-o", obj("noop-both"), src("count.bpf.c")],
+        bpf + ["-DPERCPU", "-DCOUNT_ENTRY", "-c", "-o", obj("percpu-entry"), src("count.bpf.c")],
     ]
     for cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -96,10 +104,10 @@ def build():
             sys.exit(f"uprobe-bench: {f} is missing: run `cargo build --release -p userbpf-cli -p userbpf-agent`")
 
 
-def run(cmd, what):
+def run(cmd, what, env=None):
     """Runs cmd; returns (stdout, stderr) or None after recording a problem."""
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except subprocess.TimeoutExpired as e:
         problem(f"{what}: timed out after {TIMEOUT} s", (e.stderr or b"").decode(errors="replace")[-2000:] if isinstance(e.stderr, bytes) else (e.stderr or "")[-2000:])
         return None
@@ -126,6 +134,10 @@ def userbpf_hits(stdout):
         m = re.match(r"key = (\d+), value = (\d+)", line.strip())
         if inside and m:
             hits[int(m.group(1))] = int(m.group(2))
+        # A per-CPU array: `key = K, values = { cpu0 = V, ... }`, summed.
+        m = re.match(r"key = (\d+), values = \{(.*)\}", line.strip())
+        if inside and m:
+            hits[int(m.group(1))] = sum(int(v) for v in re.findall(r"= (\d+)", m.group(2)))
     return hits
 
 
@@ -134,16 +146,21 @@ def kernel_hits(stderr):
     return {0: int(m.group(1)), 1: int(m.group(2))} if m else {}
 
 
+def mode_obj(mode):
+    """The object of a probe mode (see build)."""
+    return "percpu-entry" if mode == "percpu" else mode
+
+
 def probe_cmd(engine, mode, binary, func, cmd, noop=False):
     if engine == "kernel":
-        return [KLOAD, obj(mode), binary, func, "--"] + cmd
+        return [KLOAD, obj(mode_obj(mode)), binary, func, "--"] + cmd
     spec = func if binary == TARGET else f"{binary}:{func}"
     attach = []
-    if mode in ("entry", "both"):
+    if mode in ENTRY_MODES:
         attach += ["--attach", f"count_entry={spec}"]
-    if mode in ("return", "both"):
+    if mode in RETURN_MODES:
         attach += ["--attach", f"count_return={spec}"]
-    return [USERBPF, "run", obj(f"noop-{mode}" if noop else mode)] + (["--interpreter"] if engine == "interp" else []) + attach + ["--"] + cmd
+    return [USERBPF, "run", obj(f"noop-{mode}" if noop else mode_obj(mode))] + (["--interpreter"] if engine == "interp" else []) + attach + ["--"] + cmd
 
 
 def measure_once(engine, where, mode, n, what, noop=False):
@@ -164,7 +181,7 @@ def measure_once(engine, where, mode, n, what, noop=False):
     elif engine != "none":
         agent_messages(stderr, what)
         hits = kernel_hits(stderr) if engine == "kernel" else userbpf_hits(stdout)
-        want = {0: n if mode in ("entry", "both") else 0, 1: n if mode in ("return", "both") else 0}
+        want = {0: n if mode in ENTRY_MODES else 0, 1: n if mode in RETURN_MODES else 0}
         got = {k: hits.get(k) for k in (0, 1)}
         if got != want:
             problem(f"{what}: the probe counted entry={got[0]} return={got[1]}, expected entry={want[0]} return={want[1]} for {n} calls", "")
@@ -264,6 +281,8 @@ def uprobe_tables():
         if r:
             calls.setdefault(k[-1] if len(k) == 3 else "none", []).append(r["calls"])
     print("Calls per run: " + ", ".join(f"{ENGINE_NAME[e]} {min(calls[e]):,}–{max(calls[e]):,}" for e in ENGINES if e in calls) + ".")
+    base = res[("exe", "none")]
+    hit["base_exe"] = base["cpu"] if base else None
     return hit
 
 
@@ -306,18 +325,29 @@ def method_table():
 
 
 def fio_cmd(out):
-    return [FIO, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
+    return [FIO_COPY, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
             f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
 
 
-def fio_run(engine):
-    out = os.path.join(BUILD, f"fio-{engine}.json")
+# fio configurations: (engine, probe mode); the per-CPU counter (count.bpf.c -DPERCPU) beside
+# the array one.
+FIO_CONFIGS = [("none", None), ("kernel", "entry"), ("jit", "entry"), ("interp", "entry"), ("kernel", "percpu"), ("jit", "percpu")]
+
+
+def fio_name(config):
+    engine, mode = config
+    return ENGINE_NAME[engine] + (", per-CPU array counter" if mode == "percpu" else "")
+
+
+def fio_run(config):
+    engine, mode = config
+    out = os.path.join(BUILD, f"fio-{engine}-{mode}.json")
     if os.path.exists(out):
         os.unlink(out)
     cmd = fio_cmd(out)
-    what = f"fio, {ENGINE_NAME[engine]}"
+    what = f"fio, {fio_name(config)}"
     if engine != "none":
-        cmd = probe_cmd(engine, "entry", FIO, "td_io_queue", cmd)
+        cmd = probe_cmd(engine, mode, FIO_COPY, "td_io_queue", cmd)
     r = run(cmd, what)
     if r is None:
         return None
@@ -347,33 +377,179 @@ def fio_table():
     if not re.search(r"\bFUNC\b.*\btd_io_queue$", syms, re.M):
         problem("fio", f"td_io_queue is not a function in {FIO}'s .dynsym (the binary is stripped): no probe possible")
         return None
+    # A private copy: a kernel uprobe is placed on a file (every process mapping it), so
+    # another tool probing /usr/bin/fio meanwhile would put its breakpoints into these runs
+    # (and, when it detaches, write the original bytes back over userbpf's patch).
+    import shutil
+    shutil.copy2(FIO, FIO_COPY)
     # Rounds alternate the probes, so a burst of load on the machine hits them alike; the
     # best round of each is kept.
-    res = {e: None for e in ENGINES}
+    res = {c: None for c in FIO_CONFIGS}
     failed = set()
     for _ in range(FIO_ROUNDS):
-        for e in ENGINES:
-            if e in failed:
+        for c in FIO_CONFIGS:
+            if c in failed:
                 continue
-            r = fio_run(e)
+            r = fio_run(c)
             if r is None:
-                failed.add(e)
-                res[e] = None
-            elif res[e] is None or r["iops"] > res[e]["iops"]:
-                res[e] = r
+                failed.add(c)
+                res[c] = None
+            elif res[c] is None or r["iops"] > res[c]["iops"]:
+                res[c] = r
     print()
     print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, best of {FIO_ROUNDS} runs of {FIO_RUNTIME} s; a counting uprobe on td_io_queue")
     print()
     print("| probe | IOPS | share of unprobed | td_io_queue hits |")
     print("|---|---:|---:|---:|")
-    base = res["none"]["iops"] if res["none"] else None
-    for e in ENGINES:
-        r = res[e]
+    none = res[("none", None)]
+    base = none["iops"] if none else None
+    for c in FIO_CONFIGS:
+        r = res[c]
         share = f"{100 * r['iops'] / base:.1f}%" if (r and base) else "–"
         iops = f"{r['iops']:,.0f}" if r else "failed"
         hits = f"{r['hits']:,}" if r and r.get("hits") is not None else "–"
-        print(f"| {ENGINE_NAME[e]} | {iops} | {share} | {hits} |")
-    return {e: (100 * r["iops"] / base if (r and base) else None) for e, r in res.items()}
+        print(f"| {fio_name(c)} | {iops} | {share} | {hits} |")
+    shares = {(e if m != "percpu" else f"{e}-percpu"): (100 * r["iops"] / base if (r and base) else None) for (e, m), r in res.items()}
+    return shares
+
+
+# bpftrace programs for the hit-cost table: (name, probe body, how to check the count from
+# bpftrace's output for N calls of bench_fn(i), i = 0..N-1, on one thread).
+BPFTRACE = [
+    ("count()", "@c = count();", lambda out, n: _bt_scalar(out, "c") == n),
+    ("@x[tid] = count()", "@x[tid] = count();", lambda out, n: sum(_bt_keyed(out, "x").values()) == n),
+    ("sum(arg0)", "@s = sum(arg0);", lambda out, n: _bt_scalar(out, "s") == n * (n - 1) // 2),
+    ("hist(arg0)", "@h = hist(arg0);", lambda out, n: _bt_hist_total(out, "h") == n),
+]
+BPFTRACE_CALLS = {"kernel": 50_000, "userbpf": 20_000_000}
+
+
+def _bt_scalar(out, name):
+    m = re.search(rf"^@{name}: (\d+)$", out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _bt_keyed(out, name):
+    return {int(k): int(v) for k, v in re.findall(rf"^@{name}\[(\d+)\]: (\d+)$", out, re.M)}
+
+
+def _bt_hist_total(out, name):
+    m = re.search(rf"^@{name}: *\n((?:.*\n?)*)", out, re.M)
+    if not m:
+        return None
+    total = 0
+    for line in m.group(1).splitlines():
+        b = re.match(r"^[\[(].*?[\])]\s+(\d+)\s*\|", line)
+        if not b:
+            break
+        total += int(b.group(1))
+    return total
+
+
+def bpftrace_once(engine, body, check, n, what):
+    """One run of TARGET exe N under `bpftrace -e 'uprobe:TARGET:bench_fn { BODY }'`, through
+    the kernel or through `userbpf load` (the target under `userbpf start`). Returns the
+    target's CPU ns per call, or None after recording a problem."""
+    import signal
+    import tempfile
+    script = f"uprobe:{TARGET}:bench_fn {{ {body} }}"
+    env = dict(os.environ)
+    env["USERBPF_SESSION"] = f"ubench-bt-{os.getpid()}"
+    loader = ["bpftrace", "-e", script]
+    cmd = [TARGET, "exe", str(n)]
+    if engine == "userbpf":
+        loader = [USERBPF, "load"] + loader
+        cmd = [USERBPF, "start"] + cmd
+    with tempfile.TemporaryDirectory(prefix="ubench-bt-") as d:
+        lout, lerr = os.path.join(d, "out"), os.path.join(d, "err")
+        with open(lout, "w") as o, open(lerr, "w") as e:
+            bt = subprocess.Popen(loader, stdout=o, stderr=e, env=env)
+        r = None
+        try:
+            deadline = time.time() + TIMEOUT
+            while time.time() < deadline and bt.poll() is None:
+                with open(lout) as f:
+                    if "Attaching " in f.read():
+                        break
+                time.sleep(0.05)
+            else:
+                with open(lerr) as f:
+                    problem(f"{what}: bpftrace did not start", f.read()[-2000:])
+                return None
+            # "Attaching" is printed just before the probes are attached: through userbpf,
+            # wait for the session's link (what `userbpf start` attaches), else a second.
+            links = f"/dev/shm/userbpf-{os.getuid()}-{env['USERBPF_SESSION']}/links"
+            while engine == "userbpf" and time.time() < deadline and bt.poll() is None:
+                if any(f.endswith(".json") for f in (os.listdir(links) if os.path.isdir(links) else [])):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.2 if engine == "userbpf" else 1)
+            r = run(cmd, what, env)
+        finally:
+            if bt.poll() is None:
+                bt.send_signal(signal.SIGINT)
+            try:
+                bt.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                bt.kill()
+                bt.wait()
+                problem(f"{what}: bpftrace did not exit on SIGINT", "")
+        if r is None:
+            return None
+        with open(lout) as f:
+            out = f.read()
+        m = re.search(r"ns_per_call=([\d.]+) cpu_ns_per_call=([\d.]+)", r[0])
+        if not m:
+            problem(f"{what}: the target printed no timing", r[0][-1000:] + r[1][-1000:])
+            return None
+        if not check(out, n):
+            with open(lerr) as f:
+                problem(f"{what}: bpftrace's map does not account for the {n} calls", (out + f.read())[-1500:])
+            return None
+        return float(m.group(2))
+
+
+def bpftrace_table(base):
+    """The hit of bpftrace programs through the kernel and through `userbpf load`, beside the
+    unprobed call and a libbpf per-CPU array counter (`userbpf run` and the kernel)."""
+    if subprocess.run(["which", "bpftrace"], capture_output=True).returncode != 0:
+        problem("bpftrace", "bpftrace is not installed (scripts/install-deps.sh installs it)")
+        return {}
+    rows, hits = [], {}
+    for name, body, check in BPFTRACE:
+        cells = {}
+        for engine in ("kernel", "userbpf"):
+            what = f"bpftrace {name}, {'kernel uprobe' if engine == 'kernel' else 'userbpf load'}"
+            best = None
+            for _ in range(REPEATS):
+                v = bpftrace_once(engine, body, check, BPFTRACE_CALLS[engine], what)
+                if v is None:
+                    best = None
+                    break
+                best = v if best is None or v < best else best
+            if best is not None:
+                print(f"  {what}: {best:.2f} ns/call CPU", file=sys.stderr, flush=True)
+            cells[engine] = best
+        rows.append((f"bpftrace `{body}`", cells))
+    pc = {e: measure(e, "exe", "percpu") for e in ("kernel", "jit")}
+    rows.append(("libbpf per-CPU array counter (`userbpf run`)", {"kernel": pc["kernel"] and pc["kernel"]["cpu"], "userbpf": pc["jit"] and pc["jit"]["cpu"]}))
+    print()
+    print(f"### Hit cost of counting programs: bench_fn called in a loop (ns per call, thread CPU time, fastest of {REPEATS} runs)")
+    print()
+    print("| program | no probe | kernel | userbpf | kernel hit | userbpf hit | kernel hit / userbpf hit |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, cells in rows:
+        k, u = cells.get("kernel"), cells.get("userbpf")
+        kh = k - base if (k is not None and base is not None) else None
+        uh = u - base if (u is not None and base is not None) else None
+        hits[name] = uh
+        print(f"| {name} | {fmt_ns(base)} | {fmt_ns(k)} | {fmt_ns(u)} | {fmt_ns(kh)} | {fmt_ns(uh)} | {fmt_ratio(kh, uh)} |")
+    print()
+    print(f"Hit = probed minus unprobed ns per call. bpftrace runs unmodified (`bpftrace -e "
+          f"'uprobe:TARGET:bench_fn {{ ... }}'`), through the kernel, and through `userbpf load` with "
+          f"the target under `userbpf start`; {BPFTRACE_CALLS['kernel']:,} calls per kernel run, "
+          f"{BPFTRACE_CALLS['userbpf']:,} per userbpf run. The libbpf counter is count.bpf.c -DPERCPU.")
+    return hits
 
 
 def verdict(ok, text):
@@ -391,6 +567,8 @@ def main():
     print(f"## uprobe benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}")
     hit = uprobe_tables()
     methods = method_table()
+    base = hit.get("base_exe")
+    counting = bpftrace_table(base)
     fio = fio_table()
 
     print()
@@ -414,6 +592,10 @@ def main():
         pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
         s = fio.get("jit")
         verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
+        s = fio.get("jit-percpu")
+        verdict(s is not None and s >= 90, f"fio under a per-CPU counting program (userbpf JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (kernel uprobe {pct(fio.get('kernel-percpu'))})")
+    for name, h in counting.items():
+        verdict(h is not None and h <= 15, f"{name}: hit ≤ 15 ns: {fmt_ns(h)} ns")
     print()
     if problems:
         print("### Problems")

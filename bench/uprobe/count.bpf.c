@@ -2,14 +2,19 @@
 // array map read back by the loaders (userbpf run prints it at exit; kload reads it).
 // Built three times: -DCOUNT_ENTRY, -DCOUNT_RETURN, both (`userbpf run` attaches every
 // program of an object, so each probe mix is its own object); with -DNOOP too, the programs
-// return at once, for the cost of the probe machinery alone.
+// return at once, for the cost of the probe machinery alone. With -DPERCPU the counter is a
+// per-CPU array incremented with a plain add (libbpf tools' usual counting pattern).
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
 struct {
+#ifdef PERCPU
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+#else
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+#endif
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -25,8 +30,13 @@ int count_entry(struct pt_regs *ctx)
 	__u32 key = 0;
 	__u64 *v = bpf_map_lookup_elem(&hits, &key);
 
+#ifdef PERCPU
+	if (v)
+		*v += 1;
+#else
 	if (v)
 		__sync_fetch_and_add(v, 1);
+#endif
 	return 0;
 }
 #endif
@@ -41,8 +51,13 @@ int count_return(struct pt_regs *ctx)
 	__u32 key = 1;
 	__u64 *v = bpf_map_lookup_elem(&hits, &key);
 
+#ifdef PERCPU
+	if (v)
+		*v += 1;
+#else
 	if (v)
 		__sync_fetch_and_add(v, 1);
+#endif
 	return 0;
 }
 #endif

@@ -1,7 +1,7 @@
 // The uprobe benchmark's kernel side: loads a count-*.bpf.o into the kernel with libbpf,
 // attaches each of its programs on FUNC in BINARY (any process) as a kernel uprobe (section
 // "uprobe") or uretprobe (section "uretprobe"), runs CMD, then prints the hits the kernel
-// counted. The same objects run under `userbpf run`.
+// counted (summed over the CPUs for a per-CPU array). The same objects run under `userbpf run`.
 //
 //   kload OBJ BINARY FUNC -- CMD ARGS...
 //   -> CMD's output, then "kernel_hits entry=E return=R" on stderr
@@ -68,10 +68,22 @@ int main(int argc, char **argv)
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 
-	int fd = bpf_object__find_map_fd_by_name(obj, "hits");
-	unsigned long long v[2] = { 0, 0 };
-	for (unsigned k = 0; k < 2; k++)
-		bpf_map_lookup_elem(fd, &k, &v[k]);
+	// A per-CPU array (-DPERCPU objects) gives one value per possible CPU: summed.
+	struct bpf_map *map = bpf_object__find_map_by_name(obj, "hits");
+	int fd = bpf_map__fd(map);
+	int percpu = bpf_map__type(map) == BPF_MAP_TYPE_PERCPU_ARRAY;
+	int ncpus = percpu ? libbpf_num_possible_cpus() : 1;
+	if (ncpus < 1 || ncpus > 4096) {
+		fprintf(stderr, "kload: cannot count the possible CPUs\n");
+		return 1;
+	}
+	unsigned long long v[2] = { 0, 0 }, *vals = calloc(ncpus, sizeof(*vals));
+	for (unsigned k = 0; vals && k < 2; k++) {
+		if (bpf_map_lookup_elem(fd, &k, vals) == 0)
+			for (int c = 0; c < ncpus; c++)
+				v[k] += vals[c];
+	}
+	free(vals);
 	fprintf(stderr, "kernel_hits entry=%llu return=%llu\n", v[0], v[1]);
 	for (int i = 0; i < nlinks; i++)
 		bpf_link__destroy(links[i]);

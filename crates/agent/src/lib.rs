@@ -306,23 +306,81 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     drop(r);
     HOOK_CONTINUE
 }
-/// What the hook's stubs may call instead of [`on_hit`]: the program's native entry, for
-/// JIT'd programs calling no helper (`LoadedProgram::native_entry`), when the program sees
-/// the hook's own registers (no `ip` copy). Such a run reads nothing of the run context
-/// `on_hit` sets up, claims no CPU slot and cannot panic; it goes through `on_hit` while
-/// run statistics are on (the gate). Leaked, as the `Attached` it belongs to: a thread may
-/// still be calling it after detach.
+/// What the hook's stubs may call instead of [`on_hit`], when the program sees the hook's own
+/// registers (no `ip` copy) and is JIT'd without state of the VM's (no helper ending runs, no
+/// `callx`, no callback: every program but those using tail calls or `bpf_loop`):
+///
+/// * a program calling no helper (`LoadedProgram::native_entry`): its native entry itself.
+///   Such a run reads nothing of the run context `on_hit` sets up, claims no CPU slot, calls
+///   nothing and cannot panic.
+/// * a program calling no helper but using per-CPU arrays (`LoadedProgram::claim_entry`): its
+///   claiming entry, which claims the CPU slot itself (no call) or, when it cannot, makes the
+///   hit take the general path (`CLAIM_RETRY`, see `userbpf_hook::LeanHandler`).
+/// * any other ([`LoadedProgram::context_entry`]): [`lean_run`], which does what `on_hit`
+///   does in a few instructions (`calls_out`: the stub keeps the live vector registers and
+///   holds the recursion guard).
+///
+/// Either goes through `on_hit` while run statistics are on (the gate). Leaked, as the
+/// `Attached` it belongs to: a thread may still be calling it after detach.
 fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandler> {
     if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
         return None;
     }
-    let func = a.prog.native_entry()?;
+    let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
+        (f, 0, 0)
+    } else if let Some((f, claim)) = a.prog.claim_entry() {
+        let claim: &'static userbpf_vm::jit::SlotClaim = Box::leak(Box::new(claim));
+        (f, claim as *const userbpf_vm::jit::SlotClaim as u64, 0)
+    } else if let Some(entry) = a.prog.context_entry() {
+        let run: &'static LeanRun = Box::leak(Box::new(LeanRun { a, entry }));
+        (lean_run as *const () as usize, run as *const LeanRun as u64, 1)
+    } else {
+        return None;
+    };
     Some(Box::leak(Box::new(userbpf_hook::LeanHandler {
         func,
-        arg: 0,
+        arg,
         gate: userbpf_runtime::program::stats_gate(),
         failures: &a.prog.stats.errors,
+        calls_out,
     })))
+}
+
+// The claiming entry's "ran nothing" is the hook's "take the general path".
+const _: () = assert!(userbpf_vm::jit::CLAIM_RETRY == userbpf_hook::LEAN_RETRY);
+
+/// The argument of [`lean_run`]: the probe and its program's `context_entry`.
+struct LeanRun {
+    a: &'static Attached,
+    entry: usize,
+}
+
+/// The lean handler of programs that need a run context (see [`lean_handler`]): what
+/// [`on_hit`] does, through `LoadedProgram::run_fast` (a CPU slot and the run context, then the
+/// program's native code; no FP state saved by the stub beyond the live vector registers, no
+/// Rust handler dispatch, no statistics).
+unsafe extern "C" fn lean_run(regs: *mut PtRegs, arg: u64, record: *mut [u64; 3]) -> u64 {
+    // SAFETY: `arg` is the `LeanRun` leaked for this probe by `lean_handler` (never freed).
+    let run = unsafe { &*(arg as *const LeanRun) };
+    let a = run.a;
+    // Nothing below panics (`run_fast` says so); the catch keeps that true at this boundary
+    // whatever changes (a panic must not unwind into the stub).
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let info = RunContext {
+            regs: regs as u64,
+            func_ip: a.func_ip,
+            cookie: a.cookie,
+            nr_args: 6,
+            // SAFETY: `regs` points to the hook's saved registers for this hit.
+            retval: a.retprobe.then(|| unsafe { (*regs).ax }),
+            at_func_entry: a.at_func_entry,
+            ..RunContext::EMPTY
+        };
+        // SAFETY: `run.entry` is the program's context_entry; `record` is the stub's zeroed
+        // failure record; the program's context is the hook's pt_regs, as in `on_hit`.
+        unsafe { a.prog.run_fast(run.entry, regs.cast::<u8>(), std::mem::size_of::<PtRegs>(), info, record) };
+    }));
+    0
 }
 
 /// `bpf_probe_read_kernel` as the runtime has it.

@@ -80,3 +80,23 @@ fn a_function_that_does_not_exist_is_reported() {
     assert!(out.contains("workload: 10 calls"), "{out}");
     assert!(err.contains("no_such_function"), "the failed attachment is named: {err}");
 }
+
+/// The same on the lean paths of programs using per-CPU arrays: without a helper (the JIT's
+/// claiming entry) and with one (the runtime's native run): a fault ends the run and gives
+/// the CPU slot back; the target runs on and every other call is counted, across the CPUs.
+#[test]
+fn a_faulting_per_cpu_program_does_not_kill_the_target_on_the_lean_paths() {
+    for (src, prog) in [("faulty_percpu", "faulty_percpu"), ("faulty_helper", "faulty_helper")] {
+        let obj = object(&format!("crates/cli/tests/bpf/{src}.bpf.c"), src);
+        let target = workload();
+        let attach = format!("{prog}=work");
+        let (out, err, ok) = userbpf_run(&obj, &["--attach", &attach], &[target.to_str().unwrap(), "1000"]);
+        assert!(ok, "{src}: {err}");
+        assert!(out.contains("workload: 1000 calls of work()"), "{src}: the target ran to the end: {out}\n{err}");
+        let expected = (0..1000u64).filter(|i| (i * 7919) % 4096 % 10 != 0).count() as u64;
+        // `key = 0, values = { cpu0 = A, cpu1 = B, ... }`: summed.
+        let line = out.lines().find(|l| l.trim_start().starts_with("key = 0, values = {")).unwrap_or_else(|| panic!("{src}: no per-CPU values: {out}"));
+        let sum: u64 = line.split('{').nth(1).unwrap().split(',').map(|c| c.split('=').nth(1).unwrap().trim().trim_end_matches('}').trim().parse::<u64>().unwrap()).sum();
+        assert_eq!(sum, expected, "{src}: {out}");
+    }
+}

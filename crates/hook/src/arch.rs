@@ -32,9 +32,11 @@
 //!                        return to the caller with the handler-set ax)
 //! ```
 //! The light stub first tries the lean path (`lean_entry_path`: the site's only probe has
-//! a `LeanHandler`, called directly with no FP save inside an RCU section) and the
-//! return-only fast path (`ret_only_fast_path`). The return trampoline has a lean path too
-//! (`lean_ret_path`).
+//! a `LeanHandler`, called directly with no FP save inside an RCU section; a handler that
+//! calls out gets the live vector registers kept, `lean_call_out`, and the recursion guard
+//! held) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
+//! lean path too (`lean_ret_path`). A lean handler may hand the hit to the general path
+//! (`LEAN_RETRY`).
 //!
 //! ## Return path
 //! `ret_tramp` is reached from a site stub's landing, where the probed function's `ret`
@@ -416,7 +418,7 @@ pub(crate) fn common_entry(
     let mut redirect = a.create_label();
     if kind != SaveKind::Full {
         let mut ret_only = a.create_label();
-        lean_entry_path(&mut a, &mut saved, &mut redirect, &mut ret_only)?;
+        lean_entry_path(&mut a, fp, &mut saved, &mut redirect, &mut ret_only)?;
         ret_only_fast_path(&mut a)?;
     }
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
@@ -632,9 +634,10 @@ fn lean_rcu_exit(a: &mut CodeAssembler) -> Result<(), IcedError> {
 }
 
 /// Calls the lean handler at r14 on the pt_regs at rsp (16-byte aligned stack, a zeroed
-/// failure record), counts a failure; rsp is back at the pt_regs after. Clobbers every
-/// caller-saved register and rbx.
-fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
+/// failure record), counts a failure; rsp is back at the pt_regs after. A handler that ran
+/// nothing and asks for the general path ([`crate::LEAN_RETRY`] in the record) jumps to
+/// `retry` instead (rsp at the pt_regs). Clobbers every caller-saved register and rbx.
+fn lean_call(a: &mut CodeAssembler, retry: CodeLabel) -> Result<(), IcedError> {
     use std::mem::offset_of;
     let func = offset_of!(crate::LeanHandler, func) as i32;
     let arg = offset_of!(crate::LeanHandler, arg) as i32;
@@ -650,6 +653,12 @@ fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.call(qword_ptr(r14 + func))?;
     a.cmp(qword_ptr(rsp), 0)?;
     a.je(ok)?;
+    let mut failed = a.create_label();
+    a.cmp(qword_ptr(rsp), -1)?;
+    a.jne(failed)?;
+    a.mov(rsp, rbx)?;
+    a.jmp(retry)?;
+    a.set_label(&mut failed)?;
     a.mov(rax, qword_ptr(r14 + failures))?;
     a.lock().inc(qword_ptr(rax))?;
     a.set_label(&mut ok)?;
@@ -657,9 +666,140 @@ fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
     Ok(())
 }
 
+/// Calls the lean handler at r14 as [`lean_call`] does, for a handler that calls out
+/// (`LeanHandler::calls_out`): vector registers 0..n (those the System V ABI lets be live at a
+/// function entry, n = 8, or return, n = 2) are kept at their full width around the call.
+///
+/// Without `xgetbv` (XINUSE measured ~12 ns a hit on this project's virtualised machine):
+/// the upper halves of registers 0..n are OR-ed into scratch registers 8-10 (dead at entries
+/// and returns, as every register above n) and tested. Usually they are all zero (compiled
+/// code ends its AVX parts with `vzeroupper`): only the xmm parts are saved, `vzeroupper`
+/// puts the upper state back to its initial (clean) state for the handler, and the restore
+/// after a second `vzeroupper` gives the registers exactly their values (upper halves zero)
+/// with the upper state clean, as `fp_save` does after XINUSE says "not in use". Otherwise
+/// the registers are saved and restored whole (ymm, or zmm with AVX-512). MXCSR, the x87
+/// control word and stack are left to the handler, which must not change them. Ends with ZF
+/// set when the handler asked for the general path ([`crate::LEAN_RETRY`]), rsp at the
+/// pt_regs. Clobbers every caller-saved register and rbx.
+fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), IcedError> {
+    use std::mem::offset_of;
+    let func = offset_of!(crate::LeanHandler, func) as i32;
+    let arg = offset_of!(crate::LeanHandler, arg) as i32;
+    let failures = offset_of!(crate::LeanHandler, failures) as i32;
+    // From the 64-aligned rsp: the failure record, the "saved whole" flag, the registers.
+    const WIDE: i32 = 32;
+    const VECS: i32 = 64;
+    let mut ok = a.create_label();
+    let mut wide = a.create_label();
+    let mut call = a.create_label();
+    let mut wide_back = a.create_label();
+    let mut back = a.create_label();
+    let avx = fp.avx || fp.avx512;
+    a.mov(rbx, rsp)?;
+    a.and(rsp, -64)?;
+    a.sub(rsp, VECS + 64 * n as i32)?;
+    a.mov(qword_ptr(rsp), 0)?;
+    if fp.avx512 {
+        a.vmovdqa64(zmm8, zmm0)?;
+        for r in ZMMS.iter().take(n).skip(1) {
+            a.vpord(zmm8, zmm8, *r)?;
+        }
+        a.vextracti64x4(ymm9, zmm8, 1)?;
+        a.vextracti128(xmm10, ymm8, 1)?;
+        a.vpor(ymm9, ymm9, ymm10)?;
+        a.vptest(ymm9, ymm9)?;
+        a.jnz(wide)?;
+    } else if fp.avx {
+        a.vmovdqa(ymm8, ymm0)?;
+        for r in YMMS.iter().take(n).skip(1) {
+            a.vpor(ymm8, ymm8, *r)?;
+        }
+        a.vextracti128(xmm9, ymm8, 1)?;
+        a.vptest(xmm9, xmm9)?;
+        a.jnz(wide)?;
+    }
+    if avx {
+        // Upper halves all zero: clean again for the handler's legacy SSE code (the test above
+        // dirtied the scratch registers' upper halves).
+        a.vzeroupper()?;
+    }
+    for (i, r) in XMMS.iter().take(n).enumerate() {
+        a.movdqu(xmmword_ptr(rsp + (VECS + 16 * i as i32)), *r)?;
+    }
+    a.mov(byte_ptr(rsp + WIDE), 0)?;
+    a.jmp(call)?;
+    a.set_label(&mut wide)?;
+    a.mov(byte_ptr(rsp + WIDE), 1)?;
+    if fp.avx512 {
+        for (i, r) in ZMMS.iter().take(n).enumerate() {
+            a.vmovdqu64(zmmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
+        }
+    } else if fp.avx {
+        for (i, r) in YMMS.iter().take(n).enumerate() {
+            a.vmovdqu(ymmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
+        }
+    }
+    if avx {
+        a.vzeroupper()?;
+    }
+    a.set_label(&mut call)?;
+    a.mov(rdi, rbx)?;
+    a.mov(rsi, qword_ptr(r14 + arg))?;
+    a.mov(rdx, rsp)?;
+    a.call(qword_ptr(r14 + func))?;
+    a.cmp(qword_ptr(rsp), 0)?;
+    a.je(ok)?;
+    a.cmp(qword_ptr(rsp), -1)?;
+    a.je(ok)?;
+    a.mov(rax, qword_ptr(r14 + failures))?;
+    a.lock().inc(qword_ptr(rax))?;
+    a.set_label(&mut ok)?;
+    a.cmp(byte_ptr(rsp + WIDE), 0)?;
+    a.jne(wide_back)?;
+    if avx {
+        a.vzeroupper()?;
+    }
+    for (i, r) in XMMS.iter().take(n).enumerate() {
+        a.movdqu(*r, xmmword_ptr(rsp + (VECS + 16 * i as i32)))?;
+    }
+    a.jmp(back)?;
+    a.set_label(&mut wide_back)?;
+    if fp.avx512 {
+        for (i, r) in ZMMS.iter().take(n).enumerate() {
+            a.vmovdqu64(*r, zmmword_ptr(rsp + (VECS + 64 * i as i32)))?;
+        }
+    } else if fp.avx {
+        for (i, r) in YMMS.iter().take(n).enumerate() {
+            a.vmovdqu(*r, ymmword_ptr(rsp + (VECS + 64 * i as i32)))?;
+        }
+    }
+    a.set_label(&mut back)?;
+    a.cmp(qword_ptr(rsp), -1)?;
+    a.mov(rsp, rbx)?;
+    Ok(())
+}
+
+/// [`lean_call`] or [`lean_call_out`], as the lean handler at r14 says (`calls_out`).
+fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) -> Result<(), IcedError> {
+    let calls_out = std::mem::offset_of!(crate::LeanHandler, calls_out) as i32;
+    let mut out = a.create_label();
+    let mut done = a.create_label();
+    a.cmp(qword_ptr(r14 + calls_out), 0)?;
+    a.jne(out)?;
+    lean_call(a, retry)?;
+    a.jmp(done)?;
+    a.set_label(&mut out)?;
+    lean_call_out(a, fp, n)?;
+    a.je(retry)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}
+
 /// The lean path of the light entry stub: when the site's only probe has a [`LeanHandler`]
 /// (`Site::lean_entry`) whose gate is closed, builds the pt_regs, calls it directly (no FP
-/// state saved: the lean handler touches none; no Rust in between) inside an RCU read-side
+/// state saved: the lean handler touches none; no Rust in between; or, for a handler that
+/// calls out, only the vector registers, with the thread's recursion guard held as
+/// `entry_dispatch` holds it) inside an RCU read-side
 /// section (so `detach` still waits for it), and resumes. Anything else goes to the general
 /// path: `saved` (pt_regs built, GPRs saved) or, before anything is saved, the code after
 /// this. `redirect`: the general path's resume at r12 (a changed `regs.ip`), rsp = pt_regs.
@@ -667,6 +807,7 @@ fn lean_call(a: &mut CodeAssembler) -> Result<(), IcedError> {
 /// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*.
 fn lean_entry_path(
     a: &mut CodeAssembler,
+    fp: FpSave,
     saved: &mut CodeLabel,
     redirect: &mut CodeLabel,
     ret_only: &mut CodeLabel,
@@ -708,7 +849,33 @@ fn lean_entry_path(
     a.mov(qword_ptr(rsp + CS_OFF), 0x33)?;
     a.mov(qword_ptr(rsp + SS_OFF), 0x2b)?;
     a.mov(qword_ptr(rsp + ORIG_AX_OFF), -1)?;
-    lean_call(a)?;
+    let calls_out = offset_of!(crate::LeanHandler, calls_out) as i32;
+    let in_handler = offset_of!(crate::thread::ThreadState, in_handler) as i32;
+    let registered = offset_of!(crate::thread::ThreadState, registered) as i32;
+    let t = crate::thread::table_layout();
+    let mut plain = a.create_label();
+    let mut called = a.create_label();
+    a.cmp(qword_ptr(r14 + calls_out), 0)?;
+    a.je(plain)?;
+    // A handler that calls out: the recursion guard, as entry_dispatch holds it (no state
+    // yet, its pthread destructor not registered, or a handler running: the general path).
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
+    a.test(rsi, rsi)?;
+    a.jz(unlock_general)?;
+    a.cmp(dword_ptr(rsi + registered), 0)?;
+    a.je(unlock_general)?;
+    a.cmp(dword_ptr(rsi + in_handler), 0)?;
+    a.jne(unlock_general)?;
+    a.mov(dword_ptr(rsi + in_handler), 1)?;
+    lean_call_out(a, fp, 8)?;
+    // (The loads and stores keep lean_call_out's flags: ZF = go to the general path.)
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.je(unlock_general)?;
+    a.jmp(called)?;
+    a.set_label(&mut plain)?;
+    lean_call(a, unlock_general)?;
+    a.set_label(&mut called)?;
     lean_rcu_exit(a)?;
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
     a.cmp(r12, qword_ptr(r15 + site_addr))?;
@@ -738,7 +905,7 @@ fn lean_entry_path(
 /// pops the entry, calls the lean handler inside an RCU read-side section with the recursion
 /// guard held (as `ret_dispatch` does), and returns to the real return address. Anything
 /// else (stale entries, no state, a guard held) falls through to the general path.
-fn lean_ret_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
+fn lean_ret_path(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
     use std::mem::{offset_of, size_of};
     use crate::thread::{ShadowEntry, ThreadState};
     const _: () = assert!(size_of::<ShadowEntry>() == 32);
@@ -789,7 +956,8 @@ fn lean_ret_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(qword_ptr(rsp + CS_OFF), 0x33)?;
     a.mov(qword_ptr(rsp + SS_OFF), 0x2b)?;
     a.mov(qword_ptr(rsp + ORIG_AX_OFF), -1)?;
-    lean_call(a)?;
+    let mut retry = a.create_label();
+    lean_call_any(a, fp, 2, retry)?;
     a.mov(dword_ptr(r15 + in_handler), 0)?;
     lean_rcu_exit(a)?;
     restore_gprs_f(a, false)?;
@@ -797,6 +965,11 @@ fn lean_ret_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     // buffer predicts (the stub's call and the function's return paired off).
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
     a.ret()?;
+    // The handler ran nothing and asks for the general path: the entry back on the shadow
+    // stack (popped above, still in place) and the guard released, for ret_dispatch.
+    a.set_label(&mut retry)?;
+    a.mov(dword_ptr(r15 + in_handler), 0)?;
+    a.add(qword_ptr(r15 + top), 1)?;
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.set_label(&mut general)?;
@@ -814,7 +987,7 @@ pub(crate) fn ret_tramp(
     a.lea(rsp, ptr(rsp - (PT_REGS_SIZE + 8)))?;
     save_gprs_f(&mut a, kind == SaveKind::Full)?;
     if kind != SaveKind::Full {
-        lean_ret_path(&mut a)?;
+        lean_ret_path(&mut a, fp)?;
     }
     fp_save(&mut a, fp, kind)?;
     a.mov(rdi, rbx)?;

@@ -136,12 +136,24 @@ pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) ->
 ///
 /// `func` is called as `extern "C" fn(regs: *mut PtRegs, arg: u64, record: *mut [u64; 3])
 /// -> u64` on a 16-byte aligned stack, with `record[0] == 0`. It must follow the C calling
-/// convention for the general-purpose registers, must not touch any vector, opmask or x87
-/// register nor MXCSR, must not call out (nothing it runs may reach a probed function or
-/// take a lock) and must not unwind; it sets `record[0]` to non-zero when its run failed,
-/// which adds one to `*failures`. Its return value is ignored; a change of `regs.ip` is
-/// applied as for handlers (entry probes). (The JIT's fast entry of a program calling no
-/// helper is such a function.)
+/// convention for the general-purpose registers, must not take a lock and must not unwind;
+/// it sets `record[0]` to non-zero when its run failed, which adds one to `*failures`. Its
+/// return value is ignored; a change of `regs.ip` is applied as for handlers (entry probes).
+///
+/// It may also run nothing and set `record[0]` to [`LEAN_RETRY`]: the hit then takes the general
+/// path (the [`Handler`]), as if the lean handler were not there.
+///
+/// With `calls_out == 0` it must not touch any vector, opmask or x87 register nor MXCSR and
+/// must not call out (nothing it runs may reach a probed function): the JIT's fast entry of a
+/// program calling no helper is such a function. With `calls_out != 0` it may run compiled
+/// code (Rust, libc) that uses the vector registers and may reach probed functions: the stub
+/// then holds the thread's recursion guard around the call (a probe hit meanwhile runs no
+/// handler and counts in [`HookStats::missed_recursion`]) and keeps the vector registers the
+/// probe point may have live (0-7 at an entry, 0-1 at a return) at their full width. It must
+/// still leave MXCSR, the x87 control word and the x87 stack as it found them (compiled Rust
+/// does not change them), and it may clobber every other vector and opmask register, which
+/// the System V ABI makes dead at function entries and returns (see `arch::FpSave` for that
+/// assumption and its opt-out, under which no lean path is used).
 #[repr(C)]
 #[derive(Debug)]
 pub struct LeanHandler {
@@ -151,12 +163,17 @@ pub struct LeanHandler {
     pub gate: *const u8,
     /// Counts failed runs (`record[0] != 0`).
     pub failures: *const AtomicU64,
+    /// Non-zero: `func` calls out (see above).
+    pub calls_out: u64,
 }
 
 // SAFETY: plain addresses of code and of 'static atomics, read by any thread.
 unsafe impl Sync for LeanHandler {}
 // SAFETY: as above.
 unsafe impl Send for LeanHandler {}
+
+/// What a [`LeanHandler`] stores in `record[0]` to hand the hit to the general path (all ones).
+pub const LEAN_RETRY: u64 = u64::MAX;
 
 /// Identifies one attached handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

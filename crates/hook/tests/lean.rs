@@ -97,6 +97,7 @@ fn probe() -> Probe {
         arg: rec as *const Rec as u64,
         gate: gate.as_ptr(),
         failures,
+        calls_out: 0,
     }));
     Probe { rec, general: Box::leak(Box::new(AtomicU64::new(0))), gate, failures, lean }
 }

@@ -46,7 +46,7 @@ unsafe extern "C" fn tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
 }
 
 fn run_target(target: &LoadedProgram, ctx: u64, ctx_len: u64) -> u64 {
-    match target.execute(ctx, ctx_len) {
+    match target.execute(ctx, ctx_len, crate::context::current_cpu()) {
         Ok(v) => v,
         Err(_) => {
             target.stats.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

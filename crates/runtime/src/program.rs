@@ -84,37 +84,67 @@ impl Relocator for Resolve<'_> {
         Ok(value)
     }
 
-    /// Plain (not per-CPU) arrays registered with the helpers' map registry: their lookups
-    /// are inlined, as the kernel's `array_map_gen_lookup` inlines them. An unregistered map
-    /// is left to the helper (which refuses it), so both paths keep agreeing.
+    /// Arrays registered with the helpers' map registry: their lookups are inlined, as the
+    /// kernel's `array_map_gen_lookup` inlines them; per-CPU arrays too (the kernel's
+    /// `percpu_array_map_gen_lookup`), by the JIT, with the run's CPU slot (the slots are the
+    /// possible CPUs, as the map's values: checked here). An unregistered map is left to the
+    /// helper (which refuses it), so both paths keep agreeing.
     ///
     /// Coupling with the maps crate: the element address is computed from the ARRAY layout
     /// of `userbpf_maps::array` (values of `round_up(value_size, 8)` bytes each, contiguous
-    /// from the address of element 0, which never moves while the map is mapped). The layout is
-    /// checked here on each map, through the lookups of the first and last elements: if it
-    /// ever changes, lookups are simply not inlined.
+    /// from the address of element 0, which never moves while the map is mapped; per-CPU: one
+    /// such block per CPU, `cpu_stride` bytes apart). The layout is checked here on each map,
+    /// through the lookups of the first and last elements (of the first, second and last
+    /// CPUs): if it ever changes, lookups are simply not inlined.
     fn inline_lookup(&self, map_addr: u64) -> Option<InlineArray> {
+        use userbpf_maps::MapType;
         // Registered maps are never unmapped (the registry leaks them), so the addresses stay
         // valid for as long as the program.
         let (map, _) = crate::helpers::maps::map_at(map_addr)?;
-        if !matches!(map, Map::Array(_)) || map.map_type() != userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY {
+        let percpu = match map.map_type() {
+            MapType::BPF_MAP_TYPE_ARRAY => false,
+            MapType::BPF_MAP_TYPE_PERCPU_ARRAY => true,
+            _ => return None,
+        };
+        if !matches!(map, Map::Array(_)) {
             return None;
         }
         let spec = map.spec();
         let elem_size = u32::try_from((spec.value_size as u64 + 7) & !7).ok()?;
         let max_entries = spec.max_entries;
-        let at = |i: u32| {
+        let at = |i: u32, cpu: u32| {
             let key = i.to_ne_bytes();
             // SAFETY: the key buffer is 4 valid bytes, what an array map reads.
-            unsafe { map.lookup(key.as_ptr(), 0) as u64 }
+            unsafe { map.lookup(key.as_ptr(), cpu) as u64 }
         };
-        let values = at(0);
+        let values = at(0, 0);
         let last = max_entries.checked_sub(1)?;
+        let nr_cpus = if percpu { map.nr_cpus() } else { 1 };
+        if percpu && nr_cpus != userbpf_maps::shm::possible_cpus() {
+            return None;
+        }
+        let cpu_stride = if nr_cpus > 1 { at(0, 1).checked_sub(values)? } else { 0 };
+        let cpu_stride = u32::try_from(cpu_stride).ok().filter(|&s| s <= i32::MAX as u32)?;
         let layout_holds = values != 0
-            && at(last) == values + last as u64 * elem_size as u64
-            && at(max_entries) == 0
-            && at(u32::MAX) == 0;
-        layout_holds.then_some(InlineArray { values, max_entries, elem_size })
+            && [0, 1.min(nr_cpus - 1), nr_cpus - 1].into_iter().all(|cpu| {
+                let base = values + cpu as u64 * cpu_stride as u64;
+                at(0, cpu) == base && at(last, cpu) == base + last as u64 * elem_size as u64
+            })
+            && at(max_entries, 0) == 0
+            && at(u32::MAX, 0) == 0;
+        layout_holds.then_some(InlineArray { values, max_entries, elem_size, cpu_stride })
+    }
+
+    /// Updates of the same arrays, when their values are whole 8-byte words: the helper's
+    /// `Array::update` copies them 8 bytes at a time into the element (this run's CPU's for a
+    /// per-CPU array) after the checks `Relocator::inline_update` lists, which the JIT's inline
+    /// form repeats (`userbpf_maps::array`'s `check_update`: coupled as the layout is).
+    fn inline_update(&self, map_addr: u64) -> Option<InlineArray> {
+        let (map, _) = crate::helpers::maps::map_at(map_addr)?;
+        if map.spec().value_size % 8 != 0 {
+            return None;
+        }
+        self.inline_lookup(map_addr)
     }
 }
 
@@ -179,24 +209,93 @@ impl LoadedProgram {
 
     /// The native entry a probe may call directly instead of [`run`](Self::run): the JIT's
     /// fast entry (see `JitProgram::fast_entry_address`), for JIT'd programs that call no
-    /// helper, no `callx` and no callback. Such a run needs none of what `run` sets up: no
-    /// helper reads the run context, and no per-CPU state is touched (per-CPU maps are
-    /// reached only through helpers), so no CPU slot is claimed. While
+    /// helper, no `callx` and no callback and inline no per-CPU lookup. Such a run needs none
+    /// of what `run` sets up: no helper reads the run context, and no per-CPU state is
+    /// touched, so no CPU slot is claimed. While
     /// [`stats_gate`] reads non-zero, runs must go through `run` (it counts them). A failed
     /// run (its abort record's first word non-zero) must be added to `stats.errors`. Valid
     /// while `self` lives.
     pub fn native_entry(&self) -> Option<usize> {
-        self.jit.as_ref()?.fast_entry_address()
+        let j = self.jit.as_ref()?;
+        if j.needs_context() {
+            None
+        } else {
+            j.fast_entry_address()
+        }
+    }
+
+    /// The native entry of a JIT'd program whose runs need a run context (it calls helpers
+    /// or inlines per-CPU lookups) but no run state of the VM (no helper that may end the run,
+    /// no `callx`, no callback): the JIT's fast entry, for [`run_fast`](Self::run_fast). None
+    /// for other programs ([`native_entry`](Self::native_entry) serves those needing neither).
+    pub fn context_entry(&self) -> Option<usize> {
+        let j = self.jit.as_ref()?;
+        if j.needs_context() {
+            j.fast_entry_address()
+        } else {
+            None
+        }
+    }
+
+    /// The claiming entry of a JIT'd program whose runs need a CPU slot but call no helper
+    /// (per-CPU array lookups, inlined), with what it needs to claim the slot itself (see
+    /// `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
+    /// stores `userbpf_vm::jit::CLAIM_RETRY` in `record[0]` when the caller must [`run`](Self::run)
+    /// the program instead. Runs it makes are not counted in statistics (callers take `run`
+    /// while [`stats_gate`] is set). None for other programs.
+    pub fn claim_entry(&self) -> Option<(usize, userbpf_vm::jit::SlotClaim)> {
+        let j = self.jit.as_ref()?;
+        if !j.needs_context() {
+            return None;
+        }
+        Some((j.claim_entry_address()?, self.slots.claim_desc()))
+    }
+
+    /// [`run`](Self::run) through `entry` (this program's [`context_entry`](Self::context_entry)),
+    /// for a probe's lean handler: claims a CPU slot and makes `info` the thread's run context,
+    /// as `run` does, then calls the native code directly (no state of the VM, no statistics:
+    /// callers take [`run`](Self::run) while [`stats_gate`] is set). A failed run writes
+    /// `[kind, pc, detail]` (kind non-zero) to `record`, which the caller counts in
+    /// `stats.errors`; a skipped one (recursion, no CPU slot) counts as missed. Nothing here
+    /// panics, allocates, locks or makes a system call (but the thread's id, once per thread).
+    ///
+    /// # Safety
+    /// `entry` is `self.context_entry()`; `record` points to three writable words that are
+    /// zero; `ctx`/`ctx_len` are what the program may read (and write) as its context, as for
+    /// [`run`](Self::run).
+    #[inline]
+    pub unsafe fn run_fast(&self, entry: usize, ctx: *mut u8, ctx_len: usize, mut info: RunContext, record: *mut [u64; 3]) {
+        type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3], u64) -> u64;
+        info.prog = self as *const LoadedProgram as *const ();
+        info.ctx = ctx as u64;
+        info.ctx_len = ctx_len as u64;
+        match context::enter(&self.slots, info) {
+            Ok(guard) => {
+                // SAFETY: `entry` is the JIT's fast entry of this program (caller), a C function
+                // of this signature in code mapped while `self` lives; the run holds CPU slot
+                // `guard.cpu()` and its context is the thread's, which is what its helpers and
+                // inlined per-CPU lookups read; its accesses are the caller's guarantee.
+                unsafe {
+                    let f = std::mem::transmute::<usize, FastEntry>(entry);
+                    f(ctx as u64, 0, record, guard.cpu() as u64);
+                }
+                drop(guard);
+            }
+            Err(Missed::Recursion | Missed::NoSlot) => {
+                self.stats.missed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Runs the executor alone, inside a run that is already in progress on this thread (a
     /// tail call).
     #[inline]
-    pub(crate) fn execute(&self, ctx: u64, ctx_len: u64) -> Result<u64, VmError> {
+    pub(crate) fn execute(&self, ctx: u64, ctx_len: u64, cpu: u32) -> Result<u64, VmError> {
         match &self.jit {
             // SAFETY: JIT code does not check accesses; programs run here were checked at
-            // load and faults in JIT code are contained by the VM's fault handler.
-            Some(j) => unsafe { j.run(ctx, 0) },
+            // load and faults in JIT code are contained by the VM's fault handler. `cpu` is
+            // the slot the run holds.
+            Some(j) => unsafe { j.run_on_cpu(ctx, 0, cpu) },
             None => self.interp.run(ctx, 0, &[Region::new(ctx, ctx_len, true)]),
         }
     }
@@ -205,7 +304,7 @@ impl LoadedProgram {
     /// run context (CPU slot, probe information). Returns `Ok(None)` when the run was skipped.
     ///
     /// The hit path of every probe: no allocation, no lock, no system call (but the thread's
-    /// id, once per thread), one thread-local access, one atomic read-modify-write (the CPU
+    /// id, once per thread), no thread-local call, one atomic read-modify-write (the CPU
     /// slot's claim). `run_cnt` and `run_time_ns` are counted only while
     /// [`set_stats_enabled`] is on, as the kernel counts them only with
     /// `kernel.bpf_stats_enabled`.
@@ -221,10 +320,11 @@ impl LoadedProgram {
                 return Ok(None);
             }
         };
+        let cpu = guard.cpu();
         let r = if STATS_ENABLED.load(Ordering::Relaxed) {
-            self.run_counted(ctx as u64, ctx_len as u64)
+            self.run_counted(ctx as u64, ctx_len as u64, cpu)
         } else {
-            self.execute(ctx as u64, ctx_len as u64)
+            self.execute(ctx as u64, ctx_len as u64, cpu)
         };
         drop(guard);
         match r {
@@ -237,9 +337,9 @@ impl LoadedProgram {
     }
 
     #[cold]
-    fn run_counted(&self, ctx: u64, ctx_len: u64) -> Result<u64, VmError> {
+    fn run_counted(&self, ctx: u64, ctx_len: u64, cpu: u32) -> Result<u64, VmError> {
         let t0 = monotonic_ns();
-        let r = self.execute(ctx, ctx_len);
+        let r = self.execute(ctx, ctx_len, cpu);
         self.stats.run_time_ns.fetch_add(monotonic_ns().saturating_sub(t0), Ordering::Relaxed);
         self.stats.run_cnt.fetch_add(1, Ordering::Relaxed);
         r
@@ -320,13 +420,24 @@ mod tests {
         let helpers = crate::helpers::registry();
         let lookup = helpers.get(1).unwrap().func;
         let slots = Arc::new(CpuSlots::private().unwrap());
+        // Every run below claims the slot of the CPU the thread runs on: keep it on one CPU,
+        // so that the per-CPU values the JIT, the interpreter and the helper find are the same.
+        // SAFETY: sched_getcpu has no preconditions; a zeroed cpu_set_t with that CPU set,
+        // for this thread only.
+        unsafe {
+            let cpu = libc::sched_getcpu().max(0) as usize;
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
         let cases = [
             (MapType::BPF_MAP_TYPE_ARRAY, 12, 8, true, true),
             (MapType::BPF_MAP_TYPE_ARRAY, 8, 1, true, true),
             (MapType::BPF_MAP_TYPE_ARRAY, 100, 3, true, true),
             // Unregistered: the helper refuses it, and so the lookup is not inlined.
             (MapType::BPF_MAP_TYPE_ARRAY, 12, 8, false, false),
-            (MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 12, 8, true, false),
+            // Per-CPU: inlined (the JIT's only), with the run's CPU slot.
+            (MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 12, 8, true, true),
             (MapType::BPF_MAP_TYPE_HASH, 12, 8, true, false),
         ];
         for (n, &(t, value_size, max, register, inlined)) in cases.iter().enumerate() {

@@ -81,7 +81,8 @@ impl Interpreter {
                 pc += 2;
                 continue;
             }
-            if let Some(a) = prog.inline_lookup_at(pc) {
+            // Per-CPU lookups are the JIT's only (the interpreter has no CPU slot at hand).
+            if let Some(a) = prog.inline_lookup_at(pc).filter(|a| a.cpu_stride == 0) {
                 op.op = OP_INLINE_LOOKUP;
                 op.imm = inline.len() as i64;
                 inline.push(a);

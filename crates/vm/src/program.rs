@@ -50,17 +50,39 @@ pub trait Relocator {
         let _ = map_addr;
         None
     }
+
+    /// Whether `bpf_map_update_elem` on the map at `map_addr` may be done inline, and how:
+    /// returning `Some` promises that helper 2 on this map, with any key, value and flags, does
+    /// exactly what an array's update does (flags beyond `BPF_EXIST` but `BPF_F_LOCK`:
+    /// `-EINVAL`; an index `>= max_entries`: `-E2BIG`; `BPF_NOEXIST`: `-EEXIST`; `BPF_F_LOCK`:
+    /// `-EINVAL`; else the `elem_size` bytes of the value copied to the element, 8 at a time,
+    /// and 0), for as long as the program lives: arrays whose values are a multiple of 8 bytes.
+    /// The JIT inlines such updates of up to 64 bytes. The default inlines nothing.
+    fn inline_update(&self, map_addr: u64) -> Option<InlineArray> {
+        let _ = map_addr;
+        None
+    }
 }
 
+/// Most bytes of an update the JIT inlines (see [`Relocator::inline_update`]).
+pub const INLINE_UPDATE_MAX: u32 = 64;
+
 /// An array map whose lookups are inlined: element `i < max_entries` is at
-/// `values + i * elem_size`; any other index gives null (0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `values + i * elem_size` (plus `cpu * cpu_stride` for a per-CPU array, `cpu` being the
+/// run's CPU slot); any other index gives null (0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct InlineArray {
-    /// Address of element 0.
+    /// Address of element 0 (of CPU 0's values for a per-CPU array).
     pub values: u64,
     pub max_entries: u32,
     /// Bytes from one element to the next, 1 to `i32::MAX` (other sizes are not inlined).
     pub elem_size: u32,
+    /// Per-CPU arrays: bytes from one CPU's values to the next's, 1 to `i32::MAX`, for every
+    /// CPU slot a run can hold. 0: a plain array. Per-CPU lookups are inlined only by the
+    /// JIT, and only in programs that load no callback, make no `callx` and call no helper
+    /// marked `may_exit` (their runs always go through the fast entry, which is given the
+    /// CPU); the interpreter calls the helper.
+    pub cpu_stride: u32,
 }
 
 impl InlineArray {
@@ -77,6 +99,8 @@ impl InlineArray {
 
 /// The helper id of `bpf_map_lookup_elem`.
 const MAP_LOOKUP_ELEM: i32 = 1;
+/// The helper id of `bpf_map_update_elem`.
+const MAP_UPDATE_ELEM: i32 = 2;
 /// Most instructions between the `lddw r1, map` and the `call 1` an inlined lookup looks at
 /// (clang emits two: `r2 = r10; r2 += -4`).
 const INLINE_WINDOW: usize = 8;
@@ -107,6 +131,8 @@ pub struct Program {
     /// `call 1` sites (ascending pc) that look up an array map the relocator described for
     /// inlining: executors compute the lookup instead of calling the helper.
     pub(crate) inline_lookups: Vec<(usize, InlineArray)>,
+    /// The `call 2` (map_update_elem) sites done inline by the JIT, ascending.
+    pub(crate) inline_updates: Vec<(usize, InlineArray)>,
 }
 
 impl std::fmt::Debug for Program {
@@ -245,9 +271,22 @@ impl Program {
             }
         }
         let max_depth = call_depth(&subprogs, &callees)?;
-        let inline_lookups = match relocator {
-            Some(r) if !map_lddws.is_empty() => inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, r),
-            _ => Vec::new(),
+        let (inline_lookups, inline_updates) = match relocator {
+            Some(r) if !map_lddws.is_empty() => {
+                let site = |id, name, f: &dyn Fn(u64) -> Option<InlineArray>| {
+                    inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, f)
+                };
+                let mut lookups = site(MAP_LOOKUP_ELEM, "map_lookup_elem", &|m| r.inline_lookup(m));
+                let mut updates = site(MAP_UPDATE_ELEM, "map_update_elem", &|m| {
+                    r.inline_update(m).filter(|a| a.elem_size <= INLINE_UPDATE_MAX && a.elem_size % 8 == 0)
+                });
+                if !percpu_inline_allowed(&insns, &second_half, options) {
+                    lookups.retain(|(_, a)| a.cpu_stride == 0);
+                    updates.retain(|(_, a)| a.cpu_stride == 0);
+                }
+                (lookups, updates)
+            }
+            _ => (Vec::new(), Vec::new()),
         };
         Ok(Program {
             insns,
@@ -256,12 +295,23 @@ impl Program {
             subprogs,
             max_depth,
             inline_lookups,
+            inline_updates,
         })
     }
 
     /// The inlined array lookup of the `call 1` at `pc`, if it is one.
     pub fn inline_lookup_at(&self, pc: usize) -> Option<InlineArray> {
         self.inline_lookups.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.inline_lookups[i].1)
+    }
+
+    /// The update of the `call 2` at `pc` the JIT does inline, if it is one.
+    pub fn inline_update_at(&self, pc: usize) -> Option<InlineArray> {
+        self.inline_updates.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.inline_updates[i].1)
+    }
+
+    /// Every update site the JIT does inline: `(pc of the call, map)`, ascending.
+    pub fn inline_updates(&self) -> &[(usize, InlineArray)] {
+        &self.inline_updates
     }
 
     /// Every inlined lookup site: `(pc of the call, map)`, ascending.
@@ -295,16 +345,19 @@ impl Program {
 /// included) is a jump target or a function start, and everything in between is an ALU
 /// operation, a load or a plain store that does not write r1. Only when helper 1 of the
 /// registry is `map_lookup_elem` and does not end runs (its inline form never does).
+#[allow(clippy::too_many_arguments)]
 fn inline_sites(
     insns: &[Insn],
     second_half: &[bool],
     subprogs: &[usize],
     map_lddws: &[usize],
     options: &LoadOptions,
-    relocator: &dyn Relocator,
+    helper_id: i32,
+    helper_name: &str,
+    describe: &dyn Fn(u64) -> Option<InlineArray>,
 ) -> Vec<(usize, InlineArray)> {
-    match options.helpers.get(MAP_LOOKUP_ELEM as u32) {
-        Some(h) if h.name == "map_lookup_elem" && !h.may_exit => {}
+    match options.helpers.get(helper_id as u32) {
+        Some(h) if h.name == helper_name && !h.may_exit => {}
         _ => return Vec::new(),
     }
     let n = insns.len();
@@ -329,10 +382,10 @@ fn inline_sites(
         let mut pc = l + 2;
         while pc < n && pc <= l + 2 + INLINE_WINDOW && !target[pc] {
             let i = insns[pc];
-            if i.op == OP_CALL && i.src == 0 && i.imm == MAP_LOOKUP_ELEM {
+            if i.op == OP_CALL && i.src == 0 && i.imm == helper_id {
                 let map = insns[l].wide_imm(insns[l + 1]);
-                if let Some(a) = relocator.inline_lookup(map) {
-                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 {
+                if let Some(a) = describe(map) {
+                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32 {
                         sites.push((pc, a));
                     }
                 }
@@ -351,6 +404,27 @@ fn inline_sites(
         }
     }
     sites
+}
+
+/// Whether per-CPU lookups may be inlined (see [`InlineArray::cpu_stride`]): the program loads
+/// no callback, makes no `callx` and calls no helper marked `may_exit`, so the JIT gives it a
+/// fast entry, which knows the run's CPU.
+fn percpu_inline_allowed(insns: &[Insn], second_half: &[bool], options: &LoadOptions) -> bool {
+    insns.iter().enumerate().all(|(pc, i)| {
+        if second_half[pc] {
+            return true;
+        }
+        if i.is_lddw() {
+            return i.src != BPF_PSEUDO_FUNC;
+        }
+        if i.op == OP_CALLX {
+            return false;
+        }
+        if i.op == OP_CALL && i.src == 0 {
+            return !options.helpers.get(i.imm as u32).is_some_and(|h| h.may_exit);
+        }
+        true
+    })
 }
 
 fn jump_target(pc: usize, rel: i64) -> i64 {

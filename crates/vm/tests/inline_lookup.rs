@@ -120,7 +120,7 @@ fn inlined_lookups_agree_and_skip_the_helper() {
     for elem_size in [1u32, 2, 4, 8, 16, 24, 40, 64, 72] {
         for max_entries in [1u32, 5, 64] {
             let backing: Vec<u8> = (0..(elem_size * max_entries) as usize).map(|i| (i * 7 + 3) as u8).collect();
-            let array = InlineArray { values: backing.as_ptr() as u64, max_entries, elem_size };
+            let array = InlineArray { values: backing.as_ptr() as u64, max_entries, elem_size, cpu_stride: 0 };
             let maps = [FakeMap { array, inline: true }, FakeMap { array, inline: false }];
             for tail in [Vec::new(), read_first_byte()] {
                 let inlined = load(&lookup_prog(0, &tail), &maps, "map_lookup_elem");
@@ -156,7 +156,7 @@ fn inlined_lookups_agree_and_skip_the_helper() {
 fn large_bounds_and_odd_sizes() {
     for max_entries in [127u32, 128, 255, 256, 0x7fff_ffff, 0x8000_0000, 0x8000_0001, u32::MAX - 1, u32::MAX] {
         for elem_size in [8u32, 24, 1 << 20, 0x7fff_fff8] {
-            let array = InlineArray { values: 0x7000_1234_5000, max_entries, elem_size };
+            let array = InlineArray { values: 0x7000_1234_5000, max_entries, elem_size, cpu_stride: 0 };
             let maps = [FakeMap { array, inline: true }];
             let prog = load(&lookup_prog(0, &[]), &maps, "map_lookup_elem");
             assert_eq!(prog.inline_lookups().len(), 1);
@@ -173,7 +173,7 @@ fn large_bounds_and_odd_sizes() {
 
 #[test]
 fn a_bad_key_pointer_ends_the_run_in_both_executors() {
-    let array = InlineArray { values: 0x1000, max_entries: 4, elem_size: 8 };
+    let array = InlineArray { values: 0x1000, max_entries: 4, elem_size: 8, cpu_stride: 0 };
     let maps = [FakeMap { array, inline: true }];
     let mut a = Asm::new();
     ld_map(&mut a, 1, 0);
@@ -186,7 +186,7 @@ fn a_bad_key_pointer_ends_the_run_in_both_executors() {
 }
 
 fn inline_sites(insns: &[Insn], helper_name: &'static str) -> Vec<usize> {
-    let array = InlineArray { values: 0x1000, max_entries: 4, elem_size: 8 };
+    let array = InlineArray { values: 0x1000, max_entries: 4, elem_size: 8, cpu_stride: 0 };
     let maps = [FakeMap { array, inline: true }];
     load(insns, &maps, helper_name).inline_lookups().iter().map(|&(pc, _)| pc).collect()
 }
@@ -288,4 +288,48 @@ fn opcode_0xf5_is_refused() {
     let opts = LoadOptions::default();
     let insns = [Insn::new(0xf5, 0, 0, 0, 0), Insn::new(OP_EXIT, 0, 0, 0, 0)];
     assert!(Program::load(&insns, &opts, None).is_err());
+}
+
+/// Per-CPU arrays: the JIT adds the run's CPU times `cpu_stride` (through the fast entry and
+/// through the entry keeping the run state, with a helper ending runs); the interpreter calls
+/// the helper; a program loading a callback, or calling a helper that may end runs, keeps
+/// the call.
+#[test]
+fn per_cpu_lookups_are_inlined_by_the_jit_with_the_run_cpu() {
+    let array = InlineArray { values: 0x7000_0000_1000, max_entries: 5, elem_size: 16, cpu_stride: 0x140 };
+    let maps = [FakeMap { array, inline: true }];
+    let prog = load(&lookup_prog(0, &[]), &maps, "map_lookup_elem");
+    assert_eq!(prog.inline_lookups().len(), 1);
+    let jit = JitProgram::compile(prog.clone()).expect("compile");
+    assert!(jit.needs_context(), "a per-CPU lookup needs the run's CPU");
+    let interp = Interpreter::new(prog.clone());
+    for cpu in [0u32, 1, 3, 200] {
+        for key in [0u32, 4, 5, u32::MAX] {
+            let mut ctx = key.to_ne_bytes();
+            let r1 = ctx.as_mut_ptr() as u64;
+            let before = helper_calls();
+            // SAFETY: the program reads its 4-byte context and its stack only.
+            let j = unsafe { jit.run_on_cpu(r1, 4, cpu) };
+            assert_eq!(helper_calls(), before, "the JIT inlines it");
+            let want = if key < 5 { array.values + key as u64 * 16 + cpu as u64 * 0x140 } else { 0 };
+            assert_eq!(j, Ok(want), "cpu {cpu} key {key}");
+            let regions = [Region::of_mut(&mut ctx)];
+            // The interpreter calls helper 1 (the fake's lookup ignores CPUs).
+            assert_eq!(interp.run(r1, 4, &regions), Ok(array.lookup(key)), "interpreter, key {key}");
+            assert_eq!(helper_calls(), before + 1, "the interpreter calls the helper");
+        }
+    }
+    // A callback loaded, or a helper that may end the run called: not inlined.
+    unsafe extern "C" fn ends(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+        0
+    }
+    let mut r = registry("map_lookup_elem");
+    r.register(Helper { id: 12, name: "ends", func: ends, may_exit: true });
+    let opts = LoadOptions { helpers: Arc::new(r), ..Default::default() };
+    let with_exit = lookup_prog(0, &[Insn::new(OP_CALL, 0, 0, 0, 12)]);
+    let p = Program::load(&with_exit, &opts, Some(&Maps { maps: &maps })).unwrap();
+    assert!(p.inline_lookups().is_empty(), "with a helper ending runs");
+    let plain = [FakeMap { array: InlineArray { cpu_stride: 0, ..array }, inline: true }];
+    let p = Program::load(&with_exit, &opts, Some(&Maps { maps: &plain })).unwrap();
+    assert_eq!(p.inline_lookups().len(), 1, "a plain array is inlined there");
 }

@@ -19,11 +19,18 @@
 //!
 //! ```text
 //! Entry(k)   for every subprogram k: an `extern "C" fn(u64 x5) -> u64`
-//!            push rbp, rbx, r12..r15; sub rsp, 8; mov r12, rsp; r0 = r6..r9 = 0;
+//!            push rbp, rbx, r12..r15; push 0 x5 (run slots); mov r12, rsp; r0 = r6..r9 = 0;
 //!            call Func(k); jmp Epilogue
+//! FastEntry  `extern "C" fn(r1, r2, abort, cpu) -> u64`, see [`Output::fast_entry`]: the same
+//!            with the run slots [r12] = abort, [r12+8] = cpu
+//! CpuEntry   `extern "C" fn(r1, r2, cpu) -> u64`: `Entry(0)` with [r12+8] = cpu
+//! ClaimEntry `extern "C" fn(r1, claim, abort) -> u64`, see [`Output::claim_entry`]: claims
+//!            the CPU slot itself; [r12+16] = the slot's word, [r12+24] = the TLS offset of
+//!            the thread's "run in progress" byte
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
-//! Epilogue:  add rsp, 8; pop r15..r12, rbx, rbp; ret
+//! Epilogue:  (a slot claimed by ClaimEntry: given back); add rsp, 40;
+//!            pop r15..r12, rbx, rbp; ret
 //! Func(k)    for every subprogram k: the body, with its own frame:
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
@@ -56,6 +63,19 @@
 //! A `call 1` (map_lookup_elem) that [`Program`] found to look up an array map the relocator
 //! described ([`Program::inline_lookup_at`]) is not a call: `r11d = *(u32 *)r2; r0 = 0; if
 //! r11d < max_entries: r0 = values + r11 * elem_size` (the kernel's `array_map_gen_lookup`).
+//! For a per-CPU array (`cpu_stride` non-zero) the run's CPU slot, which the fast entry keeps
+//! at `[r12+8]`, adds `cpu * cpu_stride` (the kernel's `percpu_array_map_gen_lookup`, which
+//! reads the CPU's offset). Such lookups are only made in programs with no callback, no
+//! `callx` and no helper that may end the run (`Program` checks), whose runs enter through
+//! the fast entry or `CpuEntry`, both given the CPU, so `[r12+8]` is the run's CPU; compiling
+//! one into a program that needs run state is an error.
+//!
+//! A `call 2` (map_update_elem) on an array whose values are whole 8-byte words
+//! ([`Program::inline_update_at`], up to 64 bytes) is inline too: the helper's checks in its
+//! order (`-EINVAL` for unknown flags, `-E2BIG` for an index out of the array, `-EEXIST` for
+//! `BPF_NOEXIST`, `-EINVAL` for `BPF_F_LOCK`), then the value copied 8 bytes at a time into
+//! the element (the run's CPU's), r0 = 0. With both inlined, bpftrace's `count()` (a per-CPU
+//! array lookup and update) calls no helper.
 //!
 //! # Jumps
 //!
@@ -69,6 +89,10 @@ use userbpf_isa::*;
 
 use super::emit::{Alu, Asm, Cond, Mem, Reg, Shift, Width};
 use crate::program::{Program, STACK_SIZE};
+
+/// What `ClaimEntry` stores in `abort[0]` when it could not claim the slot and ran nothing
+/// (all ones: no abort kind).
+pub const CLAIM_RETRY: u64 = u64::MAX;
 
 /// Kind of abort: `callx` to an id with no helper (r10 = pc, r11 = id).
 pub(crate) const ABORT_UNKNOWN_HELPER: u64 = 1;
@@ -145,12 +169,28 @@ pub(crate) struct Output {
     pub entries: Vec<usize>,
     /// Offset of the abort path.
     pub abort: usize,
-    /// Offset of the fast run entry, for programs that call no helper (inlined lookups
-    /// aside), no `callx` and load no callback (`BPF_PSEUDO_FUNC`): nothing in their run reads
-    /// the run state of `run.rs`. An `extern "C" fn(r1, r2, abort: *mut [u64; 3]) -> u64` (r3..r5 =
-    /// 0); an abort stores `[kind, pc, detail]` at `abort` (kind != 0) instead of calling
-    /// `Runtime::abort_fn`. None for other programs.
+    /// Offset of the fast run entry, for programs that call no helper marked `may_exit`, no
+    /// `callx` and load no callback (`BPF_PSEUDO_FUNC`): nothing in their run reads the run
+    /// state of `run.rs` (the other helpers never end a run: an exit request a helper not
+    /// marked `may_exit` made would be ignored). An `extern "C" fn(r1, r2, abort: *mut [u64;
+    /// 3], cpu: u64) -> u64` (r3..r5 = 0); an abort stores `[kind, pc, detail]` at `abort`
+    /// (kind != 0) instead of calling `Runtime::abort_fn`; `cpu` is the run's CPU slot, which
+    /// inlined per-CPU lookups use. None for other programs.
     pub fast_entry: Option<usize>,
+    /// The code calls helpers (other than inlined lookups) or inlines per-CPU lookups: its
+    /// runs need a run context (a CPU slot, what helpers read).
+    pub needs_context: bool,
+    /// Offset of `Entry(0)` for a run holding a CPU slot: an `extern "C" fn(r1, r2, cpu) ->
+    /// u64` with the run state of `run.rs` (r3..r5 = 0).
+    pub cpu_entry: usize,
+    /// Offset of the claiming entry, for programs that call no helper at all (inlined lookups
+    /// aside), no `callx` and load no callback: `extern "C" fn(r1, claim: *const SlotClaim,
+    /// abort: *mut [u64; 3]) -> u64` (see `SlotClaim`). It claims the CPU slot of the CPU the
+    /// thread runs on (restartable sequences' `cpu_id`) with one compare-and-swap, marks the
+    /// thread's run in progress, runs with r2..r5 = 0 and gives both back. When it cannot
+    /// (no rseq, the thread's id not known yet, a run in progress, the slot held) it runs
+    /// nothing and stores [`CLAIM_RETRY`] in `abort[0]`.
+    pub claim_entry: Option<usize>,
     /// `(offset, pc)`, ascending by offset: the code from `offset` up to the next entry's is
     /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
     /// (entries, abort path, epilogue) belongs to no instruction.
@@ -179,6 +219,10 @@ enum Label {
     Unwind,
     /// The run entry of programs that need no run state (see [`Output::fast_entry`]).
     FastEntry,
+    /// `Entry(0)` with the run's CPU (see [`Output::cpu_entry`]).
+    CpuEntry,
+    /// The claiming entry (see [`Output::claim_entry`]).
+    ClaimEntry,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -221,8 +265,24 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             let entries = (0..nsub).map(|k| labels[n + nsub + k]).collect();
             let abort = labels[e.label_index(Label::Abort)];
             let fast_entry = (!e.needs_run_state).then(|| labels[e.label_index(Label::FastEntry)]);
+            if e.needs_run_state && e.percpu_inline {
+                return Err("internal error: a per-CPU lookup is inlined in a program that needs run state".into());
+            }
+            let needs_context = e.calls_helpers || e.percpu_inline;
+            let cpu_entry = labels[e.label_index(Label::CpuEntry)];
+            let claim_entry =
+                (!e.needs_run_state && !e.calls_helpers).then(|| labels[e.label_index(Label::ClaimEntry)]);
             let pc_map = pc_map(prog, &frames, labels)?;
-            return Ok(Output { code: e.a.into_code(), entries, abort, fast_entry, pc_map });
+            return Ok(Output {
+                code: e.a.into_code(),
+                entries,
+                abort,
+                fast_entry,
+                needs_context,
+                cpu_entry,
+                claim_entry,
+                pc_map,
+            });
         }
         if freeze {
             break;
@@ -321,6 +381,10 @@ struct Emitter<'a> {
     rt: Runtime,
     /// The code reads the run state of `run.rs` (see [`Output::fast_entry`]).
     needs_run_state: bool,
+    /// The code calls a helper (see [`Output::needs_context`]).
+    calls_helpers: bool,
+    /// The code inlines a per-CPU lookup.
+    percpu_inline: bool,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -337,7 +401,7 @@ impl<'a> Emitter<'a> {
         rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 4;
+        let nlabels = insns.len() + 2 * frames.len() + 6;
         Emitter {
             a: Asm::new(),
             prog,
@@ -351,6 +415,8 @@ impl<'a> Emitter<'a> {
             err: None,
             inexact: false,
             needs_run_state: false,
+            calls_helpers: false,
+            percpu_inline: false,
         }
     }
 
@@ -371,6 +437,8 @@ impl<'a> Emitter<'a> {
             Label::Epilogue => n + 2 * s + 1,
             Label::Unwind => n + 2 * s + 2,
             Label::FastEntry => n + 2 * s + 3,
+            Label::CpuEntry => n + 2 * s + 4,
+            Label::ClaimEntry => n + 2 * s + 5,
         }
     }
 
@@ -492,6 +560,8 @@ impl<'a> Emitter<'a> {
             self.entry_trampoline(k);
         }
         self.fast_entry();
+        self.cpu_entry();
+        self.claim_entry();
         self.abort_and_epilogue();
         for k in 0..self.frames.len() {
             self.function(k);
@@ -507,10 +577,15 @@ impl<'a> Emitter<'a> {
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
-        // 8 (return address) + 6 * 8 pushed: 8 more keep rsp 16-aligned. That slot, at r12,
-        // holds where the abort path stores an abort (0: call `abort_fn`, see `fast_entry`).
+        // 8 (return address) + 6 * 8 pushed: 40 more keep rsp 16-aligned. Those five run
+        // slots, from r12: where the abort path stores an abort (0: call `abort_fn`, see
+        // `fast_entry`), the CPU (0: no program run here inlines per-CPU lookups), the CPU
+        // slot's word and the TLS offset of the "run in progress" byte to give back at the
+        // end (0: none, see `claim_entry`), padding.
         self.a.zero(Reg::R11);
-        self.a.push(Reg::R11);
+        for _ in 0..5 {
+            self.a.push(Reg::R11);
+        }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
         for r in [0u8, 6, 7, 8, 9] {
@@ -522,15 +597,114 @@ impl<'a> Emitter<'a> {
     }
 
     /// `FastEntry`: `Entry(0)` for runs without run state, with the abort record's address
-    /// (rdx) in the slot at r12; r3 = r4 = r5 = 0.
+    /// (rdx) in the slot at r12 and the CPU (rcx) at r12+8; r3 = r4 = r5 = 0.
     fn fast_entry(&mut self) {
         self.bind(Label::FastEntry);
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
+        self.a.zero(Reg::R11);
+        for _ in 0..3 {
+            self.a.push(Reg::R11);
+        }
+        self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
+            self.a.zero(reg(r));
+        }
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
+    /// `CpuEntry`: `Entry(0)` with the CPU (rdx) in the slot at r12+8; r3 = r4 = r5 = 0.
+    fn cpu_entry(&mut self) {
+        self.bind(Label::CpuEntry);
+        for r in ENTRY_SAVES {
+            self.a.push(r);
+        }
+        self.a.zero(Reg::R11);
+        for _ in 0..3 {
+            self.a.push(Reg::R11);
+        }
+        self.a.push(Reg::RDX);
+        self.a.push(Reg::R11);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
+            self.a.zero(reg(r));
+        }
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
+    /// `ClaimEntry` (see [`Output::claim_entry`]): rdi = r1, rsi = the `SlotClaim`, rdx = the
+    /// abort record.
+    fn claim_entry(&mut self) {
+        use super::SlotClaim as C;
+        use std::mem::offset_of;
+        let off = |o: usize| o as i32;
+        self.bind(Label::ClaimEntry);
+        for r in ENTRY_SAVES {
+            self.a.push(r);
+        }
+        let d = Reg::RSI;
+        // Not claimed: nothing ran (placed first, so that the checks below reach it with
+        // short jumps backwards).
+        let start = self.a.jump_fwd(None);
+        let busy = self.a.pos();
+        self.a.store_imm(Width::Dw, Mem::base(Reg::RDX, 0), CLAIM_RETRY as i32);
+        self.a.zero(Reg::RAX);
+        for r in ENTRY_SAVES.iter().rev() {
+            self.a.pop(*r);
+        }
+        self.a.ret();
+        self.a.bind(start);
+        // Restartable sequences registered: their cpu_id is the CPU the thread runs on.
+        self.a.load(Width::W, Reg::RAX, Mem::base(d, off(offset_of!(C, have_rseq))));
+        self.a.test_rr(false, Reg::RAX, Reg::RAX);
+        self.a.jcc_back(Cond::E, busy);
+        // No run in progress on this thread (else the general path counts the recursion).
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(d, off(offset_of!(C, active))));
+        self.a.fs();
+        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::RAX, 0));
+        self.a.test_rr(false, Reg::RAX, Reg::RAX);
+        self.a.jcc_back(Cond::Ne, busy);
+        // The thread's id, the slot's owner mark (0: not read yet, the general path reads it).
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(d, off(offset_of!(C, tid))));
+        self.a.fs();
+        self.a.load(Width::W, Reg::R8, Mem::base(Reg::RAX, 0));
+        self.a.test_rr(false, Reg::R8, Reg::R8);
+        self.a.jcc_back(Cond::E, busy);
+        // cpu_id, below the slots (negative: rseq not registered on this thread).
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(d, off(offset_of!(C, rseq_cpu))));
+        self.a.fs();
+        self.a.load(Width::W, Reg::RCX, Mem::base(Reg::RAX, 0));
+        self.a.load(Width::W, Reg::R9, Mem::base(d, off(offset_of!(C, nr))));
+        self.a.alu_rr(Alu::Cmp, false, Reg::RCX, Reg::R9);
+        self.a.jcc_back(Cond::Ae, busy);
+        // The slot's word: slots + cpu * 64; claimed when free (0 -> the thread's id).
+        self.a.mov_rr(true, Reg::R9, Reg::RCX);
+        self.a.shift_ri(Shift::Shl, true, Reg::R9, 6);
+        self.a.load(Width::Dw, Reg::R10, Mem::base(d, off(offset_of!(C, slots))));
+        self.a.alu_rr(Alu::Add, true, Reg::R9, Reg::R10);
+        self.a.zero(Reg::RAX);
+        self.a.lock();
+        self.a.cmpxchg(false, Mem::base(Reg::R9, 0), Reg::R8);
+        self.a.jcc_back(Cond::Ne, busy);
+        // The run is in progress (a probe hit meanwhile, in a signal handler, is refused).
+        self.a.load(Width::Dw, Reg::R10, Mem::base(d, off(offset_of!(C, active))));
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 1);
+        // Run slots: abort record, CPU, the slot's word, the active byte's offset, padding.
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R9);
+        self.a.push(Reg::RCX);
+        self.a.push(Reg::RDX);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        for r in [0u8, 2, 3, 4, 5, 6, 7, 8, 9] {
             self.a.zero(reg(r));
         }
         let d = self.rel32(Label::Func(0), 5);
@@ -562,7 +736,17 @@ impl<'a> Emitter<'a> {
         self.bind(Label::Unwind);
         self.a.mov_rr(true, Reg::RSP, Reg::R12);
         self.bind(Label::Epilogue);
-        self.a.alu_ri(Alu::Add, true, Reg::RSP, 8);
+        // A slot claimed by `ClaimEntry`: the run is over, then the slot free (a plain store:
+        // release order on x86, after every access of the run).
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
+        self.a.test_rr(true, Reg::R11, Reg::R11);
+        let none = self.a.jump_fwd(Some(Cond::E));
+        self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::RSP, 24));
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 0);
+        self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
+        self.a.bind(none);
+        self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
         for r in ENTRY_SAVES.iter().rev() {
             self.a.pop(*r);
         }
@@ -1053,14 +1237,17 @@ impl<'a> Emitter<'a> {
                 if let Some(a) = self.prog.inline_lookup_at(pc) {
                     return self.inline_array_lookup(a);
                 }
+                if let Some(a) = self.prog.inline_update_at(pc) {
+                    return self.inline_array_update(a);
+                }
                 let id = insn.imm as u32;
                 let Some(h) = self.prog.helpers().get(id) else {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
                 };
                 // r1..r5 are already the argument registers; the result lands in rax = r0.
-                // A helper may call `request_exit` (honoured when the run ends, even when the
-                // helper is not marked `may_exit`): the run needs its state.
-                self.needs_run_state = true;
+                // Only helpers marked `may_exit` end runs (`end_if_requested` marks the run
+                // state as needed); the others need the run context of the caller.
+                self.calls_helpers = true;
                 let may_exit = h.may_exit;
                 self.a.mov_imm(Reg::RAX, h.func as usize as u64);
                 self.a.call_r(Reg::RAX);
@@ -1083,6 +1270,9 @@ impl<'a> Emitter<'a> {
     /// they were (a helper call could have clobbered them, so nothing reads them after). A
     /// fault reading the key is a fault of this instruction, as for any load.
     fn inline_array_lookup(&mut self, a: crate::program::InlineArray) {
+        if a.cpu_stride != 0 {
+            self.percpu_inline = true;
+        }
         self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
         self.a.zero(Reg::RAX);
         self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
@@ -1100,7 +1290,70 @@ impl<'a> Emitter<'a> {
             }
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
         }
+        if a.cpu_stride != 0 {
+            // The run's CPU slot (below the map's CPUs: the runtime's slots are the possible
+            // CPUs, as the map's), times the bytes of one CPU's values (< 2^31, checked at load).
+            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
+            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
+        }
         self.a.bind(out);
+    }
+
+    /// `call bpf_map_update_elem` on an array map whose values are whole 8-byte words, inline
+    /// (see `Relocator::inline_update`): r2 = &key, r3 = &value, r4 = flags; r0 = 0 or
+    /// -errno, checked in the helper's order. Uses r10, r11 and rax (r1..r5 are dead after a
+    /// helper call). Faults reading the key or the value are faults of this instruction.
+    fn inline_array_update(&mut self, a: crate::program::InlineArray) {
+        const EINVAL: i32 = -22;
+        const E2BIG: i32 = -7;
+        const EEXIST: i32 = -17;
+        const BPF_NOEXIST: i32 = 1;
+        const BPF_EXIST: i32 = 2;
+        const BPF_F_LOCK: i32 = 4;
+        if a.cpu_stride != 0 {
+            self.percpu_inline = true;
+        }
+        let mut fail = Vec::new();
+        // Flags beyond BPF_EXIST (BPF_F_LOCK aside): -EINVAL.
+        self.a.mov_ri_sx(Reg::RAX, EINVAL);
+        self.a.mov_rr(true, Reg::R11, reg(4));
+        self.a.alu_ri(Alu::And, true, Reg::R11, !BPF_F_LOCK);
+        self.a.alu_ri(Alu::Cmp, true, Reg::R11, BPF_EXIST);
+        fail.push(self.a.jump_fwd(Some(Cond::A)));
+        // An index beyond the array: -E2BIG.
+        self.a.mov_ri_sx(Reg::RAX, E2BIG);
+        self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
+        self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
+        fail.push(self.a.jump_fwd(Some(Cond::Ae)));
+        self.a.mov_ri_sx(Reg::RAX, EEXIST);
+        self.a.test_ri(true, reg(4), BPF_NOEXIST);
+        fail.push(self.a.jump_fwd(Some(Cond::Ne)));
+        self.a.mov_ri_sx(Reg::RAX, EINVAL);
+        self.a.test_ri(true, reg(4), BPF_F_LOCK);
+        fail.push(self.a.jump_fwd(Some(Cond::Ne)));
+        // (Short jumps only: the failures' target is here, and jumps over the copy.)
+        let ok = self.a.jump_fwd(None);
+        for f in fail {
+            self.a.bind(f);
+        }
+        let done = self.a.jump_fwd(None);
+        self.a.bind(ok);
+        // rax = the element (of the run's CPU).
+        self.a.mov_imm(Reg::RAX, a.values);
+        self.a.imul_rri(true, Reg::R11, Reg::R11, a.elem_size as i32);
+        self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
+        if a.cpu_stride != 0 {
+            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
+            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
+        }
+        for off in (0..a.elem_size as i32).step_by(8) {
+            self.a.load(Width::Dw, Reg::R10, Mem::base(reg(3), off));
+            self.a.store(Width::Dw, Mem::base(Reg::RAX, off), Reg::R10);
+        }
+        self.a.zero(Reg::RAX);
+        self.a.bind(done);
     }
 
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of

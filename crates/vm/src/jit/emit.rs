@@ -495,6 +495,12 @@ impl Asm {
         self.byte(0xf0);
     }
 
+    /// The FS segment prefix (64) for the next instruction's memory operand (thread-local
+    /// storage: the address is an offset from the thread pointer).
+    pub fn fs(&mut self) {
+        self.byte(0x64);
+    }
+
     /// `xadd [m], src` (0F C1 /r): src receives the old value.
     pub fn xadd(&mut self, w: bool, m: Mem, src: Reg) {
         self.op(false, w, &[0x0f, 0xc1], src.0, Rm::Mem(m), Bytes::None);

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use crate::guard::{self, FaultContext, RangeId};
 use crate::run::{self, RunCtx, RunKind};
-use crate::{HelperFn, Program, VmError};
+use crate::{Program, VmError};
 
 use compile::{Options, Runtime, ABORT_FAULT, ABORT_UNKNOWN_HELPER, NO_PC};
 use exec::ExecMemory;
@@ -59,6 +59,12 @@ pub struct JitProgram {
     /// Offset of the fast run entry, for programs whose runs need no run state (compile.rs,
     /// `Output::fast_entry`).
     fast_entry: Option<usize>,
+    /// Runs call helpers or inline per-CPU lookups (`Output::needs_context`).
+    needs_context: bool,
+    /// Offset of `Entry(0)` taking the run's CPU (`Output::cpu_entry`).
+    cpu_entry: usize,
+    /// Offset of the claiming entry (`Output::claim_entry`).
+    claim_entry: Option<usize>,
     /// Read by the fault handler through the registered range; boxed so that its address
     /// stays put when the `JitProgram` moves.
     _faults: Box<FaultMap>,
@@ -118,8 +124,35 @@ fn abort_error(kind: u64, pc: u64, detail: u64) -> VmError {
     }
 }
 
-/// The fast entry's signature: r1, r2, where an abort is recorded (`[kind, pc, detail]`).
-type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3]) -> u64;
+pub use compile::CLAIM_RETRY;
+
+/// What the claiming entry ([`JitProgram::claim_entry_address`]) needs to claim a CPU slot by
+/// itself, with no call: where the slots are, and the thread-local words it reads and writes,
+/// as offsets from the thread pointer (`fs`) valid in every thread (static TLS).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SlotClaim {
+    /// Address of slot 0's 32-bit owner word (0: free, else the holder's thread id); slot `i`'s
+    /// is `64 * i` bytes further. Only ever changed by a compare-and-swap from 0 to a thread
+    /// id (claim) and a store of 0 by the holder (give back).
+    pub slots: u64,
+    /// Slots (the possible CPUs).
+    pub nr: u32,
+    /// Non-zero: glibc registered restartable sequences, and `rseq_cpu` is valid.
+    pub have_rseq: u32,
+    /// TLS offset of the `cpu_id` field of the thread's `struct rseq` (`__rseq_offset + 4`):
+    /// the CPU the thread runs on, kept current by the kernel.
+    pub rseq_cpu: i64,
+    /// TLS offset of the byte saying a run is in progress on the thread (non-zero), which the
+    /// entry sets while it runs.
+    pub active: i64,
+    /// TLS offset of the thread's id as a 32-bit word (0: not known yet).
+    pub tid: i64,
+}
+
+/// The fast entry's signature: r1, r2, where an abort is recorded (`[kind, pc, detail]`), the
+/// run's CPU slot.
+type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3], u64) -> u64;
 
 impl JitProgram {
     /// Compiles a checked program.
@@ -156,7 +189,17 @@ impl JitProgram {
                 guard::MAX_RANGES
             )));
         };
-        Ok(JitProgram { prog, mem, entries: out.entries, fast_entry: out.fast_entry, _faults: faults, range: Some(range) })
+        Ok(JitProgram {
+            prog,
+            mem,
+            entries: out.entries,
+            fast_entry: out.fast_entry,
+            needs_context: out.needs_context,
+            cpu_entry: out.cpu_entry,
+            claim_entry: out.claim_entry,
+            _faults: faults,
+            range: Some(range),
+        })
     }
 
     /// The program this was compiled from.
@@ -170,15 +213,45 @@ impl JitProgram {
         self.entries.binary_search(&off).ok()
     }
 
-    /// Address of the fast run entry, for programs that call no helper, no `callx` and no
-    /// callback (None otherwise): an `extern "C" fn(r1: u64, r2: u64, abort: *mut [u64; 3])
-    /// -> u64` returning r0, which needs no run state (no thread-local access), touches no
-    /// vector, x87 or MXCSR state, calls nothing and follows the C convention for the
-    /// general-purpose registers. An abort (a fault in the program's code, contained by the
-    /// fault handler) writes `[kind, pc, detail]` (kind non-zero) to `abort`. Valid while
-    /// `self` lives; the same safety contract as [`run`](Self::run) applies to its calls.
+    /// Address of the fast run entry, for programs that call no helper marked `may_exit`, no
+    /// `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, r2: u64, abort:
+    /// *mut [u64; 3], cpu: u64) -> u64` returning r0, which needs no run state of this crate
+    /// (no thread-local access), follows the C convention for the general-purpose registers
+    /// and, itself, touches no vector, x87 or MXCSR state. `cpu` is the run's CPU slot (below
+    /// the possible CPUs), which inlined per-CPU lookups use. An abort (a fault in the
+    /// program's code, contained by the fault handler) writes `[kind, pc, detail]` (kind
+    /// non-zero) to `abort`.
+    ///
+    /// When [`needs_context`](Self::needs_context) is false the run also calls nothing and
+    /// ignores `cpu`. Otherwise it calls helpers (which follow the C convention and may use
+    /// vector registers) and the caller must provide what they read (the runtime's run
+    /// context, a CPU slot held for the run). Valid while `self` lives; the same safety
+    /// contract as [`run`](Self::run) applies to its calls.
     pub fn fast_entry_address(&self) -> Option<usize> {
         self.fast_entry.map(|off| self.mem.addr() + off)
+    }
+
+    /// Address of the claiming entry, for programs that call no helper (inlined lookups aside),
+    /// no `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
+    /// SlotClaim, abort: *mut [u64; 3]) -> u64`. It claims the slot of the CPU the thread runs
+    /// on, as the runtime's runs do (a compare-and-swap of the slot's word from 0 to the
+    /// thread's id), when restartable sequences are registered, the thread's id is known, no
+    /// run is in progress on the thread and the slot is free; marks the run in progress; runs
+    /// the program (r2..r5 = 0) with that CPU for its inlined per-CPU lookups; then clears the
+    /// mark and frees the slot (also after an abort). Otherwise it runs nothing and stores
+    /// [`CLAIM_RETRY`] in `abort[0]`: the caller runs the program its general way. Like the
+    /// fast entry, it follows the C convention for the general-purpose registers, touches no
+    /// vector, x87 or MXCSR state and calls nothing. Valid while `self` lives; the same
+    /// safety contract as [`run`](Self::run) applies; `claim` must describe the slots and
+    /// thread-local words the caller's own runs use.
+    pub fn claim_entry_address(&self) -> Option<usize> {
+        self.claim_entry.map(|off| self.mem.addr() + off)
+    }
+
+    /// Whether runs call helpers or inline per-CPU lookups (see
+    /// [`fast_entry_address`](Self::fast_entry_address)).
+    pub fn needs_context(&self) -> bool {
+        self.needs_context
     }
 
     /// The native code, for inspection (disassembly, size).
@@ -188,7 +261,7 @@ impl JitProgram {
 
     /// Address of the C-callable entry of subprogram `index` (an index into
     /// [`Program::subprogs`]; 0 is the program's entry). It can be called as a
-    /// [`HelperFn`] with r1..r5 as arguments, returning r0, on the thread
+    /// [`HelperFn`](crate::HelperFn) with r1..r5 as arguments, returning r0, on the thread
     /// of a [`run`](Self::run) of this program or of another; if it aborts (for example a
     /// `callx` to an unknown id, or a fault) it returns 1 and the enclosing `run` reports the
     /// error. This is the address `lddw rX, BPF_PSEUDO_FUNC` loads; helpers should run it
@@ -217,27 +290,41 @@ impl JitProgram {
     /// touches memory the program may change or faults, and that its loads read memory that
     /// is valid or fault.
     ///
-    /// A program that calls no helper (inlined array lookups aside), no `callx` and no
-    /// callback runs without the per-run state of `run.rs` (no thread-local access).
+    /// A program that calls no helper marked `may_exit`, no `callx` and no callback runs
+    /// without the per-run state of `run.rs` (no thread-local access).
     pub unsafe fn run(&self, r1: u64, r2: u64) -> Result<u64, VmError> {
-        if let Some(off) = self.fast_entry {
-            // Nothing in this program's run reads the run state (no helper, no callx, no
-            // callback), so none is set up: an abort is recorded in `abort`.
+        // SAFETY: forwarded to the caller's guarantee.
+        unsafe { self.run_on_cpu(r1, r2, 0) }
+    }
+
+    /// [`run`](Self::run) for a run holding CPU slot `cpu` (what inlined per-CPU lookups
+    /// use; it must be below the possible CPUs).
+    ///
+    /// # Safety
+    /// As for [`run`](Self::run).
+    pub unsafe fn run_on_cpu(&self, r1: u64, r2: u64, cpu: u32) -> Result<u64, VmError> {
+        // Runs calling helpers keep the run state (a helper not marked `may_exit` may still
+        // ask the run to end when it returns): only callers that know their helpers never do
+        // call the fast entry of those (`fast_entry_address`).
+        if let Some(off) = self.fast_entry.filter(|_| !self.needs_context) {
+            // Nothing in this program's run reads the run state (no helper ending runs, no
+            // callx, no callback), so none is set up: an abort is recorded in `abort`.
             let mut abort = [0u64; 3];
             // SAFETY: the fast entry is a C function with this signature (compile.rs,
             // `fast_entry`) in code mapped read+execute while `self` lives.
             let entry: FastEntry = unsafe { std::mem::transmute::<usize, FastEntry>(self.mem.addr() + off) };
             // SAFETY: as for the code below; `abort` is ours, written only on an abort.
-            let r0 = unsafe { entry(r1, r2, &mut abort) };
+            let r0 = unsafe { entry(r1, r2, &mut abort, cpu as u64) };
             return match abort {
                 [0, ..] => Ok(r0),
                 [kind, pc, detail] => Err(abort_error(kind, pc, detail)),
             };
         }
-        // SAFETY: entry 0 is the code of `Entry(0)`, a function following the C calling
-        // convention with this signature (see compile.rs), in memory mapped read+execute for
-        // as long as `self` lives.
-        let entry: HelperFn = unsafe { std::mem::transmute::<usize, HelperFn>(self.subprog_address(0)) };
+        // SAFETY: `CpuEntry` is `Entry(0)` with the run's CPU in its run slot, a function
+        // following the C calling convention with this signature (see compile.rs), in memory
+        // mapped read+execute for as long as `self` lives.
+        type CpuEntry = unsafe extern "C" fn(u64, u64, u64) -> u64;
+        let entry: CpuEntry = unsafe { std::mem::transmute::<usize, CpuEntry>(self.mem.addr() + self.cpu_entry) };
         // A run inside a helper of another run must not see, or lose, the other's state: each
         // run has its own, and the thread's innermost run is put back when this one ends.
         let ctx = RunCtx::new(RunKind::Jit(self));
@@ -247,7 +334,7 @@ impl JitProgram {
             // program's accesses name, which the caller vouches for (a fault there resumes at
             // the abort path); it calls only registered helpers and its own functions, and
             // returns with the callee-saved registers restored.
-            unsafe { entry(r1, r2, 0, 0, 0) }
+            unsafe { entry(r1, r2, cpu as u64) }
         };
         ctx.finish(Ok(r0))
     }
