@@ -44,15 +44,31 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use crate::map::*;
 use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, round8, round_up, zero};
 use crate::shm::PAGE_SIZE;
-use crate::sync::{FreeList, SpinLock, Wait, NIL};
+use crate::sync::{current_cpu, FreeList, SpinLock, Wait, NIL};
 use crate::types::*;
 
 const NULLS: u32 = 1 << 31;
+const BUCKET_SIZE: usize = 8;
 
-const H_COUNT: usize = EXT_OFF;
 const H_HAND: usize = EXT_OFF + 4;
 const H_SEED: usize = EXT_OFF + 8;
-const H_FREE: usize = EXT_OFF + 16;
+
+/// Bytes of one CPU's list record (a cache line of its own).
+const LIST_SIZE: usize = 64;
+/// Offsets in a list record: the free pool's head, the spare pool's head (both tag << 32 |
+/// element index), the live-element delta counted by this CPU (wrapping u32).
+const L_FREE: usize = 0;
+const L_SPARE: usize = 8;
+const L_LIVE: usize = 16;
+
+/// The two element pools.
+#[derive(Clone, Copy)]
+enum Pool {
+    /// max_entries elements in all, linked or free: inserts take from it, deletes give back.
+    Free = L_FREE as isize,
+    /// `reserve` elements that updates of existing keys trade for the old element.
+    Spare = L_SPARE as isize,
+}
 
 const E_NEXT: usize = 0;
 const E_HASH: usize = 4;
@@ -81,6 +97,7 @@ struct Geometry {
     n_buckets: u32,
     n_elems: u32,
     elem_size: usize,
+    lists_off: usize,
     elems_off: usize,
     pcpu_off: usize,
     pcpu_stride: usize,
@@ -98,7 +115,8 @@ fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
     let ks8 = round_up(spec.key_size as u64, 8);
     let vs8 = round_up(spec.value_size as u64, 8);
     let elem_size = 16 + ks8 + if percpu { 0 } else { vs8 };
-    let elems_off = round_up(DATA_OFF as u64 + 8 * n_buckets as u64, 64);
+    let lists_off = round_up(DATA_OFF as u64 + BUCKET_SIZE as u64 * n_buckets as u64, 64);
+    let elems_off = lists_off + LIST_SIZE as u64 * nr_cpus as u64;
     let pcpu_off = round_up(elems_off.checked_add(elem_size.checked_mul(n_elems as u64)?)?, 64);
     let pcpu_stride = if percpu { round_up(vs8.checked_mul(n_elems as u64)?, 64) } else { 0 };
     let size = round_up(pcpu_off.checked_add(pcpu_stride.checked_mul(nr_cpus as u64)?)?, PAGE_SIZE as u64);
@@ -109,6 +127,7 @@ fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
         n_buckets,
         n_elems,
         elem_size: elem_size as usize,
+        lists_off: lists_off as usize,
         elems_off: elems_off as usize,
         pcpu_off: pcpu_off as usize,
         pcpu_stride: pcpu_stride as usize,
@@ -136,6 +155,7 @@ pub struct HashMap {
     nr_cpus: u32,
     seed: u64,
     buckets: *mut u8,
+    lists: *mut u8,
     elems: *mut u8,
     pcpu: *mut u8,
     pcpu_stride: usize,
@@ -191,6 +211,7 @@ impl HashMap {
             n_buckets: 1,
             n_elems: 0,
             elem_size: 16,
+            lists_off: DATA_OFF,
             elems_off: DATA_OFF,
             pcpu_off: DATA_OFF,
             pcpu_stride: 0,
@@ -198,7 +219,8 @@ impl HashMap {
         });
         let t = spec.map_type;
         // SAFETY: offsets computed by the layout that sized the file.
-        let (buckets, elems, pcpu) = unsafe { (base.at(DATA_OFF), base.at(g.elems_off), base.at(g.pcpu_off)) };
+        let (buckets, lists, elems, pcpu) =
+            unsafe { (base.at(DATA_OFF), base.at(g.lists_off), base.at(g.elems_off), base.at(g.pcpu_off)) };
         // SAFETY: H_SEED is an aligned field of the type header in the first page.
         let seed = unsafe { a64(base.at(H_SEED)) }.load(Relaxed);
         HashMap {
@@ -218,6 +240,7 @@ impl HashMap {
             nr_cpus: base.nr_cpus,
             seed,
             buckets,
+            lists,
             elems,
             pcpu,
             pcpu_stride: g.pcpu_stride,
@@ -248,11 +271,26 @@ impl HashMap {
                 m.head(b).store(NULLS | b, Relaxed);
             }
             for i in 0..m.n_elems {
-                let e = m.elem(i);
-                a32(e.add(E_NEXT)).store(NIL, Relaxed);
-                a32(e.add(E_FLINK)).store(if i + 1 < m.n_elems { i + 1 } else { NIL }, Relaxed);
+                a32(m.elem(i).add(E_NEXT)).store(NIL, Relaxed);
             }
-            m.free_head().store(if m.n_elems > 0 { 0 } else { NIL as u64 }, Release);
+            // Each CPU's lists get a contiguous share of each pool (as the kernel's
+            // pcpu_freelist_populate), so the elements a CPU cycles through share no cache
+            // line with another CPU's but at the shares' edges.
+            let nr = m.nr_cpus as u64;
+            for (pool, lo, hi) in [(Pool::Free, 0, m.max), (Pool::Spare, m.max, m.n_elems)] {
+                for c in 0..nr {
+                    let a = (lo as u64 + (hi - lo) as u64 * c / nr) as u32;
+                    let z = (lo as u64 + (hi - lo) as u64 * (c + 1) / nr) as u32;
+                    for i in a..z {
+                        a32(m.elem(i).add(E_FLINK)).store(if i + 1 < z { i + 1 } else { NIL }, Relaxed);
+                    }
+                    m.pool_head(c as usize, pool).store(if a < z { a as u64 } else { NIL as u64 }, Relaxed);
+                }
+            }
+            for c in 0..m.nr_cpus as usize {
+                m.live(c).store(0, Relaxed);
+            }
+            std::sync::atomic::fence(Release);
         }
         Ok(m)
     }
@@ -270,27 +308,35 @@ impl HashMap {
     #[inline(always)]
     fn head(&self, b: u32) -> &AtomicU32 {
         // SAFETY: callers pass b <= mask < n_buckets; bucket b's head is at 8b + 4, aligned.
-        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize + 4)) }
+        unsafe { a32(self.buckets.add(BUCKET_SIZE * (b & self.mask) as usize + 4)) }
     }
     #[inline(always)]
     fn lock_word(&self, b: u32) -> &AtomicU32 {
         // SAFETY: as in `head`; the lock word is at 8b.
-        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize)) }
+        unsafe { a32(self.buckets.add(BUCKET_SIZE * (b & self.mask) as usize)) }
+    }
+    /// CPU `c`'s list record.
+    #[inline(always)]
+    fn list(&self, c: usize) -> *mut u8 {
+        // SAFETY: c < nr_cpus (callers: `home` or a loop bound): inside the list records.
+        unsafe { self.lists.add(LIST_SIZE * c) }
     }
     #[inline(always)]
-    fn count(&self) -> &AtomicU32 {
-        // SAFETY: aligned field of the type header.
-        unsafe { a32(self.base.at(H_COUNT)) }
+    fn pool_head(&self, c: usize, pool: Pool) -> &AtomicU64 {
+        // SAFETY: an aligned field of CPU c's list record.
+        unsafe { a64(self.list(c).add(pool as usize)) }
+    }
+    /// Live elements inserted minus deleted through CPU `c`'s record (wrapping; the sum over
+    /// CPUs is the map's element count).
+    #[inline(always)]
+    fn live(&self, c: usize) -> &AtomicU32 {
+        // SAFETY: an aligned field of CPU c's list record.
+        unsafe { a32(self.list(c).add(L_LIVE)) }
     }
     #[inline(always)]
     fn hand(&self) -> &AtomicU32 {
         // SAFETY: aligned field of the type header.
         unsafe { a32(self.base.at(H_HAND)) }
-    }
-    #[inline(always)]
-    fn free_head(&self) -> &AtomicU64 {
-        // SAFETY: aligned field of the type header.
-        unsafe { a64(self.base.at(H_FREE)) }
     }
     /// Element `i`.
     ///
@@ -329,12 +375,46 @@ impl HashMap {
         (if cpu < self.nr_cpus { cpu } else { cpu % self.nr_cpus }) as usize
     }
 
-    fn freelist<'a>(&'a self) -> FreeList<'a, impl Fn(u32) -> Option<&'a AtomicU32> + 'a> {
+    /// The list of `pool` kept by CPU `c`.
+    #[inline(always)]
+    fn freelist<'a>(&'a self, c: usize, pool: Pool) -> FreeList<'a, impl Fn(u32) -> Option<&'a AtomicU32> + 'a> {
         FreeList {
-            head: self.free_head(),
+            head: self.pool_head(c, pool),
             // SAFETY: i < n_elems is checked; flink is an aligned field of the element.
             link: move |i: u32| (i < self.n_elems).then(|| unsafe { a32(self.elem(i).add(E_FLINK)) }),
         }
+    }
+
+    /// An element of `pool`: from `home`'s list, else taken from the other CPUs' lists in
+    /// turn (as the kernel's pcpu_freelist_pop); None when every list is empty.
+    #[inline]
+    fn pop(&self, pool: Pool, home: usize) -> Option<u32> {
+        if let Some(i) = self.freelist(home, pool).pop() {
+            return Some(i);
+        }
+        self.steal(pool, home)
+    }
+
+    #[cold]
+    fn steal(&self, pool: Pool, home: usize) -> Option<u32> {
+        let nr = self.nr_cpus as usize;
+        (1..nr).find_map(|k| self.freelist((home + k) % nr, pool).pop())
+    }
+
+    /// Gives element `i` back to `pool` on `home`'s list.
+    #[inline]
+    fn push(&self, pool: Pool, home: usize, i: u32) {
+        self.freelist(home, pool).push(i);
+    }
+
+    /// The list record an operation uses: that of the CPU the thread runs on (as the
+    /// kernel's this_cpu). Threads running at the same time are on different CPUs, so they
+    /// work on different lists; a thread migrated in the middle of an operation only uses
+    /// another CPU's list, which is correct too (every list is lock-free).
+    #[inline]
+    fn home(&self) -> usize {
+        let c = current_cpu();
+        (if c < self.nr_cpus { c } else { c % self.nr_cpus }) as usize
     }
 
     /// The key's hash. Specialised for the common key sizes 4, 8 and 16: the same function
@@ -548,21 +628,13 @@ impl HashMap {
         }
     }
 
-    fn reserve_count(&self) -> bool {
-        self.count().fetch_update(Relaxed, Relaxed, |c| (c < self.max).then(|| c + 1)).is_ok()
-    }
-    fn release_count(&self) {
-        let _ = self.count().fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
-    }
-
-    /// A free element for a new key, under `held`'s lock: counted against max_entries, or
-    /// (LRU) evicted from the least recently used.
-    fn take_for_insert(&self, held: u32) -> Result<u32, MapError> {
-        if self.reserve_count() {
-            if let Some(n) = self.freelist().pop() {
-                return Ok(n);
-            }
-            self.release_count();
+    /// A free element for a new key, under `held`'s lock: from the free pool (which holds
+    /// max_entries elements less the linked ones), or (LRU) evicted from the least recently
+    /// used.
+    fn take_for_insert(&self, held: u32, home: usize) -> Result<u32, MapError> {
+        if let Some(n) = self.pop(Pool::Free, home) {
+            self.live(home).fetch_add(1, Relaxed);
+            return Ok(n);
         }
         if !self.lru {
             return Err(e2big("hash map is full"));
@@ -570,7 +642,8 @@ impl HashMap {
         self.evict(held).ok_or(MapError::new(libc::ENOMEM, "no LRU element could be evicted"))
     }
 
-    /// CLOCK eviction: unlinks an element (keeping its place in `count`) and returns it.
+    /// CLOCK eviction: unlinks an element (it stays counted: it becomes the new key's) and
+    /// returns it.
     fn evict(&self, held: u32) -> Option<u32> {
         let n = self.n_elems;
         let mut fallback = NIL;
@@ -636,7 +709,7 @@ impl HashMap {
     ///
     /// # Safety
     /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait) -> Result<(), MapError> {
+    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, home: usize) -> Result<(), MapError> {
         if (flags & !BPF_F_LOCK) > BPF_EXIST {
             return Err(EBAD_FLAGS);
         }
@@ -656,7 +729,7 @@ impl HashMap {
         }
         if let Some((prev, old)) = found {
             if !self.percpu {
-                if let Some(n) = self.freelist().pop() {
+                if let Some(n) = self.pop(Pool::Spare, home) {
                     // SAFETY: n is ours (popped); old/prev are in b's chain under b's lock.
                     unsafe {
                         self.fill(n, key, h, src);
@@ -665,7 +738,7 @@ impl HashMap {
                         a8(self.elem(old).add(E_STATE)).store(FREE, Relaxed);
                     }
                     drop(guard);
-                    self.freelist().push(old);
+                    self.push(Pool::Spare, home, old);
                     return Ok(());
                 }
             }
@@ -674,7 +747,7 @@ impl HashMap {
             unsafe { self.write_value(old, src, false) };
             return Ok(());
         }
-        let n = self.take_for_insert(b)?;
+        let n = self.take_for_insert(b, home)?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
             self.fill(n, key, h, src);
@@ -688,7 +761,7 @@ impl HashMap {
     ///
     /// # Safety
     /// `key` readable; `out` null or writable for value_buf_size bytes.
-    unsafe fn delete_impl(&self, key: *const u8, out: *mut u8, wait: Wait) -> Result<(), MapError> {
+    unsafe fn delete_impl(&self, key: *const u8, out: *mut u8, wait: Wait, home: usize) -> Result<(), MapError> {
         // SAFETY: key readable (caller).
         let h = unsafe { self.hash(key) };
         let b = h & self.mask;
@@ -704,9 +777,9 @@ impl HashMap {
             }
             self.unlink(b, prev, i);
         }
-        self.release_count();
         drop(guard);
-        self.freelist().push(i);
+        self.live(home).fetch_sub(1, Relaxed);
+        self.push(Pool::Free, home, i);
         Ok(())
     }
 
@@ -748,14 +821,14 @@ impl HashMap {
             return Err(einval("hash of maps is not updated by programs"));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, self.home()) }
     }
 
     /// # Safety
     /// `key` readable for key_size bytes.
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
         // SAFETY: forwarded contract; no value out.
-        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot) }
+        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot, self.home()) }
     }
 
     // ---- syscall side ----
@@ -798,17 +871,17 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys) }
+        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, self.home()) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes.
-        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys) }
+        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys, self.home()) }
     }
 
     pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
-        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys) }
+        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys, self.home()) }
     }
 
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
@@ -840,9 +913,15 @@ impl HashMap {
         Err(ENOENT)
     }
 
-    /// Live elements (approximate while updates run).
+    /// Live elements (approximate while updates run): the sum of the CPUs' counts.
     pub fn len(&self) -> u32 {
-        self.count().load(Relaxed)
+        let n = (0..self.nr_cpus as usize).fold(0u32, |n, c| n.wrapping_add(self.live(c).load(Relaxed)));
+        // Transiently negative (a delete counted before the insert it undoes) reads as 0.
+        if (n as i32) < 0 {
+            0
+        } else {
+            n.min(self.max)
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
