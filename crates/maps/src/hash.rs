@@ -685,7 +685,9 @@ impl HashMap {
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
             // without their ref bit).
             a8(e.add(E_REF)).store(0, Relaxed);
-            a8(e.add(E_STATE)).store(LINKED, Relaxed);
+            // Release: an updater that finds this element LINKED under its lock (acquire)
+            // sees the key and value written above, not a previous key's bytes.
+            a8(e.add(E_STATE)).store(LINKED, Release);
         }
     }
 
