@@ -1,22 +1,26 @@
 //! HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH and HASH_OF_MAPS: preallocated hash tables.
 //!
 //! File layout (`ks8 = round_up(key_size, 8)`, `vs8 = round_up(value_size, 8)`,
-//! `n_buckets = roundup_pow_of_two(max_entries)`, `n_elems = max_entries + reserve` where
-//! `reserve = min(max_entries, 2 * nr_cpus + 6)` spare elements let an update of an existing
-//! key build the new element before unlinking the old one, as the kernel's extra_elems do):
+//! `n_buckets = roundup_pow_of_two(max_entries)`, `n_elems = max_entries`; map layout
+//! version 2):
 //!
 //! ```text
 //! 0       MapHeader
-//! 128     count: u32 (live elements), clock_hand: u32 (LRU), seed: u64 (hash seed),
-//!         free_head: u64 (free list: tag << 32 | element index)
+//! 128     +4 clock_hand: u32 (LRU), +8 seed: u64 (hash seed)
 //! 4096    buckets[n_buckets]: { lock: u32 (0 or holder thread id), head: u32 }
-//! E       (64-aligned) elements[n_elems], each
+//! L       (64-aligned) nr_cpus list records of 64 bytes (one cache line each):
+//!           +0 free: u64   this CPU's free list (tag << 32 | element index)
+//!           +8 live: u32   elements inserted minus deleted through this record (wrapping)
+//! E       elements[n_elems], each
 //!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
 //!           +4  hash: u32
 //!           +8  flink: u32  free-list link
-//!           +12 state: u8 (0 free, 1 linked), +13 ref: u8 (LRU "recently used")
-//!           +16 key (ks8 bytes)
-//!           +16+ks8 value (vs8 bytes; absent for per-CPU types; a u32 id for hash of maps)
+//!           +12 state: u8 (0 free, 1 linked), +13 ref: u8 (LRU "recently used"),
+//!           +14 sel: u8 (which value slot readers use)
+//!           +16 lock: u32 (element lock: 0 or holder thread id), +20 seq: u32 (value writes)
+//!           +24 key (ks8 bytes)
+//!           +24+ks8 two value slots of vs8 bytes (absent for per-CPU types; a u32 id for
+//!           hash of maps)
 //! P       (per-CPU types, 64-aligned) nr_cpus regions, each values[n_elems] of vs8 bytes
 //!         rounded up to 64 bytes
 //! end     rounded up to a page
@@ -29,37 +33,67 @@
 //! on was deleted and reused ends on a foreign marker and restarts (at most 4 times).
 //! Elements are never unmapped, so a racing reader is always memory-safe; like the kernel's
 //! preallocated maps, a value pointer may end up pointing at an element reused for another
-//! key. Updates and deletes take the bucket's [`SpinLock`] (bounded spinning, then a bounded
-//! yielding wait for a preempted holder, then `EBUSY`; `EBUSY` at once on same-thread re-entry).
-//! An update of an existing key fills a spare element and swaps it into the chain with one
-//! release store (readers see the old or the new value, never a mix), then frees the old one;
-//! per-CPU types update in place, as the kernel does. Free elements sit on a lock-free
-//! [`FreeList`]; `count` bounds the live elements by `max_entries` (`E2BIG` when full). LRU
-//! types evict instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep
-//! clears it and takes the first element without it, locking the victim's bucket with a
+//! key.
+//!
+//! Locks are [`SpinLock`]s (bounded spinning, then a bounded yielding wait for a preempted
+//! holder, then `EBUSY`; `EBUSY` at once on same-thread re-entry; a dead holder's lock is
+//! taken over). Inserts and deletes change a chain under its bucket's lock; the element's own
+//! lock is taken inside it (never the other way round) to unlink an element.
+//!
+//! An update of an existing key changes no chain and writes no bucket: it finds the element
+//! without a lock, takes the element's lock, checks it still holds the key (else it was
+//! deleted or reused meanwhile: retry, then the bucket-locked path), and writes the value in
+//! place. Per-CPU types write the slot in place, as the kernel does. The others write the
+//! value slot readers are not using and switch `sel` to it with one release store, so a
+//! reader sees the old or the new value, never a mix (what the kernel gets by replacing the
+//! element); `seq` counts these writes so that a syscall-side copy that raced two of them is
+//! retried. A program's value pointer, as with the kernel's reuse of preallocated elements,
+//! may see a later update. Why: with 8 buckets to a cache line every bucket line is written
+//! by every thread, and taking a bucket lock was a cache-line transfer between CPUs on each
+//! update (profiled: most of an update's time from two threads). Deletes and inserts still
+//! write their bucket.
+//!
+//! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
+//! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
+//! the vDSO, no system call) and takes from the other CPUs' lists only when its own is empty,
+//! so two CPUs inserting and deleting share no free-list line. The free lists hold
+//! `max_entries` elements less the linked ones, which bounds the map (`E2BIG` when every list
+//! is empty); the element count is the sum of the per-CPU `live` deltas. LRU types evict
+//! instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep clears it
+//! and takes the first element without it, locking the victim's bucket and element with a
 //! single try so two updaters never wait for each other).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 use crate::map::*;
 use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, round8, round_up, zero};
 use crate::shm::PAGE_SIZE;
-use crate::sync::{FreeList, SpinLock, Wait, NIL};
+use crate::sync::{current_cpu, FreeList, SpinLock, Wait, NIL};
 use crate::types::*;
 
 const NULLS: u32 = 1 << 31;
+/// Bytes per bucket (8 to a cache line; see the module docs for why updates do not write them).
+const BUCKET_SIZE: usize = 8;
 
-const H_COUNT: usize = EXT_OFF;
 const H_HAND: usize = EXT_OFF + 4;
 const H_SEED: usize = EXT_OFF + 8;
-const H_FREE: usize = EXT_OFF + 16;
+
+/// Bytes of one CPU's list record (a cache line of its own).
+const LIST_SIZE: usize = 64;
+/// Offsets in a list record: the free list's head (tag << 32 | element index), the
+/// live-element delta counted by this CPU (wrapping u32).
+const L_FREE: usize = 0;
+const L_LIVE: usize = 8;
 
 const E_NEXT: usize = 0;
 const E_HASH: usize = 4;
 const E_FLINK: usize = 8;
 const E_STATE: usize = 12;
 const E_REF: usize = 13;
-const E_KEY: usize = 16;
+const E_SEL: usize = 14;
+const E_LOCK: usize = 16;
+const E_SEQ: usize = 20;
+const E_KEY: usize = 24;
 
 const FREE: u8 = 0;
 const LINKED: u8 = 1;
@@ -81,6 +115,7 @@ struct Geometry {
     n_buckets: u32,
     n_elems: u32,
     elem_size: usize,
+    lists_off: usize,
     elems_off: usize,
     pcpu_off: usize,
     pcpu_stride: usize,
@@ -93,12 +128,12 @@ fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
         return None;
     }
     let n_buckets = spec.max_entries.checked_next_power_of_two()?;
-    let reserve = (2 * nr_cpus.min(MAX_CPUS) + 6).min(spec.max_entries);
-    let n_elems = spec.max_entries + reserve;
+    let n_elems = spec.max_entries;
     let ks8 = round_up(spec.key_size as u64, 8);
     let vs8 = round_up(spec.value_size as u64, 8);
-    let elem_size = 16 + ks8 + if percpu { 0 } else { vs8 };
-    let elems_off = round_up(DATA_OFF as u64 + 8 * n_buckets as u64, 64);
+    let elem_size = E_KEY as u64 + ks8 + if percpu { 0 } else { 2 * vs8 };
+    let lists_off = round_up(DATA_OFF as u64 + BUCKET_SIZE as u64 * n_buckets as u64, 64);
+    let elems_off = lists_off + LIST_SIZE as u64 * nr_cpus as u64;
     let pcpu_off = round_up(elems_off.checked_add(elem_size.checked_mul(n_elems as u64)?)?, 64);
     let pcpu_stride = if percpu { round_up(vs8.checked_mul(n_elems as u64)?, 64) } else { 0 };
     let size = round_up(pcpu_off.checked_add(pcpu_stride.checked_mul(nr_cpus as u64)?)?, PAGE_SIZE as u64);
@@ -109,6 +144,7 @@ fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
         n_buckets,
         n_elems,
         elem_size: elem_size as usize,
+        lists_off: lists_off as usize,
         elems_off: elems_off as usize,
         pcpu_off: pcpu_off as usize,
         pcpu_stride: pcpu_stride as usize,
@@ -136,6 +172,7 @@ pub struct HashMap {
     nr_cpus: u32,
     seed: u64,
     buckets: *mut u8,
+    lists: *mut u8,
     elems: *mut u8,
     pcpu: *mut u8,
     pcpu_stride: usize,
@@ -191,6 +228,7 @@ impl HashMap {
             n_buckets: 1,
             n_elems: 0,
             elem_size: 16,
+            lists_off: DATA_OFF,
             elems_off: DATA_OFF,
             pcpu_off: DATA_OFF,
             pcpu_stride: 0,
@@ -198,7 +236,8 @@ impl HashMap {
         });
         let t = spec.map_type;
         // SAFETY: offsets computed by the layout that sized the file.
-        let (buckets, elems, pcpu) = unsafe { (base.at(DATA_OFF), base.at(g.elems_off), base.at(g.pcpu_off)) };
+        let (buckets, lists, elems, pcpu) =
+            unsafe { (base.at(DATA_OFF), base.at(g.lists_off), base.at(g.elems_off), base.at(g.pcpu_off)) };
         // SAFETY: H_SEED is an aligned field of the type header in the first page.
         let seed = unsafe { a64(base.at(H_SEED)) }.load(Relaxed);
         HashMap {
@@ -218,6 +257,7 @@ impl HashMap {
             nr_cpus: base.nr_cpus,
             seed,
             buckets,
+            lists,
             elems,
             pcpu,
             pcpu_stride: g.pcpu_stride,
@@ -248,11 +288,24 @@ impl HashMap {
                 m.head(b).store(NULLS | b, Relaxed);
             }
             for i in 0..m.n_elems {
-                let e = m.elem(i);
-                a32(e.add(E_NEXT)).store(NIL, Relaxed);
-                a32(e.add(E_FLINK)).store(if i + 1 < m.n_elems { i + 1 } else { NIL }, Relaxed);
+                a32(m.elem(i).add(E_NEXT)).store(NIL, Relaxed);
             }
-            m.free_head().store(if m.n_elems > 0 { 0 } else { NIL as u64 }, Release);
+            // Each CPU's lists get a contiguous share of each pool (as the kernel's
+            // pcpu_freelist_populate), so the elements a CPU cycles through share no cache
+            // line with another CPU's but at the shares' edges.
+            let nr = m.nr_cpus as u64;
+            for c in 0..nr {
+                let a = (m.n_elems as u64 * c / nr) as u32;
+                let z = (m.n_elems as u64 * (c + 1) / nr) as u32;
+                for i in a..z {
+                    a32(m.elem(i).add(E_FLINK)).store(if i + 1 < z { i + 1 } else { NIL }, Relaxed);
+                }
+                m.free_head(c as usize).store(if a < z { a as u64 } else { NIL as u64 }, Relaxed);
+            }
+            for c in 0..m.nr_cpus as usize {
+                m.live(c).store(0, Relaxed);
+            }
+            std::sync::atomic::fence(Release);
         }
         Ok(m)
     }
@@ -270,27 +323,35 @@ impl HashMap {
     #[inline(always)]
     fn head(&self, b: u32) -> &AtomicU32 {
         // SAFETY: callers pass b <= mask < n_buckets; bucket b's head is at 8b + 4, aligned.
-        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize + 4)) }
+        unsafe { a32(self.buckets.add(BUCKET_SIZE * (b & self.mask) as usize + 4)) }
     }
     #[inline(always)]
     fn lock_word(&self, b: u32) -> &AtomicU32 {
         // SAFETY: as in `head`; the lock word is at 8b.
-        unsafe { a32(self.buckets.add(8 * (b & self.mask) as usize)) }
+        unsafe { a32(self.buckets.add(BUCKET_SIZE * (b & self.mask) as usize)) }
+    }
+    /// CPU `c`'s list record.
+    #[inline(always)]
+    fn list(&self, c: usize) -> *mut u8 {
+        // SAFETY: c < nr_cpus (callers: `home` or a loop bound): inside the list records.
+        unsafe { self.lists.add(LIST_SIZE * c) }
     }
     #[inline(always)]
-    fn count(&self) -> &AtomicU32 {
-        // SAFETY: aligned field of the type header.
-        unsafe { a32(self.base.at(H_COUNT)) }
+    fn free_head(&self, c: usize) -> &AtomicU64 {
+        // SAFETY: an aligned field of CPU c's list record.
+        unsafe { a64(self.list(c).add(L_FREE)) }
+    }
+    /// Live elements inserted minus deleted through CPU `c`'s record (wrapping; the sum over
+    /// CPUs is the map's element count).
+    #[inline(always)]
+    fn live(&self, c: usize) -> &AtomicU32 {
+        // SAFETY: an aligned field of CPU c's list record.
+        unsafe { a32(self.list(c).add(L_LIVE)) }
     }
     #[inline(always)]
     fn hand(&self) -> &AtomicU32 {
         // SAFETY: aligned field of the type header.
         unsafe { a32(self.base.at(H_HAND)) }
-    }
-    #[inline(always)]
-    fn free_head(&self) -> &AtomicU64 {
-        // SAFETY: aligned field of the type header.
-        unsafe { a64(self.base.at(H_FREE)) }
     }
     /// Element `i`.
     ///
@@ -320,7 +381,7 @@ impl HashMap {
             if self.percpu {
                 self.pcpu.add(cpu * self.pcpu_stride + i as usize * self.vs8)
             } else {
-                self.elem(i).add(self.val_off)
+                self.vslot(i, self.sel(i).load(Acquire) & 1)
             }
         }
     }
@@ -329,12 +390,79 @@ impl HashMap {
         (if cpu < self.nr_cpus { cpu } else { cpu % self.nr_cpus }) as usize
     }
 
-    fn freelist<'a>(&'a self) -> FreeList<'a, impl Fn(u32) -> Option<&'a AtomicU32> + 'a> {
+    /// CPU `c`'s free list.
+    #[inline(always)]
+    fn freelist<'a>(&'a self, c: usize) -> FreeList<'a, impl Fn(u32) -> Option<&'a AtomicU32> + 'a> {
         FreeList {
-            head: self.free_head(),
+            head: self.free_head(c),
             // SAFETY: i < n_elems is checked; flink is an aligned field of the element.
             link: move |i: u32| (i < self.n_elems).then(|| unsafe { a32(self.elem(i).add(E_FLINK)) }),
         }
+    }
+
+    /// A free element: from `home`'s list, else taken from the other CPUs' lists in turn
+    /// (as the kernel's pcpu_freelist_pop); None when every list is empty.
+    #[inline]
+    fn pop(&self, home: usize) -> Option<u32> {
+        if let Some(i) = self.freelist(home).pop() {
+            return Some(i);
+        }
+        self.steal(home)
+    }
+
+    #[cold]
+    fn steal(&self, home: usize) -> Option<u32> {
+        let nr = self.nr_cpus as usize;
+        (1..nr).find_map(|k| self.freelist((home + k) % nr).pop())
+    }
+
+    /// Gives element `i` back to `home`'s free list.
+    #[inline]
+    fn push(&self, home: usize, i: u32) {
+        self.freelist(home).push(i);
+    }
+
+    /// Element `i`'s lock (held by whoever writes its value in place or unlinks it).
+    ///
+    /// # Safety
+    /// `i < n_elems`.
+    #[inline(always)]
+    unsafe fn elock(&self, i: u32) -> SpinLock<'_> {
+        // SAFETY: an aligned field of element i (caller: i < n_elems).
+        SpinLock::new(unsafe { a32(self.elem(i).add(E_LOCK)) })
+    }
+    /// # Safety
+    /// `i < n_elems`.
+    #[inline(always)]
+    unsafe fn sel(&self, i: u32) -> &AtomicU8 {
+        // SAFETY: a field of element i (caller: i < n_elems).
+        unsafe { a8(self.elem(i).add(E_SEL)) }
+    }
+    /// # Safety
+    /// `i < n_elems`.
+    #[inline(always)]
+    unsafe fn seq(&self, i: u32) -> &AtomicU32 {
+        // SAFETY: an aligned field of element i (caller: i < n_elems).
+        unsafe { a32(self.elem(i).add(E_SEQ)) }
+    }
+    /// Value slot `s` (0 or 1) of element `i` of a map that is not per-CPU.
+    ///
+    /// # Safety
+    /// `i < n_elems`, `s < 2`.
+    #[inline(always)]
+    unsafe fn vslot(&self, i: u32, s: u8) -> *mut u8 {
+        // SAFETY: inside element i (caller's bounds).
+        unsafe { self.elem(i).add(self.val_off + s as usize * self.vs8) }
+    }
+
+    /// The list record an operation uses: that of the CPU the thread runs on (as the
+    /// kernel's this_cpu). Threads running at the same time are on different CPUs, so they
+    /// work on different lists; a thread migrated in the middle of an operation only uses
+    /// another CPU's list, which is correct too (every list is lock-free).
+    #[inline]
+    fn home(&self) -> usize {
+        let c = current_cpu();
+        (if c < self.nr_cpus { c } else { c % self.nr_cpus }) as usize
     }
 
     /// The key's hash. Specialised for the common key sizes 4, 8 and 16: the same function
@@ -474,19 +602,36 @@ impl HashMap {
         }
     }
 
-    /// Writes `src` into element `i`'s value(s). `fresh`: a new element (a per-CPU update
-    /// of one CPU zeroes the others).
+    /// Writes `src` into element `i`'s value(s), under its lock or before it is published.
+    /// `fresh`: a new element (a per-CPU update of one CPU zeroes the others).
+    ///
+    /// Maps that are not per-CPU: the value goes into the slot readers are not directed to,
+    /// then one release store of `sel` directs them there (a reader sees the old or the new
+    /// value, never a mix, as the kernel's replacement of the element gives), after `seq`
+    /// counts the update so that a copying reader can tell the slot it read was rewritten.
     ///
     /// # Safety
-    /// `i < n_elems`; `src` readable as its variant says.
+    /// `i < n_elems`; `src` readable as its variant says; the caller holds `i`'s lock or
+    /// owns the unpublished element.
     unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
         // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
         unsafe {
+            if !self.percpu {
+                let p = match src {
+                    Src::Cpu(p, _) | Src::All(p) => p,
+                };
+                let seq = self.seq(i);
+                seq.store(seq.load(Relaxed).wrapping_add(1), Relaxed);
+                fence(Release);
+                let sel = self.sel(i);
+                let s = if fresh { 1 } else { sel.load(Relaxed) & 1 };
+                copy_in(self.vslot(i, s ^ 1), p, self.vs);
+                sel.store(s ^ 1, Release);
+                return;
+            }
             match src {
                 Src::Cpu(p, c) => {
-                    if !self.percpu {
-                        copy_in(self.val(i, 0), p, self.vs);
-                    } else if fresh {
+                    if fresh {
                         for cpu in 0..self.nr_cpus as usize {
                             if cpu == c {
                                 copy_in(self.val(i, cpu), p, self.vs);
@@ -499,14 +644,10 @@ impl HashMap {
                     }
                 }
                 Src::All(p) => {
-                    if self.percpu {
-                        // Whole rounded slots, padding included, as the kernel's
-                        // copy_map_value_long.
-                        for cpu in 0..self.nr_cpus as usize {
-                            copy_in(self.val(i, cpu), p.add(cpu * self.vs8), self.vs8);
-                        }
-                    } else {
-                        copy_in(self.val(i, 0), p, self.vs);
+                    // Whole rounded slots, padding included, as the kernel's
+                    // copy_map_value_long.
+                    for cpu in 0..self.nr_cpus as usize {
+                        copy_in(self.val(i, cpu), p.add(cpu * self.vs8), self.vs8);
                     }
                 }
             }
@@ -544,25 +685,19 @@ impl HashMap {
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
             // without their ref bit).
             a8(e.add(E_REF)).store(0, Relaxed);
-            a8(e.add(E_STATE)).store(LINKED, Relaxed);
+            // Release: an updater that finds this element LINKED under its lock (acquire)
+            // sees the key and value written above, not a previous key's bytes.
+            a8(e.add(E_STATE)).store(LINKED, Release);
         }
     }
 
-    fn reserve_count(&self) -> bool {
-        self.count().fetch_update(Relaxed, Relaxed, |c| (c < self.max).then(|| c + 1)).is_ok()
-    }
-    fn release_count(&self) {
-        let _ = self.count().fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
-    }
-
-    /// A free element for a new key, under `held`'s lock: counted against max_entries, or
-    /// (LRU) evicted from the least recently used.
-    fn take_for_insert(&self, held: u32) -> Result<u32, MapError> {
-        if self.reserve_count() {
-            if let Some(n) = self.freelist().pop() {
-                return Ok(n);
-            }
-            self.release_count();
+    /// A free element for a new key, under `held`'s lock: from the free pool (which holds
+    /// max_entries elements less the linked ones), or (LRU) evicted from the least recently
+    /// used.
+    fn take_for_insert(&self, held: u32, home: usize) -> Result<u32, MapError> {
+        if let Some(n) = self.pop(home) {
+            self.live(home).fetch_add(1, Relaxed);
+            return Ok(n);
         }
         if !self.lru {
             return Err(e2big("hash map is full"));
@@ -570,7 +705,8 @@ impl HashMap {
         self.evict(held).ok_or(MapError::new(libc::ENOMEM, "no LRU element could be evicted"))
     }
 
-    /// CLOCK eviction: unlinks an element (keeping its place in `count`) and returns it.
+    /// CLOCK eviction: unlinks an element (it stays counted: it becomes the new key's) and
+    /// returns it.
     fn evict(&self, held: u32) -> Option<u32> {
         let n = self.n_elems;
         let mut fallback = NIL;
@@ -621,7 +757,10 @@ impl HashMap {
         while cur & NULLS == 0 && cur < self.n_elems && steps > 0 {
             steps -= 1;
             if cur == i {
-                // SAFETY: i and prev are elements of b's chain; we hold b's lock.
+                // A victim whose value is being written in place is passed over.
+                // SAFETY: i < n_elems.
+                let Ok(_e) = (unsafe { self.elock(i) }).lock(Wait::Try) else { return false };
+                // SAFETY: i and prev are elements of b's chain; we hold b's and i's locks.
                 unsafe { self.unlink(b, prev, i) };
                 return true;
             }
@@ -630,6 +769,27 @@ impl HashMap {
             cur = unsafe { self.next(cur) }.load(Relaxed);
         }
         false
+    }
+
+    /// Writes element `i`'s value in place under its lock if it still holds `key` (Ok(false)
+    /// if it was deleted or reused meanwhile).
+    ///
+    /// # Safety
+    /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
+    unsafe fn update_in_place(&self, i: u32, key: *const u8, h: u32, src: Src, wait: Wait) -> Result<bool, MapError> {
+        // SAFETY: bounds from the caller.
+        unsafe {
+            let _e = self.elock(i).lock(wait)?;
+            let e = self.elem(i);
+            // Unlinking and marking FREE happen under this lock, so a LINKED element holding
+            // our key stays ours until we unlock. (An element filled but not yet published
+            // is the key's element too: our write is ordered after the insert's.)
+            if a8(e.add(E_STATE)).load(Acquire) != LINKED || a32(e.add(E_HASH)).load(Relaxed) != h || !self.key_eq(e, key) {
+                return Ok(false);
+            }
+            self.write_value(i, src, false);
+        }
+        Ok(true)
     }
 
     /// The update every entry point shares.
@@ -645,8 +805,24 @@ impl HashMap {
         }
         // SAFETY: key readable (caller).
         let h = unsafe { self.hash(key) };
+        if flags != BPF_NOEXIST {
+            // An existing key: found without a lock, written under its element's lock. The
+            // bucket's cache line is only read, so threads updating different keys do not
+            // pass it back and forth.
+            for _ in 0..4 {
+                // SAFETY: key readable (caller).
+                let i = unsafe { self.find(key, h) };
+                if i == NIL {
+                    break;
+                }
+                // SAFETY: i < n_elems (find); key and src readable (caller).
+                if unsafe { self.update_in_place(i, key, h, src, wait) }? {
+                    return Ok(());
+                }
+            }
+        }
         let b = h & self.mask;
-        let guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
+        let _guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock; key readable.
         let found = unsafe { self.find_locked(b, key, h) };
         match (found, flags) {
@@ -654,27 +830,16 @@ impl HashMap {
             (None, BPF_EXIST) => return Err(ENOENT),
             _ => {}
         }
-        if let Some((prev, old)) = found {
-            if !self.percpu {
-                if let Some(n) = self.freelist().pop() {
-                    // SAFETY: n is ours (popped); old/prev are in b's chain under b's lock.
-                    unsafe {
-                        self.fill(n, key, h, src);
-                        self.next(n).store(self.next(old).load(Relaxed), Relaxed);
-                        self.slot(b, prev).store(n, Release);
-                        a8(self.elem(old).add(E_STATE)).store(FREE, Relaxed);
-                    }
-                    drop(guard);
-                    self.freelist().push(old);
-                    return Ok(());
-                }
+        if let Some((_, old)) = found {
+            // Inserted meanwhile by another thread.
+            // SAFETY: old < n_elems; linked in b's chain, which we hold; src readable.
+            unsafe {
+                let _e = self.elock(old).lock(wait)?;
+                self.write_value(old, src, false);
             }
-            // Per-CPU maps (as the kernel), or no spare element: in place.
-            // SAFETY: old < n_elems under b's lock; src readable.
-            unsafe { self.write_value(old, src, false) };
             return Ok(());
         }
-        let n = self.take_for_insert(b)?;
+        let n = self.take_for_insert(b, self.home())?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
             self.fill(n, key, h, src);
@@ -699,14 +864,17 @@ impl HashMap {
         };
         // SAFETY: i/prev in b's chain under its lock; out writable (caller).
         unsafe {
+            let e = self.elock(i).lock(wait)?;
             if !out.is_null() {
                 self.read_value(i, out);
             }
             self.unlink(b, prev, i);
+            drop(e);
         }
-        self.release_count();
         drop(guard);
-        self.freelist().push(i);
+        let home = self.home();
+        self.live(home).fetch_sub(1, Relaxed);
+        self.push(home, i);
         Ok(())
     }
 
@@ -770,11 +938,14 @@ impl HashMap {
                 if i == NIL {
                     return Err(ENOENT);
                 }
+                let seq = self.seq(i).load(Acquire);
                 self.read_value(i, out.as_mut_ptr());
-                // The element may have been deleted and reused while we copied: keep the
-                // copy only if it still holds our key.
+                fence(Acquire);
+                // The slot we copied may have been rewritten (two updates while we copied),
+                // or the element deleted and reused: keep the copy only if neither happened.
                 let e = self.elem(i);
-                if a8(e.add(E_STATE)).load(Acquire) == LINKED
+                if (self.percpu || self.seq(i).load(Relaxed) == seq)
+                    && a8(e.add(E_STATE)).load(Acquire) == LINKED
                     && a32(e.add(E_HASH)).load(Relaxed) == h
                     && self.key_eq(e, k)
                 {
@@ -785,6 +956,7 @@ impl HashMap {
             let _g = SpinLock::new(self.lock_word(b)).lock(Wait::Sys)?;
             match self.find_locked(b, k, h) {
                 Some((_, i)) => {
+                    let _e = self.elock(i).lock(Wait::Sys)?;
                     self.read_value(i, out.as_mut_ptr());
                     Ok(())
                 }
@@ -840,9 +1012,15 @@ impl HashMap {
         Err(ENOENT)
     }
 
-    /// Live elements (approximate while updates run).
+    /// Live elements (approximate while updates run): the sum of the CPUs' counts.
     pub fn len(&self) -> u32 {
-        self.count().load(Relaxed)
+        let n = (0..self.nr_cpus as usize).fold(0u32, |n, c| n.wrapping_add(self.live(c).load(Relaxed)));
+        // Transiently negative (a delete counted before the insert it undoes) reads as 0.
+        if (n as i32) < 0 {
+            0
+        } else {
+            n.min(self.max)
+        }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -866,7 +1044,9 @@ impl HashMap {
                 return false;
             }
             let within = off % self.elem_size as u64;
-            within >= self.val_off as u64 && within - self.val_off as u64 + len <= self.vs as u64
+            // Either of the two value slots.
+            let (val_off, vs8) = (self.val_off as u64, self.vs8 as u64);
+            within >= val_off && within - val_off < 2 * vs8 && (within - val_off) % vs8 + len <= self.vs as u64
         }
     }
 }

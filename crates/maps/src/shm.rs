@@ -119,7 +119,7 @@ pub(crate) fn io_error(e: io::Error, what: &'static str) -> crate::MapError {
 
 /// Identifies a map file and its layout version.
 pub const MAP_MAGIC: u64 = u64::from_le_bytes(*b"UBPFMAP\0");
-pub const MAP_LAYOUT_VERSION: u32 = 1;
+pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// The first bytes of every map file (the rest of the first page is free for the type).
 #[repr(C)]

@@ -31,7 +31,8 @@
 //!   The data structures are written so that a critical section cut short at any point
 //!   leaves them traversable (at worst an element leaks or a count is off by one).
 //! * [`FreeList`]: a lock-free stack of element indices (Treiber stack with a 32-bit tag
-//!   against ABA) whose links live in the elements.
+//!   against ABA) whose links live in the elements. Hash maps keep one per CPU and pool.
+//! * [`current_cpu`]: the CPU the calling thread runs on (rseq or vDSO, no system call).
 //! * [`my_tid`]: this thread's id, cached in a thread-local (no allocation; reset in a fork's
 //!   child by a `pthread_atfork` hook).
 
@@ -75,6 +76,22 @@ fn my_tid_slow() -> u32 {
     let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
     TID.with(|c| c.set(t));
     t
+}
+
+/// The CPU this thread runs on now, 0 if unknown. glibc's `sched_getcpu` reads the `cpu_id`
+/// the kernel keeps in the thread's registered rseq area (glibc 2.35+ registers one for every
+/// thread), or else asks the vDSO: no system call, no allocation, async-signal-safe. The
+/// answer may be stale by the time it is used (the thread can migrate): callers use it only
+/// to pick which of several correct places to work on.
+#[inline]
+pub(crate) fn current_cpu() -> u32 {
+    // SAFETY: no arguments; reads thread-local state or calls the vDSO.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        c as u32
+    }
 }
 
 /// Whether the thread `tid` (taken from a lock word) is certainly gone.
