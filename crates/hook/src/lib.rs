@@ -54,6 +54,7 @@ pub mod usdt;
 
 pub use patch::fixup_signal;
 pub use thread::SHADOW_CAPACITY;
+pub use thread::{is_thread_ours, mark_thread_ours, ours, probes_off, Ours};
 
 /// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
 #[repr(C)]
