@@ -314,6 +314,27 @@ fn mask_without_sigsys(p: u64, buf: &mut u64) -> u64 {
     buf as *mut u64 as u64
 }
 
+/// Runs `f` on the callbacks unless probes are off on this thread (userbpf's own work, or a
+/// call made by the callbacks themselves), holding them off meanwhile. Not held while the
+/// call itself runs: a signal delivered at its end runs the program's handler, whose calls
+/// are the program's. Returns whether `f` ran.
+fn run_callbacks(f: impl FnOnce(&Callbacks)) -> bool {
+    let Some(c) = callbacks() else { return false };
+    let Some(guard) = crate::thread::enter_guard() else { return false };
+    if guard.is_null() {
+        if DEPTH.with(|d| d.replace(d.get() + 1)) != 0 {
+            DEPTH.with(|d| d.set(d.get() - 1));
+            return false;
+        }
+        f(c);
+        DEPTH.with(|d| d.set(d.get() - 1));
+    } else {
+        f(c);
+    }
+    drop(guard);
+    true
+}
+
 extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     if unsafe { (*info).si_code } != SYS_USER_DISPATCH {
@@ -327,12 +348,7 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let nr = regs.orig_ax;
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     // The program's call, or userbpf's own (probes off on this thread: no callbacks).
-    let guard = crate::thread::enter_guard();
-    let depth = guard.as_ref().is_some_and(|g| g.is_null()).then(|| DEPTH.with(|d| d.replace(d.get() + 1)));
-    let cbs = if guard.is_some() && depth.is_none_or(|d| d == 0) { callbacks() } else { None };
-    if let Some(c) = cbs {
-        (c.enter)(&regs);
-    }
+    let traced = run_callbacks(|c| (c.enter)(&regs));
     let mut buf = 0u64;
     let ret = match nr as i64 {
         libc::SYS_rt_sigreturn => {
@@ -404,14 +420,10 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
         // SAFETY: the result goes into the saved rax of this thread's signal frame.
         unsafe { *greg(uc, libc::REG_RAX) = ret };
         regs.ax = ret as u64;
-        if let Some(c) = cbs {
-            (c.exit)(&regs);
+        if traced {
+            run_callbacks(|c| (c.exit)(&regs));
         }
     }
-    if depth.is_some() {
-        DEPTH.with(|d| d.set(d.get() - 1));
-    }
-    drop(guard);
     // SAFETY: restoring this thread's errno.
     unsafe { *libc::__errno_location() = errno };
 }
