@@ -25,7 +25,9 @@
 //! once per thread (mmap of the thread's state + pthread_setspecific, see
 //! `thread`). Handlers run with a per-thread recursion guard: a probe hit
 //! from inside a handler runs no handler and is counted in
-//! [`HookStats::missed_recursion`].
+//! [`HookStats::missed_recursion`]. The same guard keeps probes off for
+//! userbpf's own work: inside an [`ours`] scope and on threads marked with
+//! [`mark_thread_ours`] (such hits are counted as missed too).
 //!
 //! Sites and trampolines are never freed: after the last probe of an address
 //! is detached the original bytes are restored but the trampoline page stays
