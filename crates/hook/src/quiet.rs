@@ -72,6 +72,9 @@ where
     T: Send + 'static,
 {
     let builder = std::thread::Builder::new().name(name.into());
+    // Creating it is userbpf's work too: the new thread's first system calls (glibc's, before
+    // it marks itself) are not the target's, and it gets no system call dispatch.
+    let _ours = crate::thread::ours();
     with_quiet_mask(move || {
         builder.spawn(move || {
             // Already inherited; again in case a wrapper of pthread_create changed it.

@@ -26,10 +26,11 @@
 //! * `clone` sharing the address space or with a new stack, `clone3` and `vfork` (the child
 //!   would run on the handler's frames): the thread is resumed with its registers as they
 //!   were at a stub of the page, `syscall; jmp` back to the instruction after the program's
-//!   `syscall` (one stub per call site, made on first use), so parent and child return from
-//!   the call where the program made it (its exit is not seen; a new thread gets dispatch
-//!   from `pthread_create`'s probe below); other `clone`s and `fork` run in the handler and
-//!   the child turns dispatch on;
+//!   `syscall` (one stub per call site and kind, made on first use), so parent and child
+//!   return from the call where the program made it (its exit is not seen). A new thread of
+//!   the program's (`CLONE_VM` without `CLONE_VFORK`) turns dispatch on in the stub before
+//!   its first instruction; one userbpf creates (probes off on the creating thread) does not.
+//!   Other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
 //!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
 //!   stack is also put in the frame (the handler's return restores the frame's); an
@@ -38,17 +39,18 @@
 //!   `epoll_pwait`) are passed without `SIGSYS`.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
-//! the others with a signal), threads created later by `pthread_create` turn it on before
-//! their start routine (an entry probe on `pthread_create` wraps the routine), a forked child
+//! the others with a signal), threads created later get it in the clone stub (and again before
+//! their start routine: an entry probe on `pthread_create` wraps the routine), a forked child
 //! turns it on for its thread (`fork` module), and exec turns it off (the new image's agent
 //! decides again). Entry probes on libc's `sigprocmask`, `pthread_sigmask` and `sigaction`
 //! keep `SIGSYS` out of the sets they are given as well, and a `SIGSYS` handler the program
 //! installs while dispatch is on is kept as the one other `SIGSYS`s (seccomp's, `raise`) are
 //! handed to.
-//! Not seen: the dynamic loader's calls before the agent is loaded; a new thread's calls
-//! before its start routine (glibc's `set_robust_list`, `rseq`, `rt_sigprocmask` in
-//! `start_thread`), a `clone`'s return, a vfork child's calls until its exec; calls of
-//! threads made by raw `clone` outside libc (they do not get dispatch).
+//! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
+//! constructor runs after the loader has mapped and relocated every library), calls made
+//! before a system call tracepoint is attached, the return of `clone`, `clone3` and `vfork`
+//! (in parent and child), a vfork child's calls until its exec, and calls the vDSO answers
+//! without entering the kernel (as for the kernel's tracepoints).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
@@ -75,10 +77,10 @@ static CALLBACKS: AtomicPtr<Callbacks> = AtomicPtr::new(std::ptr::null_mut());
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// The page of our own code, the one range dispatch allows: `syscall; ret` at 0, the signal
 /// restorer of our handlers at [`RESTORER`], then
-/// [`STUB`]-byte stubs `syscall; jmp [rip]; .quad back` from [`STUB`] on. 0 until set up.
+/// [`STUB`]-byte stubs re-running a `clone` (see [`stub_for`]) from [`STUB`] on. 0 until set up.
 static PAGE: AtomicUsize = AtomicUsize::new(0);
 const PAGE_LEN: usize = 4096;
-const STUB: usize = 16;
+const STUB: usize = 128;
 /// Where the page's signal restorer (`rt_sigreturn`) is.
 const RESTORER: usize = 4;
 /// Held while a stub is written (by the SIGSYS handler: a spin lock).
@@ -143,15 +145,61 @@ fn make_page() -> Result<usize, String> {
     Ok(p as usize)
 }
 
+/// What a stub does after its `syscall`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StubKind {
+    /// Jumps back.
+    Plain = 1,
+    /// In the child (`rax` 0: a new thread on its own stack), turns dispatch on first, so
+    /// that the new thread's calls are seen from its first instruction.
+    Thread = 2,
+}
+
+/// Offsets in a stub slot: its kind, the page's address and the address it jumps back to.
+const STUB_KIND: usize = 104;
+const STUB_PAGE: usize = 112;
+const STUB_BACK: usize = 120;
+
+/// The code of a stub (position-independent: it reads the two quads of its slot).
+fn stub_code(kind: StubKind) -> &'static [u8] {
+    const PLAIN: [u8; 8] = [
+        0x0F, 0x05, // syscall
+        0xFF, 0x25, 0x70, 0, 0, 0, // jmp [rip+0x70] (STUB_BACK)
+    ];
+    const THREAD: [u8; 62] = [
+        0x0F, 0x05, // syscall
+        0x48, 0x85, 0xC0, // test rax, rax
+        0x75, 0x31, // jnz 56 (the parent, or an error)
+        0x57, 0x56, 0x52, 0x41, 0x52, 0x41, 0x50, // push rdi, rsi, rdx, r10, r8
+        0xBF, 0x3B, 0, 0, 0, // mov edi, PR_SET_SYSCALL_USER_DISPATCH
+        0xBE, 0x01, 0, 0, 0, // mov esi, PR_SYS_DISPATCH_ON
+        0x48, 0x8B, 0x15, 0x51, 0, 0, 0, // mov rdx, [rip+0x51] (STUB_PAGE)
+        0x41, 0xBA, 0x00, 0x10, 0, 0, // mov r10d, PAGE_LEN
+        0x45, 0x31, 0xC0, // xor r8d, r8d (no selector)
+        0xB8, 0x9D, 0, 0, 0, // mov eax, SYS_prctl
+        0x0F, 0x05, // syscall
+        0x41, 0x58, 0x41, 0x5A, 0x5A, 0x5E, 0x5F, // pop r8, r10, rdx, rsi, rdi
+        0x31, 0xC0, // xor eax, eax (the child's result)
+        0xFF, 0x25, 0x3A, 0, 0, 0, // jmp [rip+0x3a] (STUB_BACK)
+    ];
+    const _: () = assert!(PAGE_LEN == 0x1000 && STUB_PAGE == 31 + 0x51 && STUB_BACK == 62 + 0x3A && STUB_BACK == 8 + 0x70);
+    match kind {
+        StubKind::Plain => &PLAIN,
+        StubKind::Thread => &THREAD,
+    }
+}
+
 /// The stub of the page that makes a system call and jumps to `back` (made on first use);
 /// `None` when the page is full.
-fn stub_for(back: usize) -> Option<usize> {
+fn stub_for(back: usize, kind: StubKind) -> Option<usize> {
     let page = PAGE.load(Acquire);
+    let slots = || (1..PAGE_LEN / STUB).map(|i| page + i * STUB);
+    // SAFETY (both closures): slots lie inside our page; a slot's kind and quads are written
+    // before its first two bytes (read here as the sign that it is in use).
+    let used = |s: usize| unsafe { (s as *const u16).read_volatile() } == 0x050F;
     let find = || {
-        (1..PAGE_LEN / STUB).map(|i| page + i * STUB).find(|&s| {
-            // SAFETY: stubs lie inside our page; a slot's target quad is written before its
-            // first two bytes (read here as the sign that it is in use).
-            unsafe { *(s as *const u16) == 0x050F && ((s + 8) as *const usize).read_volatile() == back }
+        slots().find(|&s| unsafe {
+            used(s) && ((s + STUB_KIND) as *const u8).read_volatile() == kind as u8 && ((s + STUB_BACK) as *const usize).read_volatile() == back
         })
     };
     if let Some(s) = find() {
@@ -161,18 +209,17 @@ fn stub_for(back: usize) -> Option<usize> {
         std::hint::spin_loop();
     }
     let r = find().or_else(|| {
-        let free = (1..PAGE_LEN / STUB).map(|i| page + i * STUB).find(|&s| {
-            // SAFETY: as above.
-            unsafe { *(s as *const u16) != 0x050F }
-        })?;
+        let free = slots().find(|&s| !used(s))?;
+        let code = stub_code(kind);
         // SAFETY: a free slot of our writable page, written under the lock; the `syscall` is
         // written last, so a finder never takes a half-made stub. A thread runs a stub only
         // after returning from its SIGSYS handler (sigreturn goes back to user mode through
         // iret, which serialises: the new bytes are seen).
         unsafe {
-            let code: [u8; 8] = [0x0F, 0x05, 0xFF, 0x25, 0, 0, 0, 0];
-            ((free + 8) as *mut usize).write_volatile(back);
-            std::ptr::copy_nonoverlapping(code[2..].as_ptr(), (free + 2) as *mut u8, 6);
+            ((free + STUB_BACK) as *mut usize).write_volatile(back);
+            ((free + STUB_PAGE) as *mut usize).write_volatile(page);
+            ((free + STUB_KIND) as *mut u8).write_volatile(kind as u8);
+            std::ptr::copy_nonoverlapping(code[2..].as_ptr(), (free + 2) as *mut u8, code.len() - 2);
             std::sync::atomic::compiler_fence(SeqCst);
             (free as *mut u16).write_volatile(0x050F);
         }
@@ -360,8 +407,15 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             }
             None
         }
-        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr),
-        libc::SYS_clone3 | libc::SYS_vfork => rerun_at_stub(uc, nr),
+        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr, new_thread(args[0]) && traced),
+        libc::SYS_clone3 => {
+            // SAFETY: clone3's first argument is the program's struct clone_args, whose first
+            // field is the flags (read by the kernel too; a bad pointer faults in the
+            // program's own call, as with the kernel's EFAULT).
+            let flags = if args[0] == 0 || args[1] < 8 { 0 } else { unsafe { (args[0] as *const u64).read_unaligned() } };
+            rerun_at_stub(uc, nr, new_thread(flags) && traced)
+        }
+        libc::SYS_vfork => rerun_at_stub(uc, nr, false),
         libc::SYS_rt_sigprocmask => Some(sigprocmask_in(uc, args)),
         libc::SYS_sigaltstack => {
             let r = raw(nr, args);
@@ -465,14 +519,22 @@ fn raw_sigsys_action(a: [u64; 6]) -> i64 {
     0
 }
 
+/// Whether a clone with `flags` makes a thread of this process on a stack of its own (not a
+/// vfork child, which runs on the parent's stack until it execs or exits).
+fn new_thread(flags: u64) -> bool {
+    flags & libc::CLONE_VM as u64 != 0 && flags & libc::CLONE_VFORK as u64 == 0
+}
+
 /// Resumes the thread with its registers as at its `syscall` instruction, at a stub of the
 /// page that makes the call and jumps back after the program's `syscall` (parent and child
-/// return there, on their own stacks). With no stub left, dispatch is turned off for this
-/// thread and its own instruction runs again. Returns `None`: the frame holds no result.
-fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64) -> Option<i64> {
+/// return there, on their own stacks); `thread`: the child (a new thread of the program's)
+/// turns dispatch on first. With no stub left, dispatch is turned off for this thread and
+/// its own instruction runs again. Returns `None`: the frame holds no result.
+fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool) -> Option<i64> {
     // SAFETY: reading the saved rip of this thread's signal frame (after its `syscall`).
     let back = unsafe { *greg(uc, libc::REG_RIP) } as usize;
-    let at = match stub_for(back) {
+    let kind = if thread && ENABLED.load(SeqCst) { StubKind::Thread } else { StubKind::Plain };
+    let at = match stub_for(back, kind) {
         Some(s) => s,
         None => {
             set_dispatch(false);

@@ -1,7 +1,8 @@
 //! System call dispatch sees every system call of the process's threads, libc's wrappers and
 //! glibc's internal calls included, with the kernel's numbers, arguments and results; none of
 //! userbpf's own (an `ours` scope, a thread of userbpf's); threads created while it is on
-//! (clone3 re-run at a stub of its page) get it too; signal handlers return through it.
+//! (clone3 re-run at a stub of its page) get it from their first instruction; signal
+//! handlers return through it.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
@@ -11,10 +12,14 @@ static ENTER: AtomicU64 = AtomicU64::new(0);
 static EXIT: AtomicU64 = AtomicU64::new(0);
 static LAST_RET: AtomicI64 = AtomicI64::new(0);
 static BAD_FD_CLOSES: AtomicU64 = AtomicU64::new(0);
+static ROBUST: AtomicU64 = AtomicU64::new(0);
 
 fn on_enter(r: &PtRegs) {
     if r.orig_ax == libc::SYS_getppid as u64 {
         ENTER.fetch_add(1, SeqCst);
+    }
+    if r.orig_ax == libc::SYS_set_robust_list as u64 {
+        ROBUST.fetch_add(1, SeqCst);
     }
     if r.orig_ax == libc::SYS_close as u64 && r.di == 987_654 {
         BAD_FD_CLOSES.fetch_add(1, SeqCst);
@@ -71,6 +76,9 @@ fn every_call_but_ours() {
         std::thread::spawn(getppid).join().unwrap();
     }
     assert_eq!((ENTER.load(SeqCst), EXIT.load(SeqCst)), (4, 4), "calls of new threads");
+    // Their first calls, glibc's in start_thread before the start routine: each new thread
+    // registers its robust list (userbpf's thread above did not count).
+    assert_eq!(ROBUST.load(SeqCst), 3, "set_robust_list of the new threads");
     // A program's signal handler making a system call, and its return (rt_sigreturn from
     // libc's restorer).
     // SAFETY: installing a plain handler for SIGUSR1, then raising it on this thread.
