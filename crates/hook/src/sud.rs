@@ -26,10 +26,12 @@
 //! * `clone` sharing the address space or with a new stack, `clone3` and `vfork` (the child
 //!   would run on the handler's frames): the thread is resumed with its registers as they
 //!   were at a stub of the page, `syscall; jmp` back to the instruction after the program's
-//!   `syscall` (one stub per call site and kind, made on first use), so parent and child
-//!   return from the call where the program made it (its exit is not seen). A new thread of
-//!   the program's (`CLONE_VM` without `CLONE_VFORK`) turns dispatch on in the stub before
-//!   its first instruction; one userbpf creates (probes off on the creating thread) does not.
+//!   `syscall` (one stub per call site, call and kind, made on first use), so parent and
+//!   child return from the call where the program made it; the stub gives the call's return
+//!   to the exit callbacks in the parent (`clone_exit`). A new thread of the program's
+//!   (`CLONE_VM` without `CLONE_VFORK`) turns dispatch on in the stub before its first
+//!   instruction and reports its return (0) too; one userbpf creates (probes off on the
+//!   creating thread) does neither.
 //!   Other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
 //!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
@@ -39,8 +41,8 @@
 //!   `epoll_pwait`) are passed without `SIGSYS`.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
-//! the others with a signal), threads created later get it in the clone stub (and again before
-//! their start routine: an entry probe on `pthread_create` wraps the routine), a forked child
+//! the others with a signal), threads created later get it in the clone stub (before their
+//! first instruction: nothing of userbpf's runs on them before their own code), a forked child
 //! turns it on for its thread (`fork` module), and exec turns it off (the new image's agent
 //! decides again). Entry probes on libc's `sigprocmask`, `pthread_sigmask` and `sigaction`
 //! keep `SIGSYS` out of the sets they are given as well, and a `SIGSYS` handler the program
@@ -48,8 +50,8 @@
 //! handed to.
 //! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
 //! constructor runs after the loader has mapped and relocated every library), calls made
-//! before a system call tracepoint is attached, the return of `clone`, `clone3` and `vfork`
-//! (in parent and child), a vfork child's calls until its exec, and calls the vDSO answers
+//! before a system call tracepoint is attached, a vfork child's calls (and the return of
+//! its `vfork`) until its exec, and calls the vDSO answers
 //! without entering the kernel (as for the kernel's tracepoints).
 
 use std::ffi::c_void;
@@ -80,7 +82,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// [`STUB`]-byte stubs re-running a `clone` (see [`stub_for`]) from [`STUB`] on. 0 until set up.
 static PAGE: AtomicUsize = AtomicUsize::new(0);
 const PAGE_LEN: usize = 4096;
-const STUB: usize = 128;
+const STUB: usize = 256;
 /// Where the page's signal restorer (`rt_sigreturn`) is.
 const RESTORER: usize = 4;
 /// Held while a stub is written (by the SIGSYS handler: a spin lock).
@@ -148,58 +150,102 @@ fn make_page() -> Result<usize, String> {
 /// What a stub does after its `syscall`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StubKind {
-    /// Jumps back.
+    /// Jumps back (userbpf's own clone: nothing is reported).
     Plain = 1,
-    /// In the child (`rax` 0: a new thread on its own stack), turns dispatch on first, so
-    /// that the new thread's calls are seen from its first instruction.
-    Thread = 2,
+    /// The parent (or a failed call) reports the call's return to the exit callbacks
+    /// ([`clone_exit`]) and jumps back; the child (a vfork child, or a process on a stack of
+    /// its own, without dispatch) jumps back.
+    Report = 2,
+    /// As `Report`, and the child (a new thread of the program's, on a stack of its own)
+    /// turns dispatch on and reports its return (0) too, so that its calls are seen from its
+    /// first instruction.
+    Thread = 3,
 }
 
-/// Offsets in a stub slot: its kind, the page's address and the address it jumps back to.
-const STUB_KIND: usize = 104;
-const STUB_PAGE: usize = 112;
-const STUB_BACK: usize = 120;
+/// Offsets in a stub slot of its data: the call and kind (`nr << 8 | kind`), [`clone_exit`],
+/// the page's address and the address the stub jumps back to.
+const STUB_KIND: usize = 224;
+const STUB_EXIT_FN: usize = 232;
+const STUB_PAGE: usize = 240;
+const STUB_BACK: usize = 248;
 
-/// The code of a stub (position-independent: it reads the two quads of its slot).
+/// The code of a stub: position-independent (it reads the quads of its slot), assembled from
+/// this source (GNU as, Intel syntax; `THREAD` defined for [`StubKind::Thread`]):
+///
+/// ```text
+/// slot:   syscall
+///         test rax, rax
+///         jnz report                      ; the parent, or an error
+/// .ifdef THREAD                           ; the child: dispatch on
+///         push rdi; push rsi; push rdx; push r10; push r8
+///         mov edi, 59; mov esi, 1         ; PR_SET_SYSCALL_USER_DISPATCH, ON
+///         mov rdx, [rip+page]; mov r10d, 4096; xor r8d, r8d
+///         mov eax, 157; syscall           ; prctl
+///         pop r8; pop r10; pop rdx; pop rsi; pop rdi
+///         xor eax, eax                    ; the child's result, reported
+/// .else
+///         jmp [rip+back]
+/// .endif
+/// report: lea rsp, [rsp-128]              ; the red zone
+///         push rax; push rcx; push rdx; push rsi; push rdi
+///         push r8; push r9; push r10; push r11; push rbp
+///         mov rbp, rsp; and rsp, -16
+///         mov rdi, rax; lea rsi, [rip+slot]
+///         call [rip+exitfn]               ; clone_exit(result, slot)
+///         mov rsp, rbp
+///         pop rbp; pop r11; pop r10; pop r9; pop r8
+///         pop rdi; pop rsi; pop rdx; pop rcx; pop rax
+///         lea rsp, [rsp+128]
+///         jmp [rip+back]
+/// .org 224
+/// kind: .quad 0; exitfn: .quad 0; page: .quad 0; back: .quad 0
+/// ```
+///
+/// ([`StubKind::Plain`] is `syscall; jmp [rip+back]`.) The vector registers are not saved:
+/// the stub returns into libc's `clone`/`clone3`/`vfork` wrapper, a function, whose caller
+/// keeps none of them live across the call.
 fn stub_code(kind: StubKind) -> &'static [u8] {
-    const PLAIN: [u8; 8] = [
-        0x0F, 0x05, // syscall
-        0xFF, 0x25, 0x70, 0, 0, 0, // jmp [rip+0x70] (STUB_BACK)
+    const PLAIN: [u8; 8] = [0x0F, 0x05, 0xFF, 0x25, 0xF0, 0x00, 0x00, 0x00];
+    const REPORT: [u8; 86] = [
+        0x0F, 0x05, 0x48, 0x85, 0xC0, 0x75, 0x06, 0xFF, 0x25, 0xEB, 0x00, 0x00, 0x00, 0x48, 0x8D, 0x64, 0x24, 0x80, 0x50, 0x51, 0x52, 0x56, 0x57, 0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53, 0x55, 0x48, 0x89, 0xE5, 0x48, 0x83, 0xE4, 0xF0, 0x48, 0x89, 0xC7, 0x48, 0x8D, 0x35, 0xCF, 0xFF, 0xFF, 0xFF, 0xFF, 0x15, 0xB1, 0x00, 0x00, 0x00, 0x48, 0x89, 0xEC, 0x5D, 0x41, 0x5B, 0x41, 0x5A, 0x41, 0x59, 0x41, 0x58, 0x5F, 0x5E, 0x5A, 0x59, 0x58, 0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00, 0xFF, 0x25, 0xA2, 0x00, 0x00, 0x00
     ];
-    const THREAD: [u8; 62] = [
-        0x0F, 0x05, // syscall
-        0x48, 0x85, 0xC0, // test rax, rax
-        0x75, 0x31, // jnz 56 (the parent, or an error)
-        0x57, 0x56, 0x52, 0x41, 0x52, 0x41, 0x50, // push rdi, rsi, rdx, r10, r8
-        0xBF, 0x3B, 0, 0, 0, // mov edi, PR_SET_SYSCALL_USER_DISPATCH
-        0xBE, 0x01, 0, 0, 0, // mov esi, PR_SYS_DISPATCH_ON
-        0x48, 0x8B, 0x15, 0x51, 0, 0, 0, // mov rdx, [rip+0x51] (STUB_PAGE)
-        0x41, 0xBA, 0x00, 0x10, 0, 0, // mov r10d, PAGE_LEN
-        0x45, 0x31, 0xC0, // xor r8d, r8d (no selector)
-        0xB8, 0x9D, 0, 0, 0, // mov eax, SYS_prctl
-        0x0F, 0x05, // syscall
-        0x41, 0x58, 0x41, 0x5A, 0x5A, 0x5E, 0x5F, // pop r8, r10, rdx, rsi, rdi
-        0x31, 0xC0, // xor eax, eax (the child's result)
-        0xFF, 0x25, 0x3A, 0, 0, 0, // jmp [rip+0x3a] (STUB_BACK)
+    const THREAD: [u8; 129] = [
+        0x0F, 0x05, 0x48, 0x85, 0xC0, 0x75, 0x31, 0x57, 0x56, 0x52, 0x41, 0x52, 0x41, 0x50, 0xBF, 0x3B, 0x00, 0x00, 0x00, 0xBE, 0x01, 0x00, 0x00, 0x00, 0x48, 0x8B, 0x15, 0xD1, 0x00, 0x00, 0x00, 0x41, 0xBA, 0x00, 0x10, 0x00, 0x00, 0x45, 0x31, 0xC0, 0xB8, 0x9D, 0x00, 0x00, 0x00, 0x0F, 0x05, 0x41, 0x58, 0x41, 0x5A, 0x5A, 0x5E, 0x5F, 0x31, 0xC0, 0x48, 0x8D, 0x64, 0x24, 0x80, 0x50, 0x51, 0x52, 0x56, 0x57, 0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53, 0x55, 0x48, 0x89, 0xE5, 0x48, 0x83, 0xE4, 0xF0, 0x48, 0x89, 0xC7, 0x48, 0x8D, 0x35, 0xA4, 0xFF, 0xFF, 0xFF, 0xFF, 0x15, 0x86, 0x00, 0x00, 0x00, 0x48, 0x89, 0xEC, 0x5D, 0x41, 0x5B, 0x41, 0x5A, 0x41, 0x59, 0x41, 0x58, 0x5F, 0x5E, 0x5A, 0x59, 0x58, 0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00, 0xFF, 0x25, 0x77, 0x00, 0x00, 0x00
     ];
-    const _: () = assert!(PAGE_LEN == 0x1000 && STUB_PAGE == 31 + 0x51 && STUB_BACK == 62 + 0x3A && STUB_BACK == 8 + 0x70);
+    const _: () = assert!(PAGE_LEN == 0x1000 && STUB == 256);
     match kind {
         StubKind::Plain => &PLAIN,
+        StubKind::Report => &REPORT,
         StubKind::Thread => &THREAD,
     }
 }
 
-/// The stub of the page that makes a system call and jumps to `back` (made on first use);
+/// Called by a stub after the `clone`, `clone3` or `vfork` it made (see [`stub_code`]): the
+/// call's return (`ret`) to the exit callbacks, in the parent and in a new thread, as the
+/// kernel reports it in both.
+extern "C" fn clone_exit(ret: i64, slot: usize) {
+    // SAFETY: this thread's errno, restored below; the slot is one of our page's, in use.
+    let (errno, kind, back) = unsafe {
+        (*libc::__errno_location(), ((slot + STUB_KIND) as *const u64).read_volatile(), ((slot + STUB_BACK) as *const u64).read_volatile())
+    };
+    let regs = PtRegs { ax: ret as u64, orig_ax: kind >> 8, ip: back, cs: 0x33, ss: 0x2b, ..Default::default() };
+    let _ = std::panic::catch_unwind(|| run_callbacks(|c| (c.exit)(&regs)));
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The stub of the page that makes system call `nr` and jumps to `back` (made on first use);
 /// `None` when the page is full.
-fn stub_for(back: usize, kind: StubKind) -> Option<usize> {
+fn stub_for(back: usize, nr: u64, kind: StubKind) -> Option<usize> {
     let page = PAGE.load(Acquire);
+    let tag = nr << 8 | kind as u64;
     let slots = || (1..PAGE_LEN / STUB).map(|i| page + i * STUB);
-    // SAFETY (both closures): slots lie inside our page; a slot's kind and quads are written
-    // before its first two bytes (read here as the sign that it is in use).
+    // SAFETY (both closures): slots lie inside our page; a slot's data is written before its
+    // first two bytes (read here as the sign that it is in use).
     let used = |s: usize| unsafe { (s as *const u16).read_volatile() } == 0x050F;
     let find = || {
         slots().find(|&s| unsafe {
-            used(s) && ((s + STUB_KIND) as *const u8).read_volatile() == kind as u8 && ((s + STUB_BACK) as *const usize).read_volatile() == back
+            used(s) && ((s + STUB_KIND) as *const u64).read_volatile() == tag && ((s + STUB_BACK) as *const usize).read_volatile() == back
         })
     };
     if let Some(s) = find() {
@@ -218,7 +264,8 @@ fn stub_for(back: usize, kind: StubKind) -> Option<usize> {
         unsafe {
             ((free + STUB_BACK) as *mut usize).write_volatile(back);
             ((free + STUB_PAGE) as *mut usize).write_volatile(page);
-            ((free + STUB_KIND) as *mut u8).write_volatile(kind as u8);
+            ((free + STUB_EXIT_FN) as *mut usize).write_volatile(clone_exit as *const () as usize);
+            ((free + STUB_KIND) as *mut u64).write_volatile(tag);
             std::ptr::copy_nonoverlapping(code[2..].as_ptr(), (free + 2) as *mut u8, code.len() - 2);
             std::sync::atomic::compiler_fence(SeqCst);
             (free as *mut u16).write_volatile(0x050F);
@@ -407,15 +454,15 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             }
             None
         }
-        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr, new_thread(args[0]) && traced),
+        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr, new_thread(args[0]), traced),
         libc::SYS_clone3 => {
             // SAFETY: clone3's first argument is the program's struct clone_args, whose first
             // field is the flags (read by the kernel too; a bad pointer faults in the
             // program's own call, as with the kernel's EFAULT).
             let flags = if args[0] == 0 || args[1] < 8 { 0 } else { unsafe { (args[0] as *const u64).read_unaligned() } };
-            rerun_at_stub(uc, nr, new_thread(flags) && traced)
+            rerun_at_stub(uc, nr, new_thread(flags), traced)
         }
-        libc::SYS_vfork => rerun_at_stub(uc, nr, false),
+        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),
         libc::SYS_rt_sigprocmask => Some(sigprocmask_in(uc, args)),
         libc::SYS_sigaltstack => {
             let r = raw(nr, args);
@@ -527,14 +574,19 @@ fn new_thread(flags: u64) -> bool {
 
 /// Resumes the thread with its registers as at its `syscall` instruction, at a stub of the
 /// page that makes the call and jumps back after the program's `syscall` (parent and child
-/// return there, on their own stacks); `thread`: the child (a new thread of the program's)
-/// turns dispatch on first. With no stub left, dispatch is turned off for this thread and
-/// its own instruction runs again. Returns `None`: the frame holds no result.
-fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool) -> Option<i64> {
+/// return there, on their own stacks). `traced`: the call's entry went to the callbacks, its
+/// return goes there too; `thread`: the child (a new thread of the program's) turns dispatch
+/// on first. With no stub left, dispatch is turned off for this thread and its own
+/// instruction runs again. Returns `None`: the frame holds no result.
+fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool) -> Option<i64> {
     // SAFETY: reading the saved rip of this thread's signal frame (after its `syscall`).
     let back = unsafe { *greg(uc, libc::REG_RIP) } as usize;
-    let kind = if thread && ENABLED.load(SeqCst) { StubKind::Thread } else { StubKind::Plain };
-    let at = match stub_for(back, kind) {
+    let kind = match (traced, thread && ENABLED.load(SeqCst)) {
+        (false, _) => StubKind::Plain,
+        (true, false) => StubKind::Report,
+        (true, true) => StubKind::Thread,
+    };
+    let at = match stub_for(back, nr, kind) {
         Some(s) => s,
         None => {
             set_dispatch(false);
@@ -603,38 +655,6 @@ fn broadcast() {
     while ACKS.load(SeqCst) < sent && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
-}
-
-/// What `pthread_create`'s probe hands the new thread.
-struct Start {
-    routine: extern "C-unwind" fn(*mut c_void) -> *mut c_void,
-    arg: *mut c_void,
-}
-
-/// The start routine of threads created while dispatch is on.
-extern "C-unwind" fn thread_start(p: *mut c_void) -> *mut c_void {
-    // SAFETY: `p` is the Box<Start> made by `on_pthread_create` for this thread alone.
-    let s = unsafe { Box::from_raw(p as *mut Start) };
-    let (routine, arg) = (s.routine, s.arg);
-    drop(s);
-    if ENABLED.load(SeqCst) && !crate::thread::is_thread_ours() {
-        set_dispatch(true);
-    }
-    routine(arg)
-}
-
-/// Entry probe of `pthread_create(thread, attr, routine, arg)`: wrap the routine.
-unsafe extern "C" fn on_pthread_create(_: *mut c_void, regs: *mut PtRegs) -> u32 {
-    // SAFETY: the hook's registers at pthread_create's entry.
-    let regs = unsafe { &mut *regs };
-    if ENABLED.load(Relaxed) && regs.dx != 0 {
-        // SAFETY: rdx holds the start routine the caller passed (a function pointer).
-        let routine = unsafe { std::mem::transmute::<usize, extern "C-unwind" fn(*mut c_void) -> *mut c_void>(regs.dx as usize) };
-        let b = Box::into_raw(Box::new(Start { routine, arg: regs.cx as *mut c_void }));
-        regs.dx = thread_start as *const () as usize as u64;
-        regs.cx = b as u64;
-    }
-    crate::HOOK_CONTINUE
 }
 
 thread_local! {
@@ -728,10 +748,6 @@ fn setup() -> Result<(), String> {
             return Err(format!("prctl(PR_SET_SYSCALL_USER_DISPATCH) failed: {e} (Linux 5.11 or later with CONFIG_GENERIC_ENTRY is needed)"));
         }
         set_dispatch(false);
-        let r = crate::symbols::resolve("libc.so.6:pthread_create").map_err(|e| e.to_string())?;
-        let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
-        crate::attach_with(r.addr, crate::ProbeKind::Entry, on_pthread_create, std::ptr::null_mut(), ext)
-            .map_err(|e| format!("probing pthread_create (new threads): {e}"))?;
         // Best effort: glibc's sigprocmask only calls pthread_sigmask (and starts with that
         // call, which cannot be displaced), so its own probe may be refused.
         for (func, data) in [("pthread_sigmask", 0usize), ("sigaction", 1), ("sigprocmask", 0)] {

@@ -13,6 +13,8 @@ static EXIT: AtomicU64 = AtomicU64::new(0);
 static LAST_RET: AtomicI64 = AtomicI64::new(0);
 static BAD_FD_CLOSES: AtomicU64 = AtomicU64::new(0);
 static ROBUST: AtomicU64 = AtomicU64::new(0);
+static CLONE3_PARENT: AtomicU64 = AtomicU64::new(0);
+static CLONE3_CHILD: AtomicU64 = AtomicU64::new(0);
 
 fn on_enter(r: &PtRegs) {
     if r.orig_ax == libc::SYS_getppid as u64 {
@@ -27,6 +29,10 @@ fn on_enter(r: &PtRegs) {
 }
 
 fn on_exit(r: &PtRegs) {
+    if r.orig_ax == libc::SYS_clone3 as u64 {
+        let c = if r.ax == 0 { &CLONE3_CHILD } else { &CLONE3_PARENT };
+        c.fetch_add(1, SeqCst);
+    }
     if r.orig_ax == libc::SYS_getppid as u64 {
         EXIT.fetch_add(1, SeqCst);
         LAST_RET.store(r.ax as i64, SeqCst);
@@ -79,6 +85,8 @@ fn every_call_but_ours() {
     // Their first calls, glibc's in start_thread before the start routine: each new thread
     // registers its robust list (userbpf's thread above did not count).
     assert_eq!(ROBUST.load(SeqCst), 3, "set_robust_list of the new threads");
+    // clone3 returns in both, as the kernel reports it (the parent with the child's id).
+    assert_eq!((CLONE3_PARENT.load(SeqCst), CLONE3_CHILD.load(SeqCst)), (3, 3), "clone3's returns");
     // A program's signal handler making a system call, and its return (rt_sigreturn from
     // libc's restorer).
     // SAFETY: installing a plain handler for SIGUSR1, then raising it on this thread.
