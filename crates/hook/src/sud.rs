@@ -4,8 +4,8 @@
 //! With dispatch on, a thread's system call made from outside one allowed address range
 //! does not run: the kernel sends the thread `SIGSYS` (`si_code` `SYS_USER_DISPATCH`) with
 //! the registers as at the `syscall` instruction (`rax` = the number, `rip` after it). The
-//! range allowed here is one page of our own ([`PAGE`]: a `syscall; ret` gadget, and stubs
-//! re-running `clone`s), so every other `syscall` instruction traps: libc's wrappers and its
+//! range allowed here is one page of our own ([`PAGE`]: a `syscall; ret` gadget, the signal
+//! restorer of our handlers, and stubs re-running `clone`s), so every other `syscall` instruction traps: libc's wrappers and its
 //! internal calls (`__close_nocancel`, the `openat` inside `fopen`, locale loading...), inline
 //! `syscall` in the program or other libraries, the dynamic loader's calls (dlopen), the
 //! vDSO's fallbacks. The `SIGSYS` handler gives the registers to the enter callback (as a
@@ -48,11 +48,12 @@
 //! keep `SIGSYS` out of the sets they are given as well, and a `SIGSYS` handler the program
 //! installs while dispatch is on is kept as the one other `SIGSYS`s (seccomp's, `raise`) are
 //! handed to.
+//!
 //! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
 //! constructor runs after the loader has mapped and relocated every library), calls made
-//! before a system call tracepoint is attached, a vfork child's calls (and the return of
-//! its `vfork`) until its exec, and calls the vDSO answers
-//! without entering the kernel (as for the kernel's tracepoints).
+//! before a system call tracepoint is attached, the calls of a `CLONE_VFORK` child (`vfork`,
+//! `posix_spawn`) until its exec, and the return of `rt_sigreturn`. Calls the vDSO answers
+//! without entering the kernel are not system calls (the kernel does not see them either).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
