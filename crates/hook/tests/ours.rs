@@ -8,6 +8,28 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 
 use userbpf_hook::*;
 
+std::arch::global_asm!(
+    ".pushsection .text.userbpf_ours_test,\"ax\",@progbits",
+    // u64 t_ours_lean(u64 x): x + 5.
+    ".globl t_ours_lean",
+    "t_ours_lean:",
+    "    nop dword ptr [rax + rax * 1 + 0]",
+    "    lea rax, [rdi + 5]",
+    "    ret",
+    // A lean handler: u64 (PtRegs *regs, u64 *hits, u64 record[3]) counting its hits.
+    ".globl t_ours_lean_handler",
+    "t_ours_lean_handler:",
+    "    lock inc qword ptr [rsi]",
+    "    xor eax, eax",
+    "    ret",
+    ".popsection",
+);
+
+extern "C" {
+    fn t_ours_lean(x: u64) -> u64;
+    fn t_ours_lean_handler();
+}
+
 #[inline(never)]
 #[no_mangle]
 pub extern "C" fn t_ours(x: u64) -> u64 {
@@ -75,4 +97,36 @@ fn no_probe_fires_for_our_own_work() {
     assert!(!is_thread_ours());
     detach(e).unwrap();
     detach(r).unwrap();
+}
+
+#[test]
+fn no_lean_handler_fires_for_our_own_work() {
+    static LEAN: AtomicU64 = AtomicU64::new(0);
+    static GENERAL: AtomicU64 = AtomicU64::new(0);
+    static GATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    static FAILURES: AtomicU64 = AtomicU64::new(0);
+    let lean: &'static LeanHandler = Box::leak(Box::new(LeanHandler {
+        func: t_ours_lean_handler as *const () as usize,
+        arg: &LEAN as *const AtomicU64 as u64,
+        gate: GATE.as_ptr(),
+        failures: &FAILURES,
+    }));
+    let addr = t_ours_lean as *const () as usize;
+    let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
+    let hits = || LEAN.load(SeqCst) + GENERAL.load(SeqCst);
+    // SAFETY (every call below): a plain function.
+    assert_eq!(unsafe { t_ours_lean(black_box(1)) }, 6);
+    assert_eq!(hits(), 1, "the target's call");
+    {
+        let _o = ours();
+        for i in 0..10 {
+            assert_eq!(unsafe { t_ours_lean(black_box(i)) }, i + 5);
+        }
+    }
+    assert_eq!(hits(), 1, "calls inside an ours scope (lean path included)");
+    quiet::spawn("ours-lean", || unsafe { t_ours_lean(black_box(2)) }).unwrap().join().unwrap();
+    assert_eq!(hits(), 1, "a call on userbpf's thread");
+    unsafe { t_ours_lean(black_box(3)) };
+    assert_eq!(hits(), 2, "the target's call after the scope");
+    detach(id).unwrap();
 }
