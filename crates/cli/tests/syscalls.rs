@@ -91,3 +91,22 @@ fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
         assert!(out.contains(want), "{out}\n{err}");
     }
 }
+
+#[test]
+fn every_call_is_seen_from_busy_threads_masked_signals_handlers_and_a_child() {
+    let exe = userbpf_testutil::compile_c(&here("targets/syscalls_stress.c"), &tmp().join("syscalls/syscalls_stress"), &["-pthread"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(object("getppid_count"))
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("syscalls_stress: 50 signals handled, child status 0"), "{stdout}\n{stderr}");
+    // 4 x (20000 + 20 with every signal blocked), 50 in the handler, 1000 in the child.
+    assert!(stdout.contains(".enter = 81130, .exit_ok = 81130 }"), "{stdout}\n{stderr}");
+}
