@@ -1,7 +1,8 @@
 // System call dispatch under stress: 4 threads making getppid() 20000 times each, every
 // 1000th call with every signal blocked (pthread_sigmask: SIGSYS must stay deliverable); 50
-// SIGUSR1s (raise: delivered before it returns) whose handler (installed with a full sa_mask) calls getppid(); a forked child
-// making 1000 calls. Prints the handler's count and the child's status.
+// SIGUSR1s (raise: delivered before it returns) whose handler, installed with a full
+// sa_mask, calls getppid(); a forked child making 1000 calls. Prints the handler's count and
+// the child's status.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
