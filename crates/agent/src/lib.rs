@@ -20,6 +20,11 @@
 //! detaches links meant for another pid. exec: `LD_PRELOAD` and `USERBPF_SESSION` are
 //! inherited, so the new image loads the agent and attaches again.
 //!
+//! No probe fires for the agent's own work: its threads are userbpf's
+//! (`userbpf_hook::mark_thread_ours`), and its work on the target's threads (start-up, syncs
+//! from dlopen notifications, fork handlers, the exit handler) runs in a `userbpf_hook::ours`
+//! scope; neither its calls of probed functions (malloc...) nor its system calls are seen.
+//!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
 //! allocates, locks or makes a system call. Errors are printed once per link to stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
@@ -192,6 +197,7 @@ fn install_ack_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn ack_exit() {
         let _ = std::panic::catch_unwind(|| {
+            let _ours = userbpf_hook::ours();
             let me = std::process::id();
             if ACK_PID.load(Ordering::SeqCst) != me {
                 return;
@@ -435,6 +441,8 @@ impl Agent {
     /// As [`Agent::start`]; `ack`: this process will have a watcher thread, so it keeps an
     /// acknowledgement file (see [`Ack`]) from before its first sync.
     fn start_with(ack: bool) -> Result<&'static Mutex<Agent>, String> {
+        // The agent's work on the calling thread (the target's): no probe fires for it.
+        let _ours = userbpf_hook::ours();
         if let Some(a) = AGENT.get() {
             return Ok(a);
         }
@@ -485,6 +493,7 @@ impl Agent {
 
     /// Attaches links that appeared and detaches links that are gone.
     pub fn sync(&mut self) {
+        let _ours = userbpf_hook::ours();
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
         let outer = SYNCING.swap(me, Ordering::SeqCst);
@@ -705,6 +714,7 @@ fn target_spec(link: &LinkRecord) -> String {
 /// returns. If the agent is busy (its lock may be held by a thread waiting for the loader),
 /// the watcher thread syncs instead.
 fn on_objects_changed(c: &ObjectChanges) {
+    let _ours = userbpf_hook::ours();
     let Some(cell) = AGENT.get() else { return };
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
@@ -760,6 +770,7 @@ static FORK_UNLOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 /// up to 2 s: a fork from a library constructor (inside dlopen, the loader's lock held) while
 /// the watcher waits for the loader must not hang.
 extern "C" fn fork_prepare() {
+    let _ours = userbpf_hook::ours();
     let Some(cell) = AGENT.get() else { return };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
@@ -786,12 +797,14 @@ extern "C" fn fork_prepare() {
 }
 
 extern "C" fn fork_parent() {
+    let _ours = userbpf_hook::ours();
     // SAFETY: see `Held`; releases the lock taken in `fork_prepare`.
     drop(unsafe { (*HELD.0.get()).take() });
 }
 
 /// In the child: release the agent's lock and start the child's watcher thread.
 extern "C" fn fork_child() {
+    let _ours = userbpf_hook::ours();
     // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
     // store (plus a wake if a parent thread was waiting, a harmless system call).
     drop(unsafe { (*HELD.0.get()).take() });
@@ -818,6 +831,8 @@ extern "C" fn fork_child() {
 /// another pid detached, then the parent's job.
 extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
     let _ = std::panic::catch_unwind(|| {
+        // No probe fires for this thread's work, nor are its system calls traced.
+        userbpf_hook::mark_thread_ours();
         let _ = std::thread::current(); // named by the thread's handle: "userbpf-agent"
         let old_ino = WATCH_FD.swap(-1, Ordering::SeqCst);
         // SAFETY: prctl(PR_SET_NAME) with a NUL-terminated name of at most 16 bytes.
@@ -963,6 +978,8 @@ extern "C" fn agent_init() {
         return;
     }
     let _ = std::panic::catch_unwind(|| {
+        // The agent's work on the target's main thread: no probe fires for it.
+        let _ours = userbpf_hook::ours();
         // Watch before the start-up sync, so that a link added in between is not missed (and no
         // second sync runs beside the program's first steps).
         let early = watch_links_early(&Session::dir_of(&Session::default_name()).join("links"));

@@ -1,34 +1,34 @@
-//! System call tracepoints at libc's wrappers: links of kind `tracepoint` (`func`:
+//! System call tracepoints in a process: links of kind `tracepoint` (`func`:
 //! `syscalls/sys_enter_NAME`, `syscalls/sys_exit_NAME`, `raw_syscalls/sys_enter`,
 //! `raw_syscalls/sys_exit`) and `raw_tracepoint` (`func`: `sys_enter`, `sys_exit`).
 //!
-//! The libc functions issuing a system call (`userbpf_hook::syscalls::wrappers_of`: the
-//! function of the call's name, plus `open`/`creat` for `openat`, `stat`/`lstat` for
-//! `newfstatat`, ...) get an entry probe (sys_enter) or a return probe (sys_exit), and the
-//! program runs on a context laid out as the kernel lays out the tracepoint's record:
+//! Every system call the process makes is seen through Syscall User Dispatch
+//! (`userbpf_hook::sud`, turned on while a system call tracepoint is attached): libc's
+//! wrappers, glibc's internal calls (`__close_nocancel`, the `openat` of `fopen`, `opendir` and
+//! locale loading...), inline `syscall` instructions in the program or other libraries, the
+//! dynamic loader's calls made after the agent is loaded. Each call traps; the programs run
+//! before and after it with its number and arguments as the kernel has them, and the call
+//! returns its real result. The agent's own calls (its threads, and its work on the target's
+//! threads) are not seen. What remains invisible is listed in `userbpf_hook::sud` (the dynamic
+//! loader's calls before the agent is loaded, a new thread's first calls before its start
+//! routine, the return of `clone`s, calls answered by the vDSO as for the kernel).
+//!
+//! The program runs on a context laid out as the kernel lays out the tracepoint's record:
 //! from `/sys/kernel/tracing/events/CAT/NAME/format` when it can be read (offsets, sizes,
 //! the event id in `common_type`), else the kernel's usual layout (`__syscall_nr` at 8, the
 //! arguments or `ret` as 8-byte fields from 16). `common_pid` is the thread id; the flags and
-//! preempt count are 0. The system call's arguments are the wrapper's, mapped as the wrapper
-//! passes them (`open(p, f, m)` is `openat(AT_FDCWD, p, f, m)`); its return value is the
-//! wrapper's, with `-1` turned back into `-errno` as the kernel reports it (the wrapper's C
-//! return type is not known: a 32-bit `-1` in eax counts as `-1` too).
+//! preempt count are 0. Raw tracepoints get `{ struct pt_regs *regs, long id }` (sys_enter)
+//! or `{ regs, long ret }` (sys_exit), the registers the system call's: arguments in di, si,
+//! dx, r10, r8, r9, the number in orig_ax.
 //!
-//! Entry probes also hook libc's `syscall()` (the number in its first argument; filtered to
-//! the tracepoint's call for `sys_enter_NAME`).
-//!
-//! System calls made by `syscall` instructions outside libc (inline in the program or in other
-//! libraries, the dynamic loader's own) are seen through Syscall User Dispatch
-//! (`userbpf_hook::sud`, turned on while a system call tracepoint is attached): they trap, the
-//! programs run before and after the call with its number and arguments as the kernel has
-//! them, and the call returns its real result. Not seen: calls made inside libc without its
-//! public wrapper (`*_nocancel` variants and other internal calls), calls answered by the
-//! vDSO (`clock_gettime`, `gettimeofday`, ...), and the return of calls made through libc's
-//! `syscall()`.
-//!
-//! Raw tracepoints get `{ struct pt_regs *regs, long id }` (sys_enter) or
-//! `{ regs, long ret }` (sys_exit), the registers a copy of the probe's with the system
-//! call's: arguments in di, si, dx, r10, r8, r9, the number in orig_ax.
+//! Where the kernel has no Syscall User Dispatch (before 5.11), the libc functions issuing a
+//! system call (`userbpf_hook::syscalls::wrappers_of`: the function of the call's name, plus
+//! `open`/`creat` for `openat`, `stat`/`lstat` for `newfstatat`, ...) get an entry probe
+//! (sys_enter) or a return probe (sys_exit) instead, and libc's `syscall()` an entry probe:
+//! the call's arguments are then the wrapper's, mapped as the wrapper passes them
+//! (`open(p, f, m)` is `openat(AT_FDCWD, p, f, m)`), its return value the wrapper's, with
+//! `-1` turned back into `-errno` (a 32-bit `-1` in eax counts as `-1` too); calls made inside
+//! libc without a public wrapper, inline ones and the return of `syscall()` are not seen.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -325,16 +325,27 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
         Some((cat, name)) => Shape::Record(layout(cat, name, exit)),
         None => Shape::Raw,
     };
-    let (wrappers, only): (Vec<Wrapper>, Option<u32>) = match call {
+    let only = match call {
+        Some(c) => Some(syscalls::number(c).ok_or(format!("no x86-64 system call `{c}`"))?),
+        None => None,
+    };
+    // Every system call, through dispatch.
+    let probe: &'static Probe = Box::leak(Box::new(Probe { prog: prog.clone(), cookie: link.cookie, exit, shape, nr: None, only: None, args: [ArgSrc::Const(0); 6] }));
+    let dispatch_err = match raw_add(RawProbe { probe, nr: only }) {
+        Ok(()) => return Ok(AttachedLink { raw: vec![probe as *const Probe as usize], ..Default::default() }),
+        Err(e) => e,
+    };
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| log(&format!("system calls are traced at libc's wrappers only (glibc's internal calls and inline `syscall` instructions are not seen): {dispatch_err}")));
+    let wrappers: Vec<Wrapper> = match call {
         Some(c) => {
-            let nr = syscalls::number(c).ok_or(format!("no x86-64 system call `{c}`"))?;
             let w = syscalls::wrappers_of(c);
             if w.is_empty() {
-                return Err(format!("system call `{c}` has no libc wrapper that userbpf hooks (its libc function is not a plain wrapper, or it has none)"));
+                return Err(format!("system call `{c}` has no libc wrapper that userbpf hooks (its libc function is not a plain wrapper, or it has none), and system call dispatch is not available: {dispatch_err}"));
             }
-            (w, Some(nr))
+            w
         }
-        None => (syscalls::all_wrappers(), None),
+        None => syscalls::all_wrappers(),
     };
     let (libc_path, funcs) = syscalls::libc_functions()?;
     let mut done = AttachedLink::default();
@@ -367,15 +378,6 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
     }
     if !refused.is_empty() {
         log(&format!("link {} ({what}): {} libc functions not hooked: {}", link.id, refused.len(), refused.join(", ")));
-    }
-    // System calls made outside libc.
-    let probe: &'static Probe = Box::leak(Box::new(Probe { prog, cookie: link.cookie, exit, shape, nr: None, only: None, args: [ArgSrc::Const(0); 6] }));
-    match raw_add(RawProbe { probe, nr: only }) {
-        Ok(()) => done.raw.push(probe as *const Probe as usize),
-        Err(e) => {
-            static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| log(&format!("system calls made outside libc (inline `syscall` instructions) are not traced: {e}")));
-        }
     }
     Ok(done)
 }

@@ -1,4 +1,4 @@
-//! `userbpf run` with system call tracepoints, hooked at libc's wrappers: records laid out as
+//! `userbpf run` with system call tracepoints (every call, through system call dispatch): records laid out as
 //! the kernel's (per-call and raw_syscalls), return values as the kernel reports them
 //! (`-errno`), raw tracepoints, and what cannot be attached in a process.
 
@@ -56,10 +56,11 @@ fn tracepoints_a_process_cannot_have_are_refused() {
     let (out, err, ok) = run(&object("tp_refused"), &["--allow-partial"], 10);
     assert!(ok, "{out}\n{err}");
     assert!(err.contains("program `on_switch` (tracepoint sched/sched_switch) cannot be attached: only system call tracepoints"), "{err}");
-    assert!(err.contains("system call `clone` has no libc wrapper that userbpf hooks"), "{err}");
-    // getppid() and syscall(SYS_getppid) each run 10 times: the return of calls made through
-    // syscall() is not seen (its number is gone by then).
-    assert!(out.contains(".getppids = 10 }"), "{out}");
+    // Every system call is seen through dispatch, clone's (which has no plain libc wrapper)
+    // too: nothing else is refused.
+    assert!(!err.contains("userbpf-agent:"), "{err}");
+    // getppid() and syscall(SYS_getppid) each run 10 times; both returns are seen.
+    assert!(out.contains(".clones = 0, .getppids = 20 }"), "{out}");
 }
 
 #[test]
@@ -90,4 +91,23 @@ fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
         let want = ".counts = { .enter = 1501, .exit_ok = 1501, .exit_bad = 0, .raw_getppid = 1501, .raw_write_len = 1 }";
         assert!(out.contains(want), "{out}\n{err}");
     }
+}
+
+#[test]
+fn every_call_is_seen_from_busy_threads_masked_signals_handlers_and_a_child() {
+    let exe = userbpf_testutil::compile_c(&here("targets/syscalls_stress.c"), &tmp().join("syscalls/syscalls_stress"), &["-pthread"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(object("getppid_count"))
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("syscalls_stress: 50 signals handled, child status 0"), "{stdout}\n{stderr}");
+    // 4 x (20000 + 20 with every signal blocked), 50 in the handler, 1000 in the child.
+    assert!(stdout.contains(".enter = 81130, .exit_ok = 81130 }"), "{stdout}\n{stderr}");
 }

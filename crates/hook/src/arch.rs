@@ -799,8 +799,10 @@ fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) 
 /// (`Site::lean_entry`) whose gate is closed, builds the pt_regs, calls it directly (no FP
 /// state saved: the lean handler touches none; no Rust in between; or, for a handler that
 /// calls out, only the vector registers, with the thread's recursion guard held as
-/// `entry_dispatch` holds it) inside an RCU read-side
-/// section (so `detach` still waits for it), and resumes. Anything else goes to the general
+/// `entry_dispatch` holds it) inside an RCU read-side section (so `detach` still waits for
+/// it), and resumes. A thread whose recursion guard is held (inside a handler, or doing
+/// userbpf's own work: `thread::ours`) goes to the general path, which runs nothing. Anything
+/// else goes to the general
 /// path: `saved` (pt_regs built, GPRs saved) or, before anything is saved, the code after
 /// this. `redirect`: the general path's resume at r12 (a changed `regs.ip`), rsp = pt_regs.
 ///
@@ -835,6 +837,13 @@ fn lean_entry_path(
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     save_gprs_f(a, false)?;
     lean_rcu_enter(a, *saved)?;
+    // The recursion guard, which also keeps probes off for userbpf's own work
+    // (`thread::ours`): held (or no state yet) → the general path decides.
+    a.mov(rax, qword_ptr(r12 + crate::thread::table_layout().state))?;
+    a.test(rax, rax)?;
+    a.jz(unlock_general)?;
+    a.cmp(dword_ptr(rax + std::mem::offset_of!(crate::thread::ThreadState, in_handler) as i32), 0)?;
+    a.jne(unlock_general)?;
     a.mov(r15, qword_ptr(rsp + (PT_REGS_SIZE + 8)))?;
     a.mov(r14, qword_ptr(r15 + lean_entry))?;
     a.test(r14, r14)?;

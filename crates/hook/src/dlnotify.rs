@@ -132,6 +132,8 @@ fn install_inner(cb: Callback) -> Result<(), String> {
 
 /// Runs in place of `_dl_debug_state` (the loader's lock held, see the module docs).
 extern "C" fn notified() {
+    // userbpf's work, not the target's: no probe fires for it.
+    let _ours = crate::thread::ours();
     if DEPTH.fetch_add(1, SeqCst) > 0 {
         AGAIN.store(true, SeqCst);
         DEPTH.fetch_sub(1, SeqCst);

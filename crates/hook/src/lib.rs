@@ -29,7 +29,9 @@
 //! once per thread (mmap of the thread's state + pthread_setspecific, see
 //! `thread`). Handlers run with a per-thread recursion guard: a probe hit
 //! from inside a handler runs no handler and is counted in
-//! [`HookStats::missed_recursion`].
+//! [`HookStats::missed_recursion`]. The same guard keeps probes off for
+//! userbpf's own work: inside an [`ours`] scope and on threads marked with
+//! [`mark_thread_ours`] (such hits are counted as missed too).
 //!
 //! Sites and trampolines are never freed: after the last probe of an address
 //! is detached the original bytes are restored but the trampoline page stays
@@ -60,6 +62,7 @@ pub mod usdt;
 pub use patch::fixup_signal;
 pub use placement::Method;
 pub use thread::SHADOW_CAPACITY;
+pub use thread::{is_thread_ours, mark_thread_ours, ours, probes_off, Ours};
 
 /// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
 #[repr(C)]

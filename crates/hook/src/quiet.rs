@@ -15,6 +15,9 @@
 //!   patched, [`crate::sud::switch_signal`] for system call dispatch): a thread blocking them
 //!   would stall every attach for the broadcast's timeout.
 //!
+//! Every such thread is also marked as userbpf's own (`thread::mark_thread_ours`): no probe
+//! fires for its work and system call dispatch is off for it.
+//!
 //! The new thread gets the mask at creation (it is inherited from the creating thread, which
 //! blocks it for the moment of the call): no signal can reach it before it runs.
 
@@ -69,10 +72,15 @@ where
     T: Send + 'static,
 {
     let builder = std::thread::Builder::new().name(name.into());
+    // Creating it is userbpf's work too: the new thread's first system calls (glibc's, before
+    // it marks itself) are not the target's, and it gets no system call dispatch.
+    let _ours = crate::thread::ours();
     with_quiet_mask(move || {
         builder.spawn(move || {
             // Already inherited; again in case a wrapper of pthread_create changed it.
             block_signals();
+            // No probe fires for the work of our threads, nor are their system calls traced.
+            crate::thread::mark_thread_ours();
             f()
         })
     })

@@ -1,42 +1,59 @@
-//! System calls made by `syscall` instructions outside libc, seen through Linux's Syscall
-//! User Dispatch (`prctl(PR_SET_SYSCALL_USER_DISPATCH)`, Linux 5.11+).
+//! Every system call of a process, seen through Linux's Syscall User Dispatch
+//! (`prctl(PR_SET_SYSCALL_USER_DISPATCH)`, Linux 5.11+).
 //!
 //! With dispatch on, a thread's system call made from outside one allowed address range
 //! does not run: the kernel sends the thread `SIGSYS` (`si_code` `SYS_USER_DISPATCH`) with
 //! the registers as at the `syscall` instruction (`rax` = the number, `rip` after it). The
-//! range allowed here is libc's text: calls made through libc's functions run as before (and
-//! are seen at their wrappers by the agent's probes), at no cost; everything else (inline
-//! `syscall` in the program or other libraries, the dynamic loader's own calls, the vDSO's
-//! fallbacks) traps. The `SIGSYS` handler gives the registers to the enter callback (as a
+//! range allowed here is one page of our own ([`PAGE`]: a `syscall; ret` gadget, the signal
+//! restorer of our handlers, and stubs re-running `clone`s), so every other `syscall` instruction traps: libc's wrappers and its
+//! internal calls (`__close_nocancel`, the `openat` inside `fopen`, locale loading...), inline
+//! `syscall` in the program or other libraries, the dynamic loader's calls (dlopen), the
+//! vDSO's fallbacks. The `SIGSYS` handler gives the registers to the enter callback (as a
 //! `struct pt_regs`: the number in `orig_ax`, the arguments in di, si, dx, r10, r8, r9),
-//! makes the call itself through the `syscall` instruction of libc's `syscall()` (inside
-//! the allowed range; entered after that function's first bytes, so a probe on `syscall()`
-//! does not see it), gives the result to the exit callback and returns it in `rax`.
+//! makes the call itself through the gadget, gives the result to the exit callback and
+//! returns it in `rax`. Each dispatched call costs a signal delivery and return (a few
+//! microseconds, see the README), paid only while dispatch is on (while a system call
+//! tracepoint is attached).
+//!
+//! userbpf's own work is not dispatched to the callbacks: threads userbpf made
+//! (`thread::mark_thread_ours`) have dispatch off, and a call made while probes are off on the
+//! thread (inside a probe's handler, a `thread::ours` scope of the agent's work, or the
+//! callbacks themselves) is made without them.
 //!
 //! Calls that cannot be made from inside a signal handler:
 //! * `rt_sigreturn` restores the frame of the signal it returns from: the thread is resumed
-//!   at libc's `syscall` instruction with its registers as they were, so the call runs there;
+//!   at the gadget's `syscall` with its registers as they were, so the call runs there;
 //! * `clone` sharing the address space or with a new stack, `clone3` and `vfork` (the child
-//!   would run on the handler's frames): dispatch is turned off for the calling thread and
-//!   the instruction runs again as it is (its exit is not seen, nor later calls of that
-//!   thread); other `clone`s and `fork` run in the handler and the child turns dispatch on;
+//!   would run on the handler's frames): the thread is resumed with its registers as they
+//!   were at a stub of the page, `syscall; jmp` back to the instruction after the program's
+//!   `syscall` (one stub per call site, call and kind, made on first use), so parent and
+//!   child return from the call where the program made it; the stub gives the call's return
+//!   to the exit callbacks in the parent (`clone_exit`). A new thread of the program's
+//!   (`CLONE_VM` without `CLONE_VFORK`) turns dispatch on in the stub before its first
+//!   instruction and reports its return (0) too; one userbpf creates (probes off on the
+//!   creating thread) does neither.
+//!   Other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
 //!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
 //!   stack is also put in the frame (the handler's return restores the frame's); an
-//!   `rt_sigaction` of `SIGSYS` keeps this handler and chains the program's.
+//!   `rt_sigaction` of `SIGSYS` keeps this handler and chains the program's. Masks the
+//!   program hands the kernel (a handler's `sa_mask`, `rt_sigsuspend`, `ppoll`, `pselect6`,
+//!   `epoll_pwait`) are passed without `SIGSYS`.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
-//! the others with a signal), threads created later by `pthread_create` turn it on before
-//! their start routine (an entry probe on `pthread_create` wraps the routine), a forked child
+//! the others with a signal), threads created later get it in the clone stub (before their
+//! first instruction: nothing of userbpf's runs on them before their own code), a forked child
 //! turns it on for its thread (`fork` module), and exec turns it off (the new image's agent
-//! decides again). A dispatched call finding `SIGSYS` blocked kills the thread's process, so
-//! while dispatch is on `SIGSYS` is taken out of the sets given to libc's `sigprocmask`,
-//! `pthread_sigmask` and `sigaction` (entry probes pass a copy) and to raw `rt_sigprocmask`.
-//! A `SIGSYS` handler the program installs through `sigaction` while dispatch is on is kept
-//! as the one other `SIGSYS`s (seccomp's, `raise`) are handed to.
-//! Limits: threads made by raw `clone` outside libc do not get dispatch; masks set by other paths
-//! (`sigsuspend`, `pselect`, libc-internal blocking such as at thread exit) still block it,
-//! and a raw system call then kills the process.
+//! decides again). Entry probes on libc's `sigprocmask`, `pthread_sigmask` and `sigaction`
+//! keep `SIGSYS` out of the sets they are given as well, and a `SIGSYS` handler the program
+//! installs while dispatch is on is kept as the one other `SIGSYS`s (seccomp's, `raise`) are
+//! handed to.
+//!
+//! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
+//! constructor runs after the loader has mapped and relocated every library), calls made
+//! before a system call tracepoint is attached, the calls of a `CLONE_VFORK` child (`vfork`,
+//! `posix_spawn`) until its exec, and the return of `rt_sigreturn`. Calls the vDSO answers
+//! without entering the kernel are not system calls (the kernel does not see them either).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
@@ -61,12 +78,16 @@ struct Callbacks {
 
 static CALLBACKS: AtomicPtr<Callbacks> = AtomicPtr::new(std::ptr::null_mut());
 static ENABLED: AtomicBool = AtomicBool::new(false);
-/// libc's text: `[LO, LO + LEN)`.
-static LO: AtomicUsize = AtomicUsize::new(0);
-static LEN: AtomicUsize = AtomicUsize::new(0);
-/// The `syscall` instruction inside libc's `syscall()`, followed by `cmp rax,-4095; jae
-/// error; ret` (the error path sets errno and returns -1).
-static GADGET: AtomicUsize = AtomicUsize::new(0);
+/// The page of our own code, the one range dispatch allows: `syscall; ret` at 0, the signal
+/// restorer of our handlers at [`RESTORER`], then
+/// [`STUB`]-byte stubs re-running a `clone` (see [`stub_for`]) from [`STUB`] on. 0 until set up.
+static PAGE: AtomicUsize = AtomicUsize::new(0);
+const PAGE_LEN: usize = 4096;
+const STUB: usize = 256;
+/// Where the page's signal restorer (`rt_sigreturn`) is.
+const RESTORER: usize = 4;
+/// Held while a stub is written (by the SIGSYS handler: a spin lock).
+static STUB_LOCK: AtomicBool = AtomicBool::new(false);
 static SETUP: Mutex<Option<Result<(), String>>> = Mutex::new(None);
 static OLD_SIGSYS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 static ACKS: AtomicUsize = AtomicUsize::new(0);
@@ -89,86 +110,189 @@ pub fn set_callbacks(enter: EnterFn, exit: ExitFn) {
 }
 
 fn set_dispatch(on: bool) -> i64 {
-    let (lo, len) = (LO.load(SeqCst), LEN.load(SeqCst));
-    let r = if on {
-        // SAFETY: prctl with integer arguments; the selector pointer is NULL (dispatch
-        // always applies outside the range).
-        unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, lo as u64, len as u64, 0u64) }
+    let page = PAGE.load(SeqCst);
+    let a = if on {
+        // The selector pointer is NULL: dispatch always applies outside the range.
+        [PR_SET_SYSCALL_USER_DISPATCH as u64, PR_SYS_DISPATCH_ON, page as u64, PAGE_LEN as u64, 0]
     } else {
-        // SAFETY: as above; turning dispatch off takes no range.
-        unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0u64, 0u64, 0u64) }
+        [PR_SET_SYSCALL_USER_DISPATCH as u64, PR_SYS_DISPATCH_OFF, 0, 0, 0]
     };
-    r as i64
+    if page != 0 {
+        // Through the page: with dispatch on, libc's prctl would trap.
+        return raw(libc::SYS_prctl as u64, [a[0], a[1], a[2], a[3], a[4], 0]);
+    }
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(a[0] as i32, a[1], a[2], a[3], a[4]) } as i64;
+    if r < 0 { -(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL) as i64) } else { r }
 }
 
-/// libc's executable segment and the `syscall` instruction of its `syscall()`.
-fn find_libc() -> Result<(usize, usize, usize), String> {
-    struct Found {
-        text: Option<(usize, usize)>,
-    }
-    unsafe extern "C" fn cb(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> i32 {
-        // SAFETY: dl_iterate_phdr passes a valid info and our &mut Found.
-        let (info, f) = unsafe { (&*info, &mut *(data as *mut Found)) };
-        if info.dlpi_name.is_null() {
-            return 0;
-        }
-        // SAFETY: a NUL-terminated name owned by the loader.
-        let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
-        let base = name.rsplit(|b| *b == b'/').next().unwrap_or(name);
-        if !base.starts_with(b"libc.so") {
-            return 0;
-        }
-        for i in 0..info.dlpi_phnum as usize {
-            // SAFETY: dlpi_phdr has dlpi_phnum entries.
-            let ph = unsafe { &*info.dlpi_phdr.add(i) };
-            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 {
-                let lo = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
-                f.text = Some((lo, ph.p_memsz as usize));
-            }
-        }
-        1
-    }
-    let mut f = Found { text: None };
-    // SAFETY: the callback only writes into `f`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(cb), &mut f as *mut Found as *mut c_void) };
-    let (lo, len) = f.text.ok_or("libc's text segment was not found (a static or non-glibc program?)")?;
-    // libc's own `syscall` (a preloaded library may interpose one): through libc's handle.
-    // SAFETY: RTLD_NOLOAD only returns a handle of the loaded libc (its reference dropped by
-    // dlclose below); dlsym with a NUL-terminated name.
-    let sys = unsafe {
-        let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-        if h.is_null() {
-            return Err("libc.so.6 is not loaded".into());
-        }
-        let p = libc::dlsym(h, c"syscall".as_ptr()) as usize;
-        libc::dlclose(h);
-        p
+/// Maps the page of our own code (see [`PAGE`]).
+fn make_page() -> Result<usize, String> {
+    // SAFETY: a fresh anonymous private mapping; nothing else refers to it yet. It is
+    // writable and executable: stubs are added while other threads may run older ones (new
+    // bytes are only ever written past the stubs in use).
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), PAGE_LEN, libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     };
-    if sys < lo || sys >= lo + len {
-        return Err("libc's syscall() is not in libc's text".into());
+    if p == libc::MAP_FAILED {
+        return Err(format!("mapping the system call page: {}", std::io::Error::last_os_error()));
     }
-    let avail = (lo + len - sys).min(64);
-    // SAFETY: [sys, sys+avail) lies in libc's mapped, readable text.
-    let code = unsafe { std::slice::from_raw_parts(sys as *const u8, avail) };
-    let at = code
-        .windows(2)
-        .position(|w| w == [0x0F, 0x05])
-        .ok_or("no `syscall` instruction in libc's syscall()")?;
-    // Expect what glibc has after it: cmp rax, -4095 (48 3d 01 f0 ff ff).
-    if code.get(at + 2..at + 8) != Some(&[0x48, 0x3D, 0x01, 0xF0, 0xFF, 0xFF][..]) {
-        return Err("libc's syscall() is not laid out as glibc's (syscall; cmp rax,-4095)".into());
+    // SAFETY: the page is ours and writable; syscall (0f 05), ret (c3), then at RESTORER
+    // mov eax, 15 (rt_sigreturn); syscall, then int3 filler.
+    unsafe {
+        std::ptr::write_bytes(p as *mut u8, 0xCC, PAGE_LEN);
+        std::ptr::copy_nonoverlapping([0x0Fu8, 0x05, 0xC3].as_ptr(), p as *mut u8, 3);
+        let restorer = [0xB8u8, 15, 0, 0, 0, 0x0F, 0x05];
+        std::ptr::copy_nonoverlapping(restorer.as_ptr(), (p as *mut u8).add(RESTORER), restorer.len());
     }
-    Ok((lo, len, sys + at))
+    Ok(p as usize)
 }
 
-/// Makes system call `nr` through libc's `syscall` instruction; `-errno` on failure.
+/// What a stub does after its `syscall`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StubKind {
+    /// Jumps back (userbpf's own clone: nothing is reported).
+    Plain = 1,
+    /// The parent (or a failed call) reports the call's return to the exit callbacks
+    /// ([`clone_exit`]) and jumps back; the child (a vfork child, or a process on a stack of
+    /// its own, without dispatch) jumps back.
+    Report = 2,
+    /// As `Report`, and the child (a new thread of the program's, on a stack of its own)
+    /// turns dispatch on and reports its return (0) too, so that its calls are seen from its
+    /// first instruction.
+    Thread = 3,
+}
+
+/// Offsets in a stub slot of its data: the call and kind (`nr << 8 | kind`), [`clone_exit`],
+/// the page's address and the address the stub jumps back to.
+const STUB_KIND: usize = 224;
+const STUB_EXIT_FN: usize = 232;
+const STUB_PAGE: usize = 240;
+const STUB_BACK: usize = 248;
+
+/// The code of a stub: position-independent (it reads the quads of its slot), assembled from
+/// this source (GNU as, Intel syntax; `THREAD` defined for [`StubKind::Thread`]):
+///
+/// ```text
+/// slot:   syscall
+///         test rax, rax
+///         jnz report                      ; the parent, or an error
+/// .ifdef THREAD                           ; the child: dispatch on
+///         push rdi; push rsi; push rdx; push r10; push r8
+///         mov edi, 59; mov esi, 1         ; PR_SET_SYSCALL_USER_DISPATCH, ON
+///         mov rdx, [rip+page]; mov r10d, 4096; xor r8d, r8d
+///         mov eax, 157; syscall           ; prctl
+///         pop r8; pop r10; pop rdx; pop rsi; pop rdi
+///         xor eax, eax                    ; the child's result, reported
+/// .else
+///         jmp [rip+back]
+/// .endif
+/// report: lea rsp, [rsp-128]              ; the red zone
+///         push rax; push rcx; push rdx; push rsi; push rdi
+///         push r8; push r9; push r10; push r11; push rbp
+///         mov rbp, rsp; and rsp, -16
+///         mov rdi, rax; lea rsi, [rip+slot]
+///         call [rip+exitfn]               ; clone_exit(result, slot)
+///         mov rsp, rbp
+///         pop rbp; pop r11; pop r10; pop r9; pop r8
+///         pop rdi; pop rsi; pop rdx; pop rcx; pop rax
+///         lea rsp, [rsp+128]
+///         jmp [rip+back]
+/// .org 224
+/// kind: .quad 0; exitfn: .quad 0; page: .quad 0; back: .quad 0
+/// ```
+///
+/// ([`StubKind::Plain`] is `syscall; jmp [rip+back]`.) The vector registers are not saved:
+/// the stub returns into libc's `clone`/`clone3`/`vfork` wrapper, a function, whose caller
+/// keeps none of them live across the call.
+fn stub_code(kind: StubKind) -> &'static [u8] {
+    const PLAIN: [u8; 8] = [0x0F, 0x05, 0xFF, 0x25, 0xF0, 0x00, 0x00, 0x00];
+    const REPORT: [u8; 86] = [
+        0x0F, 0x05, 0x48, 0x85, 0xC0, 0x75, 0x06, 0xFF, 0x25, 0xEB, 0x00, 0x00, 0x00, 0x48, 0x8D, 0x64, 0x24, 0x80, 0x50, 0x51, 0x52, 0x56, 0x57, 0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53, 0x55, 0x48, 0x89, 0xE5, 0x48, 0x83, 0xE4, 0xF0, 0x48, 0x89, 0xC7, 0x48, 0x8D, 0x35, 0xCF, 0xFF, 0xFF, 0xFF, 0xFF, 0x15, 0xB1, 0x00, 0x00, 0x00, 0x48, 0x89, 0xEC, 0x5D, 0x41, 0x5B, 0x41, 0x5A, 0x41, 0x59, 0x41, 0x58, 0x5F, 0x5E, 0x5A, 0x59, 0x58, 0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00, 0xFF, 0x25, 0xA2, 0x00, 0x00, 0x00
+    ];
+    const THREAD: [u8; 129] = [
+        0x0F, 0x05, 0x48, 0x85, 0xC0, 0x75, 0x31, 0x57, 0x56, 0x52, 0x41, 0x52, 0x41, 0x50, 0xBF, 0x3B, 0x00, 0x00, 0x00, 0xBE, 0x01, 0x00, 0x00, 0x00, 0x48, 0x8B, 0x15, 0xD1, 0x00, 0x00, 0x00, 0x41, 0xBA, 0x00, 0x10, 0x00, 0x00, 0x45, 0x31, 0xC0, 0xB8, 0x9D, 0x00, 0x00, 0x00, 0x0F, 0x05, 0x41, 0x58, 0x41, 0x5A, 0x5A, 0x5E, 0x5F, 0x31, 0xC0, 0x48, 0x8D, 0x64, 0x24, 0x80, 0x50, 0x51, 0x52, 0x56, 0x57, 0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53, 0x55, 0x48, 0x89, 0xE5, 0x48, 0x83, 0xE4, 0xF0, 0x48, 0x89, 0xC7, 0x48, 0x8D, 0x35, 0xA4, 0xFF, 0xFF, 0xFF, 0xFF, 0x15, 0x86, 0x00, 0x00, 0x00, 0x48, 0x89, 0xEC, 0x5D, 0x41, 0x5B, 0x41, 0x5A, 0x41, 0x59, 0x41, 0x58, 0x5F, 0x5E, 0x5A, 0x59, 0x58, 0x48, 0x8D, 0xA4, 0x24, 0x80, 0x00, 0x00, 0x00, 0xFF, 0x25, 0x77, 0x00, 0x00, 0x00
+    ];
+    const _: () = assert!(PAGE_LEN == 0x1000 && STUB == 256);
+    match kind {
+        StubKind::Plain => &PLAIN,
+        StubKind::Report => &REPORT,
+        StubKind::Thread => &THREAD,
+    }
+}
+
+/// Called by a stub after the `clone`, `clone3` or `vfork` it made (see [`stub_code`]): the
+/// call's return (`ret`) to the exit callbacks, in the parent and in a new thread, as the
+/// kernel reports it in both.
+extern "C" fn clone_exit(ret: i64, slot: usize) {
+    // SAFETY: this thread's errno, restored below; the slot is one of our page's, in use.
+    let (errno, kind, back) = unsafe {
+        (*libc::__errno_location(), ((slot + STUB_KIND) as *const u64).read_volatile(), ((slot + STUB_BACK) as *const u64).read_volatile())
+    };
+    let regs = PtRegs { ax: ret as u64, orig_ax: kind >> 8, ip: back, cs: 0x33, ss: 0x2b, ..Default::default() };
+    let _ = std::panic::catch_unwind(|| run_callbacks(|c| (c.exit)(&regs)));
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The stub of the page that makes system call `nr` and jumps to `back` (made on first use);
+/// `None` when the page is full.
+fn stub_for(back: usize, nr: u64, kind: StubKind) -> Option<usize> {
+    let page = PAGE.load(Acquire);
+    let tag = nr << 8 | kind as u64;
+    let slots = || (1..PAGE_LEN / STUB).map(|i| page + i * STUB);
+    // SAFETY (both closures): slots lie inside our page; a slot's data is written before its
+    // first two bytes (read here as the sign that it is in use).
+    let used = |s: usize| unsafe { (s as *const u16).read_volatile() } == 0x050F;
+    let find = || {
+        slots().find(|&s| unsafe {
+            used(s) && ((s + STUB_KIND) as *const u64).read_volatile() == tag && ((s + STUB_BACK) as *const usize).read_volatile() == back
+        })
+    };
+    if let Some(s) = find() {
+        return Some(s);
+    }
+    while STUB_LOCK.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+        std::hint::spin_loop();
+    }
+    let r = find().or_else(|| {
+        let free = slots().find(|&s| !used(s))?;
+        let code = stub_code(kind);
+        // SAFETY: a free slot of our writable page, written under the lock; the `syscall` is
+        // written last, so a finder never takes a half-made stub. A thread runs a stub only
+        // after returning from its SIGSYS handler (sigreturn goes back to user mode through
+        // iret, which serialises: the new bytes are seen).
+        unsafe {
+            ((free + STUB_BACK) as *mut usize).write_volatile(back);
+            ((free + STUB_PAGE) as *mut usize).write_volatile(page);
+            ((free + STUB_EXIT_FN) as *mut usize).write_volatile(clone_exit as *const () as usize);
+            ((free + STUB_KIND) as *mut u64).write_volatile(tag);
+            std::ptr::copy_nonoverlapping(code[2..].as_ptr(), (free + 2) as *mut u8, code.len() - 2);
+            std::sync::atomic::compiler_fence(SeqCst);
+            (free as *mut u16).write_volatile(0x050F);
+        }
+        Some(free)
+    });
+    STUB_LOCK.store(false, Release);
+    r
+}
+
+/// Installs `handler` (an `SA_SIGINFO` handler) for `sig` with an empty mask and the page's
+/// restorer (`rt_sigreturn` made inside the page).
+fn install_own(sig: i32, handler: usize, flags: i32) -> Result<(), std::io::Error> {
+    const SA_RESTORER: u64 = 0x0400_0000;
+    let act: [u64; 4] = [handler as u64, flags as u32 as u64 | SA_RESTORER, (PAGE.load(SeqCst) + RESTORER) as u64, 0];
+    let r = raw(libc::SYS_rt_sigaction as u64, [sig as u64, act.as_ptr() as u64, 0, 8, 0, 0]);
+    if r < 0 { Err(std::io::Error::from_raw_os_error(-r as i32)) } else { Ok(()) }
+}
+
+/// Makes system call `nr` through the page's `syscall`; `-errno` on failure.
 fn raw(nr: u64, a: [u64; 6]) -> i64 {
-    let gadget = GADGET.load(Relaxed);
+    let gadget = PAGE.load(Relaxed);
     let mut ret: i64;
-    // SAFETY: calls into libc's syscall() after its prologue: `syscall; cmp; jae err; ret`,
-    // the error path storing errno and returning -1. It uses only the registers declared
-    // (rax and the arguments; rcx and r11 clobbered by `syscall` and the error path) and
-    // pushes one return address (the asm may use the stack: no `nostack`).
+    // SAFETY: calls the page's `syscall; ret`, which uses only the registers declared (rax and
+    // the arguments; rcx and r11 clobbered by `syscall`) and pushes one return address (the
+    // asm may use the stack: no `nostack`).
     unsafe {
         core::arch::asm!(
             "call {g}",
@@ -179,26 +303,23 @@ fn raw(nr: u64, a: [u64; 6]) -> i64 {
             lateout("rcx") _, lateout("r11") _,
         );
     }
-    if ret == -1 {
-        // SAFETY: this thread's errno, just set by libc's error path.
-        -(unsafe { *libc::__errno_location() } as i64)
-    } else {
-        ret
-    }
+    ret
 }
 
-/// Makes a system call through libc's `syscall` instruction once dispatch was set up (so
-/// that it never traps), keeping errno; `None` before (the caller makes it itself).
-pub(crate) fn through_libc(nr: u64, a: [u64; 6]) -> Option<i64> {
-    if GADGET.load(Relaxed) == 0 {
+/// Makes a system call through the page once dispatch was set up (so that it never traps);
+/// `None` before (the caller makes it itself).
+pub(crate) fn raw_call(nr: u64, a: [u64; 6]) -> Option<i64> {
+    if PAGE.load(Relaxed) == 0 {
         return None;
     }
-    // SAFETY: this thread's errno, restored below.
-    let errno = unsafe { *libc::__errno_location() };
-    let r = raw(nr, a);
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
-    Some(r)
+    Some(raw(nr, a))
+}
+
+/// Turns dispatch off for the calling thread (one of userbpf's own).
+pub(crate) fn leave_this_thread() {
+    if PAGE.load(SeqCst) != 0 {
+        set_dispatch(false);
+    }
 }
 
 fn greg(uc: *mut libc::ucontext_t, r: i32) -> *mut i64 {
@@ -270,6 +391,45 @@ fn sigprocmask_in(uc: *mut libc::ucontext_t, a: [u64; 6]) -> i64 {
     0
 }
 
+thread_local! {
+    /// Depth of dispatched calls being handled on a thread without a hook state (see
+    /// `thread::enter_guard`): a call made by the callbacks themselves runs none.
+    static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A copy of signal mask `p` (8 bytes, the kernel's) without `SIGSYS`, in `buf`; the
+/// address to give the kernel (null stays null).
+fn mask_without_sigsys(p: u64, buf: &mut u64) -> u64 {
+    if p == 0 {
+        return 0;
+    }
+    // SAFETY: the program gives this pointer to the kernel, which would read 8 bytes there;
+    // an unreadable one faults in the program's own call (the kernel's EFAULT).
+    *buf = unsafe { (p as *const u64).read_unaligned() } & !(1u64 << (libc::SIGSYS - 1));
+    buf as *mut u64 as u64
+}
+
+/// Runs `f` on the callbacks unless probes are off on this thread (userbpf's own work, or a
+/// call made by the callbacks themselves), holding them off meanwhile. Not held while the
+/// call itself runs: a signal delivered at its end runs the program's handler, whose calls
+/// are the program's. Returns whether `f` ran.
+fn run_callbacks(f: impl FnOnce(&Callbacks)) -> bool {
+    let Some(c) = callbacks() else { return false };
+    let Some(guard) = crate::thread::enter_guard() else { return false };
+    if guard.is_null() {
+        if DEPTH.with(|d| d.replace(d.get() + 1)) != 0 {
+            DEPTH.with(|d| d.set(d.get() - 1));
+            return false;
+        }
+        f(c);
+        DEPTH.with(|d| d.set(d.get() - 1));
+    } else {
+        f(c);
+    }
+    drop(guard);
+    true
+}
+
 extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     if unsafe { (*info).si_code } != SYS_USER_DISPATCH {
@@ -281,25 +441,30 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let uc = ctx as *mut libc::ucontext_t;
     let mut regs = regs_of(uc);
     let nr = regs.orig_ax;
-    let args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
-    let cbs = callbacks();
-    if let Some(c) = cbs {
-        (c.enter)(&regs);
-    }
+    let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
+    // The program's call, or userbpf's own (probes off on this thread: no callbacks).
+    let traced = run_callbacks(|c| (c.enter)(&regs));
+    let mut buf = 0u64;
     let ret = match nr as i64 {
         libc::SYS_rt_sigreturn => {
-            // Run it at libc's `syscall` with the registers it was made with.
+            // Run it at the page's `syscall` with the registers it was made with.
             // SAFETY: rewriting the saved rip/rax of this thread's signal frame.
             unsafe {
-                *greg(uc, libc::REG_RIP) = GADGET.load(Relaxed) as i64;
+                *greg(uc, libc::REG_RIP) = PAGE.load(Relaxed) as i64;
                 *greg(uc, libc::REG_RAX) = nr as i64;
-                *libc::__errno_location() = errno;
             }
-            return;
+            None
         }
-        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => return rerun_without_dispatch(uc, nr, errno),
-        libc::SYS_clone3 | libc::SYS_vfork => return rerun_without_dispatch(uc, nr, errno),
-        libc::SYS_rt_sigprocmask => sigprocmask_in(uc, args),
+        libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr, new_thread(args[0]), traced),
+        libc::SYS_clone3 => {
+            // SAFETY: clone3's first argument is the program's struct clone_args, whose first
+            // field is the flags (read by the kernel too; a bad pointer faults in the
+            // program's own call, as with the kernel's EFAULT).
+            let flags = if args[0] == 0 || args[1] < 8 { 0 } else { unsafe { (args[0] as *const u64).read_unaligned() } };
+            rerun_at_stub(uc, nr, new_thread(flags), traced)
+        }
+        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),
+        libc::SYS_rt_sigprocmask => Some(sigprocmask_in(uc, args)),
         libc::SYS_sigaltstack => {
             let r = raw(nr, args);
             if r == 0 && args[0] != 0 {
@@ -313,24 +478,53 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
                     }
                 }
             }
-            r
+            Some(r)
         }
-        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => raw_sigsys_action(args),
+        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => Some(raw_sigsys_action(args)),
+        libc::SYS_rt_sigaction if args[1] != 0 && args[3] == 8 => {
+            // A handler's mask blocking SIGSYS would make any dispatched call of that handler
+            // kill the process: the kernel gets a copy without it.
+            let mut k = [0u64; 4];
+            // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
+            // which the kernel would read; a bad pointer faults in the program's own call.
+            unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
+            k[3] &= !(1u64 << (libc::SIGSYS - 1));
+            args[1] = k.as_ptr() as u64;
+            Some(raw(nr, args))
+        }
+        libc::SYS_rt_sigsuspend => {
+            args[0] = mask_without_sigsys(args[0], &mut buf);
+            Some(raw(nr, args))
+        }
+        libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let i = if nr as i64 == libc::SYS_ppoll { 3 } else { 4 };
+            args[i] = mask_without_sigsys(args[i], &mut buf);
+            Some(raw(nr, args))
+        }
+        libc::SYS_pselect6 if args[5] != 0 => {
+            // SAFETY: the program's `{ const sigset_t *ss; size_t len }` for the kernel.
+            let mut d = unsafe { (args[5] as *const [u64; 2]).read_unaligned() };
+            d[0] = mask_without_sigsys(d[0], &mut buf);
+            args[5] = &d as *const [u64; 2] as u64;
+            Some(raw(nr, args))
+        }
         libc::SYS_fork | libc::SYS_clone => {
             let r = raw(nr, args);
             if r == 0 && ENABLED.load(SeqCst) {
                 // The child: dispatch is not inherited.
                 set_dispatch(true);
             }
-            r
+            Some(r)
         }
-        _ => raw(nr, args),
+        _ => Some(raw(nr, args)),
     };
-    // SAFETY: the result goes into the saved rax of this thread's signal frame.
-    unsafe { *greg(uc, libc::REG_RAX) = ret };
-    regs.ax = ret as u64;
-    if let Some(c) = cbs {
-        (c.exit)(&regs);
+    if let Some(ret) = ret {
+        // SAFETY: the result goes into the saved rax of this thread's signal frame.
+        unsafe { *greg(uc, libc::REG_RAX) = ret };
+        regs.ax = ret as u64;
+        if traced {
+            run_callbacks(|c| (c.exit)(&regs));
+        }
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *libc::__errno_location() = errno };
@@ -373,15 +567,39 @@ fn raw_sigsys_action(a: [u64; 6]) -> i64 {
     0
 }
 
-/// Turns dispatch off for this thread and makes its `syscall` instruction run again.
-fn rerun_without_dispatch(uc: *mut libc::ucontext_t, nr: u64, errno: i32) {
-    set_dispatch(false);
-    // SAFETY: back to the 2-byte `syscall` instruction with its number, in the frame.
+/// Whether a clone with `flags` makes a thread of this process on a stack of its own (not a
+/// vfork child, which runs on the parent's stack until it execs or exits).
+fn new_thread(flags: u64) -> bool {
+    flags & libc::CLONE_VM as u64 != 0 && flags & libc::CLONE_VFORK as u64 == 0
+}
+
+/// Resumes the thread with its registers as at its `syscall` instruction, at a stub of the
+/// page that makes the call and jumps back after the program's `syscall` (parent and child
+/// return there, on their own stacks). `traced`: the call's entry went to the callbacks, its
+/// return goes there too; `thread`: the child (a new thread of the program's) turns dispatch
+/// on first. With no stub left, dispatch is turned off for this thread and its own
+/// instruction runs again. Returns `None`: the frame holds no result.
+fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool) -> Option<i64> {
+    // SAFETY: reading the saved rip of this thread's signal frame (after its `syscall`).
+    let back = unsafe { *greg(uc, libc::REG_RIP) } as usize;
+    let kind = match (traced, thread && ENABLED.load(SeqCst)) {
+        (false, _) => StubKind::Plain,
+        (true, false) => StubKind::Report,
+        (true, true) => StubKind::Thread,
+    };
+    let at = match stub_for(back, nr, kind) {
+        Some(s) => s,
+        None => {
+            set_dispatch(false);
+            back - 2
+        }
+    };
+    // SAFETY: rewriting the saved rip/rax of this thread's signal frame.
     unsafe {
-        *greg(uc, libc::REG_RIP) -= 2;
+        *greg(uc, libc::REG_RIP) = at as i64;
         *greg(uc, libc::REG_RAX) = nr as i64;
-        *libc::__errno_location() = errno;
     }
+    None
 }
 
 /// A SIGSYS that is not ours (seccomp, a program's own): the previous disposition.
@@ -413,7 +631,7 @@ fn chain(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
 extern "C" fn on_switch(_: i32, _: *mut libc::siginfo_t, _: *mut c_void) {
     // SAFETY: errno saved and restored around the prctl (async-signal-safe).
     let errno = unsafe { *libc::__errno_location() };
-    set_dispatch(ENABLED.load(SeqCst));
+    set_dispatch(ENABLED.load(SeqCst) && !crate::thread::is_thread_ours());
     ACKS.fetch_add(1, SeqCst);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
@@ -438,38 +656,6 @@ fn broadcast() {
     while ACKS.load(SeqCst) < sent && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
-}
-
-/// What `pthread_create`'s probe hands the new thread.
-struct Start {
-    routine: extern "C-unwind" fn(*mut c_void) -> *mut c_void,
-    arg: *mut c_void,
-}
-
-/// The start routine of threads created while dispatch is on.
-extern "C-unwind" fn thread_start(p: *mut c_void) -> *mut c_void {
-    // SAFETY: `p` is the Box<Start> made by `on_pthread_create` for this thread alone.
-    let s = unsafe { Box::from_raw(p as *mut Start) };
-    let (routine, arg) = (s.routine, s.arg);
-    drop(s);
-    if ENABLED.load(SeqCst) {
-        set_dispatch(true);
-    }
-    routine(arg)
-}
-
-/// Entry probe of `pthread_create(thread, attr, routine, arg)`: wrap the routine.
-unsafe extern "C" fn on_pthread_create(_: *mut c_void, regs: *mut PtRegs) -> u32 {
-    // SAFETY: the hook's registers at pthread_create's entry.
-    let regs = unsafe { &mut *regs };
-    if ENABLED.load(Relaxed) && regs.dx != 0 {
-        // SAFETY: rdx holds the start routine the caller passed (a function pointer).
-        let routine = unsafe { std::mem::transmute::<usize, extern "C-unwind" fn(*mut c_void) -> *mut c_void>(regs.dx as usize) };
-        let b = Box::into_raw(Box::new(Start { routine, arg: regs.cx as *mut c_void }));
-        regs.dx = thread_start as *const () as usize as u64;
-        regs.cx = b as u64;
-    }
-    crate::HOOK_CONTINUE
 }
 
 thread_local! {
@@ -540,42 +726,29 @@ fn setup() -> Result<(), String> {
         return r.clone();
     }
     let r = (|| {
-        let (lo, len, gadget) = find_libc()?;
-        LO.store(lo, SeqCst);
-        LEN.store(len, SeqCst);
-        GADGET.store(gadget, SeqCst);
-        // SAFETY: installing process-wide handlers with initialised sigaction structs; the
-        // old SIGSYS disposition is saved (leaked) before ours can run.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_switch as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(switch_signal(), &sa, std::ptr::null_mut()) != 0 {
-                return Err(format!("sigaction(SIGRTMAX-4): {}", std::io::Error::last_os_error()));
-            }
-            let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigsys as *const () as usize;
-            // NODEFER: a raw system call in a signal handler running inside ours must trap
-            // again, not find SIGSYS blocked (the kernel would kill the process).
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
-            libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(libc::SIGSYS, &sa, old) != 0 {
-                return Err(format!("sigaction(SIGSYS): {}", std::io::Error::last_os_error()));
-            }
-            OLD_SIGSYS.store(old, SeqCst);
+        PAGE.store(make_page()?, SeqCst);
+        // Our handlers return through the page's restorer: libc's (`__restore_rt`) makes its
+        // `rt_sigreturn` outside the page, which would trap again from the handler's return.
+        install_own(switch_signal(), on_switch as *const () as usize, libc::SA_SIGINFO | libc::SA_RESTART)
+            .map_err(|e| format!("sigaction(SIGRTMAX-4): {e}"))?;
+        // SAFETY: reading the current SIGSYS disposition into a zeroed struct (leaked: a
+        // handler may read it at any time).
+        let old = Box::into_raw(Box::new(unsafe { std::mem::zeroed::<libc::sigaction>() }));
+        // SAFETY: as above; a query only (no new action).
+        if unsafe { libc::sigaction(libc::SIGSYS, std::ptr::null(), old) } != 0 {
+            return Err(format!("sigaction(SIGSYS): {}", std::io::Error::last_os_error()));
         }
+        OLD_SIGSYS.store(old, SeqCst);
+        // NODEFER: a raw system call in a signal handler running inside ours must trap
+        // again, not find SIGSYS blocked (the kernel would kill the process).
+        install_own(libc::SIGSYS, on_sigsys as *const () as usize, libc::SA_SIGINFO | libc::SA_NODEFER).map_err(|e| format!("sigaction(SIGSYS): {e}"))?;
         // Does the kernel have it? (Turned on for real by `enable`.)
-        if set_dispatch(true) != 0 {
-            let e = std::io::Error::last_os_error();
+        let r = set_dispatch(true);
+        if r != 0 {
+            let e = std::io::Error::from_raw_os_error(-r as i32);
             return Err(format!("prctl(PR_SET_SYSCALL_USER_DISPATCH) failed: {e} (Linux 5.11 or later with CONFIG_GENERIC_ENTRY is needed)"));
         }
         set_dispatch(false);
-        let r = crate::symbols::resolve("libc.so.6:pthread_create").map_err(|e| e.to_string())?;
-        let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
-        crate::attach_with(r.addr, crate::ProbeKind::Entry, on_pthread_create, std::ptr::null_mut(), ext)
-            .map_err(|e| format!("probing pthread_create (new threads): {e}"))?;
         // Best effort: glibc's sigprocmask only calls pthread_sigmask (and starts with that
         // call, which cannot be displaced), so its own probe may be refused.
         for (func, data) in [("pthread_sigmask", 0usize), ("sigaction", 1), ("sigprocmask", 0)] {
@@ -596,7 +769,9 @@ pub fn enable() -> Result<(), String> {
     if ENABLED.swap(true, SeqCst) {
         return Ok(());
     }
-    set_dispatch(true);
+    if !crate::thread::is_thread_ours() {
+        set_dispatch(true);
+    }
     broadcast();
     Ok(())
 }
@@ -612,7 +787,7 @@ pub fn disable() {
 
 /// In the child of a fork (only async-signal-safe work): dispatch is not inherited.
 pub(crate) fn after_fork_in_child() {
-    if ENABLED.load(SeqCst) {
+    if ENABLED.load(SeqCst) && !crate::thread::is_thread_ours() {
         set_dispatch(true);
     }
 }

@@ -1,5 +1,6 @@
 //! Linux x86-64 system call numbers by name (from `asm/unistd_64.h`), and which libc
-//! functions issue which system call, for tracing system calls at their libc wrappers.
+//! functions issue which system call, for tracing system calls at their libc wrappers where
+//! the kernel has no Syscall User Dispatch (with it, `sud` sees every call).
 
 /// `(name, number)` of every x86-64 system call, by number.
 pub const SYSCALLS: &[(&str, u32)] = &[

@@ -119,8 +119,8 @@ pub(crate) fn table_layout() -> TableLayout {
 pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    // With system call dispatch on (`sud`), a `syscall` outside libc would trap.
-    if let Some(r) = crate::sud::through_libc(libc::SYS_mmap as u64, [0, len as u64, prot, flags, u64::MAX, 0]) {
+    // With system call dispatch on (`sud`), a `syscall` outside its page would trap.
+    if let Some(r) = crate::sud::raw_call(libc::SYS_mmap as u64, [0, len as u64, prot, flags, u64::MAX, 0]) {
         return if r < 0 && r > -4096 { std::ptr::null_mut() } else { r as *mut u8 };
     }
     let ret: isize;
@@ -143,7 +143,7 @@ pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
 }
 
 pub(crate) fn raw_munmap(p: *mut u8, len: usize) {
-    if crate::sud::through_libc(libc::SYS_munmap as u64, [p as u64, len as u64, 0, 0, 0, 0]).is_some() {
+    if crate::sud::raw_call(libc::SYS_munmap as u64, [p as u64, len as u64, 0, 0, 0, 0]).is_some() {
         return;
     }
     let _ret: isize;
@@ -318,7 +318,7 @@ pub(crate) fn read_unlock(st: *mut ThreadState, g: usize) {
 }
 
 /// The calling thread's state if it has one (never creates it).
-fn lookup() -> *mut ThreadState {
+pub(crate) fn lookup() -> *mut ThreadState {
     let key = thread_key();
     let mut i = hash(key);
     for _ in 0..TABLE_SIZE {
@@ -375,6 +375,124 @@ pub(crate) fn synchronize() -> bool {
         }
     }
     !held
+}
+
+// ------------------------------------------------------------ ours ----
+//
+// Work of userbpf itself (the agent's watcher thread, its start-up and syncs on the target's
+// threads, the programs run from the system call dispatch handler) must not be seen by any
+// probe: its system calls and its calls of probed functions (malloc...) are not the target's.
+// The recursion guard already makes a probe hit run no handler while `in_handler` is set, in
+// every path (the Rust dispatchers and the generated fast paths, which only compare it with
+// 0), so "ours" is that same field: held for a scope ([`ours`]), or for the rest of a thread
+// made by userbpf ([`mark_thread_ours`]: a value no dispatcher ever clears, since they only
+// set and clear it when it was 0). System call dispatch (`sud`) skips the programs for a
+// thread in that state as well.
+
+/// `in_handler` of a thread userbpf made: never cleared.
+const OURS_FOREVER: u32 = 2;
+
+/// The calling thread's state, created (and its exit destructor registered) if needed.
+fn current_registered() -> *mut ThreadState {
+    let st = current();
+    // SAFETY: st, when non-null, is this thread's live state.
+    if !st.is_null() && unsafe { (*st).registered } == 0 {
+        register_destructor(st);
+    }
+    st
+}
+
+/// Marks the calling thread as userbpf's own for the rest of its life: no probe runs a
+/// handler on it and system call dispatch is turned off for it (its system calls are not the
+/// target's). Call it first thing in every thread userbpf starts. False when the thread's
+/// state could not be made (mmap failed or the table is full).
+pub fn mark_thread_ours() -> bool {
+    let st = current_registered();
+    crate::sud::leave_this_thread();
+    if st.is_null() {
+        return false;
+    }
+    // SAFETY: this thread's state, only written by this thread.
+    unsafe { (*st).in_handler = OURS_FOREVER };
+    true
+}
+
+/// Whether the calling thread is one of userbpf's own ([`mark_thread_ours`]).
+pub fn is_thread_ours() -> bool {
+    let st = lookup();
+    // SAFETY: st, when non-null, is this thread's live state.
+    !st.is_null() && unsafe { (*st).in_handler } == OURS_FOREVER
+}
+
+/// Whether probes are off on the calling thread: it is inside a handler, inside an [`ours`]
+/// scope, or one of userbpf's threads. Never creates the thread's state.
+pub fn probes_off() -> bool {
+    let st = lookup();
+    // SAFETY: st, when non-null, is this thread's live state.
+    !st.is_null() && unsafe { (*st).in_handler } != 0
+}
+
+/// While alive, the calling thread does userbpf's work: no probe runs a handler on it and
+/// system call dispatch runs no program for its calls. Nests; restores the previous state when
+/// dropped (on the thread that made it: it is not `Send`).
+#[must_use = "probes are off only while the guard lives"]
+pub struct Ours {
+    st: *mut ThreadState,
+    prev: u32,
+}
+
+/// Starts a scope of userbpf's own work on the calling thread (see [`Ours`]). If the thread's
+/// state cannot be made (mmap failed, table full), no probe can run a handler there anyway
+/// (the hit is counted as missed for lack of state).
+pub fn ours() -> Ours {
+    let st = current_registered();
+    if st.is_null() {
+        return Ours { st, prev: 0 };
+    }
+    // SAFETY: this thread's state, only written by this thread (a signal handler running on it
+    // restores what it changed before returning).
+    let prev = unsafe { (*st).in_handler };
+    if prev == 0 {
+        // SAFETY: as above.
+        unsafe { (*st).in_handler = 1 };
+    }
+    Ours { st, prev }
+}
+
+/// Enters the recursion guard for work done outside a probe (the system call dispatch
+/// handler running programs): `None` when probes are off on this thread (see [`probes_off`]),
+/// else a guard holding them off until dropped. Never creates the thread's state: a thread
+/// without one (it never met a probe, or its state was freed at its exit) gets a guard that
+/// holds nothing (`Some`).
+pub(crate) fn enter_guard() -> Option<Ours> {
+    let st = lookup();
+    if st.is_null() {
+        return Some(Ours { st, prev: 0 });
+    }
+    // SAFETY: this thread's live state.
+    if unsafe { (*st).in_handler } != 0 {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { (*st).in_handler = 1 };
+    Some(Ours { st, prev: 0 })
+}
+
+impl Ours {
+    /// Whether the guard holds nothing (the thread has no state).
+    pub(crate) fn is_null(&self) -> bool {
+        self.st.is_null()
+    }
+}
+
+impl Drop for Ours {
+    fn drop(&mut self) {
+        if !self.st.is_null() {
+            // SAFETY: the state of the thread that made the guard (not Send), alive while
+            // that thread runs (it is only freed by its exit destructor).
+            unsafe { (*self.st).in_handler = self.prev };
+        }
+    }
 }
 
 #[allow(dead_code)]

@@ -42,8 +42,15 @@ pub fn serving() -> bool {
 }
 
 /// Runs `f`, turning a panic into `EFAULT` (no unwinding across the C boundary).
+/// Runs `f` (the server's work) catching its panics, with probes off on the calling thread
+/// (`userbpf_hook::ours`): no probe of the process fires for userbpf's own work.
+fn ours_catch<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> std::thread::Result<R> {
+    let _ours = userbpf_hook::ours();
+    std::panic::catch_unwind(f)
+}
+
 fn guarded(f: impl FnOnce() -> Result<i64, i32>) -> i64 {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    match ours_catch(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             sys::set_errno(e);
@@ -85,7 +92,7 @@ pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long,
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if serving() {
-        if let Some(r) = std::panic::catch_unwind(|| perf_event::ioctl(fd, req, arg)).unwrap_or(Some(Err(libc::EFAULT))) {
+        if let Some(r) = ours_catch(|| perf_event::ioctl(fd, req, arg)).unwrap_or(Some(Err(libc::EFAULT))) {
             return guarded(|| r) as c_int;
         }
     }
@@ -100,7 +107,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
     if serving() && fd >= 0 {
-        if let Some(r) = std::panic::catch_unwind(|| mmap::mmap(addr, len, prot, flags, fd, off)).unwrap_or(Some(Err(libc::EFAULT))) {
+        if let Some(r) = ours_catch(|| mmap::mmap(addr, len, prot, flags, fd, off)).unwrap_or(Some(Err(libc::EFAULT))) {
             return match r {
                 Ok(p) => p,
                 Err(e) => {
@@ -131,7 +138,7 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flag
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if serving() {
-        let _ = std::panic::catch_unwind(|| mmap::munmap(addr, len));
+        let _ = ours_catch(|| mmap::munmap(addr, len));
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_munmap, addr as i64, len as i64, 0, 0, 0, 0) }) as c_int
@@ -145,7 +152,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
     if serving() {
-        let _ = std::panic::catch_unwind(mmap::before_wait);
+        let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments, passed on unchanged (epoll_pwait with no mask is epoll_wait).
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, 0, 8) }) as c_int
@@ -158,7 +165,7 @@ pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event,
 #[no_mangle]
 pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int {
     if serving() {
-        let _ = std::panic::catch_unwind(mmap::before_wait);
+        let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments; the kernel's sigset is 8 bytes.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, mask as i64, 8) }) as c_int
@@ -171,7 +178,7 @@ pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
     if serving() {
-        let _ = std::panic::catch_unwind(mmap::before_wait);
+        let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_poll, fds as i64, nfds as i64, timeout as i64, 0, 0, 0) }) as c_int
@@ -184,7 +191,7 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeou
 #[no_mangle]
 pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int {
     if serving() {
-        let _ = std::panic::catch_unwind(mmap::before_wait);
+        let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments; the kernel may write the remaining time back into a
     // copy only (glibc passes a copy too), so we pass a copy.
@@ -203,7 +210,7 @@ fn on_bpffs(path: *const c_char) -> bool {
     if path.is_null() || !serving() {
         return false;
     }
-    std::panic::catch_unwind(|| {
+    ours_catch(|| {
         // SAFETY: statfs succeeded on this path just before, so it is a readable C string.
         let raw = unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes();
         bpf::obj::on_bpffs(raw)
@@ -245,11 +252,11 @@ pub unsafe extern "C" fn statfs64(path: *const c_char, buf: *mut libc::statfs64)
 /// As for libc's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    let ours = if serving() { std::panic::catch_unwind(|| attach::closing(fd)).ok().flatten() } else { None };
+    let ours = if serving() { ours_catch(|| attach::closing(fd)).ok().flatten() } else { None };
     // SAFETY: the caller's argument, passed on unchanged.
     let r = sys::libc_ret(unsafe { sys::raw6(libc::SYS_close, fd as i64, 0, 0, 0, 0, 0) }) as c_int;
     if let Some((kind, id)) = ours {
-        let _ = std::panic::catch_unwind(|| attach::closed(kind, id));
+        let _ = ours_catch(|| attach::closed(kind, id));
     }
     r
 }
@@ -260,7 +267,7 @@ extern "C" fn server_init() {
     if serving() || std::env::var_os(userbpf_runtime::session::SESSION_ENV).is_none() {
         return;
     }
-    let _ = std::panic::catch_unwind(|| {
+    let _ = ours_catch(|| {
         if let Err(e) = userbpf_agent::Agent::start() {
             eprintln!("userbpf-agent: {e}");
         }

@@ -49,7 +49,8 @@ int enter_openat(struct enter_openat *ctx)
 	counts.openat_nr = ctx->nr;
 	if (is(path, "/dev/null", 10)) {
 		counts.null_opens++;
-		if (ctx->dfd == -100)
+		/* The kernel records the register: glibc passes AT_FDCWD as a 32-bit value. */
+		if ((int)ctx->dfd == -100)
 			counts.null_fdcwd++;
 		if (ctx->flags == 1)
 			counts.null_wronly++;

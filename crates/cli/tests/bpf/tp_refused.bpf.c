@@ -1,5 +1,6 @@
-// Tracepoints a process cannot have: a scheduler event (refused by `run`) and a system call
-// whose libc function is not a plain wrapper (refused by the agent). getppid still counts.
+// Tracepoints a process cannot have: a scheduler event (refused by `run`). A system call
+// whose libc function is not a plain wrapper (clone) is attached (seen through system call
+// dispatch), and getppid still counts.
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
