@@ -99,17 +99,28 @@ fn no_probe_fires_for_our_own_work() {
     detach(r).unwrap();
 }
 
+/// Both kinds of lean handler (one that touches no state, one that calls out and so runs
+/// with the recursion guard held) run nothing for userbpf's own work.
 #[test]
 fn no_lean_handler_fires_for_our_own_work() {
+    for calls_out in [0, 1] {
+        lean_handler_and_our_work(calls_out);
+    }
+}
+
+fn lean_handler_and_our_work(calls_out: u64) {
     static LEAN: AtomicU64 = AtomicU64::new(0);
     static GENERAL: AtomicU64 = AtomicU64::new(0);
     static GATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     static FAILURES: AtomicU64 = AtomicU64::new(0);
+    LEAN.store(0, SeqCst);
+    GENERAL.store(0, SeqCst);
     let lean: &'static LeanHandler = Box::leak(Box::new(LeanHandler {
         func: t_ours_lean_handler as *const () as usize,
         arg: &LEAN as *const AtomicU64 as u64,
         gate: GATE.as_ptr(),
         failures: &FAILURES,
+        calls_out,
     }));
     let addr = t_ours_lean as *const () as usize;
     let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
