@@ -75,20 +75,11 @@ fn what_cannot_be_attached_is_refused_with_the_reason() {
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(e.contains("process 999999999 does not exist"), "{e}");
     // A process someone already traces.
-    let mut traced = Command::new("strace").args(["-o", "/dev/null", "sleep", "30"]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let sleep_pid = loop {
-        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", traced.id())).unwrap_or_default();
-        if let Some(p) = kids.split_whitespace().next() {
-            break p.parse::<u32>().unwrap();
-        }
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    std::thread::sleep(Duration::from_millis(200));
+    let (mut traced, sleep_pid) = userbpf_testutil::traced_sleep();
     let r = attach("attach-b", sleep_pid);
     traced.kill().unwrap();
     traced.wait().unwrap();
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && e.contains("already traced by process"), "{e}");
 }
+

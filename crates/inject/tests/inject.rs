@@ -77,10 +77,8 @@ fn what_cannot_work_is_refused_with_the_reason() {
     assert!(e.contains("no_such_function"), "{e}");
     assert_eq!(finish(c, out), "read hello\ninjected \neintr 0\n", "loaded (by the second call), never initialised");
     // A process already traced.
-    let mut traced = Command::new("strace").args(["-o", "/dev/null", "sleep", "30"]).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let sleep_pid: i32 = std::fs::read_to_string(format!("/proc/{}/task/{}/children", traced.id(), traced.id())).unwrap().trim().parse().unwrap();
-    let e = userbpf_inject::inject(sleep_pid, lib, "inject_init", b"").unwrap_err().to_string();
+    let (mut traced, sleep_pid) = userbpf_testutil::traced_sleep();
+    let e = userbpf_inject::inject(sleep_pid as i32, lib, "inject_init", b"").unwrap_err().to_string();
     assert!(e.contains("already traced"), "{e}");
     traced.kill().unwrap();
     traced.wait().unwrap();

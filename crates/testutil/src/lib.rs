@@ -68,3 +68,32 @@ pub fn compile_c(src: &Path, out: &Path, extra: &[&str]) -> PathBuf {
     assert!(status.success(), "cc failed on {}", src.display());
     out.to_path_buf()
 }
+
+/// A process that another one traces: `strace -o /dev/null sleep 30` and the pid of its
+/// `sleep`, once strace traces it (strace first forks short-lived children of its own, to
+/// check ptrace's features: the one returned is the child named `sleep` whose tracer is
+/// strace). Kill the returned strace when done.
+///
+/// # Panics
+/// If strace cannot be started (`make test` installs it) or its `sleep` does not appear
+/// within 10 s.
+pub fn traced_sleep() -> (std::process::Child, u32) {
+    let strace = Command::new("strace")
+        .args(["-o", "/dev/null", "sleep", "30"])
+        .spawn()
+        .unwrap_or_else(|e| panic!("running strace ({e}): `make test` installs it"));
+    let tracer = strace.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let kids = std::fs::read_to_string(format!("/proc/{tracer}/task/{tracer}/children")).unwrap_or_default();
+        for pid in kids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string());
+            if field("Name:").as_deref() == Some("sleep") && field("TracerPid:").as_deref() == Some(tracer.to_string().as_str()) {
+                return (strace, pid);
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "strace's sleep did not start within 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
