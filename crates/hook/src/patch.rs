@@ -301,6 +301,107 @@ pub(crate) static BREAKPOINT_HITS: AtomicU64 = AtomicU64::new(0);
 /// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
 /// [`guard_sigtrap`]). Leaked copies, never freed (a handler may be reading one).
 static OLD_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// The disposition found when the engine's handler was installed (what the program had
+/// before): what the program means when it gives back the engine's own handler, which it
+/// may have been handed as the "old" one (see [`record_trap`]).
+static ORIG_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// Times the engine's `SIGTRAP` disposition was found replaced (through a path the guard
+/// does not see, or before it existed) and taken back ([`own_sigtrap`]).
+pub(crate) static TRAP_RETAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction`'s argument): handler, flags,
+/// restorer, mask.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct KSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// The engine's disposition as the kernel holds it (with libc's restorer), read back once
+/// installed: what [`own_sigtrap`] puts back.
+static OURS_K: std::sync::OnceLock<KSigaction> = std::sync::OnceLock::new();
+
+/// Raw `rt_sigaction(SIGTRAP, new, &old)` (not libc's `sigaction`, which carries the guard
+/// probe); `None` when the call fails.
+fn k_sigtrap(new: Option<&KSigaction>) -> Option<KSigaction> {
+    let mut old = KSigaction::default();
+    let newp = new.map_or(std::ptr::null(), |n| n as *const KSigaction);
+    // SAFETY: rt_sigaction with pointers to local/borrowed kernel-layout structs and the
+    // kernel's sigset size (8).
+    let rc = unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, newp, &mut old as *mut KSigaction, 8) };
+    (rc == 0).then_some(old)
+}
+
+/// The `struct sigaction` (glibc's layout) of a kernel one.
+fn from_kernel(k: &KSigaction) -> libc::sigaction {
+    // SAFETY: all-zero is a valid struct sigaction (SIG_DFL, empty mask, no restorer).
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = k.handler;
+    sa.sa_flags = k.flags as i32;
+    // SAFETY: glibc's sigset_t starts with the kernel's 64-bit mask word.
+    unsafe { (&mut sa.sa_mask as *mut libc::sigset_t as *mut u64).write(k.mask) };
+    // SAFETY: a restorer the kernel held is libc's `__restore_rt` (or null: None).
+    sa.sa_restorer = unsafe { std::mem::transmute::<usize, Option<extern "C" fn()>>(k.restorer) };
+    sa
+}
+
+/// Records `act` as the program's `SIGTRAP` disposition (the one foreign traps go to). The
+/// engine's own handler stands for the disposition found before it: a program that read the
+/// current disposition while ours was installed (before the guard probe existed, or through
+/// a path it does not see) and restores it later (LLVM's crash handlers do) means that one.
+fn record_trap(act: &libc::sigaction) {
+    let new = if act.sa_sigaction == trap_handler as *const () as usize {
+        let orig = ORIG_TRAP.load(Acquire);
+        // SAFETY: a leaked copy, never freed (or null: SIG_DFL).
+        if orig.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *orig } }
+    } else {
+        *act
+    };
+    OLD_TRAP.store(Box::into_raw(Box::new(new)), Release);
+}
+
+/// Makes sure the kernel's `SIGTRAP` disposition is the engine's handler, taking it back
+/// (and recording the one found as the program's) when something replaced it: the program
+/// called `sigaction` before the guard probe existed (LLVM's crash-recovery handlers, set
+/// up by libclang, come after the engine's handler when the engine started early for the
+/// loader notification, `dlnotify`), or made a raw `rt_sigaction` system call. Called before
+/// every `int3` of the engine is written and once the guard probe is in place: an `int3` of
+/// ours then always reaches our handler. One system call (two when taking it back), never on
+/// a hit.
+pub(crate) fn own_sigtrap() {
+    let Some(ours) = OURS_K.get() else { return };
+    let Some(cur) = k_sigtrap(None) else { return };
+    if cur.handler == ours.handler {
+        return;
+    }
+    if let Some(prev) = k_sigtrap(Some(ours)) {
+        if prev.handler != ours.handler {
+            record_trap(&from_kernel(&prev));
+            TRAP_RETAKEN.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The guard handler of a guard probe's address (`sigaction`, `pthread_sigmask`), for the
+/// calls the engine's dispatch would not run probes for (see [`guard_at`]).
+static GUARD_SITES: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// The guard handler to run at `addr` when the dispatch skips the site's probes (a call
+/// made inside a probe handler or a signal handler interrupting one, a thread without state):
+/// the guard runs on every call, so that no `sigaction(SIGTRAP)` replaces the engine's
+/// handler and no mask blocks `SIGTRAP`.
+pub(crate) fn guard_at(addr: usize) -> Option<crate::Handler> {
+    if GUARD_SITES[0].load(Relaxed) == addr {
+        Some(sigaction_guard)
+    } else if GUARD_SITES[1].load(Relaxed) == addr {
+        Some(sigmask_guard)
+    } else {
+        None
+    }
+}
 
 fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     let uc = ctx as *mut libc::ucontext_t;
@@ -347,7 +448,10 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
     let p = OLD_TRAP.load(Acquire);
     // SAFETY: a leaked copy (never freed), or null for SIG_DFL.
     let old: libc::sigaction = if p.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *p } };
-    let handler = old.sa_sigaction;
+    let mut handler = old.sa_sigaction;
+    if handler == trap_handler as *const () as usize {
+        handler = libc::SIG_DFL; // never ourselves (see `record_trap`)
+    }
     if handler == libc::SIG_IGN && code <= 0 {
         return; // sent with kill/tgkill/sigqueue and ignored
     }
@@ -411,8 +515,7 @@ unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::Pt
     }
     if !act.is_null() {
         // SAFETY: the program's struct sigaction, which libc would have read.
-        let new = Box::into_raw(Box::new(unsafe { act.read() }));
-        OLD_TRAP.store(new, Release);
+        record_trap(&unsafe { act.read() });
     }
     regs.ax = 0;
     crate::HOOK_SKIP
@@ -469,17 +572,24 @@ pub(crate) fn guard_sigtrap() {
         return;
     }
     let mut ok = true;
-    for (func, h) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)] {
+    for (i, (func, h)) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)].into_iter().enumerate() {
         let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) else {
             ok = false;
             continue;
         };
         let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
-        ok &= crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+        let attached = crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+        if attached {
+            GUARD_SITES[i].store(r.addr, SeqCst);
+        }
+        ok &= attached;
     }
     if ok {
         GUARD.store(2, SeqCst);
     }
+    // A `sigaction` made before the guard was in place (since the handler's installation)
+    // replaced ours in the kernel: take it back now that later ones are recorded.
+    own_sigtrap();
 }
 
 extern "C" fn fixup_handler(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -521,6 +631,10 @@ pub(crate) fn install_handlers() -> Result<(), String> {
             ));
         }
         OLD_TRAP.store(old, SeqCst);
+        ORIG_TRAP.store(Box::into_raw(Box::new(*old)), SeqCst);
+        if let Some(k) = k_sigtrap(None) {
+            let _ = OURS_K.set(k);
+        }
         let mut sb: libc::sigaction = std::mem::zeroed();
         sb.sa_sigaction = fixup_handler as *const () as usize;
         sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
