@@ -45,10 +45,24 @@
 //! `SA_RESETHAND`, `SA_SIGINFO`; the default action kills the process). The program's later
 //! `sigaction`/`signal` calls for `SIGTRAP` are recorded (an entry probe on libc's
 //! `sigaction`, which `signal`, `sigset` and `sysv_signal` call) instead of replacing ours, and
-//! queries return what it set. `SIGTRAP` is taken out of the sets given to libc's
+//! queries return what it set. That guard probe runs on every call, also where the engine
+//! runs no probe (a call made inside a probe handler, or by a signal handler interrupting
+//! one). The engine's handler can still be replaced where the guard does not look: by a
+//! `sigaction` made after the handler was installed but before the guard probe existed (the
+//! loader notification, `dlnotify`, starts the engine at preload time; under bpftrace,
+//! libclang then sets up LLVM's crash-recovery handlers for `SIGTRAP`, `SIGSEGV`... through
+//! libc), or by a raw `rt_sigaction`. So the kernel's disposition is checked (a raw
+//! `rt_sigaction` query) before every `int3` of ours is written (a breakpoint, the first byte
+//! of a jump being written or removed) and once the guard is in place; when it is not ours,
+//! ours is put back and the one found is recorded as the program's ([`own_sigtrap`]): an
+//! `int3` of ours always reaches our handler. A program that gives back the engine's own
+//! handler (it was handed it as the "old" disposition, and LLVM's handlers restore that when
+//! they disable themselves) gets the disposition from before the engine, never our handler
+//! chained to itself. `SIGTRAP` is taken out of the sets given to libc's
 //! `pthread_sigmask`/`sigprocmask` and of other handlers' `sa_mask` (a blocked `SIGTRAP`
 //! makes the kernel kill the process at an `int3`; see `sigmask_guard`). Not seen: raw
-//! `rt_sigaction`/`rt_sigprocmask` system calls, masks set by other paths (`sigsuspend`,
+//! `rt_sigprocmask` system calls, a raw `rt_sigaction` made *after* our `int3`s are in
+//! place (until the next attach takes the handler back), masks set by other paths (`sigsuspend`,
 //! `pselect`, `signalfd` users blocking it, glibc's internal blocking), and threads that
 //! blocked `SIGTRAP` before the engine's first probe: a breakpoint hit there ends the process
 //! as the program's own `int3` would.
