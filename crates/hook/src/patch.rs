@@ -71,7 +71,7 @@
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// Signal used to stop-and-fix threads during patching (SIGRTMAX - 3).
@@ -313,12 +313,73 @@ pub(crate) static BREAKPOINT_HITS: AtomicU64 = AtomicU64::new(0);
 
 /// The program's `SIGTRAP` disposition, handed the traps that are not ours: the one found at
 /// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
-/// [`guard_sigtrap`]). Leaked copies, never freed (a handler may be reading one).
-static OLD_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// [`guard_sigtrap`]). A slot of [`ACT_WORD`], or [`NO_ACT`] for `SIG_DFL`.
+static OLD_TRAP: AtomicUsize = AtomicUsize::new(NO_ACT);
 /// The disposition found when the engine's handler was installed (what the program had
 /// before): what the program means when it gives back the engine's own handler, which it
-/// may have been handed as the "old" one (see [`record_trap`]).
-static ORIG_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// may have been handed as the "old" one (see [`record_trap`]). A slot never rewritten.
+static ORIG_TRAP: AtomicUsize = AtomicUsize::new(NO_ACT);
+
+/// Copies of `struct sigaction`s (glibc's, in 8-byte words), written by [`act_store`] and read
+/// by [`act_load`] under a sequence count per slot: no allocation and no lock, as the guard
+/// may run inside a signal handler (LLVM's crash handlers call `sigaction`) that interrupted
+/// `malloc`. A writer claims a slot that is neither published nor being written.
+const ACT_WORDS: usize = std::mem::size_of::<libc::sigaction>() / 8;
+const _: () = assert!(std::mem::size_of::<libc::sigaction>().is_multiple_of(8));
+const ACT_SLOTS: usize = 64;
+const NO_ACT: usize = usize::MAX;
+static ACT_WORD: [[AtomicU64; ACT_WORDS]; ACT_SLOTS] = [const { [const { AtomicU64::new(0) }; ACT_WORDS] }; ACT_SLOTS];
+/// Odd while the slot is being written.
+static ACT_SEQ: [AtomicU64; ACT_SLOTS] = [const { AtomicU64::new(0) }; ACT_SLOTS];
+static ACT_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Stores a copy of `a` in a free slot and returns it (to be published in [`OLD_TRAP`]).
+fn act_store(a: &libc::sigaction) -> usize {
+    loop {
+        let i = ACT_NEXT.fetch_add(1, Relaxed) % ACT_SLOTS;
+        if i == OLD_TRAP.load(Acquire) || i == ORIG_TRAP.load(Acquire) {
+            continue;
+        }
+        let seq = ACT_SEQ[i].load(Acquire);
+        if seq & 1 != 0 || ACT_SEQ[i].compare_exchange(seq, seq + 1, AcqRel, Relaxed).is_err() {
+            continue; // another writer has it
+        }
+        let src = a as *const libc::sigaction as *const u64;
+        for (k, w) in ACT_WORD[i].iter().enumerate() {
+            // SAFETY: `a` is a struct sigaction of ACT_WORDS words.
+            w.store(unsafe { src.add(k).read_unaligned() }, Relaxed);
+        }
+        ACT_SEQ[i].store(seq + 2, Release);
+        return i;
+    }
+}
+
+/// The disposition published in `which` (`SIG_DFL` when none). A slot being rewritten is
+/// read again from the then published one (a writer never takes a published slot).
+fn act_load(which: &AtomicUsize) -> libc::sigaction {
+    loop {
+        let i = which.load(Acquire);
+        // SAFETY: all-zero is a valid struct sigaction (SIG_DFL).
+        let mut out: libc::sigaction = unsafe { std::mem::zeroed() };
+        if i == NO_ACT {
+            return out;
+        }
+        let s1 = ACT_SEQ[i].load(Acquire);
+        if s1 & 1 == 0 {
+            let dst = &mut out as *mut libc::sigaction as *mut u64;
+            for (k, w) in ACT_WORD[i].iter().enumerate() {
+                // SAFETY: `out` is a struct sigaction of ACT_WORDS words.
+                unsafe { dst.add(k).write_unaligned(w.load(Relaxed)) };
+            }
+            std::sync::atomic::fence(Acquire);
+            if ACT_SEQ[i].load(Relaxed) == s1 {
+                return out;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// Times the engine's `SIGTRAP` disposition was found replaced (through a path the guard
 /// does not see, or before it existed) and taken back ([`own_sigtrap`]).
 pub(crate) static TRAP_RETAKEN: AtomicU64 = AtomicU64::new(0);
@@ -367,14 +428,8 @@ fn from_kernel(k: &KSigaction) -> libc::sigaction {
 /// current disposition while ours was installed (before the guard probe existed, or through
 /// a path it does not see) and restores it later (LLVM's crash handlers do) means that one.
 fn record_trap(act: &libc::sigaction) {
-    let new = if act.sa_sigaction == trap_handler as *const () as usize {
-        let orig = ORIG_TRAP.load(Acquire);
-        // SAFETY: a leaked copy, never freed (or null: SIG_DFL).
-        if orig.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *orig } }
-    } else {
-        *act
-    };
-    OLD_TRAP.store(Box::into_raw(Box::new(new)), Release);
+    let new = if act.sa_sigaction == trap_handler as *const () as usize { act_load(&ORIG_TRAP) } else { *act };
+    OLD_TRAP.store(act_store(&new), Release);
 }
 
 /// Makes sure the kernel's `SIGTRAP` disposition is the engine's handler, taking it back
@@ -459,9 +514,7 @@ extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc:
 /// `SA_RESETHAND` resets it first; `SIG_IGN` ignores a sent signal; the default action (or
 /// `SIG_IGN` for a real trap, which the kernel does not let be ignored) kills the process.
 fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code: i32) {
-    let p = OLD_TRAP.load(Acquire);
-    // SAFETY: a leaked copy (never freed), or null for SIG_DFL.
-    let old: libc::sigaction = if p.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *p } };
+    let old = act_load(&OLD_TRAP);
     let mut handler = old.sa_sigaction;
     if handler == trap_handler as *const () as usize {
         handler = libc::SIG_DFL; // never ourselves (see `record_trap`)
@@ -481,7 +534,7 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
         return;
     }
     if old.sa_flags & libc::SA_RESETHAND != 0 {
-        OLD_TRAP.store(std::ptr::null_mut(), Release);
+        OLD_TRAP.store(NO_ACT, Release);
     }
     // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
     // not through libc's pthread_sigmask, which carries the engine's own guard probe).
@@ -521,11 +574,10 @@ unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::Pt
         return crate::HOOK_CONTINUE;
     }
     let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
-    let prev = OLD_TRAP.load(Acquire);
     if !old.is_null() {
         // SAFETY: the program's buffer for a struct sigaction (glibc's layout is the libc
-        // crate's); `prev` a leaked copy.
-        unsafe { old.write(if prev.is_null() { std::mem::zeroed() } else { *prev }) };
+        // crate's).
+        unsafe { old.write(act_load(&OLD_TRAP)) };
     }
     if !act.is_null() {
         // SAFETY: the program's struct sigaction, which libc would have read.
@@ -637,15 +689,15 @@ pub(crate) fn install_handlers() -> Result<(), String> {
         // SA_ONSTACK: a program handler chained from here may rely on its alternate stack.
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
-        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
-        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, &sa, &mut old) != 0 {
             return Err(format!(
                 "sigaction(SIGTRAP): {}",
                 std::io::Error::last_os_error()
             ));
         }
-        OLD_TRAP.store(old, SeqCst);
-        ORIG_TRAP.store(Box::into_raw(Box::new(*old)), SeqCst);
+        ORIG_TRAP.store(act_store(&old), SeqCst);
+        OLD_TRAP.store(act_store(&old), SeqCst);
         if let Some(k) = k_sigtrap(None) {
             let _ = OURS_K.set(k);
         }
