@@ -230,6 +230,9 @@ pub struct HookStats {
     pub fixups: u64,
     /// Hits of probes planted as breakpoints (each one a SIGTRAP).
     pub breakpoint_hits: u64,
+    /// Times the engine's `SIGTRAP` handler was found replaced in the kernel (a `sigaction`
+    /// the guard probe did not see) and taken back before writing an `int3`.
+    pub sigtrap_retaken: u64,
     pub thread_states_created: u64,
     pub thread_states_freed: u64,
 }
@@ -248,6 +251,7 @@ pub fn stats() -> HookStats {
         traps: patch::TRAPS.load(Relaxed),
         fixups: patch::FIXUPS.load(Relaxed),
         breakpoint_hits: patch::BREAKPOINT_HITS.load(Relaxed),
+        sigtrap_retaken: patch::TRAP_RETAKEN.load(Relaxed),
         thread_states_created: thread::STATES_CREATED.load(Relaxed),
         thread_states_freed: thread::STATES_FREED.load(Relaxed),
     }
@@ -709,6 +713,8 @@ fn patch_in(site: &Site) -> Result<(), HookError> {
         reason,
     };
     let at = site.patch_at;
+    // Our handler must be the one the kernel runs for the int3 about to be written.
+    patch::own_sigtrap();
     if site.method == Method::Breakpoint {
         // One byte: a thread fetches either the old byte or the int3 (as the kernel's and
         // debuggers' breakpoints are written); no thread can be inside it.
@@ -745,6 +751,7 @@ fn patch_out(site: &Site) -> Result<(), HookError> {
         site.patched.store(false, SeqCst);
         return Ok(());
     }
+    patch::own_sigtrap();
     patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
     patch::broadcast();
     patch::write_text(at + 1, &site.orig[1..], site.prot).map_err(perr)?;
@@ -782,16 +789,27 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
         target: site.relocated as u64,
         mode: 0,
     };
+    // The SIGTRAP guard (libc's `sigaction`, `pthread_sigmask`) runs on every call, also
+    // where the site's probes are skipped below (see `patch::guard_at`).
+    let guard_only = |regs: &mut PtRegs| {
+        if let Some(h) = patch::guard_at(site.addr) {
+            // SAFETY: the guard handlers take no data and the live pt_regs of the call.
+            if unsafe { h(std::ptr::null_mut(), regs) } == HOOK_SKIP && site.is_entry {
+                return Resume { target: 0, mode: 1 };
+            }
+        }
+        Resume { target: site.relocated as u64, mode: 0 }
+    };
     let st = thread::current();
     if st.is_null() {
         MISSED_NO_STATE.fetch_add(1, Relaxed);
-        return normal;
+        return guard_only(regs);
     }
     // SAFETY: st is this thread's state, only touched by this thread.
     let stm = unsafe { &mut *st };
     if stm.in_handler != 0 {
         MISSED_RECURSION.fetch_add(1, Relaxed);
-        return normal;
+        return guard_only(regs);
     }
     stm.in_handler = 1;
     if stm.registered == 0 {

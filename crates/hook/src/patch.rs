@@ -45,10 +45,24 @@
 //! `SA_RESETHAND`, `SA_SIGINFO`; the default action kills the process). The program's later
 //! `sigaction`/`signal` calls for `SIGTRAP` are recorded (an entry probe on libc's
 //! `sigaction`, which `signal`, `sigset` and `sysv_signal` call) instead of replacing ours, and
-//! queries return what it set. `SIGTRAP` is taken out of the sets given to libc's
+//! queries return what it set. That guard probe runs on every call, also where the engine
+//! runs no probe (a call made inside a probe handler, or by a signal handler interrupting
+//! one). The engine's handler can still be replaced where the guard does not look: by a
+//! `sigaction` made after the handler was installed but before the guard probe existed (the
+//! loader notification, `dlnotify`, starts the engine at preload time; under bpftrace,
+//! libclang then sets up LLVM's crash-recovery handlers for `SIGTRAP`, `SIGSEGV`... through
+//! libc), or by a raw `rt_sigaction`. So the kernel's disposition is checked (a raw
+//! `rt_sigaction` query) before every `int3` of ours is written (a breakpoint, the first byte
+//! of a jump being written or removed) and once the guard is in place; when it is not ours,
+//! ours is put back and the one found is recorded as the program's ([`own_sigtrap`]): an
+//! `int3` of ours always reaches our handler. A program that gives back the engine's own
+//! handler (it was handed it as the "old" disposition, and LLVM's handlers restore that when
+//! they disable themselves) gets the disposition from before the engine, never our handler
+//! chained to itself. `SIGTRAP` is taken out of the sets given to libc's
 //! `pthread_sigmask`/`sigprocmask` and of other handlers' `sa_mask` (a blocked `SIGTRAP`
 //! makes the kernel kill the process at an `int3`; see `sigmask_guard`). Not seen: raw
-//! `rt_sigaction`/`rt_sigprocmask` system calls, masks set by other paths (`sigsuspend`,
+//! `rt_sigprocmask` system calls, a raw `rt_sigaction` made *after* our `int3`s are in
+//! place (until the next attach takes the handler back), masks set by other paths (`sigsuspend`,
 //! `pselect`, `signalfd` users blocking it, glibc's internal blocking), and threads that
 //! blocked `SIGTRAP` before the engine's first probe: a breakpoint hit there ends the process
 //! as the program's own `int3` would.
@@ -57,7 +71,7 @@
 //! its timeout (1 s) and is not fixed up; a thread exiting between `tgkill`
 //! and delivery also costs the timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// Signal used to stop-and-fix threads during patching (SIGRTMAX - 3).
@@ -299,8 +313,164 @@ pub(crate) static BREAKPOINT_HITS: AtomicU64 = AtomicU64::new(0);
 
 /// The program's `SIGTRAP` disposition, handed the traps that are not ours: the one found at
 /// installation, then whatever the program sets through libc's `sigaction`/`signal` (see
-/// [`guard_sigtrap`]). Leaked copies, never freed (a handler may be reading one).
-static OLD_TRAP: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// [`guard_sigtrap`]). A slot of [`ACT_WORD`], or [`NO_ACT`] for `SIG_DFL`.
+static OLD_TRAP: AtomicUsize = AtomicUsize::new(NO_ACT);
+/// The disposition found when the engine's handler was installed (what the program had
+/// before): what the program means when it gives back the engine's own handler, which it
+/// may have been handed as the "old" one (see [`record_trap`]). A slot never rewritten.
+static ORIG_TRAP: AtomicUsize = AtomicUsize::new(NO_ACT);
+
+/// Copies of `struct sigaction`s (glibc's, in 8-byte words), written by [`act_store`] and read
+/// by [`act_load`] under a sequence count per slot: no allocation and no lock, as the guard
+/// may run inside a signal handler (LLVM's crash handlers call `sigaction`) that interrupted
+/// `malloc`. A writer claims a slot that is neither published nor being written.
+const ACT_WORDS: usize = std::mem::size_of::<libc::sigaction>() / 8;
+const _: () = assert!(std::mem::size_of::<libc::sigaction>().is_multiple_of(8));
+const ACT_SLOTS: usize = 64;
+const NO_ACT: usize = usize::MAX;
+static ACT_WORD: [[AtomicU64; ACT_WORDS]; ACT_SLOTS] = [const { [const { AtomicU64::new(0) }; ACT_WORDS] }; ACT_SLOTS];
+/// Odd while the slot is being written.
+static ACT_SEQ: [AtomicU64; ACT_SLOTS] = [const { AtomicU64::new(0) }; ACT_SLOTS];
+static ACT_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// Stores a copy of `a` in a free slot and returns it (to be published in [`OLD_TRAP`]).
+fn act_store(a: &libc::sigaction) -> usize {
+    loop {
+        let i = ACT_NEXT.fetch_add(1, Relaxed) % ACT_SLOTS;
+        if i == OLD_TRAP.load(Acquire) || i == ORIG_TRAP.load(Acquire) {
+            continue;
+        }
+        let seq = ACT_SEQ[i].load(Acquire);
+        if seq & 1 != 0 || ACT_SEQ[i].compare_exchange(seq, seq + 1, AcqRel, Relaxed).is_err() {
+            continue; // another writer has it
+        }
+        let src = a as *const libc::sigaction as *const u64;
+        for (k, w) in ACT_WORD[i].iter().enumerate() {
+            // SAFETY: `a` is a struct sigaction of ACT_WORDS words.
+            w.store(unsafe { src.add(k).read_unaligned() }, Relaxed);
+        }
+        ACT_SEQ[i].store(seq + 2, Release);
+        return i;
+    }
+}
+
+/// The disposition published in `which` (`SIG_DFL` when none). A slot being rewritten is
+/// read again from the then published one (a writer never takes a published slot).
+fn act_load(which: &AtomicUsize) -> libc::sigaction {
+    loop {
+        let i = which.load(Acquire);
+        // SAFETY: all-zero is a valid struct sigaction (SIG_DFL).
+        let mut out: libc::sigaction = unsafe { std::mem::zeroed() };
+        if i == NO_ACT {
+            return out;
+        }
+        let s1 = ACT_SEQ[i].load(Acquire);
+        if s1 & 1 == 0 {
+            let dst = &mut out as *mut libc::sigaction as *mut u64;
+            for (k, w) in ACT_WORD[i].iter().enumerate() {
+                // SAFETY: `out` is a struct sigaction of ACT_WORDS words.
+                unsafe { dst.add(k).write_unaligned(w.load(Relaxed)) };
+            }
+            std::sync::atomic::fence(Acquire);
+            if ACT_SEQ[i].load(Relaxed) == s1 {
+                return out;
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Times the engine's `SIGTRAP` disposition was found replaced (through a path the guard
+/// does not see, or before it existed) and taken back ([`own_sigtrap`]).
+pub(crate) static TRAP_RETAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// The kernel's `struct sigaction` on x86-64 (`rt_sigaction`'s argument): handler, flags,
+/// restorer, mask.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct KSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// The engine's disposition as the kernel holds it (with libc's restorer), read back once
+/// installed: what [`own_sigtrap`] puts back.
+static OURS_K: std::sync::OnceLock<KSigaction> = std::sync::OnceLock::new();
+
+/// Raw `rt_sigaction(SIGTRAP, new, &old)` (not libc's `sigaction`, which carries the guard
+/// probe); `None` when the call fails.
+fn k_sigtrap(new: Option<&KSigaction>) -> Option<KSigaction> {
+    let mut old = KSigaction::default();
+    let newp = new.map_or(std::ptr::null(), |n| n as *const KSigaction);
+    // SAFETY: rt_sigaction with pointers to local/borrowed kernel-layout structs and the
+    // kernel's sigset size (8).
+    let rc = unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, newp, &mut old as *mut KSigaction, 8) };
+    (rc == 0).then_some(old)
+}
+
+/// The `struct sigaction` (glibc's layout) of a kernel one.
+fn from_kernel(k: &KSigaction) -> libc::sigaction {
+    // SAFETY: all-zero is a valid struct sigaction (SIG_DFL, empty mask, no restorer).
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = k.handler;
+    sa.sa_flags = k.flags as i32;
+    // SAFETY: glibc's sigset_t starts with the kernel's 64-bit mask word.
+    unsafe { (&mut sa.sa_mask as *mut libc::sigset_t as *mut u64).write(k.mask) };
+    // SAFETY: a restorer the kernel held is libc's `__restore_rt` (or null: None).
+    sa.sa_restorer = unsafe { std::mem::transmute::<usize, Option<extern "C" fn()>>(k.restorer) };
+    sa
+}
+
+/// Records `act` as the program's `SIGTRAP` disposition (the one foreign traps go to). The
+/// engine's own handler stands for the disposition found before it: a program that read the
+/// current disposition while ours was installed (before the guard probe existed, or through
+/// a path it does not see) and restores it later (LLVM's crash handlers do) means that one.
+fn record_trap(act: &libc::sigaction) {
+    let new = if act.sa_sigaction == trap_handler as *const () as usize { act_load(&ORIG_TRAP) } else { *act };
+    OLD_TRAP.store(act_store(&new), Release);
+}
+
+/// Makes sure the kernel's `SIGTRAP` disposition is the engine's handler, taking it back
+/// (and recording the one found as the program's) when something replaced it: the program
+/// called `sigaction` before the guard probe existed (LLVM's crash-recovery handlers, set
+/// up by libclang, come after the engine's handler when the engine started early for the
+/// loader notification, `dlnotify`), or made a raw `rt_sigaction` system call. Called before
+/// every `int3` of the engine is written and once the guard probe is in place: an `int3` of
+/// ours then always reaches our handler. One system call (two when taking it back), never on
+/// a hit.
+pub(crate) fn own_sigtrap() {
+    let Some(ours) = OURS_K.get() else { return };
+    let Some(cur) = k_sigtrap(None) else { return };
+    if cur.handler == ours.handler {
+        return;
+    }
+    if let Some(prev) = k_sigtrap(Some(ours)) {
+        if prev.handler != ours.handler {
+            record_trap(&from_kernel(&prev));
+            TRAP_RETAKEN.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// The guard handler of a guard probe's address (`sigaction`, `pthread_sigmask`), for the
+/// calls the engine's dispatch would not run probes for (see [`guard_at`]).
+static GUARD_SITES: [AtomicUsize; 2] = [const { AtomicUsize::new(0) }; 2];
+
+/// The guard handler to run at `addr` when the dispatch skips the site's probes (a call
+/// made inside a probe handler or a signal handler interrupting one, a thread without state):
+/// the guard runs on every call, so that no `sigaction(SIGTRAP)` replaces the engine's
+/// handler and no mask blocks `SIGTRAP`.
+pub(crate) fn guard_at(addr: usize) -> Option<crate::Handler> {
+    if GUARD_SITES[0].load(Relaxed) == addr {
+        Some(sigaction_guard)
+    } else if GUARD_SITES[1].load(Relaxed) == addr {
+        Some(sigmask_guard)
+    } else {
+        None
+    }
+}
 
 fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
     let uc = ctx as *mut libc::ucontext_t;
@@ -344,10 +514,11 @@ extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc:
 /// `SA_RESETHAND` resets it first; `SIG_IGN` ignores a sent signal; the default action (or
 /// `SIG_IGN` for a real trap, which the kernel does not let be ignored) kills the process.
 fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code: i32) {
-    let p = OLD_TRAP.load(Acquire);
-    // SAFETY: a leaked copy (never freed), or null for SIG_DFL.
-    let old: libc::sigaction = if p.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *p } };
-    let handler = old.sa_sigaction;
+    let old = act_load(&OLD_TRAP);
+    let mut handler = old.sa_sigaction;
+    if handler == trap_handler as *const () as usize {
+        handler = libc::SIG_DFL; // never ourselves (see `record_trap`)
+    }
     if handler == libc::SIG_IGN && code <= 0 {
         return; // sent with kill/tgkill/sigqueue and ignored
     }
@@ -363,7 +534,7 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
         return;
     }
     if old.sa_flags & libc::SA_RESETHAND != 0 {
-        OLD_TRAP.store(std::ptr::null_mut(), Release);
+        OLD_TRAP.store(NO_ACT, Release);
     }
     // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
     // not through libc's pthread_sigmask, which carries the engine's own guard probe).
@@ -403,16 +574,14 @@ unsafe extern "C" fn sigaction_guard(_d: *mut libc::c_void, regs: *mut crate::Pt
         return crate::HOOK_CONTINUE;
     }
     let (act, old) = (regs.si as *const libc::sigaction, regs.dx as *mut libc::sigaction);
-    let prev = OLD_TRAP.load(Acquire);
     if !old.is_null() {
         // SAFETY: the program's buffer for a struct sigaction (glibc's layout is the libc
-        // crate's); `prev` a leaked copy.
-        unsafe { old.write(if prev.is_null() { std::mem::zeroed() } else { *prev }) };
+        // crate's).
+        unsafe { old.write(act_load(&OLD_TRAP)) };
     }
     if !act.is_null() {
         // SAFETY: the program's struct sigaction, which libc would have read.
-        let new = Box::into_raw(Box::new(unsafe { act.read() }));
-        OLD_TRAP.store(new, Release);
+        record_trap(&unsafe { act.read() });
     }
     regs.ax = 0;
     crate::HOOK_SKIP
@@ -469,17 +638,24 @@ pub(crate) fn guard_sigtrap() {
         return;
     }
     let mut ok = true;
-    for (func, h) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)] {
+    for (i, (func, h)) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)].into_iter().enumerate() {
         let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) else {
             ok = false;
             continue;
         };
         let ext = r.size.filter(|s| *s > 0).map(|len| crate::FuncExtent { start: r.func_start, len });
-        ok &= crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+        let attached = crate::attach_with(r.addr, crate::ProbeKind::Entry, h, std::ptr::null_mut(), ext).is_ok();
+        if attached {
+            GUARD_SITES[i].store(r.addr, SeqCst);
+        }
+        ok &= attached;
     }
     if ok {
         GUARD.store(2, SeqCst);
     }
+    // A `sigaction` made before the guard was in place (since the handler's installation)
+    // replaced ours in the kernel: take it back now that later ones are recorded.
+    own_sigtrap();
 }
 
 extern "C" fn fixup_handler(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
@@ -513,14 +689,18 @@ pub(crate) fn install_handlers() -> Result<(), String> {
         // SA_ONSTACK: a program handler chained from here may rely on its alternate stack.
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
-        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
-        if libc::sigaction(libc::SIGTRAP, &sa, old) != 0 {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, &sa, &mut old) != 0 {
             return Err(format!(
                 "sigaction(SIGTRAP): {}",
                 std::io::Error::last_os_error()
             ));
         }
-        OLD_TRAP.store(old, SeqCst);
+        ORIG_TRAP.store(act_store(&old), SeqCst);
+        OLD_TRAP.store(act_store(&old), SeqCst);
+        if let Some(k) = k_sigtrap(None) {
+            let _ = OURS_K.set(k);
+        }
         let mut sb: libc::sigaction = std::mem::zeroed();
         sb.sa_sigaction = fixup_handler as *const () as usize;
         sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;

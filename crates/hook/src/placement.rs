@@ -23,6 +23,15 @@
 //!    of a hit is the signal's delivery and `rt_sigreturn`, two kernel entries, never a
 //!    kernel uprobe.
 //!
+//! System call wrappers: a thread meeting a breakpoint pays a signal delivery and
+//! `rt_sigreturn` on every call (the agent's own threads call `read`, `write`, `futex`... all
+//! the time), about a hundred times the jump's cost. With glibc 2.36 (x86-64) every wrapper a
+//! system call tracepoint hooks takes the inline jump (the instructions before the `syscall`,
+//! such as `mov eax, NR` or the test of `__libc_single_threaded`, give the five bytes); the
+//! breakpoint stays the fallback for a libc whose
+//! wrapper has no room, as nothing else in the process sees a call libc makes from its own
+//! text (system call user dispatch leaves libc's range alone).
+//!
 //! The function's code is analysed from its symbol's extent with iced-x86: instructions are
 //! decoded by following the code flow from the function's start (every direct branch and
 //! fall-through), and by a linear sweep of the whole extent (which
