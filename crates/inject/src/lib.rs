@@ -10,8 +10,8 @@
 //! stack below the thread's red zone with a return address of 0: the call's `ret` faults at
 //! address 0, which stops the thread again for us (the fault never reaches the target). Then
 //! everything is put back and the thread is let go. A thread that was blocked in a system call
-//! has its call restarted by the kernel when it resumes (the saved `orig_rax` and `rax` say it
-//! was interrupted), so the program never sees `EINTR`.
+//! resumes at that call's `syscall` instruction, which makes it again from the start, so the
+//! program never sees `EINTR` (see `remote::resumed_in_syscall`).
 //!
 //! The functions called are found in the target's own libc: `dlopen`, `dlsym` and `dlerror`
 //! from its dynamic symbol table (glibc 2.34 and later have them in libc.so.6), at the address

@@ -225,7 +225,7 @@ impl Borrowed {
         self.attached = false;
         let mut iov = libc::iovec { iov_base: self.xstate.as_mut_ptr().cast(), iov_len: self.xstate.len() };
         let fp = ptrace(libc::PTRACE_SETREGSET, self.tid, NT_X86_XSTATE as usize, &mut iov as *mut libc::iovec as usize);
-        let regs = self.set_regs(&self.regs.clone());
+        let regs = self.set_regs(&resumed_in_syscall(self.regs));
         let detach = ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
         fp.map_err(|e| self.err("PTRACE_SETREGSET NT_X86_XSTATE", e))?;
         regs?;
@@ -238,6 +238,31 @@ impl Drop for Borrowed {
     fn drop(&mut self) {
         let _ = self.restore();
     }
+}
+
+/// The kernel's "restart the interrupted call" codes (never seen by user space).
+const ERESTARTSYS: i64 = -512;
+const ERESTARTNOINTR: i64 = -513;
+const ERESTARTNOHAND: i64 = -514;
+const ERESTART_RESTARTBLOCK: i64 = -516;
+
+/// The registers a thread interrupted in a system call resumes with: at the `syscall`
+/// instruction again, with the call's number, as if it had never been interrupted. Left to
+/// the kernel, the restart would depend on what happened on the thread in between: a signal
+/// handled there (the agent that was just loaded may signal the thread while it patches
+/// code) turns `ERESTARTNOHAND`, `ERESTART_RESTARTBLOCK` and `ERESTARTSYS` without
+/// `SA_RESTART` into `EINTR` for the program. Made again from the start, the call cannot
+/// fail that way (a sleep or a poll timeout starts over with its full length, where the
+/// kernel's restart would use what remained).
+fn resumed_in_syscall(mut regs: libc::user_regs_struct) -> libc::user_regs_struct {
+    let in_syscall = (regs.orig_rax as i64) >= 0;
+    if in_syscall && matches!(regs.rax as i64, ERESTARTSYS | ERESTARTNOINTR | ERESTARTNOHAND | ERESTART_RESTARTBLOCK) {
+        // `syscall` (0f 05) is two bytes; the kernel's own restart steps back the same way.
+        regs.rip = regs.rip.wrapping_sub(2);
+        regs.rax = regs.orig_rax;
+        regs.orig_rax = u64::MAX;
+    }
+    regs
 }
 
 /// An all-zero `user_regs_struct`.
