@@ -1025,6 +1025,8 @@ extern "C" fn agent_init() {
 /// (see `Session::leave_process`). The agent's lock stays held from here on: the watcher must
 /// not sync against a session directory that is gone; the process is ending.
 extern "C" fn leave_at_exit() {
+    // userbpf's own work on the exiting thread: no probe fires for it.
+    let _ours = userbpf_hook::ours();
     let _ = std::panic::catch_unwind(|| {
         if let Some(a) = AGENT.get() {
             let agent = lock(a);
@@ -1048,6 +1050,8 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
     if arg.is_null() {
         return -1;
     }
+    // userbpf's own work on the borrowed thread: no probe fires for it.
+    let _ours = userbpf_hook::ours();
     // SAFETY: a NUL-terminated string (the caller's contract).
     let arg = unsafe { std::ffi::CStr::from_ptr(arg) }.to_string_lossy().into_owned();
     std::panic::catch_unwind(move || {
