@@ -599,28 +599,19 @@ impl<'a> Emitter<'a> {
     /// `FastEntry`: `Entry(0)` for runs without run state, with the abort record's address
     /// (rdx) in the slot at r12 and the CPU (rcx) at r12+8; r3 = r4 = r5 = 0.
     fn fast_entry(&mut self) {
-        self.bind(Label::FastEntry);
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
-        self.a.zero(Reg::R11);
-        for _ in 0..3 {
-            self.a.push(Reg::R11);
-        }
-        self.a.push(Reg::RCX);
-        self.a.push(Reg::RDX);
-        self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
-        let d = self.rel32(Label::Func(0), 5);
-        self.a.call_rel32(d);
-        self.jump(None, Label::Epilogue);
+        self.slot_entry(Label::FastEntry, Reg::RCX, Some(Reg::RDX));
     }
 
     /// `CpuEntry`: `Entry(0)` with the CPU (rdx) in the slot at r12+8; r3 = r4 = r5 = 0.
     fn cpu_entry(&mut self) {
-        self.bind(Label::CpuEntry);
+        self.slot_entry(Label::CpuEntry, Reg::RDX, None);
+    }
+
+    /// An entry at `label` that calls `Func(0)` with the CPU (register `cpu`) in the slot at
+    /// r12+8 and the abort record's address (register `record`, or 0) at r12; r3 = r4 = r5 =
+    /// 0.
+    fn slot_entry(&mut self, label: Label, cpu: Reg, record: Option<Reg>) {
+        self.bind(label);
         for r in ENTRY_SAVES {
             self.a.push(r);
         }
@@ -628,8 +619,8 @@ impl<'a> Emitter<'a> {
         for _ in 0..3 {
             self.a.push(Reg::R11);
         }
-        self.a.push(Reg::RDX);
-        self.a.push(Reg::R11);
+        self.a.push(cpu);
+        self.a.push(record.unwrap_or(Reg::R11));
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
             self.a.zero(reg(r));
