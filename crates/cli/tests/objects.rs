@@ -4,11 +4,11 @@
 //! attach is an error (the command does not start, or is stopped, and `run` exits non-zero)
 //! unless `--allow-partial` is given.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 mod common;
-use common::{agent, here, repo, tmp};
+use common::{here, repo, tmp, userbpf_run};
 
 fn workload() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -17,20 +17,6 @@ fn workload() -> PathBuf {
 
 fn object(name: &str) -> PathBuf {
     userbpf_testutil::compile_bpf(&here(&format!("bpf/{name}.bpf.c")), &tmp().join("bpf/objects"))
-}
-
-fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
-    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
-        .env("USERBPF_AGENT", agent())
-        .env("USERBPF_SHM_DIR", tmp())
-        .arg("run")
-        .arg(obj)
-        .args(extra)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
 }
 
 #[test]

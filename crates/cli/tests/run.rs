@@ -2,10 +2,9 @@
 //! match the calls, and a faulting program that does not take the target down.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 mod common;
-use common::{agent, repo};
+use common::{repo, userbpf_run};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
@@ -20,20 +19,6 @@ fn workload() -> PathBuf {
 /// An eBPF object compiled into a directory of the test's own.
 fn object(src: &str, test: &str) -> PathBuf {
     userbpf_testutil::compile_bpf(&repo(src), &tmp().join("bpf").join(test))
-}
-
-fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
-    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
-        .env("USERBPF_AGENT", agent())
-        .env("USERBPF_SHM_DIR", tmp())
-        .arg("run")
-        .arg(obj)
-        .args(extra)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
 }
 
 #[test]

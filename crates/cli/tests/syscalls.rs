@@ -22,18 +22,7 @@ fn object(name: &str) -> PathBuf {
 }
 
 fn run(obj: &Path, extra: &[&str], n: u32) -> (String, String, bool) {
-    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
-        .env("USERBPF_AGENT", agent())
-        .env("USERBPF_SHM_DIR", tmp())
-        .arg("run")
-        .arg(obj)
-        .args(extra)
-        .arg("--")
-        .arg(target())
-        .arg(n.to_string())
-        .output()
-        .unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+    common::userbpf_run(obj, extra, &[target().to_str().unwrap(), &n.to_string()])
 }
 
 #[test]

@@ -640,3 +640,19 @@ pub fn sorted_lines(out: &str) -> Vec<String> {
     v.sort();
     v
 }
+
+/// `userbpf run OBJ EXTRA... -- CMD...` with the agent built beside it and the sessions in the
+/// test's directory: its stdout, stderr and whether it succeeded.
+pub fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
+    let out = Command::new(userbpf())
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(obj)
+        .args(extra)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+}
