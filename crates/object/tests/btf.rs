@@ -127,7 +127,7 @@ fn bpftool_dump(path: &std::path::Path) -> Option<String> {
         Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
         Ok(o) => panic!("bpftool failed: {}", String::from_utf8_lossy(&o.stderr)),
         Err(e) => {
-            eprintln!("bpftool not available ({e}); skipping the comparison (run `make test` to install it)");
+            userbpf_testutil::require(false, &format!("bpftool ({e}) for the comparison with `bpftool btf dump`"));
             None
         }
     }
@@ -173,8 +173,7 @@ fn btf_kinds_accessors() {
 #[test]
 fn vmlinux_btf() {
     let path = std::path::Path::new("/sys/kernel/btf/vmlinux");
-    if !path.exists() {
-        eprintln!("no /sys/kernel/btf/vmlinux; skipping");
+    if !userbpf_testutil::require(path.exists(), "the kernel's BTF (/sys/kernel/btf/vmlinux)") {
         return;
     }
     let btf = Btf::parse_file(path).unwrap().unwrap();

@@ -182,8 +182,7 @@ fn kernel_types_against_vmlinux() {
     assert_eq!(ldx_offsets(&o, "regs"), [112, 104]);
     assert_eq!(ldx_offsets(&o, "task"), [4]);
     let path = std::path::Path::new("/sys/kernel/btf/vmlinux");
-    if !path.exists() || !cfg!(target_arch = "x86_64") {
-        eprintln!("no x86-64 /sys/kernel/btf/vmlinux; skipping the kernel part");
+    if !userbpf_testutil::require(path.exists() && cfg!(target_arch = "x86_64"), "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux) for the kernel part") {
         return;
     }
     let vmlinux = Btf::parse_file(path).unwrap().unwrap();
@@ -200,8 +199,7 @@ fn kernel_types_against_vmlinux() {
 #[test]
 fn libbpf_tools_style_object() {
     let vmlinux = std::path::Path::new("/sys/kernel/btf/vmlinux");
-    if !vmlinux.exists() || !cfg!(target_arch = "x86_64") {
-        eprintln!("no x86-64 /sys/kernel/btf/vmlinux; skipping");
+    if !userbpf_testutil::require(vmlinux.exists() && cfg!(target_arch = "x86_64"), "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux)") {
         return;
     }
     let dir = common::out_dir().join(format!("vmlinux-h-{}", std::process::id()));
@@ -212,7 +210,7 @@ fn libbpf_tools_style_object() {
     {
         Ok(o) if o.status.success() => o.stdout,
         other => {
-            eprintln!("bpftool cannot generate vmlinux.h ({other:?}); skipping (run `make test` to install it)");
+            userbpf_testutil::require(false, &format!("bpftool generating vmlinux.h ({other:?})"));
             return;
         }
     };
