@@ -461,8 +461,12 @@ impl Session {
         let path = self.dir.join("lock");
         let f = match OpenOptions::new().write(true).open(&path) {
             Ok(f) => f,
-            // A directory without a lock file (left by an older version): lock it the usual way.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && self.dir.is_dir() => return self.lock().map(Some),
+            // No lock file: the directory is being made or removed right now (never recreate
+            // it here: that would race its last member's removal). An empty one is a leftover.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let _ = fs::remove_dir(&self.dir);
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         // SAFETY: flock on a descriptor we own; released when `f` is closed.
