@@ -1,6 +1,7 @@
 //! `userbpf attach PID`: the agent put into a process started without userbpf, which then runs
 //! the session's programs like a process started under `userbpf start`, and runs on as before
-//! (no EINTR in its sleeps); what cannot be attached is refused with the reason.
+//! (its thread blocked in read() through the injection sees no EINTR); what cannot be attached
+//! is refused with the reason.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ fn shm() -> PathBuf {
 }
 
 fn target() -> PathBuf {
-    userbpf_testutil::compile_c(&here("targets/attach_target.c"), &tmp().join("attach/attach_target"), &[])
+    userbpf_testutil::compile_c(&here("targets/attach_target.c"), &tmp().join("attach/attach_target"), &["-pthread"])
 }
 
 fn attach(session: &str, pid: u32) -> std::process::Output {
@@ -49,6 +50,7 @@ fn a_running_process_gets_the_sessions_probes() {
     let said = String::from_utf8_lossy(&r.stdout).into_owned();
     assert!(r.status.success(), "{said}{}", String::from_utf8_lossy(&r.stderr));
     assert!(said.starts_with(&format!("attached to process {pid} (attach_target) in session attach-a")), "{said}");
+    assert!(said.contains(&format!("thread {pid} paused")), "the main thread, blocked in read(), is the one borrowed: {said}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while hits() < 20 {
         assert!(Instant::now() < deadline, "no hits after attaching");
@@ -64,7 +66,7 @@ fn a_running_process_gets_the_sessions_probes() {
     out.read_to_string(&mut rest).unwrap();
     assert!(t.wait().unwrap().success());
     let calls: u64 = rest.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{rest}"));
-    assert!(rest.trim_end().ends_with("eintr 0"), "the target's sleeps were interrupted: {rest}");
+    assert!(rest.trim_end().ends_with("eintr 0"), "the read() of the borrowed thread was interrupted: {rest}");
     assert!(hits() >= 20 && hits() <= calls, "hits {} of {calls} calls", hits());
 }
 

@@ -1,11 +1,14 @@
-// A process started without userbpf, to attach to: calls work() in a loop (a pause between
-// calls, blocked in nanosleep) until its stdin closes; prints how many calls it made and
-// whether any sleep was interrupted (EINTR).
+// A process started without userbpf, to attach to. Its main thread blocks in read() on stdin
+// the whole time (the thread an injection borrows) and counts any EINTR; a worker thread
+// calls work() in a loop, with a busy pause between calls (no system call), until the main
+// thread reads a line. Then it prints how many calls were made and the EINTR count.
 #include <errno.h>
-#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
+
+static volatile int stop;
+static long calls, sum;
 
 __attribute__((noinline)) long work(long i)
 {
@@ -13,22 +16,30 @@ __attribute__((noinline)) long work(long i)
 	return i * 2 + 1;
 }
 
+static void *worker(void *arg)
+{
+	(void)arg;
+	while (!stop) {
+		sum += work(calls++);
+		for (volatile int spin = 0; spin < 20000; spin++)
+			;
+	}
+	return NULL;
+}
+
 int main(void)
 {
-	long calls = 0, sum = 0;
+	pthread_t t;
 	int eintr = 0;
+	char buf[64];
 	printf("ready %d\n", getpid());
 	fflush(stdout);
-	for (;;) {
-		sum += work(calls++);
-		struct timespec ts = { 0, 500 * 1000 };
-		while (nanosleep(&ts, &ts) != 0)
-			if (errno == EINTR)
-				eintr++;
-		struct pollfd p = { 0, POLLIN, 0 };
-		if (poll(&p, 1, 0) > 0)
-			break;
-	}
+	pthread_create(&t, NULL, worker, NULL);
+	while (read(0, buf, sizeof(buf)) < 0)
+		if (errno == EINTR)
+			eintr++;
+	stop = 1;
+	pthread_join(t, NULL);
 	printf("calls %ld sum %ld eintr %d\n", calls, sum, eintr);
 	return 0;
 }
