@@ -161,7 +161,12 @@ impl Session {
         loop {
             fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
             let path = self.dir.join("lock");
-            let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path)?;
+            let f = match OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path) {
+                Ok(f) => f,
+                // The directory was removed (by its last member) between the two calls.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
             // SAFETY: flock on a descriptor we own; released when `f` is closed.
             if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
                 return Err(io::Error::last_os_error());
@@ -461,12 +466,10 @@ impl Session {
         let path = self.dir.join("lock");
         let f = match OpenOptions::new().write(true).open(&path) {
             Ok(f) => f,
-            // No lock file: the directory is being made or removed right now (never recreate
-            // it here: that would race its last member's removal). An empty one is a leftover.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let _ = fs::remove_dir(&self.dir);
-                return Ok(None);
-            }
+            // No lock file: the directory is being made or removed right now. Never touched
+            // here: recreating it would race its last member's removal, and removing it would
+            // race its first member's creation.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         // SAFETY: flock on a descriptor we own; released when `f` is closed.
