@@ -25,6 +25,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,7 +71,8 @@ def holder(obj, attach, shm):
     """`userbpf run OBJ -- sleep`: a session holding the object's links; returns (process, session)."""
     env = dict(os.environ, USERBPF_SHM_DIR=shm)
     cmd = [USERBPF, "run", obj] + (["--attach", attach] if attach else []) + ["--", "sleep", "3600"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # A process group of its own: the holder and its `sleep` are ended together.
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
     session = f"run-{p.pid}"
     links = os.path.join(shm, f"userbpf-{os.getuid()}-{session}", "links")
     deadline = time.time() + 30
@@ -81,8 +83,21 @@ def holder(obj, attach, shm):
             break
         time.sleep(0.05)
     problem(f"userbpf run {os.path.basename(obj)}: no link in the session", p.stderr.read().decode() if p.poll() is not None else "")
-    p.kill()
+    end_holder(p)
     return None, None
+
+
+def end_holder(p):
+    """Ends a holder and the command it runs (its process group)."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 def env_for(config, sessions, shm):
@@ -144,8 +159,7 @@ def main():
                         problem(f"{NAME[c]}: the target exited {r.returncode}", detail)
         finally:
             for p in held:
-                p.terminate()
-                p.wait()
+                end_holder(p)
     load = os.getloadavg()[0]
     print(f"## agent start benchmark: {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, load average {load:.1f}")
     print()
