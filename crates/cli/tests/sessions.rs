@@ -74,6 +74,7 @@ fn a_session_whose_processes_were_killed_is_reaped_by_the_next_command() {
     let d = shm("killed");
     let mut target = Proc::spawn("sleep", cmd(&d, "killed", &["start", "sleep", "100"]));
     // The agent joins at start: wait for its membership.
+    // SAFETY: getuid has no preconditions.
     let members = d.join(format!("userbpf-{}-killed/members", unsafe { libc::getuid() }));
     let start = Instant::now();
     while std::fs::read_dir(&members).map_or(true, |rd| rd.count() == 0) {

@@ -149,6 +149,7 @@ impl KernelProbe {
         attr.config = if ret { 1 << bit } else { 0 };
         attr.config1 = path.as_ptr() as u64;
         attr.config2 = off;
+        // SAFETY: sysconf has no memory arguments.
         let ncpu = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) } as i32;
         let mut fds = Vec::new();
         for cpu in 0..ncpu {
@@ -417,6 +418,7 @@ fn the_programs_own_sigtrap_handler_is_chained() {
     assert_eq!(probe_method(symbols::resolve(&spec("f2_bp")).unwrap().func_start).unwrap().0, Method::Breakpoint);
     // SAFETY: installing a plain handler that only counts; reading back the disposition.
     let prev = unsafe { libc::signal(libc::SIGTRAP, own_handler as extern "C" fn(i32) as usize) };
+    // SAFETY: as for `prev`.
     let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: a query into a local struct.
     assert_eq!(unsafe { libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut now) }, 0);
@@ -465,6 +467,7 @@ fn the_programs_handler_gets_its_flags_and_mask() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     static E: AtomicU64 = AtomicU64::new(0);
     let id = attach_symbol(&spec("f1_bp"), ProbeKind::Entry, count, data(&E)).unwrap();
+    // SAFETY: sigaction is plain data, for which all-zero is a valid value.
     let mut prev: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: installing an SA_SIGINFO | SA_RESETHAND handler with SIGUSR2 in its mask.
     unsafe {

@@ -272,6 +272,7 @@ fn an_int3_of_the_engine_always_reaches_the_engine() {
     // 5. The program gives back what it was handed in 1 (the engine's handler, as LLVM's
     //    handlers do when they disable themselves): that means the disposition before the
     //    engine (SIG_DFL here), never the engine's handler chained to itself.
+    // SAFETY: installing the disposition the engine handed back, from a local struct.
     assert_eq!(unsafe { libc::sigaction(libc::SIGTRAP, &handed, std::ptr::null_mut()) }, 0);
     assert_eq!(reported_handler(), libc::SIG_DFL);
     assert_eq!(kernel_handler(), ours);

@@ -50,12 +50,19 @@ extern "C" fn dlsym_missing(_: *mut c_void, _: *const c_char) -> *mut c_void {
 /// Decides a `dlsym` call: the replacement to return (this library's `syscall`), or null to
 /// let libc's `dlsym` answer. Makes sure [`REAL_DLSYM`] holds a function to jump to.
 extern "C" fn dlsym_redirect(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // No panic may unwind into the naked `dlsym`: one (there is none to expect) finds nothing
+    // to replace, so libc's dlsym answers.
+    let r = std::panic::catch_unwind(|| redirect(handle, name)).unwrap_or(std::ptr::null_mut());
+    // The stub jumps to REAL_DLSYM when nothing is replaced: never to null.
+    let _ = REAL_DLSYM.compare_exchange(std::ptr::null_mut(), dlsym_missing as *const () as *mut c_void, Ordering::AcqRel, Ordering::Acquire);
+    r
+}
+
+/// [`dlsym_redirect`]'s decision.
+fn redirect(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let real = match real_dlsym() {
         Some(f) => f,
-        None => {
-            REAL_DLSYM.store(dlsym_missing as *const () as *mut c_void, Ordering::Release);
-            return std::ptr::null_mut();
-        }
+        None => return std::ptr::null_mut(),
     };
     // SAFETY: a non-null name of a dlsym call is a NUL-terminated string (its contract).
     if name.is_null() || unsafe { CStr::from_ptr(name) }.to_bytes() != b"syscall" || !serving() {

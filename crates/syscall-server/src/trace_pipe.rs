@@ -22,7 +22,8 @@ const TRACE_PIPES: [&[u8]; 2] = [b"/sys/kernel/tracing/trace_pipe", b"/sys/kerne
 
 /// Whether `path` names the kernel's trace pipe and this process is the served loader.
 fn is_trace_pipe(path: *const c_char) -> bool {
-    if path.is_null() || !serving() {
+    // Called by every open of the loader (a C entry point): no panic may escape.
+    if path.is_null() || !std::panic::catch_unwind(serving).unwrap_or(false) {
         return false;
     }
     // SAFETY: a non-null path argument of open/fopen is a NUL-terminated string (libc's
