@@ -453,7 +453,7 @@ impl Drop for Unpin<'_> {
 /// Whether program `name` is in a `.values` slot of a statically initialised prog array.
 fn is_tail_target(object: &Object, name: &str) -> bool {
     let Some(idx) = object.programs.iter().position(|p| p.name == name) else { return false };
-    object.maps.iter().any(|m| m.init_slots.iter().any(|s| *s == Some(userbpf_object::InitSlot::Program(idx))))
+    object.maps.iter().any(|m| m.init_slots.contains(&Some(userbpf_object::InitSlot::Program(idx))))
 }
 
 /// Checks a target naming a file (`PATH:...`, PATH with a `/`) before the command starts, as

@@ -41,7 +41,7 @@ fn arg(i: usize) -> usize {
     (i * 7919) % 4096
 }
 
-fn start(session: &str, exe: &PathBuf, calls: &str) -> std::process::Output {
+fn start(session: &str, exe: &std::path::Path, calls: &str) -> std::process::Output {
     Command::new(userbpf()).args(["start", exe.to_str().unwrap(), calls]).env("USERBPF_SESSION", session).env("USERBPF_SHM_DIR", shm()).output().unwrap()
 }
 

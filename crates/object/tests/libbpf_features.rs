@@ -10,7 +10,7 @@ use userbpf_object::Object;
 #[test]
 fn struct_ops_maps_are_refused_by_name() {
     let src = "bad/struct_ops.bpf.c";
-    let e = Object::parse(&compile(src), &obj_name(src)).err().expect("refused").to_string();
+    let e = Object::parse(&compile(src), &obj_name(src)).map(|_| ()).expect_err("refused").to_string();
     assert!(
         e.starts_with("struct_ops.bpf.o: section .struct_ops: map `my_ops_table`: struct_ops maps hand programs to a kernel subsystem"),
         "{e}"

@@ -77,8 +77,10 @@ pub fn compile_c(src: &Path, out: &Path, extra: &[&str]) -> PathBuf {
 /// # Panics
 /// If strace cannot be started (`make test` installs it) or its `sleep` does not appear
 /// within 10 s.
+// The strace child is handed to the caller, who kills and waits for it.
+#[allow(clippy::zombie_processes)]
 pub fn traced_sleep() -> (std::process::Child, u32) {
-    let strace = Command::new("strace")
+    let mut strace = Command::new("strace")
         .args(["-o", "/dev/null", "sleep", "30"])
         .spawn()
         .unwrap_or_else(|e| panic!("running strace ({e}): `make test` installs it"));
@@ -93,7 +95,11 @@ pub fn traced_sleep() -> (std::process::Child, u32) {
                 return (strace, pid);
             }
         }
-        assert!(std::time::Instant::now() < deadline, "strace's sleep did not start within 10 s");
+        if std::time::Instant::now() > deadline {
+            let _ = strace.kill();
+            let _ = strace.wait();
+            panic!("strace's sleep did not start within 10 s");
+        }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
