@@ -967,9 +967,7 @@ fn watch(fd: i32) {
 fn watch_then_stop_acking(fd: i32) {
     watch(fd);
     if let Some(a) = AGENT.get() {
-        if let Some(ack) = lock(a).ack.take() {
-            ack.remove();
-        }
+        stop_acking(a);
     }
 }
 
@@ -985,29 +983,11 @@ extern "C" fn agent_init() {
         let early = watch_links_early(&Session::dir_of(&Session::default_name()).join("links"));
         match Agent::start_with(true) {
             Ok(a) => {
-                // SAFETY: registering a function with no preconditions to run at exit.
-                unsafe { libc::atexit(leave_at_exit) };
-                // The watch is good only if it is on the directory of the session joined.
-                let early = early.and_then(|w| {
-                    if inode(&lock(a).session.dir().join("links")) == Some(w.ino) {
-                        return Some(w.fd);
-                    }
-                    // SAFETY: our descriptor, not shared.
-                    unsafe { libc::close(w.fd) };
-                    None
-                });
-                let fd = early.or_else(|| {
-                    let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
-                    lock(a).sync();
-                    Some(fd)
-                });
                 // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
                 // go to its threads.
-                let watching = fd.is_some_and(|fd| userbpf_hook::quiet::spawn("userbpf-agent", move || watch_then_stop_acking(fd)).is_ok());
+                let watching = watch_after_start(a, early).is_some_and(|fd| userbpf_hook::quiet::spawn("userbpf-agent", move || watch_then_stop_acking(fd)).is_ok());
                 if !watching {
-                    if let Some(ack) = lock(a).ack.take() {
-                        ack.remove();
-                    }
+                    stop_acking(a);
                 }
             }
             Err(e) => {
@@ -1019,6 +999,36 @@ extern "C" fn agent_init() {
             }
         }
     });
+}
+
+/// Once the agent started in its session: leaves the session at exit, and returns the
+/// inotify descriptor to watch the session's links with: the `early` watch (made before the
+/// start-up sync, so that no link added meanwhile is missed) when it is on the directory of
+/// the session joined, else a new one followed by a sync. `None`: links cannot be watched.
+fn watch_after_start(a: &'static Mutex<Agent>, early: Option<LinksWatch>) -> Option<i32> {
+    // SAFETY: registering a function with no preconditions to run at exit.
+    unsafe { libc::atexit(leave_at_exit) };
+    let links = lock(a).session.dir().join("links");
+    let early = early.and_then(|w| {
+        if inode(&links) == Some(w.ino) {
+            return Some(w.fd);
+        }
+        // SAFETY: our descriptor, not shared.
+        unsafe { libc::close(w.fd) };
+        None
+    });
+    early.or_else(|| {
+        let fd = watch_links(&links, false)?;
+        lock(a).sync();
+        Some(fd)
+    })
+}
+
+/// Without a watcher, this process acknowledges no link change: its file goes.
+fn stop_acking(a: &Mutex<Agent>) {
+    if let Some(ack) = lock(a).ack.take() {
+        ack.remove();
+    }
 }
 
 /// At exit: this process leaves its session, which goes with it when no other process uses it
@@ -1062,30 +1072,20 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let started = userbpf_hook::quiet::spawn("userbpf-agent", move || {
             // Watch first, then sync at the start: a link added in between is not missed.
-            let fd = watch_links(&Session::dir_in(&root, &name).join("links"), true);
-            let session = match Session::open_in(&root, &name) {
-                Ok(s) => s,
-                Err(e) => return log(&format!("attach: opening session {name}: {e}")),
-            };
-            match Agent::start_in(session, true) {
-                Ok(a) => {
-                    // SAFETY: registering a function with no preconditions to run at exit.
-                    unsafe { libc::atexit(leave_at_exit) };
-                    let fd = fd.or_else(|| {
-                        let fd = watch_links(&lock(a).session.dir().join("links"), false)?;
-                        lock(a).sync();
-                        Some(fd)
-                    });
-                    match fd {
-                        Some(fd) => watch_then_stop_acking(fd),
-                        None => {
-                            if let Some(ack) = lock(a).ack.take() {
-                                ack.remove();
-                            }
-                        }
+            let early = watch_links_early(&Session::dir_in(&root, &name).join("links"));
+            let started = Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")).and_then(|s| Agent::start_in(s, true));
+            match started {
+                Ok(a) => match watch_after_start(a, early) {
+                    Some(fd) => watch_then_stop_acking(fd),
+                    None => stop_acking(a),
+                },
+                Err(e) => {
+                    if let Some(w) = early {
+                        // SAFETY: our descriptor, not shared.
+                        unsafe { libc::close(w.fd) };
                     }
+                    log(&format!("attach: {e}"))
                 }
-                Err(e) => log(&format!("attach: {e}")),
             }
         });
         if started.is_ok() { 0 } else { -1 }
