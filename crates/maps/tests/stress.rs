@@ -64,7 +64,7 @@ fn side(m: &Map, side: u64, seed: u64) -> Tally {
     let vb = m.value_buf_size();
     let copies = vb / VS;
     let mut t = Tally { net: vec![0; KEYS as usize], last: vec![None; KEYS as usize], busy: 0 };
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut out = vec![0u8; vb];
     let mut nk = [0u8; 8];
     for seq in 0..OPS {
