@@ -127,7 +127,7 @@ pub fn release(anchor: usize) {
 }
 
 /// Whether `obj` has the link's probe (`PROVIDER:NAME`) in its notes.
-pub fn has_probe(obj: &userbpf_hook::symbols::LoadedObject, link: &LinkRecord) -> bool {
+pub fn has_probe(obj: &userbpf_hook::symbols::MappedObject, link: &LinkRecord) -> bool {
     let probe = link.func.as_deref().unwrap_or("");
     let Some((provider, name)) = probe.split_once(':') else { return true };
     notes::read_notes(&obj.path).is_ok_and(|n| n.iter().any(|n| n.provider == provider && n.name == name))

@@ -21,14 +21,18 @@ use object::{Object, ObjectSymbol, SymbolKind};
 
 use crate::HookError;
 
-/// An object (executable or shared library) mapped in this process.
+/// An object (executable or shared library) mapped in this process. (The runtime's
+/// `LoadedObject` is an eBPF object loaded into a session: a different thing.)
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LoadedObject {
+pub struct MappedObject {
     /// File path (the executable's from /proc/self/exe).
     pub path: PathBuf,
     /// Load bias: symbol value + bias = address.
     pub bias: usize,
 }
+
+/// The former name of [`MappedObject`], while the agent moves to the new one.
+pub type LoadedObject = MappedObject;
 
 /// A resolved probe target.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +48,7 @@ pub struct Resolved {
 }
 
 struct Collect {
-    objs: Vec<LoadedObject>,
+    objs: Vec<MappedObject>,
     /// The `PT_LOAD` ranges of each object (same order as `objs`).
     segments: Vec<Vec<(usize, usize)>>,
     adds: u64,
@@ -88,7 +92,7 @@ unsafe extern "C" fn phdr_cb(
             }
         }
     }
-    c.objs.push(LoadedObject { path, bias });
+    c.objs.push(MappedObject { path, bias });
     c.segments.push(segs);
     0
 }
@@ -106,7 +110,7 @@ fn iterate() -> Collect {
 }
 
 /// The objects loaded in this process, the executable first.
-pub fn loaded_objects() -> Vec<LoadedObject> {
+pub fn loaded_objects() -> Vec<MappedObject> {
     iterate()
         .objs
         .into_iter()
@@ -119,10 +123,10 @@ pub fn loaded_objects() -> Vec<LoadedObject> {
 #[derive(Debug, Default, Clone)]
 pub struct ObjectChanges {
     /// Objects mapped since the last look.
-    pub added: Vec<LoadedObject>,
+    pub added: Vec<MappedObject>,
     /// Objects unmapped since the last look, with the address ranges their `PT_LOAD`
     /// segments covered.
-    pub removed: Vec<(LoadedObject, Vec<(usize, usize)>)>,
+    pub removed: Vec<(MappedObject, Vec<(usize, usize)>)>,
 }
 
 impl ObjectChanges {
@@ -134,7 +138,7 @@ impl ObjectChanges {
 /// Reports objects loaded and unloaded since the previous look (dlopen, dlclose).
 #[derive(Debug, Default)]
 pub struct LibraryWatcher {
-    known: HashMap<LoadedObject, Vec<(usize, usize)>>,
+    known: HashMap<MappedObject, Vec<(usize, usize)>>,
     adds: u64,
     subs: u64,
 }
@@ -151,7 +155,7 @@ impl LibraryWatcher {
     }
 
     /// Objects loaded since the last call (or since `new`).
-    pub fn poll(&mut self) -> Vec<LoadedObject> {
+    pub fn poll(&mut self) -> Vec<MappedObject> {
         self.changes().added
     }
 
@@ -163,7 +167,7 @@ impl LibraryWatcher {
         }
         self.adds = c.adds;
         self.subs = c.subs;
-        let now: HashMap<LoadedObject, Vec<(usize, usize)>> =
+        let now: HashMap<MappedObject, Vec<(usize, usize)>> =
             c.objs.into_iter().zip(c.segments).collect();
         let added = now
             .keys()
@@ -200,7 +204,7 @@ pub fn same_file(obj: &Path, want: &str) -> bool {
 
 /// The loaded object `want` names (see [`same_file`]); `None` when it is not mapped in this
 /// process. An empty `want` is the executable.
-pub fn find_loaded(want: &str) -> Option<LoadedObject> {
+pub fn find_loaded(want: &str) -> Option<MappedObject> {
     let objs = loaded_objects();
     if want.is_empty() {
         return objs.into_iter().next();
@@ -210,7 +214,7 @@ pub fn find_loaded(want: &str) -> Option<LoadedObject> {
 
 /// The address where file offset `off` of `obj` is mapped (as the kernel's uprobes take
 /// their offsets), if a `PT_LOAD` segment maps it.
-pub fn file_offset_to_addr(obj: &LoadedObject, off: u64) -> Option<usize> {
+pub fn file_offset_to_addr(obj: &MappedObject, off: u64) -> Option<usize> {
     use object::read::elf::{FileHeader, ProgramHeader};
     let data = std::fs::read(&obj.path).ok()?;
     let hdr = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;

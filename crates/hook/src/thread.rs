@@ -86,7 +86,7 @@ fn hash(k: usize) -> usize {
 }
 
 /// Where generated code finds a thread's state (the return-only fast path of the entry stub,
-/// `arch::ret_only_fast_path`): the table, its slots' size and fields, and `hash`. That code
+/// `stubs::ret_only_fast_path`): the table, its slots' size and fields, and `hash`. That code
 /// looks at the first slot of the hash only and leaves everything else to `current`.
 pub(crate) struct TableLayout {
     pub table: u64,

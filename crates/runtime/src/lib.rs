@@ -6,7 +6,9 @@ pub mod control;
 pub mod helpers;
 pub mod loader;
 pub mod program;
-pub mod programs;
+pub mod program_table;
+/// The former name of [`program_table`], while the agent and the syscall server move to it.
+pub use program_table as programs;
 pub mod session;
 
 pub use loader::{load_object, LoadObjectError, LoadedObject};

@@ -304,7 +304,7 @@ fn load_object_pinning(
             .map_err(|e| perr(explain(e)))?;
         prog_ids[pi] = Some(record.id);
         let prog = Arc::new(prog);
-        crate::programs::register(prog.clone());
+        crate::program_table::register(prog.clone());
         programs.push((record, prog));
     }
     // Prog-array slots (libbpf fills them once the programs are loaded, and fails the load
@@ -515,7 +515,7 @@ pub fn prepare_tail_targets(
                     continue;
                 }
                 let target = u32::from_ne_bytes(v);
-                if target == 0 || crate::programs::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
+                if target == 0 || crate::program_table::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
                     continue;
                 }
                 let all = match &records {
@@ -526,7 +526,7 @@ pub fn prepare_tail_targets(
                 let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
                     .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
                 let prog = Arc::new(prog);
-                crate::programs::register(prog.clone());
+                crate::program_table::register(prog.clone());
                 work.push(rec.map_ids.clone());
                 out.push((target, prog));
             }
