@@ -244,10 +244,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             let mut doubt = None;
             if path.is_empty() {
                 if let Some(exe) = &exe {
-                    let has = userbpf_hook::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
+                    let has = userbpf_elf::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
                     doubt = doubt_of(&rec.name, &format!("USDT probe `{probe}`"), has);
                 }
-            } else if let Err(why) = check_file_target(&path, |p| userbpf_hook::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
+            } else if let Err(why) = check_file_target(&path, |p| userbpf_elf::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
                 unattached.push(format!("program `{}` ({described}): {why}", rec.name));
                 continue;
             }
@@ -303,9 +303,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         let described = describe_target(kind, &path, func.as_deref(), offset);
         let mut doubt = None;
         if let (true, Some(f), Some(exe)) = (path.is_empty(), &func, &exe) {
-            doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_hook::symbols::has_function(exe, f));
+            doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_elf::symbols::has_function(exe, f));
         } else if let (false, Some(f)) = (path.is_empty(), &func) {
-            if let Err(why) = check_file_target(&path, |p| userbpf_hook::symbols::has_function(p, f), &format!("function `{f}`")) {
+            if let Err(why) = check_file_target(&path, |p| userbpf_elf::symbols::has_function(p, f), &format!("function `{f}`")) {
                 unattached.push(format!("program `{}` ({described}): {why}", rec.name));
                 continue;
             }
