@@ -536,9 +536,10 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
     if old.sa_flags & libc::SA_RESETHAND != 0 {
         OLD_TRAP.store(NO_ACT, Release);
     }
+    // SAFETY: an all-zero sigset_t is a valid (empty) set.
+    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
     // not through libc's pthread_sigmask, which carries the engine's own guard probe).
-    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     unsafe {
         // Never SIGTRAP itself (see `sigmask_guard`): the kernel would block it without
         // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.

@@ -341,10 +341,10 @@ pub(crate) fn lookup() -> *mut ThreadState {
 /// must not free what it unpublished.
 pub(crate) fn synchronize() -> bool {
     let me = lookup();
-    // SAFETY: me, when non-null, is this thread's state.
     let my_slot = if me.is_null() {
         usize::MAX
     } else {
+        // SAFETY: me, when non-null, is this thread's state.
         unsafe { (*me).slot }
     };
     if ASYM.load(SeqCst) && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {

@@ -625,7 +625,7 @@ mod tests {
     fn with_root<T>(f: impl FnOnce() -> T) -> T {
         let dir = std::env::temp_dir().join(format!("userbpf-session-unit-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        // SAFETY (of the environment change): the unit tests of this module all set the same value.
+        // SAFETY: (of the environment change) the unit tests of this module all set the same value.
         unsafe { std::env::set_var(SHM_DIR_ENV, &dir) };
         f()
     }

@@ -20,7 +20,7 @@ pub fn compile(name: &str) -> PathBuf {
 pub fn session(test: &str) -> Session {
     let dir = std::env::temp_dir().join(format!("userbpf-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // SAFETY (of the environment change): every test of this binary sets the same value.
+    // SAFETY: (of the environment change) every test of this binary sets the same value.
     unsafe { std::env::set_var(userbpf_runtime::session::SHM_DIR_ENV, &dir) };
     Session::open(test).unwrap()
 }
