@@ -110,7 +110,49 @@ pub struct StartArgs {
 /// after CMD starts. Exits with CMD's status.
 pub fn start(session: &str, args: StartArgs) -> Result<()> {
     let status = target_command(&args.command, session, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
-    std::process::exit(status.code().unwrap_or(1));
+    std::process::exit(exit_code(&args.command[0], status));
+}
+
+/// The status to exit with for a command that ended with `status`, as a shell gives it: its
+/// exit code, or 128 + the signal that killed it. A death by signal is said on stderr (which
+/// signal, and whether it dumped core), so that a crashed target is never silent.
+pub fn exit_code(cmd: &str, status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return code;
+    }
+    let Some(sig) = status.signal() else { return 1 };
+    let core = if status.core_dumped() { ", core dumped" } else { "" };
+    eprintln!("userbpf: {cmd} was killed by signal {} ({sig}: {}){core}", signal_name(sig), signal_description(sig));
+    128 + sig
+}
+
+/// The name of signal `sig` (`SIGSEGV`), or `SIGRTMIN+N`, or the number.
+fn signal_name(sig: i32) -> String {
+    const NAMES: [&str; 32] = [
+        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
+        "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+        "SIGSYS",
+    ];
+    match usize::try_from(sig) {
+        Ok(i) if (1..NAMES.len()).contains(&i) => NAMES[i].to_string(),
+        _ if sig >= libc::SIGRTMIN() && sig <= libc::SIGRTMAX() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        _ => format!("signal {sig}"),
+    }
+}
+
+/// libc's description of signal `sig` (`Segmentation fault`).
+fn signal_description(sig: i32) -> String {
+    // SAFETY: strsignal returns a pointer to a NUL-terminated string (static, or in a
+    // thread-local buffer for unknown signals) that stays valid until the next call on this
+    // thread; it is copied at once.
+    let p = unsafe { libc::strsignal(sig) };
+    if p.is_null() {
+        return format!("signal {sig}");
+    }
+    // SAFETY: as above: a valid NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 /// Whether the agent can attach this tracepoint (`CATEGORY/NAME`) or raw tracepoint: the
@@ -432,11 +474,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     if !status.success() {
+        let code = exit_code(&args.command[0], status);
         // Leave the session first: `exit` skips destructors.
         drop(unpin);
         drop(loaded);
         drop(session);
-        std::process::exit(status.code().unwrap_or(1));
+        std::process::exit(code);
     }
     Ok(())
 }
