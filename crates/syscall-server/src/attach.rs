@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use userbpf_runtime::context::{CpuSlots, RunContext};
+use userbpf_runtime::session::layout::{self, Layout, PerfFile};
+use userbpf_runtime::session::handshake;
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram};
 
 use crate::objects::{self, Kind};
@@ -63,7 +65,7 @@ fn io_errno(e: std::io::Error) -> i32 {
 /// [`create_bpf_link`]); closing its last descriptor detaches the link.
 pub fn link_file(link_id: u32) -> PathBuf {
     match objects::session() {
-        Ok(s) => s.dir().join("perf").join(format!("link-{link_id}")),
+        Ok(s) => s.layout().perf_link(link_id),
         Err(_) => PathBuf::from(format!("/nonexistent/link-{link_id}")),
     }
 }
@@ -78,8 +80,8 @@ fn sync_agent() {
         Err(e) => eprintln!("userbpf: the loader's agent did not start ({e}): probes on the loader itself will not run"),
     }
     if let Ok(s) = objects::session() {
-        if let Some(gen) = publish_links_gen(s.dir()) {
-            wait_for_agents(s.dir(), gen, std::time::Duration::from_secs(1));
+        if let Some(gen) = handshake::publish(s) {
+            handshake::wait(s.layout(), gen, std::process::id(), Duration::from_secs(1));
         }
     }
     nudge_later();
@@ -122,63 +124,12 @@ fn nudge_later() {
                 }
                 drop(g);
                 if let Ok(s) = objects::session() {
-                    let dir = s.dir().join("links");
-                    let tmp = dir.join(format!("nudge.tmp{}", std::process::id()));
-                    if std::fs::write(&tmp, b"").is_ok() {
-                        let _ = std::fs::rename(&tmp, dir.join("nudge"));
-                    }
+                    handshake::nudge(s.layout());
                 }
                 step += 1;
             }
         });
     });
-}
-
-/// Agents' acknowledgement protocol. The loader writes a new generation number (an id of the
-/// session: increasing) into `links/gen` after changing links (a rename into `links/`: the
-/// agents' inotify watch sees it). An agent that implements the protocol keeps a file
-/// `agents/PID.STARTTIME` holding the generation it read from `links/gen` *before* the
-/// listing of `links/` its last sync acted on. When every live agent's file holds at least
-/// the new generation, every probe change is in place everywhere.
-fn publish_links_gen(dir: &std::path::Path) -> Option<u32> {
-    let agents = dir.join("agents");
-    if std::fs::read_dir(&agents).map_or(true, |mut d| d.next().is_none()) {
-        return None; // no agent of the session acknowledges: nothing to wait for
-    }
-    let s = objects::session().ok()?;
-    let gen = s.alloc_id().ok()?;
-    let path = dir.join("links").join("gen");
-    let tmp = dir.join("links").join(format!("gen.tmp{}", std::process::id()));
-    std::fs::write(&tmp, gen.to_string()).ok()?;
-    std::fs::rename(&tmp, &path).ok()?;
-    Some(gen)
-}
-
-fn wait_for_agents(dir: &std::path::Path, gen: u32, limit: std::time::Duration) {
-    let me = std::process::id();
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut pending = false;
-        if let Ok(rd) = std::fs::read_dir(dir.join("agents")) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Some((pid, start)) = name.split_once('.') else { continue };
-                let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else { continue };
-                if pid == me || userbpf_runtime::session::start_time(pid) != Some(start) {
-                    continue; // ourselves (synced above), or a process that is gone
-                }
-                let acked = std::fs::read_to_string(e.path()).ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(0);
-                if acked < gen {
-                    pending = true;
-                    break;
-                }
-            }
-        }
-        if !pending || Instant::now() >= deadline {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
 }
 
 /// The loader's pid, recorded with its first link: a child it forks (before exec) shares
@@ -224,7 +175,7 @@ fn stop(a: Attachment) {
         Running::Link(id) => {
             if let Ok(s) = objects::session() {
                 let _ = s.remove_link(id);
-                semaphores::lower(s.dir(), id);
+                semaphores::lower(s.layout(), id);
             }
             owned(|v| v.retain(|l| *l != id));
         }
@@ -263,7 +214,7 @@ fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
     let s = objects::session()?;
     let rec = s.add_link(rec).map_err(io_errno)?;
     if let Some((path, off, pid)) = sema {
-        semaphores::raise(s.dir(), rec.id, &path, off, pid);
+        semaphores::raise(s.layout(), rec.id, &path, off, pid);
     }
     at_exit_once();
     owned(|v| v.push(rec.id));
@@ -284,18 +235,10 @@ fn owned(f: impl FnOnce(&mut Vec<u32>)) {
     let Ok(s) = objects::session() else { return };
     let mut text = String::new();
     for id in v.iter() {
-        text.push_str(&s.dir().join("links").join(format!("{id}.json")).to_string_lossy());
+        text.push_str(&s.layout().link(*id).to_string_lossy());
         text.push('\n');
     }
-    let path = owner_file(s.dir());
-    let tmp = path.with_extension("tmp");
-    if std::fs::write(&tmp, text).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
-    }
-}
-
-fn owner_file(dir: &std::path::Path) -> PathBuf {
-    dir.join("perf").join(format!("owner-{}", std::process::id()))
+    let _ = layout::write_atomic(&s.layout().perf_owner(std::process::id()), text.as_bytes());
 }
 
 /// Starts (once) a watchdog process that removes this loader's links when the loader is
@@ -307,7 +250,7 @@ fn watchdog_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let Ok(s) = objects::session() else { return };
-        let Ok(owner) = std::ffi::CString::new(owner_file(s.dir()).as_os_str().as_encoded_bytes()) else { return };
+        let Ok(owner) = std::ffi::CString::new(s.layout().perf_owner(std::process::id()).into_os_string().into_encoded_bytes()) else { return };
         let loader = std::process::id() as i64;
         // SAFETY: fork; the child runs `watchdog` only, which makes raw system calls on its
         // stack and on `owner` (copied into the child), and never returns.
@@ -466,7 +409,7 @@ fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
     }
     let s = objects::session()?;
     let slots = SLOTS
-        .get_or_init(|| CpuSlots::open(&s.dir().join("cpus")).map(Arc::new).map_err(io_errno))
+        .get_or_init(|| CpuSlots::open(&s.layout().cpus()).map(Arc::new).map_err(io_errno))
         .clone()?;
     let rec = s.progs().map_err(io_errno)?.into_iter().find(|p| p.id == prog_id).ok_or(libc::EBADF)?;
     let engine = if std::env::var("USERBPF_INTERPRETER").is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
@@ -589,27 +532,29 @@ fn open_elsewhere(dev: u64, ino: u64) -> bool {
     false
 }
 
-/// The event or link file `name` in `perf/` was closed somewhere: detach if no descriptor of
+/// The event or link file `file` in `perf/` was closed somewhere: detach if no descriptor of
 /// it is left.
-fn on_close(dir: &std::path::Path, name: &str) {
+fn on_close(layout: &Layout, file: PerfFile) {
     // One close at a time: a close() returning must not overtake the watcher thread's detach
     // of the same object (it would find the link already gone and return before the probe
     // is out).
     static CLOSING: Mutex<()> = Mutex::new(());
     let _one = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
-    let path = dir.join(name);
+    let path = layout.perf_file(file);
     let Ok(md) = std::fs::metadata(&path) else { return };
     if open_elsewhere(md.dev(), md.ino()) {
         return;
     }
-    if let Some(link) = name.strip_prefix("link-").and_then(|s| s.parse::<u32>().ok()) {
-        if remove_bpf_link(link).is_ok() {
-            objects::forget(Kind::Link, link);
-            let _ = std::fs::remove_file(&path);
+    let id = match file {
+        PerfFile::Link(link) => {
+            if remove_bpf_link(link).is_ok() {
+                objects::forget(Kind::Link, link);
+                let _ = std::fs::remove_file(&path);
+            }
+            return;
         }
-        return;
-    }
-    let Ok(id) = name.parse::<u32>() else { return };
+        PerfFile::Event(id) => id,
+    };
     if !with_events(|ev| ev.iter().any(|e| e.id == id)) {
         return;
     }
@@ -645,8 +590,7 @@ pub fn closing(fd: i32) -> Option<(Kind, u32)> {
 /// After the close of a descriptor [`closing`] recognised.
 pub fn closed(kind: Kind, id: u32) {
     let Ok(s) = objects::session() else { return };
-    let name = if kind == Kind::Link { format!("link-{id}") } else { id.to_string() };
-    on_close(&s.dir().join("perf"), &name);
+    on_close(s.layout(), if kind == Kind::Link { PerfFile::Link(id) } else { PerfFile::Event(id) });
 }
 
 /// Starts (once) the thread that sees descriptors of events and links closed.
@@ -654,7 +598,8 @@ pub fn watch_closes() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let Ok(s) = objects::session() else { return };
-        let dir = s.dir().join("perf");
+        let layout = s.layout().clone();
+        let dir = layout.perf_dir();
         let _ = std::fs::create_dir_all(&dir);
         let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else { return };
         // SAFETY: inotify_init1 has no preconditions; the descriptor stays with the thread.
@@ -687,13 +632,13 @@ pub fn watch_closes() {
                     let name_end = (name_off + ev.len as usize).min(n as usize);
                     let raw = &buf[name_off..name_end];
                     let name = String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned();
-                    if !name.is_empty() && !names.contains(&name) {
-                        names.push(name);
+                    if let Some(file) = Layout::parse_perf(&name).filter(|f| !names.contains(f)) {
+                        names.push(file);
                     }
                     off = name_end;
                 }
-                for name in names {
-                    let _ = std::panic::catch_unwind(|| on_close(&dir, &name));
+                for file in names {
+                    let _ = std::panic::catch_unwind(|| on_close(&layout, file));
                 }
             }
         });
@@ -712,10 +657,9 @@ pub mod semaphores {
     use std::collections::HashMap;
     use std::io::{Read, Seek, SeekFrom, Write};
     use std::os::unix::fs::MetadataExt;
-    use std::path::Path;
     use std::sync::Mutex;
 
-    use userbpf_runtime::session::SemaphoreRecord;
+    use userbpf_runtime::session::{Layout, SemaphoreRecord};
 
     /// A counter raised in a process: (pid, its start time, address).
     type Raised = (u32, u64, u64);
@@ -743,7 +687,7 @@ pub mod semaphores {
 
     /// Link `link` has a semaphore at file offset `off` of `path`: raise it in the processes
     /// it is for and record it in the session.
-    pub fn raise(dir: &Path, link: u32, path: &str, off: u64, pid: Option<u32>) {
+    pub fn raise(dir: &Layout, link: u32, path: &str, off: u64, pid: Option<u32>) {
         let _ = SemaphoreRecord { link, path: path.to_string(), offset: off, pid }.write(dir);
         let Ok(md) = std::fs::metadata(path) else { return };
         let me = std::process::id();
@@ -772,18 +716,17 @@ pub mod semaphores {
 
     /// Whether the caller is the one to raise link `link`'s semaphore in process `pid` (the
     /// loader's scan and the process's own start can both see it: exactly one of them wins).
-    fn claim(dir: &Path, link: u32, pid: u32) -> bool {
+    fn claim(dir: &Layout, link: u32, pid: u32) -> bool {
         let start = userbpf_runtime::session::start_time(pid).unwrap_or(0);
-        std::fs::OpenOptions::new().write(true).create_new(true).open(dir.join("perf").join(format!("sema-{link}.{pid}.{start}"))).is_ok()
+        std::fs::OpenOptions::new().write(true).create_new(true).open(dir.semaphore_claim(link, pid, start)).is_ok()
     }
 
     /// Link `link` is gone: lower what [`raise`] raised (in processes still the same).
-    pub fn lower(dir: &Path, link: u32) {
-        let _ = std::fs::remove_file(dir.join("perf").join(format!("sema-{link}")));
-        if let Ok(rd) = std::fs::read_dir(dir.join("perf")) {
-            let prefix = format!("sema-{link}.");
+    pub fn lower(dir: &Layout, link: u32) {
+        let _ = std::fs::remove_file(dir.semaphore(link));
+        if let Ok(rd) = std::fs::read_dir(dir.perf_dir()) {
             for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                if Layout::is_claim_of_link(&e.file_name().to_string_lossy(), link) {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
@@ -813,7 +756,7 @@ pub mod semaphores {
 
     /// At the start of a process of the session (not the loader): raise the semaphores of
     /// the session's links that are for this process.
-    pub fn raise_own(dir: &Path) {
+    pub fn raise_own(dir: &Layout) {
         let me = std::process::id();
         for r in SemaphoreRecord::all(dir) {
             if !r.is_for(me) {

@@ -271,7 +271,7 @@ extern "C" fn server_init() {
         if let Err(e) = userbpf_agent::Agent::start() {
             eprintln!("userbpf-agent: {e}");
         }
-        attach::semaphores::raise_own(&userbpf_runtime::Session::dir_of(&userbpf_runtime::Session::default_name()));
+        attach::semaphores::raise_own(&userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_of(&userbpf_runtime::Session::default_name())));
     });
 }
 

@@ -156,7 +156,7 @@ pub fn map_created(id: u32, m: &Map) {
 /// first use, with the watcher that makes it readable while records wait.
 pub fn ringbuf_fd_path(map_id: u32) -> Result<PathBuf, i32> {
     let s = objects::session()?;
-    let path = s.dir().join("maps").join(format!("{map_id}.poll"));
+    let path = s.layout().map_poll(map_id);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
     // SAFETY: a NUL-terminated path.
     if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
@@ -216,7 +216,7 @@ pub fn perf_array_update(map_id: u32, key: u32, event_fd: i32) -> Result<(), i32
     let (off, _) = pa.configure_ring(key, pages, ev.id as u64).map_err(|e| e.errno())?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(m.shm().fd());
     let current = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let maps_dir = objects::session().map(|s| s.dir().join("maps").to_string_lossy().into_owned()).unwrap_or_default();
+    let maps_dir = objects::session().map(|s| s.layout().maps_dir().to_string_lossy().into_owned()).unwrap_or_default();
     for mp in maps {
         // Only a mapping still there as we made it (an empty ring of its own, or a ring of a
         // map file): one the loader unmapped without us seeing it is left alone.

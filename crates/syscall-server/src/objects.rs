@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{OnceLock, RwLock};
 
-use userbpf_runtime::session::Session;
+use userbpf_runtime::session::{Layout, Session};
 
 use crate::sys;
 
@@ -195,8 +195,8 @@ extern "C" fn leave_at_exit() {
 
 fn leave(s: &Session) {
     use std::os::unix::fs::MetadataExt;
-    let dir = s.dir();
-    let lock_path = dir.join("lock");
+    let layout = s.layout();
+    let lock_path = layout.lock();
     // The session's lock, as Session takes it: a lock file that is gone means the session
     // was removed meanwhile.
     let Ok(lock) = std::fs::OpenOptions::new().write(true).open(&lock_path) else { return };
@@ -210,8 +210,8 @@ fn leave(s: &Session) {
     }
     // Every membership of this process (the loader's, and the agent's in the loader).
     let me = std::process::id();
-    let prefix = format!("{me}.{}.", userbpf_runtime::session::start_time(me).unwrap_or(0));
-    if let Ok(rd) = std::fs::read_dir(dir.join("members")) {
+    let prefix = Layout::member_prefix(me, userbpf_runtime::session::start_time(me).unwrap_or(0));
+    if let Ok(rd) = std::fs::read_dir(layout.members_dir()) {
         for e in rd.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(e.path());
@@ -224,10 +224,9 @@ fn leave(s: &Session) {
         // Everything but the lock, the members and the links directory, which agents in
         // this very process may still be watching at exit (the next process to open the
         // session wipes the rest, as it does for any session whose members are gone).
-        if let Ok(rd) = std::fs::read_dir(dir) {
+        if let Ok(rd) = std::fs::read_dir(layout.dir()) {
             for e in rd.flatten() {
-                let name = e.file_name();
-                if name == "lock" || name == "members" || name == "links" {
+                if Layout::kept_at_last_exit(&e.file_name()) {
                     continue;
                 }
                 let p = e.path();

@@ -231,10 +231,9 @@ fn elf_symbolize(d: &[u8], off: u64) -> Option<(String, u64)> {
 
 fn new_fifo() -> Result<(u32, PathBuf), i32> {
     let s = objects::session()?;
-    let dir = s.dir().join("perf");
-    std::fs::create_dir_all(&dir).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    std::fs::create_dir_all(s.layout().perf_dir()).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     let id = s.alloc_id().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    let path = dir.join(id.to_string());
+    let path = s.layout().perf_event(id);
     let _ = std::fs::remove_file(&path);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
     // SAFETY: `c` is a NUL-terminated path.

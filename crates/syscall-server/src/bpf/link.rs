@@ -120,7 +120,7 @@ pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, i32> {
     let rec = LinkRecord { id: 0, prog_id: p.id, kind: "raw_tracepoint".into(), path: String::new(), func: Some(name), offset: 0, cookie: 0, pid: None };
     let rec = session.add_link(rec).map_err(|e| io_errno(&e))?;
     created().insert(rec.id, p.id);
-    objects::install(Kind::Link, rec.id, &session.dir().join("links").join(format!("{}.json", rec.id))).map(|fd| fd as i64)
+    objects::install(Kind::Link, rec.id, &session.layout().link(rec.id)).map(|fd| fd as i64)
 }
 
 /// BPF_PROG_QUERY: queries cgroup, netns and device attachments, none of which exist here.

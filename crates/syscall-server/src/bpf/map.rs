@@ -99,7 +99,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
     let id = record.id;
     if shown_type != real_type as u32 {
         // Remember the type the loader asked for, for other processes of the session.
-        let _ = std::fs::write(session.dir().join("maps").join(format!("{id}.type")), shown_type.to_string());
+        let _ = std::fs::write(session.layout().map_type(id), shown_type.to_string());
     }
     let map = Arc::new(map);
     userbpf_runtime::helpers::maps::register_map(id, map.clone());
@@ -134,7 +134,7 @@ pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
     let session = objects::session()?;
     let map = session.open_map(id).map_err(|_| libc::ENOENT)?;
     let record = session.maps().ok().and_then(|v| v.into_iter().find(|r| r.id == id));
-    let shown = std::fs::read_to_string(session.dir().join("maps").join(format!("{id}.type")))
+    let shown = std::fs::read_to_string(session.layout().map_type(id))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(map.map_type() as u32);
@@ -375,7 +375,7 @@ pub fn freeze(a: &Attr) -> Result<i64, i32> {
 
 /// The file whose presence records that map `id` is frozen.
 fn frozen_marker(session: &userbpf_runtime::Session, id: u32) -> std::path::PathBuf {
-    session.dir().join("maps").join(format!("{id}.frozen"))
+    session.layout().map_frozen(id)
 }
 
 /// The four batch commands.

@@ -52,7 +52,7 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
     lr?;
     let session = objects::session()?;
     let id = session.add_btf(&data).map_err(|e| io_errno(&e))?;
-    objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map(|fd| fd as i64)
+    objects::install(Kind::Btf, id, &session.layout().btf(id)).map(|fd| fd as i64)
 }
 
 /// One type as the kernel's BTF log prints it (`[ID] KIND name ...`, members indented).
@@ -358,7 +358,7 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
         Kind::Map => session.maps().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Prog => session.progs().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Link => session.links().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
-        Kind::Btf => std::fs::read_dir(session.dir().join("btf"))
+        Kind::Btf => std::fs::read_dir(session.layout().btf_dir())
             .map_err(|e| io_errno(&e))?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .chain(super::kbtf::all()?.into_iter().map(|(id, _)| id))
@@ -408,16 +408,16 @@ pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
         }
         Kind::Prog => {
             prog_by_id(id)?;
-            objects::install(Kind::Prog, id, &session.dir().join("progs").join(format!("{id}.json"))).map_err(not_found)
+            objects::install(Kind::Prog, id, &session.layout().prog(id)).map_err(not_found)
         }
         Kind::Btf => match super::kbtf::name_of(id)? {
             Some(name) => super::kbtf::install(id, &name).map_err(not_found),
-            None => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+            None => objects::install(Kind::Btf, id, &session.layout().btf(id)).map_err(not_found),
         },
         Kind::Link => {
             // Perf links open the perf module's link file; raw tracepoint links their record.
             let perf = crate::attach::link_file(id);
-            let path = if perf.exists() { perf } else { session.dir().join("links").join(format!("{id}.json")) };
+            let path = if perf.exists() { perf } else { session.layout().link(id) };
             objects::install(Kind::Link, id, &path).map_err(not_found)
         }
         Kind::PerfEvent => Err(libc::ENOENT),
@@ -435,17 +435,8 @@ fn not_found(e: i32) -> i32 {
 /// Where pins of path `p` are recorded in the session (one file per pinned path).
 fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
     let session = objects::session()?;
-    let dir = session.dir().join("pins");
-    std::fs::create_dir_all(&dir).map_err(|e| io_errno(&e))?;
-    let mut name = String::new();
-    for &b in p {
-        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
-            name.push(b as char);
-        } else {
-            name.push_str(&format!("%{b:02x}"));
-        }
-    }
-    Ok(dir.join(name))
+    std::fs::create_dir_all(session.layout().pins_dir()).map_err(|e| io_errno(&e))?;
+    Ok(session.layout().pin(p))
 }
 
 /// A pin path, normalised: absolute, under the BPF filesystem (`/sys/fs/bpf`), without `.`
@@ -526,10 +517,7 @@ fn mark_pinned(id: u32, path: &str) -> Result<(), i32> {
     }
     rec.pinned = Some(path.to_string());
     let json = serde_json::to_vec_pretty(&rec).map_err(|_| libc::EINVAL)?;
-    let dir = session.dir().join("maps");
-    let tmp = dir.join(format!(".{id}.json.pin-{}", std::process::id()));
-    std::fs::write(&tmp, json).map_err(|e| io_errno(&e))?;
-    std::fs::rename(&tmp, dir.join(format!("{id}.json"))).map_err(|e| io_errno(&e))
+    userbpf_runtime::session::layout::write_atomic(&session.layout().map_record(id), &json).map_err(|e| io_errno(&e))
 }
 
 /// BPF_OBJ_GET: a new descriptor of the object pinned at the path.
@@ -571,7 +559,7 @@ pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
     }
     userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.layout().stats()).map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
     Ok(f.into_raw_fd() as i64)
 }

@@ -117,7 +117,7 @@ fn slots() -> Result<Arc<CpuSlots>, String> {
     SLOTS
         .get_or_init(|| {
             let s = objects::session().map_err(|e| format!("session: errno {e}"))?;
-            CpuSlots::open(&s.dir().join("cpus")).map(Arc::new).map_err(|e| e.to_string())
+            CpuSlots::open(&s.layout().cpus()).map(Arc::new).map_err(|e| e.to_string())
         })
         .clone()
 }
@@ -627,7 +627,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         loaded: OnceLock::new(),
     });
     state().progs.insert(id, entry);
-    let path = session.dir().join("progs").join(format!("{id}.json"));
+    let path = session.layout().prog(id);
     objects::install(Kind::Prog, id, &path).map(|fd| fd as i64)
 }
 
