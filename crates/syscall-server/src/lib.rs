@@ -73,7 +73,8 @@ fn guarded(f: impl FnOnce() -> Result<i64, i32>) -> i64 {
 pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
     if serving() {
         match nr {
-            SYS_BPF => return guarded(|| bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32)),
+            // SAFETY: the loader's arguments, under the system call's contract.
+            SYS_BPF => return guarded(|| unsafe { bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32) }),
             SYS_PERF_EVENT_OPEN => {
                 // SAFETY: the loader's arguments, under the system call's contract.
                 return guarded(|| unsafe { perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong) })
@@ -92,7 +93,8 @@ pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long,
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if serving() {
-        if let Some(r) = ours_catch(|| perf_event::ioctl(fd, req, arg)).unwrap_or(Some(Err(libc::EFAULT))) {
+        // SAFETY: the loader's arguments, under ioctl's contract (this function's).
+        if let Some(r) = ours_catch(|| unsafe { perf_event::ioctl(fd, req, arg) }).unwrap_or(Some(Err(libc::EFAULT))) {
             return guarded(|| r) as c_int;
         }
     }
@@ -107,7 +109,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
     if serving() && fd >= 0 {
-        if let Some(r) = ours_catch(|| mmap::mmap(addr, len, prot, flags, fd, off)).unwrap_or(Some(Err(libc::EFAULT))) {
+        // SAFETY: the loader's arguments, under mmap's contract (this function's).
+        if let Some(r) = ours_catch(|| unsafe { mmap::mmap(addr, len, prot, flags, fd, off) }).unwrap_or(Some(Err(libc::EFAULT))) {
             return match r {
                 Ok(p) => p,
                 Err(e) => {

@@ -268,7 +268,11 @@ pub fn perf_array_delete(map_id: u32, key: u32) -> Result<(), i32> {
 // ---- mmap ----
 
 /// Serves `mmap` when `fd` is ours; `None`: not ours, the kernel's.
-pub fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Option<Result<*mut c_void, i32>> {
+///
+/// # Safety
+/// As for libc's `mmap`: with `MAP_FIXED` in `flags`, `[addr, addr + len)` is replaced, so
+/// it must be a range the caller may unmap (nothing else of the process lives there).
+pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Option<Result<*mut c_void, i32>> {
     let (kind, id) = objects::kind_of(fd)?;
     // The descriptors handed to the loader are opened with O_NOATIME; this library's own
     // opens of the same files (the agent mapping a map, Map::open) are not, and are the
@@ -278,16 +282,24 @@ pub fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: 
     if fl < 0 || fl & libc::O_NOATIME as i64 == 0 {
         return None;
     }
-    Some(match kind {
-        Kind::PerfEvent => mmap_event(id, addr, len, prot, flags, off),
-        Kind::Map => mmap_map(id, addr, len, prot, flags, off),
-        _ => Err(libc::ENODEV),
+    // SAFETY: the caller's request, under this function's contract.
+    Some(unsafe {
+        match kind {
+            Kind::PerfEvent => mmap_event(id, addr, len, prot, flags, off),
+            Kind::Map => mmap_map(id, addr, len, prot, flags, off),
+            _ => Err(libc::ENODEV),
+        }
     })
 }
 
-fn raw_mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: u64) -> Result<usize, i32> {
-    // SAFETY: a mapping request the kernel checks; callers pass MAP_FIXED only over address
-    // ranges the loader asked for or that we reserved.
+/// The `mmap` system call.
+///
+/// # Safety
+/// With `MAP_FIXED` in `flags`, `[addr, addr + len)` must be a range the caller may replace:
+/// one the loader asked for (under [`mmap`]'s contract) or one reserved here.
+unsafe fn raw_mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: u64) -> Result<usize, i32> {
+    // SAFETY: a mapping request the kernel checks; MAP_FIXED only under this function's
+    // contract.
     let r = unsafe { sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off as i64) };
     if r < 0 {
         Err(-r as i32)
@@ -296,7 +308,11 @@ fn raw_mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: u64) -
     }
 }
 
-fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
+/// `mmap` of a perf event's descriptor.
+///
+/// # Safety
+/// As for [`mmap`].
+unsafe fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
     if !matches!(crate::perf_event::event_spec(id), Some(Spec::Output { .. })) {
         return Err(libc::EINVAL);
     }
@@ -323,11 +339,13 @@ fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off
                 return Err(libc::EINVAL);
             }
             let fd = std::os::fd::AsRawFd::as_raw_fd(m.shm().fd());
-            raw_mmap(addr as usize, len, prot, libc::MAP_SHARED | keep, fd, roff)?
+            // SAFETY: the caller's range, under this function's contract.
+            unsafe { raw_mmap(addr as usize, len, prot, libc::MAP_SHARED | keep, fd, roff)? }
         }
         None => {
             // Not stored anywhere yet: an empty ring of its own.
-            let a = raw_mmap(addr as usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | keep, -1, 0)?;
+            // SAFETY: the caller's range, under this function's contract.
+            let a = unsafe { raw_mmap(addr as usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | keep, -1, 0)? };
             // SAFETY: the fresh page we just mapped read-write.
             unsafe {
                 let p = a as *mut u8;
@@ -349,7 +367,11 @@ fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off
     Ok(at as *mut c_void)
 }
 
-fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
+/// `mmap` of a map's descriptor.
+///
+/// # Safety
+/// As for [`mmap`].
+unsafe fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
     if off < 0 || !(off as u64).is_multiple_of(PAGE) || len == 0 {
         return Err(libc::EINVAL);
     }
@@ -368,11 +390,14 @@ fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: 
             let base = if keep & libc::MAP_FIXED != 0 {
                 addr as usize
             } else {
-                raw_mmap(addr as usize, total as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)?
+                // SAFETY: without MAP_FIXED: a new range of the kernel's choosing.
+                unsafe { raw_mmap(addr as usize, total as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)? }
             };
             let mut at = base;
             for (foff, flen) in segs {
-                if let Err(e) = raw_mmap(at, flen as usize, prot, share | libc::MAP_FIXED | (keep & libc::MAP_POPULATE), fd, foff) {
+                // SAFETY: within [base, base + total): the caller's range (MAP_FIXED, under
+                // this function's contract) or the one reserved above.
+                if let Err(e) = unsafe { raw_mmap(at, flen as usize, prot, share | libc::MAP_FIXED | (keep & libc::MAP_POPULATE), fd, foff) } {
                     if keep & libc::MAP_FIXED == 0 {
                         // SAFETY: the range we reserved above.
                         unsafe { sys::raw6(libc::SYS_munmap, base as i64, total as i64, 0, 0, 0, 0) };
@@ -394,7 +419,8 @@ fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: 
             if frozen_or_ro && prot & libc::PROT_WRITE != 0 && share == libc::MAP_SHARED {
                 return Err(libc::EPERM);
             }
-            Ok(raw_mmap(addr as usize, len, prot, share | keep, fd, moff as u64 + off as u64)? as *mut c_void)
+            // SAFETY: the caller's range, under this function's contract.
+            Ok(unsafe { raw_mmap(addr as usize, len, prot, share | keep, fd, moff as u64 + off as u64)? } as *mut c_void)
         }
     }
 }

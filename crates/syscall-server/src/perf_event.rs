@@ -339,7 +339,11 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
 
 /// Serves `ioctl(fd, req, arg)` when `fd` is one of our perf events (or another object of
 /// ours: `ENOTTY`, as the kernel answers for bpf descriptors); `None`: not ours.
-pub fn ioctl(fd: i32, req: libc::c_ulong, arg: libc::c_ulong) -> Option<Result<i64, i32>> {
+///
+/// # Safety
+/// As for libc's `ioctl`: for `PERF_EVENT_IOC_ID` `arg` points to a writable `u64`, for
+/// `PERF_EVENT_IOC_PERIOD` to a readable one.
+pub unsafe fn ioctl(fd: i32, req: libc::c_ulong, arg: libc::c_ulong) -> Option<Result<i64, i32>> {
     let (kind, id) = objects::kind_of(fd)?;
     if kind != Kind::PerfEvent {
         return Some(Err(libc::ENOTTY));

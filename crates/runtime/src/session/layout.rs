@@ -9,7 +9,6 @@
 //!   members/PID.START.N     one file per handle of a process using the session
 //!   maps/ID                 a map (see userbpf-maps)
 //!   maps/ID.json            its MapRecord
-//!   maps/ID.type            the type a loader asked for, when shown differently (syscall server)
 //!   maps/ID.frozen          MAP_FREEZE was called on it
 //!   maps/ID.poll            the FIFO a ring buffer's descriptors open (for epoll)
 //!   progs/ID.json           a ProgRecord
@@ -128,10 +127,6 @@ impl Layout {
     /// `maps/ID.json`: its record.
     pub fn map_record(&self, id: u32) -> PathBuf {
         self.at(&[&"maps", &format!("{id}.json")])
-    }
-    /// `maps/ID.type`: the map type shown to loaders, when not the one it is made as.
-    pub fn map_type(&self, id: u32) -> PathBuf {
-        self.at(&[&"maps", &format!("{id}.type")])
     }
     /// `maps/ID.frozen`: present once the map is frozen.
     pub fn map_frozen(&self, id: u32) -> PathBuf {

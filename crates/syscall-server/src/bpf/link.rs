@@ -48,7 +48,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
             let ev = objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| libc::EBADF)?;
             let _ = ev;
             let cookie = a.u64(16);
-            let (id, path) = super::h4::perf_attach(target_fd, p.id, cookie)?;
+            let (id, path) = super::events::perf_attach(target_fd, p.id, cookie)?;
             created().insert(id, p.id);
             objects::install(Kind::Link, id, &path).map(|fd| fd as i64)
         }

@@ -53,10 +53,8 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         // BPF_F_NUMA_NODE: node 0 (or NUMA_NO_NODE) is all there is here.
         return Err(libc::EINVAL);
     }
-    // An emulated kernel type would be created as the closest type the runtime has and
-    // shown as its own (none is now: CGROUP_ARRAY is a maps crate type).
-    let (real_type, shown_type) = (MapType::from_u32(map_type).ok_or(libc::EINVAL)?, map_type);
-    let inner = match real_type {
+    let map_type = MapType::from_u32(map_type).ok_or(libc::EINVAL)?;
+    let inner = match map_type {
         MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
             let inner = map_of_fd(inner_map_fd)?;
             if matches!(inner.map.map_type(), MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS | MapType::BPF_MAP_TYPE_PROG_ARRAY) {
@@ -80,7 +78,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
     } else {
         None
     };
-    let spec = MapSpec { map_type: real_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
+    let spec = MapSpec { map_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
     let session = objects::session()?;
     let record = MapRecord {
         id: 0,
@@ -97,16 +95,12 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         _ => libc::EINVAL,
     })?;
     let id = record.id;
-    if shown_type != real_type as u32 {
-        // Remember the type the loader asked for, for other processes of the session.
-        let _ = std::fs::write(session.layout().map_type(id), shown_type.to_string());
-    }
     let map = Arc::new(map);
     userbpf_runtime::helpers::maps::register_map(id, map.clone());
-    super::h4::map_created(id, &map);
+    super::events::map_created(id, &map);
     let entry = Arc::new(MapEntry {
         map: map.clone(),
-        map_type: shown_type,
+        map_type: map_type as u32,
         btf_id: btf_id.unwrap_or(0),
         btf_key_type_id: btf_key,
         btf_value_type_id: btf_value,
@@ -116,13 +110,13 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         frozen: Default::default(),
     });
     state().maps.insert(id, entry);
-    install_map_fd(id, real_type).map(|fd| fd as i64)
+    install_map_fd(id, map_type).map(|fd| fd as i64)
 }
 
-/// A new descriptor of map `id` (ring buffers get the pollable path H4's mmap module keeps).
+/// A new descriptor of map `id` (ring buffers get the pollable path the mmap module keeps).
 pub fn install_map_fd(id: u32, t: MapType) -> Result<i32, i32> {
     let session = objects::session()?;
-    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::h4::ringbuf_fd_path(id)? } else { session.map_path(id) };
+    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::events::ringbuf_fd_path(id)? } else { session.map_path(id) };
     objects::install(Kind::Map, id, &path)
 }
 
@@ -134,16 +128,12 @@ pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
     let session = objects::session()?;
     let map = session.open_map(id).map_err(|_| libc::ENOENT)?;
     let record = session.maps().ok().and_then(|v| v.into_iter().find(|r| r.id == id));
-    let shown = std::fs::read_to_string(session.layout().map_type(id))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(map.map_type() as u32);
     let spec = map.spec().clone();
     let map = Arc::new(map);
     userbpf_runtime::helpers::maps::register_map(id, map.clone());
     let entry = Arc::new(MapEntry {
+        map_type: map.map_type() as u32,
         map,
-        map_type: shown,
         btf_id: record.as_ref().and_then(|r| r.btf_id).unwrap_or(0),
         btf_key_type_id: record.as_ref().and_then(|r| r.key_type_id).unwrap_or(0),
         btf_value_type_id: record.as_ref().and_then(|r| r.value_type_id).unwrap_or(0),
@@ -271,7 +261,7 @@ pub fn update(a: &Attr) -> Result<i64, i32> {
         }
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
         let fd = i32::from_ne_bytes(value[..4].try_into().expect("4-byte value"));
-        super::h4::perf_array_update(e.map.id(), idx, fd)?;
+        super::events::perf_array_update(e.map.id(), idx, fd)?;
         return Ok(0);
     }
     translate_value(&e, &mut value)?;
@@ -289,7 +279,7 @@ pub fn delete(a: &Attr) -> Result<i64, i32> {
     let key = read_key(&e, a.u64(8))?;
     if is_perf_array(&e) {
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
-        super::h4::perf_array_delete(e.map.id(), idx)?;
+        super::events::perf_array_delete(e.map.id(), idx)?;
         return Ok(0);
     }
     e.map.delete_elem(&key).map_err(map_errno)?;

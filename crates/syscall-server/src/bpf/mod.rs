@@ -21,7 +21,7 @@ use crate::objects;
 use crate::sys;
 
 mod dead;
-mod h4;
+pub mod events;
 pub mod kbtf;
 pub mod link;
 pub mod map;
@@ -136,7 +136,7 @@ fn iov(addr: u64, len: usize) -> libc::iovec {
 }
 
 /// Copies `buf.len()` bytes from address `addr` of this process: `EFAULT` if any is unmapped.
-pub fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
+pub(crate) fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
     if buf.is_empty() {
         return Ok(());
     }
@@ -165,7 +165,7 @@ pub fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
 
 /// Copies `data` to address `addr` of this process: `EFAULT` if any of it is unmapped or
 /// read-only.
-pub fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
+pub(crate) fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
     if data.is_empty() {
         return Ok(());
     }
@@ -192,7 +192,7 @@ pub fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
 
 /// A NUL-terminated string at `addr`, at most `max` bytes: `EFAULT` when unreadable,
 /// `E2BIG`/`ENAMETOOLONG`-like `EINVAL` when not terminated within `max`.
-pub fn read_user_str(addr: u64, max: usize) -> Result<Vec<u8>, i32> {
+pub(crate) fn read_user_str(addr: u64, max: usize) -> Result<Vec<u8>, i32> {
     let mut out = Vec::new();
     let mut chunk = [0u8; 64];
     let mut a = addr;
@@ -240,7 +240,13 @@ pub fn state() -> MutexGuard<'static, State> {
 }
 
 /// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno.
-pub fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
+///
+/// # Safety
+/// `attr` (`size` bytes) and the pointers it holds are the loader's, as for the bpf(2)
+/// system call. They are read and written with `process_vm_readv`/`process_vm_writev`,
+/// which report a bad address as `EFAULT`; where those calls are refused (a seccomp policy)
+/// they are accessed directly, and a bad address is then undefined behaviour.
+pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
     let r = serve(cmd, attr, size);
     if trace_enabled() {
         let what = match &r {
