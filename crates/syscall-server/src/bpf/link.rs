@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::mem::offset_of;
 
 use userbpf_runtime::LinkRecord;
 
+use super::attr::{self, end_of};
 use super::prog::{prog_of_fd, BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT};
 use super::{io_errno, read_user_str, write_user, Attr};
 use crate::objects::{self, Kind};
@@ -31,11 +33,9 @@ pub fn detached_prog(id: u32) -> Option<u32> {
 /// without them answers `EOPNOTSUPP`); other attach types do not exist for the program types
 /// the runtime runs (`EINVAL`).
 pub fn create(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(64) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let (target_fd, attach_type, flags) = (a.i32(4), a.u32(8), a.u32(12));
+    let at: attr::LinkCreate = a.get(std::mem::size_of::<attr::LinkCreate>())?;
+    let p = prog_of_fd(at.prog_fd)?;
+    let (target_fd, attach_type, flags) = (at.target_fd, at.attach_type, at.flags);
     match attach_type {
         BPF_PERF_EVENT => {
             if !matches!(p.prog_type, BPF_PROG_TYPE_KPROBE | BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_PERF_EVENT) {
@@ -47,7 +47,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
             // The perf event: EBADF for anything but one of ours (as perf_event_get).
             let ev = objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| libc::EBADF)?;
             let _ = ev;
-            let cookie = a.u64(16);
+            let cookie = at.bpf_cookie;
             let (id, path) = super::events::perf_attach(target_fd, p.id, cookie)?;
             created().insert(id, p.id);
             objects::install(Kind::Link, id, &path).map(|fd| fd as i64)
@@ -65,34 +65,28 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
 /// BPF_LINK_DETACH: perf event and raw tracepoint links have no detach operation in the
 /// kernel (`EOPNOTSUPP`); they go when their last descriptor is closed.
 pub fn detach(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    objects::get_kind(a.i32(0), Kind::Link)?;
+    let at: attr::LinkDetach = a.get(end_of!(attr::LinkDetach, link_fd))?;
+    objects::get_kind(at.link_fd, Kind::Link)?;
     Err(libc::EOPNOTSUPP)
 }
 
 /// BPF_LINK_UPDATE: no link type here can change its program (`EINVAL`, as the kernel for
 /// links without `update_prog`).
 pub fn update(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    objects::get_kind(a.i32(0), Kind::Link)?;
-    let flags = a.u32(8);
+    let at: attr::LinkUpdate = a.get(end_of!(attr::LinkUpdate, old_prog_fd))?;
+    objects::get_kind(at.link_fd, Kind::Link)?;
+    let flags = at.flags;
     if flags & !4 != 0 {
         return Err(libc::EINVAL);
     }
-    prog_of_fd(a.i32(4))?;
+    prog_of_fd(at.new_prog_fd)?;
     Err(libc::EINVAL)
 }
 
 /// BPF_PROG_ATTACH / BPF_PROG_DETACH attach cgroup, socket, flow dissector and lirc programs:
 /// none of those types runs here, so every attach type is one this "kernel" lacks (`EINVAL`).
 pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
-    }
+    let _: attr::ProgAttach = a.get(end_of!(attr::ProgAttach, replace_bpf_fd))?;
     let _ = cmd;
     Err(libc::EINVAL)
 }
@@ -100,14 +94,12 @@ pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, i32> {
 /// BPF_RAW_TRACEPOINT_OPEN: the system call raw tracepoints the agent serves (`sys_enter`,
 /// `sys_exit`) become session links; other names do not exist here (`ENOENT`).
 pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(8))?;
+    let at: attr::RawTracepointOpen = a.get(end_of!(attr::RawTracepointOpen, prog_fd))?;
+    let p = prog_of_fd(at.prog_fd)?;
     if p.prog_type != BPF_PROG_TYPE_RAW_TRACEPOINT {
         return Err(libc::EINVAL);
     }
-    let uname = a.u64(0);
+    let uname = at.name;
     if uname == 0 {
         return Err(libc::EINVAL);
     }
@@ -125,9 +117,8 @@ pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, i32> {
 
 /// BPF_PROG_QUERY: queries cgroup, netns and device attachments, none of which exist here.
 pub fn prog_query(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
+    // Up to `prog_cnt`, with the padding after it (where newer kernels have more fields).
+    let _: attr::ProgQuery = a.get(std::mem::size_of::<attr::ProgQuery>())?;
     Err(libc::EINVAL)
 }
 
@@ -137,10 +128,8 @@ pub fn prog_query(a: &Attr) -> Result<i64, i32> {
 /// with the name). An event without a program is `ENOENT`, a software event's program
 /// `EOPNOTSUPP`, other descriptors `ENOTSUPP`, as the kernel answers.
 pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(48) {
-        return Err(libc::EINVAL);
-    }
-    let (pid, fd, flags, buf_len, buf) = (a.u32(0), a.i32(4), a.u32(8), a.u32(12), a.u64(16));
+    let at: attr::TaskFdQuery = a.get(end_of!(attr::TaskFdQuery, probe_addr))?;
+    let (pid, fd, flags, buf_len, buf) = (at.pid, at.fd, at.flags, at.buf_len, at.buf);
     if flags != 0 {
         return Err(libc::EINVAL);
     }
@@ -164,14 +153,10 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
             Spec::Tracepoint { func, .. } => (BPF_FD_TYPE_TRACEPOINT, func.rsplit('/').next().unwrap_or(&func).to_string(), 0),
             _ => return Err(libc::EOPNOTSUPP),
         };
-        a.put_u32(24, prog)?;
-        a.put_u32(28, fd_type)?;
-        if 40 <= a.size {
-            write_user(a.user + 32, &offset.to_ne_bytes())?;
-        }
-        if 48 <= a.size {
-            write_user(a.user + 40, &0u64.to_ne_bytes())?;
-        }
+        a.put_u32(offset_of!(attr::TaskFdQuery, prog_id), prog)?;
+        a.put_u32(offset_of!(attr::TaskFdQuery, fd_type), fd_type)?;
+        a.put_u64(offset_of!(attr::TaskFdQuery, probe_offset), offset)?;
+        a.put_u64(offset_of!(attr::TaskFdQuery, probe_addr), 0)?;
         return copy_name(a, buf, buf_len, &name);
     }
     if obj.kind != Kind::Link {
@@ -182,8 +167,8 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
     if rec.kind != "raw_tracepoint" {
         return Err(userbpf_maps::ENOTSUPP);
     }
-    a.put_u32(24, rec.prog_id)?;
-    a.put_u32(28, BPF_FD_TYPE_RAW_TRACEPOINT)?;
+    a.put_u32(offset_of!(attr::TaskFdQuery, prog_id), rec.prog_id)?;
+    a.put_u32(offset_of!(attr::TaskFdQuery, fd_type), BPF_FD_TYPE_RAW_TRACEPOINT)?;
     copy_name(a, buf, buf_len, &rec.func.clone().unwrap_or_default())
 }
 
@@ -193,7 +178,7 @@ fn copy_name(a: &Attr, buf: u64, buf_len: u32, name: &str) -> Result<i64, i32> {
     let mut b = name.as_bytes().to_vec();
     b.push(0);
     let needed = b.len() as u32 - 1;
-    a.put_u32(12, needed)?;
+    a.put_u32(offset_of!(attr::TaskFdQuery, buf_len), needed)?;
     if buf != 0 && buf_len != 0 {
         let n = (buf_len as usize).min(b.len());
         let mut part = b[..n].to_vec();

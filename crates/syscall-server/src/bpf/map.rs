@@ -6,6 +6,9 @@ use std::sync::Arc;
 use userbpf_maps::{MapSpec, MapType, ENOTSUPP};
 use userbpf_runtime::MapRecord;
 
+use std::mem::offset_of;
+
+use super::attr::{self, end_of};
 use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
 use crate::objects::{self, Kind};
 
@@ -33,14 +36,12 @@ fn map_errno(e: userbpf_maps::MapError) -> i32 {
 
 /// BPF_MAP_CREATE.
 pub fn create(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(72) {
-        return Err(libc::EINVAL);
-    }
-    let (map_type, key_size, value_size, max_entries, map_flags) = (a.u32(0), a.u32(4), a.u32(8), a.u32(12), a.u32(16));
-    let inner_map_fd = a.i32(20);
-    let name = check_name(&a.name(28, 16), 16)?;
-    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (a.u32(44), a.i32(48), a.u32(52), a.u32(56), a.u32(60));
-    let map_extra = a.u64(64);
+    let at: attr::MapCreate = a.get(end_of!(attr::MapCreate, map_extra))?;
+    let (map_type, key_size, value_size, max_entries, map_flags) = (at.map_type, at.key_size, at.value_size, at.max_entries, at.map_flags);
+    let inner_map_fd = at.inner_map_fd;
+    let name = check_name(&attr::c_name(&at.map_name), 16)?;
+    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (at.map_ifindex, at.btf_fd, at.btf_key_type_id, at.btf_value_type_id, at.btf_vmlinux_value_type_id);
+    let map_extra = at.map_extra;
     if ifindex != 0 {
         // Offload to a device: no device here.
         return Err(libc::EINVAL);
@@ -49,7 +50,7 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         // Only struct_ops maps, which need the kernel's BTF.
         return Err(libc::EINVAL);
     }
-    if map_flags & (1 << 2) != 0 && a.u32(24) != 0 && a.u32(24) != u32::MAX {
+    if map_flags & (1 << 2) != 0 && at.numa_node != 0 && at.numa_node != u32::MAX {
         // BPF_F_NUMA_NODE: node 0 (or NUMA_NO_NODE) is all there is here.
         return Err(libc::EINVAL);
     }
@@ -183,16 +184,14 @@ fn can_write(e: &MapEntry) -> Result<(), i32> {
 
 /// BPF_MAP_LOOKUP_ELEM.
 pub fn lookup(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let flags = a.u64(24);
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let flags = at.flags;
     if flags & !BPF_F_LOCK != 0 {
         return Err(libc::EINVAL);
     }
-    let e = map_of_fd(a.i32(0))?;
+    let e = map_of_fd(at.map_fd)?;
     can_read(&e)?;
-    let key = read_key(&e, a.u64(8))?;
+    let key = read_key(&e, at.key)?;
     if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF {
         return Err(ENOTSUPP);
     }
@@ -203,7 +202,7 @@ pub fn lookup(a: &Attr) -> Result<i64, i32> {
     let mut value = vec![0u8; e.map.value_buf_size()];
     if e.map.map_type() == MapType::BPF_MAP_TYPE_BLOOM_FILTER {
         // The value is the input: the one to test.
-        read_user(a.u64(16), &mut value)?;
+        read_user(at.value, &mut value)?;
         e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
         return Ok(0);
     }
@@ -212,7 +211,7 @@ pub fn lookup(a: &Attr) -> Result<i64, i32> {
         return Err(libc::EINVAL);
     }
     e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
-    write_user(a.u64(16), &value)?;
+    write_user(at.value, &value)?;
     Ok(0)
 }
 
@@ -246,15 +245,13 @@ fn translate_value(e: &MapEntry, value: &mut [u8]) -> Result<(), i32> {
 
 /// BPF_MAP_UPDATE_ELEM.
 pub fn update(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let e = map_of_fd(at.map_fd)?;
     can_write(&e)?;
-    let key = read_key(&e, a.u64(8))?;
-    let flags = a.u64(24);
+    let key = read_key(&e, at.key)?;
+    let flags = at.flags;
     let mut value = vec![0u8; e.map.value_buf_size()];
-    read_user(a.u64(16), &mut value)?;
+    read_user(at.value, &mut value)?;
     if is_perf_array(&e) {
         if flags > 2 {
             return Err(libc::EINVAL);
@@ -271,12 +268,10 @@ pub fn update(a: &Attr) -> Result<i64, i32> {
 
 /// BPF_MAP_DELETE_ELEM.
 pub fn delete(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, key))?;
+    let e = map_of_fd(at.map_fd)?;
     can_write(&e)?;
-    let key = read_key(&e, a.u64(8))?;
+    let key = read_key(&e, at.key)?;
     if is_perf_array(&e) {
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
         super::events::perf_array_delete(e.map.id(), idx)?;
@@ -288,13 +283,11 @@ pub fn delete(a: &Attr) -> Result<i64, i32> {
 
 /// BPF_MAP_GET_NEXT_KEY.
 pub fn get_next_key(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(24) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+    let at: attr::MapNextKey = a.get(end_of!(attr::MapNextKey, next_key))?;
+    let e = map_of_fd(at.map_fd)?;
     can_read(&e)?;
     let ks = e.map.spec().key_size as usize;
-    let ukey = a.u64(8);
+    let ukey = at.key;
     let key = if ukey == 0 { None } else { Some(read_key(&e, ukey)?) };
     let mut next = vec![0u8; ks];
     if is_perf_array(&e) || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
@@ -314,18 +307,16 @@ pub fn get_next_key(a: &Attr) -> Result<i64, i32> {
     } else {
         e.map.get_next_key(key.as_deref(), &mut next).map_err(map_errno)?;
     }
-    write_user(a.u64(16), &next)?;
+    write_user(at.next_key, &next)?;
     Ok(0)
 }
 
 /// BPF_MAP_LOOKUP_AND_DELETE_ELEM.
 pub fn lookup_and_delete(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
-    let flags = a.u64(24);
-    let key = read_key(&e, a.u64(8))?;
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let e = map_of_fd(at.map_fd)?;
+    let flags = at.flags;
+    let key = read_key(&e, at.key)?;
     let t = e.map.map_type();
     let hash = matches!(t, MapType::BPF_MAP_TYPE_HASH | MapType::BPF_MAP_TYPE_PERCPU_HASH | MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH);
     if flags & !BPF_F_LOCK != 0 || (flags != 0 && !hash) {
@@ -342,16 +333,14 @@ pub fn lookup_and_delete(a: &Attr) -> Result<i64, i32> {
     }
     let mut value = vec![0u8; e.map.value_buf_size()];
     e.map.lookup_and_delete_elem(&key, &mut value).map_err(map_errno)?;
-    write_user(a.u64(16), &value)?;
+    write_user(at.value, &value)?;
     Ok(0)
 }
 
 /// BPF_MAP_FREEZE: syscall writes are refused (`EPERM`) from now on; programs still write.
 pub fn freeze(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, map_fd))?;
+    let e = map_of_fd(at.map_fd)?;
     // A frozen map's descriptors lose write permission: freezing again is EPERM.
     if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.swap(true, Ordering::AcqRel) {
         return Err(libc::EPERM);
@@ -398,13 +387,11 @@ fn is_hash(e: &MapEntry) -> bool {
 /// maps take a u32 position as the batch token (the kernel's is a bucket number, also a u32);
 /// other maps take the last key, as the kernel's generic batch functions.
 pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
-    if !a.zero_from(56) {
-        return Err(libc::EINVAL);
-    }
-    let (in_batch, out_batch, ukeys, uvalues) = (a.u64(0), a.u64(8), a.u64(16), a.u64(24));
-    let max_count = a.u32(32);
-    let e = map_of_fd(a.i32(36))?;
-    let (elem_flags, flags) = (a.u64(40), a.u64(48));
+    let at: attr::MapBatch = a.get(end_of!(attr::MapBatch, flags))?;
+    let (in_batch, out_batch, ukeys, uvalues) = (at.in_batch, at.out_batch, at.keys, at.values);
+    let max_count = at.count;
+    let e = map_of_fd(at.map_fd)?;
+    let (elem_flags, flags) = (at.elem_flags, at.flags);
     if !batch_supported(&e, op) {
         return Err(ENOTSUPP);
     }
@@ -427,7 +414,7 @@ pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
     }
     let ks = e.map.spec().key_size as usize;
     let vs = e.map.value_buf_size();
-    let count_off = 32;
+    let count_off = offset_of!(attr::MapBatch, count);
     match op {
         Batch::Update | Batch::Delete => {
             let mut done = 0u32;
@@ -502,7 +489,7 @@ fn generic_lookup_batch(a: &Attr, e: &MapEntry, in_batch: u64, out_batch: u64, u
         prev = Some(key.clone());
         cp += 1;
     }
-    a.put_u32(32, cp)?;
+    a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
     if cp > 0 {
         if let Some(p) = &prev {
             write_user(out_batch, p)?;
@@ -565,7 +552,7 @@ fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch
         write_user(uvalues + cp as u64 * vs as u64, &value)?;
         cp += 1;
     }
-    a.put_u32(32, cp)?;
+    a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
     let next = if op == Batch::LookupAndDelete { skip } else { skip + cp };
     write_user(out_batch, &next.to_ne_bytes())?;
     if at_end {

@@ -20,6 +20,7 @@ use userbpf_maps::Map;
 use crate::objects;
 use crate::sys;
 
+pub mod attr;
 mod dead;
 pub mod events;
 pub mod kbtf;
@@ -102,19 +103,22 @@ impl Attr {
         Ok(Attr { bytes, user, size })
     }
 
-    pub fn u32(&self, off: usize) -> u32 {
-        u32::from_ne_bytes(self.bytes[off..off + 4].try_into().expect("4 bytes"))
+    /// The command's attributes, `T`, when every byte past `end` (the end of the command's
+    /// last field, [`attr::end_of!`]) is zero; `EINVAL` otherwise, as the kernel's
+    /// `CHECK_ATTR`.
+    pub fn get<T: attr::Plain>(&self, end: usize) -> Result<T, i32> {
+        if !self.zero_from(end) {
+            return Err(libc::EINVAL);
+        }
+        Ok(self.view())
     }
-    pub fn i32(&self, off: usize) -> i32 {
-        self.u32(off) as i32
-    }
-    pub fn u64(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.bytes[off..off + 8].try_into().expect("8 bytes"))
-    }
-    /// A fixed-size NUL-padded name field.
-    pub fn name(&self, off: usize, len: usize) -> Vec<u8> {
-        let f = &self.bytes[off..off + len];
-        f[..f.iter().position(|&b| b == 0).unwrap_or(len)].to_vec()
+
+    /// The attributes as `T`, unchecked.
+    pub fn view<T: attr::Plain>(&self) -> T {
+        const { assert!(std::mem::size_of::<T>() <= ATTR_SIZE) };
+        // SAFETY: `T` is plain data (any bytes are a valid value) no larger than `bytes`
+        // (asserted above); read_unaligned copes with the byte array's alignment.
+        unsafe { self.bytes.as_ptr().cast::<T>().read_unaligned() }
     }
     /// Whether every byte from `from` to the end of what the caller passed is zero (fields of
     /// other commands' layouts that this command does not use: the kernel's
@@ -122,9 +126,18 @@ impl Attr {
     pub fn zero_from(&self, from: usize) -> bool {
         self.bytes[from.min(ATTR_SIZE)..self.size.clamp(from.min(ATTR_SIZE), ATTR_SIZE)].iter().all(|&b| b == 0)
     }
-    /// Writes a u32 field back into the caller's block, if the caller's block holds it.
+    /// Writes a u32 field (at offset `off`, `offset_of!` a field of an [`attr`] struct) back
+    /// into the caller's block, if the caller's block holds it.
     pub fn put_u32(&self, off: usize, v: u32) -> Result<(), i32> {
         if off + 4 <= self.size {
+            write_user(self.user + off as u64, &v.to_ne_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// As [`Attr::put_u32`], for a u64 field.
+    pub fn put_u64(&self, off: usize, v: u64) -> Result<(), i32> {
+        if off + 8 <= self.size {
             write_user(self.user + off as u64, &v.to_ne_bytes())?;
         }
         Ok(())
@@ -322,7 +335,7 @@ fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         // Iterators walk kernel objects: a kernel without the iterator targets (there are no
         // iterator links here) answers EINVAL for a descriptor that is not an iterator link.
         BPF_ITER_CREATE => {
-            let fd = a.i32(0);
+            let fd = a.view::<attr::IterCreate>().link_fd;
             objects::get_kind(fd, objects::Kind::Link)?;
             Err(libc::EINVAL)
         }

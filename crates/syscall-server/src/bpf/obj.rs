@@ -2,9 +2,11 @@
 //! commands, OBJ_PIN, OBJ_GET and ENABLE_STATS.
 
 use std::path::PathBuf;
+use std::mem::offset_of;
 
 use userbpf_object::Btf;
 
+use super::attr::{self, end_of};
 use super::map::{install_map_fd, map_by_id, map_of_fd};
 use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
 use super::{io_errno, read_user, read_user_str, write_user, Attr};
@@ -16,10 +18,8 @@ const BTF_MAX_SIZE: u32 = 16 * 1024 * 1024;
 /// BPF_BTF_LOAD: the BTF is parsed (malformed BTF is refused with `EINVAL` and the reason
 /// in the log) and stored in the session.
 pub fn btf_load(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let (ubtf, log_buf, size, log_size, log_level) = (a.u64(0), a.u64(8), a.u32(16), a.u32(20), a.u32(24));
+    let at: attr::BtfLoad = a.get(end_of!(attr::BtfLoad, btf_log_true_size))?;
+    let (ubtf, log_buf, size, log_size, log_level) = (at.btf, at.btf_log_buf, at.btf_size, at.btf_log_size, at.btf_log_level);
     if size > BTF_MAX_SIZE {
         return Err(libc::E2BIG);
     }
@@ -47,7 +47,7 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
         }
     };
     let (true_size, lr) = log.finish();
-    let _ = a.put_u32(28, true_size);
+    let _ = a.put_u32(offset_of!(attr::BtfLoad, btf_log_true_size), true_size);
     r?;
     lr?;
     let session = objects::session()?;
@@ -101,7 +101,8 @@ struct Info {
 
 impl Info {
     fn read(a: &Attr, size: usize) -> Result<Info, i32> {
-        let (ulen, uinfo) = (a.u32(4) as usize, a.u64(8));
+        let at: attr::InfoByFd = a.view();
+        let (ulen, uinfo) = (at.info_len as usize, at.info);
         if ulen > size {
             // Checked a page at a time, as bpf_check_uarg_tail_zero (the length is the caller's).
             let mut chunk = [0u8; 4096];
@@ -140,7 +141,7 @@ impl Info {
     }
     fn finish(&self, a: &Attr) -> Result<i64, i32> {
         write_user(self.uinfo, &self.buf[..self.len])?;
-        a.put_u32(4, self.len as u32)?;
+        a.put_u32(offset_of!(attr::InfoByFd, info_len), self.len as u32)?;
         Ok(0)
     }
 }
@@ -156,10 +157,8 @@ fn copy_array(ptr: u64, user_cnt: u32, data: &[u8], rec: usize) -> Result<(), i3
 
 /// BPF_OBJ_GET_INFO_BY_FD for programs, maps, BTF and links.
 pub fn get_info(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(0);
+    let at: attr::InfoByFd = a.get(end_of!(attr::InfoByFd, info))?;
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
         // Not ours: EBADF for a closed descriptor, EINVAL for any other file.
         return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
@@ -371,24 +370,20 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_NEXT_ID: the smallest id above `start_id`, or `ENOENT`.
 pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let start = a.u32(0);
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let start = at.start_id;
     if start >= i32::MAX as u32 {
         return Err(libc::ENOENT);
     }
     let next = ids_of(kind)?.into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
-    a.put_u32(4, next)?;
+    a.put_u32(offset_of!(attr::GetId, next_id), next)?;
     Ok(0)
 }
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_FD_BY_ID.
 pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let (id, open_flags) = (a.u32(0), a.u32(8));
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let (id, open_flags) = (at.start_id, at.open_flags);
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
     let allowed = if kind == Kind::Map { BPF_F_RDONLY | BPF_F_WRONLY } else { 0 };
@@ -443,7 +438,7 @@ fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
 /// or `..` components. Others are refused as the kernel refuses a path outside a bpffs
 /// (`EPERM`).
 fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
-    let raw = read_user_str(a.u64(0), 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })?;
+    let raw = read_user_str(a.view::<attr::Obj>().pathname, 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })?;
     if raw.is_empty() {
         return Err(libc::ENOENT);
     }
@@ -479,13 +474,11 @@ pub fn on_bpffs(raw: &[u8]) -> bool {
 
 /// BPF_OBJ_PIN: records the pin in the session (the real BPF filesystem is not touched).
 pub fn pin(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.file_flags != 0 {
         return Err(libc::EINVAL);
     }
-    if a.u32(12) != 0 {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(8);
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
         return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
     };
@@ -522,15 +515,13 @@ fn mark_pinned(id: u32, path: &str) -> Result<(), i32> {
 
 /// BPF_OBJ_GET: a new descriptor of the object pinned at the path.
 pub fn obj_get(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(8) != 0 {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.bpf_fd != 0 {
         return Err(libc::EINVAL);
     }
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
-    let flags = a.u32(12);
+    let flags = at.file_flags;
     if flags & !(BPF_F_RDONLY | BPF_F_WRONLY) != 0 || flags == BPF_F_RDONLY | BPF_F_WRONLY {
         return Err(libc::EINVAL);
     }
@@ -551,10 +542,8 @@ pub fn obj_get(a: &Attr) -> Result<i64, i32> {
 /// BPF_ENABLE_STATS: run statistics are always kept here; the descriptor the kernel hands
 /// out (stats stay on while it is open) is a descriptor of a session file.
 pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(0) != 0 {
+    let at: attr::EnableStats = a.get(end_of!(attr::EnableStats, r#type))?;
+    if at.r#type != 0 {
         return Err(libc::EINVAL);
     }
     userbpf_runtime::program::set_stats_enabled(true);

@@ -2,6 +2,7 @@
 //! log), PROG_TEST_RUN and PROG_BIND_MAP.
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::mem::offset_of;
 
 use userbpf_isa::helper_names::helper_name;
 use userbpf_isa::*;
@@ -10,6 +11,7 @@ use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::program::MapResolver;
 use userbpf_runtime::{Engine, LoadedProgram, ProgRecord};
 
+use super::attr::{self, end_of};
 use super::map::{check_name, map_by_id, map_of_fd};
 use super::{read_user, read_user_str, state, write_user, Attr};
 use crate::objects::{self, Kind};
@@ -310,26 +312,24 @@ fn refuse(log: &mut VLog, a: &Attr, insns: &[Insn], pc: Option<usize>, msg: &str
     log.line(msg);
     log.line(&format!("processed {processed} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
     let (true_size, _) = log.finish();
-    let _ = a.put_u32(140, true_size);
+    let _ = a.put_u32(offset_of!(attr::ProgLoad, log_true_size), true_size);
     Err(errno)
 }
 
 /// BPF_PROG_LOAD.
 pub fn load(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(144) {
-        return Err(libc::EINVAL);
-    }
-    let prog_type = a.u32(0);
-    let insn_cnt = a.u32(4) as usize;
-    let (uinsns, ulicense) = (a.u64(8), a.u64(16));
-    let (log_level, log_size, log_buf) = (a.u32(24), a.u32(28), a.u64(32));
-    let prog_flags = a.u32(44);
-    let name = check_name(&a.name(48, 16), 16)?;
-    let (ifindex, expected_attach_type, prog_btf_fd) = (a.u32(64), a.u32(68), a.i32(72));
-    let (func_info_rec_size, ufunc_info, func_info_cnt) = (a.u32(76), a.u64(80), a.u32(88));
-    let (line_info_rec_size, uline_info, line_info_cnt) = (a.u32(92), a.u64(96), a.u32(104));
-    let (attach_btf_id, attach_prog_fd) = (a.u32(108), a.u32(112));
-    let (core_relo_cnt, fd_array) = (a.u32(116), a.u64(120));
+    let at: attr::ProgLoad = a.get(end_of!(attr::ProgLoad, log_true_size))?;
+    let prog_type = at.prog_type;
+    let insn_cnt = at.insn_cnt as usize;
+    let (uinsns, ulicense) = (at.insns, at.license);
+    let (log_level, log_size, log_buf) = (at.log_level, at.log_size, at.log_buf);
+    let prog_flags = at.prog_flags;
+    let name = check_name(&attr::c_name(&at.prog_name), 16)?;
+    let (ifindex, expected_attach_type, prog_btf_fd) = (at.prog_ifindex, at.expected_attach_type, at.prog_btf_fd);
+    let (func_info_rec_size, ufunc_info, func_info_cnt) = (at.func_info_rec_size, at.func_info, at.func_info_cnt);
+    let (line_info_rec_size, uline_info, line_info_cnt) = (at.line_info_rec_size, at.line_info, at.line_info_cnt);
+    let (attach_btf_id, attach_prog_fd) = (at.attach_btf_id, at.attach_prog_fd);
+    let (core_relo_cnt, fd_array) = (at.core_relo_cnt, at.fd_array);
 
     // Flags the kernel knows: strict/any alignment, test_rnd_hi32, test_state_freq,
     // sleepable, xdp_has_frags, test_reg_invariants.
@@ -537,7 +537,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         log.line(&format!("processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
     }
     let (true_size, r) = log.finish();
-    let _ = a.put_u32(140, true_size);
+    let _ = a.put_u32(offset_of!(attr::ProgLoad, log_true_size), true_size);
     r?;
     let session = objects::session()?;
     let mut sorted_ids = map_ids.clone();
@@ -621,14 +621,12 @@ pub fn prog_of_fd(fd: i32) -> Result<Arc<ProgEntry>, i32> {
 /// the loader, as the kernel runs them (bpftrace runs BEGIN and END this way). Other types
 /// the runtime loads have no test run in the kernel either (`ENOTSUPP`).
 pub fn test_run(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(76) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let (data_size_in, data_size_out, data_in, data_out) = (a.u32(8), a.u32(12), a.u64(16), a.u64(24));
-    let (repeat, duration) = (a.u32(32), a.u32(36));
-    let (ctx_size_in, ctx_size_out, ctx_in, ctx_out) = (a.u32(40), a.u32(44), a.u64(48), a.u64(56));
-    let (flags, cpu, batch_size) = (a.u32(64), a.u32(68), a.u32(72));
+    let at: attr::TestRun = a.get(end_of!(attr::TestRun, batch_size))?;
+    let p = prog_of_fd(at.prog_fd)?;
+    let (data_size_in, data_size_out, data_in, data_out) = (at.data_size_in, at.data_size_out, at.data_in, at.data_out);
+    let (repeat, duration) = (at.repeat, at.duration);
+    let (ctx_size_in, ctx_size_out, ctx_in, ctx_out) = (at.ctx_size_in, at.ctx_size_out, at.ctx_in, at.ctx_out);
+    let (flags, cpu, batch_size) = (at.flags, at.cpu, at.batch_size);
     const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
     match p.prog_type {
         BPF_PROG_TYPE_RAW_TRACEPOINT => {
@@ -648,7 +646,7 @@ pub fn test_run(a: &Attr) -> Result<i64, i32> {
             let mut ctx = vec![0u8; 8 * 12];
             read_user(ctx_in, &mut ctx[..ctx_size_in as usize])?;
             let retval = run_once(&p, &mut ctx)?;
-            a.put_u32(4, retval as u32)?;
+            a.put_u32(offset_of!(attr::TestRun, retval), retval as u32)?;
             Ok(0)
         }
         BPF_PROG_TYPE_SYSCALL => {
@@ -662,7 +660,7 @@ pub fn test_run(a: &Attr) -> Result<i64, i32> {
             read_user(ctx_in, &mut ctx)?;
             let retval = run_once(&p, &mut ctx)?;
             write_user(ctx_in, &ctx)?;
-            a.put_u32(4, retval as u32)?;
+            a.put_u32(offset_of!(attr::TestRun, retval), retval as u32)?;
             Ok(0)
         }
         _ => Err(ENOTSUPP),
@@ -690,14 +688,12 @@ fn run_once(p: &ProgEntry, ctx: &mut [u8]) -> Result<u64, i32> {
 
 /// BPF_PROG_BIND_MAP: the map stays with the program (listed in its map ids).
 pub fn bind_map(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(12) {
+    let at: attr::ProgBindMap = a.get(end_of!(attr::ProgBindMap, flags))?;
+    if at.flags != 0 {
         return Err(libc::EINVAL);
     }
-    if a.u32(8) != 0 {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let m = map_of_fd(a.i32(4))?;
+    let p = prog_of_fd(at.prog_fd)?;
+    let m = map_of_fd(at.map_fd)?;
     let id = m.map.id();
     let mut ids = p.map_ids.lock().unwrap_or_else(|e| e.into_inner());
     if !ids.contains(&id) {
