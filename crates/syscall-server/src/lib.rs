@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 pub mod attach;
 pub mod bpf;
 pub mod dlsym;
+pub mod error;
 pub mod mmap;
 pub mod objects;
 pub mod perf_event;

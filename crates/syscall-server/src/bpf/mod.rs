@@ -8,6 +8,11 @@
 //! - [`kbtf`]: the kernel's own BTF objects (vmlinux, modules), listed and read as on the kernel;
 //! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN.
 //!
+//! The attributes are read as the command's `#[repr(C)]` struct of [`attr`]. A failed command
+//! returns an [`Error`]: the errno the loader gets and the reason, which `USERBPF_TRACE_BPF`
+//! prints and which PROG_LOAD and BTF_LOAD write into the loader's log, as the kernel's
+//! verifier and BTF checker do.
+//!
 //! Pointers in `union bpf_attr` are addresses in this process (the loader's); they are read
 //! and written with `process_vm_readv`/`process_vm_writev` on ourselves, so a bad pointer is
 //! `EFAULT` as in the kernel, never a crash.
@@ -17,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use userbpf_maps::Map;
 
+use crate::error::{Context, Error};
 use crate::objects;
 use crate::sys;
 
@@ -106,9 +112,9 @@ impl Attr {
     /// The command's attributes, `T`, when every byte past `end` (the end of the command's
     /// last field, [`attr::end_of!`]) is zero; `EINVAL` otherwise, as the kernel's
     /// `CHECK_ATTR`.
-    pub fn get<T: attr::Plain>(&self, end: usize) -> Result<T, i32> {
+    pub fn get<T: attr::Plain>(&self, end: usize) -> Result<T, Error> {
         if !self.zero_from(end) {
-            return Err(libc::EINVAL);
+            return Err(Error::inval(format!("attribute bytes past offset {end} (the command's last field) are not zero")));
         }
         Ok(self.view())
     }
@@ -252,7 +258,8 @@ pub fn state() -> MutexGuard<'static, State> {
     STATE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno.
+/// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno (its reason printed
+/// when `USERBPF_TRACE_BPF` is set).
 ///
 /// # Safety
 /// `attr` (`size` bytes) and the pointers it holds are the loader's, as for the bpf(2)
@@ -264,7 +271,7 @@ pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
     if trace_enabled() {
         let what = match &r {
             Ok(v) => format!("{v}"),
-            Err(e) => format!("-1 {}", std::io::Error::from_raw_os_error(*e)),
+            Err(e) => format!("-1 {e}"),
         };
         // The first attribute words (map/prog type, fd, counts) identify most calls.
         let mut w = [0u8; 8];
@@ -272,7 +279,7 @@ pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         let (w0, w1) = (u32::from_ne_bytes(w[..4].try_into().expect("4")), u32::from_ne_bytes(w[4..].try_into().expect("4")));
         eprintln!("userbpf: bpf({}, {{{w0}, {w1}, ...}}, {size}) = {what}", cmd_name(cmd));
     }
-    r
+    r.map_err(|e| e.errno)
 }
 
 /// `USERBPF_TRACE_BPF=1`: each served call and its result on stderr (like strace would show
@@ -295,8 +302,9 @@ pub fn cmd_name(cmd: i32) -> String {
     usize::try_from(cmd).ok().and_then(|i| NAMES.get(i)).map_or_else(|| format!("{cmd}"), |n| format!("BPF_{n}"))
 }
 
-fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
-    let a = Attr::read(attr as u64, size as usize)?;
+/// Serves one command: the call's return value, or the error and why.
+pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
+    let a = Attr::read(attr as u64, size as usize).context(|| format!("attr ({size} bytes at {attr:p})"))?;
     match cmd {
         BPF_MAP_CREATE => map::create(&a),
         BPF_MAP_LOOKUP_ELEM => map::lookup(&a),
@@ -336,10 +344,10 @@ fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         // iterator links here) answers EINVAL for a descriptor that is not an iterator link.
         BPF_ITER_CREATE => {
             let fd = a.view::<attr::IterCreate>().link_fd;
-            objects::get_kind(fd, objects::Kind::Link)?;
-            Err(libc::EINVAL)
+            objects::get_kind(fd, objects::Kind::Link).context(|| format!("link_fd {fd}"))?;
+            Err(Error::inval("no iterator links here"))
         }
-        _ => Err(libc::EINVAL),
+        _ => Err(Error::inval(format!("unknown command {cmd}"))),
     }
 }
 
