@@ -181,6 +181,23 @@ pub fn session() -> Result<&'static Session, i32> {
         .map_err(|e| *e)
 }
 
+/// Serves the calls of this process in session `s` instead of the one `USERBPF_SESSION`
+/// names (a process using the server as a library, the in-process tests). Only before the
+/// first call that needs a session; `Err(s)` after.
+pub fn set_session(s: Session) -> Result<(), Session> {
+    let mut s = Some(s);
+    SESSION.get_or_init(|| {
+        let s = s.take().expect("taken once");
+        // SAFETY: registering a function with no preconditions to run at exit.
+        unsafe { libc::atexit(leave_at_exit) };
+        Ok(s)
+    });
+    match s {
+        None => Ok(()),
+        Some(s) => Err(s),
+    }
+}
+
 /// At exit: this process leaves the session, and the last member to leave frees it (its
 /// maps' memory included) unless a map is pinned, as `Session::leave` does for a session
 /// value that is dropped (the loader's is static, so never dropped). Runs after the attach

@@ -34,6 +34,8 @@ pub mod link;
 pub mod map;
 pub mod obj;
 pub mod prog;
+#[cfg(test)]
+mod tests;
 
 /// `sizeof(union bpf_attr)` as this library knows it (libbpf 1.1's uapi header, plus the
 /// `log_true_size` fields of newer kernels).
