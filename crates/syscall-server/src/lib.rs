@@ -28,6 +28,7 @@ pub mod error;
 pub mod mmap;
 pub mod objects;
 pub mod perf_event;
+pub mod server;
 pub mod shim;
 pub mod sys;
 pub mod trace_pipe;

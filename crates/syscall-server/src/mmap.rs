@@ -38,19 +38,34 @@ use crate::sys;
 
 const PAGE: u64 = 4096;
 
-/// Descriptors this library keeps open for itself (not the loader's).
-static INTERNAL_FDS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+/// What this module keeps (in [`crate::server::Server`]).
+pub(crate) struct State {
+    /// Descriptors this library keeps open for itself (not the loader's).
+    pub(crate) internal_fds: Mutex<Vec<i32>>,
+    /// Perf events' rings and mappings.
+    pub(crate) events: Mutex<Option<HashMap<u32, EventState>>>,
+    /// Maps opened by this module.
+    pub(crate) maps: Mutex<Option<HashMap<u32, Arc<Map>>>>,
+    /// The watcher of each map with watched rings.
+    pub(crate) watchers: Mutex<Option<HashMap<u32, Arc<Watcher>>>>,
+    /// Number of watched rings (the fast path of [`before_wait`] when there is none).
+    pub(crate) watched: AtomicUsize,
+}
+
+fn state() -> &'static State {
+    &crate::server::server().mmap
+}
 
 pub fn internal_fds() -> Vec<i32> {
-    INTERNAL_FDS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    state().internal_fds.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 pub fn add_internal_fd(fd: i32) {
-    INTERNAL_FDS.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
+    state().internal_fds.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
 }
 
 fn remove_internal_fd(fd: i32) {
-    INTERNAL_FDS.lock().unwrap_or_else(|e| e.into_inner()).retain(|f| *f != fd);
+    state().internal_fds.lock().unwrap_or_else(|e| e.into_inner()).retain(|f| *f != fd);
 }
 
 /// Opens our own descriptor of a FIFO (read-write, non-blocking).
@@ -77,7 +92,7 @@ struct Mapping {
     prot: i32,
 }
 
-struct EventState {
+pub(crate) struct EventState {
     /// Our descriptor of the event's FIFO.
     fifo: i32,
     /// Where the event is stored: (map id, index).
@@ -87,10 +102,8 @@ struct EventState {
     pages: u32,
 }
 
-static EVENTS: Mutex<Option<HashMap<u32, EventState>>> = Mutex::new(None);
-
 fn events<T>(f: impl FnOnce(&mut HashMap<u32, EventState>) -> T) -> T {
-    let mut g = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = state().events.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(HashMap::new))
 }
 
@@ -116,10 +129,8 @@ pub fn event_closed(id: u32) {
 
 // ---- maps opened by this module ----
 
-static MAPS: Mutex<Option<HashMap<u32, Arc<Map>>>> = Mutex::new(None);
-
 fn map(id: u32) -> Result<Arc<Map>, i32> {
-    let mut g = MAPS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = state().maps.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(HashMap::new);
     if let Some(x) = m.get(&id) {
         return Ok(x.clone());
@@ -175,7 +186,7 @@ pub fn ringbuf_fd_path(map_id: u32) -> Result<PathBuf, i32> {
         let fd = open_fifo(&path)?;
         rings.push(Arc::new(WRing { index: 0, fifo: fd, signalled: AtomicBool::new(false) }));
         drop(rings);
-        WATCHED.fetch_add(1, Ordering::SeqCst);
+        state().watched.fetch_add(1, Ordering::SeqCst);
         w.kick();
     }
     Ok(path)
@@ -430,7 +441,7 @@ pub fn munmap(addr: *mut c_void, len: usize) {
     // try_lock: munmap can be called while this thread holds the lock (free() of a large
     // block inside one of our own closures); a mapping not forgotten then is only re-pointed
     // needlessly by a later MAP_UPDATE_ELEM of its event.
-    let Ok(mut g) = EVENTS.try_lock() else { return };
+    let Ok(mut g) = state().events.try_lock() else { return };
     let Some(m) = g.as_mut() else { return };
     let (a, e) = (addr as usize, (addr as usize).saturating_add(len));
     for st in m.values_mut() {
@@ -448,7 +459,7 @@ struct WRing {
 }
 
 /// The watcher of one map's rings.
-struct Watcher {
+pub(crate) struct Watcher {
     map: Arc<Map>,
     rings: Mutex<Vec<Arc<WRing>>>,
 }
@@ -525,12 +536,8 @@ fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
     }
 }
 
-static WATCHERS: Mutex<Option<HashMap<u32, Arc<Watcher>>>> = Mutex::new(None);
-/// Number of watched rings (the fast path of [`before_wait`] when there is none).
-static WATCHED: AtomicUsize = AtomicUsize::new(0);
-
 fn watcher(map_id: u32, m: &Arc<Map>) -> Arc<Watcher> {
-    let mut g = WATCHERS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = state().watchers.lock().unwrap_or_else(|e| e.into_inner());
     let ws = g.get_or_insert_with(HashMap::new);
     if let Some(w) = ws.get(&map_id) {
         return w.clone();
@@ -553,19 +560,19 @@ fn watch_ring(map_id: u32, m: &Arc<Map>, index: u32, event: u32) {
     rings.push(Arc::new(WRing { index, fifo, signalled: AtomicBool::new(false) }));
     drop(rings);
     if removed == 0 {
-        WATCHED.fetch_add(1, Ordering::SeqCst);
+        state().watched.fetch_add(1, Ordering::SeqCst);
     }
     w.kick();
 }
 
 fn unwatch_ring(map_id: u32, index: u32) {
-    let w = WATCHERS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&map_id).cloned());
+    let w = state().watchers.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&map_id).cloned());
     if let Some(w) = w {
         let mut rings = w.rings.lock().unwrap_or_else(|e| e.into_inner());
         let before = rings.len();
         rings.retain(|r| r.index != index);
         if rings.len() < before {
-            WATCHED.fetch_sub(1, Ordering::SeqCst);
+            state().watched.fetch_sub(1, Ordering::SeqCst);
         }
         drop(rings);
         w.arm(index, false);
@@ -577,10 +584,10 @@ fn unwatch_ring(map_id: u32, index: u32) {
 /// emptied are drained and their watchers re-armed, so a descriptor polls readable exactly
 /// while its ring holds data.
 pub fn before_wait() {
-    if WATCHED.load(Ordering::Relaxed) == 0 {
+    if state().watched.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let ws: Vec<Arc<Watcher>> = WATCHERS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default();
+    let ws: Vec<Arc<Watcher>> = state().watchers.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default();
     for w in ws {
         let rings: Vec<Arc<WRing>> = w.rings.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut rearm = false;

@@ -8,10 +8,10 @@
 //! [`forget`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{OnceLock, RwLock};
 
 use userbpf_runtime::session::{Layout, Session};
 
+use crate::server::server;
 use crate::sys;
 
 /// What a descriptor of ours refers to.
@@ -48,13 +48,12 @@ pub struct Obj {
     pub path: PathBuf,
 }
 
-struct Entry {
+pub(crate) struct Entry {
     dev: u64,
     ino: u64,
     obj: Obj,
 }
 
-static TABLE: RwLock<Vec<Entry>> = RwLock::new(Vec::new());
 
 /// `fstat` through the raw system call: `(st_dev, st_ino)`, or the errno.
 fn dev_ino(fd: i32) -> Result<(u64, u64), i32> {
@@ -92,7 +91,7 @@ pub fn install(kind: Kind, id: u32, path: &Path) -> Result<i32, i32> {
 pub fn register(fd: i32, kind: Kind, id: u32, path: &Path) -> Result<(), i32> {
     let (dev, ino) = dev_ino(fd)?;
     let obj = Obj { kind, id, path: path.to_path_buf() };
-    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let mut t = server().objects.write().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = t.iter_mut().find(|e| e.dev == dev && e.ino == ino) {
         e.obj = obj;
     } else {
@@ -107,7 +106,7 @@ pub fn get(fd: i32) -> Option<Obj> {
         return None;
     }
     let (dev, ino) = dev_ino(fd).ok()?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     if t.is_empty() {
         return None;
     }
@@ -120,13 +119,13 @@ pub fn kind_of(fd: i32) -> Option<(Kind, u32)> {
         return None;
     }
     {
-        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
         if t.is_empty() {
             return None;
         }
     }
     let (dev, ino) = dev_ino(fd).ok()?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     t.iter().find(|e| e.dev == dev && e.ino == ino).map(|e| (e.obj.kind, e.obj.id))
 }
 
@@ -138,7 +137,7 @@ pub fn get_kind(fd: i32, kind: Kind) -> Result<Obj, i32> {
         return Err(libc::EBADF);
     }
     let (dev, ino) = dev_ino(fd)?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     match t.iter().find(|e| e.dev == dev && e.ino == ino) {
         Some(e) if e.obj.kind == kind => Ok(e.obj.clone()),
         _ => Err(libc::EINVAL),
@@ -147,13 +146,13 @@ pub fn get_kind(fd: i32, kind: Kind) -> Result<Obj, i32> {
 
 /// Every registered object of `kind` (e.g. links to detach at exit).
 pub fn all(kind: Kind) -> Vec<Obj> {
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     t.iter().filter(|e| e.obj.kind == kind).map(|e| e.obj.clone()).collect()
 }
 
 /// Drops the entries of an object whose file is being removed (its inode may be reused).
 pub fn forget(kind: Kind, id: u32) {
-    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let mut t = server().objects.write().unwrap_or_else(|e| e.into_inner());
     t.retain(|e| !(e.obj.kind == kind && e.obj.id == id));
 }
 
@@ -163,14 +162,13 @@ pub fn close(fd: i32) {
     unsafe { sys::raw6(libc::SYS_close, fd as i64, 0, 0, 0, 0, 0) };
 }
 
-static SESSION: OnceLock<Result<Session, i32>> = OnceLock::new();
-
 /// The loader's session (`USERBPF_SESSION`, default `default`), opened and joined on first
 /// use and kept for the life of the process; the process leaves it at exit (see
 /// [`leave_at_exit`]). Errors map to an errno (`EPERM`-like failures of the shared-memory
 /// directory come back as the OS error).
 pub fn session() -> Result<&'static Session, i32> {
-    SESSION
+    server()
+        .session
         .get_or_init(|| {
             let s = Session::open(&Session::default_name()).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
             // SAFETY: registering a function with no preconditions to run at exit.
@@ -186,7 +184,7 @@ pub fn session() -> Result<&'static Session, i32> {
 /// first call that needs a session; `Err(s)` after.
 pub fn set_session(s: Session) -> Result<(), Session> {
     let mut s = Some(s);
-    SESSION.get_or_init(|| {
+    server().session.get_or_init(|| {
         let s = s.take().expect("taken once");
         // SAFETY: registering a function with no preconditions to run at exit.
         unsafe { libc::atexit(leave_at_exit) };
@@ -204,7 +202,7 @@ pub fn set_session(s: Session) -> Result<(), Session> {
 /// module's exit handler (registered later), so the loader's links are gone by then.
 extern "C" fn leave_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(Ok(s)) = SESSION.get() {
+        if let Some(Ok(s)) = server().session.get() {
             leave(s);
         }
     });

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use crate::objects::{self, Kind};
 use crate::sys;
@@ -80,10 +80,9 @@ pub struct Event {
     pub bpf_links: Vec<u32>,
 }
 
-static EVENTS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
-
+/// The loader's perf events (kept in [`crate::server::Server`]).
 pub(crate) fn with_events<T>(f: impl FnOnce(&mut Vec<Event>) -> T) -> T {
-    f(&mut EVENTS.lock().unwrap_or_else(|e| e.into_inner()))
+    f(&mut crate::server::server().events.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// The spec of event `id`, if it exists.

@@ -3,7 +3,7 @@
 //! session's `perf/` directory with inotify (`IN_CLOSE_*`, then a look at `/proc/self/fd`).
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::{Mutex, Once};
+use std::sync::Once;
 
 use userbpf_runtime::session::layout::{Layout, PerfFile};
 
@@ -37,8 +37,7 @@ fn on_close(layout: &Layout, file: PerfFile) {
     // One close at a time: a close() returning must not overtake the watcher thread's detach
     // of the same object (it would find the link already gone and return before the probe
     // is out).
-    static CLOSING: Mutex<()> = Mutex::new(());
-    let _one = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = crate::server::server().attach.closing.lock().unwrap_or_else(|e| e.into_inner());
     let path = layout.perf_file(file);
     let Ok(md) = std::fs::metadata(&path) else { return };
     if open_elsewhere(md.dev(), md.ino()) {

@@ -27,10 +27,11 @@ mod watchdog;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::time::Instant;
 
-use userbpf_runtime::LinkRecord;
+use userbpf_runtime::{LinkRecord, LoadedProgram};
 
 use crate::objects;
 use crate::perf_event::{with_events, Spec};
@@ -41,8 +42,33 @@ use sync::sync_agent;
 use timer::start_timer;
 use watchdog::{owned, watchdog_once};
 
+/// What this module keeps (in [`crate::server::Server`]).
+pub(crate) struct State {
+    /// Attachments by key.
+    pub(crate) attached: Mutex<Option<HashMap<Key, Attachment>>>,
+    /// The loader's pid, recorded with its first link: a child it forks (before exec)
+    /// shares our memory but must neither detach the loader's links when it closes
+    /// inherited descriptors nor remove them when it exits.
+    pub(crate) loader: AtomicU32,
+    /// Session links this loader made and has not removed ([`watchdog`]).
+    pub(crate) owned: Mutex<Vec<u32>>,
+    /// USDT semaphores raised by the loader, by link id ([`semaphores`]).
+    pub(crate) raised: Mutex<Option<HashMap<u32, Vec<semaphores::Raised>>>>,
+    /// Programs prepared for timers, by id ([`timer`]).
+    pub(crate) programs: Mutex<Option<HashMap<u32, Arc<LoadedProgram>>>>,
+    /// When links last changed ([`sync`]'s nudges), and its signal.
+    pub(crate) last_change: Mutex<Option<Instant>>,
+    pub(crate) changed: Condvar,
+    /// Held while a close is looked at: one at a time ([`closes`]).
+    pub(crate) closing: Mutex<()>,
+}
+
+fn state() -> &'static State {
+    &crate::server::server().attach
+}
+
 /// What runs for an attachment.
-enum Running {
+pub(crate) enum Running {
     /// A session link (its id).
     Link(u32),
     /// A timer thread (stop flag, thread handle for unparking).
@@ -50,7 +76,7 @@ enum Running {
 }
 
 /// An attachment: the event's SET_BPF program while enabled, or a `LINK_CREATE` link.
-struct Attachment {
+pub(crate) struct Attachment {
     event: u32,
     prog: u32,
     running: Running,
@@ -58,15 +84,13 @@ struct Attachment {
 
 /// Attachments by key: `Set(event id)` or `Link(link id)`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-enum Key {
+pub(crate) enum Key {
     Set(u32),
     Link(u32),
 }
 
-static ATTACHED: Mutex<Option<HashMap<Key, Attachment>>> = Mutex::new(None);
-
 fn attached<T>(f: impl FnOnce(&mut HashMap<Key, Attachment>) -> T) -> T {
-    let mut g = ATTACHED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = state().attached.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(HashMap::new))
 }
 
@@ -83,20 +107,16 @@ pub fn link_file(link_id: u32) -> PathBuf {
     }
 }
 
-/// The loader's pid, recorded with its first link: a child it forks (before exec) shares
-/// our memory but must neither detach the loader's links when it closes inherited
-/// descriptors nor remove them when it exits.
-static LOADER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
+/// Whether this process is the loader that made the links (see [`State::loader`]).
 fn in_loader() -> bool {
-    let l = LOADER.load(Ordering::Relaxed);
+    let l = state().loader.load(Ordering::Relaxed);
     l == 0 || l == std::process::id()
 }
 
 fn at_exit_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        LOADER.store(std::process::id(), Ordering::Relaxed);
+        state().loader.store(std::process::id(), Ordering::Relaxed);
         extern "C" fn on_exit() {
             let _ = std::panic::catch_unwind(detach_all);
         }

@@ -10,15 +10,11 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
-use std::sync::Mutex;
 
 use userbpf_runtime::session::{Layout, SemaphoreRecord};
 
 /// A counter raised in a process: (pid, its start time, address).
-type Raised = (u32, u64, u64);
-
-/// Counters raised by the loader, by link id.
-static RAISED: Mutex<Option<HashMap<u32, Vec<Raised>>>> = Mutex::new(None);
+pub(crate) type Raised = (u32, u64, u64);
 
 /// The address of file offset `off` of the file `(dev, ino)` in process `pid`'s writable
 /// private mappings (see `userbpf_hook::usdt::semaphore_address`).
@@ -63,7 +59,7 @@ pub fn raise(dir: &Layout, link: u32, path: &str, off: u64, pid: Option<u32>) {
             }
         }
     }
-    let mut g = RAISED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = crate::server::server().attach.raised.lock().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(HashMap::new).insert(link, done);
 }
 
@@ -84,7 +80,7 @@ pub fn lower(dir: &Layout, link: u32) {
             }
         }
     }
-    let done = RAISED.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&link)).unwrap_or_default();
+    let done = crate::server::server().attach.raised.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&link)).unwrap_or_default();
     let me = std::process::id();
     for (pid, start, addr) in done {
         if pid == me {

@@ -2,7 +2,7 @@
 //! session's running targets are waited for (the handshake of
 //! `userbpf_runtime::session::handshake`), and a nudge follows for agents that were starting.
 
-use std::sync::{Mutex, Once};
+use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use userbpf_runtime::session::handshake;
@@ -31,34 +31,33 @@ pub(super) fn sync_agent() {
 /// change. So the loader rewrites `links/nudge` (an event in `links/`, ignored as a link)
 /// 0.2 s and 1 s after the last change, and every agent looks at the links again.
 fn nudge_later() {
-    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     static THREAD: Once = Once::new();
-    static WAKE: std::sync::Condvar = std::sync::Condvar::new();
-    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-    WAKE.notify_one();
+    let st = &crate::server::server().attach;
+    *st.last_change.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    st.changed.notify_one();
     THREAD.call_once(|| {
         let _ = userbpf_hook::quiet::spawn("userbpf-nudge", || {
             let mut done_for: Option<Instant> = None;
             let mut step = 0;
             loop {
-                let g = LAST.lock().unwrap_or_else(|e| e.into_inner());
+                let g = st.last_change.lock().unwrap_or_else(|e| e.into_inner());
                 let last = *g;
                 if last != done_for {
                     step = 0;
                     done_for = last;
                 }
                 let Some(t) = last else {
-                    drop(WAKE.wait(g));
+                    drop(st.changed.wait(g));
                     continue;
                 };
                 let at = t + if step == 0 { Duration::from_millis(200) } else { Duration::from_secs(1) };
                 let now = Instant::now();
                 if step >= 2 {
-                    drop(WAKE.wait(g));
+                    drop(st.changed.wait(g));
                     continue;
                 }
                 if now < at {
-                    drop(WAKE.wait_timeout(g, at - now));
+                    drop(st.changed.wait_timeout(g, at - now));
                     continue;
                 }
                 drop(g);

@@ -2,10 +2,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userbpf_runtime::context::{CpuSlots, RunContext};
+use userbpf_runtime::context::RunContext;
 use userbpf_runtime::{Engine, LoadedProgram};
 
 use super::{attached, io_errno, Running};
@@ -13,17 +13,14 @@ use crate::objects;
 use crate::perf_event::Spec;
 
 fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
-    static CACHE: Mutex<Option<HashMap<u32, Arc<LoadedProgram>>>> = Mutex::new(None);
-    static SLOTS: OnceLock<Result<Arc<CpuSlots>, i32>> = OnceLock::new();
-    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let server = crate::server::server();
+    let mut g = server.attach.programs.lock().unwrap_or_else(|e| e.into_inner());
     let cache = g.get_or_insert_with(HashMap::new);
     if let Some(p) = cache.get(&prog_id) {
         return Ok(p.clone());
     }
     let s = objects::session()?;
-    let slots = SLOTS
-        .get_or_init(|| CpuSlots::open(&s.layout().cpus()).map(Arc::new).map_err(io_errno))
-        .clone()?;
+    let slots = server.slots().map_err(|e| e.errno)?;
     let rec = s.progs().map_err(io_errno)?.into_iter().find(|p| p.id == prog_id).ok_or(libc::EBADF)?;
     let engine = if std::env::var("USERBPF_INTERPRETER").is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
     let prog = userbpf_runtime::loader::prepare_record(s, &rec, userbpf_runtime::helpers::registry(), engine, slots)

@@ -2,19 +2,16 @@
 //! of the links it owns in the session (`perf/owner-PID`), and a watchdog process removes
 //! them when the loader is gone.
 
-use std::sync::{Mutex, Once};
+use std::sync::Once;
 
 use userbpf_runtime::session::layout;
 
 use crate::objects;
 
-/// Session links this loader made and has not removed.
-static OWNED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-
 /// Changes the owned list and rewrites the owner file (`perf/owner-PID`: the paths of the
 /// owned links' records, one a line) that the watchdog reads when the loader is gone.
 pub(super) fn owned(f: impl FnOnce(&mut Vec<u32>)) {
-    let mut v = OWNED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = crate::server::server().attach.owned.lock().unwrap_or_else(|e| e.into_inner());
     f(&mut v);
     let Ok(s) = objects::session() else { return };
     let mut text = String::new();

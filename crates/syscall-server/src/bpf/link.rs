@@ -2,7 +2,6 @@
 //! RAW_TRACEPOINT_OPEN, PROG_QUERY and TASK_FD_QUERY.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::mem::offset_of;
 
 use userbpf_runtime::LinkRecord;
@@ -20,8 +19,7 @@ pub const BPF_TRACE_KPROBE_MULTI: u32 = 42;
 
 /// Links created by this process: id -> program id (info on a link whose record is gone).
 fn created() -> std::sync::MutexGuard<'static, HashMap<u32, u32>> {
-    static CREATED: std::sync::OnceLock<Mutex<HashMap<u32, u32>>> = std::sync::OnceLock::new();
-    CREATED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    crate::server::server().links.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The program of a link created here whose session record is gone.

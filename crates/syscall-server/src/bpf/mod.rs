@@ -18,7 +18,7 @@
 //! `EFAULT` as in the kernel, never a crash.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use userbpf_maps::Map;
 
@@ -256,8 +256,7 @@ pub struct State {
 
 /// This process's state.
 pub fn state() -> MutexGuard<'static, State> {
-    static STATE: std::sync::OnceLock<Mutex<State>> = std::sync::OnceLock::new();
-    STATE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    crate::server::server().bpf.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno (its reason printed

@@ -116,13 +116,7 @@ impl ProgEntry {
 
 /// The session's CPU slots (shared with the agent and targets).
 fn slots() -> Result<Arc<CpuSlots>, String> {
-    static SLOTS: OnceLock<Result<Arc<CpuSlots>, String>> = OnceLock::new();
-    SLOTS
-        .get_or_init(|| {
-            let s = objects::session().map_err(|e| format!("session: errno {e}"))?;
-            CpuSlots::open(&s.layout().cpus()).map(Arc::new).map_err(|e| e.to_string())
-        })
-        .clone()
+    crate::server::server().slots().map_err(|e| e.reason.into_owned())
 }
 
 /// CLOCK_BOOTTIME in nanoseconds (what the kernel's load_time counts from).
