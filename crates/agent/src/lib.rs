@@ -42,7 +42,7 @@ use userbpf_hook::symbols::{self, LoadedObject, ObjectChanges};
 use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
-use userbpf_runtime::session::SemaphoreRecord;
+use userbpf_runtime::session::{handshake, Layout, SemaphoreRecord};
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
 mod tracepoint;
@@ -110,19 +110,13 @@ struct Sema {
 }
 
 
-/// The agent's side of the loader's wait for link changes (the loader's side:
-/// `userbpf_syscall_server::attach::publish_links_gen`): after changing the session's links
-/// the loader writes a new generation into `links/gen` and waits (bounded) until every live
-/// agent's file `agents/PID.STARTTIME` holds at least that number. Every sync reads
-/// `links/gen` *before* listing `links/` and, once it has acted on the listing, writes the
-/// number it read into the file (temporary file + rename: the loader never reads half).
-/// So when the loader's LINK_CREATE, ioctl or close returns, the probes it changed are in
-/// place in every running target, as the kernel's are.
+/// The agent's acknowledgement of link changes (the handshake, both halves:
+/// `userbpf_runtime::session::handshake`).
 ///
 /// Only an agent with a watcher thread (which syncs when `links/gen` is renamed in) keeps a
 /// file; it is removed when the process exits or the watcher ends.
 struct Ack {
-    path: std::path::PathBuf,
+    file: handshake::Ack,
     /// The generation last written.
     done: u32,
 }
@@ -135,11 +129,7 @@ impl Ack {
     /// for the agent from now on: the first sync follows).
     fn create(dir: &std::path::Path) -> Option<Ack> {
         let me = std::process::id();
-        let start = userbpf_runtime::session::start_time(me)?;
-        let agents = dir.join("agents");
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&agents).ok()?;
-        let mut a = Ack { path: agents.join(format!("{me}.{start}")), done: 0 };
-        a.write(0).ok()?;
+        let a = Ack { file: handshake::Ack::create(&Layout::new(dir)).ok()?, done: 0 };
         ACK_PID.store(me, Ordering::SeqCst);
         install_ack_exit();
         Some(a)
@@ -147,30 +137,23 @@ impl Ack {
 
     /// Removes this process's file, if a previous image (before exec) left one.
     fn stale(dir: &std::path::Path) {
-        let me = std::process::id();
-        if let Some(start) = userbpf_runtime::session::start_time(me) {
-            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
-        }
+        handshake::remove_ack_of_self(&Layout::new(dir));
     }
 
     fn write(&mut self, gen: u32) -> std::io::Result<()> {
-        // `PID.STARTTIME.tmp`: not a name the loader parses (it skips the temporary file).
-        let mut tmp = self.path.clone().into_os_string();
-        tmp.push(".tmp");
-        std::fs::write(&tmp, gen.to_string())?;
-        std::fs::rename(&tmp, &self.path)?;
+        self.file.write(gen)?;
         self.done = gen;
         Ok(())
     }
 
     /// The generation in `links/` of session directory `dir` (none yet: 0).
     fn current(dir: &std::path::Path) -> u32 {
-        std::fs::read_to_string(dir.join("links").join("gen")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+        handshake::current(&Layout::new(dir))
     }
 
     /// Removes the file (the process can no longer acknowledge): the loader stops waiting.
     fn remove(self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.file.remove();
         let _ = ACK_PID.compare_exchange(std::process::id(), 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
@@ -181,11 +164,10 @@ impl Ack {
 fn forget_own_semaphore_claims(dir: &std::path::Path) {
     let me = std::process::id();
     let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-    let suffix = format!(".{me}.{start}");
-    let Ok(rd) = std::fs::read_dir(dir.join("perf")) else { return };
+    let Ok(rd) = std::fs::read_dir(Layout::new(dir).perf_dir()) else { return };
     for e in rd.flatten() {
         let name = e.file_name();
-        if name.to_str().is_some_and(|n| n.starts_with("sema-") && n.ends_with(&suffix)) {
+        if name.to_str().is_some_and(|n| Layout::is_claim_of_process(n, me, start)) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -203,8 +185,7 @@ fn install_ack_exit() {
                 return;
             }
             let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-            let dir = Session::dir_of(&Session::default_name());
-            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
+            handshake::remove_ack_of(&Layout::new(Session::dir_of(&Session::default_name())), me, start);
         });
     }
     ONCE.call_once(|| {
@@ -458,7 +439,7 @@ impl Agent {
         if let Some(a) = AGENT.get() {
             return Ok(a);
         }
-        let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
+        let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?);
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
         let ack = if ack {
@@ -580,10 +561,10 @@ impl Agent {
     /// link goes (or is not for this process any more); a semaphore whose library was
     /// unmapped is forgotten (raised again if the library comes back).
     fn sync_semaphores(&mut self, mine: &HashSet<u32>) {
-        let perf = self.session.dir().join("perf");
+        let layout = self.session.layout().clone();
         let me = std::process::id();
         let start = userbpf_runtime::session::start_time(me).unwrap_or(0);
-        let claim_path = |link: u32| perf.join(format!("sema-{link}.{me}.{start}"));
+        let claim_path = |link: u32| layout.semaphore_claim(link, me, start);
         let mut maps: Option<String> = None;
         let mut maps = || maps.get_or_insert_with(|| std::fs::read_to_string("/proc/self/maps").unwrap_or_default()).clone();
         let known: Vec<u32> = self.semas.keys().copied().collect();
@@ -606,7 +587,7 @@ impl Agent {
                 let _ = std::fs::remove_file(claim_path(id));
             }
         }
-        for r in SemaphoreRecord::all(self.session.dir()) {
+        for r in SemaphoreRecord::all(self.session.layout()) {
             let (id, off) = (r.link, r.offset);
             if !mine.contains(&id) || self.semas.contains_key(&id) || !r.is_for(me) {
                 continue;
@@ -851,7 +832,7 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
         }
         let Some(cell) = AGENT.get() else { return };
         // Watch first, then sync: a link added in between is not missed.
-        let dir = lock(cell).session.dir().join("links");
+        let dir = lock(cell).session.layout().links_dir();
         let mut fd = watch_links(&dir, true);
         let mut a = lock(cell);
         match Session::open(a.session.name()) {
@@ -862,7 +843,7 @@ extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
             Err(e) => log(&format!("joining the session in a forked child: {e}")),
         }
         if fd.is_none() {
-            fd = watch_links(&a.session.dir().join("links"), false);
+            fd = watch_links(&a.session.layout().links_dir(), false);
         }
         // The parent's acknowledgement file is the parent's: the child acknowledges in its own.
         a.ack = if fd.is_some() { Ack::create(a.session.dir()) } else { None };
@@ -980,7 +961,7 @@ extern "C" fn agent_init() {
         let _ours = userbpf_hook::ours();
         // Watch before the start-up sync, so that a link added in between is not missed (and no
         // second sync runs beside the program's first steps).
-        let early = watch_links_early(&Session::dir_of(&Session::default_name()).join("links"));
+        let early = watch_links_early(&Layout::new(Session::dir_of(&Session::default_name())).links_dir());
         match Agent::start_with(true) {
             Ok(a) => {
                 // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
@@ -1008,7 +989,7 @@ extern "C" fn agent_init() {
 fn watch_after_start(a: &'static Mutex<Agent>, early: Option<LinksWatch>) -> Option<i32> {
     // SAFETY: registering a function with no preconditions to run at exit.
     unsafe { libc::atexit(leave_at_exit) };
-    let links = lock(a).session.dir().join("links");
+    let links = lock(a).session.layout().links_dir();
     let early = early.and_then(|w| {
         if inode(&links) == Some(w.ino) {
             return Some(w.fd);
@@ -1072,7 +1053,7 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let started = userbpf_hook::quiet::spawn("userbpf-agent", move || {
             // Watch first, then sync at the start: a link added in between is not missed.
-            let early = watch_links_early(&Session::dir_in(&root, &name).join("links"));
+            let early = watch_links_early(&Layout::new(Session::dir_in(&root, &name)).links_dir());
             let started = Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")).and_then(|s| Agent::start_in(s, true));
             match started {
                 Ok(a) => match watch_after_start(a, early) {

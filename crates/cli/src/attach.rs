@@ -31,7 +31,7 @@ pub fn run(session: &str, args: AttachArgs) -> Result<()> {
         r => bail!("the agent in process {pid} could not start (status {r}); its stderr may say why"),
     }
     // The agent joins from a thread of its own: wait until it is a member.
-    let members = s.dir().join("members");
+    let members = s.layout().members_dir();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !is_member(&members, pid) {
         if Instant::now() > deadline {

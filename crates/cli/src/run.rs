@@ -237,7 +237,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
     let session = Session::open(&session_name)?;
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus"))?);
+    let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = load_object(&session, object, &opts, slots)?;

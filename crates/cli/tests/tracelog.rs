@@ -24,7 +24,7 @@ fn session_with_printk(name: &str) -> (Session, PathBuf) {
     let dir = tmp().join(format!("tracelog-obj-{name}"));
     let obj = userbpf_testutil::compile_bpf(&common::here("bpf/printk.bpf.c"), &dir);
     let session = Session::open(name).unwrap();
-    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
     let opts = userbpf_runtime::loader::LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(&obj).unwrap(), &opts, slots).unwrap();
     let exe = repo("target/examples/workload");

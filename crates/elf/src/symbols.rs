@@ -102,6 +102,44 @@ pub fn offset_to_vaddr(path: &Path, off: u64) -> Option<u64> {
     None
 }
 
+/// The function containing file offset `off` of the ELF file at `path`: its name and the
+/// offset's distance from its start. The offset becomes an address through the segment
+/// holding it; `.symtab` is searched first, then `.dynsym`, a sized symbol covering the
+/// address preferred to an unsized one starting at it. `None` when no function covers it.
+pub fn function_at_file_offset(path: &Path, off: u64) -> Result<Option<(String, u64)>, String> {
+    use object::ObjectSegment;
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(va) = file.segments().find_map(|seg| {
+        let (start, size) = seg.file_range();
+        (off >= start && off - start < size).then(|| off - start + seg.address())
+    }) else {
+        return Ok(None);
+    };
+    for table in [file.symbols(), file.dynamic_symbols()] {
+        let mut best: Option<(String, u64, u64)> = None;
+        for sym in table {
+            if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
+                continue;
+            }
+            let (value, size) = (sym.address(), sym.size());
+            let inside = if size > 0 { va >= value && va - value < size } else { va == value };
+            if !inside || best.as_ref().is_some_and(|b| b.2 > 0 || size == 0) {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            let name = name.split('@').next().unwrap_or_default();
+            if !name.is_empty() {
+                best = Some((name.to_string(), va - value, size));
+            }
+        }
+        if let Some((name, delta, _)) = best {
+            return Ok(Some((name, delta)));
+        }
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use crate::objects::{self, Kind};
 use crate::sys;
@@ -80,10 +80,9 @@ pub struct Event {
     pub bpf_links: Vec<u32>,
 }
 
-static EVENTS: Mutex<Vec<Event>> = Mutex::new(Vec::new());
-
+/// The loader's perf events (kept in [`crate::server::Server`]).
 pub(crate) fn with_events<T>(f: impl FnOnce(&mut Vec<Event>) -> T) -> T {
-    f(&mut EVENTS.lock().unwrap_or_else(|e| e.into_inner()))
+    f(&mut crate::server::server().events.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// The spec of event `id`, if it exists.
@@ -155,86 +154,19 @@ fn absolute(path: &str) -> String {
 }
 
 /// The function containing file offset `off` of ELF file `path`: `(name, delta)` (from
-/// `.symtab`, else `.dynsym`; a sized symbol preferred). `None` when no function symbol
-/// covers it. Reads the ELF64 little-endian headers directly.
+/// `.symtab`, else `.dynsym`; a sized symbol preferred), through the hook engine's
+/// symbolizer. `None` when no function symbol covers it (or the file is not an ELF object
+/// the symbolizer reads); the file's errno when it cannot be read.
 pub fn symbolize_file_offset(path: &str, off: u64) -> Result<Option<(String, u64)>, i32> {
-    let data = std::fs::read(path).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOENT))?;
-    Ok(elf_symbolize(&data, off))
-}
-
-fn elf_symbolize(d: &[u8], off: u64) -> Option<(String, u64)> {
-    let u16_at = |o: usize| d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| d.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])));
-    let u64_at = |o: usize| d.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-    if d.get(0..4)? != b"\x7fELF" || *d.get(4)? != 2 || *d.get(5)? != 1 {
-        return None;
-    }
-    let (phoff, shoff) = (u64_at(0x20)? as usize, u64_at(0x28)? as usize);
-    let (phentsize, phnum) = (u16_at(0x36)? as usize, u16_at(0x38)? as usize);
-    let (shentsize, shnum) = (u16_at(0x3a)? as usize, u16_at(0x3c)? as usize);
-    // File offset -> virtual address through the PT_LOAD segment holding it.
-    let mut va = None;
-    for i in 0..phnum {
-        let p = phoff.checked_add(i.checked_mul(phentsize)?)?;
-        if u32_at(p)? != 1 {
-            continue;
-        }
-        let (p_off, p_vaddr, p_filesz) = (u64_at(p + 8)?, u64_at(p + 16)?, u64_at(p + 32)?);
-        if off >= p_off && off < p_off.saturating_add(p_filesz) {
-            va = Some(off - p_off + p_vaddr);
-            break;
-        }
-    }
-    let va = va?;
-    let sh = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
-    let mut best: Option<(String, u64, u64)> = None;
-    // SHT_SYMTAB (2) first, then SHT_DYNSYM (11).
-    for want in [2u32, 11] {
-        for i in 0..shnum {
-            let s = sh(i)?;
-            if u32_at(s + 4)? != want {
-                continue;
-            }
-            let (sym_off, sym_size, link, entsize) = (u64_at(s + 24)? as usize, u64_at(s + 32)? as usize, u32_at(s + 40)? as usize, u64_at(s + 56)? as usize);
-            let strtab = sh(link)?;
-            let str_off = u64_at(strtab + 24)? as usize;
-            if entsize < 24 {
-                continue;
-            }
-            for k in 0..sym_size / entsize {
-                let e = sym_off + k * entsize;
-                let (name, info, shndx, value, size) = (u32_at(e)? as usize, *d.get(e + 4)?, u16_at(e + 6)?, u64_at(e + 8)?, u64_at(e + 16)?);
-                // STT_FUNC (2) or STT_GNU_IFUNC (10), defined.
-                if !matches!(info & 0xf, 2 | 10) || shndx == 0 || value == 0 {
-                    continue;
-                }
-                let inside = if size > 0 { va >= value && va - value < size } else { va == value };
-                if !inside || best.as_ref().is_some_and(|b| b.2 > 0 || size == 0) {
-                    continue;
-                }
-                let n0 = str_off.checked_add(name)?;
-                let n = d.get(n0..)?;
-                let n = &n[..n.iter().position(|c| *c == 0)?];
-                let n = String::from_utf8_lossy(n);
-                let n = n.split('@').next().unwrap_or_default().to_string();
-                if !n.is_empty() {
-                    best = Some((n, va - value, size));
-                }
-            }
-        }
-        if best.is_some() {
-            break;
-        }
-    }
-    best.map(|(n, delta, _)| (n, delta))
+    std::fs::File::open(path).map_err(|e| e.raw_os_error().unwrap_or(libc::ENOENT))?;
+    Ok(userbpf_elf::symbols::function_at_file_offset(Path::new(path), off).ok().flatten())
 }
 
 fn new_fifo() -> Result<(u32, PathBuf), i32> {
     let s = objects::session()?;
-    let dir = s.dir().join("perf");
-    std::fs::create_dir_all(&dir).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    std::fs::create_dir_all(s.layout().perf_dir()).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     let id = s.alloc_id().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    let path = dir.join(id.to_string());
+    let path = s.layout().perf_event(id);
     let _ = std::fs::remove_file(&path);
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
     // SAFETY: `c` is a NUL-terminated path.
@@ -340,7 +272,11 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
 
 /// Serves `ioctl(fd, req, arg)` when `fd` is one of our perf events (or another object of
 /// ours: `ENOTTY`, as the kernel answers for bpf descriptors); `None`: not ours.
-pub fn ioctl(fd: i32, req: libc::c_ulong, arg: libc::c_ulong) -> Option<Result<i64, i32>> {
+///
+/// # Safety
+/// As for libc's `ioctl`: for `PERF_EVENT_IOC_ID` `arg` points to a writable `u64`, for
+/// `PERF_EVENT_IOC_PERIOD` to a readable one.
+pub unsafe fn ioctl(fd: i32, req: libc::c_ulong, arg: libc::c_ulong) -> Option<Result<i64, i32>> {
     let (kind, id) = objects::kind_of(fd)?;
     if kind != Kind::PerfEvent {
         return Some(Err(libc::ENOTTY));

@@ -2,12 +2,15 @@
 //! commands, OBJ_PIN, OBJ_GET and ENABLE_STATS.
 
 use std::path::PathBuf;
+use std::mem::offset_of;
 
 use userbpf_object::Btf;
 
+use super::attr::{self, end_of};
 use super::map::{install_map_fd, map_by_id, map_of_fd};
 use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
 use super::{io_errno, read_user, read_user_str, write_user, Attr};
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
 /// The kernel's BTF_MAX_SIZE.
@@ -15,17 +18,15 @@ const BTF_MAX_SIZE: u32 = 16 * 1024 * 1024;
 
 /// BPF_BTF_LOAD: the BTF is parsed (malformed BTF is refused with `EINVAL` and the reason
 /// in the log) and stored in the session.
-pub fn btf_load(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let (ubtf, log_buf, size, log_size, log_level) = (a.u64(0), a.u64(8), a.u32(16), a.u32(20), a.u32(24));
+pub fn btf_load(a: &Attr) -> Result<i64, Error> {
+    let at: attr::BtfLoad = a.get(end_of!(attr::BtfLoad, btf_log_true_size))?;
+    let (ubtf, log_buf, size, log_size, log_level) = (at.btf, at.btf_log_buf, at.btf_size, at.btf_log_size, at.btf_log_level);
     if size > BTF_MAX_SIZE {
-        return Err(libc::E2BIG);
+        return Err(Error::new(libc::E2BIG, format!("btf_size {size} is over the kernel's limit of {BTF_MAX_SIZE}")));
     }
     let mut log = VLog::new(log_level, log_buf, log_size)?;
     let mut data = vec![0u8; size as usize];
-    read_user(ubtf, &mut data)?;
+    read_user(ubtf, &mut data).context(|| format!("btf ({size} bytes at {ubtf:#x})"))?;
     let parsed = Btf::parse(&data);
     if log.on() && data.len() >= 24 {
         let u = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().expect("4 bytes"));
@@ -42,17 +43,18 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
             Ok(())
         }
         Err(e) => {
+            // The reason goes into the log, as the kernel's BTF checker writes it there.
             log.line(&format!("{e}"));
-            Err(libc::EINVAL)
+            Err(Error::inval(format!("malformed BTF: {e}")))
         }
     };
     let (true_size, lr) = log.finish();
-    let _ = a.put_u32(28, true_size);
+    let _ = a.put_u32(offset_of!(attr::BtfLoad, btf_log_true_size), true_size);
     r?;
-    lr?;
+    lr.context(|| format!("the BTF log ({true_size} bytes) does not fit btf_log_size {log_size}"))?;
     let session = objects::session()?;
-    let id = session.add_btf(&data).map_err(|e| io_errno(&e))?;
-    objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map(|fd| fd as i64)
+    let id = session.add_btf(&data).map_err(|e| Error::new(io_errno(&e), format!("storing the BTF in the session: {e}")))?;
+    Ok(objects::install(Kind::Btf, id, &session.layout().btf(id))? as i64)
 }
 
 /// One type as the kernel's BTF log prints it (`[ID] KIND name ...`, members indented).
@@ -101,7 +103,8 @@ struct Info {
 
 impl Info {
     fn read(a: &Attr, size: usize) -> Result<Info, i32> {
-        let (ulen, uinfo) = (a.u32(4) as usize, a.u64(8));
+        let at: attr::InfoByFd = a.view();
+        let (ulen, uinfo) = (at.info_len as usize, at.info);
         if ulen > size {
             // Checked a page at a time, as bpf_check_uarg_tail_zero (the length is the caller's).
             let mut chunk = [0u8; 4096];
@@ -140,7 +143,7 @@ impl Info {
     }
     fn finish(&self, a: &Attr) -> Result<i64, i32> {
         write_user(self.uinfo, &self.buf[..self.len])?;
-        a.put_u32(4, self.len as u32)?;
+        a.put_u32(offset_of!(attr::InfoByFd, info_len), self.len as u32)?;
         Ok(0)
     }
 }
@@ -155,21 +158,21 @@ fn copy_array(ptr: u64, user_cnt: u32, data: &[u8], rec: usize) -> Result<(), i3
 }
 
 /// BPF_OBJ_GET_INFO_BY_FD for programs, maps, BTF and links.
-pub fn get_info(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(0);
+pub fn get_info(a: &Attr) -> Result<i64, Error> {
+    let at: attr::InfoByFd = a.get(end_of!(attr::InfoByFd, info))?;
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
         // Not ours: EBADF for a closed descriptor, EINVAL for any other file.
-        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+        let errno = objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL);
+        return Err(Error::new(errno, format!("bpf_fd {fd} is not a bpf object")));
     };
+    let what = || format!("{} {} (bpf_fd {fd}), info_len {}", obj.kind.name(), obj.id, at.info_len);
     match obj.kind {
-        Kind::Prog => prog_info(a, fd),
-        Kind::Map => map_info(a, fd),
-        Kind::Btf => btf_info(a, obj.id),
-        Kind::Link => link_info(a, obj.id),
-        Kind::PerfEvent => Err(libc::EINVAL),
+        Kind::Prog => prog_info(a, fd).context(what),
+        Kind::Map => map_info(a, fd).context(what),
+        Kind::Btf => btf_info(a, obj.id).context(what),
+        Kind::Link => link_info(a, obj.id).context(what),
+        Kind::PerfEvent => Err(Error::inval(format!("bpf_fd {fd} is a perf event"))),
     }
 }
 
@@ -358,7 +361,7 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
         Kind::Map => session.maps().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Prog => session.progs().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Link => session.links().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
-        Kind::Btf => std::fs::read_dir(session.dir().join("btf"))
+        Kind::Btf => std::fs::read_dir(session.layout().btf_dir())
             .map_err(|e| io_errno(&e))?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .chain(super::kbtf::all()?.into_iter().map(|(id, _)| id))
@@ -370,32 +373,28 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
 }
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_NEXT_ID: the smallest id above `start_id`, or `ENOENT`.
-pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let start = a.u32(0);
+pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, Error> {
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let start = at.start_id;
     if start >= i32::MAX as u32 {
-        return Err(libc::ENOENT);
+        return Err(libc::ENOENT.into());
     }
     let next = ids_of(kind)?.into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
-    a.put_u32(4, next)?;
+    a.put_u32(offset_of!(attr::GetId, next_id), next)?;
     Ok(0)
 }
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_FD_BY_ID.
-pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let (id, open_flags) = (a.u32(0), a.u32(8));
+pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, Error> {
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let (id, open_flags) = (at.start_id, at.open_flags);
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
     let allowed = if kind == Kind::Map { BPF_F_RDONLY | BPF_F_WRONLY } else { 0 };
     if open_flags & !allowed != 0 || open_flags == BPF_F_RDONLY | BPF_F_WRONLY {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("open_flags {open_flags:#x} invalid for a {}", kind.name())));
     }
-    install_by_id(kind, id).map(|fd| fd as i64)
+    Ok(install_by_id(kind, id)? as i64)
 }
 
 /// A new descriptor of the session object `kind`/`id`; `ENOENT` if there is none.
@@ -408,16 +407,16 @@ pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
         }
         Kind::Prog => {
             prog_by_id(id)?;
-            objects::install(Kind::Prog, id, &session.dir().join("progs").join(format!("{id}.json"))).map_err(not_found)
+            objects::install(Kind::Prog, id, &session.layout().prog(id)).map_err(not_found)
         }
         Kind::Btf => match super::kbtf::name_of(id)? {
             Some(name) => super::kbtf::install(id, &name).map_err(not_found),
-            None => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+            None => objects::install(Kind::Btf, id, &session.layout().btf(id)).map_err(not_found),
         },
         Kind::Link => {
             // Perf links open the perf module's link file; raw tracepoint links their record.
             let perf = crate::attach::link_file(id);
-            let path = if perf.exists() { perf } else { session.dir().join("links").join(format!("{id}.json")) };
+            let path = if perf.exists() { perf } else { session.layout().link(id) };
             objects::install(Kind::Link, id, &path).map_err(not_found)
         }
         Kind::PerfEvent => Err(libc::ENOENT),
@@ -435,30 +434,21 @@ fn not_found(e: i32) -> i32 {
 /// Where pins of path `p` are recorded in the session (one file per pinned path).
 fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
     let session = objects::session()?;
-    let dir = session.dir().join("pins");
-    std::fs::create_dir_all(&dir).map_err(|e| io_errno(&e))?;
-    let mut name = String::new();
-    for &b in p {
-        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
-            name.push(b as char);
-        } else {
-            name.push_str(&format!("%{b:02x}"));
-        }
-    }
-    Ok(dir.join(name))
+    std::fs::create_dir_all(session.layout().pins_dir()).map_err(|e| io_errno(&e))?;
+    Ok(session.layout().pin(p))
 }
 
 /// A pin path, normalised: absolute, under the BPF filesystem (`/sys/fs/bpf`), without `.`
 /// or `..` components. Others are refused as the kernel refuses a path outside a bpffs
 /// (`EPERM`).
-fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
-    let raw = read_user_str(a.u64(0), 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })?;
+fn pin_path(a: &Attr) -> Result<Vec<u8>, Error> {
+    let raw = read_user_str(a.view::<attr::Obj>().pathname, 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e }).context(|| "pathname")?;
     if raw.is_empty() {
-        return Err(libc::ENOENT);
+        return Err(Error::new(libc::ENOENT, "empty pathname"));
     }
     let norm = normalise(&raw);
     if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
-        return Err(libc::EPERM);
+        return Err(Error::new(libc::EPERM, format!("{}: not under the BPF filesystem (/sys/fs/bpf)", String::from_utf8_lossy(&raw))));
     }
     Ok(norm)
 }
@@ -487,24 +477,28 @@ pub fn on_bpffs(raw: &[u8]) -> bool {
 }
 
 /// BPF_OBJ_PIN: records the pin in the session (the real BPF filesystem is not touched).
-pub fn pin(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
+pub fn pin(a: &Attr) -> Result<i64, Error> {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.file_flags != 0 {
+        return Err(Error::inval(format!("file_flags {:#x}: none are known for a pin", at.file_flags)));
     }
-    if a.u32(12) != 0 {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(8);
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
-        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+        let errno = objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL);
+        return Err(Error::new(errno, format!("bpf_fd {fd} is not a bpf object")));
     };
     if obj.kind == Kind::PerfEvent {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("bpf_fd {fd} is a perf event, which cannot be pinned")));
     }
-    let file = pin_file(&pin_path(a)?)?;
+    let path = pin_path(a)?;
+    let file = pin_file(&path)?;
     let text = format!("{} {}\n", obj.kind.name(), obj.id);
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&file).map_err(|e| io_errno(&e))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file)
+        .map_err(|e| Error::new(io_errno(&e), format!("/{}: {e}", String::from_utf8_lossy(&path))))?;
     f.write_all(text.as_bytes()).map_err(|e| io_errno(&e))?;
     if obj.kind == Kind::Map {
         // A pinned map keeps the session (and so its pins) when every process has left,
@@ -526,52 +520,48 @@ fn mark_pinned(id: u32, path: &str) -> Result<(), i32> {
     }
     rec.pinned = Some(path.to_string());
     let json = serde_json::to_vec_pretty(&rec).map_err(|_| libc::EINVAL)?;
-    let dir = session.dir().join("maps");
-    let tmp = dir.join(format!(".{id}.json.pin-{}", std::process::id()));
-    std::fs::write(&tmp, json).map_err(|e| io_errno(&e))?;
-    std::fs::rename(&tmp, dir.join(format!("{id}.json"))).map_err(|e| io_errno(&e))
+    userbpf_runtime::session::layout::write_atomic(&session.layout().map_record(id), &json).map_err(|e| io_errno(&e))
 }
 
 /// BPF_OBJ_GET: a new descriptor of the object pinned at the path.
-pub fn obj_get(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(8) != 0 {
-        return Err(libc::EINVAL);
+pub fn obj_get(a: &Attr) -> Result<i64, Error> {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.bpf_fd != 0 {
+        return Err(Error::inval("bpf_fd must be 0 for OBJ_GET"));
     }
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
-    let flags = a.u32(12);
+    let flags = at.file_flags;
     if flags & !(BPF_F_RDONLY | BPF_F_WRONLY) != 0 || flags == BPF_F_RDONLY | BPF_F_WRONLY {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("file_flags {flags:#x} invalid")));
     }
-    let file = pin_file(&pin_path(a)?)?;
-    let text = std::fs::read_to_string(&file).map_err(|e| io_errno(&e))?;
-    let (kind, id) = text.trim().split_once(' ').ok_or(libc::EINVAL)?;
-    let id: u32 = id.parse().map_err(|_| libc::EINVAL)?;
+    let path = pin_path(a)?;
+    let shown = || format!("/{}", String::from_utf8_lossy(&path));
+    let file = pin_file(&path)?;
+    let text = std::fs::read_to_string(&file).map_err(|e| Error::new(io_errno(&e), format!("{}: {e}", shown())))?;
+    let bad = || Error::inval(format!("{}: the session's pin record {} is malformed", shown(), file.display()));
+    let (kind, id) = text.trim().split_once(' ').ok_or_else(bad)?;
+    let id: u32 = id.parse().map_err(|_| bad())?;
     let kind = match kind {
         "map" => Kind::Map,
         "prog" => Kind::Prog,
         "btf" => Kind::Btf,
         "link" => Kind::Link,
-        _ => return Err(libc::EINVAL),
+        _ => return Err(bad()),
     };
-    install_by_id(kind, id).map(|fd| fd as i64)
+    Ok(install_by_id(kind, id).context(|| format!("{}: {} {id}", shown(), kind.name()))? as i64)
 }
 
 /// BPF_ENABLE_STATS: run statistics are always kept here; the descriptor the kernel hands
 /// out (stats stay on while it is open) is a descriptor of a session file.
-pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(0) != 0 {
-        return Err(libc::EINVAL);
+pub fn enable_stats(a: &Attr) -> Result<i64, Error> {
+    let at: attr::EnableStats = a.get(end_of!(attr::EnableStats, r#type))?;
+    if at.r#type != 0 {
+        return Err(Error::inval(format!("type {}: only BPF_STATS_RUN_TIME (0) exists", at.r#type)));
     }
     userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.layout().stats()).map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
     Ok(f.into_raw_fd() as i64)
 }
