@@ -12,10 +12,12 @@ process):
 - the agent, in a session with a `raw_syscalls/sys_enter` link (every system call hook).
 A session's links are held by `userbpf run OBJ -- sleep` for the time of the run.
 
-Prints one Markdown table: median and minimum wall time per process (fork, exec, run, exit, as
+Prints a Markdown table: median and minimum wall time per process (fork, exec, run, exit, as
 the parent sees it), the time added over the target's own start, and the process's system
-calls (counted by `perf stat -e raw_syscalls:sys_enter`, the agent's threads included). It
-reports; it never fails on timing.
+calls (counted by `perf stat -e raw_syscalls:sys_enter`, the agent's threads included); then
+what each part costs, beside the target's own start: the agent's start (empty session − no
+agent), the attach of one uprobe link and the attach of every system call hook (each − the
+empty session). It reports; it never fails on timing.
 
 Environment: ABENCH_RUNS (starts per configuration, default 200), USERBPF (the CLI, default
 target/release/userbpf, with libuserbpf_agent.so beside it).
@@ -177,6 +179,24 @@ def main():
         n = counts.get(c)
         dn = f"{n - counts['none']:,}" if n is not None and counts.get("none") is not None and c != "none" else "–"
         print(f"| {NAME[c]} | {1e6 * med:,.0f} | {1e6 * lo:,.0f} | {added} | {n if n is not None else '–'} | {dn} |")
+    print()
+    print("### what each part costs (differences of the medians and of the counts above)")
+    print()
+    print("| part | µs (median) | system calls | baseline: the target's own start |")
+    print("|---|---:|---:|---:|")
+    parts = [
+        ("the agent's start (empty session − no agent)", "empty", "none"),
+        ("attach of one uprobe link (uprobe − empty session)", "uprobe", "empty"),
+        ("attach of every system call hook (raw_syscalls − empty session)", "syscalls", "empty"),
+    ]
+    own = f"{1e6 * base:,.0f} µs, {counts.get('none', '–')} calls" if base is not None else "–"
+    for label, a, b in parts:
+        if not times[a] or not times[b]:
+            print(f"| {label} | failed | | {own} |")
+            continue
+        dt = 1e6 * (statistics.median(times[a]) - statistics.median(times[b]))
+        dn = f"{counts[a] - counts[b]:,}" if counts.get(a) is not None and counts.get(b) is not None else "–"
+        print(f"| {label} | {dt:,.0f} | {dn} | {own} |")
     if problems:
         print()
         print("### Problems")

@@ -128,7 +128,17 @@ pub(crate) fn enter_agent_thread() {
     // glibc installs its handler when the process's first thread is created: it is there now.
     creds::install();
     private_descriptors();
+    grow_arena();
     THREAD.store(gettid(), Ordering::SeqCst);
+}
+
+/// glibc gives a new thread a malloc arena of its own, which grows by `mprotect` a few pages at
+/// a time (no padding, unlike the main heap): the agent's start-up would make hundreds of
+/// them. Allocating a megabyte in blocks below the mmap threshold, then freeing them, grows it
+/// in a dozen calls; later growth up to that size makes none.
+fn grow_arena() {
+    let blocks: Vec<Vec<u8>> = (0..9).map(|_| Vec::with_capacity(120 << 10)).collect();
+    drop(std::hint::black_box(blocks));
 }
 
 /// Last thing on an agent thread that ends (its id may be reused by a thread of the program).
@@ -360,6 +370,8 @@ pub(crate) extern "C" fn agent_init() {
     let _ = std::panic::catch_unwind(|| {
         // The agent's work on the program's main thread: no probe fires for it.
         let _ours = userbpf_hook::ours();
+        // While the process has one thread (see `userbpf_hook::prepare`).
+        let _ = userbpf_hook::prepare();
         let links = Session::dir_of(&Session::default_name()).join("links");
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         let spawned = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, || Agent::start_with(true), Some(tx), ""));
