@@ -124,6 +124,10 @@ pub(crate) fn restore_agent_fds() {
         unsafe {
             let mut nfd = libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
             if nfd < 0 {
+                // A directory, or a file the agent only reads.
+                nfd = libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            }
+            if nfd < 0 {
                 nfd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
             }
             if nfd >= 0 && nfd != fd {

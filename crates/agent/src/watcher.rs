@@ -14,7 +14,8 @@
 //!   by the program's threads (a library loaded with dlopen, see `on_objects_changed`) are
 //!   made here too while the asking thread waits (bounded, as for the agent's lock). The
 //!   agent's messages go to the program's standard error as it is when they are written
-//!   (`/proc/self/fd/2` opened for the write: nothing once the program closed it).
+//!   (`pidfd_getfd` of the process's descriptor 2 for the write: nothing once the program
+//!   closed it).
 //! - **Signals.** It blocks every signal but faults and the hook engine's own
 //!   (`userbpf_hook::quiet`): a signal sent to the process goes to one of the program's threads.
 //! - **Credentials.** It takes part in glibc's set*id broadcast with the program's capabilities
@@ -64,12 +65,7 @@ pub(crate) fn is_agent_thread() -> bool {
 /// Prints `userbpf-agent: MSG` on the program's standard error.
 pub(crate) fn log(msg: &str) {
     let line = format!("userbpf-agent: {msg}\n");
-    let (fd, opened) = if is_agent_thread() {
-        // SAFETY: a NUL-terminated path; the descriptor is closed below.
-        (unsafe { libc::open(c"/proc/self/fd/2".as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY) }, true)
-    } else {
-        (2, false)
-    };
+    let (fd, opened) = if is_agent_thread() { (programs_stderr(), true) } else { (2, false) };
     if fd < 0 {
         return;
     }
@@ -79,6 +75,25 @@ pub(crate) fn log(msg: &str) {
         // SAFETY: our descriptor.
         unsafe { libc::close(fd) };
     }
+}
+
+/// A descriptor (in the agent thread's table) of the program's standard error as it is now:
+/// `pidfd_getfd` of the process's descriptor 2 (the file itself, whatever its owner), else
+/// `/proc/self/fd/2` opened again; -1 when the program has none.
+fn programs_stderr() -> i32 {
+    // SAFETY: pidfd_open of this process; the descriptor is closed below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
+    if pidfd >= 0 {
+        // SAFETY: duplicates descriptor 2 of this process (the thread group's table) into ours.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, 2, 0) } as i32;
+        // SAFETY: our descriptor.
+        unsafe { libc::close(pidfd) };
+        if fd >= 0 {
+            return fd;
+        }
+    }
+    // SAFETY: a NUL-terminated path; the caller closes the descriptor.
+    unsafe { libc::open(c"/proc/self/fd/2".as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY) }
 }
 
 /// Sets (or clears) the acknowledgement file that [`kick`] touches.
@@ -301,10 +316,25 @@ fn relevant(buf: &[u32], len: usize, kicks: Option<&(i32, Vec<u8>)>) -> bool {
 }
 
 /// Runs `watch`; once it ends (nothing syncs on link changes any more), the process stops
-/// acknowledging them.
-pub(crate) fn watch_then_stop_acking(fd: i32, a: &'static Mutex<Agent>) {
+/// acknowledging them, and the thread only serves the syncs the program's threads ask for: it
+/// stays, as its descriptor table holds the agent's descriptors (a sync on a program's thread
+/// could close one of the program's by their numbers).
+pub(crate) fn watch_then_stop_acking(fd: i32, a: &'static Mutex<Agent>) -> ! {
     watch(fd, a);
     stop_acking(a);
+    serve_requests(a)
+}
+
+/// Syncs when a thread of the program asks (see [`request_sync`]), for ever.
+fn serve_requests(a: &'static Mutex<Agent>) -> ! {
+    loop {
+        let req = REQUESTED.load(Ordering::SeqCst);
+        if req > DONE.load(Ordering::SeqCst) || RETRY.swap(false, Ordering::SeqCst) {
+            lock(a).sync();
+            DONE.fetch_max(req, Ordering::SeqCst);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Once the agent started in its session: leaves the session at exit, and returns the
@@ -348,7 +378,10 @@ fn agent_thread(links: std::path::PathBuf, start: impl FnOnce() -> Result<&'stat
             drop(started);
             match fd {
                 Some(fd) => watch_then_stop_acking(fd, a),
-                None => stop_acking(a),
+                None => {
+                    stop_acking(a);
+                    serve_requests(a)
+                }
             }
         }
         Err(e) => {
@@ -439,10 +472,10 @@ pub(crate) fn child_thread() {
     a.ack = if fd.is_some() { Ack::create(a.session.dir()) } else { None };
     a.sync();
     drop(a);
-    if let Some(fd) = fd {
-        watch_then_stop_acking(fd, cell);
+    match fd {
+        Some(fd) => watch_then_stop_acking(fd, cell),
+        None => serve_requests(cell),
     }
-    leave_agent_thread();
 }
 
 /// In a forked child: the parent's agent threads are not there.

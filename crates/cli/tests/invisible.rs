@@ -19,10 +19,13 @@ fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("invisible")
 }
 
-/// Where the sessions of these tests live (`USERBPF_SHM_DIR`).
+/// Where the sessions of these tests live (`USERBPF_SHM_DIR`): writable by all, sticky, as
+/// /dev/shm (a program that dropped its privileges and exec'd makes its session there).
 fn shm() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let d = tmp().join("shm");
     std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
     d
 }
 

@@ -1,5 +1,6 @@
-//! Memory: near allocation of trampoline pages, and cross-thread-safe
-//! patching of live code.
+//! Memory: trampoline pages from regions reserved near the code (no search
+//! by system calls, see [`alloc_near`]), and cross-thread-safe patching of
+//! live code.
 //!
 //! ## Patching protocol (attach)
 //! 1. write `int3` on the first byte (text page RWX only for that store,
@@ -131,6 +132,8 @@ const MAX_DIST: usize = 1536 << 20;
 const CHUNK: usize = 1 << 20;
 /// The lowest address a region may take (`vm.mmap_min_addr` is at most this on Linux).
 const LOW: usize = 0x10000;
+/// Room left for the heap above the program break (beyond it, malloc maps memory anyway).
+const HEAP_ROOM: usize = 1 << 30;
 /// Above this, user space ends on x86-64 (4-level paging; the last page is never mapped).
 const HIGH: usize = 0x7fff_ffff_f000;
 
@@ -225,9 +228,9 @@ pub(crate) fn free_near(page: usize) {
 
 /// Where to reserve a region for trampolines near `target`, in the address space `maps`
 /// describes (`/proc/self/maps`): the free gap placement closest to `target` whose every page
-/// is within reach, [`CHUNK`] bytes or what the gap holds. Gaps where the process grows are
-/// left alone: the one above the program break (`[heap]`, or the executable's last mapping
-/// before the heap exists) and the one below `[stack]`.
+/// is within reach, [`CHUNK`] bytes or what the gap holds. Where the process grows is left
+/// alone: the gap below `[stack]`, and above the program break (`[heap]`, or the executable's
+/// last mapping before the heap exists) all but the top of the gap, [`HEAP_ROOM`] away.
 fn free_gap(maps: &str, target: usize) -> Option<(usize, usize)> {
     let exe = std::fs::read_link("/proc/self/exe").ok();
     let mut spans: Vec<(usize, usize)> = Vec::new();
@@ -252,15 +255,19 @@ fn free_gap(maps: &str, target: usize) -> Option<(usize, usize)> {
     for (s, e) in spans.iter().copied().chain(std::iter::once((HIGH, HIGH))) {
         let (gs, ge) = (prev_end.max(LOW), s.min(HIGH));
         prev_end = prev_end.max(e);
-        if ge <= gs || gs == brk || Some(ge) == stack_start {
+        if ge <= gs || Some(ge) == stack_start {
             continue;
         }
         let len = CHUNK.min(ge - gs) & !(PAGE - 1);
         if len == 0 {
             continue;
         }
-        // The end of the gap nearest the target.
-        let at = if ge <= target { ge - len } else if gs >= target { gs } else { continue };
+        // The end of the gap nearest the target; in the gap above the program break, only its
+        // top, and only with room for the heap to grow below it.
+        let at = if ge <= target { ge - len } else if gs >= target && gs != brk { gs } else { continue };
+        if gs == brk && at < brk.saturating_add(HEAP_ROOM) {
+            continue;
+        }
         if !near(at, target) || !near(at + len - PAGE, target) {
             continue;
         }
@@ -895,5 +902,55 @@ pub(crate) fn broadcast() {
     let deadline = Instant::now() + Duration::from_secs(1);
     while ACKS.load(SeqCst) < sent && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+555555554000-555555556000 r--p 00000000 08:01 1 /nonexistent/exe
+555555556000-555555558000 r-xp 00002000 08:01 1 /nonexistent/exe
+555555558000-55555555a000 rw-p 00004000 08:01 1 /nonexistent/exe
+55555555a000-55555557b000 rw-p 00000000 00:00 0 [heap]
+7ffff7d00000-7ffff7e00000 r-xp 00000000 08:01 2 /lib/libc.so.6
+7ffff7e00000-7ffff7e10000 rw-p 00000000 00:00 0
+7ffff7f00000-7ffff7f10000 r-xp 00000000 08:01 3 /lib/ld.so
+7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]
+";
+
+    #[test]
+    fn a_region_goes_into_the_free_gap_nearest_the_code_never_where_the_heap_or_stack_grow() {
+        // Near libc: below it, at the top of the gap under it.
+        let libc = 0x7fff_f7d0_1000;
+        let (at, len) = free_gap(MAPS, libc).unwrap();
+        assert_eq!((at, len), (0x7fff_f7d0_0000 - CHUNK, CHUNK));
+        // Between libc's data and ld.so: that gap, smaller than a region, is all taken.
+        let ld = 0x7fff_f7f0_0100;
+        let (at, len) = free_gap(MAPS, ld).unwrap();
+        assert_eq!((at, len), (0x7fff_f7e1_0000, 0xf_0000));
+        // The executable: below it (the gap above [heap] is where the heap grows).
+        let exe = 0x5555_5555_6100;
+        let (at, _) = free_gap(MAPS, exe).unwrap();
+        assert!(at + CHUNK <= 0x5555_5555_4000, "{at:#x}");
+        // Every page in reach.
+        assert!(near(at, exe) && near(at + CHUNK - PAGE, exe));
+        // Nothing is placed in the gap under [stack].
+        let top = 0x7fff_ffff_0000;
+        if let Some((at, len)) = free_gap(MAPS, top) {
+            assert!(at + len <= 0x7fff_f7f0_0000 || at >= 0x7fff_ffff_f000, "{at:#x}");
+        }
+    }
+
+    #[test]
+    fn pages_come_from_one_region_without_a_system_call_each() {
+        let code = alloc_near as *const () as usize;
+        let a = alloc_near(code).unwrap();
+        let b = alloc_near(code).unwrap();
+        assert!(near(a, code) && near(b, code));
+        assert_eq!(b.abs_diff(a), PAGE, "consecutive pages of one region");
+        free_near(b);
+        assert_eq!(alloc_near(code), Some(b), "a page given back is handed out again");
     }
 }

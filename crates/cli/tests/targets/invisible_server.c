@@ -35,8 +35,9 @@ static void *worker(void *arg)
 		int v;
 		while (read(c, &v, sizeof v) == sizeof v) {
 			v = probed(v);
-			write(c, &v, sizeof v);
+			// Counted before the answer: the client (and then main) sees it counted.
 			__atomic_add_fetch(&served[id], 1, __ATOMIC_SEQ_CST);
+			write(c, &v, sizeof v);
 		}
 		close(c);
 	}
