@@ -102,6 +102,9 @@ pub struct Agent {
     /// USDT semaphores of loader links (see [`Agent::sync_semaphores`]), by link id: the
     /// one this process raised, or `None` when another did (the loader, at link time).
     semas: HashMap<u32, Option<Sema>>,
+    /// The session's program records, read once per sync (a sync attaching N links of N
+    /// programs reads them once, not N times).
+    prog_records: Option<Vec<userbpf_runtime::ProgRecord>>,
 }
 
 /// A USDT semaphore this agent raised for a loader's link: at `addr`, file offset `off` of
@@ -460,7 +463,7 @@ impl Agent {
         if ack.is_some() {
             forget_own_semaphore_claims(session.dir());
         }
-        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new() };
+        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new(), prog_records: None };
         let cell = AGENT.get_or_init(|| Mutex::new(agent));
         // Fork handlers: the hook engine's first, so its prepare handler runs after ours (the
         // agent's lock is taken before the registry's, as `sync` does).
@@ -495,6 +498,7 @@ impl Agent {
     /// Whether every link was acted on (false: some wait for the dynamic loader, the watcher
     /// syncs again).
     fn sync_inner(&mut self) -> bool {
+        self.prog_records = None;
         let links = match self.session.links() {
             Ok(l) => l,
             Err(e) => {
@@ -608,7 +612,10 @@ impl Agent {
         if let Some(p) = self.programs.get(&id) {
             return Ok(p.clone());
         }
-        let rec = self.session.progs().map_err(|e| e.to_string())?.into_iter().find(|p| p.id == id).ok_or(format!("program {id} is not in the session"))?;
+        if self.prog_records.is_none() {
+            self.prog_records = Some(self.session.progs().map_err(|e| e.to_string())?);
+        }
+        let rec = self.prog_records.iter().flatten().find(|p| p.id == id).cloned().ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
         userbpf_runtime::programs::register(prog.clone());
         self.programs.insert(id, prog.clone());

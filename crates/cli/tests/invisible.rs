@@ -2,8 +2,9 @@
 //! session, and under `userbpf start` in a session with a uprobe link on the program print the
 //! same thing: a privilege drop with `setpriv`, a daemon dropping privileges with capabilities
 //! kept on its own thread (and the check that no thread keeps more), a daemon (double fork,
-//! setsid, every descriptor closed) whose probe keeps firing, a multi-threaded server, the
-//! descriptors a program gets and sees, `RLIMIT_NOFILE` of 16, and signals sent to the process.
+//! setsid, every descriptor closed; also through vfork and exec) whose probe keeps firing, a
+//! multi-threaded server, the descriptors a program gets and sees, `RLIMIT_NOFILE` of 16, and
+//! signals sent to the process.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -210,7 +211,7 @@ fn daemon(mode: Mode, how: &str) -> (String, u64) {
 
 #[test]
 fn a_daemon_closing_every_descriptor_keeps_its_probes() {
-    for how in ["close_range", "loop"] {
+    for how in ["close_range", "loop", "vfork"] {
         let (plain, _) = daemon(Mode::Plain, how);
         assert!(plain.contains("first descriptor 0\n") && plain.contains("calls 1000\n"), "{plain}");
         for mode in [Mode::Empty, Mode::Uprobe] {

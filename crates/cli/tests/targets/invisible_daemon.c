@@ -1,7 +1,9 @@
 // Issue 18's matrix: a daemon. Double fork and setsid, then every descriptor is closed
-// (`close_range`, or `loop`: close() of each up to the limit), and the daemon calls probed() N
-// times, opens OUT (its first descriptor) and writes there what it saw: its first descriptor,
-// its open descriptors, its session and calls made. The parent exits at once.
+// (`close_range`, or `loop`: close() of each up to the limit; `vfork`: the daemon vforks a
+// child that execs this program again, which closes them with close_range), and the daemon
+// calls probed() N times, opens OUT (its first descriptor) and writes there what it saw: its
+// first descriptor, its open descriptors, whether it leads its session, and calls made. The
+// parent exits once the first child did.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
@@ -22,9 +24,11 @@ __attribute__((noinline)) int probed(int x)
 int main(int argc, char **argv)
 {
 	if (argc < 4)
-		return fprintf(stderr, "usage: %s OUT N close_range|loop\n", argv[0]), 2;
+		return fprintf(stderr, "usage: %s OUT N close_range|loop|vfork\n", argv[0]), 2;
 	const char *out = argv[1];
 	int n = atoi(argv[2]);
+	if (!strcmp(argv[3], "exec"))
+		goto work;
 	pid_t p = fork();
 	if (p < 0)
 		return 1;
@@ -36,6 +40,14 @@ int main(int argc, char **argv)
 	setsid();
 	if (fork() != 0)
 		_exit(0);
+	if (!strcmp(argv[3], "vfork")) {
+		if (vfork() == 0) {
+			execl("/proc/self/exe", argv[0], argv[1], argv[2], "exec", (char *)NULL);
+			_exit(127);
+		}
+		_exit(0);
+	}
+work:
 	if (!strcmp(argv[3], "loop")) {
 		struct rlimit r;
 		getrlimit(RLIMIT_NOFILE, &r);
@@ -58,7 +70,7 @@ int main(int argc, char **argv)
 	while (d && (e = readdir(d)))
 		if (e->d_name[0] != '.' && atoi(e->d_name) != dirfd(d))
 			count++;
-	dprintf(fd, "first descriptor %d\nopen descriptors %d\nsession leader %s\ncalls %d\n", fd, count, getsid(0) == getpid() ? "no" : "yes", calls);
+	dprintf(fd, "first descriptor %d\nopen descriptors %d\nsession leader %s\ncalls %d\n", fd, count, getsid(0) == getpid() ? "yes" : "no", calls);
 	close(fd);
 	rename(tmp, out);
 	return 0;
