@@ -1,8 +1,11 @@
 //! The agent: a shared library that a target process loads (`LD_PRELOAD`, set by
-//! `userbpf run` and `userbpf start`). At load it opens the session named by
-//! `USERBPF_SESSION`, prepares the session's programs and attaches its links with inline
-//! hooks; a thread watching the session's `links/` directory (inotify: notified, never
-//! polled on the hot path) attaches links added later and detaches removed ones.
+//! `userbpf run` and `userbpf start`). At load it starts its thread (`watcher`), which opens
+//! the session named by `USERBPF_SESSION`, prepares the session's programs and attaches its
+//! links with inline hooks while the loading thread waits, then watches the session's
+//! `links/` directory (inotify: notified, never polled on the hot path), attaching links added
+//! later and detaching removed ones. The program cannot tell it is there (issue 18): the
+//! thread's descriptors are in a table of its own and its signals blocked (`watcher`), and it
+//! keeps the program's credentials through set*id calls (`creds`).
 //!
 //! Which links apply here: a uprobe, uretprobe or USDT link names a file (empty: the
 //! executable); it is attached in a process where that file is mapped, and waits silently
@@ -14,9 +17,8 @@
 //! attaches only in a process whose executable has the function (or USDT probe). System call
 //! tracepoints attach in every process. A link restricted to a pid attaches only there.
 //!
-//! fork: the child keeps the parent's hooks (they are in the copied address space);
-//! `pthread_atfork` handlers keep the agent's and the hook engine's locks consistent, and the
-//! child starts its own watcher thread, which joins the session as a member of its own and
+//! fork (`fork`): the child keeps the parent's hooks (they are in the copied address space)
+//! and starts an agent thread of its own, which joins the session as a member of its own and
 //! detaches links meant for another pid. exec: `LD_PRELOAD` and `USERBPF_SESSION` are
 //! inherited, so the new image loads the agent and attaches again.
 //!
@@ -26,7 +28,8 @@
 //! scope; neither its calls of probed functions (malloc...) nor its system calls are seen.
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
-//! allocates, locks or makes a system call. Errors are printed once per link to stderr,
+//! allocates, locks or makes a system call. Errors are printed once per link to the program's
+//! stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
 //! is also reported to the session (`userbpf_runtime::loader::report_attach`), where
 //! `userbpf run` reads it. With a program, the agent prepares the programs its prog arrays
