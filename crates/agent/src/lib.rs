@@ -504,6 +504,12 @@ impl Agent {
         self.prog_records = None;
         let links = match self.session.links() {
             Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                // The process changed its credentials since it joined (a daemon dropping
+                // privileges, su's child): the probes in place keep firing, as the kernel's
+                // would, and nothing is said; links added or removed later are not seen here.
+                return true;
+            }
             Err(e) => {
                 log(&format!("reading links: {e}"));
                 return true;

@@ -1,6 +1,6 @@
 //! Issue 18's matrix: real programs run without userbpf, under `userbpf start` in an empty
 //! session, and under `userbpf start` in a session with a uprobe link on the program print the
-//! same thing: a privilege drop with `setpriv`, a daemon dropping privileges with capabilities
+//! same thing: a privilege drop with `setpriv`, user switches with `su` and `runuser`, a daemon dropping privileges with capabilities
 //! kept on its own thread (and the check that no thread keeps more), a daemon (double fork,
 //! setsid, every descriptor closed; also through vfork and exec) whose probe keeps firing, a
 //! multi-threaded server, the descriptors a program gets and sees, `RLIMIT_NOFILE` of 16, and
@@ -135,6 +135,22 @@ fn setpriv_drops_privileges_as_without_userbpf() {
     let libc = libc_path();
     let hits = same_in_every_mode("setpriv", &argv, (&libc, "setresuid"));
     assert!(hits >= 1, "setresuid in setpriv was not seen");
+}
+
+#[test]
+fn su_and_runuser_switch_users_as_without_userbpf() {
+    // SAFETY: geteuid has no preconditions.
+    let ok = userbpf_testutil::require(unsafe { libc::geteuid() } == 0 && Path::new("/usr/sbin/runuser").exists() && Path::new("/usr/bin/su").exists(), "root, su and runuser");
+    if !ok {
+        return;
+    }
+    let libc = libc_path();
+    // The probe: the process switching (su's child after its fork, runuser itself) calls
+    // libc's setgid before its exec.
+    let hits = same_in_every_mode("runuser", &["/usr/sbin/runuser", "-u", "nobody", "--", "/usr/bin/id", "-u"], (&libc, "setgid"));
+    assert!(hits >= 1, "setgid in runuser was not seen");
+    let hits = same_in_every_mode("su", &["/usr/bin/su", "-s", "/bin/sh", "nobody", "-c", "/usr/bin/id -u"], (&libc, "setgid"));
+    assert!(hits >= 1, "setgid in su's child was not seen");
 }
 
 fn libc_path() -> String {
