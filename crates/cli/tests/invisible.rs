@@ -167,12 +167,14 @@ fn a_daemon_dropping_privileges_keeps_no_thread_privileged() {
     }
     let exe = target("invisible_privdrop", &["-pthread"]);
     let exe = exe.to_str().unwrap();
-    let hits = same_in_every_mode("privdrop", &[exe], (exe, "probed"));
-    assert_eq!(hits, 2, "probed() before and after the drop");
-    // The output itself: the drop happened and no thread differs.
-    let (out, _, _) = run(Mode::Plain, "", &[exe]);
-    assert!(out.contains("uid 65534 euid 65534 gid 65534 egid 65534") && out.contains("threads with other credentials: 0"), "{out}");
-    assert!(out.contains("setuid(0): Operation not permitted"), "{out}");
+    for how in ["keepcaps", "plain"] {
+        let hits = same_in_every_mode(&format!("privdrop-{how}"), &[exe, how], (exe, "probed"));
+        assert_eq!(hits, 2, "probed() before and after the drop ({how})");
+        // The output itself: the drop happened and no thread differs.
+        let (out, _, _) = run(Mode::Plain, "", &[exe, how]);
+        assert!(out.contains("uid 65534 euid 65534 gid 65534 egid 65534") && out.contains("threads with other credentials: 0"), "{how}: {out}");
+        assert!(out.contains("setuid(0): Operation not permitted") && out.contains("CapPrm:\t0000000000000000"), "{how}: {out}");
+    }
 }
 
 #[test]

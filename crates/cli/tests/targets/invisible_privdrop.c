@@ -1,6 +1,6 @@
 // Issue 18's matrix: a daemon-style privilege drop with capabilities kept on its own thread
 // (prctl(PR_SET_KEEPCAPS), setresuid, CAP_SETGID raised again with capset, setresgid,
-// setgroups) while it has one thread (as glibc requires: its other threads would not keep their
+// setgroups; with `plain`: setgroups, setgid and setuid, keeping nothing) while it has one thread (as glibc requires: its other threads would not keep their
 // capabilities and the replay of setresgid would fail there), then a worker thread, then the
 // checks a careful daemon makes: root cannot be regained, and no thread of the process still
 // holds privileges (each thread's uids, gids, groups and capability sets, read from
@@ -54,22 +54,28 @@ static int capset_eff(unsigned long long eff, unsigned long long prm)
 	return syscall(SYS_capset, &h, d);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	probed(1);
-	if (prctl(PR_SET_KEEPCAPS, 1) != 0)
-		return perror("keepcaps"), 1;
-	if (setresuid(65534, 65534, 65534) != 0)
-		return perror("setresuid"), 1;
-	unsigned long long setgid = 1ULL << CAP_SETGID;
-	if (capset_eff(setgid, setgid) != 0)
-		return perror("capset"), 1;
-	if (setresgid(65534, 65534, 65534) != 0)
-		return perror("setresgid"), 1;
-	if (setgroups(0, NULL) != 0)
-		return perror("setgroups"), 1;
-	if (capset_eff(0, 0) != 0)
-		return perror("capset drop"), 1;
+	if (argc > 1 && !strcmp(argv[1], "plain")) {
+		// The classic order, no capability kept: groups, gid, then uid.
+		if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+			return perror("plain drop"), 1;
+	} else {
+		if (prctl(PR_SET_KEEPCAPS, 1) != 0)
+			return perror("keepcaps"), 1;
+		if (setresuid(65534, 65534, 65534) != 0)
+			return perror("setresuid"), 1;
+		unsigned long long setgid = 1ULL << CAP_SETGID;
+		if (capset_eff(setgid, setgid) != 0)
+			return perror("capset"), 1;
+		if (setresgid(65534, 65534, 65534) != 0)
+			return perror("setresgid"), 1;
+		if (setgroups(0, NULL) != 0)
+			return perror("setgroups"), 1;
+		if (capset_eff(0, 0) != 0)
+			return perror("capset drop"), 1;
+	}
 	pthread_t t;
 	pthread_create(&t, NULL, worker, NULL);
 	int regained = setuid(0) == 0;
