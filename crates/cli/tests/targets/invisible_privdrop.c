@@ -1,10 +1,11 @@
 // Issue 18's matrix: a daemon-style privilege drop with capabilities kept on its own thread
 // (prctl(PR_SET_KEEPCAPS), setresuid, CAP_SETGID raised again with capset, setresgid,
-// setgroups; with `plain`: setgroups, setgid and setuid, keeping nothing) while it has one thread (as glibc requires: its other threads would not keep their
-// capabilities and the replay of setresgid would fail there), then a worker thread, then the
-// checks a careful daemon makes: root cannot be regained, and no thread of the process still
-// holds privileges (each thread's uids, gids, groups and capability sets, read from
-// /proc/self/task/TID/status, equal the main thread's).
+// setgroups; with `plain`: setgroups, setgid and setuid, keeping nothing) while it has one
+// thread (as glibc requires: its other threads would not keep their capabilities and the
+// replay of setresgid would fail there), then a worker thread, then the checks a careful
+// daemon makes: root cannot be regained, and no thread of the process still holds privileges
+// (each thread's uids, gids, groups and capability sets, read from /proc/self/task/TID/status,
+// equal the main thread's).
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
