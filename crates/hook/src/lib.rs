@@ -320,6 +320,14 @@ struct Globals {
 }
 static GLOBALS: OnceLock<Result<Globals, String>> = OnceLock::new();
 
+/// Prepares the engine on the calling thread (its signal handlers, the registration for
+/// `membarrier`) without attaching anything. Call it while the process has a single thread:
+/// registering for `membarrier` in a process with several costs an RCU grace period (about
+/// 10 ms), where a single-threaded one registers at once.
+pub fn prepare() -> Result<(), HookError> {
+    init().map(|_| ())
+}
+
 fn init() -> Result<&'static Globals, HookError> {
     GLOBALS
         .get_or_init(init_inner)
@@ -629,8 +637,8 @@ fn create_site(
     let disp = place.disp;
     let page = patch::alloc_near(addr).ok_or(HookError::NoNearMemory { addr })?;
     let fail = |reason: String| {
-        // SAFETY: page was mapped by alloc_near and nothing refers to it.
-        unsafe { libc::munmap(page as *mut c_void, 4096) };
+        // Nothing refers to the page: it goes back to the pool.
+        patch::free_near(page);
         HookError::Refused { addr, reason }
     };
     let relocated = page + stubs::RELOC_OFF;

@@ -117,6 +117,11 @@ impl Ack {
         self.done
     }
 
+    /// The file (`agents/PID.START`).
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     /// Removes the file: the loader stops waiting for this agent.
     pub fn remove(self) {
         let _ = fs::remove_file(&self.path);
