@@ -144,8 +144,9 @@ extern "C" fn fork_child() {
     // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
     // store (plus a wake if a parent thread was waiting, a harmless system call).
     drop(unsafe { (*HELD.0.get()).take() });
-    watcher::forget_after_fork();
-    if AGENT.get().is_none() || FORK_UNLOCKED.load(Ordering::SeqCst) {
+    let starting = AGENT.get().is_some() && !FORK_UNLOCKED.load(Ordering::SeqCst);
+    watcher::forget_after_fork(starting);
+    if !starting {
         return;
     }
     // SAFETY: pthread_create in the child of fork: glibc has made its thread list, stack
@@ -159,7 +160,9 @@ extern "C" fn fork_child() {
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         libc::pthread_attr_setstacksize(&mut attr, 1 << 20);
         let mut t: libc::pthread_t = 0;
-        userbpf_hook::quiet::with_quiet_mask(|| libc::pthread_create(&mut t, &attr, child_thread, std::ptr::null_mut()));
+        if userbpf_hook::quiet::with_quiet_mask(|| libc::pthread_create(&mut t, &attr, child_thread, std::ptr::null_mut())) != 0 {
+            watcher::forget_after_fork(false);
+        }
         libc::pthread_attr_destroy(&mut attr);
     }
 }

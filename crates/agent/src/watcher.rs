@@ -47,6 +47,18 @@ static DONE: AtomicU64 = AtomicU64::new(0);
 static RETRY: AtomicBool = AtomicBool::new(false);
 /// The agent's watching thread in this process (0: none).
 static THREAD: AtomicI32 = AtomicI32::new(0);
+/// An agent thread is being started (at load, in a forked child): a sync asked for meanwhile
+/// waits for it rather than running on the program's thread.
+static STARTING: AtomicBool = AtomicBool::new(false);
+
+/// Clears [`STARTING`] when dropped (the thread's start-up is over, whichever way it ended).
+struct StartingGuard;
+
+impl Drop for StartingGuard {
+    fn drop(&mut self) {
+        STARTING.store(false, Ordering::SeqCst);
+    }
+}
 
 fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions.
@@ -110,6 +122,11 @@ pub(crate) fn kick() -> bool {
     if is_agent_thread() {
         RETRY.store(true, Ordering::SeqCst);
         return true;
+    }
+    // A thread being started acknowledges nothing yet: wait for it (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while STARTING.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
     let p = KICK_PATH.load(Ordering::SeqCst);
     if p.is_null() || THREAD.load(Ordering::SeqCst) == 0 {
@@ -370,12 +387,14 @@ pub(crate) fn stop_acking(a: &Mutex<Agent>) {
 /// The agent thread's life: `start` joins the session and makes the first sync (its result is
 /// sent on `started`, which a waiting thread of the program reads), then the watch.
 fn agent_thread(links: std::path::PathBuf, start: impl FnOnce() -> Result<&'static Mutex<Agent>, String>, started: Option<std::sync::mpsc::SyncSender<()>>, what: &str) {
+    let starting = StartingGuard;
     enter_agent_thread();
     // Watch first, then sync at the start: a link added in between is not missed.
     let early = watch_links_early(&links);
     match start() {
         Ok(a) => {
             let fd = watch_after_start(a, early);
+            drop(starting);
             drop(started);
             match fd {
                 Some(fd) => watch_then_stop_acking(fd, a),
@@ -386,6 +405,7 @@ fn agent_thread(links: std::path::PathBuf, start: impl FnOnce() -> Result<&'stat
             }
         }
         Err(e) => {
+            drop(starting);
             if let Some(w) = early {
                 w.close();
             }
@@ -408,11 +428,15 @@ pub(crate) extern "C" fn agent_init() {
         let _ = userbpf_hook::prepare();
         let links = Layout::new(Session::dir_of(&Session::default_name())).links_dir();
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
+        STARTING.store(true, Ordering::SeqCst);
         let spawned = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, || Agent::start_with(true), Some(tx), ""));
         match spawned {
             // The sender goes when the start-up sync is done (or failed).
             Ok(_) => drop(rx.recv()),
-            Err(e) => log(&format!("starting the agent's thread: {e}")),
+            Err(e) => {
+                STARTING.store(false, Ordering::SeqCst);
+                log(&format!("starting the agent's thread: {e}"))
+            }
         }
     });
 }
@@ -443,7 +467,11 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
         let start = move || Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")).and_then(|s| Agent::start_in(s, true));
+        STARTING.store(true, Ordering::SeqCst);
         let started = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, start, None, "attach: "));
+        if started.is_err() {
+            STARTING.store(false, Ordering::SeqCst);
+        }
         if started.is_ok() { 0 } else { -1 }
     })
     .unwrap_or(-1)
@@ -452,6 +480,7 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
 /// The forked child's agent thread (see `fork`): descriptors of its own, a membership of its
 /// own, links for another pid detached, then the parent's job.
 pub(crate) fn child_thread() {
+    let starting = StartingGuard;
     enter_agent_thread();
     crate::fork::restore_agent_fds();
     let Some(cell) = AGENT.get() else { return leave_agent_thread() };
@@ -473,14 +502,17 @@ pub(crate) fn child_thread() {
     a.ack = if fd.is_some() { Ack::create(a.session.dir()) } else { None };
     a.sync();
     drop(a);
+    drop(starting);
     match fd {
         Some(fd) => watch_then_stop_acking(fd, cell),
         None => serve_requests(cell),
     }
 }
 
-/// In a forked child: the parent's agent threads are not there.
-pub(crate) fn forget_after_fork() {
+/// In a forked child: the parent's agent threads are not there. `starting`: the child's own
+/// is about to be started.
+pub(crate) fn forget_after_fork(starting: bool) {
     THREAD.store(0, Ordering::SeqCst);
+    STARTING.store(starting, Ordering::SeqCst);
     creds::forget_threads();
 }
