@@ -8,6 +8,7 @@ mod map;
 mod prog;
 mod run;
 mod session;
+mod tool;
 mod tools;
 mod tracelog;
 
@@ -53,6 +54,9 @@ enum Command {
     Session(session::SessionCmd),
     /// Print the session's bpf_trace_printk lines as they come (as `bpftool prog tracelog`).
     Tracelog(tracelog::TracelogArgs),
+    /// Ready tools: funclatency, calls, trace (as BCC's), on a command or a running process.
+    #[command(subcommand)]
+    Tool(tool::ToolCmd),
 }
 
 fn main() {
@@ -78,6 +82,7 @@ fn main() {
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),
         Command::Tracelog(args) => tracelog::run(&session, args),
+        Command::Tool(cmd) => tool::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");
