@@ -19,6 +19,8 @@ want perf linux-perf
 want strace strace
 # The loader tests (`userbpf load`) compare against the real tools through the kernel.
 want bpftrace bpftrace
+# The exporter's test (`userbpf export`) checks a real scrape with Prometheus's own parser.
+want promtool prometheus
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -f /usr/include/x86_64-linux-gnu/sys/sdt.h ] || [ -f /usr/include/sys/sdt.h ] || need+=(systemtap-sdt-dev)

@@ -3,6 +3,7 @@
 mod attach;
 mod dump;
 mod exec;
+mod export;
 mod load;
 mod map;
 mod prog;
@@ -54,6 +55,8 @@ enum Command {
     Session(session::SessionCmd),
     /// Print the session's bpf_trace_printk lines as they come (as `bpftool prog tracelog`).
     Tracelog(tracelog::TracelogArgs),
+    /// Serve the session's maps as Prometheus metrics (`GET /metrics`).
+    Export(export::ExportArgs),
     /// Ready tools: funclatency, calls, trace (as BCC's), on a command or a running process.
     #[command(subcommand)]
     Tool(tool::ToolCmd),
@@ -83,6 +86,7 @@ fn main() {
         Command::Session(cmd) => session::run(cmd),
         Command::Tracelog(args) => tracelog::run(&session, args),
         Command::Tool(cmd) => tool::run(cmd),
+        Command::Export(args) => export::run(&session, args),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

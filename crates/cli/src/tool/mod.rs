@@ -325,7 +325,9 @@ impl Tracer {
             func: Some(func.name.clone()),
             offset: 0,
             cookie,
-            pid: None,
+            // With -p, the process's session may have other members (`userbpf start`): the
+            // link is for that process only, as the kernel's pid means.
+            pid: self.target.pid().map(|p| p as u32),
         };
         let l = self.session.add_link(rec)?;
         self.links.push((l.id, format!("{kind} {}:{}", path.display(), func.name)));
