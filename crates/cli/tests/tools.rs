@@ -236,3 +236,24 @@ fn duration_stops_a_command_and_bad_specs_are_named() {
     let out = tool(&["funclatency", &spec("tt_beta")]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to trace"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_process_started_under_userbpf_is_traced_in_its_own_session() {
+    let session = format!("tool-start-{}", std::process::id());
+    let mut c = Command::new(userbpf());
+    c.args(["--session", &session, "start"]).arg(target()).env("USERBPF_SHM_DIR", tmp());
+    let mut t = Proc::spawn("tool_target under userbpf start", c);
+    t.wait_for("ready", "its start");
+    // `userbpf start` runs the target as its child: the pid to trace is the target's.
+    let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", t.pid())).unwrap();
+    let pid = kids.split_whitespace().next().unwrap_or_else(|| panic!("userbpf start has no child")).to_string();
+    let mut calls = Proc::spawn("calls", tool(&["calls", "-p", &pid, &spec("tt_gamma")]));
+    calls.wait_for("Tracing 1 function", "the probes in place");
+    t.send("6\n");
+    t.wait_for("done 6", "a round");
+    t.close_stdin();
+    t.wait_exit("end of input");
+    assert!(calls.wait_exit("the process gone").success(), "{}", calls.stderr());
+    assert!(!calls.stderr().contains("attached to process"), "the agent was injected into a process that had it: {}", calls.stderr());
+    assert_eq!(call_rows(&calls.stdout()), [("tt_gamma".to_string(), 18)], "{}", calls.stdout());
+}
