@@ -5,6 +5,9 @@
 //   bit 32      key by function (one histogram per function; else 0: one combined)
 //   bit 33      key by process (tgid), bit 34 by thread (tid)
 //   bits 36-37  unit: 0 ns, 1 us, 2 ms
+// Histograms keyed by function only (the default and -F) live in arrays (`slots`, indexed
+// by function * 64 + slot, and `sums`), whose lookups the JIT inlines; those keyed by
+// process or thread too in hash maps (`latency`, `totals`).
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
@@ -37,7 +40,12 @@ struct total {
 	__u64 sum;
 };
 
+#define MAX_FUNCS 1024
+#define SLOTS 64
+
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 16384); __type(key, struct start_key); __type(value, __u64); } start SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, MAX_FUNCS * SLOTS); __type(key, __u32); __type(value, __u64); } slots SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, MAX_FUNCS); __type(key, __u32); __type(value, struct total); } sums SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536); __type(key, struct hist_key); __type(value, __u64); } latency SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 16384); __type(key, struct total_key); __type(value, struct total); } totals SEC(".maps");
 
@@ -96,6 +104,19 @@ int leave(struct pt_regs *ctx)
 		delta /= 1000000;
 	while (slot < 63 && (delta >> (slot + 1)))
 		slot++;
+	if (!(cookie & (BY_PID | BY_TID))) {
+		__u32 func = (cookie & BY_FUNC) ? (__u32)cookie % MAX_FUNCS : 0, i = func * SLOTS + slot;
+		__u64 *c = bpf_map_lookup_elem(&slots, &i);
+
+		if (c)
+			__sync_fetch_and_add(c, 1);
+		t = bpf_map_lookup_elem(&sums, &func);
+		if (t) {
+			__sync_fetch_and_add(&t->count, 1);
+			__sync_fetch_and_add(&t->sum, delta);
+		}
+		return 0;
+	}
 	if (cookie & BY_FUNC)
 		hk.func = tk.func = (__u32)cookie;
 	if (cookie & BY_TID)

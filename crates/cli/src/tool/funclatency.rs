@@ -2,7 +2,8 @@
 //! (BCC's funclatency). A uprobe and a uretprobe on each function matched by FUNC (a name or
 //! a glob); the link's cookie carries the function's index and how to key the histogram
 //! (one combined, per function with `-F`, per process with `-P`, per thread with `--tids`)
-//! and the unit (ns, `-u` us, `-m` ms), so one object serves every mode (tools/funclatency.bpf.c).
+//! and the unit (ns, `-u` us, `-m` ms), so one object serves every mode (tools/funclatency.bpf.c):
+//! arrays (lookups inlined by the JIT) unless keyed by process or thread (hash maps).
 //! The maps only grow: each interval prints the difference from the last one, so no count
 //! is lost between a read and a clear.
 
@@ -70,8 +71,28 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(x)
 }
 
-fn snapshot(t: &Tracer) -> Result<Snapshot> {
+/// The histograms so far: from the arrays (`funcs` of them: 1 combined, else one per
+/// function) when not keyed by process or thread, else from the hash maps.
+fn snapshot(t: &Tracer, keyed: bool, funcs: usize) -> Result<Snapshot> {
     let mut snap = Snapshot::new();
+    if !keyed {
+        let (slots, sums) = (t.map("slots")?, t.map("sums")?);
+        let mut v = [0u8; 8];
+        let mut s = [0u8; 16];
+        for f in 0..funcs as u32 {
+            let mut h = Hist::default();
+            for (i, c) in h.slots.iter_mut().enumerate() {
+                slots.lookup_elem(&(f * SLOTS as u32 + i as u32).to_ne_bytes(), &mut v)?;
+                *c = u64::from_ne_bytes(v);
+            }
+            sums.lookup_elem(&f.to_ne_bytes(), &mut s)?;
+            (h.count, h.sum) = (u64_at(&s, 0), u64_at(&s, 8));
+            if h.count > 0 || h.slots.iter().any(|&c| c > 0) {
+                snap.insert((f, 0), h);
+            }
+        }
+        return Ok(snap);
+    }
     for (k, v) in entries(t.map("latency")?) {
         let (func, pid, slot) = (u32_at(&k, 0), u32_at(&k, 4), u32_at(&k, 8) as usize);
         if slot < SLOTS {
@@ -125,6 +146,8 @@ pub fn run(args: Args) -> Result<()> {
     } else if args.tids {
         flags |= BY_TID;
     }
+    let keyed = args.pids || args.tids;
+    let arrays = if args.per_function { funcs.len() } else { 1 };
     let mut tracer = Tracer::new("funclatency", target, args.common.interpreter)?;
     for (i, f) in funcs.iter().enumerate() {
         tracer.probe("entry", false, &path, f, i as u64 | flags)?;
@@ -168,7 +191,7 @@ pub fn run(args: Args) -> Result<()> {
                 Ok(false)
             },
             || {
-                let now = snapshot(tracer)?;
+                let now = snapshot(tracer, keyed, arrays)?;
                 if args.common.timestamp {
                     println!("\n{}", time_of_day());
                 }
@@ -179,7 +202,7 @@ pub fn run(args: Args) -> Result<()> {
         )?
     };
     let code = conclude(&mut tracer, &mut running, end);
-    let now = snapshot(&tracer)?;
+    let now = snapshot(&tracer, keyed, arrays)?;
     if args.common.interval.is_some() && args.common.timestamp {
         println!("\n{}", time_of_day());
     }
