@@ -23,6 +23,9 @@ want bpftrace bpftrace
 want promtool prometheus
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+# `userbpf tool aiocost`'s benchmark (tools/aiocost/aiobench.c) reads through io_uring and libaio.
+[ -f /usr/include/liburing.h ] || need+=(liburing-dev)
+[ -f /usr/include/libaio.h ] || need+=(libaio-dev)
 [ -f /usr/include/x86_64-linux-gnu/sys/sdt.h ] || [ -f /usr/include/sys/sdt.h ] || need+=(systemtap-sdt-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then

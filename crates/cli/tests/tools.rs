@@ -1,7 +1,8 @@
 //! `userbpf tool funclatency`, `calls` and `trace` on a target with known calls
 //! (tests/targets/tool_target.c: per round of N, tt_alpha N times, tt_beta 2N, tt_gamma 3N,
 //! tt_greet N), started by the tool (`-- CMD`) and running before it (`-p PID`): counts
-//! exact, histogram totals equal to the calls, trace lines as the filter selects them.
+//! exact, histogram totals equal to the calls, trace lines as the filter selects them; and
+//! aiocost's tables for the three async-I/O interfaces through userbpf and the kernel.
 
 mod common;
 
@@ -15,9 +16,10 @@ fn tools_dir() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         let dir = tmp().join("tools-objects");
-        for t in ["funclatency", "calls", "trace"] {
+        for t in ["funclatency", "calls", "trace", "aiocost"] {
             userbpf_testutil::compile_bpf(&repo(&format!("tools/{t}.bpf.c")), &dir);
         }
+        userbpf_testutil::compile_c(&repo("tools/aiocost/aiobench.c"), &dir.join("aiobench"), &["-luring", "-laio"]);
         dir
     })
     .clone()
@@ -256,4 +258,47 @@ fn a_process_started_under_userbpf_is_traced_in_its_own_session() {
     assert!(calls.wait_exit("the process gone").success(), "{}", calls.stderr());
     assert!(!calls.stderr().contains("attached to process"), "the agent was injected into a process that had it: {}", calls.stderr());
     assert_eq!(call_rows(&calls.stdout()), [("tt_gamma".to_string(), 18)], "{}", calls.stdout());
+}
+
+/// aiocost's tables: (section title, interface, iterations, total us, shares).
+fn aiocost_tables(out: &str) -> Vec<(String, String, u64, f64, Vec<f64>)> {
+    let mut v = Vec::new();
+    let mut section = String::new();
+    let lines: Vec<&str> = out.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("through ") {
+            section = l.to_string();
+        }
+        let Some((name, iters)) = l.split_once("   (") else { continue };
+        let iters: u64 = iters.trim_end_matches(" iterations)").parse().unwrap();
+        let nums: Vec<f64> = lines[i + 2].split_whitespace().map(|x| x.parse().unwrap()).collect();
+        v.push((section.clone(), name.to_string(), iters, nums[0], nums[1..].to_vec()));
+    }
+    v
+}
+
+#[test]
+fn aiocost_measures_three_interfaces_through_userbpf_and_the_kernel() {
+    if !userbpf_testutil::require(Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success()), "bpftrace (the kernel's side of aiocost)") {
+        return;
+    }
+    // The file on the test's directory (a disk file system: O_DIRECT).
+    let file = tmp().join("tools/aiocost.dat");
+    let out = run_ok(&["aiocost", "-n", "12", "-b", "4", "--size-mb", "4", "--rounds", "1", "--file", &file.display().to_string()]);
+    let t = aiocost_tables(&out);
+    let names: Vec<(&str, &str)> = t.iter().map(|r| (&r.0[..12], r.1.as_str())).collect();
+    assert_eq!(
+        names,
+        [("through user", "io_uring"), ("through user", "native aio"), ("through user", "posix aio"), ("through the ", "io_uring"), ("through the ", "native aio"), ("through the ", "posix aio")],
+        "{out}"
+    );
+    for (section, name, iters, total, shares) in &t {
+        assert_eq!(*iters, 12, "{section} {name}: every iteration seen\n{out}");
+        assert!(*total > 0.0, "{out}");
+        assert_eq!(shares.len(), if name == "io_uring" { 3 } else { 2 }, "{out}");
+        assert!(shares.iter().all(|&s| s >= 0.0), "{out}");
+        // Each share is printed rounded to 4 decimals (±0.00005).
+        assert!(shares.iter().sum::<f64>() <= 1.0 + 0.00005 * shares.len() as f64, "{section} {name}: shares add up to more than 1\n{out}");
+    }
+    assert!(out.contains("the benchmark's own time per iteration"), "{out}");
 }

@@ -12,6 +12,7 @@
 //! duration, Ctrl-C, the command's or the process's end) and the clean-up (links removed so
 //! that a process entered with `-p` runs on unprobed; the agent stays in it).
 
+mod aiocost;
 mod calls;
 mod funclatency;
 mod trace;
@@ -41,6 +42,9 @@ pub enum ToolCmd {
     /// One line per call or return, with arguments, return values and a filter (BCC's trace):
     /// `'BIN:FUNC (arg1 > 10) "n=%d", arg1'`, `'r:BIN:FUNC "ret %d", retval'`.
     Trace(trace::Args),
+    /// What each async-I/O interface costs (io_uring, native aio, POSIX aio), phase by phase,
+    /// from the bundled benchmark's USDT probes, through userbpf and through the kernel.
+    Aiocost(aiocost::Args),
 }
 
 pub fn run(cmd: ToolCmd) -> Result<()> {
@@ -48,6 +52,7 @@ pub fn run(cmd: ToolCmd) -> Result<()> {
         ToolCmd::Funclatency(a) => funclatency::run(a),
         ToolCmd::Calls(a) => calls::run(a),
         ToolCmd::Trace(a) => trace::run(a),
+        ToolCmd::Aiocost(a) => aiocost::run(a),
     }
 }
 
@@ -76,13 +81,17 @@ pub struct Common {
     pub command: Vec<String>,
 }
 
-/// The object of tool `name`: `$USERBPF_TOOLS_DIR/NAME.bpf.o`, else `tools/NAME.bpf.o`
-/// beside the `userbpf` binary or one directory up (`target/release/userbpf` finds
-/// `target/tools/`, where the Makefile builds them).
+/// The object of tool `name` (see [`tool_file`]).
 pub fn object_path(name: &str) -> Result<PathBuf> {
-    let file = format!("{name}.bpf.o");
+    tool_file(&format!("{name}.bpf.o"))
+}
+
+/// A file of the tools (an object, aiocost's benchmark): in `$USERBPF_TOOLS_DIR`, else in
+/// `tools/` beside the `userbpf` binary or one directory up (`target/release/userbpf` finds
+/// `target/tools/`, where the Makefile builds them).
+pub fn tool_file(file: &str) -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("USERBPF_TOOLS_DIR") {
-        let p = Path::new(&d).join(&file);
+        let p = Path::new(&d).join(file);
         if p.exists() {
             return Ok(p);
         }
@@ -90,7 +99,7 @@ pub fn object_path(name: &str) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the userbpf binary")?;
     let dir = exe.parent().context("the userbpf binary has no directory")?;
-    for cand in [dir.join("tools").join(&file), dir.join("../tools").join(&file)] {
+    for cand in [dir.join("tools").join(file), dir.join("../tools").join(file)] {
         if cand.exists() {
             return Ok(cand);
         }
@@ -258,6 +267,8 @@ pub struct Tracer {
     /// For `-p`: whether the process already runs the agent (in this session).
     has_agent: bool,
     finished: bool,
+    /// Where the command's stdout goes (default: the tool's).
+    pub stdout: Option<std::process::Stdio>,
 }
 
 /// How tracing ended.
@@ -301,7 +312,7 @@ impl Tracer {
         let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
         let loaded = load_object(&session, object, &opts, slots).with_context(|| format!("loading {}", object_path.display()))?;
         catch_interrupts();
-        Ok(Tracer { session, loaded, target, interpreter, links: Vec::new(), has_agent, finished: false })
+        Ok(Tracer { session, loaded, target, interpreter, links: Vec::new(), has_agent, finished: false, stdout: None })
     }
 
     /// The object's map `name`.
@@ -334,13 +345,34 @@ impl Tracer {
         Ok(())
     }
 
+    /// Attaches program `prog` at USDT probe `provider:name` of `path`.
+    pub fn probe_usdt(&mut self, prog: &str, path: &Path, probe: &str) -> Result<()> {
+        let rec = LinkRecord {
+            id: 0,
+            prog_id: self.prog_id(prog)?,
+            kind: "usdt".into(),
+            path: path.display().to_string(),
+            func: Some(probe.to_string()),
+            offset: 0,
+            cookie: 0,
+            pid: self.target.pid().map(|p| p as u32),
+        };
+        let l = self.session.add_link(rec)?;
+        self.links.push((l.id, format!("usdt {}:{probe}", path.display())));
+        Ok(())
+    }
+
     /// Starts the command (with the agent) or puts the probes into the running process, and
     /// returns once they are in place.
     pub fn start(&mut self) -> Result<Running> {
         match &self.target {
             Target::Command(cmd) => {
-                let child = crate::run::target_command(cmd, self.session.name(), self.interpreter)?
-                    .env(userbpf_runtime::loader::ATTACH_REPORTS_ENV, "1")
+                let mut c = crate::run::target_command(cmd, self.session.name(), self.interpreter)?;
+                c.env(userbpf_runtime::loader::ATTACH_REPORTS_ENV, "1");
+                if let Some(out) = self.stdout.take() {
+                    c.stdout(out);
+                }
+                let child = c
                     .spawn()
                     .with_context(|| format!("starting {}", cmd[0]))?;
                 Ok(Running { child: Some(child), pid: None, started: Instant::now(), name: cmd[0].clone() })
