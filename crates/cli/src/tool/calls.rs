@@ -54,7 +54,8 @@ pub fn run(args: Args) -> Result<()> {
             println!("{name:<40} {c:>12}");
         }
         if rows.len() > args.top {
-            println!("({} more functions called; -n shows more)", rows.len() - args.top);
+            let more = rows.len() - args.top;
+            println!("({more} more function{} called; -n shows more)", if more == 1 { "" } else { "s" });
         }
     };
     let mut last = vec![0u64; funcs.len()];
