@@ -302,3 +302,22 @@ fn aiocost_measures_three_interfaces_through_userbpf_and_the_kernel() {
     }
     assert!(out.contains("the benchmark's own time per iteration"), "{out}");
 }
+
+#[test]
+fn probes_left_by_a_killed_tool_are_removed_by_the_next() {
+    let mut t = waiting_target();
+    let pid = t.pid().to_string();
+    let mut first = Proc::spawn("calls", tool(&["calls", "-p", &pid, &spec("tt_beta")]));
+    first.wait_for("Tracing 1 function", "the probes in place");
+    first.signal(libc::SIGKILL);
+    first.wait_exit("SIGKILL");
+    let mut second = Proc::spawn("calls", tool(&["calls", "-p", &pid, &spec("tt_alpha")]));
+    second.wait_for("Tracing 1 function", "the probes in place");
+    assert!(second.stderr().contains("removed 1 probe left in process"), "{}", second.stderr());
+    t.send("4\n");
+    t.wait_for("done 4", "a round");
+    t.close_stdin();
+    t.wait_exit("end of input");
+    assert!(second.wait_exit("the process gone").success(), "{}", second.stderr());
+    assert_eq!(call_rows(&second.stdout()), [("tt_alpha".to_string(), 4)], "{}", second.stdout());
+}

@@ -10,7 +10,8 @@
 //! `-p PID`, the session the process already belongs to, else a `tool-pid-PID` session the
 //! agent is injected into, as `userbpf attach` does), the links, the run loop (intervals,
 //! duration, Ctrl-C, the command's or the process's end) and the clean-up (links removed so
-//! that a process entered with `-p` runs on unprobed; the agent stays in it).
+//! that a process entered with `-p` runs on unprobed; the agent stays in it; links a killed
+//! tool left in a `tool-pid-PID` session are removed by the next tool on that process).
 
 mod aiocost;
 mod calls;
@@ -307,6 +308,9 @@ impl Tracer {
             eprintln!("userbpf: process already runs the agent: its engine is the one it started with (--interpreter ignored)");
         }
         let session = Session::open(&name).with_context(|| format!("opening session {name}"))?;
+        if let Target::Pid(pid) = &target {
+            remove_stale_links(&session, *pid);
+        }
         let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus"))?);
         let engine = if interpreter { Engine::Interpreter } else { Engine::Jit };
         let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
@@ -428,6 +432,31 @@ impl Drop for Tracer {
     fn drop(&mut self) {
         self.finish();
         let _ = userbpf_runtime::loader::unpin_maps(&self.session, &self.loaded);
+    }
+}
+
+/// A `tool-pid-PID` session is the tools' own: when no process but the target (and this one)
+/// uses it, its links are left over from a tool that was killed before it could remove them
+/// (SIGKILL); they are removed, so that the process stops running their probes.
+fn remove_stale_links(s: &Session, pid: i32) {
+    if s.name() != format!("tool-pid-{pid}") {
+        return;
+    }
+    let me = std::process::id();
+    let Ok(members) = s.live_members() else { return };
+    if members.iter().any(|&m| m != me && m != pid as u32) {
+        return; // another tool is tracing the process
+    }
+    let Ok(links) = s.links() else { return };
+    if links.is_empty() {
+        return;
+    }
+    for l in &links {
+        let _ = s.remove_link(l.id);
+    }
+    eprintln!("userbpf: removed {} probe{} left in process {pid} by a tool that did not end cleanly", links.len(), if links.len() == 1 { "" } else { "s" });
+    if let Ok(gen) = publish_links_gen(s) {
+        wait_acked(s, pid, gen, Duration::from_secs(5));
     }
 }
 
