@@ -69,6 +69,8 @@ fn main() {
     // thread exists yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
+    // The tools make sessions of their own unless one is named.
+    let named_session = cli.session.clone().or_else(|| std::env::var("USERBPF_SESSION").ok().filter(|s| !s.is_empty()));
     let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);
     // Sessions whose processes are all gone (killed without leaving) go first, whatever the
     // command: nothing else would remove them.
@@ -85,7 +87,7 @@ fn main() {
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),
         Command::Tracelog(args) => tracelog::run(&session, args),
-        Command::Tool(cmd) => tool::run(cmd),
+        Command::Tool(cmd) => tool::run(named_session, cmd),
         Command::Export(args) => export::run(&session, args),
     };
     if let Err(e) = result {

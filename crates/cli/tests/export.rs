@@ -2,7 +2,8 @@
 //! (`promtool check metrics`), its values equal to what `userbpf map dump --json` prints for
 //! the same maps: a struct-keyed hash (labels from the key's members, the enum by name, the
 //! char array as a string), a per-CPU log2 histogram array (cumulative buckets, `_count`), a
-//! global-data section (one gauge per variable).
+//! global-data section (one gauge per variable); and the maps of `userbpf tool calls` in a
+//! named session, read live while the tool and its target run.
 
 mod common;
 
@@ -125,6 +126,44 @@ fn a_scrape_parses_and_matches_map_dump() {
 
     let (head, _) = get(&addr, "/nothing");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    exp.signal(libc::SIGINT);
+    assert!(exp.wait_exit("SIGINT").success(), "{}", exp.stderr());
+}
+
+#[test]
+fn a_running_tool_is_exported_live() {
+    let session = format!("export-tool-{}", std::process::id());
+    let mut exp = Proc::spawn("export", {
+        let mut c = userbpf_in(&session);
+        c.args(["export", "--listen", "127.0.0.1:0"]);
+        c
+    });
+    exp.wait_for("/metrics", "its address");
+    let addr = exp.stdout().split("http://").nth(1).unwrap().split('/').next().unwrap().to_string();
+    // A process started without userbpf, counted by `userbpf tool calls -p` in the session.
+    let target = userbpf_testutil::compile_c(&common::here("targets/tool_target.c"), &tmp().join("export/tool_target"), &[]);
+    let mut t = Proc::spawn("tool_target", Command::new(&target));
+    t.wait_for("ready", "its start");
+    let dir = tmp().join("export-tools");
+    userbpf_testutil::compile_bpf(&repo("tools/calls.bpf.c"), &dir);
+    let mut calls = Proc::spawn("calls", {
+        let mut c = userbpf_in(&session);
+        c.args(["tool", "calls", "-p", &t.pid().to_string(), &format!("{}:tt_*", target.display())]).env("USERBPF_TOOLS_DIR", &dir);
+        c
+    });
+    calls.wait_for("Tracing 4 functions", "the probes in place");
+    // Functions by index, sorted by name: tt_alpha, tt_beta, tt_gamma, tt_greet.
+    for (round, n) in [(1, 5.0), (2, 7.0)] {
+        t.send(if round == 1 { "5\n" } else { "2\n" });
+        t.wait_for(&format!("done {}", if round == 1 { 5 } else { 2 }), "a round");
+        let (_, body) = get(&addr, "/metrics");
+        let got = samples(&body);
+        let count = |key: &str| got.iter().find(|(name, l, _)| name == "userbpf_map_counts" && l.get("key").map(String::as_str) == Some(key)).map(|s| s.2);
+        assert_eq!([count("0"), count("1"), count("2"), count("3")], [Some(n), Some(2.0 * n), Some(3.0 * n), Some(n)], "round {round}:\n{body}");
+    }
+    t.close_stdin();
+    t.wait_exit("end of input");
+    assert!(calls.wait_exit("the process gone").success(), "{}", calls.stderr());
     exp.signal(libc::SIGINT);
     assert!(exp.wait_exit("SIGINT").success(), "{}", exp.stderr());
 }

@@ -6,12 +6,14 @@
 //!
 //! This module holds what the tools share: finding the objects, resolving `BIN` (a path, a
 //! command in `PATH`, a library name as `ldconfig -p` or the process's mappings know it) and
-//! globs over its function symbols, and [`Tracer`]: a session of the tool's own (or, for
-//! `-p PID`, the session the process already belongs to, else a `tool-pid-PID` session the
-//! agent is injected into, as `userbpf attach` does), the links, the run loop (intervals,
-//! duration, Ctrl-C, the command's or the process's end) and the clean-up (links removed so
-//! that a process entered with `-p` runs on unprobed; the agent stays in it; links a killed
-//! tool left in a `tool-pid-PID` session are removed by the next tool on that process).
+//! globs over its function symbols, and [`Tracer`]: a session of the tool's own, or the one
+//! named by `--session`/`USERBPF_SESSION` (so that `userbpf export` serves the tool's maps
+//! while it runs); for `-p PID`, the session the process already belongs to, else the named
+//! one or a `tool-pid-PID` session, the agent injected as `userbpf attach` does; the links,
+//! the run loop (intervals, duration, Ctrl-C, the command's or the process's end) and the
+//! clean-up (links removed so that a process entered with `-p` runs on unprobed; the agent
+//! stays in it; links a killed tool left in a `tool-pid-PID` session are removed by the next
+//! tool on that process).
 
 mod aiocost;
 mod calls;
@@ -48,13 +50,22 @@ pub enum ToolCmd {
     Aiocost(aiocost::Args),
 }
 
-pub fn run(cmd: ToolCmd) -> Result<()> {
+/// The session named with `--session` or `USERBPF_SESSION`, if any: the tools use it instead
+/// of one of their own, so that `userbpf export` or `map dump` can read their maps live.
+static NAMED_SESSION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+pub fn run(session: Option<String>, cmd: ToolCmd) -> Result<()> {
+    let _ = NAMED_SESSION.set(session);
     match cmd {
         ToolCmd::Funclatency(a) => funclatency::run(a),
         ToolCmd::Calls(a) => calls::run(a),
         ToolCmd::Trace(a) => trace::run(a),
         ToolCmd::Aiocost(a) => aiocost::run(a),
     }
+}
+
+fn named_session() -> Option<String> {
+    NAMED_SESSION.get().cloned().flatten()
 }
 
 /// What every tool takes: the process to trace and when to print and stop.
@@ -292,15 +303,20 @@ impl Tracer {
         let object_path = object_path(tool)?;
         let object = Object::open(&object_path)?;
         let (name, has_agent) = match &target {
-            Target::Command(_) => (format!("tool-{tool}-{}", std::process::id()), false),
+            Target::Command(_) => (named_session().unwrap_or_else(|| format!("tool-{tool}-{}", std::process::id())), false),
             Target::Pid(pid) => {
                 if !Path::new(&format!("/proc/{pid}")).exists() {
                     bail!("process {pid} does not exist");
                 }
                 // A process that already runs the agent is reached through its session.
                 match Session::list().into_iter().find(|s| s.members.iter().any(|(p, _)| *p as i32 == *pid)) {
-                    Some(s) => (s.name, true),
-                    None => (format!("tool-pid-{pid}"), false),
+                    Some(s) => {
+                        if let Some(n) = named_session().filter(|n| *n != s.name) {
+                            bail!("process {pid} runs the agent in session {} (not {n}): name that session, or none", s.name);
+                        }
+                        (s.name, true)
+                    }
+                    None => (named_session().unwrap_or_else(|| format!("tool-pid-{pid}")), false),
                 }
             }
         };
