@@ -57,7 +57,10 @@ enum Command {
     Tracelog(tracelog::TracelogArgs),
     /// Serve the session's maps as Prometheus metrics (`GET /metrics`).
     Export(export::ExportArgs),
-    /// Ready tools: funclatency, calls, trace (as BCC's), on a command or a running process.
+    /// Ready tools: funclatency, calls, trace (as BCC's), aiocost; on a command or a running process.
+    ///
+    /// Each tool uses a session of its own unless `--session` or `USERBPF_SESSION` names one
+    /// (then `userbpf export` and `userbpf map dump` read its maps while it runs).
     #[command(subcommand)]
     Tool(tool::ToolCmd),
 }
