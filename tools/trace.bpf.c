@@ -21,7 +21,9 @@ enum op { OP_EQ = 1, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE };
 struct cond {
 	__u8 operand;	// 0: no comparison (the list ends)
 	__u8 op;
-	__u8 pad[6];
+	__u8 size;	// a cast: the operand's low 1, 2 or 4 bytes (0 or 8: all of it)
+	__u8 is_signed;	// sign-extended from `size` bytes, else zero-extended
+	__u8 pad[4];
 	__s64 value;
 };
 
@@ -82,6 +84,11 @@ static __always_inline int emit(struct pt_regs *ctx, int ret)
 		if (!c->operand)
 			break;
 		v = (__s64)operand(ctx, c->operand);
+		switch (c->size) {
+		case 1: v = c->is_signed ? (__s64)(__s8)v : (__s64)(__u8)v; break;
+		case 2: v = c->is_signed ? (__s64)(__s16)v : (__s64)(__u16)v; break;
+		case 4: v = c->is_signed ? (__s64)(__s32)v : (__s64)(__u32)v; break;
+		}
 		switch (c->op) {
 		case OP_EQ: ok = v == c->value; break;
 		case OP_NE: ok = v != c->value; break;

@@ -195,12 +195,15 @@ fn trace_prints_filtered_calls_and_returns() {
     let t = target().display().to_string();
     let greet = format!(r#"{} (arg2 >= 5) "%s i=%d", arg1, arg2"#, spec("tt_greet"));
     let ret = format!(r#"r:{} (retval > 10) "ret %ld", retval"#, spec("tt_alpha"));
-    let mut p = Proc::spawn("trace", tool(&["trace", &greet, &ret, "--", &t, "8"]));
+    // check_sign returns an int: its -1 is 0xffffffff in rax until cast.
+    let sign = format!(r#"r:{} ((int)retval < 0) "neg %d", retval"#, spec("check_sign"));
+    let mut p = Proc::spawn("trace", tool(&["trace", &greet, &ret, &sign, "--", &t, "8"]));
     assert!(p.wait_exit("the command's end").success(), "{}", p.stderr());
     let out = p.stdout();
     let ev = events(&out);
     let msgs: Vec<(&str, &str)> = ev.iter().map(|e| (e.3.as_str(), e.4.as_str())).collect();
-    assert_eq!(msgs, [("tt_alpha", "ret 12"), ("tt_alpha", "ret 14"), ("tt_greet", "name-5 i=5"), ("tt_greet", "name-6 i=6"), ("tt_greet", "name-7 i=7")], "{out}");
+    let neg = ("check_sign", "neg -1");
+    assert_eq!(msgs, [("tt_alpha", "ret 12"), ("tt_alpha", "ret 14"), ("tt_greet", "name-5 i=5"), ("tt_greet", "name-6 i=6"), ("tt_greet", "name-7 i=7"), neg, neg, neg, neg], "{out}");
     assert!(ev.iter().all(|e| e.0 == e.1 && e.2 == "tool_target"), "{out}");
 }
 

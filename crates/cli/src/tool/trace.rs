@@ -1,8 +1,9 @@
 //! `userbpf tool trace SPEC...`: one line per call or return of user functions (BCC's trace).
 //! A SPEC is `[p:|r:]BIN:FUNC [(FILTER)] ["FORMAT"[, ARG]...]`: `p:` (the default) at the
 //! function's entry, `r:` at its return; FILTER is comparisons of `arg1`..`arg6` (entry) or
-//! `retval` (return) with integers (`==`, `!=`, `<`, `<=`, `>`, `>=`, signed 64-bit), joined
-//! by `&&`; FORMAT is printf's (`%d %i %u %x %X %o %c %s %p`, with `h`, `hh`, `l`, `ll`, `z`,
+//! `retval` (return), optionally cast (`(int)retval`: an `int` function's -1 is 0xffffffff in
+//! its 64-bit register), with integers (`==`, `!=`, `<`, `<=`, `>`, `>=`, signed 64-bit),
+//! joined by `&&`; FORMAT is printf's (`%d %i %u %x %X %o %c %s %p`, with `h`, `hh`, `l`, `ll`, `z`,
 //! flags `-` and `0`, a width), its ARGs `arg1`..`arg6` or `retval`.
 //!
 //! The eBPF side (tools/trace.bpf.c) is one program for entries and one for returns; the
@@ -60,8 +61,8 @@ struct Probe {
     ret: bool,
     bin: String,
     func: String,
-    /// (operand, op, value): operand 1-6 argN, 7 retval; op 1 == 2 != 3 < 4 <= 5 > 6 >=.
-    conds: Vec<(u8, u8, i64)>,
+    /// The filter's comparisons (operand 1-6 argN, 7 retval), all of which must hold.
+    conds: Vec<Cond>,
     format: Vec<Piece>,
     /// The operand of each conversion.
     args: Vec<u8>,
@@ -86,21 +87,84 @@ fn integer(s: &str) -> Option<i64> {
     Some(if neg { v.wrapping_neg() } else { v })
 }
 
-/// FILTER: `A OP B [&& A OP B]...`, one side an operand, the other an integer.
-fn parse_filter(f: &str) -> Result<Vec<(u8, u8, i64)>> {
+/// A comparison of the filter: `operand OP value`, the operand cast to `size` bytes first
+/// (0: none), sign-extended when `signed`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cond {
+    operand: u8,
+    /// 1 ==, 2 !=, 3 <, 4 <=, 5 >, 6 >=.
+    op: u8,
+    value: i64,
+    size: u8,
+    signed: bool,
+}
+
+/// A C cast in front of an operand (`(int)retval`): its size and signedness.
+fn cast(name: &str) -> Option<(u8, bool)> {
+    Some(match name.split_whitespace().collect::<Vec<_>>().join(" ").as_str() {
+        "char" | "signed char" | "s8" | "i8" | "int8_t" | "__s8" => (1, true),
+        "unsigned char" | "u8" | "uint8_t" | "__u8" | "bool" => (1, false),
+        "short" | "s16" | "i16" | "int16_t" | "__s16" => (2, true),
+        "unsigned short" | "u16" | "uint16_t" | "__u16" => (2, false),
+        "int" | "s32" | "i32" | "int32_t" | "__s32" => (4, true),
+        "unsigned" | "unsigned int" | "u32" | "uint32_t" | "__u32" => (4, false),
+        "long" | "long long" | "s64" | "i64" | "int64_t" | "__s64" | "ssize_t" => (8, true),
+        "unsigned long" | "unsigned long long" | "u64" | "uint64_t" | "__u64" | "size_t" => (8, false),
+        _ => return None,
+    })
+}
+
+/// An operand with an optional cast: `arg1`, `(int)retval`.
+fn cast_operand(s: &str) -> Option<(u8, u8, bool)> {
+    let s = s.trim();
+    if let Some(rest) = s.strip_prefix('(') {
+        let (ty, op) = rest.split_once(')')?;
+        let (size, signed) = cast(ty.trim())?;
+        return operand(op.trim()).map(|o| (o, size, signed));
+    }
+    operand(s).map(|o| (o, 0, true))
+}
+
+/// Whether `s` is one parenthesised whole: `(a < 1)`, not `(int)a < 1`.
+fn wrapped(s: &str) -> bool {
+    if !s.starts_with('(') || !s.ends_with(')') {
+        return false;
+    }
+    let mut depth = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 {
+            return i == s.len() - 1;
+        }
+    }
+    false
+}
+
+/// FILTER: `A OP B [&& A OP B]...`, one side an operand (with an optional cast such as
+/// `(int)`), the other an integer. Comparisons are signed 64-bit, of the operand as it is in
+/// its register, or cast first.
+fn parse_filter(f: &str) -> Result<Vec<Cond>> {
     let mut out = Vec::new();
     for term in f.split("&&") {
-        let term = term.trim().trim_start_matches('(').trim_end_matches(')').trim();
+        let mut term = term.trim();
+        // Parentheses around the whole comparison (not a cast's).
+        while wrapped(term) {
+            term = term[1..term.len() - 1].trim();
+        }
         let ops = [("==", 1u8), ("!=", 2), ("<=", 4), (">=", 6), ("<", 3), (">", 5)];
         let Some((at, sym, op)) = ops.iter().filter_map(|&(sym, op)| term.find(sym).map(|at| (at, sym, op))).min_by_key(|&(at, sym, _)| (at, usize::MAX - sym.len())) else {
             bail!("filter `{term}`: expected a comparison (==, !=, <, <=, >, >=) of arg1..arg6 or retval with an integer");
         };
         let (l, r) = (term[..at].trim(), term[at + sym.len()..].trim());
-        let cond = match (operand(l), integer(r), operand(r), integer(l)) {
-            (Some(o), Some(v), _, _) => (o, op, v),
+        let cond = match (cast_operand(l), integer(r), cast_operand(r), integer(l)) {
+            (Some((o, size, signed)), Some(v), _, _) => Cond { operand: o, op, value: v, size, signed },
             // `10 < arg1` is `arg1 > 10`.
-            (_, _, Some(o), Some(v)) => (o, [0, 1, 2, 5, 6, 3, 4][op as usize], v),
-            _ => bail!("filter `{term}`: one side must be arg1..arg6 or retval, the other an integer (|| and other expressions are not supported)"),
+            (_, _, Some((o, size, signed)), Some(v)) => Cond { operand: o, op: [0, 1, 2, 5, 6, 3, 4][op as usize], value: v, size, signed },
+            _ => bail!("filter `{term}`: one side must be arg1..arg6 or retval (a cast such as (int) allowed), the other an integer (|| and other expressions are not supported)"),
         };
         out.push(cond);
     }
@@ -233,7 +297,7 @@ fn parse_probe(spec: &str) -> Result<Probe> {
     if convs != args.len() {
         bail!("`{spec}`: the format has {convs} conversion{} but {} argument{} follow", if convs == 1 { "" } else { "s" }, args.len(), if args.len() == 1 { "" } else { "s" });
     }
-    for &o in args.iter().chain(conds.iter().map(|(o, _, _)| o)) {
+    for &o in args.iter().chain(conds.iter().map(|c| &c.operand)) {
         if ret && o != RETVAL {
             bail!("`{spec}`: arg{o} is not known at a function's return (r:); use retval");
         }
@@ -251,10 +315,12 @@ fn parse_probe(spec: &str) -> Result<Probe> {
 /// The `probes` entry (`struct probe_cfg`) of a probe.
 fn config(p: &Probe) -> Vec<u8> {
     let mut v = vec![0u8; MAX_CONDS * 16 + 8];
-    for (i, &(o, op, val)) in p.conds.iter().enumerate() {
-        v[i * 16] = o;
-        v[i * 16 + 1] = op;
-        v[i * 16 + 8..i * 16 + 16].copy_from_slice(&val.to_ne_bytes());
+    for (i, c) in p.conds.iter().enumerate() {
+        v[i * 16] = c.operand;
+        v[i * 16 + 1] = c.op;
+        v[i * 16 + 2] = c.size;
+        v[i * 16 + 3] = c.signed as u8;
+        v[i * 16 + 8..i * 16 + 16].copy_from_slice(&c.value.to_ne_bytes());
     }
     let strs = p.format.iter().filter_map(|x| if let Piece::Conv(c) = x { Some(c) } else { None }).zip(&p.args).filter(|(c, _)| c.kind == 's').map(|(_, &o)| o);
     for (i, o) in strs.enumerate() {
@@ -419,11 +485,20 @@ mod tests {
         let p = parse_probe(r#"/bin/x:work (arg1 > 10 && 5 >= arg2) "n=%d s=%s\n", arg1, arg2"#).unwrap();
         assert!(!p.ret);
         assert_eq!((p.bin.as_str(), p.func.as_str()), ("/bin/x", "work"));
-        assert_eq!(p.conds, vec![(1, 5, 10), (2, 4, 5)]);
+        let c = |operand, op, value| Cond { operand, op, value, size: 0, signed: true };
+        assert_eq!(p.conds, vec![c(1, 5, 10), c(2, 4, 5)]);
         assert_eq!(p.args, vec![1, 2]);
         let r = parse_probe(r#"r:c:malloc (retval == 0x10) "ret %lx", retval"#).unwrap();
         assert!(r.ret);
-        assert_eq!(r.conds, vec![(RETVAL, 1, 16)]);
+        assert_eq!(r.conds, vec![c(RETVAL, 1, 16)]);
+        let r = parse_probe(r#"r:c:open ((int)retval < 0) "failed"#).unwrap_err();
+        assert!(r.to_string().contains("no closing quote"), "{r}");
+        let r = parse_probe(r#"r:c:open ((int)retval < 0 && (unsigned short) retval != 7)"#).unwrap();
+        assert_eq!(r.conds, vec![Cond { operand: RETVAL, op: 3, value: 0, size: 4, signed: true }, Cond { operand: RETVAL, op: 2, value: 7, size: 2, signed: false }]);
+        assert!(parse_probe("x:f ((float)arg1 > 1)").is_err());
+        let r = parse_probe("r:x:f (((int)retval < 0) && (retval != 3))").unwrap();
+        assert_eq!(r.conds.len(), 2);
+        assert_eq!((r.conds[0].size, r.conds[1].size, r.conds[1].value), (4, 0, 3));
         assert_eq!(parse_probe("x:f").unwrap().format, vec![]);
         assert!(parse_probe(r#"r:x:f "%d", arg1"#).unwrap_err().to_string().contains("not known at a function's return"));
         assert!(parse_probe(r#"x:f "%d %d", arg1"#).unwrap_err().to_string().contains("2 conversions but 1 argument"));
