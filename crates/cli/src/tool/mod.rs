@@ -31,6 +31,7 @@ use clap::{Args, Subcommand};
 use userbpf_maps::Map;
 use userbpf_object::Object;
 use userbpf_runtime::context::CpuSlots;
+use userbpf_runtime::session::handshake;
 use userbpf_runtime::loader::LoadOptions;
 use userbpf_runtime::{load_object, Engine, LinkRecord, LoadedObject, Session};
 
@@ -327,7 +328,7 @@ impl Tracer {
         if let Target::Pid(pid) = &target {
             remove_stale_links(&session, *pid);
         }
-        let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus"))?);
+        let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
         let engine = if interpreter { Engine::Interpreter } else { Engine::Jit };
         let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
         let loaded = load_object(&session, object, &opts, slots).with_context(|| format!("loading {}", object_path.display()))?;
@@ -476,28 +477,16 @@ fn remove_stale_links(s: &Session, pid: i32) {
     }
 }
 
-/// The agents' acknowledgement protocol (see the agent's `Ack` and the syscall server's
-/// attach): a new generation written into `links/gen` (a rename: the agents' inotify watch
-/// sees it); each agent records the generation it had read before the listing its last sync
-/// acted on in `agents/PID.STARTTIME`.
+/// Publishes a new links generation (the handshake: `userbpf_runtime::session::handshake`).
 fn publish_links_gen(s: &Session) -> Result<u32> {
-    let gen = s.alloc_id()?;
-    let links = s.dir().join("links");
-    let tmp = links.join(format!("gen.tmp{}", std::process::id()));
-    std::fs::write(&tmp, gen.to_string()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, links.join("gen")).context("publishing the links' generation")?;
-    Ok(gen)
+    handshake::advance(s).context("publishing the links' generation")
 }
 
 /// Waits until the agent of process `pid` acknowledged generation `gen`, at most `limit`.
 fn wait_acked(s: &Session, pid: i32, gen: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
-    let prefix = format!("{pid}.");
     loop {
-        let acked = std::fs::read_dir(s.dir().join("agents")).ok().and_then(|rd| {
-            rd.flatten().find(|e| e.file_name().to_string_lossy().starts_with(&prefix)).and_then(|e| std::fs::read_to_string(e.path()).ok()).and_then(|t| t.trim().parse::<u32>().ok())
-        });
-        if acked.is_some_and(|a| a >= gen) {
+        if handshake::acked_by(s.layout(), pid as u32).is_some_and(|a| a >= gen) {
             return true;
         }
         if Instant::now() >= deadline || !Path::new(&format!("/proc/{pid}")).exists() {
