@@ -27,6 +27,7 @@ use crate::objects;
 use crate::sys;
 
 pub mod attr;
+pub mod info;
 mod dead;
 pub mod events;
 pub mod kbtf;
