@@ -49,6 +49,34 @@ pub const PERF_EVENT_IOC_QUERY_BPF: u64 = 0xc008_240a;
 
 /// `PERF_ATTR_SIZE_VER0`: what `size == 0` means.
 const ATTR_SIZE_VER0: usize = 64;
+
+/// The head of `struct perf_event_attr` (linux/perf_event.h), up to `config2`: what is read
+/// here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PerfEventAttr {
+    r#type: u32,
+    size: u32,
+    config: u64,
+    /// Or `sample_freq` (a union), with the `freq` flag.
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    /// The bit fields `disabled`, `inherit`, ... (`FLAG_*`).
+    flags: u64,
+    /// Or `wakeup_watermark` (a union).
+    wakeup_events: u32,
+    bp_type: u32,
+    /// Or `bp_addr`, `kprobe_func`, `uprobe_path` (a union).
+    config1: u64,
+    /// Or `bp_len`, `kprobe_addr`, `probe_offset` (a union).
+    config2: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<PerfEventAttr>() == ATTR_READ);
+    assert!(std::mem::offset_of!(PerfEventAttr, flags) == 40 && std::mem::offset_of!(PerfEventAttr, config1) == 56);
+};
 /// The part of `struct perf_event_attr` we read (up to and including `config2`).
 const ATTR_READ: usize = 72;
 /// `attr.disabled` is bit 0 of the flags word at offset 40, `attr.freq` bit 10.
@@ -196,12 +224,10 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
     }
     // SAFETY: the loader's attr is `size` bytes long (the kernel's contract).
     unsafe { std::ptr::copy_nonoverlapping(attr, a.as_mut_ptr(), size.min(ATTR_READ)) };
-    let u64_at = |o: usize| u64::from_ne_bytes(a[o..o + 8].try_into().unwrap_or([0; 8]));
-    let config = u64_at(8);
-    let period = u64_at(16);
-    let aflags = u64_at(40);
-    let config1 = u64_at(56);
-    let config2 = u64_at(64);
+    // SAFETY: PerfEventAttr is integers only (any bytes are a valid value), ATTR_READ bytes
+    // (asserted above), read unaligned from the array of that size.
+    let pa: PerfEventAttr = unsafe { a.as_ptr().cast::<PerfEventAttr>().read_unaligned() };
+    let (config, period, aflags, config1, config2) = (pa.config, pa.sample_period, pa.flags, pa.config1, pa.config2);
     let pid_opt = if pid == -1 { None } else if pid == 0 { Some(std::process::id()) } else if pid > 0 { Some(pid as u32) } else { return Err(libc::EINVAL) };
     let kernel = || {
         // SAFETY: the caller's arguments, passed on unchanged.
