@@ -34,6 +34,15 @@ impl Block {
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        // Roots of earlier runs (their pinned map keeps their session) whose process is gone.
+        for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("userbpf-serve-unit-").and_then(|p| p.parse::<u32>().ok()) {
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         let root = std::env::temp_dir().join(format!("userbpf-serve-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
