@@ -219,6 +219,81 @@ fn hash_program_api() {
     }
 }
 
+/// A program's update after its lookup of the same key uses the element the lookup found
+/// (the thread's lookup memo) only while that element still holds the key: after the key was
+/// deleted and its element reused for another key, the update neither writes the other key's
+/// value nor fails, it inserts (BPF_ANY) or reports ENOENT (BPF_EXIST).
+#[test]
+fn update_after_lookup_of_a_deleted_and_reused_element() {
+    for t in [BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH] {
+        let d = TmpDir::new("memo");
+        // One element: a deleted key's element is the next insert's.
+        let m = create(&d, &spec(t, 8, 8, 1, 0));
+        let read = |k: u64| {
+            let mut buf = vec![0u8; m.value_buf_size()];
+            m.lookup_elem(&k64(k), &mut buf).ok().map(|()| u64::from_ne_bytes(buf[..8].try_into().unwrap()))
+        };
+        // SAFETY: key and value buffers of the map's sizes.
+        unsafe {
+            m.update(k64(1).as_ptr(), 10u64.to_ne_bytes().as_ptr(), BPF_ANY, 0).unwrap();
+            assert!(!m.lookup(k64(1).as_ptr(), 0).is_null());
+            // The memo's element, key 1: updated in place.
+            m.update(k64(1).as_ptr(), 11u64.to_ne_bytes().as_ptr(), BPF_EXIST, 0).unwrap();
+            assert_eq!(read(1), Some(11), "{t:?}");
+            // Key 1 deleted, its element reused for key 2 (the memo still names it).
+            m.delete(k64(1).as_ptr()).unwrap();
+            m.update(k64(2).as_ptr(), 20u64.to_ne_bytes().as_ptr(), BPF_NOEXIST, 0).unwrap();
+            assert_eq!(errno(m.update(k64(1).as_ptr(), 12u64.to_ne_bytes().as_ptr(), BPF_EXIST, 0)), ENOENT, "{t:?}");
+            assert_eq!(read(2), Some(20), "{t:?}: key 2's value untouched");
+            assert_eq!(read(1), None, "{t:?}");
+            if matches!(t, BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH) {
+                // BPF_ANY evicts key 2 for key 1.
+                m.update(k64(1).as_ptr(), 13u64.to_ne_bytes().as_ptr(), BPF_ANY, 0).unwrap();
+                assert_eq!((read(1), read(2)), (Some(13), None), "{t:?}");
+            } else {
+                assert_eq!(errno(m.update(k64(1).as_ptr(), 13u64.to_ne_bytes().as_ptr(), BPF_ANY, 0)), E2BIG, "{t:?}: full");
+                assert_eq!(read(2), Some(20), "{t:?}");
+            }
+        }
+    }
+}
+
+/// `Map::prog_ops` (what the JIT calls directly) does what the program-side API does, with
+/// the CPU given: lookups (of that CPU's value), updates, deletes, and their errors.
+#[test]
+fn prog_ops_agree_with_the_program_api() {
+    for (t, ks) in [(BPF_MAP_TYPE_HASH, 4), (BPF_MAP_TYPE_PERCPU_HASH, 8), (BPF_MAP_TYPE_LRU_PERCPU_HASH, 16), (BPF_MAP_TYPE_HASH, 5)] {
+        let d = TmpDir::new("ops");
+        let m = create(&d, &spec(t, ks, 8, 4, 0));
+        let ops = m.prog_ops().expect("hash maps have direct ops");
+        let n = m.nr_cpus() as u64;
+        let key = |i: u8| vec![i; ks as usize];
+        // SAFETY: `ops.arg` is m's hash map (alive here); keys and values of the map's sizes.
+        unsafe {
+            let (k1, k9) = (key(1), key(9));
+            let v = 5u64.to_ne_bytes();
+            assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, n - 1), 0);
+            assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, 0), (-EEXIST) as i64 as u64);
+            assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, 77, 0), (-EINVAL) as i64 as u64);
+            assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, BPF_EXIST, 0), (-ENOENT) as i64 as u64);
+            for cpu in [0, n - 1] {
+                let p = (ops.lookup)(ops.arg, k1.as_ptr() as u64, 0, 0, cpu);
+                assert_eq!(p, m.lookup(k1.as_ptr(), cpu as u32) as u64, "{t:?} cpu {cpu}");
+                let want = if cpu == n - 1 || !t.is_percpu() { 5 } else { 0 };
+                assert_eq!((p as *const u64).read(), want, "{t:?} cpu {cpu}");
+            }
+            assert_eq!((ops.lookup)(ops.arg, k9.as_ptr() as u64, 0, 0, 0), 0);
+            assert_eq!((ops.delete)(ops.arg, k1.as_ptr() as u64, 0, 0, 0), 0);
+            assert_eq!((ops.delete)(ops.arg, k1.as_ptr() as u64, 0, 0, 0), (-ENOENT) as i64 as u64);
+            assert!(m.lookup(k1.as_ptr(), 0).is_null());
+        }
+    }
+    // Arrays and hashes of maps have none (their helpers stay in charge).
+    let d = TmpDir::new("ops-none");
+    assert!(create(&d, &spec(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, 0)).prog_ops().is_none());
+    assert!(create(&d, &spec(BPF_MAP_TYPE_HASH_OF_MAPS, 4, 4, 4, 0)).prog_ops().is_none());
+}
+
 #[test]
 fn percpu_hash_program_updates_one_cpu() {
     let d = TmpDir::new("pcpu-hash");
