@@ -53,6 +53,17 @@
 //! update (profiled: most of an update's time from two threads). Deletes and inserts still
 //! write their bucket.
 //!
+//! Programs' operations. [`HashMap::prog_ops`] gives the program-side lookup (specialised
+//! for the key size), update and delete as plain functions with the CPU slot as an argument,
+//! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
+//! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
+//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`); an update of an existing
+//! key that follows (bpftrace's `count()`, `sum()`, `hist()` on keyed maps look the key up,
+//! compute, then update it) writes that element without hashing and searching again, after
+//! the same checks under the element's lock as an update found by `find` (linked, holding
+//! the key); a stale memo (another key's element, a deleted one) just sends the update the
+//! general way.
+//!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
 //! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
 //! the vDSO, no system call) and takes from the other CPUs' lists only when its own is empty,
@@ -613,6 +624,7 @@ impl HashMap {
     /// # Safety
     /// `i < n_elems`; `src` readable as its variant says; the caller holds `i`'s lock or
     /// owns the unpublished element.
+    #[inline]
     unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
         // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
         unsafe {
@@ -953,6 +965,38 @@ impl HashMap {
         unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
     }
 
+    /// The common case of a program's update, done inline with no error plumbing: an
+    /// existing key (`BPF_ANY` or `BPF_EXIST`) whose element is the thread's lookup memo (see
+    /// `update_impl`), whose lock is free. True when the value was written; false when
+    /// nothing was done and the update must go the general way (`update`).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes, `value` for value_size bytes.
+    #[inline(always)]
+    unsafe fn update_memo_fast(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> bool {
+        if flags > BPF_EXIST || flags == BPF_NOEXIST || self.ids {
+            return false;
+        }
+        let (map, i) = lookup_memo();
+        if map != self as *const HashMap as u64 || i >= self.n_elems {
+            return false;
+        }
+        // SAFETY: i < n_elems; key and value readable (caller).
+        unsafe {
+            let e = self.elem(i);
+            if !self.key_eq(e, key) {
+                return false;
+            }
+            let Some(_e) = self.elock(i).try_lock_once() else { return false };
+            // Under the element's lock, as `update_in_place` checks: still linked, still the key.
+            if a8(e.add(E_STATE)).load(Acquire) != LINKED || !self.key_eq(e, key) {
+                return false;
+            }
+            self.write_value(i, Src::Cpu(value, self.cpu(cpu)), false);
+        }
+        true
+    }
+
     /// # Safety
     /// `key` readable for key_size bytes.
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
@@ -1137,7 +1181,13 @@ unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u6
 /// [`ProgOps::update`].
 unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
-    match unsafe { (*(m as *const HashMap)).update(key as *const u8, value as *const u8, flags, cpu as u32) } {
+    let map = unsafe { &*(m as *const HashMap) };
+    // SAFETY: as above.
+    if unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
+        return 0;
+    }
+    // SAFETY: as above.
+    match unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }

@@ -273,6 +273,14 @@ impl<'a> SpinLock<'a> {
             && self.word.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
+    /// Takes the lock if it is free, with one compare-and-swap and no waiting (None
+    /// otherwise: the caller goes a way that waits as `lock` does).
+    #[inline(always)]
+    pub(crate) fn try_lock_once(&self) -> Option<LockGuard<'a>> {
+        let me = my_tid();
+        self.word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok().then_some(LockGuard { word: self.word })
+    }
+
     /// Takes the lock, or gives up with `EBUSY`: at once on re-entry by the holding thread,
     /// otherwise after the bounded wait `wait` allows.
     #[inline]

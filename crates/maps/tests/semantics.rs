@@ -222,38 +222,68 @@ fn hash_program_api() {
 /// A program's update after its lookup of the same key uses the element the lookup found
 /// (the thread's lookup memo) only while that element still holds the key: after the key was
 /// deleted and its element reused for another key, the update neither writes the other key's
-/// value nor fails, it inserts (BPF_ANY) or reports ENOENT (BPF_EXIST).
+/// value nor fails, it inserts (BPF_ANY) or reports ENOENT (BPF_EXIST). Through the
+/// program-side API and through the direct operations (`prog_ops`, whose update has a fast
+/// path of its own for the memo's element).
 #[test]
 fn update_after_lookup_of_a_deleted_and_reused_element() {
-    for t in [BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH] {
-        let d = TmpDir::new("memo");
-        // One element: a deleted key's element is the next insert's.
-        let m = create(&d, &spec(t, 8, 8, 1, 0));
-        let read = |k: u64| {
-            let mut buf = vec![0u8; m.value_buf_size()];
-            m.lookup_elem(&k64(k), &mut buf).ok().map(|()| u64::from_ne_bytes(buf[..8].try_into().unwrap()))
-        };
-        // SAFETY: key and value buffers of the map's sizes.
-        unsafe {
-            m.update(k64(1).as_ptr(), 10u64.to_ne_bytes().as_ptr(), BPF_ANY, 0).unwrap();
-            assert!(!m.lookup(k64(1).as_ptr(), 0).is_null());
+    for direct in [false, true] {
+        for t in [BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH] {
+            let d = TmpDir::new("memo");
+            // One element: a deleted key's element is the next insert's.
+            let m = create(&d, &spec(t, 8, 8, 1, 0));
+            let ops = m.prog_ops().unwrap();
+            let read = |k: u64| {
+                let mut buf = vec![0u8; m.value_buf_size()];
+                m.lookup_elem(&k64(k), &mut buf).ok().map(|()| u64::from_ne_bytes(buf[..8].try_into().unwrap()))
+            };
+            // SAFETY: key and value buffers of the map's sizes; `ops.arg` is m's (alive).
+            let update = |k: u64, v: u64, flags: u64| unsafe {
+                let (k, v) = (k64(k), v.to_ne_bytes());
+                if direct {
+                    match (ops.update)(ops.arg, k.as_ptr() as u64, v.as_ptr() as u64, flags, 0) as i64 {
+                        0 => 0,
+                        e => -e as i32,
+                    }
+                } else {
+                    errno(m.update(k.as_ptr(), v.as_ptr(), flags, 0))
+                }
+            };
+            // SAFETY: as above.
+            let found = |k: u64| unsafe {
+                let k = k64(k);
+                if direct {
+                    (ops.lookup)(ops.arg, k.as_ptr() as u64, 0, 0, 0) != 0
+                } else {
+                    !m.lookup(k.as_ptr(), 0).is_null()
+                }
+            };
+            let what = format!("{t:?}, {}", if direct { "direct" } else { "program API" });
+            assert_eq!(update(1, 10, BPF_ANY), 0);
+            assert!(found(1));
             // The memo's element, key 1: updated in place.
-            m.update(k64(1).as_ptr(), 11u64.to_ne_bytes().as_ptr(), BPF_EXIST, 0).unwrap();
-            assert_eq!(read(1), Some(11), "{t:?}");
+            assert_eq!(update(1, 11, BPF_EXIST), 0);
+            assert_eq!(read(1), Some(11), "{what}");
             // Key 1 deleted, its element reused for key 2 (the memo still names it).
-            m.delete(k64(1).as_ptr()).unwrap();
-            m.update(k64(2).as_ptr(), 20u64.to_ne_bytes().as_ptr(), BPF_NOEXIST, 0).unwrap();
-            assert_eq!(errno(m.update(k64(1).as_ptr(), 12u64.to_ne_bytes().as_ptr(), BPF_EXIST, 0)), ENOENT, "{t:?}");
-            assert_eq!(read(2), Some(20), "{t:?}: key 2's value untouched");
-            assert_eq!(read(1), None, "{t:?}");
+            // SAFETY: an 8-byte key.
+            unsafe { m.delete(k64(1).as_ptr()).unwrap() };
+            assert_eq!(update(2, 20, BPF_NOEXIST), 0);
+            assert_eq!(update(1, 12, BPF_EXIST), ENOENT, "{what}");
+            assert_eq!(read(2), Some(20), "{what}: key 2's value untouched");
+            assert_eq!(read(1), None, "{what}");
             if matches!(t, BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH) {
                 // BPF_ANY evicts key 2 for key 1.
-                m.update(k64(1).as_ptr(), 13u64.to_ne_bytes().as_ptr(), BPF_ANY, 0).unwrap();
-                assert_eq!((read(1), read(2)), (Some(13), None), "{t:?}");
+                assert_eq!(update(1, 13, BPF_ANY), 0);
+                assert_eq!((read(1), read(2)), (Some(13), None), "{what}");
             } else {
-                assert_eq!(errno(m.update(k64(1).as_ptr(), 13u64.to_ne_bytes().as_ptr(), BPF_ANY, 0)), E2BIG, "{t:?}: full");
-                assert_eq!(read(2), Some(20), "{t:?}");
+                assert_eq!(update(1, 13, BPF_ANY), E2BIG, "{what}: full");
+                assert_eq!(read(2), Some(20), "{what}");
             }
+            // Looked up again: the memo names the element of the key in the map, written in place.
+            let live = if read(1).is_some() { 1 } else { 2 };
+            assert!(found(live));
+            assert_eq!(update(live, 30, BPF_EXIST), 0);
+            assert_eq!(read(live), Some(30), "{what}");
         }
     }
 }
