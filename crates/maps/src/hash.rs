@@ -57,12 +57,19 @@
 //! for the key size), update and delete as plain functions with the CPU slot as an argument,
 //! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
 //! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
-//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`); an update of an existing
-//! key that follows (bpftrace's `count()`, `sum()`, `hist()` on keyed maps look the key up,
-//! compute, then update it) writes that element without hashing and searching again, after
-//! the same checks under the element's lock as an update found by `find` (linked, holding
-//! the key); a stale memo (another key's element, a deleted one) just sends the update the
-//! general way.
+//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`). The thread's next
+//! lookup of the same map first checks that element: linked (acquire) and holding the key,
+//! it is the key's element, found without hashing and walking the chain (a thread looking up
+//! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
+//! Inserts mark an element linked only after publishing it in its chain, and deletes unlink
+//! it before marking it free, so an element seen linked is one a search could find (or one
+//! being deleted, which a lookup overlapping the delete may still return, as a search may);
+//! like a search's result, it may be deleted and reused right after. An update of an existing
+//! key that follows a lookup of it (bpftrace's keyed `count()`, `sum()`, `hist()` look the key
+//! up, compute, then update it) writes the memo's element in place without hashing and
+//! searching again, after the same checks under the element's lock as an update found by
+//! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
+//! sends the lookup or update the general way.
 //!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
 //! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
@@ -683,7 +690,8 @@ impl HashMap {
         }
     }
 
-    /// Fills a free element with key, hash and value, marked linked (not yet published).
+    /// Fills a free element with key, hash and value (not yet published, not yet marked
+    /// linked: the insert does both, in that order).
     ///
     /// # Safety
     /// `n < n_elems` owned by the caller; `key`, `src` readable.
@@ -697,9 +705,6 @@ impl HashMap {
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
             // without their ref bit).
             a8(e.add(E_REF)).store(0, Relaxed);
-            // Release: an updater that finds this element LINKED under its lock (acquire)
-            // sees the key and value written above, not a previous key's bytes.
-            a8(e.add(E_STATE)).store(LINKED, Release);
         }
     }
 
@@ -795,8 +800,8 @@ impl HashMap {
             let _e = self.elock(i).lock(wait)?;
             let e = self.elem(i);
             // Unlinking and marking FREE happen under this lock, so a LINKED element holding
-            // our key stays ours until we unlock. (An element filled but not yet published
-            // is the key's element too: our write is ordered after the insert's.)
+            // our key stays ours until we unlock (and it is in its chain: inserts mark it
+            // linked after publishing it).
             if a8(e.add(E_STATE)).load(Acquire) != LINKED
                 || h.is_some_and(|h| a32(e.add(E_HASH)).load(Relaxed) != h)
                 || !self.key_eq(e, key)
@@ -879,6 +884,13 @@ impl HashMap {
             self.fill(n, key, h, src);
             self.next(n).store(self.head(b).load(Relaxed), Relaxed);
             self.head(b).store(n, Release);
+            // Marked linked once reachable, never before: whoever sees LINKED (acquire) with
+            // our key sees the key and value written above (not a previous key's bytes) and
+            // an element searches can find, which a program's lookup through its memo
+            // relies on (an element found LINKED but not yet in its chain would be a key seen
+            // before its insert took effect). An updater that finds the element in the chain
+            // before this store finds it not linked, retries, then waits for our bucket lock.
+            a8(self.elem(n).add(E_STATE)).store(LINKED, Release);
         }
         Ok(())
     }
@@ -937,13 +949,26 @@ impl HashMap {
     #[inline(always)]
     unsafe fn lookup_n<const N: usize>(&self, key: *const u8, cpu: u32) -> *mut u8 {
         let ks = if N == 0 { self.ks } else { N };
-        // SAFETY: key readable for ks bytes (caller).
-        let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
-        if i == NIL {
-            return std::ptr::null_mut();
-        }
-        set_lookup_memo(self as *const HashMap as u64, i);
-        // SAFETY: find returns indices < n_elems.
+        let me = self as *const HashMap as u64;
+        let (memo_map, memo) = lookup_memo();
+        // The thread's last lookup found the key's element, which is still linked and holds
+        // it: that element, without hashing and searching again (see the module docs).
+        // SAFETY: memo < n_elems is checked first; key readable for ks bytes (caller).
+        let i = if memo_map == me
+            && memo < self.n_elems
+            && unsafe { a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks) }
+        {
+            memo
+        } else {
+            // SAFETY: key readable for ks bytes (caller).
+            let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
+            if i == NIL {
+                return std::ptr::null_mut();
+            }
+            set_lookup_memo(me, i);
+            i
+        };
+        // SAFETY: i < n_elems (the memo's was checked, find returns such indices).
         unsafe {
             if self.lru {
                 let r = a8(self.elem(i).add(E_REF));

@@ -267,7 +267,11 @@ fn update_after_lookup_of_a_deleted_and_reused_element() {
             // Key 1 deleted, its element reused for key 2 (the memo still names it).
             // SAFETY: an 8-byte key.
             unsafe { m.delete(k64(1).as_ptr()).unwrap() };
+            assert!(!found(1), "{what}: a deleted key is not found through the memo");
             assert_eq!(update(2, 20, BPF_NOEXIST), 0);
+            assert!(!found(1), "{what}: nor once its element holds another key");
+            assert!(found(2), "{what}");
+            assert!(!found(1) && found(2) && !found(1), "{what}: alternating keys");
             assert_eq!(update(1, 12, BPF_EXIST), ENOENT, "{what}");
             assert_eq!(read(2), Some(20), "{what}: key 2's value untouched");
             assert_eq!(read(1), None, "{what}");
