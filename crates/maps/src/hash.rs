@@ -631,7 +631,6 @@ impl HashMap {
     /// # Safety
     /// `i < n_elems`; `src` readable as its variant says; the caller holds `i`'s lock or
     /// owns the unpublished element.
-    #[inline]
     unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
         // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
         unsafe {
@@ -1017,7 +1016,12 @@ impl HashMap {
             if a8(e.add(E_STATE)).load(Acquire) != LINKED || !self.key_eq(e, key) {
                 return false;
             }
-            self.write_value(i, Src::Cpu(value, self.cpu(cpu)), false);
+            if self.percpu {
+                // This CPU's slot, in place (what `write_value` does for it, without the call).
+                copy_in(self.val(i, self.cpu(cpu)), value, self.vs);
+            } else {
+                self.write_value(i, Src::Cpu(value, 0), false);
+            }
         }
         true
     }
@@ -1212,6 +1216,17 @@ unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: 
         return 0;
     }
     // SAFETY: as above.
+    unsafe { prog_update_general(map, key, value, flags, cpu) }
+}
+
+/// [`prog_update`] when the memo's fast path does not apply (out of line, so that the fast
+/// path does not pay for its frame).
+///
+/// # Safety
+/// As for [`prog_update`].
+#[inline(never)]
+unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // SAFETY: forwarded.
     match unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
