@@ -218,7 +218,7 @@ fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     v.nr_prog_tags = 1;
     copy_array(u.prog_tags, u.nr_prog_tags, &p.tag, 8)?;
     // Run statistics of runs in this process (targets keep their own).
-    let (run_ns, run_cnt, misses) = match userbpf_runtime::programs::get(p.id) {
+    let (run_ns, run_cnt, misses) = match userbpf_runtime::program_table::get(p.id) {
         Some(lp) => {
             use std::sync::atomic::Ordering::Relaxed;
             (lp.stats.run_time_ns.load(Relaxed), lp.stats.run_cnt.load(Relaxed), lp.stats.missed.load(Relaxed))
