@@ -824,14 +824,14 @@ impl HashMap {
     ///
     /// # Safety
     /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait) -> Result<(), MapError> {
+    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, memo: bool) -> Result<(), MapError> {
         if (flags & !BPF_F_LOCK) > BPF_EXIST {
             return Err(EBAD_FLAGS);
         }
         if flags & BPF_F_LOCK != 0 {
             return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
         }
-        if flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
+        if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
             let (map, i) = lookup_memo();
             // SAFETY: i < n_elems is checked first; key and src readable (caller).
             if map == self as *const HashMap as u64 && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
@@ -986,7 +986,19 @@ impl HashMap {
             return Err(einval("hash of maps is not updated by programs"));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, true) }
+    }
+
+    /// `update` for a caller that already tried the lookup memo (`update_memo_fast`).
+    ///
+    /// # Safety
+    /// As for `update`.
+    unsafe fn update_without_memo(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
+        if self.ids {
+            return Err(einval("hash of maps is not updated by programs"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, false) }
     }
 
     /// The common case of a program's update, done inline with no error plumbing: an
@@ -1097,7 +1109,7 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys) }
+        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
@@ -1227,7 +1239,7 @@ unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: 
 #[inline(never)]
 unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: forwarded.
-    match unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) } {
+    match unsafe { map.update_without_memo(key as *const u8, value as *const u8, flags, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
