@@ -57,7 +57,8 @@
 //! for the key size), update and delete as plain functions with the CPU slot as an argument,
 //! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
 //! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
-//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`). The thread's next
+//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8
+//! bytes, so that other keys pass it by without touching the element). The thread's next
 //! lookup of the same map first checks that element: linked (acquire) and holding the key,
 //! it is the key's element, found without hashing and walking the chain (a thread looking up
 //! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
