@@ -57,7 +57,8 @@
 //! for the key size), update and delete as plain functions with the CPU slot as an argument,
 //! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
 //! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
-//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`). The thread's next
+//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8
+//! bytes, so that other keys pass it by without touching the element). The thread's next
 //! lookup of the same map first checks that element: linked (acquire) and holding the key,
 //! it is the key's element, found without hashing and walking the chain (a thread looking up
 //! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
@@ -84,7 +85,7 @@
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 use crate::map::*;
-use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, round8, round_up, zero};
+use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, read_tail, read_word, round8, round_up, zero};
 use crate::shm::PAGE_SIZE;
 use crate::sync::{current_cpu, lookup_memo, set_lookup_memo, FreeList, SpinLock, Wait, NIL};
 use crate::types::*;
@@ -793,6 +794,7 @@ impl HashMap {
     ///
     /// # Safety
     /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
+    #[inline(always)]
     unsafe fn update_in_place(&self, i: u32, key: *const u8, h: Option<u32>, src: Src, wait: Wait) -> Result<bool, MapError> {
         // SAFETY: bounds from the caller.
         unsafe {
@@ -824,17 +826,21 @@ impl HashMap {
     ///
     /// # Safety
     /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait) -> Result<(), MapError> {
+    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, memo: bool) -> Result<(), MapError> {
         if (flags & !BPF_F_LOCK) > BPF_EXIST {
             return Err(EBAD_FLAGS);
         }
         if flags & BPF_F_LOCK != 0 {
             return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
         }
-        if flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
-            let (map, i) = lookup_memo();
+        if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
+            let (map, i, word) = lookup_memo();
             // SAFETY: i < n_elems is checked first; key and src readable (caller).
-            if map == self as *const HashMap as u64 && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
+            if map == self as *const HashMap as u64
+                && word == unsafe { key_word(key, self.ks) }
+                && i < self.n_elems
+                && unsafe { self.key_eq(self.elem(i), key) }
+            {
                 // SAFETY: as above.
                 if unsafe { self.update_in_place(i, key, None, src, wait) }? {
                     return Ok(());
@@ -949,11 +955,14 @@ impl HashMap {
     unsafe fn lookup_n<const N: usize>(&self, key: *const u8, cpu: u32) -> *mut u8 {
         let ks = if N == 0 { self.ks } else { N };
         let me = self as *const HashMap as u64;
-        let (memo_map, memo) = lookup_memo();
+        let (memo_map, memo, memo_word) = lookup_memo();
+        // SAFETY: key readable for ks bytes (caller).
+        let word = unsafe { key_word(key, ks) };
         // The thread's last lookup found the key's element, which is still linked and holds
         // it: that element, without hashing and searching again (see the module docs).
         // SAFETY: memo < n_elems is checked first; key readable for ks bytes (caller).
         let i = if memo_map == me
+            && memo_word == word
             && memo < self.n_elems
             && unsafe { a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks) }
         {
@@ -964,7 +973,7 @@ impl HashMap {
             if i == NIL {
                 return std::ptr::null_mut();
             }
-            set_lookup_memo(me, i);
+            set_lookup_memo(me, i, word);
             i
         };
         // SAFETY: i < n_elems (the memo's was checked, find returns such indices).
@@ -986,23 +995,36 @@ impl HashMap {
             return Err(einval("hash of maps is not updated by programs"));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, true) }
     }
 
-    /// The common case of a program's update, done inline with no error plumbing: an
-    /// existing key (`BPF_ANY` or `BPF_EXIST`) whose element is the thread's lookup memo (see
-    /// `update_impl`), whose lock is free. True when the value was written; false when
+    /// `update` for a caller that already tried the lookup memo (`update_memo_fast`).
+    ///
+    /// # Safety
+    /// As for `update`.
+    unsafe fn update_without_memo(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
+        if self.ids {
+            return Err(einval("hash of maps is not updated by programs"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, false) }
+    }
+
+    /// The common case of a program's update of a per-CPU map, done inline with no error
+    /// plumbing and no call: an existing key (`BPF_ANY` or `BPF_EXIST`) whose element is the
+    /// thread's lookup memo (see `update_impl`), whose lock is free. True when the value was written; false when
     /// nothing was done and the update must go the general way (`update`).
     ///
     /// # Safety
     /// `key` readable for key_size bytes, `value` for value_size bytes.
     #[inline(always)]
     unsafe fn update_memo_fast(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> bool {
-        if flags > BPF_EXIST || flags == BPF_NOEXIST || self.ids {
+        if flags > BPF_EXIST || flags == BPF_NOEXIST || self.ids || !self.percpu {
             return false;
         }
-        let (map, i) = lookup_memo();
-        if map != self as *const HashMap as u64 || i >= self.n_elems {
+        let (map, i, word) = lookup_memo();
+        // SAFETY: key readable for key_size bytes (caller).
+        if map != self as *const HashMap as u64 || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
             return false;
         }
         // SAFETY: i < n_elems; key and value readable (caller).
@@ -1016,12 +1038,8 @@ impl HashMap {
             if a8(e.add(E_STATE)).load(Acquire) != LINKED || !self.key_eq(e, key) {
                 return false;
             }
-            if self.percpu {
-                // This CPU's slot, in place (what `write_value` does for it, without the call).
-                copy_in(self.val(i, self.cpu(cpu)), value, self.vs);
-            } else {
-                self.write_value(i, Src::Cpu(value, 0), false);
-            }
+            // This CPU's slot, in place (what `write_value` does for a per-CPU map).
+            copy_in(self.val(i, self.cpu(cpu)), value, self.vs);
         }
         true
     }
@@ -1097,7 +1115,7 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys) }
+        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
@@ -1178,6 +1196,23 @@ impl HashMap {
     }
 }
 
+/// The first 8 bytes of a key of `ks` bytes (zero-padded), the lookup memo's filter: a memo
+/// of another key is told apart without touching its element.
+///
+/// # Safety
+/// `key` readable for `ks` bytes.
+#[inline(always)]
+unsafe fn key_word(key: *const u8, ks: usize) -> u64 {
+    // SAFETY: readable for ks bytes (caller).
+    unsafe {
+        if ks >= 8 {
+            read_word(key)
+        } else {
+            read_tail(key, ks)
+        }
+    }
+}
+
 /// A program-side map operation called directly (see [`HashMap::prog_ops`]): `(arg, r2, r3,
 /// r4, cpu) -> r0`, the C calling convention, as helpers are called.
 pub type ProgOp = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
@@ -1211,8 +1246,10 @@ unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u6
 unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
     let map = unsafe { &*(m as *const HashMap) };
+    // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element written inline.
+    // Others: the general update, which tries the memo too (their value write switches slots).
     // SAFETY: as above.
-    if unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
+    if map.percpu && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
         return 0;
     }
     // SAFETY: as above.
@@ -1227,7 +1264,14 @@ unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: 
 #[inline(never)]
 unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: forwarded.
-    match unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) } {
+    let r = if map.percpu {
+        // SAFETY: forwarded; `prog_update` tried the memo.
+        unsafe { map.update_without_memo(key as *const u8, value as *const u8, flags, cpu as u32) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) }
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }

@@ -52,15 +52,17 @@ use crate::types::MapError;
 //   +0 tid: u32        the thread's id, 0 until first asked
 //   +4 memo_idx: u32   the element the thread's last program-side hash lookup found
 //   +8 memo_map: u64   that lookup's map (0: none); see `hash::HashMap::update_impl`
+//   +16 memo_key: u64  the first 8 bytes of that lookup's key (zero-padded), compared before
+//                      the element is touched
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
     ".globl userbpf_maps_thread_words",
     ".hidden userbpf_maps_thread_words",
     ".type userbpf_maps_thread_words,@object",
-    ".size userbpf_maps_thread_words, 16",
+    ".size userbpf_maps_thread_words, 24",
     "userbpf_maps_thread_words:",
-    ".zero 16",
+    ".zero 24",
     ".popsection",
 );
 
@@ -88,22 +90,23 @@ fn tid_word() -> *mut u32 {
     thread_words().cast()
 }
 
-/// The thread's memo of its last program-side hash lookup: (map, element index), map 0 for
-/// none. A hint only: whoever uses it checks the element under its lock.
+/// The thread's memo of its last program-side hash lookup: (map, element index, the key's
+/// first 8 bytes), map 0 for none. A hint only: whoever uses it checks the element.
 #[inline(always)]
-pub(crate) fn lookup_memo() -> (u64, u32) {
+pub(crate) fn lookup_memo() -> (u64, u32, u64) {
     let w = thread_words();
     // SAFETY: this thread's words, 8-aligned; nothing else uses them.
-    unsafe { (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read()) }
+    unsafe { (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read(), w.add(16).cast::<u64>().read()) }
 }
 
 #[inline(always)]
-pub(crate) fn set_lookup_memo(map: u64, idx: u32) {
+pub(crate) fn set_lookup_memo(map: u64, idx: u32, key_word: u64) {
     let w = thread_words();
     // SAFETY: as in `lookup_memo`.
     unsafe {
         w.add(8).cast::<u64>().write(map);
         w.add(4).cast::<u32>().write(idx);
+        w.add(16).cast::<u64>().write(key_word);
     }
 }
 
