@@ -835,12 +835,10 @@ impl HashMap {
         }
         if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
             let (map, i, word) = lookup_memo();
-            // SAFETY: i < n_elems is checked first; key and src readable (caller).
-            if map == self as *const HashMap as u64
-                && word == unsafe { key_word(key, self.ks) }
-                && i < self.n_elems
-                && unsafe { self.key_eq(self.elem(i), key) }
-            {
+            // SAFETY: `key` is readable for the map's key size (the caller's contract).
+            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, self.ks) };
+            // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
+            if memo_word && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
                 // SAFETY: as above.
                 if unsafe { self.update_in_place(i, key, None, src, wait) }? {
                     return Ok(());
