@@ -14,7 +14,7 @@ EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard exampl
 	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
 	$(LIBBPF_EXAMPLES) $(TOOLS)
 
-.PHONY: all deps build test unit conformance bench demo clean examples
+.PHONY: all deps build test lint unit conformance bench demo clean examples
 
 all: build
 
@@ -56,7 +56,14 @@ target/libbpf/%.skel.h: target/libbpf/%.bpf.o
 $(LIBBPF_EXAMPLES): target/libbpf/%: examples/libbpf/%.c target/libbpf/%.skel.h
 	cc -O2 -g -Wall -Itarget/libbpf -Iexamples/libbpf -o $@ $< -lbpf -lelf -lz
 
-test: build unit conformance
+test: build lint unit conformance
+
+# The rules the build enforces: rustfmt's layout (rustfmt.toml) and clippy with every warning
+# an error, on top of the workspace lints of Cargo.toml (SAFETY comments, unsafe operations
+# in unsafe functions, documented safety contracts).
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
 unit:
 	$(CARGO) test --release --locked --workspace
