@@ -1,0 +1,288 @@
+//! The walk over all paths (the kernel's `do_check` and `is_state_visited`).
+//!
+//! One path is followed at a time; at a conditional jump that can go both ways, the
+//! fall-through is followed first and the taken branch is queued. At each prune point the
+//! current state is compared with the states stored there: if a stored state whose paths
+//! were all explored covers it, this path is done (pruned); if a stored state whose paths
+//! are still being explored (a loop on the current path) is exactly the current state, the
+//! loop makes no progress ("infinite loop detected"). Otherwise the state is stored (not
+//! at every prune point: as the kernel, only after a few jumps and instructions, and more
+//! rarely inside a loop) and the walk goes on. A bounded loop is thus followed iteration by
+//! iteration until its exit condition is decided, within the complexity limit of
+//! 1,000,000 processed instructions.
+
+use userbpf_isa::*;
+
+use crate::cfg::{self, Cfg, RegSet};
+use crate::reg::{Reg, RegType};
+use crate::stack::Stack;
+use crate::state::{covers, Frame, Mode, State};
+use crate::{Options, Stats, VerifyError, COMPLEXITY_LIMIT, JMP_SEQ_LIMIT, MAX_CALL_FRAMES};
+
+/// What an instruction leads to.
+pub enum Next {
+    /// Continue at this instruction.
+    Goto(usize),
+    /// Continue at the first instruction (fall-through) with the current state; queue the
+    /// second with the other state.
+    Fork(usize, Box<State>, usize),
+    /// The path ended (exit from the entry function).
+    Done,
+}
+
+/// A stored state.
+struct Checkpoint {
+    state: State,
+    /// Paths from this state still being explored.
+    branches: u32,
+    parent: Option<usize>,
+}
+
+struct Path {
+    state: State,
+    pc: usize,
+    parent: Option<usize>,
+    /// Jumps and instructions since the last stored state (the kernel's heuristic).
+    jumps: u32,
+    insns: u32,
+}
+
+/// The verifier's working data for one program.
+pub struct Verifier<'a> {
+    pub insns: &'a [Insn],
+    pub opts: &'a Options,
+    pub cfg: Cfg,
+    pub id_gen: u32,
+    /// Deepest stack use of each function.
+    pub depth: Vec<u32>,
+    pub log: Log,
+    checkpoints: Vec<Checkpoint>,
+    at: Vec<Vec<usize>>,
+    processed: usize,
+    pruned: usize,
+}
+
+/// The verifier log, kept to its last [`Log::LIMIT`] bytes.
+#[derive(Default)]
+pub struct Log {
+    pub level: u32,
+    pub text: String,
+}
+
+impl Log {
+    pub const LIMIT: usize = 16 << 20;
+    pub fn line(&mut self, s: impl FnOnce() -> String) {
+        if self.level == 0 {
+            return;
+        }
+        self.text.push_str(&s());
+        self.text.push('\n');
+        if self.text.len() > Self::LIMIT {
+            let cut = self.text.len() - Self::LIMIT / 2;
+            let cut = self.text[cut..].find('\n').map_or(cut, |n| cut + n + 1);
+            self.text.drain(..cut);
+        }
+    }
+}
+
+pub type Fail = String;
+
+impl<'a> Verifier<'a> {
+    pub fn new_id(&mut self) -> u32 {
+        self.id_gen += 1;
+        self.id_gen
+    }
+
+    fn caller_live(&self, callsite: usize) -> RegSet {
+        // After the call, r0-r5 are the callee's result and clobbered.
+        self.cfg.live.get(callsite + 1).copied().unwrap_or(0) & !0b11_1111
+    }
+
+    /// Returns true when the path is pruned.
+    fn visit(&mut self, p: &mut Path) -> Result<bool, Fail> {
+        let pc = p.pc;
+        let live = self.cfg.live[pc];
+        let mut looping = false;
+        let privileged = self.opts.privileged;
+        for &ci in &self.at[pc] {
+            let c = &self.checkpoints[ci];
+            let caller_live = |cs: usize| self.caller_live(cs);
+            if c.branches > 0 {
+                looping = true;
+                if covers(&c.state, &p.state, live, &caller_live, Mode::Exact, privileged) {
+                    return Err(format!("infinite loop detected at insn {pc}"));
+                }
+                continue;
+            }
+            if covers(&c.state, &p.state, live, &caller_live, Mode::Subsumes, privileged) {
+                self.pruned += 1;
+                return Ok(true);
+            }
+        }
+        let add = if looping {
+            p.jumps >= 20 || p.insns >= 100
+        } else {
+            (p.jumps >= 2 && p.insns >= 8) || self.cfg.funcs.binary_search(&pc).is_ok() || self.cfg.loop_head[pc]
+        };
+        if add {
+            let ci = self.checkpoints.len();
+            self.checkpoints.push(Checkpoint { state: p.state.clone(), branches: 1, parent: p.parent });
+            self.at[pc].push(ci);
+            p.parent = Some(ci);
+            p.jumps = 0;
+            p.insns = 0;
+        }
+        Ok(false)
+    }
+
+    /// A path ended: its stored ancestors have one unfinished path fewer.
+    fn finish(&mut self, mut parent: Option<usize>) {
+        while let Some(ci) = parent {
+            let c = &mut self.checkpoints[ci];
+            c.branches -= 1;
+            if c.branches > 0 {
+                break;
+            }
+            parent = c.parent;
+        }
+    }
+
+    fn initial_state(&self) -> State {
+        let mut regs = [Reg::NOT_INIT; 11];
+        regs[1] = Reg::pointer(RegType::Ctx);
+        regs[10] = Reg::pointer(RegType::Stack);
+        State { frames: vec![Frame { regs, stack: Stack::default(), callsite: 0, func: 0, callback: false }], refs: vec![] }
+    }
+
+    fn walk(&mut self) -> Result<(), (usize, Fail)> {
+        let mut work = vec![Path { state: self.initial_state(), pc: 0, parent: None, jumps: 0, insns: 0 }];
+        self.log.line(|| format!("func#0 @0\n0: {}", work[0].state.describe()));
+        while let Some(mut p) = work.pop() {
+            loop {
+                let pc = p.pc;
+                if self.cfg.prune[pc] {
+                    match self.visit(&mut p) {
+                        Ok(true) => {
+                            self.log.line(|| format!("{pc}: safe"));
+                            self.finish(p.parent);
+                            break;
+                        }
+                        Ok(false) => {}
+                        Err(e) => return Err((pc, e)),
+                    }
+                }
+                self.processed += 1;
+                p.insns += 1;
+                if self.processed > COMPLEXITY_LIMIT {
+                    return Err((pc, format!("BPF program is too large. Processed {} insn", self.processed)));
+                }
+                let insn = self.insns[pc];
+                if self.log.level > 0 {
+                    let next = self.insns.get(pc + 1).copied();
+                    let text = userbpf_isa::disasm::format_insn(insn, next);
+                    self.log.line(|| format!("{pc}: ({:02x}) {text}", insn.op));
+                }
+                let next = self.step(&mut p.state, pc).map_err(|e| (pc, e))?;
+                if self.log.level > 1 {
+                    let s = p.state.describe();
+                    self.log.line(|| format!("{pc}: {s}"));
+                }
+                if insn.is_jump() {
+                    p.jumps += 1;
+                }
+                match next {
+                    Next::Goto(t) => p.pc = t,
+                    Next::Fork(t, other, other_pc) => {
+                        if let Some(ci) = p.parent {
+                            self.checkpoints[ci].branches += 1;
+                        }
+                        work.push(Path { state: *other, pc: other_pc, parent: p.parent, jumps: p.jumps, insns: p.insns });
+                        if work.len() > JMP_SEQ_LIMIT {
+                            return Err((pc, format!("The sequence of {} jumps is too complex.", work.len())));
+                        }
+                        p.pc = t;
+                    }
+                    Next::Done => {
+                        self.finish(p.parent);
+                        break;
+                    }
+                }
+            }
+            if let Some(next) = work.last() {
+                let (pc, s) = (next.pc, next.state.describe());
+                self.log.line(|| format!("from {} to {pc}: {s}", "?"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel's `check_max_stack_depth`: along every chain of local calls, the frames'
+    /// stack (each rounded up to 32 bytes) add up to at most 512 bytes, and chains are at
+    /// most 8 frames deep.
+    fn check_stack_depth(&self) -> Result<(), (usize, Fail)> {
+        let round = |d: u32| d.max(1).div_ceil(32) * 32;
+        // Depth-first over the call graph, with the path's total.
+        fn walk(v: &Verifier<'_>, f: usize, total: u32, frames: usize, seen: &mut Vec<usize>, round: &dyn Fn(u32) -> u32) -> Result<(), (usize, Fail)> {
+            let total = total + round(v.depth[f]);
+            let start = v.cfg.funcs[f];
+            if frames > MAX_CALL_FRAMES {
+                return Err((start, format!("the call stack of {frames} frames is too deep !")));
+            }
+            if total > 512 {
+                return Err((start, format!("combined stack size of {frames} calls is {total}. Too large")));
+            }
+            if seen.contains(&f) {
+                return Err((start, "recursive call".into()));
+            }
+            seen.push(f);
+            let end = v.cfg.func_end(f, v.insns.len());
+            for pc in start..end {
+                let i = v.insns[pc];
+                let is_call = i.op == OP_CALL && i.src == BPF_PSEUDO_CALL;
+                let is_cb = i.is_lddw() && i.src == BPF_PSEUDO_FUNC && pc + 1 < end;
+                if is_call || is_cb {
+                    let t = (pc as i64 + i.imm as i64 + 1) as usize;
+                    let g = v.cfg.func_of(t);
+                    walk(v, g, total, frames + 1, seen, round)?;
+                }
+            }
+            seen.pop();
+            Ok(())
+        }
+        walk(self, 0, 0, 1, &mut Vec::new(), &round)
+    }
+}
+
+pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
+    let err = |insn: usize, message: String, log: String| VerifyError { insn, message, log };
+    if let Err(e) = userbpf_isa::validate::check_program(insns) {
+        return Err(err(e.index, e.message, String::new()));
+    }
+    let cfg = cfg::build(insns).map_err(|(pc, m)| err(pc, m, String::new()))?;
+    let nfuncs = cfg.funcs.len();
+    let mut v = Verifier {
+        insns,
+        opts,
+        cfg,
+        id_gen: 0,
+        depth: vec![0; nfuncs],
+        log: Log { level: opts.log_level, text: String::new() },
+        checkpoints: Vec::new(),
+        at: vec![Vec::new(); insns.len()],
+        processed: 0,
+        pruned: 0,
+    };
+    let result = v.walk().and_then(|()| v.check_stack_depth());
+    match result {
+        Ok(()) => {
+            let states = v.checkpoints.len();
+            v.log.line(|| format!("processed {} insns, {} states, {} pruned", v.processed, states, v.pruned));
+            Ok(Stats { insns_processed: v.processed, states, pruned: v.pruned, stack_depth: v.depth.clone(), log: std::mem::take(&mut v.log.text) })
+        }
+        Err((pc, message)) => {
+            let m = message.clone();
+            v.log.line(|| m);
+            Err(err(pc, message, std::mem::take(&mut v.log.text)))
+        }
+    }
+}
