@@ -25,6 +25,9 @@ pub struct Cfg {
 /// A static error: instruction and message.
 pub type CfgError = (usize, String);
 
+/// `bpf_loop`: the helper that calls a callback, and to which the callback returns.
+pub const CALLBACK_HELPER: i32 = 181;
+
 const CALLER_SAVED: RegSet = 0b11_1111; // r0-r5
 const ARGS: RegSet = 0b11_1110; // r1-r5
 
@@ -211,6 +214,9 @@ pub fn build(insns: &[Insn]) -> Result<Cfg, CfgError> {
                 }
                 if insn.op == OP_CALL {
                     prune[pc + 1] = true;
+                    if insn.src == 0 && insn.imm == CALLBACK_HELPER {
+                        prune[pc] = true;
+                    }
                 }
                 match color[t] {
                     0 => {

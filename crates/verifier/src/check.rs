@@ -444,7 +444,10 @@ impl Verifier<'_> {
                     if v.is_pointer() && !self.opts.privileged {
                         return Err(format!("R{regno} partial copy of pointer"));
                     }
-                    stack.write_bytes(start, size, if v.is_null() { Byte::Zero } else { Byte::Misc });
+                    match v.val.const_value().filter(|_| v.is_scalar() && start % SLOT as i64 == 0) {
+                        Some(c) => stack.store_narrow_const(start, size, c),
+                        None => stack.write_bytes(start, size, if v.is_null() { Byte::Zero } else { Byte::Misc }),
+                    }
                 }
                 return Ok(None);
             }
@@ -582,8 +585,8 @@ impl Verifier<'_> {
         let src = if src_is_reg { self.read_reg(st, insn.src)? } else { Reg::constant(insn.imm as i64 as u64) };
         // Null checks of a pointer that may be NULL.
         let null_check = !is32 && matches!(rel, Rel::Eq | Rel::Ne);
-        for (ptr_side, p, other) in [(insn.dst, dst, src), (insn.src, src, dst)] {
-            if !src_is_reg && ptr_side == insn.src {
+        for (is_dst, p, other) in [(true, dst, src), (false, src, dst)] {
+            if !src_is_reg && !is_dst {
                 continue;
             }
             if p.is_pointer() && other.is_null() && null_check {
@@ -646,7 +649,12 @@ impl Verifier<'_> {
     }
 
     fn check_exit(&mut self, st: &mut State, _pc: usize) -> Result<Next, Fail> {
-        let r0 = self.read_reg(st, 0)?;
+        // As the kernel, a function may return without setting r0 (a void function): the
+        // caller may not read it then.
+        let r0 = st.cur().regs[0];
+        if st.frames.len() == 1 || st.cur().callback {
+            self.read_reg(st, 0)?;
+        }
         if st.frames.len() > 1 {
             let callee = st.frames.pop().expect("more than one frame");
             if r0.typ == RegType::Stack && r0.frame as usize == st.frames.len() {
@@ -658,17 +666,8 @@ impl Verifier<'_> {
                 if !r0.is_scalar() || r0.val.umax > 1 {
                     return Err(format!("At callback return the register R0 has {} should have been in [0, 1]", r0));
                 }
-                // The helper may call the callback again, with the state it left.
-                let mut again = st.clone();
-                let cb_ctx = again.cur().regs[3];
-                let target = again.cur().regs[2].off as usize;
-                self.enter_callback(&mut again, callee.callsite, target, cb_ctx)?;
-                let caller = st.cur_mut();
-                caller.regs[0] = Reg::unknown();
-                for r in 1..=5 {
-                    caller.regs[r] = Reg::NOT_INIT;
-                }
-                return Ok(Next::Fork(ret, Box::new(again), target));
+                // Back to the helper call, which may call the callback again or return.
+                return Ok(Next::Goto(callee.callsite));
             }
             caller.regs[0] = r0;
             for r in 1..=5 {
@@ -686,6 +685,8 @@ impl Verifier<'_> {
     }
 
     /// Pushes the frame of a `bpf_loop` callback: r1 the index, r2 the callback context.
+    /// When the callback returns, the walk goes back to the helper call, which may call it
+    /// again (with the state it left) or return: the kernel's model of callbacks as loops.
     fn enter_callback(&mut self, st: &mut State, callsite: usize, target: usize, cb_ctx: Reg) -> Result<(), Fail> {
         self.check_func_call(st, callsite, target, true)?;
         let f = st.cur_mut();
@@ -704,6 +705,9 @@ impl Verifier<'_> {
                 format!("invalid func unknown#{id}")
             });
         };
+        if !self.opts.gpl_compatible && helpers::GPL_ONLY.contains(&idu) {
+            return Err("cannot call GPL-restricted function from non-GPL compatible program".into());
+        }
         let privileged = self.opts.privileged;
         let mut map: Option<u32> = None;
         let mut release: Option<u32> = None;
@@ -833,9 +837,16 @@ impl Verifier<'_> {
                 }
             }
         }
+        // As the kernel, a lookup in an array with a constant key below max_entries cannot
+        // fail: its result needs no null check.
+        let (mut const_key, mut map_entries) = (None, 0u64);
         if let Some(mk) = map {
             let m = self.map(mk)?;
             helpers::check_map_compat(idu, m.map_type)?;
+            if idu == 1 && matches!(m.map_type, helpers::ARRAY | helpers::PERCPU_ARRAY) {
+                map_entries = m.max_entries as u64;
+                const_key = self.const_stack_key(st, m.key_size as i64);
+            }
         }
         if idu == 12 && !st.refs.is_empty() {
             return Err("tail_call would lead to reference leak".into());
@@ -868,7 +879,8 @@ impl Verifier<'_> {
             Ret::Void => Reg::NOT_INIT,
             Ret::MapValueOrNull => {
                 let id = self.new_id();
-                Reg { map: map.unwrap_or(0), id, ..Reg::pointer(RegType::MapValueOrNull) }
+                let typ = if const_key.is_some_and(|k| k < map_entries) { RegType::MapValue } else { RegType::MapValueOrNull };
+                Reg { map: map.unwrap_or(0), id, ..Reg::pointer(typ) }
             }
             Ret::AllocMemOrNull => {
                 let id = self.new_id();
@@ -883,6 +895,24 @@ impl Verifier<'_> {
             f.regs[r] = Reg::NOT_INIT;
         }
         Ok(Next::Goto(pc + 1))
+    }
+
+    /// The constant a map key argument (r2) points to on the stack, if known.
+    fn const_stack_key(&self, st: &State, size: i64) -> Option<u64> {
+        let reg = st.cur().regs[2];
+        if reg.typ != RegType::Stack || !(1..=8).contains(&size) {
+            return None;
+        }
+        let off = reg.off as i64 + reg.val.const_value()? as i64;
+        if off < -MAX_STACK || off + size > 0 || off % size != 0 {
+            return None;
+        }
+        let r = st.frames[reg.frame as usize].stack.read(off, size, false).ok()?;
+        if r.is_scalar() {
+            r.val.const_value()
+        } else {
+            None
+        }
     }
 
     /// Memory a helper reads or writes through register `regno`: `size` bytes from the

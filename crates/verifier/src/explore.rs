@@ -104,10 +104,22 @@ impl<'a> Verifier<'a> {
         let live = self.cfg.live[pc];
         let mut looping = false;
         let privileged = self.opts.privileged;
+        // At a call of a helper that calls a callback, the callback's repetitions are bounded
+        // by the helper: a state there may be pruned by one whose paths are still being
+        // explored (the kernel does the same for its callback-calling instructions).
+        let ci = self.insns[pc];
+        let callback_call = ci.op == OP_CALL && ci.src == 0 && ci.imm == cfg::CALLBACK_HELPER;
+        if callback_call {
+            // A callback called again: values the callback keeps changing (a sum in its
+            // context) are widened to unknown, so that the repetitions converge.
+            if let Some(&ci) = self.at[pc].iter().rev().find(|&&ci| self.checkpoints[ci].branches > 0) {
+                widen(&self.checkpoints[ci].state, &mut p.state);
+            }
+        }
         for &ci in &self.at[pc] {
             let c = &self.checkpoints[ci];
             let caller_live = |cs: usize| self.caller_live(cs);
-            if c.branches > 0 {
+            if c.branches > 0 && !callback_call {
                 looping = true;
                 if covers(&c.state, &p.state, live, &caller_live, Mode::Exact, privileged) {
                     return Err(format!("infinite loop detected at insn {pc}"));
@@ -122,7 +134,7 @@ impl<'a> Verifier<'a> {
         let add = if looping {
             p.jumps >= 20 || p.insns >= 100
         } else {
-            (p.jumps >= 2 && p.insns >= 8) || self.cfg.funcs.binary_search(&pc).is_ok() || self.cfg.loop_head[pc]
+            (p.jumps >= 2 && p.insns >= 8) || self.cfg.funcs.binary_search(&pc).is_ok() || self.cfg.loop_head[pc] || callback_call
         };
         if add {
             let ci = self.checkpoints.len();
@@ -216,40 +228,72 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
-    /// The kernel's `check_max_stack_depth`: along every chain of local calls, the frames'
-    /// stack (each rounded up to 32 bytes) add up to at most 512 bytes, and chains are at
-    /// most 8 frames deep.
+    /// The kernel's `check_max_stack_depth` (6.13+ on x86-64): along every chain of local
+    /// calls, the frames' stack (each rounded up to 16 bytes, as with the JIT) add up to at
+    /// most 512 bytes and chains are at most 8 frames deep. As the kernel gives frames of 64
+    /// bytes or more a private stack in tracing programs without tail calls, such frames
+    /// are not added to the chain's total (userbpf's executors give every frame its own
+    /// 512 bytes). A function with a tail call may not be called with 256 bytes or more of
+    /// stack in use by its callers.
     fn check_stack_depth(&self) -> Result<(), (usize, Fail)> {
-        let round = |d: u32| d.max(1).div_ceil(32) * 32;
-        // Depth-first over the call graph, with the path's total.
-        fn walk(v: &Verifier<'_>, f: usize, total: u32, frames: usize, seen: &mut Vec<usize>, round: &dyn Fn(u32) -> u32) -> Result<(), (usize, Fail)> {
-            let total = total + round(v.depth[f]);
-            let start = v.cfg.funcs[f];
+        let has_tail_call = |f: usize| {
+            let (start, end) = (self.cfg.funcs[f], self.cfg.func_end(f, self.insns.len()));
+            (start..end).any(|pc| self.insns[pc].op == OP_CALL && self.insns[pc].src == 0 && self.insns[pc].imm == 12)
+        };
+        let private = !(0..self.cfg.funcs.len()).any(has_tail_call);
+        let mut stack = vec![(0usize, 0u32, 1usize)];
+        let mut seen_chains = 0usize;
+        while let Some((f, callers, frames)) = stack.pop() {
+            seen_chains += 1;
+            if seen_chains > 1 << 16 {
+                return Err((0, "too many call chains".into()));
+            }
+            let start = self.cfg.funcs[f];
             if frames > MAX_CALL_FRAMES {
                 return Err((start, format!("the call stack of {frames} frames is too deep !")));
             }
+            let d = self.depth[f].div_ceil(16) * 16;
+            if f > 0 && has_tail_call(f) && callers >= 256 {
+                return Err((start, format!("tail_calls are not allowed when call stack of previous frames is {callers} bytes. Too large")));
+            }
+            let total = if private && d >= 64 { callers } else { callers + d };
             if total > 512 {
                 return Err((start, format!("combined stack size of {frames} calls is {total}. Too large")));
             }
-            if seen.contains(&f) {
-                return Err((start, "recursive call".into()));
-            }
-            seen.push(f);
-            let end = v.cfg.func_end(f, v.insns.len());
+            let end = self.cfg.func_end(f, self.insns.len());
             for pc in start..end {
-                let i = v.insns[pc];
-                let is_call = i.op == OP_CALL && i.src == BPF_PSEUDO_CALL;
-                let is_cb = i.is_lddw() && i.src == BPF_PSEUDO_FUNC && pc + 1 < end;
-                if is_call || is_cb {
-                    let t = (pc as i64 + i.imm as i64 + 1) as usize;
-                    let g = v.cfg.func_of(t);
-                    walk(v, g, total, frames + 1, seen, round)?;
+                let i = self.insns[pc];
+                if i.op == OP_CALL && i.src == BPF_PSEUDO_CALL {
+                    let g = self.cfg.func_of((pc as i64 + i.imm as i64 + 1) as usize);
+                    stack.push((g, total, frames + 1));
                 }
             }
-            seen.pop();
-            Ok(())
         }
-        walk(self, 0, 0, 1, &mut Vec::new(), &round)
+        Ok(())
+    }
+}
+
+/// Widens to unknown every scalar of `cur` (register or spill) that `old` does not cover,
+/// when the two states have the same frames.
+fn widen(old: &State, cur: &mut State) {
+    if old.frames.len() != cur.frames.len() {
+        return;
+    }
+    for (of, cf) in old.frames.iter().zip(cur.frames.iter_mut()) {
+        if of.callsite != cf.callsite {
+            return;
+        }
+        for (o, c) in of.regs.iter().zip(cf.regs.iter_mut()) {
+            if o.is_scalar() && c.is_scalar() && !o.val.contains(&c.val) {
+                *c = Reg::unknown();
+            }
+        }
+        for (i, c) in cf.stack.slots.iter_mut().enumerate() {
+            let o = of.stack.slot(i);
+            if o.is_spill() && c.is_spill() && o.spilled.is_scalar() && c.spilled.is_scalar() && !o.spilled.val.contains(&c.spilled.val) {
+                c.spilled = Reg::unknown();
+            }
+        }
     }
 }
 

@@ -123,6 +123,15 @@ static PROTOS: &[Proto] = &[
     p(195, [ConstMapPtr, MapKey, Anything, N, N], Ret::MapValueOrNull),    // map_lookup_percpu_elem
 ];
 
+/// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their
+/// `bpf_func_proto`).
+pub const GPL_ONLY: &[u32] = &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+
+/// The kernel's `license_is_gpl_compatible`.
+pub fn license_is_gpl_compatible(license: &str) -> bool {
+    matches!(license, "GPL" | "GPL v2" | "GPL and additional rights" | "Dual BSD/GPL" | "Dual MIT/GPL" | "Dual MPL/GPL")
+}
+
 /// The prototype of helper `id`, if userbpf implements it.
 pub fn proto(id: u32) -> Option<&'static Proto> {
     PROTOS.iter().find(|p| p.id == id)
@@ -145,12 +154,14 @@ pub fn name(id: u32) -> String {
 const PROG_ARRAY: u32 = 3;
 const PERF_EVENT_ARRAY: u32 = 4;
 const PERCPU_HASH: u32 = 5;
-const PERCPU_ARRAY: u32 = 6;
+pub const PERCPU_ARRAY: u32 = 6;
 const STACK_TRACE: u32 = 7;
 const CGROUP_ARRAY: u32 = 8;
 const LRU_PERCPU_HASH: u32 = 10;
 const QUEUE: u32 = 22;
 const STACK: u32 = 23;
+const SOCKMAP: u32 = 15;
+const SOCKHASH: u32 = 18;
 const RINGBUF: u32 = 27;
 const BLOOM_FILTER: u32 = 30;
 pub const ARRAY: u32 = 2;
@@ -167,6 +178,8 @@ pub fn check_map_compat(func: u32, map_type: u32) -> Result<(), String> {
         RINGBUF => only(&[130, 131, 134]),
         QUEUE | STACK => only(&[87, 88, 89]),
         BLOOM_FILTER => only(&[87, 89]),
+        // Lookups return sockets (references userbpf programs cannot release).
+        SOCKMAP | SOCKHASH => false,
         _ => true,
     };
     let func_ok = match func {

@@ -79,6 +79,8 @@ pub struct Options {
     pub maps: BTreeMap<u32, MapInfo>,
     /// The rules for root (see the crate docs).
     pub privileged: bool,
+    /// The program's license is GPL-compatible (else GPL-only helpers are refused).
+    pub gpl_compatible: bool,
     /// 0: no log; 1: the instructions of each path and the state where paths start; 2: the
     /// state after every instruction.
     pub log_level: u32,
@@ -86,7 +88,7 @@ pub struct Options {
 
 impl Options {
     pub fn new(prog_type: ProgType) -> Options {
-        Options { prog_type, maps: BTreeMap::new(), privileged: true, log_level: 0 }
+        Options { prog_type, maps: BTreeMap::new(), privileged: true, gpl_compatible: true, log_level: 0 }
     }
 }
 

@@ -30,15 +30,18 @@ impl Byte {
     }
 }
 
-/// One 8-byte slot. `spilled` is meaningful when all bytes are [`Byte::Spill`].
+/// One 8-byte slot. `spilled` is meaningful when all bytes are [`Byte::Spill`]. `narrow`
+/// records a constant of fewer than 8 bytes stored at the start of the slot (the kernel
+/// keeps such narrow spills of scalars), so that reading it back gives the constant.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Slot {
     pub bytes: [Byte; SLOT],
     pub spilled: Reg,
+    pub narrow: Option<(u8, u64)>,
 }
 
 impl Slot {
-    pub const EMPTY: Slot = Slot { bytes: [Byte::Invalid; SLOT], spilled: Reg::NOT_INIT };
+    pub const EMPTY: Slot = Slot { bytes: [Byte::Invalid; SLOT], spilled: Reg::NOT_INIT, narrow: None };
 
     pub fn is_spill(&self) -> bool {
         self.bytes.iter().all(|&b| b == Byte::Spill)
@@ -82,6 +85,7 @@ impl Stack {
         for o in off..off + size {
             let (s, _) = locate(o);
             let slot = self.slot_mut(s);
+            slot.narrow = None;
             if slot.is_spill() {
                 // Breaking a spill: its other bytes become unknown data.
                 let zero = slot.spilled.is_null();
@@ -103,6 +107,15 @@ impl Stack {
         let slot = self.slot_mut(s);
         slot.bytes = [Byte::Spill; SLOT];
         slot.spilled = reg;
+        slot.narrow = None;
+    }
+
+    /// Stores a constant of `size` (< 8) bytes at the slot-aligned `fp + off`.
+    pub fn store_narrow_const(&mut self, off: i64, size: i64, v: u64) {
+        let v = v & ((1u64 << (size * 8)) - 1);
+        self.write_bytes(off, size, if v == 0 { Byte::Zero } else { Byte::Misc });
+        let (s, _) = locate(off);
+        self.slot_mut(s).narrow = Some((size as u8, v));
     }
 
     /// Reads `size` bytes at `fp + off` (a fixed offset). `Ok(reg)` with the register value
@@ -124,6 +137,11 @@ impl Stack {
                 return Ok(Reg::constant(shifted & m));
             }
             return Ok(Reg::scalar(Scalar::unknown_bytes(size as u32)));
+        }
+        if let Some((n, v)) = slot.narrow {
+            if first == 0 && n as i64 == size {
+                return Ok(Reg::constant(v));
+            }
         }
         let mut all_zero = true;
         for o in off..off + size {

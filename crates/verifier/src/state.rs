@@ -156,6 +156,9 @@ fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged:
     let n = old.slots.len().max(cur.slots.len());
     for i in 0..n {
         let (o, c) = (old.slot(i), cur.slot(i));
+        if o.narrow.is_some() && o.narrow != c.narrow {
+            return false;
+        }
         if mode == Mode::Exact {
             if o.bytes != c.bytes {
                 return false;
