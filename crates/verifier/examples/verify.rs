@@ -6,6 +6,20 @@ use std::collections::BTreeMap;
 use userbpf_object::{MapKind, Object, ProgramKind};
 use userbpf_verifier::{verify, MapInfo, Options, ProgType};
 
+fn map_info(m: &userbpf_object::MapDef) -> MapInfo {
+    let frozen = matches!(m.kind, MapKind::Data { .. }).then(|| m.initial.clone()).flatten().filter(|_| m.is_readonly());
+    MapInfo {
+        name: m.name.clone(),
+        map_type: m.map_type,
+        key_size: m.key_size,
+        value_size: m.value_size,
+        max_entries: m.max_entries,
+        readonly: m.is_readonly(),
+        frozen,
+        inner: m.inner.as_deref().map(|i| Box::new(map_info(i))),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let level = if args.iter().any(|a| a == "-vv") { 2 } else if args.iter().any(|a| a == "-v") { 1 } else { 0 };
@@ -21,11 +35,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let mut maps = BTreeMap::new();
-    for (i, m) in obj.maps.iter().enumerate() {
-        let frozen = matches!(m.kind, MapKind::Data { .. }).then(|| m.initial.clone()).flatten().filter(|_| m.is_readonly());
-        maps.insert(i as u32, MapInfo { name: m.name.clone(), map_type: m.map_type, key_size: m.key_size, value_size: m.value_size, max_entries: m.max_entries, readonly: m.is_readonly(), frozen });
-    }
+    let maps: BTreeMap<u32, MapInfo> = obj.maps.iter().enumerate().map(|(i, m)| (i as u32, map_info(m))).collect();
     let mut failed = false;
     for p in &obj.programs {
         if pos.get(1).is_some_and(|n| **n != p.name) {

@@ -114,6 +114,11 @@ impl Verifier<'_> {
     }
 
     fn map(&self, key: u32) -> Result<&crate::MapInfo, Fail> {
+        if key & crate::INNER_MAP != 0 {
+            let outer = key & !crate::INNER_MAP;
+            let m = self.opts.maps.get(&outer).ok_or_else(|| format!("fd {outer} is not pointing to valid bpf_map"))?;
+            return m.inner.as_deref().ok_or_else(|| format!("the inner map of map {} ({}) is not known", outer, m.name));
+        }
         self.opts.maps.get(&key).ok_or_else(|| format!("fd {key} is not pointing to valid bpf_map"))
     }
 
@@ -879,8 +884,16 @@ impl Verifier<'_> {
             Ret::Void => Reg::NOT_INIT,
             Ret::MapValueOrNull => {
                 let id = self.new_id();
-                let typ = if const_key.is_some_and(|k| k < map_entries) { RegType::MapValue } else { RegType::MapValueOrNull };
-                Reg { map: map.unwrap_or(0), id, ..Reg::pointer(typ) }
+                let key = map.unwrap_or(0);
+                let outer_type = self.map(key)?.map_type;
+                if matches!(outer_type, 12 | 13) {
+                    // A map of maps: the result is an inner map.
+                    self.map(key | crate::INNER_MAP)?;
+                    Reg { map: key | crate::INNER_MAP, id, ..Reg::pointer(RegType::MapPtrOrNull) }
+                } else {
+                    let typ = if const_key.is_some_and(|k| k < map_entries) { RegType::MapValue } else { RegType::MapValueOrNull };
+                    Reg { map: key, id, ..Reg::pointer(typ) }
+                }
             }
             Ret::AllocMemOrNull => {
                 let id = self.new_id();

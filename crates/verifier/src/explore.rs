@@ -60,6 +60,7 @@ pub struct Verifier<'a> {
     at: Vec<Vec<usize>>,
     processed: usize,
     pruned: usize,
+    fail_state: String,
 }
 
 /// The verifier log, kept to its last [`Log::LIMIT`] bytes.
@@ -194,7 +195,14 @@ impl<'a> Verifier<'a> {
                     let text = userbpf_isa::disasm::format_insn(insn, next);
                     self.log.line(|| format!("{pc}: ({:02x}) {text}", insn.op));
                 }
-                let next = self.step(&mut p.state, pc).map_err(|e| (pc, e))?;
+                let next = match self.step(&mut p.state, pc) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // The register states where the rule was broken, whatever the log level.
+                        self.fail_state = format!("{pc}: {}", p.state.describe());
+                        return Err((pc, e));
+                    }
+                };
                 if self.log.level > 1 {
                     let s = p.state.describe();
                     self.log.line(|| format!("{pc}: {s}"));
@@ -303,6 +311,18 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         return Err(err(e.index, e.message, String::new()));
     }
     let cfg = cfg::build(insns).map_err(|(pc, m)| err(pc, m, String::new()))?;
+    // Helpers userbpf does not implement are refused wherever they are called.
+    for (pc, insn) in insns.iter().enumerate() {
+        if insn.op == OP_CALL && insn.src == 0 && crate::helpers::proto(insn.imm as u32).is_none() {
+            let id = insn.imm as u32;
+            let message = if userbpf_isa::helper_names::helper_name(id).is_some() {
+                format!("helper {} (id {id}) is not supported", crate::helpers::name(id))
+            } else {
+                format!("invalid func unknown#{}", insn.imm)
+            };
+            return Err(err(pc, message, String::new()));
+        }
+    }
     let nfuncs = cfg.funcs.len();
     let mut v = Verifier {
         insns,
@@ -315,6 +335,7 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         at: vec![Vec::new(); insns.len()],
         processed: 0,
         pruned: 0,
+        fail_state: String::new(),
     };
     let result = v.walk().and_then(|()| v.check_stack_depth());
     match result {
@@ -325,6 +346,11 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         }
         Err((pc, message)) => {
             let m = message.clone();
+            if v.log.level == 0 {
+                v.log.level = 1;
+                let st = std::mem::take(&mut v.fail_state);
+                v.log.line(|| st);
+            }
             v.log.line(|| m);
             Err(err(pc, message, std::mem::take(&mut v.log.text)))
         }

@@ -69,7 +69,12 @@ pub struct MapInfo {
     /// The contents of element 0 of a read-only array that cannot change (a frozen
     /// `.rodata`): loads from it at constant offsets give constants, as in the kernel.
     pub frozen: Option<Vec<u8>>,
+    /// For maps of maps: the inner maps' definition (what a lookup returns).
+    pub inner: Option<Box<MapInfo>>,
 }
+
+/// Added to a map's key to name its inner map (the map a lookup in a map of maps returns).
+pub const INNER_MAP: u32 = 1 << 31;
 
 /// What to verify the program as.
 #[derive(Clone, Debug)]

@@ -24,6 +24,8 @@ pub enum RegType {
     MapKey,
     /// The map itself (`lddw` with a map reference).
     MapPtr,
+    /// A lookup's result in a map of maps before its null check: an inner map.
+    MapPtrOrNull,
     /// A ring buffer record from `bpf_ringbuf_reserve` (a reference to release).
     RingbufMem,
     RingbufMemOrNull,
@@ -46,6 +48,7 @@ impl RegType {
             RegType::MapValueOrNull => "map_value_or_null",
             RegType::MapKey => "map_key",
             RegType::MapPtr => "map_ptr",
+            RegType::MapPtrOrNull => "map_ptr_or_null",
             RegType::RingbufMem => "ringbuf_mem",
             RegType::RingbufMemOrNull => "ringbuf_mem_or_null",
             RegType::Mem => "mem",
@@ -59,7 +62,7 @@ impl RegType {
     }
 
     pub fn maybe_null(self) -> bool {
-        matches!(self, RegType::MapValueOrNull | RegType::RingbufMemOrNull | RegType::MemOrNull)
+        matches!(self, RegType::MapValueOrNull | RegType::RingbufMemOrNull | RegType::MemOrNull | RegType::MapPtrOrNull)
     }
 
     /// The type once a null check proved the pointer non-null.
@@ -68,6 +71,7 @@ impl RegType {
             RegType::MapValueOrNull => RegType::MapValue,
             RegType::RingbufMemOrNull => RegType::RingbufMem,
             RegType::MemOrNull => RegType::Mem,
+            RegType::MapPtrOrNull => RegType::MapPtr,
             t => t,
         }
     }
@@ -161,7 +165,7 @@ impl fmt::Display for Reg {
                 if self.ref_obj_id != 0 {
                     parts.push(format!("ref_obj_id={}", self.ref_obj_id));
                 }
-                if matches!(t, RegType::MapValue | RegType::MapValueOrNull | RegType::MapPtr | RegType::MapKey) {
+                if matches!(t, RegType::MapValue | RegType::MapValueOrNull | RegType::MapPtr | RegType::MapPtrOrNull | RegType::MapKey) {
                     parts.push(format!("map={}", self.map));
                 }
                 if matches!(t, RegType::Mem | RegType::MemOrNull | RegType::RingbufMem | RegType::RingbufMemOrNull) {

@@ -53,7 +53,11 @@ fn ncpus() -> u32 {
 
 /// Creates one map in the kernel.
 fn create_map(def: &MapDef) -> Result<OwnedFd, String> {
+    let inner = def.inner.as_deref().map(create_map).transpose()?;
     let mut a = [0u8; 160];
+    if let Some(i) = &inner {
+        put32(&mut a, 20, i.as_raw_fd() as u32);
+    }
     let max_entries = if def.max_entries == 0 && def.map_type == 4 { ncpus() } else { def.max_entries };
     put32(&mut a, 0, def.map_type);
     put32(&mut a, 4, def.key_size);
@@ -166,28 +170,29 @@ impl KernelObject {
 }
 
 /// userbpf's options for a program of `obj`: maps by index, as the object's `lddw`s name them.
+/// The verifier's description of a map definition (inner template included).
+pub fn map_info(m: &MapDef) -> MapInfo {
+    let frozen = match (&m.kind, m.is_readonly()) {
+        (MapKind::Data { .. }, true) => m.initial.clone(),
+        _ => None,
+    };
+    let max_entries = if m.max_entries == 0 && m.map_type == 4 { ncpus() } else { m.max_entries };
+    MapInfo {
+        name: m.name.clone(),
+        map_type: m.map_type,
+        key_size: m.key_size,
+        value_size: m.value_size,
+        max_entries,
+        readonly: m.is_readonly(),
+        frozen,
+        inner: m.inner.as_deref().map(|i| Box::new(map_info(i))),
+    }
+}
+
+/// userbpf's options for a program of `obj`: maps by index, as the object's `lddw`s name them.
 pub fn options(obj: &Object, ptype: ProgType) -> Options {
     let gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(&obj.license);
-    let mut maps = BTreeMap::new();
-    for (i, m) in obj.maps.iter().enumerate() {
-        let frozen = match (&m.kind, m.is_readonly()) {
-            (MapKind::Data { .. }, true) => m.initial.clone(),
-            _ => None,
-        };
-        let max_entries = if m.max_entries == 0 && m.map_type == 4 { ncpus() } else { m.max_entries };
-        maps.insert(
-            i as u32,
-            MapInfo {
-                name: m.name.clone(),
-                map_type: m.map_type,
-                key_size: m.key_size,
-                value_size: m.value_size,
-                max_entries,
-                readonly: m.is_readonly(),
-                frozen,
-            },
-        );
-    }
+    let maps = obj.maps.iter().enumerate().map(|(i, m)| (i as u32, map_info(m))).collect::<BTreeMap<_, _>>();
     Options { prog_type: ptype, maps, privileged: true, gpl_compatible, log_level: 0 }
 }
 
