@@ -134,10 +134,8 @@ impl Verifier<'_> {
             BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_MAP_IDX_VALUE => {
                 let key = insn.imm as u32;
                 let m = self.map(key)?;
-                if m.map_type != helpers::ARRAY || m.max_entries != 1 && m.frozen.is_none() && m.max_entries == 0 {
-                    if m.map_type != helpers::ARRAY {
-                        return Err("no direct value access support for this map type".into());
-                    }
+                if m.map_type != helpers::ARRAY {
+                    return Err("no direct value access support for this map type".into());
                 }
                 let off = next.imm as u32;
                 if off >= m.value_size {

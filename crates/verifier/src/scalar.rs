@@ -731,7 +731,7 @@ mod tests {
         for _ in 0..20000 {
             let (a, av) = sample(&mut rng);
             let op = ops[(rng.next() % ops.len() as u64) as usize];
-            let alu64 = rng.next() % 2 == 0;
+            let alu64 = rng.next().is_multiple_of(2);
             let (b, bv) = if matches!(op, AluOp::Lsh | AluOp::Rsh | AluOp::Arsh) {
                 let s = rng.next() % if alu64 { 64 } else { 32 };
                 (Scalar::constant(s), vec![s])
@@ -754,9 +754,9 @@ mod tests {
         let rels = [Rel::Eq, Rel::Ne, Rel::Ugt, Rel::Uge, Rel::Ult, Rel::Ule, Rel::Sgt, Rel::Sge, Rel::Slt, Rel::Sle, Rel::Set, Rel::NotSet];
         for _ in 0..20000 {
             let (a, av) = sample(&mut rng);
-            let (b, bv) = if rng.next() % 2 == 0 { sample(&mut rng) } else { let v = rng.value(); (Scalar::constant(v), vec![v]) };
+            let (b, bv) = if rng.next().is_multiple_of(2) { sample(&mut rng) } else { let v = rng.value(); (Scalar::constant(v), vec![v]) };
             let rel = rels[(rng.next() % rels.len() as u64) as usize];
-            let is32 = rng.next() % 3 == 0;
+            let is32 = rng.next().is_multiple_of(3);
             let (mut ra, mut rb) = (a, b);
             let ok = Scalar::refine(&mut ra, &mut rb, rel, is32);
             for &x in &av {

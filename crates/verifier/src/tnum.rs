@@ -10,6 +10,9 @@ pub struct Tnum {
     pub mask: u64,
 }
 
+// `add`, `sub`, `mul` are the kernel's tnum operations (sets of values), not the arithmetic
+// the std::ops traits promise.
+#[allow(clippy::should_implement_trait)]
 impl Tnum {
     /// Every bit unknown.
     pub const UNKNOWN: Tnum = Tnum { value: 0, mask: u64::MAX };
