@@ -68,6 +68,9 @@ pub fn check(name: &str, insns: &[Insn], prog_type: &str, license: &str, maps: &
         "kprobe" => ProgType::Kprobe,
         "tracepoint" => ProgType::Tracepoint { record_size: None },
         "raw_tracepoint" => ProgType::RawTracepoint { args: None },
+        "perf_event" => ProgType::PerfEvent,
+        "syscall" => ProgType::Syscall,
+        "socket_filter" => ProgType::SocketFilter,
         other => return Err(format!("program `{name}`: programs of type {other} cannot be verified")),
     };
     let mut opts = Options::new(prog_type);

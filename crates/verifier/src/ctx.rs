@@ -15,6 +15,15 @@ pub enum ProgType {
     /// `BPF_PROG_TYPE_RAW_TRACEPOINT`: the context is an array of up to 12 u64 arguments;
     /// `args`, when known, bounds it at load time (the kernel checks at attach time).
     RawTracepoint { args: Option<u32> },
+    /// `BPF_PROG_TYPE_PERF_EVENT` (bpftrace's `interval`, `profile`): the context is a
+    /// read-only `struct bpf_perf_event_data` (`pt_regs`, then `sample_period` and `addr`).
+    PerfEvent,
+    /// `BPF_PROG_TYPE_SYSCALL`: the context is a caller-given buffer, read and written at
+    /// any aligned offset below 65535 (its size is checked when the program runs).
+    Syscall,
+    /// `BPF_PROG_TYPE_SOCKET_FILTER` (loaders' feature probes): userbpf gives these no
+    /// packet, so the context may only be passed to helpers, not read.
+    SocketFilter,
 }
 
 /// `sizeof(struct pt_regs)` on x86-64.
@@ -31,15 +40,24 @@ impl ProgType {
             ProgType::Kprobe => "kprobe",
             ProgType::Tracepoint { .. } => "tracepoint",
             ProgType::RawTracepoint { .. } => "raw_tracepoint",
+            ProgType::PerfEvent => "perf_event",
+            ProgType::Syscall => "syscall",
+            ProgType::SocketFilter => "socket_filter",
         }
     }
 
     /// Whether an access of `size` bytes at offset `off` of the context is allowed.
     pub fn ctx_access_ok(self, off: i64, size: i64, write: bool) -> bool {
+        if self == ProgType::Syscall {
+            return off >= 0 && off % size == 0 && off + size <= u16::MAX as i64;
+        }
         if write || off < 0 || off % size != 0 {
             return false;
         }
         match self {
+            ProgType::Syscall | ProgType::SocketFilter => false,
+            // The registers are read as whole longs; sample_period and addr narrowly too.
+            ProgType::PerfEvent => off + size <= PT_REGS_SIZE + 16 && (size == 8 || off >= PT_REGS_SIZE),
             ProgType::Kprobe => off + size <= PT_REGS_SIZE,
             ProgType::Tracepoint { record_size } => {
                 let end = record_size.map_or(PERF_MAX_TRACE_SIZE, |s| (s as i64).min(PERF_MAX_TRACE_SIZE));
@@ -74,6 +92,13 @@ mod tests {
         let tp = ProgType::Tracepoint { record_size: Some(24) };
         assert!(tp.ctx_access_ok(16, 8, false));
         assert!(!tp.ctx_access_ok(24, 8, false));
+        let pe = ProgType::PerfEvent;
+        assert!(pe.ctx_access_ok(176, 8, false));
+        assert!(pe.ctx_access_ok(168, 4, false));
+        assert!(!pe.ctx_access_ok(0, 4, false));
+        assert!(!pe.ctx_access_ok(184, 8, false));
+        assert!(ProgType::Syscall.ctx_access_ok(8, 8, true));
+        assert!(!ProgType::SocketFilter.ctx_access_ok(0, 4, false));
         let raw = ProgType::RawTracepoint { args: None };
         assert!(raw.ctx_access_ok(88, 8, false));
         assert!(!raw.ctx_access_ok(96, 8, false));
