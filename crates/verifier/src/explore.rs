@@ -36,6 +36,10 @@ struct Checkpoint {
     /// Paths from this state still being explored.
     branches: u32,
     parent: Option<usize>,
+    /// Comparisons that pruned / did not prune: a state that keeps failing to prune is
+    /// dropped from its instruction's list (as the kernel does), which keeps loops linear.
+    hits: u32,
+    misses: u32,
 }
 
 struct Path {
@@ -117,7 +121,9 @@ impl<'a> Verifier<'a> {
                 widen(&self.checkpoints[ci].state, &mut p.state);
             }
         }
-        for &ci in &self.at[pc] {
+        let mut evict = Vec::new();
+        let mut pruned = false;
+        for (slot, &ci) in self.at[pc].iter().enumerate() {
             let c = &self.checkpoints[ci];
             let caller_live = |cs: usize| self.caller_live(cs);
             if c.branches > 0 && !callback_call {
@@ -125,12 +131,23 @@ impl<'a> Verifier<'a> {
                 if covers(&c.state, &p.state, live, &caller_live, Mode::Exact, privileged) {
                     return Err(format!("infinite loop detected at insn {pc}"));
                 }
-                continue;
+            } else if covers(&c.state, &p.state, live, &caller_live, Mode::Subsumes, privileged) {
+                pruned = true;
+                self.checkpoints[ci].hits += 1;
+                break;
             }
-            if covers(&c.state, &p.state, live, &caller_live, Mode::Subsumes, privileged) {
-                self.pruned += 1;
-                return Ok(true);
+            let c = &mut self.checkpoints[ci];
+            c.misses += 1;
+            if c.misses > c.hits * 3 + 3 {
+                evict.push(slot);
             }
+        }
+        for slot in evict.into_iter().rev() {
+            self.at[pc].remove(slot);
+        }
+        if pruned {
+            self.pruned += 1;
+            return Ok(true);
         }
         let add = if looping {
             p.jumps >= 20 || p.insns >= 100
@@ -139,7 +156,7 @@ impl<'a> Verifier<'a> {
         };
         if add {
             let ci = self.checkpoints.len();
-            self.checkpoints.push(Checkpoint { state: p.state.clone(), branches: 1, parent: p.parent });
+            self.checkpoints.push(Checkpoint { state: p.state.clone(), branches: 1, parent: p.parent, hits: 0, misses: 0 });
             self.at[pc].push(ci);
             p.parent = Some(ci);
             p.jumps = 0;
