@@ -96,6 +96,13 @@ impl Verifier<'_> {
         }
     }
 
+    /// The value of register `r` (a scalar) decides safety here: it must be precise.
+    fn demand_reg(&mut self, st: &State, r: u8) {
+        if st.cur().regs[r as usize].is_scalar() {
+            self.demand.regs |= 1 << r;
+        }
+    }
+
     /// `check_reg_arg(SRC_OP)`: a register read must have been written.
     fn read_reg(&self, st: &State, r: u8) -> Result<Reg, Fail> {
         let reg = st.cur().regs[r as usize];
@@ -245,8 +252,16 @@ impl Verifier<'_> {
                     return Err(format!("R{d} pointer {} pointer prohibited", alu_str(code)));
                 }
             }
-            (true, false) => self.ptr_alu(d, &dst, &src, code, alu64, false)?,
-            (false, true) => self.ptr_alu(d, &src, &dst, code, alu64, true)?,
+            (true, false) => {
+                if insn.source() == BPF_X {
+                    self.demand_reg(st, insn.src);
+                }
+                self.ptr_alu(d, &dst, &src, code, alu64, false)?
+            }
+            (false, true) => {
+                self.demand_reg(st, insn.dst);
+                self.ptr_alu(d, &src, &dst, code, alu64, true)?
+            }
             (false, false) => {
                 let op = match code {
                     BPF_ADD => Some(AluOp::Add),
@@ -425,8 +440,12 @@ impl Verifier<'_> {
         let verb = if write { " write to" } else { " read from" };
         let base = reg.off as i64 + off;
         let frame = reg.frame as usize;
+        self.touched_var_stack = !reg.val.is_const();
         if let Some(v) = reg.val.const_value() {
             let start = base + v as i64;
+            if (-MAX_STACK..0).contains(&start) {
+                self.touched_slot = Some((frame as u8, locate(start).0 as u8));
+            }
             if start % size != 0 {
                 return Err(format!("misaligned stack access off {}+{}+{off} size {size}", reg.val.var, reg.off));
             }
@@ -593,6 +612,9 @@ impl Verifier<'_> {
                 continue;
             }
             if p.is_pointer() && other.is_null() && null_check {
+                if src_is_reg {
+                    self.demand_reg(st, if is_dst { insn.src } else { insn.dst });
+                }
                 if p.typ.maybe_null() {
                     let mut null_state = st.clone();
                     mark_null_check(&mut null_state, &p, true);
@@ -615,13 +637,28 @@ impl Verifier<'_> {
             let other = Box::new(st.clone());
             return Ok(Next::Fork(pc + 1, other, target));
         }
+        let decided = |v: &mut Self, st: &State| {
+            v.demand_reg(st, insn.dst);
+            if src_is_reg {
+                v.demand_reg(st, insn.src);
+            }
+        };
         match Scalar::branch_taken(&dst.val, &src.val, rel, is32) {
-            Some(true) => Ok(Next::Goto(target)),
-            Some(false) => Ok(Next::Goto(pc + 1)),
+            Some(true) => {
+                decided(self, st);
+                Ok(Next::Goto(target))
+            }
+            Some(false) => {
+                decided(self, st);
+                Ok(Next::Goto(pc + 1))
+            }
             None => {
                 let mut taken = st.clone();
                 let ok_taken = refine(&mut taken, insn, src_is_reg, rel, is32);
                 let ok_fall = refine(st, insn, src_is_reg, rel.negate(), is32);
+                if !(ok_taken && ok_fall) {
+                    decided(self, &taken);
+                }
                 match (ok_fall, ok_taken) {
                     (true, true) => Ok(Next::Fork(pc + 1, Box::new(taken), target)),
                     (true, false) => Ok(Next::Goto(pc + 1)),
@@ -666,6 +703,7 @@ impl Verifier<'_> {
             let caller = st.cur_mut();
             let ret = callee.callsite + 1;
             if callee.callback {
+                self.demand.regs |= 1;
                 if !r0.is_scalar() || r0.val.umax > 1 {
                     return Err(format!("At callback return the register R0 has {} should have been in [0, 1]", r0));
                 }
@@ -746,6 +784,9 @@ impl Verifier<'_> {
                     self.helper_mem(st, pc, regno, size as u64, access, arg == Arg::UninitMapValue)?;
                 }
                 Arg::Mem { nullable, .. } => {
+                    if nullable {
+                        self.demand_reg(st, regno);
+                    }
                     if reg.is_null() && nullable {
                         continue;
                     }
@@ -758,6 +799,7 @@ impl Verifier<'_> {
                     if !reg.is_scalar() {
                         return Err(type_err("scalar"));
                     }
+                    self.demand_reg(st, regno);
                     let Arg::Mem { write, uninit, .. } = proto.args[i - 1] else { unreachable!("a size follows a memory argument") };
                     let mem = st.cur().regs[i];
                     if reg.val.smin < 0 {
@@ -798,6 +840,7 @@ impl Verifier<'_> {
                     release = Some(reg.ref_obj_id);
                 }
                 Arg::AllocSize => {
+                    self.demand_reg(st, regno);
                     let Some(v) = reg.val.const_value().filter(|_| reg.is_scalar()) else {
                         return Err(format!("R{regno} is not a known constant'"));
                     };
@@ -810,6 +853,7 @@ impl Verifier<'_> {
                     callback = Some(reg.off as usize);
                 }
                 Arg::StackOrNull => {
+                    self.demand_reg(st, regno);
                     if !(reg.is_null() || reg.typ == RegType::Stack) {
                         return Err(type_err("fp"));
                     }
@@ -909,7 +953,7 @@ impl Verifier<'_> {
     }
 
     /// The constant a map key argument (r2) points to on the stack, if known.
-    fn const_stack_key(&self, st: &State, size: i64) -> Option<u64> {
+    fn const_stack_key(&mut self, st: &State, size: i64) -> Option<u64> {
         let reg = st.cur().regs[2];
         if reg.typ != RegType::Stack || !(1..=8).contains(&size) {
             return None;
@@ -918,6 +962,9 @@ impl Verifier<'_> {
         if off < -MAX_STACK || off + size > 0 || off % size != 0 {
             return None;
         }
+        // Whether the result may be NULL depends on the key's value.
+        let (spi, _) = locate(off);
+        self.demand.add_slot(reg.frame as usize, spi);
         let r = st.frames[reg.frame as usize].stack.read(off, size, false).ok()?;
         if r.is_scalar() {
             r.val.const_value()

@@ -16,7 +16,7 @@ use userbpf_isa::*;
 use crate::cfg::{self, Cfg, RegSet};
 use crate::reg::{Reg, RegType};
 use crate::stack::Stack;
-use crate::state::{covers, Frame, Mode, State};
+use crate::state::{covers, Frame, Mode, Precise, State};
 use crate::{Options, Stats, VerifyError, COMPLEXITY_LIMIT, JMP_SEQ_LIMIT, MAX_CALL_FRAMES};
 
 /// What an instruction leads to.
@@ -40,6 +40,22 @@ struct Checkpoint {
     /// dropped from its instruction's list (as the kernel does), which keeps loops linear.
     hits: u32,
     misses: u32,
+    /// The scalars whose ranges paths from here depended on.
+    precise: Precise,
+    /// The instructions from the parent checkpoint to this one.
+    history: Vec<Hist>,
+}
+
+/// One processed instruction, as precision backtracking needs it.
+#[derive(Clone, Copy)]
+pub struct Hist {
+    pc: u32,
+    /// Number of frames when it ran.
+    depth: u8,
+    /// The stack slot (frame, slot) a load or store at a constant offset touched.
+    slot: Option<(u8, u8)>,
+    /// A stack access at a variable offset.
+    var_stack: bool,
 }
 
 struct Path {
@@ -49,6 +65,7 @@ struct Path {
     /// Jumps and instructions since the last stored state (the kernel's heuristic).
     jumps: u32,
     insns: u32,
+    history: Vec<Hist>,
 }
 
 /// The verifier's working data for one program.
@@ -65,6 +82,11 @@ pub struct Verifier<'a> {
     processed: usize,
     pruned: usize,
     fail_state: String,
+    /// Scalars the instruction being processed needs precisely (registers of the current
+    /// frame, stack slots), and the stack slot it touched.
+    pub demand: Precise,
+    pub touched_slot: Option<(u8, u8)>,
+    pub touched_var_stack: bool,
 }
 
 /// The verifier log, kept to its last [`Log::LIMIT`] bytes.
@@ -122,17 +144,17 @@ impl<'a> Verifier<'a> {
             }
         }
         let mut evict = Vec::new();
-        let mut pruned = false;
+        let mut pruned = None;
         for (slot, &ci) in self.at[pc].iter().enumerate() {
             let c = &self.checkpoints[ci];
             let caller_live = |cs: usize| self.caller_live(cs);
             if c.branches > 0 && !callback_call {
                 looping = true;
-                if covers(&c.state, &p.state, live, &caller_live, Mode::Exact, privileged) {
+                if covers(&c.state, &Precise::everything(), &p.state, live, &caller_live, Mode::Exact, privileged) {
                     return Err(format!("infinite loop detected at insn {pc}"));
                 }
-            } else if covers(&c.state, &p.state, live, &caller_live, Mode::Subsumes, privileged) {
-                pruned = true;
+            } else if covers(&c.state, &c.precise, &p.state, live, &caller_live, Mode::Subsumes, privileged) {
+                pruned = Some(ci);
                 self.checkpoints[ci].hits += 1;
                 break;
             }
@@ -145,8 +167,13 @@ impl<'a> Verifier<'a> {
         for slot in evict.into_iter().rev() {
             self.at[pc].remove(slot);
         }
-        if pruned {
+        if let Some(ci) = pruned {
             self.pruned += 1;
+            // This path is safe because the stored state's precise scalars cover it: they
+            // must be precise on this path too.
+            let need = self.checkpoints[ci].precise.clone();
+            let history = std::mem::take(&mut p.history);
+            self.backtrack(&history, p.parent, p.state.frames.len(), need);
             return Ok(true);
         }
         let add = if looping {
@@ -156,13 +183,71 @@ impl<'a> Verifier<'a> {
         };
         if add {
             let ci = self.checkpoints.len();
-            self.checkpoints.push(Checkpoint { state: p.state.clone(), branches: 1, parent: p.parent, hits: 0, misses: 0 });
+            self.checkpoints.push(Checkpoint {
+                state: p.state.clone(),
+                branches: 1,
+                parent: p.parent,
+                hits: 0,
+                misses: 0,
+                precise: Precise::default(),
+                history: std::mem::take(&mut p.history),
+            });
             self.at[pc].push(ci);
             p.parent = Some(ci);
             p.jumps = 0;
             p.insns = 0;
         }
         Ok(false)
+    }
+
+    /// Precision backtracking (the kernel's `mark_chain_precision`): the scalars in `need`
+    /// (registers of the current frame at the current instruction, stack slots) are needed
+    /// precisely; walking back over the path's instructions, find the scalars they came
+    /// from and mark them precise in every stored state on the way. Calls and returns
+    /// between frames are not followed: the stored states before them get every scalar
+    /// marked (as precise as without this analysis).
+    fn backtrack(&mut self, history: &[Hist], parent: Option<usize>, depth: usize, mut need: Precise) {
+        let mut depth = depth;
+        let walk = |need: &mut Precise, hist: &[Hist], depth: usize| {
+            for h in hist.iter().rev() {
+                if need.all || need.is_empty() {
+                    return;
+                }
+                if h.depth as usize != depth {
+                    need.all = true;
+                    return;
+                }
+                reverse(self.insns[h.pc as usize], h, need);
+            }
+        };
+        walk(&mut need, history, depth);
+        let mut parent = parent;
+        while let Some(ci) = parent {
+            if need.is_empty() {
+                return;
+            }
+            let c = &mut self.checkpoints[ci];
+            if c.state.frames.len() != depth {
+                need.all = true;
+                depth = c.state.frames.len();
+            }
+            if !c.precise.merge(&need) {
+                // Already marked here, so in its ancestors too.
+                return;
+            }
+            parent = c.parent;
+            let c = &self.checkpoints[ci];
+            for h in c.history.iter().rev() {
+                if need.all || need.is_empty() {
+                    break;
+                }
+                if h.depth as usize != depth {
+                    need.all = true;
+                    break;
+                }
+                reverse(self.insns[h.pc as usize], h, &mut need);
+            }
+        }
     }
 
     /// A path ended: its stored ancestors have one unfinished path fewer.
@@ -185,7 +270,7 @@ impl<'a> Verifier<'a> {
     }
 
     fn walk(&mut self) -> Result<(), (usize, Fail)> {
-        let mut work = vec![Path { state: self.initial_state(), pc: 0, parent: None, jumps: 0, insns: 0 }];
+        let mut work = vec![Path { state: self.initial_state(), pc: 0, parent: None, jumps: 0, insns: 0, history: Vec::new() }];
         self.log.line(|| format!("func#0 @0\n0: {}", work[0].state.describe()));
         while let Some(mut p) = work.pop() {
             loop {
@@ -212,6 +297,9 @@ impl<'a> Verifier<'a> {
                     let text = userbpf_isa::disasm::format_insn(insn, next);
                     self.log.line(|| format!("{pc}: ({:02x}) {text}", insn.op));
                 }
+                self.touched_slot = None;
+                self.touched_var_stack = false;
+                let depth = p.state.frames.len();
                 let next = match self.step(&mut p.state, pc) {
                     Ok(n) => n,
                     Err(e) => {
@@ -224,6 +312,11 @@ impl<'a> Verifier<'a> {
                     let s = p.state.describe();
                     self.log.line(|| format!("{pc}: {s}"));
                 }
+                if !self.demand.is_empty() {
+                    let need = std::mem::take(&mut self.demand);
+                    self.backtrack(&p.history, p.parent, depth, need);
+                }
+                p.history.push(Hist { pc: pc as u32, depth: depth as u8, slot: self.touched_slot, var_stack: self.touched_var_stack });
                 if insn.is_jump() {
                     p.jumps += 1;
                 }
@@ -233,7 +326,7 @@ impl<'a> Verifier<'a> {
                         if let Some(ci) = p.parent {
                             self.checkpoints[ci].branches += 1;
                         }
-                        work.push(Path { state: *other, pc: other_pc, parent: p.parent, jumps: p.jumps, insns: p.insns });
+                        work.push(Path { state: *other, pc: other_pc, parent: p.parent, jumps: p.jumps, insns: p.insns, history: p.history.clone() });
                         if work.len() > JMP_SEQ_LIMIT {
                             return Err((pc, format!("The sequence of {} jumps is too complex.", work.len())));
                         }
@@ -298,6 +391,76 @@ impl<'a> Verifier<'a> {
     }
 }
 
+/// What an instruction needs precisely for its results in `need` to be precise (backwards).
+fn reverse(insn: Insn, h: &Hist, need: &mut Precise) {
+    let bit = |r: u8| 1u16 << r;
+    let (d, s) = (insn.dst, insn.src);
+    let x = insn.source() == BPF_X;
+    match insn.class() {
+        BPF_ALU | BPF_ALU64 => {
+            if need.regs & bit(d) != 0 {
+                if insn.code() == BPF_MOV {
+                    need.regs &= !bit(d);
+                }
+                if x && !matches!(insn.code(), BPF_NEG | BPF_END) {
+                    need.regs |= bit(s);
+                }
+            }
+        }
+        BPF_LDX => {
+            if need.regs & bit(d) != 0 {
+                need.regs &= !bit(d);
+                if h.var_stack {
+                    need.all = true;
+                } else if let Some((f, spi)) = h.slot {
+                    need.add_slot(f as usize, spi as usize);
+                }
+            }
+        }
+        BPF_ST | BPF_STX => {
+            if insn.mode() == BPF_ATOMIC {
+                if h.var_stack || h.slot.is_some_and(|(f, spi)| need.slot(f as usize, spi as usize)) || need.regs & (bit(s) | 1) != 0 {
+                    need.all = true;
+                }
+            } else if h.var_stack {
+                // A store somewhere in a range of slots: its value may be any of them.
+                if insn.class() == BPF_STX {
+                    need.regs |= bit(s);
+                }
+            } else if let Some((f, spi)) = h.slot {
+                if need.slot(f as usize, spi as usize) {
+                    if insn.size() == BPF_DW {
+                        need.remove_slot(f as usize, spi as usize);
+                    }
+                    if insn.class() == BPF_STX {
+                        need.regs |= bit(s);
+                    }
+                }
+            }
+        }
+        BPF_LD => {
+            if insn.is_lddw() {
+                need.regs &= !bit(d);
+            } else {
+                need.all = true;
+            }
+        }
+        _ => match insn.code() {
+            BPF_CALL => {
+                // Helper results are not derived from precise inputs; r1-r5 are clobbered.
+                need.regs &= !0b11_1111;
+            }
+            BPF_EXIT | BPF_JA => {}
+            _ => {
+                let ops = bit(d) | if x { bit(s) } else { 0 };
+                if need.regs & ops != 0 {
+                    need.regs |= ops;
+                }
+            }
+        },
+    }
+}
+
 /// Widens to unknown every scalar of `cur` (register or spill) that `old` does not cover,
 /// when the two states have the same frames.
 fn widen(old: &State, cur: &mut State) {
@@ -353,6 +516,9 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         processed: 0,
         pruned: 0,
         fail_state: String::new(),
+        demand: Precise::default(),
+        touched_slot: None,
+        touched_var_stack: false,
     };
     let result = v.walk().and_then(|()| v.check_stack_depth());
     match result {

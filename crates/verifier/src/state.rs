@@ -87,6 +87,62 @@ impl State {
     }
 }
 
+/// Which scalars of a stored state the rest of the program's safety depends on (the
+/// kernel's precision marks): registers of the innermost frame and stack slots of every
+/// frame. Other scalars are compared only by type when pruning. `all`: every scalar.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Precise {
+    pub all: bool,
+    pub regs: u16,
+    /// Slot bit sets by frame.
+    pub slots: Vec<u64>,
+}
+
+impl Precise {
+    pub fn everything() -> Precise {
+        Precise { all: true, ..Default::default() }
+    }
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.regs == 0 && self.slots.iter().all(|&s| s == 0)
+    }
+    pub fn reg(&self, r: usize) -> bool {
+        self.all || self.regs & (1 << r) != 0
+    }
+    pub fn slot(&self, frame: usize, spi: usize) -> bool {
+        self.all || self.slots.get(frame).is_some_and(|s| spi < 64 && s & (1 << spi) != 0)
+    }
+    pub fn add_slot(&mut self, frame: usize, spi: usize) {
+        if spi >= 64 {
+            self.all = true;
+            return;
+        }
+        if self.slots.len() <= frame {
+            self.slots.resize(frame + 1, 0);
+        }
+        self.slots[frame] |= 1 << spi;
+    }
+    pub fn remove_slot(&mut self, frame: usize, spi: usize) {
+        if let Some(s) = self.slots.get_mut(frame) {
+            if spi < 64 {
+                *s &= !(1 << spi);
+            }
+        }
+    }
+    /// Adds `other`; returns whether anything was new.
+    pub fn merge(&mut self, other: &Precise) -> bool {
+        let before = self.clone();
+        self.all |= other.all;
+        self.regs |= other.regs;
+        for (f, &s) in other.slots.iter().enumerate() {
+            if self.slots.len() <= f {
+                self.slots.resize(f + 1, 0);
+            }
+            self.slots[f] |= s;
+        }
+        *self != before && !(before.all)
+    }
+}
+
 /// Consistent renaming of ids between a stored state and the current one (the kernel's
 /// `check_ids`): each old id maps to one current id and back.
 #[derive(Default)]
@@ -121,7 +177,11 @@ pub enum Mode {
     Exact,
 }
 
-fn reg_safe(old: &Reg, cur: &Reg, ids: &mut IdMap, mode: Mode, privileged: bool) -> bool {
+fn reg_safe(old: &Reg, cur: &Reg, ids: &mut IdMap, mode: Mode, privileged: bool, precise: bool) -> bool {
+    if mode == Mode::Subsumes && !precise && old.typ == RegType::Scalar && cur.typ == RegType::Scalar {
+        // Nothing later depends on this value's range.
+        return true;
+    }
     if mode == Mode::Exact {
         return old.typ == cur.typ
             && (old.typ == RegType::NotInit || (old.off == cur.off && old.val == cur.val && old.map == cur.map && old.mem_size == cur.mem_size && old.frame == cur.frame))
@@ -152,7 +212,7 @@ fn reg_safe(old: &Reg, cur: &Reg, ids: &mut IdMap, mode: Mode, privileged: bool)
     }
 }
 
-fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged: bool) -> bool {
+fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged: bool, precise: &dyn Fn(usize) -> bool) -> bool {
     let n = old.slots.len().max(cur.slots.len());
     for i in 0..n {
         let (o, c) = (old.slot(i), cur.slot(i));
@@ -163,21 +223,21 @@ fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged:
             if o.bytes != c.bytes {
                 return false;
             }
-            if o.is_spill() && !reg_safe(&o.spilled, &c.spilled, ids, mode, privileged) {
+            if o.is_spill() && !reg_safe(&o.spilled, &c.spilled, ids, mode, privileged, true) {
                 return false;
             }
             continue;
         }
         if o.is_spill() {
             if c.is_spill() {
-                if !reg_safe(&o.spilled, &c.spilled, ids, mode, privileged) {
+                if !reg_safe(&o.spilled, &c.spilled, ids, mode, privileged, precise(i)) {
                     return false;
                 }
                 continue;
             }
-            // An unknown scalar spill covers unknown bytes.
+            // An unknown (or imprecise) scalar spill covers unknown bytes.
             let all_data = c.bytes.iter().all(|&b| matches!(b, Byte::Misc | Byte::Zero) || (b == Byte::Invalid && privileged));
-            if o.spilled.typ == RegType::Scalar && o.spilled.val.is_unknown() && o.spilled.id == 0 && all_data {
+            if o.spilled.typ == RegType::Scalar && ((o.spilled.val.is_unknown() && o.spilled.id == 0) || !precise(i)) && all_data {
                 continue;
             }
             return false;
@@ -203,7 +263,7 @@ fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged:
 
 /// Whether `old` (stored at a prune point) covers `cur` (arriving there), looking only at
 /// registers in `live` for the current frame and `caller_live[i]` for caller frame `i`.
-pub fn covers(old: &State, cur: &State, live: RegSet, caller_live: &dyn Fn(usize) -> RegSet, mode: Mode, privileged: bool) -> bool {
+pub fn covers(old: &State, precise: &Precise, cur: &State, live: RegSet, caller_live: &dyn Fn(usize) -> RegSet, mode: Mode, privileged: bool) -> bool {
     if old.frames.len() != cur.frames.len() || old.refs.len() != cur.refs.len() {
         return false;
     }
@@ -215,11 +275,13 @@ pub fn covers(old: &State, cur: &State, live: RegSet, caller_live: &dyn Fn(usize
         }
         let mask = if i == last { live } else { caller_live(cur.frames[i + 1].callsite) };
         for r in 0..10 {
-            if mask & (1 << r) != 0 && !reg_safe(&of.regs[r], &cf.regs[r], &mut ids, mode, privileged) {
+            // Registers of caller frames are always compared fully.
+            let p = i != last || precise.reg(r);
+            if mask & (1 << r) != 0 && !reg_safe(&of.regs[r], &cf.regs[r], &mut ids, mode, privileged, p) {
                 return false;
             }
         }
-        if !stack_safe(&of.stack, &cf.stack, &mut ids, mode, privileged) {
+        if !stack_safe(&of.stack, &cf.stack, &mut ids, mode, privileged, &|spi| precise.slot(i, spi)) {
             return false;
         }
     }

@@ -74,3 +74,27 @@ fn errors_carry_the_register_states() {
     let e = verify(&insns, &o).unwrap_err();
     assert!(e.log.contains("0: (b7) "), "{}", e.log);
 }
+
+#[test]
+fn imprecise_scalars_do_not_keep_states_apart() {
+    // 30 tests of bits of one unknown value: each refines it differently, but nothing
+    // depends on its range, so the paths join (without precision tracking: 2^30 paths).
+    let mut p = String::from("mov %r0, 0\nldxdw %r2, [%r1+112]\n");
+    for i in 0..30 {
+        p.push_str(&format!("jset %r2, {}, +1\nmov %r3, {i}\n", 1u32 << i));
+    }
+    p.push_str("exit\n");
+    let n = check(&p, true).unwrap();
+    assert!(n < 2000, "{n} instructions processed");
+}
+
+#[test]
+fn a_scalar_used_as_an_offset_is_precise_where_paths_join() {
+    // The first path (r3 = 0) is safe and stores its state at 18; the second (r3 = 8) joins
+    // there and must not be pruned: r3 became an offset after the join.
+    let p = "ldxdw %r2, [%r1+112]\nmov %r3, 8\nmov %r4, 1\nmov %r4, 2\nmov %r4, 3\njeq %r4, 7, +0\nmov %r5, 1\nmov %r5, 2\n\
+             jeq %r2, 0, +9\nmov %r3, 0\nmov %r5, 1\nmov %r5, 2\njeq %r5, 7, +0\nmov %r5, 3\nmov %r5, 4\njeq %r5, 7, +0\nmov %r5, 5\nmov %r5, 6\n\
+             mov %r4, %r10\nadd %r4, -8\nadd %r4, %r3\nstxdw [%r4+0], %r2\nmov %r0, 0\nexit";
+    let e = check(p, true).unwrap_err();
+    assert_eq!(e, "instruction 21: invalid write to stack R4 off=0 size=8");
+}
