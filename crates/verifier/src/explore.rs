@@ -10,6 +10,18 @@
 //! rarely inside a loop) and the walk goes on. A bounded loop is thus followed iteration by
 //! iteration until its exit condition is decided, within the complexity limit of
 //! 1,000,000 processed instructions.
+//!
+//! Precision (the kernel's `mark_chain_precision`): a scalar's range takes part in the
+//! comparison only where some check on a path from the stored state depended on it (a
+//! branch decided by it, a pointer offset, a helper's size argument, ...). Each path keeps
+//! the instructions it ran since its last stored state; when a check depends on a scalar,
+//! the walk goes back over them (and over the stored states' own instructions) to find the
+//! scalars it came from and marks them in the stored states on the way. States that keep
+//! failing to prune are dropped from their instruction's list, as in the kernel.
+//!
+//! `bpf_loop` callbacks return to the helper call, which may call them again: the helper
+//! call is a prune point where states still being explored may prune (the helper bounds the
+//! repetitions), and scalars the callback keeps changing are widened to unknown there.
 
 use userbpf_isa::*;
 
