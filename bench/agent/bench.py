@@ -9,13 +9,17 @@ process):
 - no agent;
 - the agent, in a new empty session (the process makes it, and removes it at exit);
 - the agent, in a session with one uprobe link on the target (one inline hook placed);
-- the agent, in a session with a `raw_syscalls/sys_enter` link (every system call hook).
+- the agent, in a session with a `raw_syscalls/sys_enter` link (every system call hook);
+- the agent, in a session with a link on every `syscalls:sys_enter_*` tracepoint of the kernel's
+  (one program each, as bpftrace's `tracepoint:syscalls:sys_enter_*`).
 A session's links are held by `userbpf run OBJ -- sleep` for the time of the run.
 
-Prints one Markdown table: median and minimum wall time per process (fork, exec, run, exit, as
+Prints a Markdown table: median and minimum wall time per process (fork, exec, run, exit, as
 the parent sees it), the time added over the target's own start, and the process's system
-calls (counted by `perf stat -e raw_syscalls:sys_enter`, the agent's threads included). It
-reports; it never fails on timing.
+calls (counted by `perf stat -e raw_syscalls:sys_enter`, the agent's threads included); then
+what each part costs, beside the target's own start: the agent's start (empty session − no
+agent), the attach of one uprobe link and the attach of every system call hook (each − the
+empty session). It reports; it never fails on timing.
 
 Environment: ABENCH_RUNS (starts per configuration, default 200), USERBPF (the CLI, default
 target/release/userbpf, with libuserbpf_agent.so beside it).
@@ -37,13 +41,15 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 USERBPF = os.path.abspath(os.environ.get("USERBPF", os.path.join(ROOT, "target", "release", "userbpf")))
 AGENT = os.path.join(os.path.dirname(USERBPF), "libuserbpf_agent.so")
 RUNS = max(5, int(os.environ.get("ABENCH_RUNS", "200")))
-CONFIGS = ["none", "empty", "uprobe", "syscalls"]
+CONFIGS = ["none", "empty", "uprobe", "syscalls", "tracepoints"]
 NAME = {
     "none": "no agent (the target's own start)",
     "empty": "agent, a new empty session (made and removed by the process)",
     "uprobe": "agent, one uprobe link attached at start",
     "syscalls": "agent, raw_syscalls/sys_enter link (every system call hook)",
+    "tracepoints": "agent, a link on every syscalls:sys_enter_* tracepoint",
 }
+TRACEFS = next((d for d in ("/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls") if os.path.isdir(d)), None)
 problems = []
 
 
@@ -59,6 +65,23 @@ def build(workdir):
     target = os.path.join(workdir, "start_target")
     subprocess.run(["cc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", target, os.path.join(HERE, "start_target.c")], check=True)
     objs = {}
+    # One program per syscalls:sys_enter_* tracepoint of the kernel's (as bpftrace's
+    # tracepoint:syscalls:sys_enter_* makes them).
+    names = sorted(n for n in os.listdir(TRACEFS) if n.startswith("sys_enter_")) if TRACEFS else []
+    if names:
+        src = ["#include <linux/bpf.h>", "#include <bpf/bpf_helpers.h>", "long calls;"]
+        src += [f'SEC("tracepoint/syscalls/{n}") int {n}(void *ctx) {{ __sync_fetch_and_add(&calls, 1); return 0; }}' for n in names]
+        src.append('char LICENSE[] SEC("license") = "GPL";')
+        with open(os.path.join(workdir, "start_tracepoints.bpf.c"), "w") as f:
+            f.write("\n".join(src) + "\n")
+        out = os.path.join(workdir, "start_tracepoints.bpf.o")
+        subprocess.run(["clang", "-target", "bpf", "-g", "-O2", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu",
+                        "-c", "-o", out, os.path.join(workdir, "start_tracepoints.bpf.c")], check=True)
+        objs["start_tracepoints"] = out
+        objs["tracepoint_links"] = len(names)
+        NAME["tracepoints"] = f"agent, a link on every syscalls:sys_enter_* tracepoint ({len(names)} links)"
+    else:
+        problem("no tracefs: the configuration with every syscalls:sys_enter_* tracepoint is left out")
     for name in ("start_uprobe", "start_syscalls"):
         out = os.path.join(workdir, f"{name}.bpf.o")
         subprocess.run(["clang", "-target", "bpf", "-g", "-O2", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu",
@@ -67,7 +90,7 @@ def build(workdir):
     return target, objs
 
 
-def holder(obj, attach, shm):
+def holder(obj, attach, shm, links_wanted=1):
     """`userbpf run OBJ -- sleep`: a session holding the object's links; returns (process, session)."""
     env = dict(os.environ, USERBPF_SHM_DIR=shm)
     cmd = [USERBPF, "run", obj] + (["--attach", attach] if attach else []) + ["--", "sleep", "3600"]
@@ -77,7 +100,7 @@ def holder(obj, attach, shm):
     links = os.path.join(shm, f"userbpf-{os.getuid()}-{session}", "links")
     deadline = time.time() + 30
     while time.time() < deadline:
-        if os.path.isdir(links) and any(f.endswith(".json") for f in os.listdir(links)):
+        if os.path.isdir(links) and sum(f.endswith(".json") for f in os.listdir(links)) >= links_wanted:
             return p, session
         if p.poll() is not None:
             break
@@ -138,8 +161,11 @@ def main():
         target, objs = build(workdir)
         held, sessions = [], {}
         try:
-            for config, obj, attach in (("uprobe", objs["start_uprobe"], f"on_entry={target}:bench_entry"), ("syscalls", objs["start_syscalls"], None)):
-                p, s = holder(obj, attach, shm)
+            holders = [("uprobe", objs["start_uprobe"], f"on_entry={target}:bench_entry", 1), ("syscalls", objs["start_syscalls"], None, 1)]
+            if "start_tracepoints" in objs:
+                holders.append(("tracepoints", objs["start_tracepoints"], None, objs["tracepoint_links"]))
+            for config, obj, attach, wanted in holders:
+                p, s = holder(obj, attach, shm, wanted)
                 if p:
                     held.append(p)
                     sessions[config] = s
@@ -177,6 +203,25 @@ def main():
         n = counts.get(c)
         dn = f"{n - counts['none']:,}" if n is not None and counts.get("none") is not None and c != "none" else "–"
         print(f"| {NAME[c]} | {1e6 * med:,.0f} | {1e6 * lo:,.0f} | {added} | {n if n is not None else '–'} | {dn} |")
+    print()
+    print("### what each part costs (differences of the medians and of the counts above)")
+    print()
+    print("| part | µs (median) | system calls | baseline: the target's own start |")
+    print("|---|---:|---:|---:|")
+    parts = [
+        ("the agent's start (empty session − no agent)", "empty", "none"),
+        ("attach of one uprobe link (uprobe − empty session)", "uprobe", "empty"),
+        ("attach of every system call hook (raw_syscalls − empty session)", "syscalls", "empty"),
+        ("attach of a link on every syscalls:sys_enter_* tracepoint (− empty session)", "tracepoints", "empty"),
+    ]
+    own = f"{1e6 * base:,.0f} µs, {counts.get('none', '–')} calls" if base is not None else "–"
+    for label, a, b in parts:
+        if not times[a] or not times[b]:
+            print(f"| {label} | failed | | {own} |")
+            continue
+        dt = 1e6 * (statistics.median(times[a]) - statistics.median(times[b]))
+        dn = f"{counts[a] - counts[b]:,}" if counts.get(a) is not None and counts.get(b) is not None else "–"
+        print(f"| {label} | {dt:,.0f} | {dn} | {own} |")
     if problems:
         print()
         print("### Problems")

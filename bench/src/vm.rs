@@ -277,6 +277,7 @@ fn bench(w: &Workload, options: &LoadOptions) -> Row {
             // BUF_LEN bytes at r2 (masked offsets), which `buf` provides.
             let (t_jit, r_jit) = time_runs(JIT_REPS, || {
                 reset();
+                // SAFETY: as said above: the workload stays inside `buf` and its stack.
                 unsafe { jit.run(black_box(n), black_box(r2)) }
             });
             if r_jit != r_interp {

@@ -1,8 +1,11 @@
 //! The agent: a shared library that a target process loads (`LD_PRELOAD`, set by
-//! `userbpf run` and `userbpf start`). At load it opens the session named by
-//! `USERBPF_SESSION`, prepares the session's programs and attaches its links with inline
-//! hooks; a thread watching the session's `links/` directory (inotify: notified, never
-//! polled on the hot path) attaches links added later and detaches removed ones.
+//! `userbpf run` and `userbpf start`). At load it starts its thread (`watcher`), which opens
+//! the session named by `USERBPF_SESSION`, prepares the session's programs and attaches its
+//! links with inline hooks while the loading thread waits, then watches the session's
+//! `links/` directory (inotify: notified, never polled on the hot path), attaching links added
+//! later and detaching removed ones. The program cannot tell it is there (issue 18): the
+//! thread's descriptors are in a table of its own and its signals blocked (`watcher`), and it
+//! keeps the program's credentials through set*id calls (`creds`).
 //!
 //! Which links apply here: a uprobe, uretprobe or USDT link names a file (empty: the
 //! executable); it is attached in a process where that file is mapped, and waits silently
@@ -14,9 +17,8 @@
 //! attaches only in a process whose executable has the function (or USDT probe). System call
 //! tracepoints attach in every process. A link restricted to a pid attaches only there.
 //!
-//! fork: the child keeps the parent's hooks (they are in the copied address space);
-//! `pthread_atfork` handlers keep the agent's and the hook engine's locks consistent, and the
-//! child starts its own watcher thread, which joins the session as a member of its own and
+//! fork (`fork`): the child keeps the parent's hooks (they are in the copied address space)
+//! and starts an agent thread of its own, which joins the session as a member of its own and
 //! detaches links meant for another pid. exec: `LD_PRELOAD` and `USERBPF_SESSION` are
 //! inherited, so the new image loads the agent and attaches again.
 //!
@@ -26,27 +28,33 @@
 //! scope; neither its calls of probed functions (malloc...) nor its system calls are seen.
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
-//! allocates, locks or makes a system call. Errors are printed once per link to stderr,
+//! allocates, locks or makes a system call. Errors are printed once per link to the program's
+//! stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
 //! is also reported to the session (`userbpf_runtime::loader::report_attach`), where
 //! `userbpf run` reads it. With a program, the agent prepares the programs its prog arrays
 //! hold (`prepare_tail_targets`), so that tail calls land.
 
-use std::cell::UnsafeCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
-use userbpf_hook::symbols::{self, LoadedObject, ObjectChanges};
+use userbpf_hook::symbols::{self, MappedObject, ObjectChanges};
 use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
-use userbpf_runtime::session::SemaphoreRecord;
+use userbpf_runtime::session::{handshake, Layout, SemaphoreRecord};
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
+mod creds;
+mod fork;
 mod tracepoint;
 mod usdt;
+mod watcher;
+
+use fork::install_fork_handlers;
+use watcher::{kick, log};
 
 /// Environment variable choosing the interpreter (`1`) over the JIT.
 pub const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";
@@ -97,6 +105,9 @@ pub struct Agent {
     /// USDT semaphores of loader links (see [`Agent::sync_semaphores`]), by link id: the
     /// one this process raised, or `None` when another did (the loader, at link time).
     semas: HashMap<u32, Option<Sema>>,
+    /// The session's program records, read once per sync (a sync attaching N links of N
+    /// programs reads them once, not N times).
+    prog_records: Option<Vec<userbpf_runtime::ProgRecord>>,
 }
 
 /// A USDT semaphore this agent raised for a loader's link: at `addr`, file offset `off` of
@@ -110,19 +121,13 @@ struct Sema {
 }
 
 
-/// The agent's side of the loader's wait for link changes (the loader's side:
-/// `userbpf_syscall_server::attach::publish_links_gen`): after changing the session's links
-/// the loader writes a new generation into `links/gen` and waits (bounded) until every live
-/// agent's file `agents/PID.STARTTIME` holds at least that number. Every sync reads
-/// `links/gen` *before* listing `links/` and, once it has acted on the listing, writes the
-/// number it read into the file (temporary file + rename: the loader never reads half).
-/// So when the loader's LINK_CREATE, ioctl or close returns, the probes it changed are in
-/// place in every running target, as the kernel's are.
+/// The agent's acknowledgement of link changes (the handshake, both halves:
+/// `userbpf_runtime::session::handshake`).
 ///
 /// Only an agent with a watcher thread (which syncs when `links/gen` is renamed in) keeps a
 /// file; it is removed when the process exits or the watcher ends.
 struct Ack {
-    path: std::path::PathBuf,
+    file: handshake::Ack,
     /// The generation last written.
     done: u32,
 }
@@ -135,42 +140,33 @@ impl Ack {
     /// for the agent from now on: the first sync follows).
     fn create(dir: &std::path::Path) -> Option<Ack> {
         let me = std::process::id();
-        let start = userbpf_runtime::session::start_time(me)?;
-        let agents = dir.join("agents");
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&agents).ok()?;
-        let mut a = Ack { path: agents.join(format!("{me}.{start}")), done: 0 };
-        a.write(0).ok()?;
+        let a = Ack { file: handshake::Ack::create(&Layout::new(dir)).ok()?, done: 0 };
         ACK_PID.store(me, Ordering::SeqCst);
+        watcher::set_kick_path(Some(a.file.path()));
         install_ack_exit();
         Some(a)
     }
 
     /// Removes this process's file, if a previous image (before exec) left one.
     fn stale(dir: &std::path::Path) {
-        let me = std::process::id();
-        if let Some(start) = userbpf_runtime::session::start_time(me) {
-            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
-        }
+        handshake::remove_ack_of_self(&Layout::new(dir));
     }
 
     fn write(&mut self, gen: u32) -> std::io::Result<()> {
-        // `PID.STARTTIME.tmp`: not a name the loader parses (it skips the temporary file).
-        let mut tmp = self.path.clone().into_os_string();
-        tmp.push(".tmp");
-        std::fs::write(&tmp, gen.to_string())?;
-        std::fs::rename(&tmp, &self.path)?;
+        self.file.write(gen)?;
         self.done = gen;
         Ok(())
     }
 
     /// The generation in `links/` of session directory `dir` (none yet: 0).
     fn current(dir: &std::path::Path) -> u32 {
-        std::fs::read_to_string(dir.join("links").join("gen")).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+        handshake::current(&Layout::new(dir))
     }
 
     /// Removes the file (the process can no longer acknowledge): the loader stops waiting.
     fn remove(self) {
-        let _ = std::fs::remove_file(&self.path);
+        watcher::set_kick_path(None);
+        self.file.remove();
         let _ = ACK_PID.compare_exchange(std::process::id(), 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
@@ -181,11 +177,10 @@ impl Ack {
 fn forget_own_semaphore_claims(dir: &std::path::Path) {
     let me = std::process::id();
     let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-    let suffix = format!(".{me}.{start}");
-    let Ok(rd) = std::fs::read_dir(dir.join("perf")) else { return };
+    let Ok(rd) = std::fs::read_dir(Layout::new(dir).perf_dir()) else { return };
     for e in rd.flatten() {
         let name = e.file_name();
-        if name.to_str().is_some_and(|n| n.starts_with("sema-") && n.ends_with(&suffix)) {
+        if name.to_str().is_some_and(|n| Layout::is_claim_of_process(n, me, start)) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -203,8 +198,7 @@ fn install_ack_exit() {
                 return;
             }
             let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-            let dir = Session::dir_of(&Session::default_name());
-            let _ = std::fs::remove_file(dir.join("agents").join(format!("{me}.{start}")));
+            handshake::remove_ack_of(&Layout::new(Session::dir_of(&Session::default_name())), me, start);
         });
     }
     ONCE.call_once(|| {
@@ -221,7 +215,7 @@ struct AttachedLink {
     /// Hook addresses of USDT probes (see `usdt::claim`).
     anchors: Vec<usize>,
     /// The library holding the probes, when it is not the executable (it may be unloaded).
-    object: Option<LoadedObject>,
+    object: Option<MappedObject>,
     /// Probes of system calls made outside libc (see `tracepoint`).
     raw: Vec<usize>,
 }
@@ -261,25 +255,6 @@ enum Outcome {
 }
 
 static AGENT: OnceLock<Mutex<Agent>> = OnceLock::new();
-
-/// eventfd waking the watcher thread (a sync the loader notification could not do).
-static KICK: AtomicI32 = AtomicI32::new(-1);
-/// The watcher thread's inotify descriptor (closed by a forked child, which makes its own).
-static WATCH_FD: AtomicI32 = AtomicI32::new(-1);
-
-fn log(msg: &str) {
-    eprintln!("userbpf-agent: {msg}");
-}
-
-/// Wakes the watcher thread for a sync (async-signal-safe: one write(2)).
-fn kick() {
-    let fd = KICK.load(Ordering::SeqCst);
-    if fd >= 0 {
-        let one = 1u64;
-        // SAFETY: an 8-byte write from a local to an eventfd we own.
-        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-    }
-}
 
 /// The hit path: run the program on the probe's registers.
 unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
@@ -458,7 +433,7 @@ impl Agent {
         if let Some(a) = AGENT.get() {
             return Ok(a);
         }
-        let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).map_err(|e| format!("CPU slots: {e}"))?);
+        let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?);
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         userbpf_vm::guard::install();
         let ack = if ack {
@@ -472,14 +447,8 @@ impl Agent {
         if ack.is_some() {
             forget_own_semaphore_claims(session.dir());
         }
-        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new() };
+        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new(), prog_records: None };
         let cell = AGENT.get_or_init(|| Mutex::new(agent));
-        // SAFETY: eventfd has no memory arguments; the descriptor is owned by the agent.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if efd >= 0 && KICK.compare_exchange(-1, efd, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-            // SAFETY: our own descriptor, not published.
-            unsafe { libc::close(efd) };
-        }
         // Fork handlers: the hook engine's first, so its prepare handler runs after ours (the
         // agent's lock is taken before the registry's, as `sync` does).
         userbpf_hook::fork::install();
@@ -513,8 +482,15 @@ impl Agent {
     /// Whether every link was acted on (false: some wait for the dynamic loader, the watcher
     /// syncs again).
     fn sync_inner(&mut self) -> bool {
+        self.prog_records = None;
         let links = match self.session.links() {
             Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                // The process changed its credentials since it joined (a daemon dropping
+                // privileges, su's child): the probes in place keep firing, as the kernel's
+                // would, and nothing is said; links added or removed later are not seen here.
+                return true;
+            }
             Err(e) => {
                 log(&format!("reading links: {e}"));
                 return true;
@@ -580,10 +556,10 @@ impl Agent {
     /// link goes (or is not for this process any more); a semaphore whose library was
     /// unmapped is forgotten (raised again if the library comes back).
     fn sync_semaphores(&mut self, mine: &HashSet<u32>) {
-        let perf = self.session.dir().join("perf");
+        let layout = self.session.layout().clone();
         let me = std::process::id();
         let start = userbpf_runtime::session::start_time(me).unwrap_or(0);
-        let claim_path = |link: u32| perf.join(format!("sema-{link}.{me}.{start}"));
+        let claim_path = |link: u32| layout.semaphore_claim(link, me, start);
         let mut maps: Option<String> = None;
         let mut maps = || maps.get_or_insert_with(|| std::fs::read_to_string("/proc/self/maps").unwrap_or_default()).clone();
         let known: Vec<u32> = self.semas.keys().copied().collect();
@@ -606,7 +582,7 @@ impl Agent {
                 let _ = std::fs::remove_file(claim_path(id));
             }
         }
-        for r in SemaphoreRecord::all(self.session.dir()) {
+        for r in SemaphoreRecord::all(self.session.layout()) {
             let (id, off) = (r.link, r.offset);
             if !mine.contains(&id) || self.semas.contains_key(&id) || !r.is_for(me) {
                 continue;
@@ -626,9 +602,12 @@ impl Agent {
         if let Some(p) = self.programs.get(&id) {
             return Ok(p.clone());
         }
-        let rec = self.session.progs().map_err(|e| e.to_string())?.into_iter().find(|p| p.id == id).ok_or(format!("program {id} is not in the session"))?;
+        if self.prog_records.is_none() {
+            self.prog_records = Some(self.session.progs().map_err(|e| e.to_string())?);
+        }
+        let rec = self.prog_records.iter().flatten().find(|p| p.id == id).cloned().ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
-        userbpf_runtime::programs::register(prog.clone());
+        userbpf_runtime::program_table::register(prog.clone());
         self.programs.insert(id, prog.clone());
         // The programs it may tail-call (statically initialised prog arrays included).
         for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots.clone())? {
@@ -637,7 +616,7 @@ impl Agent {
         Ok(prog)
     }
 
-    fn attach(&mut self, link: &LinkRecord, objs: &[LoadedObject]) -> Result<Outcome, String> {
+    fn attach(&mut self, link: &LinkRecord, objs: &[MappedObject]) -> Result<Outcome, String> {
         if link.kind == "tracepoint" || link.kind == "raw_tracepoint" {
             let prog = self.program(link.prog_id)?;
             return tracepoint::attach(link, prog).map(Outcome::Attached);
@@ -718,6 +697,14 @@ fn on_objects_changed(c: &ObjectChanges) {
     let Some(cell) = AGENT.get() else { return };
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
+    // The agent's thread syncs (its descriptors are its own, not the program's); this thread
+    // waits for it as it would for the lock below.
+    if !watcher::is_agent_thread() {
+        UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()).extend(c.removed.iter().map(|(o, _)| o.clone()));
+        if watcher::request_sync(std::time::Duration::from_millis(500)) {
+            return;
+        }
+    }
     // The agent's lock is usually held by a sync of the watcher thread, soon done: wait for it
     // a while, but not for ever (that sync may be waiting for the loader), and not when this
     // thread is the one syncing (a library loaded by the sync itself).
@@ -733,7 +720,8 @@ fn on_objects_changed(c: &ObjectChanges) {
                 // The library may be mapped again at the same place before the watcher
                 // syncs: remember that its probes were forgotten.
                 UNMAPPED.lock().unwrap_or_else(|e| e.into_inner()).extend(c.removed.iter().map(|(o, _)| o.clone()));
-                return kick();
+                kick();
+                return;
             }
         }
     }
@@ -743,293 +731,7 @@ fn on_objects_changed(c: &ObjectChanges) {
 static SYNCING: AtomicI32 = AtomicI32::new(0);
 
 /// Objects unmapped while the agent was busy (see `on_objects_changed`).
-static UNMAPPED: Mutex<Vec<LoadedObject>> = Mutex::new(Vec::new());
-
-// ------------------------------------------------------------------ fork ----
-
-struct Held(UnsafeCell<Option<MutexGuard<'static, Agent>>>);
-// SAFETY: only the forking thread touches it, between its prepare handler and its parent or
-// child handler; another forking thread waits in `fork_prepare` for the agent's lock, which
-// is released only after the slot was emptied.
-unsafe impl Sync for Held {}
-static HELD: Held = Held(UnsafeCell::new(None));
-
-fn install_fork_handlers() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registers the handlers below, which follow the rules of their comments.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    });
-}
-
-/// Set when `fork_prepare` could not take the agent's lock: the child then leaves the agent
-/// alone (its hooks, copied with the address space, still run).
-static FORK_UNLOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Before fork: no sync is half done when the address space is copied. The lock is waited for
-/// up to 2 s: a fork from a library constructor (inside dlopen, the loader's lock held) while
-/// the watcher waits for the loader must not hang.
-extern "C" fn fork_prepare() {
-    let _ours = userbpf_hook::ours();
-    let Some(cell) = AGENT.get() else { return };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        match cell.try_lock() {
-            Ok(g) => {
-                FORK_UNLOCKED.store(false, Ordering::SeqCst);
-                // SAFETY: see `Held`; this thread owns the agent's lock now.
-                unsafe { *HELD.0.get() = Some(g) };
-                return;
-            }
-            Err(TryLockError::Poisoned(p)) => {
-                FORK_UNLOCKED.store(false, Ordering::SeqCst);
-                // SAFETY: as above.
-                unsafe { *HELD.0.get() = Some(p.into_inner()) };
-                return;
-            }
-            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_micros(200)),
-            Err(TryLockError::WouldBlock) => {
-                FORK_UNLOCKED.store(true, Ordering::SeqCst);
-                return;
-            }
-        }
-    }
-}
-
-extern "C" fn fork_parent() {
-    let _ours = userbpf_hook::ours();
-    // SAFETY: see `Held`; releases the lock taken in `fork_prepare`.
-    drop(unsafe { (*HELD.0.get()).take() });
-}
-
-/// In the child: release the agent's lock and start the child's watcher thread.
-extern "C" fn fork_child() {
-    let _ours = userbpf_hook::ours();
-    // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
-    // store (plus a wake if a parent thread was waiting, a harmless system call).
-    drop(unsafe { (*HELD.0.get()).take() });
-    if AGENT.get().is_none() || FORK_UNLOCKED.load(Ordering::SeqCst) {
-        return;
-    }
-    // SAFETY: pthread_create in the child of fork: glibc has made its thread list, stack
-    // cache and malloc usable in the child before running this handler, our own locks are
-    // released above, and the handler allocates nothing itself (the thread's start routine
-    // does the work once the handler has returned). The attribute lives on this stack for
-    // the call only. The thread is created with the program's signals blocked (quiet).
-    unsafe {
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        libc::pthread_attr_init(&mut attr);
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        libc::pthread_attr_setstacksize(&mut attr, 1 << 20);
-        let mut t: libc::pthread_t = 0;
-        userbpf_hook::quiet::with_quiet_mask(|| libc::pthread_create(&mut t, &attr, child_watcher, std::ptr::null_mut()));
-        libc::pthread_attr_destroy(&mut attr);
-    }
-}
-
-/// The forked child's watcher: descriptors of its own, a membership of its own, links for
-/// another pid detached, then the parent's job.
-extern "C" fn child_watcher(_: *mut c_void) -> *mut c_void {
-    let _ = std::panic::catch_unwind(|| {
-        // No probe fires for this thread's work, nor are its system calls traced.
-        userbpf_hook::mark_thread_ours();
-        let _ = std::thread::current(); // named by the thread's handle: "userbpf-agent"
-        let old_ino = WATCH_FD.swap(-1, Ordering::SeqCst);
-        // SAFETY: prctl(PR_SET_NAME) with a NUL-terminated name of at most 16 bytes.
-        unsafe { libc::prctl(libc::PR_SET_NAME, c"userbpf-agent".as_ptr() as libc::c_ulong, 0, 0, 0) };
-        if old_ino >= 0 {
-            // SAFETY: the parent's watcher inotify descriptor, copied by fork: reading it here
-            // would take the parent's events. Nothing else in the child uses it.
-            unsafe { libc::close(old_ino) };
-        }
-        // SAFETY: eventfd has no memory arguments.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        let old_kick = KICK.swap(efd, Ordering::SeqCst);
-        if old_kick >= 0 {
-            // SAFETY: the parent's eventfd copied by fork, replaced above.
-            unsafe { libc::close(old_kick) };
-        }
-        let Some(cell) = AGENT.get() else { return };
-        // Watch first, then sync: a link added in between is not missed.
-        let dir = lock(cell).session.dir().join("links");
-        let mut fd = watch_links(&dir, true);
-        let mut a = lock(cell);
-        match Session::open(a.session.name()) {
-            Ok(s) => {
-                // The copy of the parent's handle would leave with the parent's membership.
-                std::mem::forget(std::mem::replace(&mut a.session, s));
-            }
-            Err(e) => log(&format!("joining the session in a forked child: {e}")),
-        }
-        if fd.is_none() {
-            fd = watch_links(&a.session.dir().join("links"), false);
-        }
-        // The parent's acknowledgement file is the parent's: the child acknowledges in its own.
-        a.ack = if fd.is_some() { Ack::create(a.session.dir()) } else { None };
-        a.sync();
-        drop(a);
-        if let Some(fd) = fd {
-            watch_then_stop_acking(fd);
-        }
-    });
-    std::ptr::null_mut()
-}
-
-// --------------------------------------------------------------- watcher ----
-
-/// The directory `links_watch` watches: an inotify descriptor and the directory's inode.
-struct LinksWatch {
-    fd: i32,
-    ino: u64,
-}
-
-/// The inode of a directory, if it exists.
-fn inode(dir: &std::path::Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(dir).ok().map(|m| m.ino())
-}
-
-/// As [`watch_links`], also telling which directory is watched: the session directory may be
-/// removed and made anew (a session with no live member is reaped by any `userbpf` command)
-/// between this watch, made before the agent joins, and the join.
-fn watch_links_early(dir: &std::path::Path) -> Option<LinksWatch> {
-    let before = inode(dir)?;
-    let fd = watch_links(dir, true)?;
-    if inode(dir) == Some(before) {
-        return Some(LinksWatch { fd, ino: before });
-    }
-    // SAFETY: our descriptor, not shared.
-    unsafe { libc::close(fd) };
-    None
-}
-
-/// An inotify descriptor watching the session's `links/` directory `dir` (`None` when it
-/// cannot be watched: said unless `quiet`).
-fn watch_links(dir: &std::path::Path, quiet: bool) -> Option<i32> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: inotify_init1 has no preconditions; the descriptor is owned by the caller.
-    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-    if fd < 0 {
-        log("inotify_init1 failed: links added later will not be attached");
-        return None;
-    }
-    // SAFETY: `c` is a valid path; `fd` is ours.
-    if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE) } < 0 {
-        // SAFETY: our descriptor, not shared.
-        unsafe { libc::close(fd) };
-        if !quiet {
-            log("watching the session's links failed: links added later will not be attached");
-        }
-        return None;
-    }
-    Some(fd)
-}
-
-/// Syncs on every change of the session's links (inotify `fd`, see [`watch_links`]) and on
-/// kicks.
-fn watch(fd: i32) {
-    WATCH_FD.store(fd, Ordering::SeqCst);
-    let mut buf = [0u8; 4096];
-    loop {
-        let kick_fd = KICK.load(Ordering::SeqCst);
-        let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: kick_fd, events: libc::POLLIN, revents: 0 }];
-        // SAFETY: polling descriptors we own through an array of their length (a negative fd
-        // is ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
-        if fds[0].revents & libc::POLLIN != 0 {
-            // SAFETY: reading into a buffer we own, of its length.
-            let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if r <= 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                return;
-            }
-        } else if fds[0].revents != 0 {
-            return;
-        }
-        if fds[1].revents & libc::POLLIN != 0 {
-            let mut v = 0u64;
-            // SAFETY: an 8-byte read into a local from our eventfd (non-blocking).
-            unsafe { libc::read(kick_fd, (&mut v as *mut u64).cast(), 8) };
-        }
-        if let Some(a) = AGENT.get() {
-            lock(a).sync();
-        }
-    }
-}
-
-/// Runs `watch`; once it ends (nothing syncs on link changes any more), the process stops
-/// acknowledging them.
-fn watch_then_stop_acking(fd: i32) {
-    watch(fd);
-    if let Some(a) = AGENT.get() {
-        stop_acking(a);
-    }
-}
-
-extern "C" fn agent_init() {
-    if std::env::var_os("USERBPF_SESSION").is_none() {
-        return;
-    }
-    let _ = std::panic::catch_unwind(|| {
-        // The agent's work on the target's main thread: no probe fires for it.
-        let _ours = userbpf_hook::ours();
-        // Watch before the start-up sync, so that a link added in between is not missed (and no
-        // second sync runs beside the program's first steps).
-        let early = watch_links_early(&Session::dir_of(&Session::default_name()).join("links"));
-        match Agent::start_with(true) {
-            Ok(a) => {
-                // Signals blocked: the program's own (SIGCHLD read from a signalfd...) must
-                // go to its threads.
-                let watching = watch_after_start(a, early).is_some_and(|fd| userbpf_hook::quiet::spawn("userbpf-agent", move || watch_then_stop_acking(fd)).is_ok());
-                if !watching {
-                    stop_acking(a);
-                }
-            }
-            Err(e) => {
-                if let Some(w) = early {
-                    // SAFETY: our descriptor, not shared.
-                    unsafe { libc::close(w.fd) };
-                }
-                log(&e)
-            }
-        }
-    });
-}
-
-/// Once the agent started in its session: leaves the session at exit, and returns the
-/// inotify descriptor to watch the session's links with: the `early` watch (made before the
-/// start-up sync, so that no link added meanwhile is missed) when it is on the directory of
-/// the session joined, else a new one followed by a sync. `None`: links cannot be watched.
-fn watch_after_start(a: &'static Mutex<Agent>, early: Option<LinksWatch>) -> Option<i32> {
-    // SAFETY: registering a function with no preconditions to run at exit.
-    unsafe { libc::atexit(leave_at_exit) };
-    let links = lock(a).session.dir().join("links");
-    let early = early.and_then(|w| {
-        if inode(&links) == Some(w.ino) {
-            return Some(w.fd);
-        }
-        // SAFETY: our descriptor, not shared.
-        unsafe { libc::close(w.fd) };
-        None
-    });
-    early.or_else(|| {
-        let fd = watch_links(&links, false)?;
-        lock(a).sync();
-        Some(fd)
-    })
-}
-
-/// Without a watcher, this process acknowledges no link change: its file goes.
-fn stop_acking(a: &Mutex<Agent>) {
-    if let Some(ack) = lock(a).ack.take() {
-        ack.remove();
-    }
-}
+static UNMAPPED: Mutex<Vec<MappedObject>> = Mutex::new(Vec::new());
 
 /// At exit: this process leaves its session, which goes with it when no other process uses it
 /// (see `Session::leave_process`). The agent's lock stays held from here on: the watcher must
@@ -1046,54 +748,7 @@ extern "C" fn leave_at_exit() {
     });
 }
 
-/// The entry point of `userbpf attach` (called by the injector, see the userbpf-inject crate,
-/// on a borrowed thread of a running process, once the library is loaded by the process's own
-/// dlopen): `arg` is `ROOT\nSESSION`, where the session directories are and which session to
-/// join. Returns at once (the borrowed thread is paused while it runs): a thread of ours joins
-/// the session, attaches its links and then watches them, as in a process started under the
-/// agent. 0: started; 1: the agent already runs here; -1: a bad argument or no thread.
-///
-/// # Safety
-/// `arg` is a NUL-terminated string.
-#[no_mangle]
-pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i32 {
-    if arg.is_null() {
-        return -1;
-    }
-    // userbpf's own work on the borrowed thread: no probe fires for it.
-    let _ours = userbpf_hook::ours();
-    // SAFETY: a NUL-terminated string (the caller's contract).
-    let arg = unsafe { std::ffi::CStr::from_ptr(arg) }.to_string_lossy().into_owned();
-    std::panic::catch_unwind(move || {
-        let Some((root, name)) = arg.split_once('\n') else { return -1 };
-        if AGENT.get().is_some() {
-            return 1;
-        }
-        let (root, name) = (std::path::PathBuf::from(root), name.to_string());
-        let started = userbpf_hook::quiet::spawn("userbpf-agent", move || {
-            // Watch first, then sync at the start: a link added in between is not missed.
-            let early = watch_links_early(&Session::dir_in(&root, &name).join("links"));
-            let started = Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")).and_then(|s| Agent::start_in(s, true));
-            match started {
-                Ok(a) => match watch_after_start(a, early) {
-                    Some(fd) => watch_then_stop_acking(fd),
-                    None => stop_acking(a),
-                },
-                Err(e) => {
-                    if let Some(w) = early {
-                        // SAFETY: our descriptor, not shared.
-                        unsafe { libc::close(w.fd) };
-                    }
-                    log(&format!("attach: {e}"))
-                }
-            }
-        });
-        if started.is_ok() { 0 } else { -1 }
-    })
-    .unwrap_or(-1)
-}
-
 /// Runs when the library is loaded (LD_PRELOAD or dlopen).
 #[used]
 #[link_section = ".init_array"]
-static AGENT_INIT: extern "C" fn() = agent_init;
+static AGENT_INIT: extern "C" fn() = watcher::agent_init;

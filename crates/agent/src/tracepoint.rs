@@ -169,8 +169,6 @@ fn fire(p: &Probe, nr: u64, args: [u64; 6], ret: i64, regs: *mut PtRegs) {
     }
 }
 
-// ------------------------------------------------- raw system calls (SUD) ----
-
 /// A probe run for system calls made outside libc (`userbpf_hook::sud`).
 #[derive(Clone, Copy)]
 struct RawProbe {

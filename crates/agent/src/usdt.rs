@@ -70,7 +70,7 @@ fn store_spec(session: &Session, map_id: u32, spec: &[u8; SPEC_SIZE]) -> Result<
     if vs != SPEC_SIZE {
         return Err(format!("map __bpf_usdt_specs has {vs}-byte values, not libbpf's {SPEC_SIZE}-byte struct __bpf_usdt_spec"));
     }
-    let lock_path = session.dir().join(format!("usdt-specs-{map_id}.lock"));
+    let lock_path = session.layout().usdt_specs_lock(map_id);
     let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
     // SAFETY: flock on a descriptor we own; released when `lock` is closed.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
@@ -127,7 +127,7 @@ pub fn release(anchor: usize) {
 }
 
 /// Whether `obj` has the link's probe (`PROVIDER:NAME`) in its notes.
-pub fn has_probe(obj: &userbpf_hook::symbols::LoadedObject, link: &LinkRecord) -> bool {
+pub fn has_probe(obj: &userbpf_hook::symbols::MappedObject, link: &LinkRecord) -> bool {
     let probe = link.func.as_deref().unwrap_or("");
     let Some((provider, name)) = probe.split_once(':') else { return true };
     notes::read_notes(&obj.path).is_ok_and(|n| n.iter().any(|n| n.provider == provider && n.name == name))

@@ -17,9 +17,17 @@ pub struct AttachArgs {
 }
 
 pub fn run(session: &str, args: AttachArgs) -> Result<()> {
-    let pid = args.pid;
     // The session must exist for the agent to join it; opening it here also checks the name.
     let s = Session::open(session).with_context(|| format!("opening session {session}"))?;
+    println!("{}", inject_agent(&s, args.pid)?);
+    Ok(())
+}
+
+/// Puts the agent into process `pid` as a member of session `s` and waits until it has
+/// joined; returns the line `attach` prints (the process, the thread borrowed, its pause).
+/// Shared with `userbpf tool -p`.
+pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
+    let session = s.name();
     let agent = crate::run::agent_path()?;
     let root = Session::root();
     let arg = format!("{}\n{session}", root.display());
@@ -31,7 +39,7 @@ pub fn run(session: &str, args: AttachArgs) -> Result<()> {
         r => bail!("the agent in process {pid} could not start (status {r}); its stderr may say why"),
     }
     // The agent joins from a thread of its own: wait until it is a member.
-    let members = s.dir().join("members");
+    let members = s.layout().members_dir();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !is_member(&members, pid) {
         if Instant::now() > deadline {
@@ -40,13 +48,12 @@ pub fn run(session: &str, args: AttachArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(5));
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    println!(
+    Ok(format!(
         "attached to process {pid} ({}) in session {session}: thread {} paused {:.2} ms",
         comm.trim(),
         done.tid,
         done.pause.as_secs_f64() * 1e3
-    );
-    Ok(())
+    ))
 }
 
 fn is_member(members: &Path, pid: i32) -> bool {

@@ -92,7 +92,7 @@ fn run_prog(session: &str, args: RunArgs) -> Result<()> {
         None => vec![0u8; PT_REGS_SIZE],
     };
     let s = Session::open(session).with_context(|| format!("opening session {session}"))?;
-    let slots = Arc::new(CpuSlots::open(&s.dir().join("cpus"))?);
+    let slots = Arc::new(CpuSlots::open(&s.layout().cpus())?);
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let only = [name.clone()];
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: Some(&only) };

@@ -78,7 +78,7 @@ fn split_target(target: &str) -> (String, Option<String>, u64) {
 }
 
 /// CMD set up to run with the agent preloaded, in `session`.
-fn target_command(command: &[String], session: &str, interpreter: bool) -> Result<Command> {
+pub(crate) fn target_command(command: &[String], session: &str, interpreter: bool) -> Result<Command> {
     let agent = agent_path()?;
     let mut preload = agent.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
@@ -110,7 +110,49 @@ pub struct StartArgs {
 /// after CMD starts. Exits with CMD's status.
 pub fn start(session: &str, args: StartArgs) -> Result<()> {
     let status = target_command(&args.command, session, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
-    std::process::exit(status.code().unwrap_or(1));
+    std::process::exit(exit_code(&args.command[0], status));
+}
+
+/// The status to exit with for a command that ended with `status`, as a shell gives it: its
+/// exit code, or 128 + the signal that killed it. A death by signal is said on stderr (which
+/// signal, and whether it dumped core), so that a crashed target is never silent.
+pub fn exit_code(cmd: &str, status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return code;
+    }
+    let Some(sig) = status.signal() else { return 1 };
+    let core = if status.core_dumped() { ", core dumped" } else { "" };
+    eprintln!("userbpf: {cmd} was killed by signal {} ({sig}: {}){core}", signal_name(sig), signal_description(sig));
+    128 + sig
+}
+
+/// The name of signal `sig` (`SIGSEGV`), or `SIGRTMIN+N`, or the number.
+fn signal_name(sig: i32) -> String {
+    const NAMES: [&str; 32] = [
+        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
+        "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+        "SIGSYS",
+    ];
+    match usize::try_from(sig) {
+        Ok(i) if (1..NAMES.len()).contains(&i) => NAMES[i].to_string(),
+        _ if sig >= libc::SIGRTMIN() && sig <= libc::SIGRTMAX() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        _ => format!("signal {sig}"),
+    }
+}
+
+/// libc's description of signal `sig` (`Segmentation fault`).
+fn signal_description(sig: i32) -> String {
+    // SAFETY: strsignal returns a pointer to a NUL-terminated string (static, or in a
+    // thread-local buffer for unknown signals) that stays valid until the next call on this
+    // thread; it is copied at once.
+    let p = unsafe { libc::strsignal(sig) };
+    if p.is_null() {
+        return format!("signal {sig}");
+    }
+    // SAFETY: as above: a valid NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 /// Whether the agent can attach this tracepoint (`CATEGORY/NAME`) or raw tracepoint: the
@@ -139,7 +181,7 @@ fn split_usdt(target: &str) -> Option<(String, String)> {
 /// A path naming an existing file, made absolute, so the agent finds it whatever the target's
 /// working directory and however the library was named when loaded; other strings (library
 /// names like `libc.so.6`, empty for the executable) as they are.
-fn absolute_if_file(path: &str) -> String {
+pub(crate) fn absolute_if_file(path: &str) -> String {
     if path.contains('/') {
         if let Ok(p) = std::fs::canonicalize(path) {
             return p.display().to_string();
@@ -149,7 +191,7 @@ fn absolute_if_file(path: &str) -> String {
 }
 
 /// The command's executable (found in `PATH` as exec finds it), when it is an ELF file.
-fn command_executable(cmd: &str) -> Option<PathBuf> {
+pub(crate) fn command_executable(cmd: &str) -> Option<PathBuf> {
     use std::io::Read;
     let cands: Vec<PathBuf> = if cmd.contains('/') {
         vec![PathBuf::from(cmd)]
@@ -195,7 +237,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let object = Object::open(&args.object)?;
     let session_name = format!("run-{}", std::process::id());
     let session = Session::open(&session_name)?;
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus"))?);
+    let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = load_object(&session, object, &opts, slots)?;
@@ -244,10 +286,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             let mut doubt = None;
             if path.is_empty() {
                 if let Some(exe) = &exe {
-                    let has = userbpf_hook::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
+                    let has = userbpf_elf::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
                     doubt = doubt_of(&rec.name, &format!("USDT probe `{probe}`"), has);
                 }
-            } else if let Err(why) = check_file_target(&path, |p| userbpf_hook::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
+            } else if let Err(why) = check_file_target(&path, |p| userbpf_elf::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
                 unattached.push(format!("program `{}` ({described}): {why}", rec.name));
                 continue;
             }
@@ -303,9 +345,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         let described = describe_target(kind, &path, func.as_deref(), offset);
         let mut doubt = None;
         if let (true, Some(f), Some(exe)) = (path.is_empty(), &func, &exe) {
-            doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_hook::symbols::has_function(exe, f));
+            doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_elf::symbols::has_function(exe, f));
         } else if let (false, Some(f)) = (path.is_empty(), &func) {
-            if let Err(why) = check_file_target(&path, |p| userbpf_hook::symbols::has_function(p, f), &format!("function `{f}`")) {
+            if let Err(why) = check_file_target(&path, |p| userbpf_elf::symbols::has_function(p, f), &format!("function `{f}`")) {
                 unattached.push(format!("program `{}` ({described}): {why}", rec.name));
                 continue;
             }
@@ -432,11 +474,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     if !status.success() {
+        let code = exit_code(&args.command[0], status);
         // Leave the session first: `exit` skips destructors.
         drop(unpin);
         drop(loaded);
         drop(session);
-        std::process::exit(status.code().unwrap_or(1));
+        std::process::exit(code);
     }
     Ok(())
 }

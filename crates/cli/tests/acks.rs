@@ -30,7 +30,7 @@ fn wait_for(what: &str, cond: &mut dyn FnMut() -> bool) {
 /// The acknowledgement file of process `pid`.
 fn ack_file(session: &Session, pid: u32) -> PathBuf {
     let start = userbpf_runtime::session::start_time(pid).expect("process alive");
-    session.dir().join("agents").join(format!("{pid}.{start}"))
+    session.layout().agent(pid, start)
 }
 
 fn acked(path: &Path) -> Option<u32> {
@@ -39,11 +39,7 @@ fn acked(path: &Path) -> Option<u32> {
 
 /// What a loader does after changing links: a new generation renamed into `links/gen`.
 fn publish(session: &Session) -> u32 {
-    let gen = session.alloc_id().unwrap();
-    let tmp = session.dir().join("links").join("gen.tmp-test");
-    std::fs::write(&tmp, gen.to_string()).unwrap();
-    std::fs::rename(&tmp, session.dir().join("links").join("gen")).unwrap();
-    gen
+    userbpf_runtime::session::handshake::publish(session).expect("an agent acknowledges")
 }
 
 /// The first byte of process `pid`'s code at `addr`.

@@ -29,7 +29,7 @@ fn attach(session: &str, pid: u32) -> std::process::Output {
 
 #[test]
 fn a_running_process_gets_the_sessions_probes() {
-    // SAFETY (of the environment change): the tests of this file set the same value.
+    // SAFETY: (of the environment change) the tests of this file set the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", shm()) };
     let exe = target();
     let mut t = Command::new(&exe).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();

@@ -66,10 +66,10 @@ fn prog_run_prints_r0_and_typed_maps() {
 #[test]
 fn map_dump_reads_a_session_held_by_another_process() {
     let dir = shm_dir();
-    // SAFETY (of the environment change): this test binary's tests all set the same value.
+    // SAFETY: (of the environment change) this test binary's tests all set the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", &dir) };
     let session = userbpf_runtime::Session::open("cli-held").unwrap();
-    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
     let object = userbpf_object::Object::open(example("latency")).unwrap();
     let opts = userbpf_runtime::loader::LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = userbpf_runtime::load_object(&session, object, &opts, slots).unwrap();

@@ -134,7 +134,7 @@ fn links_added_after_a_fork_are_attached_in_the_child() {
         }
     };
     // The forked child joins the session as a member of its own (its watcher thread).
-    let members = session.dir().join("members");
+    let members = session.layout().members_dir();
     wait_for("the child's membership", &|| {
         std::fs::read_dir(&members).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{child}.")))
     });

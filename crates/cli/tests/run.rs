@@ -96,3 +96,48 @@ fn a_faulting_per_cpu_program_does_not_kill_the_target_on_the_lean_paths() {
         assert_eq!(sum, expected, "{src}: {out}");
     }
 }
+
+#[test]
+fn a_target_killed_by_a_signal_is_reported_and_run_exits_as_a_shell_does() {
+    // The target counts its calls, then dies of SIGSEGV: the maps are still printed, the
+    // signal is named, and the status is 128 + 11, as a shell reports it.
+    let obj = object("examples/bpf/funclatency.bpf.c", "killed");
+    let target = workload();
+    // The shell (the command, with the agent in it, whose SIGSEGV handler contains faults
+    // of programs) is sent SIGSEGV by kill: it must die of it as it would without userbpf.
+    let script = format!("{} 300 && kill -SEGV $$", target.display());
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_AGENT", common::agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .args(["run", obj.to_str().unwrap(), "--attach", "enter=work", "--attach", "leave=work", "--allow-partial", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(128 + libc::SIGSEGV), "{stderr}");
+    assert!(stderr.contains("was killed by signal SIGSEGV (11: Segmentation fault)"), "{stderr}");
+    assert!(stdout.contains("value = { .calls = 300, .total_ns = "), "the maps survive the target: {stdout}");
+}
+
+#[test]
+fn start_exits_as_a_shell_does_when_its_command_dies_of_a_signal() {
+    let shm = tmp().join("start-signal");
+    std::fs::create_dir_all(&shm).unwrap();
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_AGENT", common::agent())
+        .env("USERBPF_SHM_DIR", &shm)
+        .env("USERBPF_SESSION", "start-signal")
+        .args(["start", "sh", "-c", "kill -USR1 $$"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGUSR1), "{stderr}");
+    assert!(stderr.contains("sh was killed by signal SIGUSR1 (10: User defined signal 1)"), "{stderr}");
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_AGENT", common::agent())
+        .env("USERBPF_SHM_DIR", &shm)
+        .env("USERBPF_SESSION", "start-signal")
+        .args(["start", "sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "an exit code is passed on as it is");
+}

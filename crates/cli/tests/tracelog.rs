@@ -19,12 +19,12 @@ fn shm() -> PathBuf {
 /// Loads printk.bpf.o into `session` (joined by this process) and links its program to
 /// `work()` of the bundled workload; returns the session and the workload's path.
 fn session_with_printk(name: &str) -> (Session, PathBuf) {
-    // SAFETY (of the environment change): every test of this file sets the same value.
+    // SAFETY: (of the environment change) every test of this file sets the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", shm()) };
     let dir = tmp().join(format!("tracelog-obj-{name}"));
     let obj = userbpf_testutil::compile_bpf(&common::here("bpf/printk.bpf.c"), &dir);
     let session = Session::open(name).unwrap();
-    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
     let opts = userbpf_runtime::loader::LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(&obj).unwrap(), &opts, slots).unwrap();
     let exe = repo("target/examples/workload");

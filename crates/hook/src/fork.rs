@@ -45,5 +45,6 @@ extern "C" fn child() {
     // store (and a futex wake if a parent thread was waiting: a system call, harmless here).
     drop(unsafe { (*HELD.0.get()).take() });
     crate::thread::after_fork_in_child();
+    crate::patch::after_fork_in_child();
     crate::sud::after_fork_in_child();
 }

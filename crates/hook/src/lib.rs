@@ -12,7 +12,7 @@
 //! instructions run from their relocated copy and jump back. Probes inside
 //! a function save the whole FP/SSE/AVX state (xsave, or fxsave without
 //! OSXSAVE); probes at a function entry and the return trampoline save only
-//! what the System V ABI lets be live there (see `arch::FpSave`; opt out
+//! what the System V ABI lets be live there (see `stubs::FpSave`; opt out
 //! with `USERBPF_HOOK_FULL_FPSAVE=1`).
 //! See `arch` for the code layout and `patch` for the live-patching protocol.
 //!
@@ -47,11 +47,12 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
-mod arch;
+mod stubs;
 pub mod dlnotify;
 pub mod fork;
 mod patch;
 mod placement;
+mod relocate;
 pub mod quiet;
 pub mod sud;
 pub mod symbols;
@@ -155,7 +156,7 @@ pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) ->
 /// probe point may have live (0-7 at an entry, 0-1 at a return) at their full width. It must
 /// still leave MXCSR, the x87 control word and the x87 stack as it found them (compiled Rust
 /// does not change them), and it may clobber every other vector and opmask register, which
-/// the System V ABI makes dead at function entries and returns (see `arch::FpSave` for that
+/// the System V ABI makes dead at function entries and returns (see `stubs::FpSave` for that
 /// assumption and its opt-out, under which no lean path is used).
 #[repr(C)]
 #[derive(Debug)]
@@ -307,7 +308,7 @@ struct Registry {
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 static RET_TRAMP: AtomicUsize = AtomicUsize::new(0);
 /// Whether return probes are planted by the site stub's `call` (light stubs; see
-/// `arch::site_stub`), rather than by writing the trampoline's address over the return
+/// `stubs::site_stub`), rather than by writing the trampoline's address over the return
 /// address (the full save's stubs, `USERBPF_HOOK_FULL_FPSAVE=1`).
 static CALL_PLANTING: AtomicBool = AtomicBool::new(false);
 
@@ -319,6 +320,14 @@ struct Globals {
 }
 static GLOBALS: OnceLock<Result<Globals, String>> = OnceLock::new();
 
+/// Prepares the engine on the calling thread (its signal handlers, the registration for
+/// `membarrier`) without attaching anything. Call it while the process has a single thread:
+/// registering for `membarrier` in a process with several costs an RCU grace period (about
+/// 10 ms), where a single-threaded one registers at once.
+pub fn prepare() -> Result<(), HookError> {
+    init().map(|_| ())
+}
+
 fn init() -> Result<&'static Globals, HookError> {
     GLOBALS
         .get_or_init(init_inner)
@@ -327,16 +336,16 @@ fn init() -> Result<&'static Globals, HookError> {
 }
 
 fn init_inner() -> Result<Globals, String> {
-    let fp = arch::detect_fpsave();
+    let fp = stubs::detect_fpsave();
     thread::init_rcu();
-    // See arch::FpSave for why the light save is enough at function entries
+    // See stubs::FpSave for why the light save is enough at function entries
     // and returns, and for the opt-out.
     let full_only =
         std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
     let (entry_kind, ret_kind) = if full_only {
-        (arch::SaveKind::Full, arch::SaveKind::Full)
+        (stubs::SaveKind::Full, stubs::SaveKind::Full)
     } else {
-        (arch::SaveKind::Light(8), arch::SaveKind::Light(2))
+        (stubs::SaveKind::Light(8), stubs::SaveKind::Light(2))
     };
     let page = thread::raw_mmap(4096) as usize;
     if page == 0 {
@@ -345,11 +354,11 @@ fn init_inner() -> Result<Globals, String> {
     let e = |x: iced_x86::IcedError| x.to_string();
     let align = |x: usize| (x + 63) & !63;
     let disp = entry_dispatch as *const () as usize as u64;
-    let full = arch::common_entry(page as u64, fp, arch::SaveKind::Full, disp).map_err(e)?;
+    let full = stubs::common_entry(page as u64, fp, stubs::SaveKind::Full, disp).map_err(e)?;
     let light_at = page + align(full.len());
-    let light = arch::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
+    let light = stubs::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
     let ret_at = light_at + align(light.len());
-    let ret = arch::ret_tramp(
+    let ret = stubs::ret_tramp(
         ret_at as u64,
         fp,
         ret_kind,
@@ -628,13 +637,13 @@ fn create_site(
     let disp = place.disp;
     let page = patch::alloc_near(addr).ok_or(HookError::NoNearMemory { addr })?;
     let fail = |reason: String| {
-        // SAFETY: page was mapped by alloc_near and nothing refers to it.
-        unsafe { libc::munmap(page as *mut c_void, 4096) };
+        // Nothing refers to the page: it goes back to the pool.
+        patch::free_near(page);
         HookError::Refused { addr, reason }
     };
-    let relocated = page + arch::RELOC_OFF;
+    let relocated = page + stubs::RELOC_OFF;
     let (rcode, new_addrs) =
-        match arch::relocate(&disp, relocated as u64, (patch_at + disp.len) as u64) {
+        match relocate::relocate(&disp, relocated as u64, (patch_at + disp.len) as u64) {
             Ok(r) => r,
             Err(e) => return Err(fail(e)),
         };
@@ -680,7 +689,7 @@ fn create_site(
     } else {
         g.common_full
     };
-    let stub = arch::site_stub(
+    let stub = stubs::site_stub(
         page as u64,
         site as *const Site as u64,
         common as u64,
@@ -689,10 +698,10 @@ fn create_site(
     )
     .map_err(|e| e.to_string());
     let res = stub.and_then(|stub| {
-        if stub.len() > arch::RELOC_OFF {
+        if stub.len() > stubs::RELOC_OFF {
             return Err("site stub too long".to_string());
         }
-        patch::seal_page(page, &[(0, &stub), (arch::RELOC_OFF, &rcode)])
+        patch::seal_page(page, &[(0, &stub), (stubs::RELOC_OFF, &rcode)])
     });
     if let Err(e) = res {
         return Err(fail(e));
@@ -772,7 +781,7 @@ struct Resume {
 /// Called by the shared entry stub. No lock, no allocation, no syscall
 /// (except the first hit of a thread, see `thread`).
 unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Resume {
-    // A Site* with its low bit set comes from the lean entry path (arch::lean_entry_path):
+    // A Site* with its low bit set comes from the lean entry path (stubs::lean_entry_path):
     // the entry handler already ran, only the return trampoline is left to plant.
     let entry_done = site as usize & 1 != 0;
     let site = (site as usize & !1) as *const Site;
@@ -780,7 +789,7 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
     // pt_regs the stub built on this thread's stack.
     let (site, regs) = unsafe { (&*site, &mut *regs) };
     regs.ip = site.addr as u64;
-    regs.sp = (regs as *mut PtRegs as usize + arch::ENTRY_FRAME) as u64;
+    regs.sp = (regs as *mut PtRegs as usize + stubs::ENTRY_FRAME) as u64;
     regs.cs = 0x33;
     regs.ss = 0x2b;
     regs.orig_ax = u64::MAX;
@@ -890,7 +899,7 @@ fn fatal(msg: &str) -> ! {
 unsafe extern "C" fn ret_dispatch(regs: *mut PtRegs) -> u64 {
     // SAFETY: regs points at the pt_regs the trampoline built on this stack.
     let regs = unsafe { &mut *regs };
-    let cur = regs as *mut PtRegs as usize + arch::PT_REGS_SIZE as usize + 8;
+    let cur = regs as *mut PtRegs as usize + stubs::PT_REGS_SIZE as usize + 8;
     regs.sp = cur as u64;
     regs.cs = 0x33;
     regs.ss = 0x2b;

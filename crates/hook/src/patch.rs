@@ -1,5 +1,6 @@
-//! Memory: near allocation of trampoline pages, and cross-thread-safe
-//! patching of live code.
+//! Memory: trampoline pages from regions reserved near the code (no search
+//! by system calls, see [`alloc_near`]), and cross-thread-safe patching of
+//! live code.
 //!
 //! ## Patching protocol (attach)
 //! 1. write `int3` on the first byte (text page RWX only for that store,
@@ -86,9 +87,19 @@ pub(crate) struct Mapping {
     pub prot: i32,
 }
 
+/// `/proc/self/maps`, read with a large buffer: the kernel fills it in one or two `read`s
+/// (`read_to_string` would start with a few bytes and grow, a dozen reads or more).
+pub(crate) fn read_maps() -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open("/proc/self/maps").ok()?;
+    let mut buf = Vec::with_capacity(256 << 10);
+    f.read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
 /// The mapping of this process that contains `addr`.
 pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let maps = read_maps()?;
     for line in maps.lines() {
         let mut it = line.split_whitespace();
         let range = it.next()?;
@@ -115,31 +126,81 @@ pub(crate) fn mapping_of(addr: usize) -> Option<Mapping> {
 }
 
 const PAGE: usize = 4096;
-const STEP: usize = 64 * 1024;
 const MAX_DIST: usize = 1536 << 20;
+/// The size of a region reserved for trampoline pages (`MAP_NORESERVE`: only the pages used
+/// cost memory).
+const CHUNK: usize = 1 << 20;
+/// The lowest address a region may take (`vm.mmap_min_addr` is at most this on Linux).
+const LOW: usize = 0x10000;
+/// Room left for the heap above the program break (beyond it, malloc maps memory anyway).
+const HEAP_ROOM: usize = 1 << 30;
+/// Above this, user space ends on x86-64 (4-level paging; the last page is never mapped).
+const HIGH: usize = 0x7fff_ffff_f000;
 
-/// Maps one RW page within ±1.5 GB of `target` (so that rel32 jumps reach
-/// both ways and RIP-relative operands stay in range), walking outward with
-/// MAP_FIXED_NOREPLACE hints.
+/// Trampoline pages: regions reserved near the code they serve, handed out a page at a time.
+struct Pools {
+    /// Reserved regions: `[start, end)`, the next page not handed out yet.
+    regions: Vec<(usize, usize, usize)>,
+    /// Pages given back (a probe that could not be planted after all).
+    free: Vec<usize>,
+}
+
+/// A spin lock rather than a mutex: a forked child resets it ([`after_fork_in_child`]) if
+/// another thread of the parent held it at the fork.
+static POOLS_LOCK: AtomicBool = AtomicBool::new(false);
+struct PoolsCell(std::cell::UnsafeCell<Pools>);
+// SAFETY: only touched with POOLS_LOCK held (see `with_pools`).
+unsafe impl Sync for PoolsCell {}
+static POOLS: PoolsCell = PoolsCell(std::cell::UnsafeCell::new(Pools { regions: Vec::new(), free: Vec::new() }));
+
+fn with_pools<R>(f: impl FnOnce(&mut Pools) -> R) -> R {
+    while POOLS_LOCK.compare_exchange_weak(false, true, SeqCst, SeqCst).is_err() {
+        std::thread::yield_now();
+    }
+    // SAFETY: the lock is held: this is the only reference.
+    let r = f(unsafe { &mut *POOLS.0.get() });
+    POOLS_LOCK.store(false, SeqCst);
+    r
+}
+
+/// In a forked child: the thread that held the pools' lock (if any) is not there.
+pub(crate) fn after_fork_in_child() {
+    POOLS_LOCK.store(false, SeqCst);
+}
+
+/// Whether the whole page at `page` is within reach of `target` (rel32 jumps both ways, and
+/// RIP-relative operands of the relocated code still reach what they address near `target`).
+fn near(page: usize, target: usize) -> bool {
+    page.abs_diff(target) < MAX_DIST && (page + PAGE).abs_diff(target) < MAX_DIST
+}
+
+/// One RW page within ±1.5 GB of `target`, for a trampoline. Pages come from regions reserved
+/// near the code ([`CHUNK`] bytes each): most calls make no system call; a new region is placed
+/// in a free gap of the address space found in `/proc/self/maps` (read once), with
+/// `MAP_FIXED_NOREPLACE` (another thread may have mapped there meanwhile: then the maps are
+/// read again, a few times at most). No page-by-page search.
 pub(crate) fn alloc_near(target: usize) -> Option<usize> {
-    let base = target & !(STEP - 1);
-    let mut i = 1usize;
-    while i * STEP < MAX_DIST {
-        for cand in [base.checked_sub(i * STEP), base.checked_add(i * STEP)]
-            .into_iter()
-            .flatten()
-        {
-            if !(0x10000..0x7fff_ffff_0000).contains(&cand) {
-                continue;
+    with_pools(|pools| {
+        if let Some(i) = pools.free.iter().position(|&p| near(p, target)) {
+            return Some(pools.free.swap_remove(i));
+        }
+        for r in pools.regions.iter_mut() {
+            if r.2 + PAGE <= r.1 && near(r.2, target) {
+                r.2 += PAGE;
+                return Some(r.2 - PAGE);
             }
-            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
-            // the result is checked and unmapped when out of range.
+        }
+        for _ in 0..4 {
+            let maps = read_maps()?;
+            let (at, len) = free_gap(&maps, target)?;
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the result is
+            // checked and unmapped when it is not where asked.
             let p = unsafe {
                 libc::mmap(
-                    cand as *mut libc::c_void,
-                    PAGE,
+                    at as *mut libc::c_void,
+                    len,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
                     -1,
                     0,
                 )
@@ -147,20 +208,78 @@ pub(crate) fn alloc_near(target: usize) -> Option<usize> {
             if p == libc::MAP_FAILED {
                 continue;
             }
-            let p = p as usize;
-            if p.abs_diff(target) < MAX_DIST {
-                return Some(p);
+            if p as usize != at {
+                // Old kernels ignore the flag and treat the address as a hint.
+                // SAFETY: p was just mapped by us and is not used.
+                unsafe { libc::munmap(p, len) };
+                continue;
             }
-            // Old kernels ignore the flag and treat the address as a hint.
-            // SAFETY: p was just mapped by us and is not used.
-            unsafe { libc::munmap(p as *mut libc::c_void, PAGE) };
+            pools.regions.push((at, at + len, at + PAGE));
+            return Some(at);
         }
-        i += 1;
-    }
-    None
+        None
+    })
 }
 
-/// Copies `code` into the fresh RW page at `page` and makes it RX.
+/// Gives back a page of [`alloc_near`] that was not used (still RW, never executable).
+pub(crate) fn free_near(page: usize) {
+    with_pools(|pools| pools.free.push(page));
+}
+
+/// Where to reserve a region for trampolines near `target`, in the address space `maps`
+/// describes (`/proc/self/maps`): the free gap placement closest to `target` whose every page
+/// is within reach, [`CHUNK`] bytes or what the gap holds. Where the process grows is left
+/// alone: the gap below `[stack]`, and above the program break (`[heap]`, or the executable's
+/// last mapping before the heap exists) all but the top of the gap, [`HEAP_ROOM`] away.
+fn free_gap(maps: &str, target: usize) -> Option<(usize, usize)> {
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let (mut heap_end, mut exe_end, mut stack_start) = (None, 0usize, None);
+    for line in maps.lines() {
+        let mut it = line.split_whitespace();
+        let Some((s, e)) = it.next().and_then(|r| r.split_once('-')) else { continue };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) else { continue };
+        let name = it.nth(4).unwrap_or("");
+        match name {
+            "[heap]" => heap_end = Some(e),
+            "[stack]" => stack_start = Some(s),
+            n if exe.as_ref().is_some_and(|x| x.as_os_str() == n) => exe_end = exe_end.max(e),
+            _ => {}
+        }
+        spans.push((s, e));
+    }
+    spans.sort_unstable();
+    let brk = heap_end.unwrap_or(exe_end);
+    let mut best: Option<(usize, usize, usize)> = None;
+    let mut prev_end = LOW;
+    for (s, e) in spans.iter().copied().chain(std::iter::once((HIGH, HIGH))) {
+        let (gs, ge) = (prev_end.max(LOW), s.min(HIGH));
+        prev_end = prev_end.max(e);
+        if ge <= gs || Some(ge) == stack_start {
+            continue;
+        }
+        let len = CHUNK.min(ge - gs) & !(PAGE - 1);
+        if len == 0 {
+            continue;
+        }
+        // The end of the gap nearest the target; in the gap above the program break, only its
+        // top, and only with room for the heap to grow below it.
+        let at = if ge <= target { ge - len } else if gs >= target && gs != brk { gs } else { continue };
+        if gs == brk && at < brk.saturating_add(HEAP_ROOM) {
+            continue;
+        }
+        if !near(at, target) || !near(at + len - PAGE, target) {
+            continue;
+        }
+        let dist = if at < target { target - at } else { at + len - target };
+        if best.is_none_or(|b| dist < b.2) {
+            best = Some((at, len, dist));
+        }
+    }
+    best.map(|(at, len, _)| (at, len))
+}
+
+/// Copies `code` into the fresh RW page at `page` (from [`alloc_near`]) and makes it RX.
 pub(crate) fn seal_page(page: usize, code_at: &[(usize, &[u8])]) -> Result<(), String> {
     for (off, bytes) in code_at {
         if off + bytes.len() > PAGE {
@@ -536,9 +655,10 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
     if old.sa_flags & libc::SA_RESETHAND != 0 {
         OLD_TRAP.store(NO_ACT, Release);
     }
+    // SAFETY: an all-zero sigset_t is a valid (empty) set.
+    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: sigset operations on local sets; a raw rt_sigprocmask (async-signal-safe, and
     // not through libc's pthread_sigmask, which carries the engine's own guard probe).
-    let mut prev: libc::sigset_t = unsafe { std::mem::zeroed() };
     unsafe {
         // Never SIGTRAP itself (see `sigmask_guard`): the kernel would block it without
         // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.
@@ -783,5 +903,55 @@ pub(crate) fn broadcast() {
     let deadline = Instant::now() + Duration::from_secs(1);
     while ACKS.load(SeqCst) < sent && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+555555554000-555555556000 r--p 00000000 08:01 1 /nonexistent/exe
+555555556000-555555558000 r-xp 00002000 08:01 1 /nonexistent/exe
+555555558000-55555555a000 rw-p 00004000 08:01 1 /nonexistent/exe
+55555555a000-55555557b000 rw-p 00000000 00:00 0 [heap]
+7ffff7d00000-7ffff7e00000 r-xp 00000000 08:01 2 /lib/libc.so.6
+7ffff7e00000-7ffff7e10000 rw-p 00000000 00:00 0
+7ffff7f00000-7ffff7f10000 r-xp 00000000 08:01 3 /lib/ld.so
+7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]
+";
+
+    #[test]
+    fn a_region_goes_into_the_free_gap_nearest_the_code_never_where_the_heap_or_stack_grow() {
+        // Near libc: below it, at the top of the gap under it.
+        let libc = 0x7fff_f7d0_1000;
+        let (at, len) = free_gap(MAPS, libc).unwrap();
+        assert_eq!((at, len), (0x7fff_f7d0_0000 - CHUNK, CHUNK));
+        // Between libc's data and ld.so: that gap, smaller than a region, is all taken.
+        let ld = 0x7fff_f7f0_0100;
+        let (at, len) = free_gap(MAPS, ld).unwrap();
+        assert_eq!((at, len), (0x7fff_f7e1_0000, 0xf_0000));
+        // The executable: below it (the gap above [heap] is where the heap grows).
+        let exe = 0x5555_5555_6100;
+        let (at, _) = free_gap(MAPS, exe).unwrap();
+        assert!(at + CHUNK <= 0x5555_5555_4000, "{at:#x}");
+        // Every page in reach.
+        assert!(near(at, exe) && near(at + CHUNK - PAGE, exe));
+        // Nothing is placed in the gap under [stack].
+        let top = 0x7fff_ffff_0000;
+        if let Some((at, len)) = free_gap(MAPS, top) {
+            assert!(at + len <= 0x7fff_f7f0_0000 || at >= 0x7fff_ffff_f000, "{at:#x}");
+        }
+    }
+
+    #[test]
+    fn pages_come_from_one_region_without_a_system_call_each() {
+        let code = alloc_near as *const () as usize;
+        let a = alloc_near(code).unwrap();
+        let b = alloc_near(code).unwrap();
+        assert!(near(a, code) && near(b, code));
+        assert_eq!(b.abs_diff(a), PAGE, "consecutive pages of one region");
+        free_near(b);
+        assert_eq!(alloc_near(code), Some(b), "a page given back is handed out again");
     }
 }

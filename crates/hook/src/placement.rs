@@ -5,7 +5,7 @@
 //!    probed address, which run from their relocated copy after the handlers. It needs 5 bytes
 //!    of the function from the probed address in which the code flow does not end (`ret`,
 //!    `jmp`), a `call` only as the last of them (it is moved as a push of the original return
-//!    address and a jump, see `arch::relocate`), and no branch from elsewhere in the function
+//!    address and a jump, see `relocate::relocate`), and no branch from elsewhere in the function
 //!    landing strictly inside the 5 bytes (it would land in the middle of the `jmp`). Branches
 //!    between displaced instructions are moved with them; a branch to the probed address
 //!    itself goes through the probe again, as with the kernel.
@@ -45,7 +45,7 @@
 //! does not enforce IBT in user space today, and this machine's CPU reports neither IBT nor
 //! shadow stacks). A user shadow stack (Linux 6.6+, glibc 2.39+) is kept consistent: the
 //! stubs pair their calls and returns, a SIGTRAP's frame is the kernel's, and a moved `call`
-//! stays a real `call` when the thread has a shadow stack (`arch::relocate`). The registers are the same before and after `endbr64`, so
+//! stays a real `call` when the thread has a shadow stack (`relocate::relocate`). The registers are the same before and after `endbr64`, so
 //! handlers see the function's address as `ip`.
 //!
 //! Bytes of another site's patch are read as their original bytes.
@@ -62,7 +62,7 @@ use std::collections::BTreeSet;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
 
-use crate::arch::{self, Displaced, JMP_LEN};
+use crate::relocate::{self, Displaced, JMP_LEN};
 use crate::FuncExtent;
 
 /// How a probe is planted (see the module docs).
@@ -248,7 +248,7 @@ fn overlap(c: &Code, lo: usize, hi: usize) -> Result<(), String> {
 pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
     let addr = c.addr;
     if c.at(addr).first() == Some(&0xCC) {
-        return Err(arch::int3_holder(addr as u64));
+        return Err(relocate::int3_holder(addr as u64));
     }
     if c.taken.iter().any(|(s, e)| *s <= addr && addr < *e) {
         return Err("the address is inside the patched bytes of another probe".into());
@@ -272,7 +272,7 @@ pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
     let p = patch_at as u64;
     let mut why = Vec::new();
     // 1. Inline jump.
-    match arch::decode_displaced(p, code, JMP_LEN).and_then(|d| {
+    match relocate::decode_displaced(p, code, JMP_LEN).and_then(|d| {
         branch_into(flow.as_ref(), p, JMP_LEN as u64, d.len as u64)?;
         overlap(c, patch_at, patch_at + d.len)?;
         Ok(d)
@@ -292,7 +292,7 @@ pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
                 c.padding
             ));
         }
-        let d = arch::decode_displaced(p, code, rest)?;
+        let d = relocate::decode_displaced(p, code, rest)?;
         let last = d.instrs.last().ok_or("no instruction")?;
         if !matches!(
             last.flow_control(),
@@ -309,7 +309,7 @@ pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
         Err(e) => why.push(format!("padding: {e}")),
     }
     // 3. Breakpoint.
-    match arch::decode_displaced(p, code, 1) {
+    match relocate::decode_displaced(p, code, 1) {
         Ok(disp) => Ok(Placement { method: Method::Breakpoint, patch_at, disp }),
         Err(e) => {
             why.push(format!("breakpoint: {e}"));

@@ -241,10 +241,12 @@ fn stub_for(back: usize, nr: u64, kind: StubKind) -> Option<usize> {
     let page = PAGE.load(Acquire);
     let tag = nr << 8 | kind as u64;
     let slots = || (1..PAGE_LEN / STUB).map(|i| page + i * STUB);
-    // SAFETY (both closures): slots lie inside our page; a slot's data is written before its
-    // first two bytes (read here as the sign that it is in use).
+    // Slots lie inside our page; a slot's data is written before its first two bytes (read
+    // here as the sign that it is in use).
+    // SAFETY: `s` is a slot of our page, mapped for as long as the process lives.
     let used = |s: usize| unsafe { (s as *const u16).read_volatile() } == 0x050F;
     let find = || {
+        // SAFETY: as for `used`: every address read lies inside slot `s` of our page.
         slots().find(|&s| unsafe {
             used(s) && ((s + STUB_KIND) as *const u64).read_volatile() == tag && ((s + STUB_BACK) as *const usize).read_volatile() == back
         })

@@ -17,13 +17,15 @@ use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use object::{Object, ObjectSymbol, SymbolKind};
+pub use userbpf_elf::symbols::has_function;
+use userbpf_elf::symbols::{function_symbols, name_matches, FunctionSymbol};
 
 use crate::HookError;
 
-/// An object (executable or shared library) mapped in this process.
+/// An object (executable or shared library) mapped in this process. (The runtime's
+/// `LoadedObject` is an eBPF object loaded into a session: a different thing.)
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LoadedObject {
+pub struct MappedObject {
     /// File path (the executable's from /proc/self/exe).
     pub path: PathBuf,
     /// Load bias: symbol value + bias = address.
@@ -44,7 +46,7 @@ pub struct Resolved {
 }
 
 struct Collect {
-    objs: Vec<LoadedObject>,
+    objs: Vec<MappedObject>,
     /// The `PT_LOAD` ranges of each object (same order as `objs`).
     segments: Vec<Vec<(usize, usize)>>,
     adds: u64,
@@ -88,7 +90,7 @@ unsafe extern "C" fn phdr_cb(
             }
         }
     }
-    c.objs.push(LoadedObject { path, bias });
+    c.objs.push(MappedObject { path, bias });
     c.segments.push(segs);
     0
 }
@@ -106,7 +108,7 @@ fn iterate() -> Collect {
 }
 
 /// The objects loaded in this process, the executable first.
-pub fn loaded_objects() -> Vec<LoadedObject> {
+pub fn loaded_objects() -> Vec<MappedObject> {
     iterate()
         .objs
         .into_iter()
@@ -119,10 +121,10 @@ pub fn loaded_objects() -> Vec<LoadedObject> {
 #[derive(Debug, Default, Clone)]
 pub struct ObjectChanges {
     /// Objects mapped since the last look.
-    pub added: Vec<LoadedObject>,
+    pub added: Vec<MappedObject>,
     /// Objects unmapped since the last look, with the address ranges their `PT_LOAD`
     /// segments covered.
-    pub removed: Vec<(LoadedObject, Vec<(usize, usize)>)>,
+    pub removed: Vec<(MappedObject, Vec<(usize, usize)>)>,
 }
 
 impl ObjectChanges {
@@ -134,7 +136,7 @@ impl ObjectChanges {
 /// Reports objects loaded and unloaded since the previous look (dlopen, dlclose).
 #[derive(Debug, Default)]
 pub struct LibraryWatcher {
-    known: HashMap<LoadedObject, Vec<(usize, usize)>>,
+    known: HashMap<MappedObject, Vec<(usize, usize)>>,
     adds: u64,
     subs: u64,
 }
@@ -151,7 +153,7 @@ impl LibraryWatcher {
     }
 
     /// Objects loaded since the last call (or since `new`).
-    pub fn poll(&mut self) -> Vec<LoadedObject> {
+    pub fn poll(&mut self) -> Vec<MappedObject> {
         self.changes().added
     }
 
@@ -163,7 +165,7 @@ impl LibraryWatcher {
         }
         self.adds = c.adds;
         self.subs = c.subs;
-        let now: HashMap<LoadedObject, Vec<(usize, usize)>> =
+        let now: HashMap<MappedObject, Vec<(usize, usize)>> =
             c.objs.into_iter().zip(c.segments).collect();
         let added = now
             .keys()
@@ -200,7 +202,7 @@ pub fn same_file(obj: &Path, want: &str) -> bool {
 
 /// The loaded object `want` names (see [`same_file`]); `None` when it is not mapped in this
 /// process. An empty `want` is the executable.
-pub fn find_loaded(want: &str) -> Option<LoadedObject> {
+pub fn find_loaded(want: &str) -> Option<MappedObject> {
     let objs = loaded_objects();
     if want.is_empty() {
         return objs.into_iter().next();
@@ -210,21 +212,9 @@ pub fn find_loaded(want: &str) -> Option<LoadedObject> {
 
 /// The address where file offset `off` of `obj` is mapped (as the kernel's uprobes take
 /// their offsets), if a `PT_LOAD` segment maps it.
-pub fn file_offset_to_addr(obj: &LoadedObject, off: u64) -> Option<usize> {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    let data = std::fs::read(&obj.path).ok()?;
-    let hdr = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
-    let endian = hdr.endian().ok()?;
-    for ph in hdr.program_headers(endian, &*data).ok()? {
-        if ph.p_type(endian) != object::elf::PT_LOAD {
-            continue;
-        }
-        let (fo, fsz, va) = (ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian));
-        if off >= fo && off < fo + fsz {
-            return Some(obj.bias.wrapping_add((va + (off - fo)) as usize));
-        }
-    }
-    None
+pub fn file_offset_to_addr(obj: &MappedObject, off: u64) -> Option<usize> {
+    let vaddr = userbpf_elf::symbols::offset_to_vaddr(&obj.path, off)?;
+    Some(obj.bias.wrapping_add(vaddr as usize))
 }
 
 /// Set while resolving from inside the dynamic loader (see [`crate::dlnotify`]): libraries
@@ -239,43 +229,6 @@ pub fn set_in_loader(on: bool) {
 /// Start of the message of a [`HookError::Symbol`] for a target that can only be resolved
 /// once the loader is done (an ifunc of a library being loaded): try again later.
 pub const DEFERRED: &str = "deferred: ";
-
-struct Sym {
-    name: String,
-    value: usize,
-    size: usize,
-    ifunc: bool,
-}
-
-fn read_symbols(path: &Path) -> Result<Vec<Sym>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for sym in file.symbols().chain(file.dynamic_symbols()) {
-        if sym.kind() != SymbolKind::Text || sym.is_undefined() || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let ifunc =
-            matches!(sym.flags(), object::SymbolFlags::Elf { st_info, .. } if st_info & 0xf == 10);
-        out.push(Sym {
-            name: name.to_string(),
-            value: sym.address() as usize,
-            size: sym.size() as usize,
-            ifunc,
-        });
-    }
-    Ok(out)
-}
-
-/// Whether the ELF file at `path` has a function symbol `name` (`.symtab` or `.dynsym`).
-pub fn has_function(path: &Path, name: &str) -> Result<bool, String> {
-    Ok(read_symbols(path)?.iter().any(|s| name_matches(&s.name, name)))
-}
-
-fn name_matches(sym: &str, want: &str) -> bool {
-    sym == want || sym.split('@').next() == Some(want)
-}
 
 fn parse_num(s: &str) -> Option<usize> {
     if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -352,11 +305,11 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
             }
         }
         searched = true;
-        let Ok(syms) = read_symbols(&o.path) else {
+        let Ok(syms) = function_symbols(&o.path) else {
             continue;
         };
         // Prefer a symbol with a size (.symtab and .dynsym may both list it).
-        let mut best: Option<&Sym> = None;
+        let mut best: Option<&FunctionSymbol> = None;
         for s in syms.iter().filter(|s| name_matches(&s.name, func)) {
             if best.is_none_or(|b| b.size == 0 && s.size > 0) {
                 best = Some(s);
@@ -410,7 +363,7 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
 /// The function (with a sized symbol) containing `addr`, if any.
 pub fn lookup_addr(addr: usize) -> Option<Resolved> {
     for o in loaded_objects() {
-        let Ok(syms) = read_symbols(&o.path) else {
+        let Ok(syms) = function_symbols(&o.path) else {
             continue;
         };
         for s in syms {
@@ -448,30 +401,9 @@ pub fn gap_after(end: usize) -> usize {
     };
     let path = if obj.path.is_file() { obj.path.clone() } else { return 0 };
     let Ok(data) = std::fs::read(&path) else { return 0 };
-    let Ok(file) = object::File::parse(&*data) else { return 0 };
-    use object::ObjectSection;
     let rel = end.wrapping_sub(obj.bias) as u64;
-    let Some(sec_end) = file
-        .sections()
-        .find(|s| s.address() < rel && rel <= s.address() + s.size())
-        .map(|s| s.address() + s.size())
-    else {
-        return 0;
-    };
-    let mut next = sec_end;
-    for sym in file.symbols().chain(file.dynamic_symbols()) {
-        if sym.is_undefined() || matches!(sym.kind(), SymbolKind::Section | SymbolKind::File) {
-            continue;
-        }
-        let (a, sz) = (sym.address(), sym.size());
-        if a < rel && a + sz > rel {
-            return 0; // a symbol covers the bytes after the function
-        }
-        if a >= rel && a < next {
-            next = a;
-        }
-    }
-    let whole = (next - rel) as usize;
+    let Some(whole) = userbpf_elf::symbols::unclaimed_after(&data, rel) else { return 0 };
+    let whole = whole as usize;
     let gap = whole.min(64);
     if gap == 0 {
         return 0;

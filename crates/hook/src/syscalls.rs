@@ -722,7 +722,6 @@ pub fn libc_functions() -> Result<
     ),
     String,
 > {
-    use object::{Object, ObjectSymbol, SymbolKind};
     let objs = crate::symbols::loaded_objects();
     let libc = objs
         .iter()
@@ -733,26 +732,13 @@ pub fn libc_functions() -> Result<
                 .is_some_and(|n| n.starts_with("libc.so"))
         })
         .ok_or("libc is not loaded in this process")?;
-    let data = std::fs::read(&libc.path).map_err(|e| format!("{}: {e}", libc.path.display()))?;
-    let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", libc.path.display()))?;
     let mut map = std::collections::HashMap::new();
-    for sym in file.dynamic_symbols() {
-        if sym.kind() != SymbolKind::Text
-            || sym.is_undefined()
-            || sym.address() == 0
-            || sym.size() == 0
-        {
+    for sym in userbpf_elf::symbols::exported_function_symbols(&libc.path)? {
+        if sym.size == 0 || sym.ifunc {
             continue;
         }
-        if matches!(sym.flags(), object::SymbolFlags::Elf { st_info, .. } if st_info & 0xf == 10) {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let name = name.split('@').next().unwrap_or(name).to_string();
-        map.entry(name).or_insert(LibcFunc {
-            addr: libc.bias.wrapping_add(sym.address() as usize),
-            size: sym.size() as usize,
-        });
+        let name = sym.name.split('@').next().unwrap_or(&sym.name).to_string();
+        map.entry(name).or_insert(LibcFunc { addr: libc.bias.wrapping_add(sym.value), size: sym.size });
     }
     Ok((libc.path.clone(), map))
 }

@@ -86,7 +86,7 @@ fn hash(k: usize) -> usize {
 }
 
 /// Where generated code finds a thread's state (the return-only fast path of the entry stub,
-/// `arch::ret_only_fast_path`): the table, its slots' size and fields, and `hash`. That code
+/// `stubs::ret_only_fast_path`): the table, its slots' size and fields, and `hash`. That code
 /// looks at the first slot of the hash only and leaves everything else to `current`.
 pub(crate) struct TableLayout {
     pub table: u64,
@@ -341,10 +341,10 @@ pub(crate) fn lookup() -> *mut ThreadState {
 /// must not free what it unpublished.
 pub(crate) fn synchronize() -> bool {
     let me = lookup();
-    // SAFETY: me, when non-null, is this thread's state.
     let my_slot = if me.is_null() {
         usize::MAX
     } else {
+        // SAFETY: me, when non-null, is this thread's state.
         unsafe { (*me).slot }
     };
     if ASYM.load(SeqCst) && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {

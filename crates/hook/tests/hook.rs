@@ -472,6 +472,7 @@ fn longjmp_out_of_a_probed_function() {
         }
         // SAFETY: as above.
         assert_eq!(unsafe { lj_run(lj_probed, 0) }, 0);
+        // SAFETY: as above.
         assert_eq!(unsafe { lj_probed(black_box(0)) }, 42);
     })
     .join()

@@ -125,18 +125,21 @@ fn lean_handler_and_our_work(calls_out: u64) {
     let addr = t_ours_lean as *const () as usize;
     let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
     let hits = || LEAN.load(SeqCst) + GENERAL.load(SeqCst);
-    // SAFETY (every call below): a plain function.
+    // SAFETY: (every call below) a plain function.
     assert_eq!(unsafe { t_ours_lean(black_box(1)) }, 6);
     assert_eq!(hits(), 1, "the target's call");
     {
         let _o = ours();
         for i in 0..10 {
+            // SAFETY: a plain function.
             assert_eq!(unsafe { t_ours_lean(black_box(i)) }, i + 5);
         }
     }
     assert_eq!(hits(), 1, "calls inside an ours scope (lean path included)");
+    // SAFETY: a plain function.
     quiet::spawn("ours-lean", || unsafe { t_ours_lean(black_box(2)) }).unwrap().join().unwrap();
     assert_eq!(hits(), 1, "a call on userbpf's thread");
+    // SAFETY: a plain function.
     unsafe { t_ours_lean(black_box(3)) };
     assert_eq!(hits(), 2, "the target's call after the scope");
     detach(id).unwrap();

@@ -485,6 +485,7 @@ fn the_programs_handler_gets_its_flags_and_mask() {
     assert_eq!(INFO_CODE.load(SeqCst), libc::SI_KERNEL as u64, "the siginfo of the int3");
     assert_eq!(MASKED.load(SeqCst), 1, "SIGUSR2 (sa_mask) blocked in the handler, never SIGTRAP (a breakpoint probe may be hit there)");
     assert_eq!(E.load(SeqCst), 2);
+    // SAFETY: an all-zero struct sigaction is valid (no handler, empty mask).
     let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: a query into a local struct, then the previous disposition back.
     unsafe {

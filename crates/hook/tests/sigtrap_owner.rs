@@ -127,6 +127,7 @@ fn kernel_handler() -> usize {
 fn reported_handler() -> usize {
     // SAFETY: a query into a local struct.
     let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: sigaction only writes the current disposition into `now`.
     assert_eq!(unsafe { libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut now) }, 0);
     now.sa_sigaction
 }
@@ -204,6 +205,7 @@ fn an_int3_of_the_engine_always_reaches_the_engine() {
     // SAFETY: zeroed struct sigaction for the old disposition; the new one is ours to give.
     let mut handed: libc::sigaction = unsafe { std::mem::zeroed() };
     let sa0 = action(h0);
+    // SAFETY: a valid action in, the old one written into a local struct.
     assert_eq!(unsafe { libc::sigaction(libc::SIGTRAP, &sa0, &mut handed) }, 0);
     assert_eq!(handed.sa_sigaction, ours, "the program was handed the engine's handler");
     assert_eq!(kernel_handler(), h0 as *const () as usize, "the program's handler replaced the engine's in the kernel");
@@ -251,6 +253,7 @@ fn an_int3_of_the_engine_always_reaches_the_engine() {
     //    inside a probe handler (where the engine runs no probe, the guard runs all the same).
     // SAFETY: signal() with an SA_SIGINFO handler would lose its info: use sigaction.
     let sa3 = action(h3);
+    // SAFETY: a valid action for SIGTRAP, which this test owns.
     assert_eq!(unsafe { libc::sigaction(libc::SIGTRAP, &sa3, std::ptr::null_mut()) }, 0);
     assert_eq!(kernel_handler(), ours, "a libc sigaction is recorded, not installed");
     own_traps(1);

@@ -118,24 +118,21 @@ fn compare(tool: &str, insns: &[Insn], alu32: bool, tag: &str) {
     );
 }
 
-/// A small deterministic generator (xorshift64).
-struct Rng(u64);
+use userbpf_testutil::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[(self.next() % items.len() as u64) as usize]
-    }
+/// Operands drawn to hit edge cases of the encodings.
+trait Operands {
+    fn reg(&mut self) -> u8;
+    fn imm(&mut self) -> i32;
+    fn off(&mut self) -> i16;
+}
+
+impl Operands for Rng {
     fn reg(&mut self) -> u8 {
-        (self.next() % 11) as u8
+        (self.next_u64() % 11) as u8
     }
     fn imm(&mut self) -> i32 {
-        let v = self.next();
+        let v = self.next_u64();
         match v % 4 {
             0 => self.pick(&[0, 1, -1, 7, -42, 4096, i32::MAX, i32::MIN, 0x7fff_0001]),
             1 => (v >> 32) as i32,
@@ -144,7 +141,7 @@ impl Rng {
         }
     }
     fn off(&mut self) -> i16 {
-        let v = self.next();
+        let v = self.next_u64();
         match v % 3 {
             0 => self.pick(&[0, 1, -1, 8, -8, i16::MAX, i16::MIN, 512, -512]),
             1 => (v >> 48) as i16,
@@ -193,7 +190,7 @@ fn known_to_llvm14(rng: &mut Rng) -> Vec<Insn> {
             v.push(Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, rng.reg(), rng.reg(), rng.off(), imm));
         }
         v.push(Insn::new(BPF_STX | BPF_ATOMIC | BPF_W, rng.reg(), rng.reg(), rng.off(), 0));
-        let wide = [0, 1, u64::MAX, 0x1122_3344_5566_7788, 1 << 63, u32::MAX as u64, 1 << 32, rng.next()];
+        let wide = [0, 1, u64::MAX, 0x1122_3344_5566_7788, 1 << 63, u32::MAX as u64, 1 << 32, rng.next_u64()];
         for value in wide {
             v.push(Insn::new(OP_LDDW, rng.reg(), 0, 0, value as u32 as i32));
             v.push(Insn::new(0, 0, 0, 0, (value >> 32) as u32 as i32));
@@ -227,7 +224,7 @@ fn differs_from_llvm14(insn: Insn) -> bool {
 fn random_slots(rng: &mut Rng, n: usize) -> Vec<Insn> {
     let mut v = Vec::new();
     while v.len() < n {
-        let r = rng.next();
+        let r = rng.next_u64();
         let insn = Insn::new(
             (r & 0xff) as u8,
             ((r >> 8) & 0xf) as u8,
@@ -247,7 +244,7 @@ fn random_slots(rng: &mut Rng, n: usize) -> Vec<Insn> {
 #[test]
 fn matches_llvm_objdump_14() {
     let Some(tool) = llvm_objdump() else { return };
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let known = known_to_llvm14(&mut rng);
     assert!(known.iter().all(|&i| !differs_from_llvm14(i)));
     compare(tool, &known, false, "known");
@@ -257,7 +254,7 @@ fn matches_llvm_objdump_14() {
 #[test]
 fn atomics32_match_llvm_objdump_14_alu32() {
     let Some(tool) = llvm_objdump() else { return };
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut insns = Vec::new();
     for imm in [0x01, 0x40, 0x41, 0x50, 0x51, 0xa0, 0xa1, BPF_XCHG, BPF_CMPXCHG, 0x1a1, 0x44, 0x30, 0xe0, 0xf0] {
         for _ in 0..3 {

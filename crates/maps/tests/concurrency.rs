@@ -52,7 +52,7 @@ fn hammer(s: MapSpec, keyspace: u64, dur: Duration) -> Map {
         for t in 0..THREADS {
             let (m, stop, barrier, busy) = (&m, &stop, &barrier, &busy);
             sc.spawn(move || {
-                let mut rng = Rng(t as u64 * 7919 + 1);
+                let mut rng = Rng::new(t as u64 * 7919 + 1);
                 barrier.wait();
                 let mut out = vec![0u8; vb];
                 let mut nk = vec![0u8; ks];
@@ -238,7 +238,7 @@ fn iteration_survives_concurrent_deletes() {
         let stop = AtomicBool::new(false);
         std::thread::scope(|sc| {
             sc.spawn(|| {
-                let mut rng = Rng(3);
+                let mut rng = Rng::new(3);
                 while !stop.load(Ordering::Relaxed) {
                     let k = key(rng.below(256) as u32);
                     let _ = m.delete_elem(&k);

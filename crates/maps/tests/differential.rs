@@ -192,7 +192,7 @@ fn create_checks_match_kernel() {
 
 fn hash_sequence(t: MapType, ks: u32, vs: u32, max: u32, flags: u32, keyspace: u64, seed: u64) {
     let p = Pair::new(&spec(t, ks, vs, max, flags));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let key = |rng: &mut Rng| {
         let k = rng.below(keyspace);
         let mut v = k.to_le_bytes().to_vec();
@@ -269,7 +269,7 @@ fn lru_hash_matches_kernel() {
 
 fn array_sequence(t: MapType, vs: u32, max: u32, flags: u32, seed: u64) {
     let p = Pair::new(&spec(t, 4, vs, max, flags));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let vbuf = p.vbuf();
     for _ in 0..2000 {
         let idx = (rng.below(max as u64 + 3) as u32).to_ne_bytes();
@@ -319,7 +319,7 @@ fn percpu_array_matches_kernel() {
 
 fn queue_sequence(t: MapType, vs: u32, max: u32, seed: u64) {
     let p = Pair::new(&spec(t, 0, vs, max, 0));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     for _ in 0..2000 {
         match rng.below(7) {
             0..=2 => {
@@ -363,7 +363,7 @@ fn bloom_sequence(vs: u32, max: u32, extra: u64, seed: u64) {
     let mut s = spec(BPF_MAP_TYPE_BLOOM_FILTER, 0, vs, max, BPF_F_ZERO_SEED);
     s.map_extra = extra;
     let p = Pair::new(&s);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut added = Vec::new();
     for _ in 0..(max as usize * 2) {
         let v = rng.bytes(vs as usize);
@@ -403,7 +403,7 @@ fn bloom_filter_matches_kernel() {
 
 fn lpm_sequence(ds: u32, vs: u32, max: u32, seed: u64) {
     let p = Pair::new(&spec(BPF_MAP_TYPE_LPM_TRIE, 4 + ds, vs, max, BPF_F_NO_PREALLOC));
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let pool: Vec<Vec<u8>> = (0..6).map(|_| rng.bytes(ds as usize)).collect();
     let max_plen = 8 * ds as u64;
     let key = |rng: &mut Rng, plen: u32| {

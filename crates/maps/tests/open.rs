@@ -40,7 +40,7 @@ fn refuses_bad_files() {
     }
     // Not a map at all.
     let p = d.path("garbage");
-    std::fs::write(&p, Rng(5).bytes(3 * 4096)).unwrap();
+    std::fs::write(&p, Rng::new(5).bytes(3 * 4096)).unwrap();
     einval(&p);
     let p = d.path("zeros");
     std::fs::write(&p, vec![0u8; 4 * 4096]).unwrap();
@@ -143,7 +143,7 @@ fn all_specs() -> Vec<MapSpec> {
 #[test]
 fn corrupt_bodies_never_crash_or_hang() {
     let d = TmpDir::new("corrupt");
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     for (i, s) in all_specs().iter().enumerate() {
         for pattern in 0..3 {
             let path = d.path(&format!("m{i}-{pattern}"));

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use userbpf_testutil::TmpDir;
+
 use userbpf_maps::perf::{
     PerfConsumer, PerfEvent, PerfEventArray, BPF_F_CURRENT_CPU, PERF_MMAP_DATA_HEAD, PERF_MMAP_DATA_OFFSET,
     PERF_MMAP_DATA_SIZE, PERF_MMAP_DATA_TAIL,
@@ -16,25 +18,10 @@ use userbpf_maps::{MapError, MapSpec, MapType};
 
 const PAGE: u64 = 4096;
 
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(name: &str) -> TestDir {
-        let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let d = root.join(format!("userbpf-perftest-{}-{}", std::process::id(), name));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TestDir(d)
-    }
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A directory of its own for one test, in shared memory when the machine has /dev/shm.
+fn test_dir(name: &str) -> TmpDir {
+    let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    TmpDir::new_in(&root, &format!("perftest-{name}"))
 }
 
 fn spec(max_entries: u32) -> MapSpec {
@@ -97,7 +84,7 @@ fn padded(data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn create_checks_spec() {
-    let d = TestDir::new("create");
+    let d = test_dir("create");
     let einval = |s: MapSpec, pages: u32, f: &str| {
         let e = PerfEventArray::create_with_pages(&d.path(f), &s, pages).unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL, "{s:?} {pages}");
@@ -131,7 +118,7 @@ fn create_checks_spec() {
 
 #[test]
 fn open_rejects_bad_files() {
-    let d = TestDir::new("open");
+    let d = test_dir("open");
     assert_eq!(PerfEventArray::open(&d.path("missing")).unwrap_err().errno(), libc::ENOENT);
     std::fs::write(d.path("junk"), vec![0x5au8; 8 * 4096]).unwrap();
     assert_eq!(PerfEventArray::open(&d.path("junk")).unwrap_err().errno(), libc::EINVAL);
@@ -173,7 +160,7 @@ fn open_rejects_bad_files() {
 
 #[test]
 fn ring_pages_and_record_bytes_are_the_kernels() {
-    let d = TestDir::new("bytes");
+    let d = test_dir("bytes");
     let p = d.path("pa");
     let pa = PerfEventArray::create_with_pages(&p, &spec(2), 2).unwrap();
     let (ring1, len) = pa.ring_file_range(1).unwrap();
@@ -228,7 +215,7 @@ fn ring_pages_and_record_bytes_are_the_kernels() {
 
 #[test]
 fn output_errors_like_the_kernel() {
-    let d = TestDir::new("errors");
+    let d = test_dir("errors");
     let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(4), 1).unwrap();
     assert_eq!(out(&pa, 1 << 32, 0, b"x").unwrap_err().errno(), libc::EINVAL);
     assert_eq!(out(&pa, 4, 0, b"x").unwrap_err().errno(), libc::E2BIG);
@@ -253,7 +240,7 @@ fn output_errors_like_the_kernel() {
 
 #[test]
 fn lost_records_when_full() {
-    let d = TestDir::new("lost");
+    let d = test_dir("lost");
     let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(1), 1).unwrap();
     let mut c = PerfConsumer::new(&pa).unwrap();
     let sample = [0x11u8; 100]; // record: 8 + 4 + 100 -> 112 bytes
@@ -304,7 +291,7 @@ fn lost_records_when_full() {
 
 #[test]
 fn wraparound_records_arrive_whole() {
-    let d = TestDir::new("wrap");
+    let d = test_dir("wrap");
     let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(2), 1).unwrap();
     let mut c = PerfConsumer::new(&pa).unwrap();
     let mut expected = Vec::new();
@@ -372,7 +359,7 @@ fn consume_all(c: &mut PerfConsumer, producers: usize, n: u32) {
 #[test]
 fn several_writers_on_one_ring_and_across_rings() {
     const N: u32 = 20_000;
-    let d = TestDir::new("threads");
+    let d = test_dir("threads");
     let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(2), 2).unwrap();
     let mut c = PerfConsumer::new(&pa).unwrap();
     // Producers 0, 1, 2 share ring 0 ("the same CPU"); producer 3 writes ring 1.
@@ -391,7 +378,7 @@ fn several_writers_on_one_ring_and_across_rings() {
 #[test]
 fn writer_in_another_process() {
     const N: u32 = 20_000;
-    let d = TestDir::new("fork");
+    let d = test_dir("fork");
     let path = d.path("pa");
     let pa = PerfEventArray::create_with_pages(&path, &spec(2), 2).unwrap();
     let cpath = path.clone();
@@ -426,7 +413,7 @@ fn writer_in_another_process() {
 
 #[test]
 fn blocked_consumer_wakes_on_output() {
-    let d = TestDir::new("wake");
+    let d = test_dir("wake");
     let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(4), 1).unwrap();
     let mut c = PerfConsumer::new(&pa).unwrap();
     for i in 0..100u32 {
@@ -469,7 +456,7 @@ fn blocked_consumer_wakes_on_output() {
 
 #[test]
 fn corrupt_rings_are_errors_not_crashes() {
-    let d = TestDir::new("corrupt");
+    let d = test_dir("corrupt");
     let p = d.path("pa");
     let pa = PerfEventArray::create_with_pages(&p, &spec(2), 1).unwrap();
     let mut c = PerfConsumer::new(&pa).unwrap();
@@ -512,7 +499,7 @@ fn corrupt_rings_are_errors_not_crashes() {
 
 #[test]
 fn writers_recover_from_a_dead_lock_holder() {
-    let d = TestDir::new("dead");
+    let d = test_dir("dead");
     let p = d.path("pa");
     let pa = PerfEventArray::create_with_pages(&p, &spec(2), 1).unwrap();
     // SAFETY: the child exits at once; we reap it.
@@ -535,7 +522,7 @@ fn writers_recover_from_a_dead_lock_holder() {
 
 #[test]
 fn rings_are_resized_to_the_loaders_mmap_and_emptied() {
-    let d = TestDir::new("resize");
+    let d = test_dir("resize");
     let p = d.path("pa");
     let pa = PerfEventArray::create(&p, &spec(2)).unwrap();
     assert_eq!(pa.data_pages(), 8);
@@ -564,7 +551,7 @@ fn rings_are_resized_to_the_loaders_mmap_and_emptied() {
 
 #[test]
 fn a_ring_watcher_is_woken_by_that_ring_only() {
-    let d = TestDir::new("ringwait");
+    let d = test_dir("ringwait");
     let pa = PerfEventArray::create(&d.path("pa"), &spec(2)).unwrap();
     let seq = pa.wake_word().load(Ordering::SeqCst);
     out(&pa, 0, 0, b"a").unwrap();

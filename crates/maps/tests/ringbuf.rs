@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use userbpf_testutil::TmpDir;
+
 use userbpf_maps::ringbuf::{RingBuf, RingBufConsumer, RINGBUF_MAX_RECORD_SZ};
 use userbpf_maps::{
     MapSpec, MapType, BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS,
@@ -16,25 +18,10 @@ use userbpf_maps::{
 const PAGE: u64 = 4096;
 
 /// A directory removed at the end of the test.
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(name: &str) -> TestDir {
-        let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let d = root.join(format!("userbpf-rbtest-{}-{}", std::process::id(), name));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TestDir(d)
-    }
-    fn path(&self, f: &str) -> PathBuf {
-        self.0.join(f)
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A directory of its own for one test, in shared memory when the machine has /dev/shm.
+fn test_dir(name: &str) -> TmpDir {
+    let root = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    TmpDir::new_in(&root, &format!("ringbuftest-{name}"))
 }
 
 fn spec(max_entries: u32) -> MapSpec {
@@ -79,7 +66,7 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
 
 #[test]
 fn create_checks_spec_like_the_kernel() {
-    let d = TestDir::new("create");
+    let d = test_dir("create");
     let einval = |s: MapSpec, f: &str| {
         let e = RingBuf::create(&d.path(f), &s).unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL, "{s:?}");
@@ -113,7 +100,7 @@ fn create_checks_spec_like_the_kernel() {
 
 #[test]
 fn open_rejects_bad_files() {
-    let d = TestDir::new("open");
+    let d = test_dir("open");
     assert_eq!(RingBuf::open(&d.path("missing")).unwrap_err().errno(), libc::ENOENT);
     std::fs::write(d.path("empty"), b"").unwrap();
     assert!(RingBuf::open(&d.path("empty")).is_err());
@@ -144,7 +131,7 @@ fn open_rejects_bad_files() {
 
 #[test]
 fn records_have_the_kernel_layout() {
-    let d = TestDir::new("layout");
+    let d = test_dir("layout");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(8192)).unwrap();
     let data = 3 * PAGE;
@@ -192,7 +179,7 @@ fn records_have_the_kernel_layout() {
 
 #[test]
 fn round_trip_many_sizes_with_wraparound() {
-    let d = TestDir::new("roundtrip");
+    let d = test_dir("roundtrip");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     let mut c = RingBufConsumer::new(&rb).unwrap();
     let mut wrapped = 0;
@@ -237,7 +224,7 @@ fn round_trip_many_sizes_with_wraparound() {
 
 #[test]
 fn discard_and_out_of_order_commits() {
-    let d = TestDir::new("discard");
+    let d = test_dir("discard");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     let mut c = RingBufConsumer::new(&rb).unwrap();
     let mut got: Vec<Vec<u8>> = Vec::new();
@@ -266,7 +253,7 @@ fn discard_and_out_of_order_commits() {
 
 #[test]
 fn reserve_fails_when_full_and_recovers() {
-    let d = TestDir::new("full");
+    let d = test_dir("full");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     let mut c = RingBufConsumer::new(&rb).unwrap();
     // SAFETY: all successful reservations are committed.
@@ -297,7 +284,7 @@ fn reserve_fails_when_full_and_recovers() {
 
 #[test]
 fn pending_record_is_never_overrun_even_if_consumer_pos_lies() {
-    let d = TestDir::new("pending");
+    let d = test_dir("pending");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(4096)).unwrap();
     // SAFETY: `a` is committed at the end; nothing else is reserved successfully.
@@ -318,7 +305,7 @@ fn pending_record_is_never_overrun_even_if_consumer_pos_lies() {
 
 #[test]
 fn query_values() {
-    let d = TestDir::new("query");
+    let d = test_dir("query");
     let rb = RingBuf::create(&d.path("rb"), &spec(16384)).unwrap();
     assert_eq!(rb.query(BPF_RB_RING_SIZE), 16384);
     assert_eq!(rb.query(BPF_RB_AVAIL_DATA), 0);
@@ -395,7 +382,7 @@ fn produce(rb: &RingBuf, producer: u32, n: u32) {
 fn several_producer_threads_one_consumer_thread() {
     const THREADS: u32 = 4;
     const N: u32 = 20_000;
-    let d = TestDir::new("threads");
+    let d = test_dir("threads");
     let rb = RingBuf::create(&d.path("rb"), &spec(16384)).unwrap();
     let consumer = {
         let mut c = RingBufConsumer::new(&rb).unwrap();
@@ -431,7 +418,7 @@ fn several_producer_threads_one_consumer_thread() {
 #[test]
 fn producer_in_another_process() {
     const N: u32 = 20_000;
-    let d = TestDir::new("fork");
+    let d = test_dir("fork");
     let path = d.path("rb");
     let rb = RingBuf::create(&path, &spec(8192)).unwrap();
     let cpath = path.clone();
@@ -482,7 +469,7 @@ fn producer_in_another_process() {
 
 #[test]
 fn blocked_consumer_wakes_on_submit() {
-    let d = TestDir::new("wake");
+    let d = test_dir("wake");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     // Nobody waits: producers make no wakeup call.
     let mut c = RingBufConsumer::new(&rb).unwrap();
@@ -519,7 +506,7 @@ fn blocked_consumer_wakes_on_submit() {
 
 #[test]
 fn no_wakeup_and_force_wakeup_flags() {
-    let d = TestDir::new("flags");
+    let d = test_dir("flags");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     let spawn_poll = |timeout: Duration| {
         let mut c = RingBufConsumer::new(&rb).unwrap();
@@ -567,7 +554,7 @@ fn no_wakeup_and_force_wakeup_flags() {
 
 #[test]
 fn one_consumer_at_a_time() {
-    let d = TestDir::new("excl");
+    let d = test_dir("excl");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(4096)).unwrap();
     out(&rb, b"x").unwrap();
@@ -597,7 +584,7 @@ fn one_consumer_at_a_time() {
 
 #[test]
 fn a_killed_consumer_leaves_no_trace() {
-    let d = TestDir::new("killed");
+    let d = test_dir("killed");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(4096)).unwrap();
     // A consumer process sleeping in poll, killed.
@@ -637,7 +624,7 @@ fn a_killed_consumer_leaves_no_trace() {
 
 #[test]
 fn corrupt_lengths_are_errors_not_crashes() {
-    let d = TestDir::new("corrupt");
+    let d = test_dir("corrupt");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(4096)).unwrap();
     let mut c = RingBufConsumer::new(&rb).unwrap();
@@ -681,7 +668,7 @@ fn dead_pid() -> u32 {
 
 #[test]
 fn producers_recover_from_a_dead_process() {
-    let d = TestDir::new("dead");
+    let d = test_dir("dead");
     let p = d.path("rb");
     let rb = RingBuf::create(&p, &spec(4096)).unwrap();
     // A producer process died holding the reservation lock (header page, offset 128 + 128).

@@ -178,19 +178,7 @@ fn bad_section_data() {
     assert_eq!(refusal(&b, "s.o"), "s.o: section version: size 3 is not 4");
 }
 
-/// xorshift64*: deterministic pseudo-random numbers for the fuzz loop.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use userbpf_testutil::Rng;
 
 /// Byte ranges worth corrupting: the ELF and section headers and every section the loader reads.
 fn interesting_ranges(obj: &[u8]) -> Vec<std::ops::Range<usize>> {
@@ -216,9 +204,10 @@ fn fuzz_truncated_and_bit_flipped_objects() {
     // USERBPF_FUZZ_ITERS / USERBPF_FUZZ_SEED run longer or different campaigns.
     let iters: usize = std::env::var("USERBPF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
     let seed: u64 = std::env::var("USERBPF_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
-    let mut rng = Rng(seed | 1);
-    let mut accepted = 0usize;
-    let mut refused = 0usize;
+    let mut rng = Rng::new(seed);
+    // How far each mutant got: refused while reading the ELF file, its BTF, its symbols and
+    // relocations, its maps and programs, or CO-RE; or accepted.
+    let mut stages = Stages::default();
     for src in [
         "globals.bpf.c",
         "maps.bpf.c",
@@ -232,12 +221,11 @@ fn fuzz_truncated_and_bit_flipped_objects() {
         "text_only.bpf.c",
     ] {
         let obj = compile(src);
-        let mut tally = |r: Result<Object, userbpf_object::ObjectError>| match r {
-            Ok(_) => accepted += 1,
-            Err(e) => {
+        let mut tally = |r: Result<Object, userbpf_object::ObjectError>| {
+            if let Err(e) = &r {
                 assert!(e.to_string().starts_with("f.o: "), "{e}");
-                refused += 1
             }
+            stages.count(&r);
         };
         // Every prefix length in steps.
         let step = (obj.len() / 300).max(1);
@@ -248,20 +236,20 @@ fn fuzz_truncated_and_bit_flipped_objects() {
         let ranges = interesting_ranges(&obj);
         for _ in 0..iters {
             let mut b = obj.clone();
-            for _ in 0..1 + rng.below(4) {
-                let r = &ranges[rng.below(ranges.len())];
+            for _ in 0..1 + rng.index(4) {
+                let r = &ranges[rng.index(ranges.len())];
                 if r.is_empty() {
                     continue;
                 }
-                let i = r.start + rng.below(r.len());
-                b[i] ^= 1 << rng.below(8);
+                let i = r.start + rng.index(r.len());
+                b[i] ^= 1 << rng.index(8);
             }
             // Occasionally overwrite a whole word with an extreme value.
-            if rng.below(4) == 0 {
-                let r = &ranges[rng.below(ranges.len())];
+            if rng.index(4) == 0 {
+                let r = &ranges[rng.index(ranges.len())];
                 if r.len() >= 4 {
-                    let i = r.start + rng.below(r.len() - 3);
-                    let v: u32 = [0, 1, 0x7fff_ffff, 0xffff_ffff, 0x8000_0000][rng.below(5)];
+                    let i = r.start + rng.index(r.len() - 3);
+                    let v: u32 = [0, 1, 0x7fff_ffff, 0xffff_ffff, 0x8000_0000][rng.index(5)];
                     b[i..i + 4].copy_from_slice(&v.to_le_bytes());
                 }
             }
@@ -269,26 +257,71 @@ fn fuzz_truncated_and_bit_flipped_objects() {
             tally(Object::parse(&b, "f.o"));
         }
     }
-    eprintln!("fuzz: {accepted} accepted, {refused} refused");
-    assert!(refused > 1000);
+    eprintln!("fuzz: {stages:?}");
+    // Mutants must reach every stage of the loader, or the campaign tests only the first one.
+    // The bounds are far below what the default seed gives (see the line above), so that other
+    // seeds pass too, and far above zero.
+    let total = stages.total();
+    assert!(stages.elf > total / 20, "too few mutants refused by the ELF reader: {stages:?}");
+    assert!(stages.btf > total / 200, "too few mutants reached the BTF reader: {stages:?}");
+    assert!(stages.symbols > total / 200, "too few mutants reached symbols and relocations: {stages:?}");
+    assert!(stages.maps_programs > total / 1000, "too few mutants reached maps and programs: {stages:?}");
+    assert!(stages.core > total / 1000, "too few mutants reached CO-RE relocation: {stages:?}");
+    assert!(stages.accepted > total / 20, "too few mutants accepted: {stages:?}");
+}
+
+/// Mutants counted by the loader stage that refused them.
+#[derive(Debug, Default)]
+struct Stages {
+    elf: usize,
+    btf: usize,
+    symbols: usize,
+    maps_programs: usize,
+    core: usize,
+    accepted: usize,
+}
+
+impl Stages {
+    fn count(&mut self, r: &Result<Object, userbpf_object::ObjectError>) {
+        use userbpf_object::ErrorKind as K;
+        let slot = match r {
+            Ok(_) => &mut self.accepted,
+            Err(e) => match &e.kind {
+                K::Io(_) | K::NotElf | K::Not64Bit | K::BigEndian | K::WrongMachine { .. } | K::NotRelocatable(_) | K::BadElf(_) | K::Section { .. } => &mut self.elf,
+                K::Btf { .. } | K::MissingBtf { .. } => &mut self.btf,
+                K::Relocation { .. } | K::Symbol { .. } | K::Extern { .. } => &mut self.symbols,
+                K::Program { .. } | K::Map { .. } => &mut self.maps_programs,
+                K::Core(_) => &mut self.core,
+            },
+        };
+        *slot += 1;
+    }
+    fn total(&self) -> usize {
+        self.elf + self.btf + self.symbols + self.maps_programs + self.core + self.accepted
+    }
 }
 
 #[test]
 fn fuzz_btf_and_printer() {
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
+    let (mut parsed, mut refused) = (0usize, 0usize);
     for src in ["printer.bpf.c", "btf_kinds.bpf.c", "maps.bpf.c"] {
         let obj = compile(src);
         let r = section_range(&obj, ".BTF");
         let raw = obj[r].to_vec();
         for _ in 0..3000 {
             let mut b = raw.clone();
-            for _ in 0..1 + rng.below(3) {
-                let i = rng.below(b.len());
-                b[i] ^= 1 << rng.below(8);
+            for _ in 0..1 + rng.index(3) {
+                let i = rng.index(b.len());
+                b[i] ^= 1 << rng.index(8);
             }
-            let Ok(btf) = Btf::parse(&b) else { continue };
+            let Ok(btf) = Btf::parse(&b) else {
+                refused += 1;
+                continue;
+            };
+            parsed += 1;
             // Walk every type with every accessor, and print random data as it.
-            let data: Vec<u8> = (0..256).map(|_| rng.next() as u8).collect();
+            let data: Vec<u8> = (0..256).map(|_| rng.next_u64() as u8).collect();
             for (id, _) in btf.types() {
                 let _ = btf.resolve_size(id);
                 let _ = btf.align_of(id);
@@ -300,4 +333,7 @@ fn fuzz_btf_and_printer() {
             }
         }
     }
+    eprintln!("fuzz: {parsed} BTF mutants parsed and printed, {refused} refused");
+    // Both outcomes must be common, or the printer is not exercised (or the parser not tested).
+    assert!(parsed > 1000 && refused > 1000, "{parsed} parsed, {refused} refused");
 }

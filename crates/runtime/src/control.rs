@@ -32,7 +32,7 @@ unsafe extern "C" fn tail_call(_ctx: u64, map: u64, index: u64, _: u64, _: u64) 
     }
     // SAFETY: a prog array value is a u32 program id; the slot is 8-byte aligned.
     let id = unsafe { (slot as *const u32).read_volatile() };
-    let Some(target) = crate::programs::get(id) else { return neg(libc::ENOENT) };
+    let Some(target) = crate::program_table::get(id) else { return neg(libc::ENOENT) };
     // The count lives in the run's context (reset when a run starts).
     let count = context::tail_calls();
     if count >= MAX_TAIL_CALL_CNT {

@@ -6,7 +6,7 @@ pub mod control;
 pub mod helpers;
 pub mod loader;
 pub mod program;
-pub mod programs;
+pub mod program_table;
 pub mod session;
 pub mod verify;
 

@@ -105,15 +105,7 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf";
 /// alphanumerics, `.`, `_` and `-` as `%xx`, holding `map ID` (the layout of the syscall
 /// server's BPF_OBJ_PIN, so that a loader's BPF_OBJ_GET finds what an object pinned).
 fn pin_file(session: &Session, path: &str) -> std::path::PathBuf {
-    let mut name = String::new();
-    for &b in path.trim_start_matches('/').as_bytes() {
-        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
-            name.push(b as char);
-        } else {
-            name.push_str(&format!("%{b:02x}"));
-        }
-    }
-    session.dir().join("pins").join(name)
+    session.layout().pin(path.as_bytes())
 }
 
 /// The map pinned at `path` in `session`, if any, when it matches `spec` as libbpf's
@@ -306,7 +298,7 @@ fn load_object_pinning(
             .map_err(|e| perr(explain(e)))?;
         prog_ids[pi] = Some(record.id);
         let prog = Arc::new(prog);
-        crate::programs::register(prog.clone());
+        crate::program_table::register(prog.clone());
         programs.push((record, prog));
     }
     // Prog-array slots (libbpf fills them once the programs are loaded, and fails the load
@@ -518,7 +510,7 @@ pub fn prepare_tail_targets(
                     continue;
                 }
                 let target = u32::from_ne_bytes(v);
-                if target == 0 || crate::programs::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
+                if target == 0 || crate::program_table::get(target).is_some() || out.iter().any(|(i, _)| *i == target) {
                     continue;
                 }
                 let all = match &records {
@@ -529,7 +521,7 @@ pub fn prepare_tail_targets(
                 let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
                     .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
                 let prog = Arc::new(prog);
-                crate::programs::register(prog.clone());
+                crate::program_table::register(prog.clone());
                 work.push(rec.map_ids.clone());
                 out.push((target, prog));
             }
@@ -547,12 +539,6 @@ pub struct AttachReport {
     pub error: Option<String>,
 }
 
-/// The directory of attach reports of the session in `dir`: one file `LINK.PID` per link
-/// and process that tried.
-fn attach_dir(dir: &std::path::Path) -> std::path::PathBuf {
-    dir.join("attach")
-}
-
 /// Set (to `1`) in the environment of a command whose loader reads the attach reports
 /// (`userbpf run` sets it for its command); without it [`report_attach`] writes nothing, so
 /// that long-lived sessions of many processes (`userbpf start`) collect no files.
@@ -566,29 +552,25 @@ pub fn report_attach(session: &Session, link: u32, result: Result<(), &str>) {
     if std::env::var_os(ATTACH_REPORTS_ENV).is_none_or(|v| v != "1") {
         return;
     }
-    let dir = attach_dir(session.dir());
-    let _ = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&dir);
+    let l = session.layout();
+    let _ = crate::session::layout::make_dir(&l.attach_dir());
     let pid = std::process::id();
     let text = match result {
         Ok(()) => "ok\n".to_string(),
         Err(why) => format!("error\n{why}\n"),
     };
-    let tmp = dir.join(format!(".{link}.{pid}.tmp"));
-    if std::fs::write(&tmp, text).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(format!("{link}.{pid}")));
-    }
+    let _ = crate::session::layout::write_atomic(&l.attach_report(link, pid), text.as_bytes());
 }
 
 /// Every attach report of the session in directory `dir` (see [`report_attach`]), by link
 /// then pid.
 pub fn attach_reports(dir: &std::path::Path) -> Vec<AttachReport> {
-    let Ok(rd) = std::fs::read_dir(attach_dir(dir)) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(crate::session::Layout::new(dir).attach_dir()) else { return Vec::new() };
     let mut out: Vec<AttachReport> = rd
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let (link, pid) = name.split_once('.')?;
-            let (link, pid) = (link.parse().ok()?, pid.parse().ok()?);
+            let (link, pid) = crate::session::Layout::parse_attach_report(&name)?;
             let text = std::fs::read_to_string(e.path()).ok()?;
             let error = match text.split_once('\n') {
                 Some(("ok", _)) => None,
@@ -619,14 +601,12 @@ fn unpin(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let rec_path = session.dir().join("maps").join(format!("{id}.json"));
+    let rec_path = session.layout().map_record(id);
     if let Ok(text) = std::fs::read(&rec_path) {
         if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
             if rec.pinned.is_some() {
                 rec.pinned = None;
-                let tmp = rec_path.with_extension(format!("tmp{}", std::process::id()));
-                std::fs::write(&tmp, serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
-                std::fs::rename(&tmp, &rec_path)?;
+                crate::session::layout::write_atomic(&rec_path, &serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
             }
         }
     }

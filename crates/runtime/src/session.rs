@@ -1,12 +1,9 @@
 //! Sessions: the programs, maps and links of one session live in one directory of shared
 //! memory (`/dev/shm/userbpf-UID-NAME/`, mode 0700) that every process of the session maps.
 //!
-//! Layout of a session directory:
-//! - `lock`: `flock`ed while the session's registry changes (never on a hot path);
-//! - `next_id`: the last id handed out (maps, programs, links and BTF share one id space);
-//! - `members/PID.STARTTIME`: one file per process using the session;
-//! - `maps/ID` (the map itself, see userbpf-maps) and `maps/ID.json` ([`MapRecord`]);
-//! - `progs/ID.json` ([`ProgRecord`]), `btf/ID` (raw BTF of an object), `links/ID.json`.
+//! The directory's files and directories are named in one place, [`layout`] ([`Layout`]);
+//! the handshake by which a loader waits for the agents after changing links is
+//! [`handshake`].
 //!
 //! A process joins a session while it uses it. A session whose members are all gone is
 //! removed, as the kernel frees a program's objects at the last close: by the last member to
@@ -17,11 +14,17 @@
 //! never removed.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+pub mod handshake;
+pub mod layout;
+
+pub use layout::Layout;
+use layout::write_atomic;
 use userbpf_maps::{Map, MapError, MapSpec};
 
 /// Bytes of the session's trace pipe ring.
@@ -88,7 +91,7 @@ pub struct LinkRecord {
 /// An open session directory.
 pub struct Session {
     name: String,
-    dir: PathBuf,
+    layout: Layout,
     member: Option<PathBuf>,
 }
 
@@ -116,9 +119,7 @@ impl Session {
 
     /// The directory of session `name` for this user under `root`.
     pub fn dir_in(root: &Path, name: &str) -> PathBuf {
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        root.join(format!("userbpf-{uid}-{name}"))
+        root.join(format!("{}{name}", Layout::dir_name_prefix()))
     }
 
     /// Opens (creating if needed) session `name` and joins it. A leftover session whose
@@ -133,11 +134,11 @@ impl Session {
         if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) || name.starts_with('.') {
             return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
         }
-        let dir = Self::dir_in(root, name);
-        let mut s = Session { name: name.to_string(), dir, member: None };
+        let layout = Layout::new(Self::dir_in(root, name));
+        let mut s = Session { name: name.to_string(), layout, member: None };
         let _lock = s.lock()?;
-        for sub in ["members", "maps", "progs", "btf", "links"] {
-            fs::DirBuilder::new().recursive(true).mode(0o700).create(s.dir.join(sub))?;
+        for sub in s.layout.made_at_open() {
+            layout::make_dir(&sub)?;
         }
         if s.live_members()?.is_empty() && !s.has_pins()? {
             s.wipe()?;
@@ -150,7 +151,11 @@ impl Session {
         &self.name
     }
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.layout.dir()
+    }
+    /// The paths of the session's files.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Takes the session's lock. The last member to leave removes the directory, lock file
@@ -159,8 +164,8 @@ impl Session {
     fn lock(&self) -> io::Result<File> {
         use std::os::unix::fs::MetadataExt;
         loop {
-            fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
-            let path = self.dir.join("lock");
+            layout::make_dir(self.dir())?;
+            let path = self.layout.lock();
             let f = match OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path) {
                 Ok(f) => f,
                 // The directory was removed (by its last member) between the two calls.
@@ -183,7 +188,7 @@ impl Session {
         static HANDLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let me = std::process::id();
         let n = HANDLES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = self.dir.join("members").join(format!("{me}.{}.{n}", start_time(me).unwrap_or(0)));
+        let path = self.layout.member(me, start_time(me).unwrap_or(0), n);
         File::create(&path)?;
         Ok(path)
     }
@@ -191,15 +196,13 @@ impl Session {
     /// Pids of members still alive (their files whose process is gone are removed).
     pub fn live_members(&self) -> io::Result<Vec<u32>> {
         let mut live = Vec::new();
-        for e in fs::read_dir(self.dir.join("members"))? {
+        for e in fs::read_dir(self.layout.members_dir())? {
             let e = e?;
             let name = e.file_name().to_string_lossy().into_owned();
             // PID.STARTTIME.HANDLE: alive while that process (not a reuse of its pid) is.
-            let mut parts = name.split('.');
-            let alive = (|| Some((parts.next()?.parse::<u32>().ok()?, parts.next()?.parse::<u64>().ok()?)))()
-                .is_some_and(|(pid, t)| start_time(pid) == Some(t) && !exited(pid));
-            if alive {
-                live.push(name.split_once('.').map_or(0, |(p, _)| p.parse().unwrap_or(0)));
+            let member = Layout::parse_member(&name).filter(|&(pid, t)| start_time(pid) == Some(t) && !exited(pid));
+            if let Some((pid, _)) = member {
+                live.push(pid);
             } else {
                 let _ = fs::remove_file(e.path());
             }
@@ -212,8 +215,7 @@ impl Session {
     }
 
     fn wipe(&self) -> io::Result<()> {
-        for sub in ["maps", "progs", "btf", "links"] {
-            let d = self.dir.join(sub);
+        for d in self.layout.wiped() {
             for e in fs::read_dir(&d)? {
                 let p = e?.path();
                 if p.is_dir() {
@@ -223,15 +225,15 @@ impl Session {
                 }
             }
         }
-        let _ = fs::remove_file(self.dir.join("next_id"));
-        let _ = fs::remove_file(self.dir.join("trace_pipe"));
+        let _ = fs::remove_file(self.layout.next_id());
+        let _ = fs::remove_file(self.layout.trace_pipe());
         Ok(())
     }
 
     /// Hands out the next id (ids are never reused within a session's life).
     pub fn alloc_id(&self) -> io::Result<u32> {
         let _lock = self.lock()?;
-        let path = self.dir.join("next_id");
+        let path = self.layout.next_id();
         let last: u32 = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let id = last.checked_add(1).ok_or_else(|| io::Error::other("session ran out of ids"))?;
         write_atomic(&path, id.to_string().as_bytes())?;
@@ -245,12 +247,12 @@ impl Session {
         map.set_id(id);
         record.id = id;
         record.name = spec.name.clone();
-        self.write_json(&self.dir.join("maps").join(format!("{id}.json")), &record)?;
+        self.write_json(&self.layout.map_record(id), &record)?;
         Ok((record, map))
     }
 
     pub fn map_path(&self, id: u32) -> PathBuf {
-        self.dir.join("maps").join(id.to_string())
+        self.layout.map(id)
     }
 
     pub fn open_map(&self, id: u32) -> Result<Map, SessionError> {
@@ -263,34 +265,34 @@ impl Session {
 
     /// Records of every map, by id.
     pub fn maps(&self) -> io::Result<Vec<MapRecord>> {
-        self.read_all("maps")
+        self.read_all(&self.layout.maps_dir())
     }
 
     /// Stores raw BTF; returns its id.
     pub fn add_btf(&self, data: &[u8]) -> io::Result<u32> {
         let id = self.alloc_id()?;
-        write_atomic(&self.dir.join("btf").join(id.to_string()), data)?;
+        write_atomic(&self.layout.btf(id), data)?;
         Ok(id)
     }
 
     pub fn btf(&self, id: u32) -> io::Result<Vec<u8>> {
-        fs::read(self.dir.join("btf").join(id.to_string()))
+        fs::read(self.layout.btf(id))
     }
 
     pub fn add_prog(&self, mut record: ProgRecord) -> io::Result<ProgRecord> {
         record.id = self.alloc_id()?;
-        self.write_json(&self.dir.join("progs").join(format!("{}.json", record.id)), &record)?;
+        self.write_json(&self.layout.prog(record.id), &record)?;
         Ok(record)
     }
 
     pub fn progs(&self) -> io::Result<Vec<ProgRecord>> {
-        self.read_all("progs")
+        self.read_all(&self.layout.progs_dir())
     }
 
     /// The session's trace pipe: a ring buffer of `bpf_trace_printk` lines (created on first
     /// use), read like the kernel's trace_pipe.
     pub fn trace_pipe(&self) -> Result<Map, SessionError> {
-        let path = self.dir.join("trace_pipe");
+        let path = self.layout.trace_pipe();
         let spec = MapSpec {
             map_type: userbpf_maps::MapType::BPF_MAP_TYPE_RINGBUF,
             key_size: 0,
@@ -320,17 +322,17 @@ impl Session {
     /// Records a link; targets watching the session's `links/` directory attach it.
     pub fn add_link(&self, mut record: LinkRecord) -> io::Result<LinkRecord> {
         record.id = self.alloc_id()?;
-        self.write_json(&self.dir.join("links").join(format!("{}.json", record.id)), &record)?;
+        self.write_json(&self.layout.link(record.id), &record)?;
         Ok(record)
     }
 
     pub fn links(&self) -> io::Result<Vec<LinkRecord>> {
-        self.read_all("links")
+        self.read_all(&self.layout.links_dir())
     }
 
     /// Removes a link (detach).
     pub fn remove_link(&self, id: u32) -> io::Result<()> {
-        fs::remove_file(self.dir.join("links").join(format!("{id}.json")))
+        fs::remove_file(self.layout.link(id))
     }
 
     /// Opens the session a process was started in (`USERBPF_SESSION`), if any.
@@ -343,9 +345,9 @@ impl Session {
         write_atomic(path, &data)
     }
 
-    fn read_all<T: DeserializeOwned + HasId>(&self, sub: &str) -> io::Result<Vec<T>> {
+    fn read_all<T: DeserializeOwned + HasId>(&self, dir: &Path) -> io::Result<Vec<T>> {
         let mut v: Vec<T> = Vec::new();
-        for e in fs::read_dir(self.dir.join(sub))? {
+        for e in fs::read_dir(dir)? {
             let p = e?.path();
             if p.extension().is_some_and(|x| x == "json") {
                 // A record being replaced may vanish between read_dir and read.
@@ -365,8 +367,8 @@ impl Session {
     pub fn leave_process(&self) -> io::Result<()> {
         let _lock = self.lock()?;
         let me = std::process::id();
-        let prefix = format!("{me}.{}.", start_time(me).unwrap_or(0));
-        if let Ok(rd) = fs::read_dir(self.dir.join("members")) {
+        let prefix = Layout::member_prefix(me, start_time(me).unwrap_or(0));
+        if let Ok(rd) = fs::read_dir(self.layout.members_dir()) {
             for e in rd.flatten() {
                 if e.file_name().to_string_lossy().starts_with(&prefix) {
                     let _ = fs::remove_file(e.path());
@@ -382,7 +384,7 @@ impl Session {
     fn remove_if_unused(&self) -> io::Result<()> {
         let alone = self.live_members().map_or(true, |m| m.is_empty());
         if alone && !self.has_pins().unwrap_or(false) {
-            match fs::remove_dir_all(&self.dir) {
+            match fs::remove_dir_all(self.dir()) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
@@ -392,8 +394,7 @@ impl Session {
 
     /// The names of this user's session directories under [`Session::root`].
     fn names() -> Vec<String> {
-        // SAFETY: getuid has no preconditions.
-        let prefix = format!("userbpf-{}-", unsafe { libc::getuid() });
+        let prefix = Layout::dir_name_prefix();
         let Ok(rd) = fs::read_dir(Self::root()) else { return Vec::new() };
         let mut names: Vec<String> = rd
             .flatten()
@@ -410,10 +411,10 @@ impl Session {
     pub fn reap() -> Vec<String> {
         let mut gone = Vec::new();
         for name in Self::names() {
-            let s = Session { dir: Self::dir_of(&name), name, member: None };
+            let s = Session { layout: Layout::new(Self::dir_of(&name)), name, member: None };
             let Ok(Some(_lock)) = s.try_lock() else { continue };
-            let before = s.dir.exists();
-            if s.remove_if_unused().is_ok() && before && !s.dir.exists() {
+            let before = s.dir().exists();
+            if s.remove_if_unused().is_ok() && before && !s.dir().exists() {
                 gone.push(s.name.clone());
             }
         }
@@ -426,7 +427,7 @@ impl Session {
         Self::reap();
         let mut out = Vec::new();
         for name in Self::names() {
-            let s = Session { dir: Self::dir_of(&name), name, member: None };
+            let s = Session { layout: Layout::new(Self::dir_of(&name)), name, member: None };
             // The lock is held only while the registry changes: wait for it a little.
             let mut lock = s.try_lock();
             for _ in 0..100 {
@@ -437,23 +438,23 @@ impl Session {
                 lock = s.try_lock();
             }
             let Ok(Some(_lock)) = lock else {
-                out.push(SessionInfo { name: s.name.clone(), dir: s.dir.clone(), members: Vec::new(), progs: 0, maps: 0, links: 0, pinned: Vec::new(), busy: true });
+                out.push(SessionInfo { name: s.name.clone(), dir: s.dir().to_path_buf(), members: Vec::new(), progs: 0, maps: 0, links: 0, pinned: Vec::new(), busy: true });
                 continue;
             };
             let mut members = s.live_members().unwrap_or_default();
             members.sort_unstable();
             members.dedup();
             let maps = s.maps().unwrap_or_default();
-            let count = |sub: &str| fs::read_dir(s.dir.join(sub)).map_or(0, |rd| rd.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count());
+            let count = |dir: PathBuf| fs::read_dir(dir).map_or(0, |rd| rd.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count());
             out.push(SessionInfo {
                 members: members.into_iter().map(|pid| (pid, comm(pid))).collect(),
-                progs: count("progs"),
+                progs: count(s.layout.progs_dir()),
                 maps: maps.len(),
-                links: count("links"),
+                links: count(s.layout.links_dir()),
                 pinned: maps.iter().filter_map(|m| m.pinned.clone()).collect(),
                 busy: false,
                 name: s.name.clone(),
-                dir: s.dir.clone(),
+                dir: s.dir().to_path_buf(),
             });
         }
         out
@@ -463,7 +464,7 @@ impl Session {
     /// [`Session::lock`] it never creates the directory.
     fn try_lock(&self) -> io::Result<Option<File>> {
         use std::os::unix::fs::MetadataExt;
-        let path = self.dir.join("lock");
+        let path = self.layout.lock();
         let f = match OpenOptions::new().write(true).open(&path) {
             Ok(f) => f,
             // No lock file: the directory is being made or removed right now. Never touched
@@ -558,15 +559,6 @@ pub enum SessionError {
     NotFound(String),
 }
 
-/// Writes a file by renaming a complete temporary one over it, so readers never see half.
-fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
-    f.write_all(data)?;
-    drop(f);
-    fs::rename(&tmp, path)
-}
-
 /// A USDT semaphore a loader's uprobe link raises while it exists (a uprobe event opened with
 /// a `ref_ctr_offset`), recorded in the session as `perf/sema-LINK` ("PATH\nFILE_OFFSET\nPID
 /// or -1\n") by the loader, so that processes started later raise it themselves.
@@ -582,19 +574,19 @@ pub struct SemaphoreRecord {
 }
 
 impl SemaphoreRecord {
-    /// Records it in the session directory `dir`.
-    pub fn write(&self, dir: &Path) -> io::Result<()> {
+    /// Records it in the session of layout `l`.
+    pub fn write(&self, l: &Layout) -> io::Result<()> {
         let pid = self.pid.map_or(-1, |p| p as i64);
-        fs::write(dir.join("perf").join(format!("sema-{}", self.link)), format!("{}\n{}\n{pid}\n", self.path, self.offset))
+        fs::write(l.semaphore(self.link), format!("{}\n{}\n{pid}\n", self.path, self.offset))
     }
 
-    /// The records of the session directory `dir` (unreadable ones are skipped).
-    pub fn all(dir: &Path) -> Vec<SemaphoreRecord> {
-        let Ok(rd) = fs::read_dir(dir.join("perf")) else { return Vec::new() };
+    /// The records of the session of layout `l` (unreadable ones are skipped).
+    pub fn all(l: &Layout) -> Vec<SemaphoreRecord> {
+        let Ok(rd) = fs::read_dir(l.perf_dir()) else { return Vec::new() };
         let mut v = Vec::new();
         for e in rd.flatten() {
             let name = e.file_name();
-            let Some(link) = name.to_str().and_then(|n| n.strip_prefix("sema-")).and_then(|l| l.parse::<u32>().ok()) else { continue };
+            let Some(link) = name.to_str().and_then(Layout::parse_semaphore) else { continue };
             let Ok(text) = fs::read_to_string(e.path()) else { continue };
             let mut l = text.lines();
             let (Some(path), Some(offset), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
@@ -625,7 +617,7 @@ mod tests {
     fn with_root<T>(f: impl FnOnce() -> T) -> T {
         let dir = std::env::temp_dir().join(format!("userbpf-session-unit-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        // SAFETY (of the environment change): the unit tests of this module all set the same value.
+        // SAFETY: (of the environment change) the unit tests of this module all set the same value.
         unsafe { std::env::set_var(SHM_DIR_ENV, &dir) };
         f()
     }
@@ -653,17 +645,17 @@ mod tests {
             a.add_btf(b"x").unwrap();
             // Pretend a dead process was the only member.
             let member = a.member.clone().unwrap();
-            fs::rename(&member, a.dir().join("members").join("999999999.1")).unwrap();
+            fs::rename(&member, a.layout().members_dir().join("999999999.1")).unwrap();
             std::mem::forget(a);
             let b = Session::open("dead").unwrap();
-            assert!(fs::read_dir(b.dir().join("btf")).unwrap().next().is_none(), "stale contents wiped");
+            assert!(fs::read_dir(b.layout().btf_dir()).unwrap().next().is_none(), "stale contents wiped");
             assert_eq!(b.alloc_id().unwrap(), 1);
         });
     }
 
     /// A member file of a process that is gone (pid beyond pid_max).
     fn fake_dead_member(s: &Session) {
-        fs::write(s.dir().join("members").join("999999999.1.0"), b"").unwrap();
+        fs::write(s.layout().member(999_999_999, 1, 0), b"").unwrap();
     }
 
     #[test]
@@ -715,7 +707,7 @@ mod tests {
             // With another process's membership alive, it stays.
             let c = Session::open("leave-process2").unwrap();
             let parent = std::os::unix::process::parent_id();
-            fs::write(c.dir().join("members").join(format!("{parent}.{}.0", start_time(parent).unwrap())), b"").unwrap();
+            fs::write(c.layout().member(parent, start_time(parent).unwrap(), 0), b"").unwrap();
             c.leave_process().unwrap();
             assert!(c.dir().exists(), "the other member is alive");
             fs::remove_dir_all(c.dir()).unwrap();

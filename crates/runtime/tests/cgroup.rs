@@ -85,9 +85,7 @@ fn helpers_see_the_calling_threads_cgroup_v2() {
     }
 
     // Slots: 0 = a, 1 = b, 2 = c, 3 = the hierarchy's root, 4 empty.
-    let dir = std::env::temp_dir().join(format!("userbpf-cgroup-helpers-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = userbpf_testutil::TmpDir::new("cgroup-helpers");
     let spec = MapSpec { map_type: MapType::BPF_MAP_TYPE_CGROUP_ARRAY, key_size: 4, value_size: 4, max_entries: 5, map_flags: 0, map_extra: 0, name: "cg".into() };
     let map = Arc::new(Map::create(&dir.join("1"), &spec).unwrap());
     map.set_id(1);

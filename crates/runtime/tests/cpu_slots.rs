@@ -52,9 +52,7 @@ fn pin_to_one_cpu() {
 
 #[test]
 fn more_threads_than_cpus_on_one_cpu_lose_no_run_and_no_update() {
-    let dir = std::env::temp_dir().join(format!("userbpf-cpu-slots-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = userbpf_testutil::TmpDir::new("cpu-slots");
     let spec = MapSpec {
         map_type: MapType::BPF_MAP_TYPE_PERCPU_ARRAY,
         key_size: 4,

@@ -2,7 +2,7 @@
 //! prepared memory and maps, inside a run context; and a small program calling helpers in
 //! both executors.
 
-use std::path::PathBuf;
+use userbpf_testutil::TmpDir;
 use std::sync::{Arc, Mutex};
 
 use userbpf_isa::Insn;
@@ -44,11 +44,8 @@ fn addr_mut<T>(p: &mut T) -> u64 {
     p as *mut T as u64
 }
 
-fn tmpdir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("userbpf-helpers-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn tmpdir(test: &str) -> TmpDir {
+    TmpDir::new(&format!("helpers-{test}"))
 }
 
 fn spec(t: MapType, key: u32, value: u32, max: u32) -> MapSpec {

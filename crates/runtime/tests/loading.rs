@@ -47,7 +47,7 @@ fn a_slot_naming_a_program_that_is_not_loaded_is_refused() {
     let path = common::compile("tail_noautoload");
     let s = common::session("noautoload-slot");
     let obj = userbpf_object::Object::open(&path).unwrap();
-    let slots = Arc::new(CpuSlots::open(&s.dir().join("cpus")).unwrap());
+    let slots = Arc::new(CpuSlots::open(&s.layout().cpus()).unwrap());
     let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     let err = load_object(&s, obj, &opts, slots.clone()).err().expect("the load fails, as libbpf's").to_string();
     assert!(err.contains("map `lazy_jmp`"), "{err}");
@@ -63,7 +63,7 @@ fn a_slot_naming_a_program_that_is_not_loaded_is_refused() {
 
 fn try_load(s: &userbpf_runtime::Session, name: &str) -> Result<userbpf_runtime::LoadedObject, String> {
     let obj = userbpf_object::Object::open(common::compile(name)).unwrap();
-    let slots = Arc::new(CpuSlots::open(&s.dir().join("cpus")).unwrap());
+    let slots = Arc::new(CpuSlots::open(&s.layout().cpus()).unwrap());
     let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     load_object(s, obj, &opts, slots).map_err(|e| e.to_string())
 }
@@ -86,7 +86,7 @@ fn map_attributes_and_subprograms_work_as_in_libbpf() {
     assert_eq!(pinned.record.pinned.as_deref(), Some("/sys/fs/bpf/pinned_runs"));
     let recorded = s.maps().unwrap().into_iter().find(|r| r.id == pinned.record.id).unwrap();
     assert_eq!(recorded.pinned.as_deref(), Some("/sys/fs/bpf/pinned_runs"));
-    let pin = std::fs::read_to_string(s.dir().join("pins/sys%2ffs%2fbpf%2fpinned_runs")).unwrap();
+    let pin = std::fs::read_to_string(s.layout().pin(b"/sys/fs/bpf/pinned_runs")).unwrap();
     assert_eq!(pin, format!("map {}\n", pinned.record.id));
     // ... and reused by the next load, which counts on (unpinned maps are created anew).
     let second = try_load(&s, "features").unwrap_or_else(|e| panic!("{e}"));
@@ -103,7 +103,7 @@ fn map_attributes_and_subprograms_work_as_in_libbpf() {
     assert!(e.contains("map `pinned_runs`") && e.contains("the map pinned at /sys/fs/bpf/pinned_runs") && e.contains("max_entries 0x1 != 0x4"), "{e}");
     // Unpinning (what `userbpf run` does for its own session) removes pin and record mark.
     userbpf_runtime::loader::unpin_maps(&s, &second).unwrap();
-    assert!(!s.dir().join("pins/sys%2ffs%2fbpf%2fpinned_runs").exists());
+    assert!(!s.layout().pin(b"/sys/fs/bpf/pinned_runs").exists());
     assert!(s.maps().unwrap().iter().all(|r| r.pinned.is_none()));
 }
 
@@ -140,6 +140,6 @@ fn a_failed_load_unpins_what_it_pinned() {
     let s = common::session("pin-then-fail");
     let e = try_load(&s, "pin_then_fail").err().expect("refused");
     assert!(e.contains("GPL-restricted"), "{e}");
-    assert!(!s.dir().join("pins/sys%2ffs%2fbpf%2fdoomed_pin").exists(), "the pin was removed");
+    assert!(!s.layout().pin(b"/sys/fs/bpf/doomed_pin").exists(), "the pin was removed");
     assert!(s.maps().unwrap().iter().all(|r| r.pinned.is_none()), "no map record is left pinned");
 }

@@ -13,7 +13,7 @@ fn load_err(name: &str, only: Option<&[String]>) -> String {
     let path = common::compile(name);
     let s = common::session(&format!("refused-{name}"));
     let obj = userbpf_object::Object::open(&path).unwrap();
-    let slots = Arc::new(CpuSlots::open(&s.dir().join("cpus")).unwrap());
+    let slots = Arc::new(CpuSlots::open(&s.layout().cpus()).unwrap());
     let opts = LoadOptions { engine: Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only };
     match load_object(&s, obj, &opts, slots) {
         Ok(_) => panic!("{name} loaded"),

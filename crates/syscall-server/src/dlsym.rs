@@ -73,7 +73,7 @@ fn redirect(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     if unsafe { real(handle, name) }.is_null() {
         return std::ptr::null_mut();
     }
-    crate::syscall as *const () as *mut c_void
+    crate::shim::syscall as *const () as *mut c_void
 }
 
 /// libc's `dlsym(3)`, except that `syscall` is this library's in the served loader. Every

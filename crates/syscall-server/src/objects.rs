@@ -8,10 +8,10 @@
 //! [`forget`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{OnceLock, RwLock};
 
-use userbpf_runtime::session::Session;
+use userbpf_runtime::session::{Layout, Session};
 
+use crate::server::server;
 use crate::sys;
 
 /// What a descriptor of ours refers to.
@@ -48,13 +48,12 @@ pub struct Obj {
     pub path: PathBuf,
 }
 
-struct Entry {
+pub(crate) struct Entry {
     dev: u64,
     ino: u64,
     obj: Obj,
 }
 
-static TABLE: RwLock<Vec<Entry>> = RwLock::new(Vec::new());
 
 /// `fstat` through the raw system call: `(st_dev, st_ino)`, or the errno.
 fn dev_ino(fd: i32) -> Result<(u64, u64), i32> {
@@ -92,7 +91,7 @@ pub fn install(kind: Kind, id: u32, path: &Path) -> Result<i32, i32> {
 pub fn register(fd: i32, kind: Kind, id: u32, path: &Path) -> Result<(), i32> {
     let (dev, ino) = dev_ino(fd)?;
     let obj = Obj { kind, id, path: path.to_path_buf() };
-    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let mut t = server().objects.write().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = t.iter_mut().find(|e| e.dev == dev && e.ino == ino) {
         e.obj = obj;
     } else {
@@ -107,7 +106,7 @@ pub fn get(fd: i32) -> Option<Obj> {
         return None;
     }
     let (dev, ino) = dev_ino(fd).ok()?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     if t.is_empty() {
         return None;
     }
@@ -120,13 +119,13 @@ pub fn kind_of(fd: i32) -> Option<(Kind, u32)> {
         return None;
     }
     {
-        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
         if t.is_empty() {
             return None;
         }
     }
     let (dev, ino) = dev_ino(fd).ok()?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     t.iter().find(|e| e.dev == dev && e.ino == ino).map(|e| (e.obj.kind, e.obj.id))
 }
 
@@ -138,7 +137,7 @@ pub fn get_kind(fd: i32, kind: Kind) -> Result<Obj, i32> {
         return Err(libc::EBADF);
     }
     let (dev, ino) = dev_ino(fd)?;
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     match t.iter().find(|e| e.dev == dev && e.ino == ino) {
         Some(e) if e.obj.kind == kind => Ok(e.obj.clone()),
         _ => Err(libc::EINVAL),
@@ -147,13 +146,13 @@ pub fn get_kind(fd: i32, kind: Kind) -> Result<Obj, i32> {
 
 /// Every registered object of `kind` (e.g. links to detach at exit).
 pub fn all(kind: Kind) -> Vec<Obj> {
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    let t = server().objects.read().unwrap_or_else(|e| e.into_inner());
     t.iter().filter(|e| e.obj.kind == kind).map(|e| e.obj.clone()).collect()
 }
 
 /// Drops the entries of an object whose file is being removed (its inode may be reused).
 pub fn forget(kind: Kind, id: u32) {
-    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let mut t = server().objects.write().unwrap_or_else(|e| e.into_inner());
     t.retain(|e| !(e.obj.kind == kind && e.obj.id == id));
 }
 
@@ -163,14 +162,13 @@ pub fn close(fd: i32) {
     unsafe { sys::raw6(libc::SYS_close, fd as i64, 0, 0, 0, 0, 0) };
 }
 
-static SESSION: OnceLock<Result<Session, i32>> = OnceLock::new();
-
 /// The loader's session (`USERBPF_SESSION`, default `default`), opened and joined on first
 /// use and kept for the life of the process; the process leaves it at exit (see
 /// [`leave_at_exit`]). Errors map to an errno (`EPERM`-like failures of the shared-memory
 /// directory come back as the OS error).
 pub fn session() -> Result<&'static Session, i32> {
-    SESSION
+    server()
+        .session
         .get_or_init(|| {
             let s = Session::open(&Session::default_name()).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
             // SAFETY: registering a function with no preconditions to run at exit.
@@ -181,13 +179,30 @@ pub fn session() -> Result<&'static Session, i32> {
         .map_err(|e| *e)
 }
 
+/// Serves the calls of this process in session `s` instead of the one `USERBPF_SESSION`
+/// names (a process using the server as a library, the in-process tests). Only before the
+/// first call that needs a session; `Err(s)` after.
+pub fn set_session(s: Session) -> Result<(), Session> {
+    let mut s = Some(s);
+    server().session.get_or_init(|| {
+        let s = s.take().expect("taken once");
+        // SAFETY: registering a function with no preconditions to run at exit.
+        unsafe { libc::atexit(leave_at_exit) };
+        Ok(s)
+    });
+    match s {
+        None => Ok(()),
+        Some(s) => Err(s),
+    }
+}
+
 /// At exit: this process leaves the session, and the last member to leave frees it (its
 /// maps' memory included) unless a map is pinned, as `Session::leave` does for a session
 /// value that is dropped (the loader's is static, so never dropped). Runs after the attach
 /// module's exit handler (registered later), so the loader's links are gone by then.
 extern "C" fn leave_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(Ok(s)) = SESSION.get() {
+        if let Some(Ok(s)) = server().session.get() {
             leave(s);
         }
     });
@@ -195,8 +210,8 @@ extern "C" fn leave_at_exit() {
 
 fn leave(s: &Session) {
     use std::os::unix::fs::MetadataExt;
-    let dir = s.dir();
-    let lock_path = dir.join("lock");
+    let layout = s.layout();
+    let lock_path = layout.lock();
     // The session's lock, as Session takes it: a lock file that is gone means the session
     // was removed meanwhile.
     let Ok(lock) = std::fs::OpenOptions::new().write(true).open(&lock_path) else { return };
@@ -210,8 +225,8 @@ fn leave(s: &Session) {
     }
     // Every membership of this process (the loader's, and the agent's in the loader).
     let me = std::process::id();
-    let prefix = format!("{me}.{}.", userbpf_runtime::session::start_time(me).unwrap_or(0));
-    if let Ok(rd) = std::fs::read_dir(dir.join("members")) {
+    let prefix = Layout::member_prefix(me, userbpf_runtime::session::start_time(me).unwrap_or(0));
+    if let Ok(rd) = std::fs::read_dir(layout.members_dir()) {
         for e in rd.flatten() {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(e.path());
@@ -224,10 +239,9 @@ fn leave(s: &Session) {
         // Everything but the lock, the members and the links directory, which agents in
         // this very process may still be watching at exit (the next process to open the
         // session wipes the rest, as it does for any session whose members are gone).
-        if let Ok(rd) = std::fs::read_dir(dir) {
+        if let Ok(rd) = std::fs::read_dir(layout.dir()) {
             for e in rd.flatten() {
-                let name = e.file_name();
-                if name == "lock" || name == "members" || name == "links" {
+                if Layout::kept_at_last_exit(&e.file_name()) {
                     continue;
                 }
                 let p = e.path();

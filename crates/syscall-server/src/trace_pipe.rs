@@ -6,8 +6,9 @@
 //! the kernel's trace_pipe does. A thread of ours copies lines from the session's ring into
 //! the pipe until the reader closes its end.
 //!
-//! `open`, `open64`, `openat`, `openat64`, `fopen` and `fopen64` are defined here; every other
-//! path goes to the kernel (or libc's `fopen`) unchanged.
+//! [`open_at`] and [`fopen_with`] serve the C entry points `open`, `open64`, `openat`,
+//! `openat64`, `fopen` and `fopen64` ([`crate::shim`]); every other path goes to the kernel
+//! (or libc's `fopen`) unchanged.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::time::Duration;
@@ -114,7 +115,7 @@ fn reader_gone(wr: c_int) -> bool {
 }
 
 /// `openat(2)` for every path: the trace pipe from the session, the rest from the kernel.
-fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+pub(crate) fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     if is_trace_pipe(path) {
         return match std::panic::catch_unwind(|| open_pipe(flags)) {
             Ok(Ok(fd)) => fd,
@@ -133,43 +134,6 @@ fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_i
     sys::libc_ret(unsafe { sys::raw6(libc::SYS_openat, dirfd as i64, path as i64, flags as i64, mode as i64, 0, 0) }) as c_int
 }
 
-/// libc's `open(2)` (variadic in C: on x86-64 the optional mode arrives in the third
-/// argument register, as a non-variadic third argument would).
-///
-/// # Safety
-/// As for libc's `open`.
-#[no_mangle]
-pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    open_at(libc::AT_FDCWD, path, flags, mode)
-}
-
-/// libc's `open64`: the same call on x86-64.
-///
-/// # Safety
-/// As for libc's `open64`.
-#[no_mangle]
-pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    open_at(libc::AT_FDCWD, path, flags, mode)
-}
-
-/// libc's `openat(2)`.
-///
-/// # Safety
-/// As for libc's `openat`.
-#[no_mangle]
-pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    open_at(dirfd, path, flags, mode)
-}
-
-/// libc's `openat64`: the same call on x86-64.
-///
-/// # Safety
-/// As for libc's `openat64`.
-#[no_mangle]
-pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    open_at(dirfd, path, flags, mode)
-}
-
 type FopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
 
 /// libc's own `fopen` (or `fopen64`), found past this library.
@@ -183,7 +147,7 @@ fn next_fopen(name: &CStr) -> Option<FopenFn> {
 
 /// `fopen` for the trace pipe (glibc's `fopen` opens through its internal `open`, which the
 /// definitions above do not reach): a stream on our pipe; other paths go to libc's.
-fn fopen_with(next: &CStr, path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+pub(crate) fn fopen_with(next: &CStr, path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     if is_trace_pipe(path) {
         let fd = open_at(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC, 0);
         if fd < 0 {
@@ -204,22 +168,4 @@ fn fopen_with(next: &CStr, path: *const c_char, mode: *const c_char) -> *mut lib
             std::ptr::null_mut()
         }
     }
-}
-
-/// libc's `fopen(3)`.
-///
-/// # Safety
-/// As for libc's `fopen`.
-#[no_mangle]
-pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    fopen_with(c"fopen", path, mode)
-}
-
-/// libc's `fopen64(3)`.
-///
-/// # Safety
-/// As for libc's `fopen64`.
-#[no_mangle]
-pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    fopen_with(c"fopen64", path, mode)
 }

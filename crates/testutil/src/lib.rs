@@ -1,9 +1,118 @@
 //! Test support shared by the crates' tests: compiling eBPF C sources with clang at test
 //! time, into the build directory (objects are never committed), and the rule for tests
-//! whose tool, privilege or data is missing ([`require`]: they fail, unless told to skip).
+//! whose tool, privilege or data is missing ([`require`]: they fail, unless told to skip),
+//! a temporary directory removed on drop ([`TmpDir`]) and a deterministic pseudo-random
+//! generator for fuzz loops ([`Rng`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A fresh directory under the system's temporary directory, removed with its contents when
+/// dropped. Its name holds the tag, the test process's pid and a counter, so tests running
+/// at once never share one.
+#[derive(Debug)]
+pub struct TmpDir(PathBuf);
+
+impl TmpDir {
+    /// Creates `TMP/userbpf-TAG-PID-N` (emptied first if a crashed run left it).
+    ///
+    /// # Panics
+    /// If the directory cannot be created.
+    pub fn new(tag: &str) -> TmpDir {
+        Self::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// As [`TmpDir::new`], under `parent` (e.g. `/dev/shm` for files that must be shared memory).
+    ///
+    /// # Panics
+    /// If the directory cannot be created.
+    pub fn new_in(parent: &Path, tag: &str) -> TmpDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = parent.join(format!("userbpf-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+        TmpDir(p)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.0
+    }
+
+    /// `name` inside the directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TmpDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A deterministic pseudo-random generator (splitmix64): the same seed gives the same
+/// sequence on every machine, so a failing fuzz case is reproduced from its seed.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// In `0..n`; 0 when `n` is 0.
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// An index in `0..n`; 0 when `n` is 0.
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// In `lo..=hi` (`lo <= hi`).
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo.wrapping_add(self.below(hi.wrapping_sub(lo) as u64 + 1) as i64)
+    }
+
+    /// True with probability `num/den`.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.below(den) < num
+    }
+
+    /// One of `items` (not empty).
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.index(items.len())]
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
 
 /// Environment variable: `1` lets tests whose requirement (a tool, a privilege, the kernel's
 /// BTF, the shared conformance suite) is missing pass with a `SKIPPED` line on stderr, on a

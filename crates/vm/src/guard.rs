@@ -324,7 +324,11 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
     unsafe {
         let uc = ctx.cast::<libc::ucontext_t>();
         let rip = (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize;
-        match lookup(rip) {
+        // A fault the kernel raised (si_code > 0) at an instruction of ours is ours to
+        // recover; the same signal sent by kill(), tgkill() or sigqueue() (si_code <= 0) never
+        // is, wherever the thread happened to be.
+        let fault = !info.is_null() && (*info).si_code > 0;
+        match if fault { lookup(rip) } else { None } {
             Some(Action::Resume(fixup)) => {
                 (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] = fixup as i64;
                 return;
@@ -345,8 +349,13 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             libc::SIG_IGN => {}
             libc::SIG_DFL => {
                 // Restore the default and return: the instruction faults again and the
-                // process ends as it would have without us.
+                // process ends as it would have without us. A signal that was sent, not
+                // raised by a fault, would not come again: send it once more (it stays
+                // pending while this handler runs, then takes the default action).
                 libc::signal(sig, libc::SIG_DFL);
+                if !fault {
+                    libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::syscall(libc::SYS_gettid), sig);
+                }
             }
             f if old.sa_flags & libc::SA_SIGINFO != 0 => {
                 let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(f);
@@ -486,4 +495,33 @@ mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV, "status {status:#x}");
     }
+
+    #[test]
+    fn sent_sigsegv_and_sigbus_still_kill() {
+        // kill(SIGSEGV) / kill(SIGBUS) is not a fault: with the default disposition behind
+        // the guard's handler, the process must die of it, not carry on.
+        install();
+        for sig in [libc::SIGSEGV, libc::SIGBUS] {
+            // SAFETY: fork in a test; the child only signals itself and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // The disposition behind the guard is the default one, as in a C program (the
+                // Rust test harness has its own handler, which would lose a sent signal too).
+                // SAFETY: the child is single-threaded here and the handler is not running:
+                // nothing reads the statics while they are written; an all-zero sigaction is
+                // SIG_DFL. kill has no memory arguments; _exit is always safe to call.
+                unsafe {
+                    (&raw mut OLD_SEGV).cast::<libc::sigaction>().write(std::mem::zeroed());
+                    (&raw mut OLD_BUS).cast::<libc::sigaction>().write(std::mem::zeroed());
+                    libc::kill(libc::getpid(), sig);
+                    libc::_exit(0)
+                };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == sig, "signal {sig}: status {status:#x}");
+        }
+    }
+
 }

@@ -83,36 +83,18 @@ fn load_options() -> LoadOptions {
 }
 
 // ---------------------------------------------------------------------------------------------
-// PRNG (splitmix64)
+// Draws of interesting values from the shared PRNG
 
-#[derive(Clone)]
-struct Rng(u64);
+use userbpf_testutil::Rng;
 
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform-ish in `0..n` (n > 0).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// In `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.below(den) < num
-    }
-    fn pick<T: Copy>(&mut self, s: &[T]) -> T {
-        s[self.below(s.len() as u64) as usize]
-    }
+/// Values that hit the edge cases of ALU, shift and comparison instructions more often than
+/// uniform draws would.
+trait Interesting {
+    fn interesting_u64(&mut self) -> u64;
+    fn interesting_i32(&mut self) -> i32;
+}
+
+impl Interesting for Rng {
     fn interesting_u64(&mut self) -> u64 {
         match self.below(16) {
             0 => 0,
@@ -125,10 +107,10 @@ impl Rng {
             7 => 0xffff_ffff_8000_0000,
             8 => 0x1_0000_0000,
             9 | 10 => self.below(70),
-            11 => self.next() as u32 as u64,
-            12 => self.next() as i32 as i64 as u64,
+            11 => self.next_u64() as u32 as u64,
+            12 => self.next_u64() as i32 as i64 as u64,
             13 => self.pick(&[0x7f, 0x80, 0xff, 0x7fff, 0x8000, 0xffff, 0x8080_8080_8080_8080]),
-            _ => self.next(),
+            _ => self.next_u64(),
         }
     }
     fn interesting_i32(&mut self) -> i32 {
@@ -141,7 +123,7 @@ impl Rng {
             5 | 6 => self.below(70) as i32,
             7 => -(self.below(70) as i32),
             8 => self.pick(&[0x7f, 0x80, 0xff, 0x7fff, 0x8000, 0xffff, 0x8000_0001u32 as i32]),
-            _ => self.next() as i32,
+            _ => self.next_u64() as i32,
         }
     }
 }
@@ -492,7 +474,7 @@ impl<'a> FnGen<'a> {
                 self.lddw(dst, i64::MIN as u64);
             } else {
                 // Upper half garbage: the 32-bit op must ignore it.
-                let v = 0x8000_0000 | (self.rng.next() << 32);
+                let v = 0x8000_0000 | (self.rng.next_u64() << 32);
                 self.lddw(dst, v);
             }
         } else {
@@ -917,7 +899,7 @@ impl<'a> FnGen<'a> {
             // Clobber the callee-saved registers: the caller's must survive.
             for r in 6..10u8 {
                 if self.rng.chance(3, 4) {
-                    let imm = self.rng.next() as i32;
+                    let imm = self.rng.next_u64() as i32;
                     self.emit(Insn::new(BPF_ALU64 | BPF_K | BPF_MOV, r, 0, 0, imm));
                 }
             }
@@ -1022,7 +1004,7 @@ fn generate(rng: &mut Rng) -> Vec<Insn> {
 fn gen_buffer(rng: &mut Rng) -> Vec<u8> {
     let mut buf = vec![0u8; MEM_LEN];
     for chunk in buf.chunks_exact_mut(8) {
-        let v = if rng.chance(1, 3) { rng.interesting_u64() } else { rng.next() };
+        let v = if rng.chance(1, 3) { rng.interesting_u64() } else { rng.next_u64() };
         chunk.copy_from_slice(&v.to_le_bytes());
     }
     buf

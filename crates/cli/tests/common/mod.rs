@@ -34,7 +34,7 @@ pub fn userbpf() -> PathBuf {
 pub fn load_counter(session: &userbpf_runtime::Session, object: &Path) -> (u32, impl Fn() -> u64) {
     use userbpf_runtime::context::CpuSlots;
     use userbpf_runtime::loader::LoadOptions;
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).unwrap());
     let opts = LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
     let loaded = userbpf_runtime::load_object(session, userbpf_object::Object::open(object).unwrap(), &opts, slots).unwrap();
     let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();

@@ -1,39 +1,13 @@
 //! Test support: temporary directories, specs, a small PRNG, and kernel maps through bpf().
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use userbpf_maps::*;
 
-/// A temporary directory removed when dropped.
-pub struct TmpDir(PathBuf);
-
-impl TmpDir {
-    pub fn new(tag: &str) -> TmpDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "userbpf-maps-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TmpDir(p)
-    }
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    pub fn dir(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[allow(unused_imports)]
+pub use userbpf_testutil::{Rng, TmpDir};
 
 pub fn spec(map_type: MapType, key_size: u32, value_size: u32, max_entries: u32, map_flags: u32) -> MapSpec {
     MapSpec { map_type, key_size, value_size, max_entries, map_flags, map_extra: 0, name: "test".into() }
@@ -49,23 +23,6 @@ pub fn errno<T>(r: Result<T, MapError>) -> i32 {
     match r {
         Ok(_) => 0,
         Err(e) => e.errno(),
-    }
-}
-
-/// xorshift64*.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
 

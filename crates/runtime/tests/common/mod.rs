@@ -20,7 +20,7 @@ pub fn compile(name: &str) -> PathBuf {
 pub fn session(test: &str) -> Session {
     let dir = std::env::temp_dir().join(format!("userbpf-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // SAFETY (of the environment change): every test of this binary sets the same value.
+    // SAFETY: (of the environment change) every test of this binary sets the same value.
     unsafe { std::env::set_var(userbpf_runtime::session::SHM_DIR_ENV, &dir) };
     Session::open(test).unwrap()
 }
@@ -28,7 +28,7 @@ pub fn session(test: &str) -> Session {
 /// Loads an object's programs (all, or `only`) into `session`.
 pub fn load(session: &Session, path: &Path, engine: Engine, only: Option<&[String]>) -> LoadedObject {
     let obj = userbpf_object::Object::open(path).unwrap();
-    let slots = Arc::new(CpuSlots::open(&session.dir().join("cpus")).unwrap());
+    let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).unwrap());
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only };
     load_object(session, obj, &opts, slots).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -25,7 +25,7 @@ const SYSFS_BTF: &str = "/sys/kernel/btf";
 
 /// The session directory holding one record per kernel BTF object.
 fn dir() -> Result<PathBuf, i32> {
-    Ok(objects::session()?.dir().join("kernel_btf"))
+    Ok(objects::session()?.layout().kernel_btf_dir())
 }
 
 /// The kernel's BTF object names, vmlinux first, then the modules in name order.
@@ -70,11 +70,11 @@ pub fn all() -> Result<Vec<(u32, String)>, i32> {
                 continue;
             }
             let id = session.alloc_id().map_err(|e| io_errno(&e))?;
-            let tmp = dir.join(format!(".{n}.{}.{id}", std::process::id()));
+            let tmp = session.layout().kernel_btf(&format!(".{n}.{}.{id}", std::process::id()));
             std::fs::write(&tmp, id.to_string()).map_err(|e| io_errno(&e))?;
             // link(2) fails if another process recorded this object first: its id stands
             // (the id allocated here is simply unused, as the kernel's ids are never reused).
-            let r = std::fs::hard_link(&tmp, dir.join(n));
+            let r = std::fs::hard_link(&tmp, session.layout().kernel_btf(n));
             let _ = std::fs::remove_file(&tmp);
             match r {
                 Ok(()) => have.push((id, n.clone())),
@@ -108,7 +108,7 @@ pub fn is_kernel(id: u32) -> bool {
 
 /// A new descriptor of kernel BTF object `id` named `name`.
 pub fn install(id: u32, name: &str) -> Result<i32, i32> {
-    objects::install(objects::Kind::Btf, id, &dir()?.join(name))
+    objects::install(objects::Kind::Btf, id, &objects::session()?.layout().kernel_btf(name))
 }
 
 /// The raw BTF of kernel object `name`, as the kernel gives it.

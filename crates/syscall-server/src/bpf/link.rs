@@ -2,12 +2,14 @@
 //! RAW_TRACEPOINT_OPEN, PROG_QUERY and TASK_FD_QUERY.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::mem::offset_of;
 
 use userbpf_runtime::LinkRecord;
 
+use super::attr::{self, end_of};
 use super::prog::{prog_of_fd, BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT};
 use super::{io_errno, read_user_str, write_user, Attr};
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
 /// enum bpf_attach_type values used here.
@@ -17,8 +19,7 @@ pub const BPF_TRACE_KPROBE_MULTI: u32 = 42;
 
 /// Links created by this process: id -> program id (info on a link whose record is gone).
 fn created() -> std::sync::MutexGuard<'static, HashMap<u32, u32>> {
-    static CREATED: std::sync::OnceLock<Mutex<HashMap<u32, u32>>> = std::sync::OnceLock::new();
-    CREATED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    crate::server::server().links.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The program of a link created here whose session record is gone.
@@ -30,105 +31,92 @@ pub fn detached_prog(id: u32) -> Option<u32> {
 /// [`crate::perf_event::attach`]; kprobe multi-links need the kernel's fprobes (a kernel
 /// without them answers `EOPNOTSUPP`); other attach types do not exist for the program types
 /// the runtime runs (`EINVAL`).
-pub fn create(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(64) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let (target_fd, attach_type, flags) = (a.i32(4), a.u32(8), a.u32(12));
+pub fn create(a: &Attr) -> Result<i64, Error> {
+    let at: attr::LinkCreate = a.get(std::mem::size_of::<attr::LinkCreate>())?;
+    let p = prog_of_fd(at.prog_fd).context(|| format!("prog_fd {}", at.prog_fd))?;
+    let (target_fd, attach_type, flags) = (at.target_fd, at.attach_type, at.flags);
     match attach_type {
         BPF_PERF_EVENT => {
             if !matches!(p.prog_type, BPF_PROG_TYPE_KPROBE | BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_PERF_EVENT) {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("a program of type {} cannot attach to a perf event", p.prog_type)));
             }
             if flags != 0 {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("flags {flags:#x} unknown")));
             }
             // The perf event: EBADF for anything but one of ours (as perf_event_get).
-            let ev = objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| libc::EBADF)?;
-            let _ = ev;
-            let cookie = a.u64(16);
-            let (id, path) = super::h4::perf_attach(target_fd, p.id, cookie)?;
+            objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| Error::new(libc::EBADF, format!("target_fd {target_fd} is not a perf event")))?;
+            let cookie = at.bpf_cookie;
+            let (id, path) = super::events::perf_attach(target_fd, p.id, cookie).context(|| format!("attaching to perf event fd {target_fd}"))?;
             created().insert(id, p.id);
-            objects::install(Kind::Link, id, &path).map(|fd| fd as i64)
+            Ok(objects::install(Kind::Link, id, &path)? as i64)
         }
         BPF_TRACE_KPROBE_MULTI => {
             if p.prog_type != BPF_PROG_TYPE_KPROBE || p.expected_attach_type != BPF_TRACE_KPROBE_MULTI {
-                return Err(libc::EINVAL);
+                return Err(Error::inval("kprobe multi-links are for kprobe programs loaded with expected_attach_type BPF_TRACE_KPROBE_MULTI"));
             }
-            Err(libc::EOPNOTSUPP)
+            Err(Error::new(libc::EOPNOTSUPP, "kprobe multi-links need the kernel's fprobes"))
         }
-        _ => Err(libc::EINVAL),
+        _ => Err(Error::inval(format!("attach_type {attach_type} is not one the runtime's program types attach with"))),
     }
 }
 
 /// BPF_LINK_DETACH: perf event and raw tracepoint links have no detach operation in the
 /// kernel (`EOPNOTSUPP`); they go when their last descriptor is closed.
-pub fn detach(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    objects::get_kind(a.i32(0), Kind::Link)?;
-    Err(libc::EOPNOTSUPP)
+pub fn detach(a: &Attr) -> Result<i64, Error> {
+    let at: attr::LinkDetach = a.get(end_of!(attr::LinkDetach, link_fd))?;
+    objects::get_kind(at.link_fd, Kind::Link).context(|| format!("link_fd {}", at.link_fd))?;
+    Err(Error::new(libc::EOPNOTSUPP, "perf event and raw tracepoint links have no detach: close them"))
 }
 
 /// BPF_LINK_UPDATE: no link type here can change its program (`EINVAL`, as the kernel for
 /// links without `update_prog`).
-pub fn update(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    objects::get_kind(a.i32(0), Kind::Link)?;
-    let flags = a.u32(8);
+pub fn update(a: &Attr) -> Result<i64, Error> {
+    let at: attr::LinkUpdate = a.get(end_of!(attr::LinkUpdate, old_prog_fd))?;
+    objects::get_kind(at.link_fd, Kind::Link).context(|| format!("link_fd {}", at.link_fd))?;
+    let flags = at.flags;
     if flags & !4 != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("flags {flags:#x} unknown")));
     }
-    prog_of_fd(a.i32(4))?;
-    Err(libc::EINVAL)
+    prog_of_fd(at.new_prog_fd).context(|| format!("new_prog_fd {}", at.new_prog_fd))?;
+    Err(Error::inval("no link here can change its program"))
 }
 
 /// BPF_PROG_ATTACH / BPF_PROG_DETACH attach cgroup, socket, flow dissector and lirc programs:
 /// none of those types runs here, so every attach type is one this "kernel" lacks (`EINVAL`).
-pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
-    }
-    let _ = cmd;
-    Err(libc::EINVAL)
+pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, Error> {
+    let _: attr::ProgAttach = a.get(end_of!(attr::ProgAttach, replace_bpf_fd))?;
+    Err(Error::inval(format!("{}: cgroup, socket, flow dissector and lirc programs do not run here", super::cmd_name(cmd))))
 }
 
 /// BPF_RAW_TRACEPOINT_OPEN: the system call raw tracepoints the agent serves (`sys_enter`,
 /// `sys_exit`) become session links; other names do not exist here (`ENOENT`).
-pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(8))?;
+pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, Error> {
+    let at: attr::RawTracepointOpen = a.get(end_of!(attr::RawTracepointOpen, prog_fd))?;
+    let p = prog_of_fd(at.prog_fd).context(|| format!("prog_fd {}", at.prog_fd))?;
     if p.prog_type != BPF_PROG_TYPE_RAW_TRACEPOINT {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("program type {} is not a raw tracepoint program", p.prog_type)));
     }
-    let uname = a.u64(0);
+    let uname = at.name;
     if uname == 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval("no tracepoint name"));
     }
-    let name = read_user_str(uname, 128).map_err(|e| if e == libc::EINVAL { libc::EFAULT } else { e })?;
+    let name = read_user_str(uname, 128).map_err(|e| if e == libc::EINVAL { libc::EFAULT } else { e }).context(|| "the tracepoint name")?;
     let name = String::from_utf8_lossy(&name).into_owned();
     if name != "sys_enter" && name != "sys_exit" {
-        return Err(libc::ENOENT);
+        return Err(Error::new(libc::ENOENT, format!("raw tracepoint {name:?}: only sys_enter and sys_exit exist here")));
     }
     let session = objects::session()?;
     let rec = LinkRecord { id: 0, prog_id: p.id, kind: "raw_tracepoint".into(), path: String::new(), func: Some(name), offset: 0, cookie: 0, pid: None };
     let rec = session.add_link(rec).map_err(|e| io_errno(&e))?;
     created().insert(rec.id, p.id);
-    objects::install(Kind::Link, rec.id, &session.dir().join("links").join(format!("{}.json", rec.id))).map(|fd| fd as i64)
+    Ok(objects::install(Kind::Link, rec.id, &session.layout().link(rec.id))? as i64)
 }
 
 /// BPF_PROG_QUERY: queries cgroup, netns and device attachments, none of which exist here.
-pub fn prog_query(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    Err(libc::EINVAL)
+pub fn prog_query(a: &Attr) -> Result<i64, Error> {
+    // Up to `prog_cnt`, with the padding after it (where newer kernels have more fields).
+    let _: attr::ProgQuery = a.get(std::mem::size_of::<attr::ProgQuery>())?;
+    Err(Error::inval("no cgroup, netns or device attachments here"))
 }
 
 /// BPF_TASK_FD_QUERY for this process's descriptors: perf events with a program (uprobes:
@@ -136,17 +124,15 @@ pub fn prog_query(a: &Attr) -> Result<i64, i32> {
 /// `BPF_FD_TYPE_TRACEPOINT` with the name) and raw tracepoint links (`BPF_FD_TYPE_RAW_TRACEPOINT`
 /// with the name). An event without a program is `ENOENT`, a software event's program
 /// `EOPNOTSUPP`, other descriptors `ENOTSUPP`, as the kernel answers.
-pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(48) {
-        return Err(libc::EINVAL);
-    }
-    let (pid, fd, flags, buf_len, buf) = (a.u32(0), a.i32(4), a.u32(8), a.u32(12), a.u64(16));
+pub fn task_fd_query(a: &Attr) -> Result<i64, Error> {
+    let at: attr::TaskFdQuery = a.get(end_of!(attr::TaskFdQuery, probe_addr))?;
+    let (pid, fd, flags, buf_len, buf) = (at.pid, at.fd, at.flags, at.buf_len, at.buf);
     if flags != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("flags {flags:#x} unknown")));
     }
     if pid != std::process::id() {
         // Descriptors of other processes: their events live in those processes.
-        return Err(libc::ENOENT);
+        return Err(Error::new(libc::ENOENT, format!("pid {pid}: only the loader's own descriptors are known here")));
     }
     let obj = objects::get(fd).ok_or(libc::EBADF)?;
     const BPF_FD_TYPE_RAW_TRACEPOINT: u32 = 0;
@@ -162,29 +148,25 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, i32> {
         let (fd_type, name, offset) = match spec {
             Spec::Uprobe { path, file_offset, retprobe, .. } => (if retprobe { BPF_FD_TYPE_URETPROBE } else { BPF_FD_TYPE_UPROBE }, path, file_offset),
             Spec::Tracepoint { func, .. } => (BPF_FD_TYPE_TRACEPOINT, func.rsplit('/').next().unwrap_or(&func).to_string(), 0),
-            _ => return Err(libc::EOPNOTSUPP),
+            _ => return Err(Error::new(libc::EOPNOTSUPP, "a software event's program")),
         };
-        a.put_u32(24, prog)?;
-        a.put_u32(28, fd_type)?;
-        if 40 <= a.size {
-            write_user(a.user + 32, &offset.to_ne_bytes())?;
-        }
-        if 48 <= a.size {
-            write_user(a.user + 40, &0u64.to_ne_bytes())?;
-        }
-        return copy_name(a, buf, buf_len, &name);
+        a.put_u32(offset_of!(attr::TaskFdQuery, prog_id), prog)?;
+        a.put_u32(offset_of!(attr::TaskFdQuery, fd_type), fd_type)?;
+        a.put_u64(offset_of!(attr::TaskFdQuery, probe_offset), offset)?;
+        a.put_u64(offset_of!(attr::TaskFdQuery, probe_addr), 0)?;
+        return Ok(copy_name(a, buf, buf_len, &name)?);
     }
     if obj.kind != Kind::Link {
-        return Err(userbpf_maps::ENOTSUPP);
+        return Err(userbpf_maps::ENOTSUPP.into());
     }
     let session = objects::session()?;
     let rec = session.links().map_err(|e| io_errno(&e))?.into_iter().find(|l| l.id == obj.id).ok_or(libc::ENOENT)?;
     if rec.kind != "raw_tracepoint" {
-        return Err(userbpf_maps::ENOTSUPP);
+        return Err(userbpf_maps::ENOTSUPP.into());
     }
-    a.put_u32(24, rec.prog_id)?;
-    a.put_u32(28, BPF_FD_TYPE_RAW_TRACEPOINT)?;
-    copy_name(a, buf, buf_len, &rec.func.clone().unwrap_or_default())
+    a.put_u32(offset_of!(attr::TaskFdQuery, prog_id), rec.prog_id)?;
+    a.put_u32(offset_of!(attr::TaskFdQuery, fd_type), BPF_FD_TYPE_RAW_TRACEPOINT)?;
+    Ok(copy_name(a, buf, buf_len, &rec.func.clone().unwrap_or_default())?)
 }
 
 /// The name of a TASK_FD_QUERY answer: `buf_len` gets the name's length; the buffer, if
@@ -193,7 +175,7 @@ fn copy_name(a: &Attr, buf: u64, buf_len: u32, name: &str) -> Result<i64, i32> {
     let mut b = name.as_bytes().to_vec();
     b.push(0);
     let needed = b.len() as u32 - 1;
-    a.put_u32(12, needed)?;
+    a.put_u32(offset_of!(attr::TaskFdQuery, buf_len), needed)?;
     if buf != 0 && buf_len != 0 {
         let n = (buf_len as usize).min(b.len());
         let mut part = b[..n].to_vec();

@@ -6,7 +6,11 @@ use std::sync::Arc;
 use userbpf_maps::{MapSpec, MapType, ENOTSUPP};
 use userbpf_runtime::MapRecord;
 
+use std::mem::offset_of;
+
+use super::attr::{self, end_of};
 use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
 /// The kernel's BPF_MAP_TYPE_CGROUP_ARRAY (the maps crate's own type: an update's value is a
@@ -20,9 +24,9 @@ const BPF_F_WRONLY: u32 = 1 << 4;
 const BPF_F_INNER_MAP: u32 = 1 << 12;
 
 /// The kernel's `bpf_obj_name_cpy`: letters, digits, `_` and `.`, at most 15 bytes.
-pub fn check_name(name: &[u8], field_len: usize) -> Result<String, i32> {
+pub fn check_name(name: &[u8], field_len: usize) -> Result<String, Error> {
     if name.len() >= field_len || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("name {:?}: letters, digits, '_' and '.' only, at most {} bytes", String::from_utf8_lossy(name), field_len - 1)));
     }
     Ok(String::from_utf8_lossy(name).into_owned())
 }
@@ -32,35 +36,31 @@ fn map_errno(e: userbpf_maps::MapError) -> i32 {
 }
 
 /// BPF_MAP_CREATE.
-pub fn create(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(72) {
-        return Err(libc::EINVAL);
-    }
-    let (map_type, key_size, value_size, max_entries, map_flags) = (a.u32(0), a.u32(4), a.u32(8), a.u32(12), a.u32(16));
-    let inner_map_fd = a.i32(20);
-    let name = check_name(&a.name(28, 16), 16)?;
-    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (a.u32(44), a.i32(48), a.u32(52), a.u32(56), a.u32(60));
-    let map_extra = a.u64(64);
+pub fn create(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapCreate = a.get(end_of!(attr::MapCreate, map_extra))?;
+    let (map_type, key_size, value_size, max_entries, map_flags) = (at.map_type, at.key_size, at.value_size, at.max_entries, at.map_flags);
+    let inner_map_fd = at.inner_map_fd;
+    let name = check_name(&attr::c_name(&at.map_name), 16)?;
+    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (at.map_ifindex, at.btf_fd, at.btf_key_type_id, at.btf_value_type_id, at.btf_vmlinux_value_type_id);
+    let map_extra = at.map_extra;
     if ifindex != 0 {
         // Offload to a device: no device here.
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("map_ifindex {ifindex}: no device to offload to")));
     }
     if btf_vmlinux_value != 0 {
         // Only struct_ops maps, which need the kernel's BTF.
-        return Err(libc::EINVAL);
+        return Err(Error::inval("btf_vmlinux_value_type_id is for struct_ops maps, which need the kernel"));
     }
-    if map_flags & (1 << 2) != 0 && a.u32(24) != 0 && a.u32(24) != u32::MAX {
+    if map_flags & (1 << 2) != 0 && at.numa_node != 0 && at.numa_node != u32::MAX {
         // BPF_F_NUMA_NODE: node 0 (or NUMA_NO_NODE) is all there is here.
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("numa_node {}: node 0 is all there is", at.numa_node)));
     }
-    // An emulated kernel type would be created as the closest type the runtime has and
-    // shown as its own (none is now: CGROUP_ARRAY is a maps crate type).
-    let (real_type, shown_type) = (MapType::from_u32(map_type).ok_or(libc::EINVAL)?, map_type);
-    let inner = match real_type {
+    let map_type = MapType::from_u32(map_type).ok_or_else(|| Error::inval(format!("map_type {map_type} unknown")))?;
+    let inner = match map_type {
         MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
-            let inner = map_of_fd(inner_map_fd)?;
+            let inner = map_of_fd(inner_map_fd).context(|| format!("inner_map_fd {inner_map_fd}"))?;
             if matches!(inner.map.map_type(), MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS | MapType::BPF_MAP_TYPE_PROG_ARRAY) {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("inner_map_fd {inner_map_fd}: a map of maps or a program array cannot be an inner map")));
             }
             let s = inner.map.spec();
             Some((inner.map_type, s.key_size, s.value_size, s.max_entries, inner.map_flags))
@@ -69,18 +69,18 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
     };
     let btf_id = if btf_fd != 0 || btf_key != 0 || btf_value != 0 {
         if btf_value == 0 && btf_key != 0 {
-            return Err(libc::EINVAL);
+            return Err(Error::inval("btf_key_type_id without btf_value_type_id"));
         }
-        let id = objects::get_kind(btf_fd, Kind::Btf)?.id;
+        let id = objects::get_kind(btf_fd, Kind::Btf).context(|| format!("btf_fd {btf_fd}"))?.id;
         // The kernel's own BTF cannot describe a map (as the kernel answers).
         if super::kbtf::is_kernel(id) {
-            return Err(libc::EACCES);
+            return Err(Error::new(libc::EACCES, format!("btf_fd {btf_fd} is the kernel's BTF, which cannot describe a map")));
         }
         Some(id)
     } else {
         None
     };
-    let spec = MapSpec { map_type: real_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
+    let spec = MapSpec { map_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
     let session = objects::session()?;
     let record = MapRecord {
         id: 0,
@@ -91,22 +91,21 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         object: None,
         pinned: None,
     };
-    let (record, map) = session.create_map(&spec, record).map_err(|e| match e {
-        userbpf_runtime::SessionError::Map(m) => m.errno(),
-        userbpf_runtime::SessionError::Io(e) => io_errno(&e),
-        _ => libc::EINVAL,
+    let (record, map) = session.create_map(&spec, record).map_err(|e| {
+        let errno = match &e {
+            userbpf_runtime::SessionError::Map(m) => m.errno(),
+            userbpf_runtime::SessionError::Io(e) => io_errno(e),
+            _ => libc::EINVAL,
+        };
+        Error::new(errno, e.to_string())
     })?;
     let id = record.id;
-    if shown_type != real_type as u32 {
-        // Remember the type the loader asked for, for other processes of the session.
-        let _ = std::fs::write(session.dir().join("maps").join(format!("{id}.type")), shown_type.to_string());
-    }
     let map = Arc::new(map);
     userbpf_runtime::helpers::maps::register_map(id, map.clone());
-    super::h4::map_created(id, &map);
+    super::events::map_created(id, &map);
     let entry = Arc::new(MapEntry {
         map: map.clone(),
-        map_type: shown_type,
+        map_type: map_type as u32,
         btf_id: btf_id.unwrap_or(0),
         btf_key_type_id: btf_key,
         btf_value_type_id: btf_value,
@@ -116,13 +115,13 @@ pub fn create(a: &Attr) -> Result<i64, i32> {
         frozen: Default::default(),
     });
     state().maps.insert(id, entry);
-    install_map_fd(id, real_type).map(|fd| fd as i64)
+    Ok(install_map_fd(id, map_type)? as i64)
 }
 
-/// A new descriptor of map `id` (ring buffers get the pollable path H4's mmap module keeps).
+/// A new descriptor of map `id` (ring buffers get the pollable path the mmap module keeps).
 pub fn install_map_fd(id: u32, t: MapType) -> Result<i32, i32> {
     let session = objects::session()?;
-    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::h4::ringbuf_fd_path(id)? } else { session.map_path(id) };
+    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::events::ringbuf_fd_path(id)? } else { session.map_path(id) };
     objects::install(Kind::Map, id, &path)
 }
 
@@ -134,16 +133,12 @@ pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
     let session = objects::session()?;
     let map = session.open_map(id).map_err(|_| libc::ENOENT)?;
     let record = session.maps().ok().and_then(|v| v.into_iter().find(|r| r.id == id));
-    let shown = std::fs::read_to_string(session.dir().join("maps").join(format!("{id}.type")))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(map.map_type() as u32);
     let spec = map.spec().clone();
     let map = Arc::new(map);
     userbpf_runtime::helpers::maps::register_map(id, map.clone());
     let entry = Arc::new(MapEntry {
+        map_type: map.map_type() as u32,
         map,
-        map_type: shown,
         btf_id: record.as_ref().and_then(|r| r.btf_id).unwrap_or(0),
         btf_key_type_id: record.as_ref().and_then(|r| r.key_type_id).unwrap_or(0),
         btf_value_type_id: record.as_ref().and_then(|r| r.value_type_id).unwrap_or(0),
@@ -163,13 +158,13 @@ pub fn map_of_fd(fd: i32) -> Result<Arc<MapEntry>, i32> {
 
 /// The key of an element operation: `key_size` bytes at `ukey`; maps without keys (queue,
 /// stack, bloom filter) take a null pointer (`EINVAL` otherwise, as `__bpf_copy_key`).
-fn read_key(e: &MapEntry, ukey: u64) -> Result<Vec<u8>, i32> {
+fn read_key(e: &MapEntry, ukey: u64) -> Result<Vec<u8>, Error> {
     let ks = e.map.spec().key_size as usize;
     if ks == 0 {
-        return if ukey != 0 { Err(libc::EINVAL) } else { Ok(Vec::new()) };
+        return if ukey != 0 { Err(Error::inval("key given for a map without keys")) } else { Ok(Vec::new()) };
     }
     let mut k = vec![0u8; ks];
-    read_user(ukey, &mut k)?;
+    read_user(ukey, &mut k).context(|| format!("key ({ks} bytes at {ukey:#x})"))?;
     Ok(k)
 }
 
@@ -177,52 +172,55 @@ fn is_perf_array(e: &MapEntry) -> bool {
     e.map.map_type() == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY
 }
 
-fn can_read(e: &MapEntry) -> Result<(), i32> {
+fn can_read(e: &MapEntry) -> Result<(), Error> {
     if e.map_flags & BPF_F_WRONLY != 0 {
-        return Err(libc::EPERM);
+        return Err(Error::new(libc::EPERM, "the map is write-only (BPF_F_WRONLY)"));
     }
     Ok(())
 }
 
-fn can_write(e: &MapEntry) -> Result<(), i32> {
-    if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.load(Ordering::Acquire) {
-        return Err(libc::EPERM);
+fn can_write(e: &MapEntry) -> Result<(), Error> {
+    if e.map_flags & BPF_F_RDONLY != 0 {
+        return Err(Error::new(libc::EPERM, "the map is read-only (BPF_F_RDONLY)"));
+    }
+    if e.frozen.load(Ordering::Acquire) {
+        return Err(Error::new(libc::EPERM, "the map is frozen"));
     }
     Ok(())
+}
+
+/// The map of an element command's `map_fd`.
+fn map_arg(fd: i32) -> Result<Arc<MapEntry>, Error> {
+    map_of_fd(fd).context(|| format!("map_fd {fd}"))
 }
 
 /// BPF_MAP_LOOKUP_ELEM.
-pub fn lookup(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let flags = a.u64(24);
+pub fn lookup(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let flags = at.flags;
     if flags & !BPF_F_LOCK != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("flags {flags:#x} unknown")));
     }
-    let e = map_of_fd(a.i32(0))?;
+    let e = map_arg(at.map_fd)?;
     can_read(&e)?;
-    let key = read_key(&e, a.u64(8))?;
-    if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF {
-        return Err(ENOTSUPP);
-    }
-    if e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
-        // fd arrays without a userspace lookup.
-        return Err(ENOTSUPP);
+    let key = read_key(&e, at.key)?;
+    if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
+        // fd arrays without a userspace lookup, and rings.
+        return Err(Error::new(ENOTSUPP, format!("no lookup from user space in a {:?}", e.map.map_type())));
     }
     let mut value = vec![0u8; e.map.value_buf_size()];
     if e.map.map_type() == MapType::BPF_MAP_TYPE_BLOOM_FILTER {
         // The value is the input: the one to test.
-        read_user(a.u64(16), &mut value)?;
+        read_user(at.value, &mut value)?;
         e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
         return Ok(0);
     }
     if flags & BPF_F_LOCK != 0 {
         // No value here holds a bpf_spin_lock.
-        return Err(libc::EINVAL);
+        return Err(Error::inval("BPF_F_LOCK: the map's value holds no bpf_spin_lock"));
     }
     e.map.lookup_elem(&key, &mut value).map_err(map_errno)?;
-    write_user(a.u64(16), &value)?;
+    write_user(at.value, &value).context(|| format!("value at {:#x}", at.value))?;
     Ok(0)
 }
 
@@ -244,7 +242,7 @@ fn translate_value(e: &MapEntry, value: &mut [u8]) -> Result<(), i32> {
                     && (inner.map_flags & !BPF_F_INNER_MAP) == (flags & !BPF_F_INNER_MAP)
                     && (flags & BPF_F_INNER_MAP != 0 || s.max_entries == max);
                 if !same {
-                    return Err(libc::EINVAL);
+                    return Err(libc::EINVAL); // the inner map's template differs
                 }
             }
             value[..4].copy_from_slice(&inner.map.id().to_ne_bytes());
@@ -255,41 +253,37 @@ fn translate_value(e: &MapEntry, value: &mut [u8]) -> Result<(), i32> {
 }
 
 /// BPF_MAP_UPDATE_ELEM.
-pub fn update(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+pub fn update(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let e = map_arg(at.map_fd)?;
     can_write(&e)?;
-    let key = read_key(&e, a.u64(8))?;
-    let flags = a.u64(24);
+    let key = read_key(&e, at.key)?;
+    let flags = at.flags;
     let mut value = vec![0u8; e.map.value_buf_size()];
-    read_user(a.u64(16), &mut value)?;
+    read_user(at.value, &mut value).context(|| format!("value at {:#x}", at.value))?;
     if is_perf_array(&e) {
         if flags > 2 {
-            return Err(libc::EINVAL);
+            return Err(Error::inval(format!("flags {flags:#x} unknown")));
         }
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
         let fd = i32::from_ne_bytes(value[..4].try_into().expect("4-byte value"));
-        super::h4::perf_array_update(e.map.id(), idx, fd)?;
+        super::events::perf_array_update(e.map.id(), idx, fd).context(|| format!("perf event fd {fd} at index {idx}"))?;
         return Ok(0);
     }
-    translate_value(&e, &mut value)?;
+    translate_value(&e, &mut value).context(|| "the value's descriptor")?;
     e.map.update_elem(&key, &value, flags).map_err(map_errno)?;
     Ok(0)
 }
 
 /// BPF_MAP_DELETE_ELEM.
-pub fn delete(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+pub fn delete(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, key))?;
+    let e = map_arg(at.map_fd)?;
     can_write(&e)?;
-    let key = read_key(&e, a.u64(8))?;
+    let key = read_key(&e, at.key)?;
     if is_perf_array(&e) {
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
-        super::h4::perf_array_delete(e.map.id(), idx)?;
+        super::events::perf_array_delete(e.map.id(), idx)?;
         return Ok(0);
     }
     e.map.delete_elem(&key).map_err(map_errno)?;
@@ -297,14 +291,12 @@ pub fn delete(a: &Attr) -> Result<i64, i32> {
 }
 
 /// BPF_MAP_GET_NEXT_KEY.
-pub fn get_next_key(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(24) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+pub fn get_next_key(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapNextKey = a.get(end_of!(attr::MapNextKey, next_key))?;
+    let e = map_arg(at.map_fd)?;
     can_read(&e)?;
     let ks = e.map.spec().key_size as usize;
-    let ukey = a.u64(8);
+    let ukey = at.key;
     let key = if ukey == 0 { None } else { Some(read_key(&e, ukey)?) };
     let mut next = vec![0u8; ks];
     if is_perf_array(&e) || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
@@ -318,53 +310,49 @@ pub fn get_next_key(a: &Attr) -> Result<i64, i32> {
             }
         };
         if i >= max {
-            return Err(libc::ENOENT);
+            return Err(libc::ENOENT.into());
         }
         next.copy_from_slice(&i.to_ne_bytes());
     } else {
         e.map.get_next_key(key.as_deref(), &mut next).map_err(map_errno)?;
     }
-    write_user(a.u64(16), &next)?;
+    write_user(at.next_key, &next).context(|| format!("next_key at {:#x}", at.next_key))?;
     Ok(0)
 }
 
 /// BPF_MAP_LOOKUP_AND_DELETE_ELEM.
-pub fn lookup_and_delete(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
-    let flags = a.u64(24);
-    let key = read_key(&e, a.u64(8))?;
+pub fn lookup_and_delete(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, flags))?;
+    let e = map_arg(at.map_fd)?;
+    let flags = at.flags;
+    let key = read_key(&e, at.key)?;
     let t = e.map.map_type();
     let hash = matches!(t, MapType::BPF_MAP_TYPE_HASH | MapType::BPF_MAP_TYPE_PERCPU_HASH | MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH);
     if flags & !BPF_F_LOCK != 0 || (flags != 0 && !hash) {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("flags {flags:#x} unknown for a {t:?}")));
     }
     if flags & BPF_F_LOCK != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval("BPF_F_LOCK: the map's value holds no bpf_spin_lock"));
     }
     if e.map_flags & (BPF_F_RDONLY | BPF_F_WRONLY) != 0 || e.frozen.load(Ordering::Acquire) {
-        return Err(libc::EPERM);
+        return Err(Error::new(libc::EPERM, "the map is read-only, write-only or frozen"));
     }
     if !(hash || matches!(t, MapType::BPF_MAP_TYPE_QUEUE | MapType::BPF_MAP_TYPE_STACK)) {
-        return Err(ENOTSUPP);
+        return Err(Error::new(ENOTSUPP, format!("no lookup-and-delete in a {t:?}")));
     }
     let mut value = vec![0u8; e.map.value_buf_size()];
     e.map.lookup_and_delete_elem(&key, &mut value).map_err(map_errno)?;
-    write_user(a.u64(16), &value)?;
+    write_user(at.value, &value).context(|| format!("value at {:#x}", at.value))?;
     Ok(0)
 }
 
 /// BPF_MAP_FREEZE: syscall writes are refused (`EPERM`) from now on; programs still write.
-pub fn freeze(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    let e = map_of_fd(a.i32(0))?;
+pub fn freeze(a: &Attr) -> Result<i64, Error> {
+    let at: attr::MapElem = a.get(end_of!(attr::MapElem, map_fd))?;
+    let e = map_arg(at.map_fd)?;
     // A frozen map's descriptors lose write permission: freezing again is EPERM.
     if e.map_flags & BPF_F_RDONLY != 0 || e.frozen.swap(true, Ordering::AcqRel) {
-        return Err(libc::EPERM);
+        return Err(Error::new(libc::EPERM, "the map is read-only or frozen already"));
     }
     // Other processes of the session opening the map see it frozen too.
     if let Ok(session) = objects::session() {
@@ -375,7 +363,7 @@ pub fn freeze(a: &Attr) -> Result<i64, i32> {
 
 /// The file whose presence records that map `id` is frozen.
 fn frozen_marker(session: &userbpf_runtime::Session, id: u32) -> std::path::PathBuf {
-    session.dir().join("maps").join(format!("{id}.frozen"))
+    session.layout().map_frozen(id)
 }
 
 /// The four batch commands.
@@ -407,19 +395,17 @@ fn is_hash(e: &MapEntry) -> bool {
 /// BPF_MAP_DELETE_BATCH. `count` is written back with the number of elements done. Hash
 /// maps take a u32 position as the batch token (the kernel's is a bucket number, also a u32);
 /// other maps take the last key, as the kernel's generic batch functions.
-pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
-    if !a.zero_from(56) {
-        return Err(libc::EINVAL);
-    }
-    let (in_batch, out_batch, ukeys, uvalues) = (a.u64(0), a.u64(8), a.u64(16), a.u64(24));
-    let max_count = a.u32(32);
-    let e = map_of_fd(a.i32(36))?;
-    let (elem_flags, flags) = (a.u64(40), a.u64(48));
+pub fn batch(a: &Attr, op: Batch) -> Result<i64, Error> {
+    let at: attr::MapBatch = a.get(end_of!(attr::MapBatch, flags))?;
+    let (in_batch, out_batch, ukeys, uvalues) = (at.in_batch, at.out_batch, at.keys, at.values);
+    let max_count = at.count;
+    let e = map_arg(at.map_fd)?;
+    let (elem_flags, flags) = (at.elem_flags, at.flags);
     if !batch_supported(&e, op) {
-        return Err(ENOTSUPP);
+        return Err(Error::new(ENOTSUPP, format!("no {op:?} batch for a {:?}", e.map.map_type())));
     }
     if flags != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("flags {flags:#x} unknown")));
     }
     match op {
         Batch::Lookup => can_read(&e)?,
@@ -430,14 +416,14 @@ pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
         }
     }
     if elem_flags & !BPF_F_LOCK != 0 && op != Batch::Update {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("elem_flags {elem_flags:#x} unknown")));
     }
     if elem_flags & BPF_F_LOCK != 0 {
-        return Err(libc::EINVAL);
+        return Err(Error::inval("BPF_F_LOCK: the map's value holds no bpf_spin_lock"));
     }
     let ks = e.map.spec().key_size as usize;
     let vs = e.map.value_buf_size();
-    let count_off = 32;
+    let count_off = offset_of!(attr::MapBatch, count);
     match op {
         Batch::Update | Batch::Delete => {
             let mut done = 0u32;
@@ -462,17 +448,17 @@ pub fn batch(a: &Attr, op: Batch) -> Result<i64, i32> {
                 done += 1;
             }
             a.put_u32(count_off, done)?;
-            res
+            Ok(res?)
         }
         Batch::Lookup | Batch::LookupAndDelete => {
             if max_count == 0 {
                 return Ok(0);
             }
-            if is_hash(&e) {
-                hash_lookup_batch(a, &e, op, in_batch, out_batch, ukeys, uvalues, max_count)
+            Ok(if is_hash(&e) {
+                hash_lookup_batch(a, &e, op, in_batch, out_batch, ukeys, uvalues, max_count)?
             } else {
-                generic_lookup_batch(a, &e, in_batch, out_batch, ukeys, uvalues, max_count)
-            }
+                generic_lookup_batch(a, &e, in_batch, out_batch, ukeys, uvalues, max_count)?
+            })
         }
     }
 }
@@ -512,7 +498,7 @@ fn generic_lookup_batch(a: &Attr, e: &MapEntry, in_batch: u64, out_batch: u64, u
         prev = Some(key.clone());
         cp += 1;
     }
-    a.put_u32(32, cp)?;
+    a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
     if cp > 0 {
         if let Some(p) = &prev {
             write_user(out_batch, p)?;
@@ -575,7 +561,7 @@ fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch
         write_user(uvalues + cp as u64 * vs as u64, &value)?;
         cp += 1;
     }
-    a.put_u32(32, cp)?;
+    a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
     let next = if op == Batch::LookupAndDelete { skip } else { skip + cp };
     write_user(out_batch, &next.to_ne_bytes())?;
     if at_end {

@@ -8,25 +8,35 @@
 //! - [`kbtf`]: the kernel's own BTF objects (vmlinux, modules), listed and read as on the kernel;
 //! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN.
 //!
+//! The attributes are read as the command's `#[repr(C)]` struct of [`attr`]. A failed command
+//! returns an [`Error`]: the errno the loader gets and the reason, which `USERBPF_TRACE_BPF`
+//! prints and which PROG_LOAD and BTF_LOAD write into the loader's log, as the kernel's
+//! verifier and BTF checker do.
+//!
 //! Pointers in `union bpf_attr` are addresses in this process (the loader's); they are read
 //! and written with `process_vm_readv`/`process_vm_writev` on ourselves, so a bad pointer is
 //! `EFAULT` as in the kernel, never a crash.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use userbpf_maps::Map;
 
+use crate::error::{Context, Error};
 use crate::objects;
 use crate::sys;
 
+pub mod attr;
+pub mod info;
 mod dead;
-mod h4;
+pub mod events;
 pub mod kbtf;
 pub mod link;
 pub mod map;
 pub mod obj;
 pub mod prog;
+#[cfg(test)]
+mod tests;
 
 /// `sizeof(union bpf_attr)` as this library knows it (libbpf 1.1's uapi header, plus the
 /// `log_true_size` fields of newer kernels).
@@ -102,19 +112,22 @@ impl Attr {
         Ok(Attr { bytes, user, size })
     }
 
-    pub fn u32(&self, off: usize) -> u32 {
-        u32::from_ne_bytes(self.bytes[off..off + 4].try_into().expect("4 bytes"))
+    /// The command's attributes, `T`, when every byte past `end` (the end of the command's
+    /// last field, [`attr::end_of!`]) is zero; `EINVAL` otherwise, as the kernel's
+    /// `CHECK_ATTR`.
+    pub fn get<T: attr::Plain>(&self, end: usize) -> Result<T, Error> {
+        if !self.zero_from(end) {
+            return Err(Error::inval(format!("attribute bytes past offset {end} (the command's last field) are not zero")));
+        }
+        Ok(self.view())
     }
-    pub fn i32(&self, off: usize) -> i32 {
-        self.u32(off) as i32
-    }
-    pub fn u64(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.bytes[off..off + 8].try_into().expect("8 bytes"))
-    }
-    /// A fixed-size NUL-padded name field.
-    pub fn name(&self, off: usize, len: usize) -> Vec<u8> {
-        let f = &self.bytes[off..off + len];
-        f[..f.iter().position(|&b| b == 0).unwrap_or(len)].to_vec()
+
+    /// The attributes as `T`, unchecked.
+    pub fn view<T: attr::Plain>(&self) -> T {
+        const { assert!(std::mem::size_of::<T>() <= ATTR_SIZE) };
+        // SAFETY: `T` is plain data (any bytes are a valid value) no larger than `bytes`
+        // (asserted above); read_unaligned copes with the byte array's alignment.
+        unsafe { self.bytes.as_ptr().cast::<T>().read_unaligned() }
     }
     /// Whether every byte from `from` to the end of what the caller passed is zero (fields of
     /// other commands' layouts that this command does not use: the kernel's
@@ -122,9 +135,18 @@ impl Attr {
     pub fn zero_from(&self, from: usize) -> bool {
         self.bytes[from.min(ATTR_SIZE)..self.size.clamp(from.min(ATTR_SIZE), ATTR_SIZE)].iter().all(|&b| b == 0)
     }
-    /// Writes a u32 field back into the caller's block, if the caller's block holds it.
+    /// Writes a u32 field (at offset `off`, `offset_of!` a field of an [`attr`] struct) back
+    /// into the caller's block, if the caller's block holds it.
     pub fn put_u32(&self, off: usize, v: u32) -> Result<(), i32> {
         if off + 4 <= self.size {
+            write_user(self.user + off as u64, &v.to_ne_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// As [`Attr::put_u32`], for a u64 field.
+    pub fn put_u64(&self, off: usize, v: u64) -> Result<(), i32> {
+        if off + 8 <= self.size {
             write_user(self.user + off as u64, &v.to_ne_bytes())?;
         }
         Ok(())
@@ -136,7 +158,7 @@ fn iov(addr: u64, len: usize) -> libc::iovec {
 }
 
 /// Copies `buf.len()` bytes from address `addr` of this process: `EFAULT` if any is unmapped.
-pub fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
+pub(crate) fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
     if buf.is_empty() {
         return Ok(());
     }
@@ -165,7 +187,7 @@ pub fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
 
 /// Copies `data` to address `addr` of this process: `EFAULT` if any of it is unmapped or
 /// read-only.
-pub fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
+pub(crate) fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
     if data.is_empty() {
         return Ok(());
     }
@@ -192,7 +214,7 @@ pub fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
 
 /// A NUL-terminated string at `addr`, at most `max` bytes: `EFAULT` when unreadable,
 /// `E2BIG`/`ENAMETOOLONG`-like `EINVAL` when not terminated within `max`.
-pub fn read_user_str(addr: u64, max: usize) -> Result<Vec<u8>, i32> {
+pub(crate) fn read_user_str(addr: u64, max: usize) -> Result<Vec<u8>, i32> {
     let mut out = Vec::new();
     let mut chunk = [0u8; 64];
     let mut a = addr;
@@ -235,17 +257,23 @@ pub struct State {
 
 /// This process's state.
 pub fn state() -> MutexGuard<'static, State> {
-    static STATE: std::sync::OnceLock<Mutex<State>> = std::sync::OnceLock::new();
-    STATE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    crate::server::server().bpf.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno.
-pub fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
+/// Serves `bpf(cmd, attr, size)`: the call's return value, or an errno (its reason printed
+/// when `USERBPF_TRACE_BPF` is set).
+///
+/// # Safety
+/// `attr` (`size` bytes) and the pointers it holds are the loader's, as for the bpf(2)
+/// system call. They are read and written with `process_vm_readv`/`process_vm_writev`,
+/// which report a bad address as `EFAULT`; where those calls are refused (a seccomp policy)
+/// they are accessed directly, and a bad address is then undefined behaviour.
+pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
     let r = serve(cmd, attr, size);
     if trace_enabled() {
         let what = match &r {
             Ok(v) => format!("{v}"),
-            Err(e) => format!("-1 {}", std::io::Error::from_raw_os_error(*e)),
+            Err(e) => format!("-1 {e}"),
         };
         // The first attribute words (map/prog type, fd, counts) identify most calls.
         let mut w = [0u8; 8];
@@ -253,12 +281,12 @@ pub fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         let (w0, w1) = (u32::from_ne_bytes(w[..4].try_into().expect("4")), u32::from_ne_bytes(w[4..].try_into().expect("4")));
         eprintln!("userbpf: bpf({}, {{{w0}, {w1}, ...}}, {size}) = {what}", cmd_name(cmd));
     }
-    r
+    r.map_err(|e| e.errno)
 }
 
-/// `USERBPF_TRACE_BPF=1`: each served call and its result on stderr (like strace would show
-/// them for the kernel).
-fn trace_enabled() -> bool {
+/// `USERBPF_TRACE_BPF=1`: each served call (bpf, perf_event_open) and its result, with the
+/// reason of a failure, on stderr (like strace would show them for the kernel).
+pub fn trace_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("USERBPF_TRACE_BPF").is_some_and(|v| !v.is_empty() && v != "0"))
 }
@@ -276,8 +304,9 @@ pub fn cmd_name(cmd: i32) -> String {
     usize::try_from(cmd).ok().and_then(|i| NAMES.get(i)).map_or_else(|| format!("{cmd}"), |n| format!("BPF_{n}"))
 }
 
-fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
-    let a = Attr::read(attr as u64, size as usize)?;
+/// Serves one command: the call's return value, or the error and why.
+pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
+    let a = Attr::read(attr as u64, size as usize).context(|| format!("attr ({size} bytes at {attr:p})"))?;
     match cmd {
         BPF_MAP_CREATE => map::create(&a),
         BPF_MAP_LOOKUP_ELEM => map::lookup(&a),
@@ -316,11 +345,11 @@ fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         // Iterators walk kernel objects: a kernel without the iterator targets (there are no
         // iterator links here) answers EINVAL for a descriptor that is not an iterator link.
         BPF_ITER_CREATE => {
-            let fd = a.i32(0);
-            objects::get_kind(fd, objects::Kind::Link)?;
-            Err(libc::EINVAL)
+            let fd = a.view::<attr::IterCreate>().link_fd;
+            objects::get_kind(fd, objects::Kind::Link).context(|| format!("link_fd {fd}"))?;
+            Err(Error::inval("no iterator links here"))
         }
-        _ => Err(libc::EINVAL),
+        _ => Err(Error::inval(format!("unknown command {cmd}"))),
     }
 }
 

@@ -2,12 +2,16 @@
 //! commands, OBJ_PIN, OBJ_GET and ENABLE_STATS.
 
 use std::path::PathBuf;
+use std::mem::offset_of;
 
 use userbpf_object::Btf;
 
+use super::attr::{self, end_of};
+use super::info::{bytes_of, name16, BtfInfo, InfoStruct, LinkInfo, MapInfo, ProgInfo};
 use super::map::{install_map_fd, map_by_id, map_of_fd};
 use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
 use super::{io_errno, read_user, read_user_str, write_user, Attr};
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
 /// The kernel's BTF_MAX_SIZE.
@@ -15,17 +19,15 @@ const BTF_MAX_SIZE: u32 = 16 * 1024 * 1024;
 
 /// BPF_BTF_LOAD: the BTF is parsed (malformed BTF is refused with `EINVAL` and the reason
 /// in the log) and stored in the session.
-pub fn btf_load(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(32) {
-        return Err(libc::EINVAL);
-    }
-    let (ubtf, log_buf, size, log_size, log_level) = (a.u64(0), a.u64(8), a.u32(16), a.u32(20), a.u32(24));
+pub fn btf_load(a: &Attr) -> Result<i64, Error> {
+    let at: attr::BtfLoad = a.get(end_of!(attr::BtfLoad, btf_log_true_size))?;
+    let (ubtf, log_buf, size, log_size, log_level) = (at.btf, at.btf_log_buf, at.btf_size, at.btf_log_size, at.btf_log_level);
     if size > BTF_MAX_SIZE {
-        return Err(libc::E2BIG);
+        return Err(Error::new(libc::E2BIG, format!("btf_size {size} is over the kernel's limit of {BTF_MAX_SIZE}")));
     }
     let mut log = VLog::new(log_level, log_buf, log_size)?;
     let mut data = vec![0u8; size as usize];
-    read_user(ubtf, &mut data)?;
+    read_user(ubtf, &mut data).context(|| format!("btf ({size} bytes at {ubtf:#x})"))?;
     let parsed = Btf::parse(&data);
     if log.on() && data.len() >= 24 {
         let u = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().expect("4 bytes"));
@@ -42,17 +44,18 @@ pub fn btf_load(a: &Attr) -> Result<i64, i32> {
             Ok(())
         }
         Err(e) => {
+            // The reason goes into the log, as the kernel's BTF checker writes it there.
             log.line(&format!("{e}"));
-            Err(libc::EINVAL)
+            Err(Error::inval(format!("malformed BTF: {e}")))
         }
     };
     let (true_size, lr) = log.finish();
-    let _ = a.put_u32(28, true_size);
+    let _ = a.put_u32(offset_of!(attr::BtfLoad, btf_log_true_size), true_size);
     r?;
-    lr?;
+    lr.context(|| format!("the BTF log ({true_size} bytes) does not fit btf_log_size {log_size}"))?;
     let session = objects::session()?;
-    let id = session.add_btf(&data).map_err(|e| io_errno(&e))?;
-    objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map(|fd| fd as i64)
+    let id = session.add_btf(&data).map_err(|e| Error::new(io_errno(&e), format!("storing the BTF in the session: {e}")))?;
+    Ok(objects::install(Kind::Btf, id, &session.layout().btf(id))? as i64)
 }
 
 /// One type as the kernel's BTF log prints it (`[ID] KIND name ...`, members indented).
@@ -93,15 +96,18 @@ fn type_line(btf: &Btf, id: u32, t: &userbpf_object::btf::BtfType) -> String {
 /// The kernel's info copy protocol: the caller's `info_len` bytes beyond what we know must be
 /// zero (`E2BIG`); we read the caller's struct (input pointers and lengths), fill it, write
 /// back `min(info_len, size)` bytes and the length.
-struct Info {
-    buf: Vec<u8>,
+struct Info<T: InfoStruct> {
+    /// The caller's struct (input pointers and lengths), then what is written back.
+    v: T,
     len: usize,
     uinfo: u64,
 }
 
-impl Info {
-    fn read(a: &Attr, size: usize) -> Result<Info, i32> {
-        let (ulen, uinfo) = (a.u32(4) as usize, a.u64(8));
+impl<T: InfoStruct> Info<T> {
+    fn read(a: &Attr) -> Result<Info<T>, i32> {
+        let size = std::mem::size_of::<T>();
+        let at: attr::InfoByFd = a.view();
+        let (ulen, uinfo) = (at.info_len as usize, at.info);
         if ulen > size {
             // Checked a page at a time, as bpf_check_uarg_tail_zero (the length is the caller's).
             let mut chunk = [0u8; 4096];
@@ -118,29 +124,15 @@ impl Info {
         let len = ulen.min(size);
         let mut buf = vec![0u8; size];
         read_user(uinfo, &mut buf[..len])?;
-        Ok(Info { buf, len, uinfo })
+        // SAFETY: `T` is plain data (any bytes are a valid value) of `size` bytes, read
+        // unaligned from the buffer of that size.
+        let v = unsafe { buf.as_ptr().cast::<T>().read_unaligned() };
+        Ok(Info { v, len, uinfo })
     }
-    fn u32(&self, off: usize) -> u32 {
-        u32::from_ne_bytes(self.buf[off..off + 4].try_into().expect("4 bytes"))
-    }
-    fn u64(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.buf[off..off + 8].try_into().expect("8 bytes"))
-    }
-    fn set32(&mut self, off: usize, v: u32) {
-        self.buf[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-    }
-    fn set64(&mut self, off: usize, v: u64) {
-        self.buf[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-    }
-    fn name(&mut self, off: usize, name: &str) {
-        let b = name.as_bytes();
-        let n = b.len().min(15);
-        self.buf[off..off + 16].fill(0);
-        self.buf[off..off + n].copy_from_slice(&b[..n]);
-    }
+
     fn finish(&self, a: &Attr) -> Result<i64, i32> {
-        write_user(self.uinfo, &self.buf[..self.len])?;
-        a.put_u32(4, self.len as u32)?;
+        write_user(self.uinfo, &bytes_of(&self.v)[..self.len])?;
+        a.put_u32(offset_of!(attr::InfoByFd, info_len), self.len as u32)?;
         Ok(0)
     }
 }
@@ -155,119 +147,109 @@ fn copy_array(ptr: u64, user_cnt: u32, data: &[u8], rec: usize) -> Result<(), i3
 }
 
 /// BPF_OBJ_GET_INFO_BY_FD for programs, maps, BTF and links.
-pub fn get_info(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(16) {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(0);
+pub fn get_info(a: &Attr) -> Result<i64, Error> {
+    let at: attr::InfoByFd = a.get(end_of!(attr::InfoByFd, info))?;
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
         // Not ours: EBADF for a closed descriptor, EINVAL for any other file.
-        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+        let errno = objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL);
+        return Err(Error::new(errno, format!("bpf_fd {fd} is not a bpf object")));
     };
+    let what = || format!("{} {} (bpf_fd {fd}), info_len {}", obj.kind.name(), obj.id, at.info_len);
     match obj.kind {
-        Kind::Prog => prog_info(a, fd),
-        Kind::Map => map_info(a, fd),
-        Kind::Btf => btf_info(a, obj.id),
-        Kind::Link => link_info(a, obj.id),
-        Kind::PerfEvent => Err(libc::EINVAL),
+        Kind::Prog => prog_info(a, fd).context(what),
+        Kind::Map => map_info(a, fd).context(what),
+        Kind::Btf => btf_info(a, obj.id).context(what),
+        Kind::Link => link_info(a, obj.id).context(what),
+        Kind::PerfEvent => Err(Error::inval(format!("bpf_fd {fd} is a perf event"))),
     }
 }
 
 fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     let p = prog_of_fd(fd)?;
-    let mut i = Info::read(a, 232)?;
-    i.set32(0, p.prog_type);
-    i.set32(4, p.id);
-    i.buf[8..16].copy_from_slice(&p.tag);
+    let mut i = Info::<ProgInfo>::read(a)?;
+    let u = i.v; // the caller's pointers and counts
+    let v = &mut i.v;
+    v.r#type = p.prog_type;
+    v.id = p.id;
+    v.tag = p.tag;
     // No JIT image is exposed: jited_prog_len 0 (as a kernel with the JIT disabled).
-    i.set32(16, 0);
+    v.jited_prog_len = 0;
     let x = xlated(&p);
-    let ulen = i.u32(20);
-    i.set32(20, x.len() as u32);
-    if ulen != 0 {
-        let ptr = i.u64(32);
-        if ptr != 0 {
-            write_user(ptr, &x[..(ulen as usize).min(x.len())])?;
-        }
+    v.xlated_prog_len = x.len() as u32;
+    if u.xlated_prog_len != 0 && u.xlated_prog_insns != 0 {
+        write_user(u.xlated_prog_insns, &x[..(u.xlated_prog_len as usize).min(x.len())])?;
     }
-    i.set64(40, p.load_time);
-    i.set32(48, p.uid);
+    v.load_time = p.load_time;
+    v.created_by_uid = p.uid;
     let ids: Vec<u32> = p.map_ids.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let ulen = i.u32(52);
-    i.set32(52, ids.len() as u32);
+    v.nr_map_ids = ids.len() as u32;
     let idb: Vec<u8> = ids.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    copy_array(i.u64(56), ulen, &idb, 4)?;
-    i.name(64, &p.name);
-    i.set32(80, 0);
-    i.set32(84, u32::from(p.gpl));
-    i.set32(104, 0);
-    i.set32(108, 0);
-    i.set32(128, p.btf_id);
+    copy_array(u.map_ids, u.nr_map_ids, &idb, 4)?;
+    v.name = name16(&p.name);
+    v.ifindex = 0;
+    v.gpl_compatible = u32::from(p.gpl);
+    v.nr_jited_ksyms = 0;
+    v.nr_jited_func_lens = 0;
+    v.btf_id = p.btf_id;
     // func_info (records of 8 bytes) and line_info (16 bytes).
-    let ulen = i.u32(144);
     let nf = if p.func_info_rec_size != 0 { p.func_info.len() / p.func_info_rec_size as usize } else { 0 };
-    i.set32(144, nf as u32);
-    if ulen != 0 {
-        if i.u32(132) != 8 {
+    v.nr_func_info = nf as u32;
+    if u.nr_func_info != 0 {
+        if u.func_info_rec_size != 8 {
             return Err(libc::EINVAL);
         }
         let recs: Vec<u8> = p.func_info.chunks(p.func_info_rec_size.max(1) as usize).flat_map(|c| c[..8.min(c.len())].to_vec()).collect();
-        copy_array(i.u64(136), ulen, &recs, 8)?;
+        copy_array(u.func_info, u.nr_func_info, &recs, 8)?;
     }
-    i.set32(132, 8);
-    let ulen = i.u32(148);
+    v.func_info_rec_size = 8;
     let nl = if p.line_info_rec_size != 0 { p.line_info.len() / p.line_info_rec_size as usize } else { 0 };
-    i.set32(148, nl as u32);
-    if ulen != 0 {
-        if i.u32(172) != 16 {
+    v.nr_line_info = nl as u32;
+    if u.nr_line_info != 0 {
+        if u.line_info_rec_size != 16 {
             return Err(libc::EINVAL);
         }
         let recs: Vec<u8> = p.line_info.chunks(p.line_info_rec_size.max(1) as usize).flat_map(|c| c[..16.min(c.len())].to_vec()).collect();
-        copy_array(i.u64(152), ulen, &recs, 16)?;
+        copy_array(u.line_info, u.nr_line_info, &recs, 16)?;
     }
-    i.set32(172, 16);
-    i.set32(168, 0);
-    i.set32(176, 0);
-    let ulen = i.u32(180);
-    i.set32(180, 1);
-    copy_array(i.u64(184), ulen, &p.tag, 8)?;
+    v.line_info_rec_size = 16;
+    v.nr_jited_line_info = 0;
+    v.jited_line_info_rec_size = 0;
+    v.nr_prog_tags = 1;
+    copy_array(u.prog_tags, u.nr_prog_tags, &p.tag, 8)?;
     // Run statistics of runs in this process (targets keep their own).
-    let (run_ns, run_cnt, misses) = match userbpf_runtime::programs::get(p.id) {
+    let (run_ns, run_cnt, misses) = match userbpf_runtime::program_table::get(p.id) {
         Some(lp) => {
             use std::sync::atomic::Ordering::Relaxed;
             (lp.stats.run_time_ns.load(Relaxed), lp.stats.run_cnt.load(Relaxed), lp.stats.missed.load(Relaxed))
         }
         None => (0, 0, 0),
     };
-    i.set64(192, run_ns);
-    i.set64(200, run_cnt);
-    i.set64(208, misses);
-    i.set32(216, p.insns.len() as u32);
-    i.set32(220, 0);
-    i.set32(224, 0);
+    (v.run_time_ns, v.run_cnt, v.recursion_misses) = (run_ns, run_cnt, misses);
+    v.verified_insns = p.insns.len() as u32;
+    v.attach_btf_obj_id = 0;
+    v.attach_btf_id = 0;
     i.finish(a)
 }
 
 fn map_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     let e = map_of_fd(fd)?;
     let s = e.map.spec();
-    let mut i = Info::read(a, 88)?;
-    i.set32(0, e.map_type);
-    i.set32(4, e.map.id());
-    i.set32(8, s.key_size);
-    i.set32(12, s.value_size);
-    i.set32(16, s.max_entries);
-    i.set32(20, e.map_flags);
-    i.name(24, &s.name);
-    i.set32(40, 0);
-    i.set32(44, 0);
-    i.set64(48, 0);
-    i.set64(56, 0);
-    i.set32(64, e.btf_id);
-    i.set32(68, e.btf_key_type_id);
-    i.set32(72, e.btf_value_type_id);
-    i.set32(76, 0);
-    i.set64(80, e.map_extra);
+    let mut i = Info::<MapInfo>::read(a)?;
+    i.v = MapInfo {
+        r#type: e.map_type,
+        id: e.map.id(),
+        key_size: s.key_size,
+        value_size: s.value_size,
+        max_entries: s.max_entries,
+        map_flags: e.map_flags,
+        name: name16(&s.name),
+        btf_id: e.btf_id,
+        btf_key_type_id: e.btf_key_type_id,
+        btf_value_type_id: e.btf_value_type_id,
+        map_extra: e.map_extra,
+        ..MapInfo::default()
+    };
     i.finish(a)
 }
 
@@ -279,22 +261,21 @@ fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
         Some(name) => super::kbtf::data(name)?,
         None => objects::session()?.btf(id).map_err(|e| io_errno(&e))?,
     };
-    let mut i = Info::read(a, 32)?;
-    let ubtf = i.u64(0);
-    let ulen = i.u32(8) as usize;
-    let n = ulen.min(data.len());
+    let mut i = Info::<BtfInfo>::read(a)?;
+    let u = i.v;
+    let n = (u.btf_size as usize).min(data.len());
     if n > 0 {
-        write_user(ubtf, &data[..n])?;
+        write_user(u.btf, &data[..n])?;
     }
-    i.set32(8, data.len() as u32);
-    i.set32(12, id);
-    let (uname, uname_len) = (i.u64(16), i.u32(24));
+    i.v.btf_size = data.len() as u32;
+    i.v.id = id;
+    let (uname, uname_len) = (u.name, u.name_len);
     if (uname == 0) != (uname_len == 0) {
         return Err(libc::EINVAL);
     }
     let name = kernel.as_deref().unwrap_or("").as_bytes();
-    i.set32(24, name.len() as u32);
-    i.set32(28, u32::from(kernel.is_some()));
+    i.v.name_len = name.len() as u32;
+    i.v.kernel_btf = u32::from(kernel.is_some());
     // As the kernel: the name and its NUL when they fit, else as much as fits, NUL-ended,
     // and ENOSPC (after the info is written back).
     let mut short = false;
@@ -319,7 +300,7 @@ pub const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
 fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
     let session = objects::session()?;
     let rec = session.links().map_err(|e| io_errno(&e))?.into_iter().find(|l| l.id == id);
-    let mut i = Info::read(a, 48)?;
+    let mut i = Info::<LinkInfo>::read(a)?;
     let (ltype, prog_id) = match &rec {
         Some(r) if r.kind == "raw_tracepoint" => (BPF_LINK_TYPE_RAW_TRACEPOINT, r.prog_id),
         Some(r) => (BPF_LINK_TYPE_PERF_EVENT, r.prog_id),
@@ -327,15 +308,13 @@ fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
         // is closed; what we know is in the detached record, if any.
         None => (BPF_LINK_TYPE_PERF_EVENT, crate::attach::bpf_link_prog(id).or_else(|| super::link::detached_prog(id)).unwrap_or(0)),
     };
-    i.set32(0, ltype);
-    i.set32(4, id);
-    i.set32(8, prog_id);
+    (i.v.r#type, i.v.id, i.v.prog_id) = (ltype, id, prog_id);
     if ltype == BPF_LINK_TYPE_RAW_TRACEPOINT {
         let name = rec.as_ref().and_then(|r| r.func.clone()).unwrap_or_default();
-        let (uname, ulen) = (i.u64(16), i.u32(24));
+        let (uname, ulen) = (i.v.tp_name, i.v.tp_name_len);
         let mut b = name.into_bytes();
         b.push(0);
-        i.set32(24, b.len() as u32);
+        i.v.tp_name_len = b.len() as u32;
         if uname != 0 && ulen != 0 {
             let n = (ulen as usize).min(b.len());
             let mut part = b[..n].to_vec();
@@ -358,7 +337,7 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
         Kind::Map => session.maps().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Prog => session.progs().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
         Kind::Link => session.links().map_err(|e| io_errno(&e))?.iter().map(|r| r.id).collect(),
-        Kind::Btf => std::fs::read_dir(session.dir().join("btf"))
+        Kind::Btf => std::fs::read_dir(session.layout().btf_dir())
             .map_err(|e| io_errno(&e))?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .chain(super::kbtf::all()?.into_iter().map(|(id, _)| id))
@@ -370,32 +349,28 @@ pub fn ids_of(kind: Kind) -> Result<Vec<u32>, i32> {
 }
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_NEXT_ID: the smallest id above `start_id`, or `ENOENT`.
-pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let start = a.u32(0);
+pub fn next_id(a: &Attr, kind: Kind) -> Result<i64, Error> {
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let start = at.start_id;
     if start >= i32::MAX as u32 {
-        return Err(libc::ENOENT);
+        return Err(libc::ENOENT.into());
     }
     let next = ids_of(kind)?.into_iter().find(|&i| i > start).ok_or(libc::ENOENT)?;
-    a.put_u32(4, next)?;
+    a.put_u32(offset_of!(attr::GetId, next_id), next)?;
     Ok(0)
 }
 
 /// BPF_{PROG,MAP,BTF,LINK}_GET_FD_BY_ID.
-pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
-    }
-    let (id, open_flags) = (a.u32(0), a.u32(8));
+pub fn fd_by_id(a: &Attr, kind: Kind) -> Result<i64, Error> {
+    let at: attr::GetId = a.get(end_of!(attr::GetId, open_flags))?;
+    let (id, open_flags) = (at.start_id, at.open_flags);
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
     let allowed = if kind == Kind::Map { BPF_F_RDONLY | BPF_F_WRONLY } else { 0 };
     if open_flags & !allowed != 0 || open_flags == BPF_F_RDONLY | BPF_F_WRONLY {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("open_flags {open_flags:#x} invalid for a {}", kind.name())));
     }
-    install_by_id(kind, id).map(|fd| fd as i64)
+    Ok(install_by_id(kind, id)? as i64)
 }
 
 /// A new descriptor of the session object `kind`/`id`; `ENOENT` if there is none.
@@ -408,16 +383,16 @@ pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
         }
         Kind::Prog => {
             prog_by_id(id)?;
-            objects::install(Kind::Prog, id, &session.dir().join("progs").join(format!("{id}.json"))).map_err(not_found)
+            objects::install(Kind::Prog, id, &session.layout().prog(id)).map_err(not_found)
         }
         Kind::Btf => match super::kbtf::name_of(id)? {
             Some(name) => super::kbtf::install(id, &name).map_err(not_found),
-            None => objects::install(Kind::Btf, id, &session.dir().join("btf").join(id.to_string())).map_err(not_found),
+            None => objects::install(Kind::Btf, id, &session.layout().btf(id)).map_err(not_found),
         },
         Kind::Link => {
             // Perf links open the perf module's link file; raw tracepoint links their record.
             let perf = crate::attach::link_file(id);
-            let path = if perf.exists() { perf } else { session.dir().join("links").join(format!("{id}.json")) };
+            let path = if perf.exists() { perf } else { session.layout().link(id) };
             objects::install(Kind::Link, id, &path).map_err(not_found)
         }
         Kind::PerfEvent => Err(libc::ENOENT),
@@ -435,30 +410,21 @@ fn not_found(e: i32) -> i32 {
 /// Where pins of path `p` are recorded in the session (one file per pinned path).
 fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
     let session = objects::session()?;
-    let dir = session.dir().join("pins");
-    std::fs::create_dir_all(&dir).map_err(|e| io_errno(&e))?;
-    let mut name = String::new();
-    for &b in p {
-        if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
-            name.push(b as char);
-        } else {
-            name.push_str(&format!("%{b:02x}"));
-        }
-    }
-    Ok(dir.join(name))
+    std::fs::create_dir_all(session.layout().pins_dir()).map_err(|e| io_errno(&e))?;
+    Ok(session.layout().pin(p))
 }
 
 /// A pin path, normalised: absolute, under the BPF filesystem (`/sys/fs/bpf`), without `.`
 /// or `..` components. Others are refused as the kernel refuses a path outside a bpffs
 /// (`EPERM`).
-fn pin_path(a: &Attr) -> Result<Vec<u8>, i32> {
-    let raw = read_user_str(a.u64(0), 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })?;
+fn pin_path(a: &Attr) -> Result<Vec<u8>, Error> {
+    let raw = read_user_str(a.view::<attr::Obj>().pathname, 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e }).context(|| "pathname")?;
     if raw.is_empty() {
-        return Err(libc::ENOENT);
+        return Err(Error::new(libc::ENOENT, "empty pathname"));
     }
     let norm = normalise(&raw);
     if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
-        return Err(libc::EPERM);
+        return Err(Error::new(libc::EPERM, format!("{}: not under the BPF filesystem (/sys/fs/bpf)", String::from_utf8_lossy(&raw))));
     }
     Ok(norm)
 }
@@ -487,24 +453,28 @@ pub fn on_bpffs(raw: &[u8]) -> bool {
 }
 
 /// BPF_OBJ_PIN: records the pin in the session (the real BPF filesystem is not touched).
-pub fn pin(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
+pub fn pin(a: &Attr) -> Result<i64, Error> {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.file_flags != 0 {
+        return Err(Error::inval(format!("file_flags {:#x}: none are known for a pin", at.file_flags)));
     }
-    if a.u32(12) != 0 {
-        return Err(libc::EINVAL);
-    }
-    let fd = a.i32(8);
+    let fd = at.bpf_fd;
     let Some(obj) = objects::get(fd) else {
-        return Err(objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL));
+        let errno = objects::get_kind(fd, Kind::Map).err().unwrap_or(libc::EINVAL);
+        return Err(Error::new(errno, format!("bpf_fd {fd} is not a bpf object")));
     };
     if obj.kind == Kind::PerfEvent {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("bpf_fd {fd} is a perf event, which cannot be pinned")));
     }
-    let file = pin_file(&pin_path(a)?)?;
+    let path = pin_path(a)?;
+    let file = pin_file(&path)?;
     let text = format!("{} {}\n", obj.kind.name(), obj.id);
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&file).map_err(|e| io_errno(&e))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file)
+        .map_err(|e| Error::new(io_errno(&e), format!("/{}: {e}", String::from_utf8_lossy(&path))))?;
     f.write_all(text.as_bytes()).map_err(|e| io_errno(&e))?;
     if obj.kind == Kind::Map {
         // A pinned map keeps the session (and so its pins) when every process has left,
@@ -526,52 +496,48 @@ fn mark_pinned(id: u32, path: &str) -> Result<(), i32> {
     }
     rec.pinned = Some(path.to_string());
     let json = serde_json::to_vec_pretty(&rec).map_err(|_| libc::EINVAL)?;
-    let dir = session.dir().join("maps");
-    let tmp = dir.join(format!(".{id}.json.pin-{}", std::process::id()));
-    std::fs::write(&tmp, json).map_err(|e| io_errno(&e))?;
-    std::fs::rename(&tmp, dir.join(format!("{id}.json"))).map_err(|e| io_errno(&e))
+    userbpf_runtime::session::layout::write_atomic(&session.layout().map_record(id), &json).map_err(|e| io_errno(&e))
 }
 
 /// BPF_OBJ_GET: a new descriptor of the object pinned at the path.
-pub fn obj_get(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(20) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(8) != 0 {
-        return Err(libc::EINVAL);
+pub fn obj_get(a: &Attr) -> Result<i64, Error> {
+    let at: attr::Obj = a.get(end_of!(attr::Obj, path_fd))?;
+    if at.bpf_fd != 0 {
+        return Err(Error::inval("bpf_fd must be 0 for OBJ_GET"));
     }
     const BPF_F_RDONLY: u32 = 1 << 3;
     const BPF_F_WRONLY: u32 = 1 << 4;
-    let flags = a.u32(12);
+    let flags = at.file_flags;
     if flags & !(BPF_F_RDONLY | BPF_F_WRONLY) != 0 || flags == BPF_F_RDONLY | BPF_F_WRONLY {
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("file_flags {flags:#x} invalid")));
     }
-    let file = pin_file(&pin_path(a)?)?;
-    let text = std::fs::read_to_string(&file).map_err(|e| io_errno(&e))?;
-    let (kind, id) = text.trim().split_once(' ').ok_or(libc::EINVAL)?;
-    let id: u32 = id.parse().map_err(|_| libc::EINVAL)?;
+    let path = pin_path(a)?;
+    let shown = || format!("/{}", String::from_utf8_lossy(&path));
+    let file = pin_file(&path)?;
+    let text = std::fs::read_to_string(&file).map_err(|e| Error::new(io_errno(&e), format!("{}: {e}", shown())))?;
+    let bad = || Error::inval(format!("{}: the session's pin record {} is malformed", shown(), file.display()));
+    let (kind, id) = text.trim().split_once(' ').ok_or_else(bad)?;
+    let id: u32 = id.parse().map_err(|_| bad())?;
     let kind = match kind {
         "map" => Kind::Map,
         "prog" => Kind::Prog,
         "btf" => Kind::Btf,
         "link" => Kind::Link,
-        _ => return Err(libc::EINVAL),
+        _ => return Err(bad()),
     };
-    install_by_id(kind, id).map(|fd| fd as i64)
+    Ok(install_by_id(kind, id).context(|| format!("{}: {} {id}", shown(), kind.name()))? as i64)
 }
 
 /// BPF_ENABLE_STATS: run statistics are always kept here; the descriptor the kernel hands
 /// out (stats stay on while it is open) is a descriptor of a session file.
-pub fn enable_stats(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(4) {
-        return Err(libc::EINVAL);
-    }
-    if a.u32(0) != 0 {
-        return Err(libc::EINVAL);
+pub fn enable_stats(a: &Attr) -> Result<i64, Error> {
+    let at: attr::EnableStats = a.get(end_of!(attr::EnableStats, r#type))?;
+    if at.r#type != 0 {
+        return Err(Error::inval(format!("type {}: only BPF_STATS_RUN_TIME (0) exists", at.r#type)));
     }
     userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.dir().join("stats")).map_err(|e| io_errno(&e))?;
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.layout().stats()).map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
     Ok(f.into_raw_fd() as i64)
 }

@@ -2,6 +2,7 @@
 //! log), PROG_TEST_RUN and PROG_BIND_MAP.
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::mem::offset_of;
 
 use userbpf_isa::helper_names::helper_name;
 use userbpf_isa::*;
@@ -10,8 +11,10 @@ use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::program::MapResolver;
 use userbpf_runtime::{Engine, LoadedProgram, ProgRecord};
 
+use super::attr::{self, end_of};
 use super::map::{check_name, map_by_id, map_of_fd};
 use super::{read_user, read_user_str, state, write_user, Attr};
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
 // enum bpf_prog_type values the runtime runs.
@@ -104,7 +107,7 @@ impl ProgEntry {
                 let p = LoadedProgram::prepare(self.id, &self.name, &self.insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots)
                     .map_err(|e| e.to_string())?;
                 let p = Arc::new(p);
-                userbpf_runtime::programs::register(p.clone());
+                userbpf_runtime::program_table::register(p.clone());
                 Ok(p)
             })
             .clone()
@@ -113,13 +116,7 @@ impl ProgEntry {
 
 /// The session's CPU slots (shared with the agent and targets).
 fn slots() -> Result<Arc<CpuSlots>, String> {
-    static SLOTS: OnceLock<Result<Arc<CpuSlots>, String>> = OnceLock::new();
-    SLOTS
-        .get_or_init(|| {
-            let s = objects::session().map_err(|e| format!("session: errno {e}"))?;
-            CpuSlots::open(&s.dir().join("cpus")).map(Arc::new).map_err(|e| e.to_string())
-        })
-        .clone()
+    crate::server::server().slots().map_err(|e| e.reason.into_owned())
 }
 
 /// CLOCK_BOOTTIME in nanoseconds (what the kernel's load_time counts from).
@@ -142,11 +139,11 @@ pub struct VLog {
 
 impl VLog {
     /// Validates the log attributes as the kernel's `bpf_verifier_log_attr_valid`.
-    pub fn new(level: u32, buf: u64, size: u32) -> Result<VLog, i32> {
+    pub fn new(level: u32, buf: u64, size: u32) -> Result<VLog, Error> {
         // As the kernel's bpf_verifier_log_attr_valid (6.4 and later): buffer and size
         // together, a buffer needs a level, a level without a buffer only measures the log.
         if (buf != 0) != (size != 0) || (buf != 0 && level == 0) || level & !BPF_LOG_MASK != 0 || size > u32::MAX >> 2 {
-            return Err(libc::EINVAL);
+            return Err(Error::inval(format!("log_level {level}, log_buf {buf:#x}, log_size {size}: inconsistent")));
         }
         Ok(VLog { level, buf, size, text: String::new() })
     }
@@ -228,60 +225,9 @@ pub fn prog_tag(insns: &[Insn]) -> [u8; 8] {
 /// SHA-256 (FIPS 180-4), for program tags (kernels since 6.18 take the tag from SHA-256;
 /// before, from SHA-1).
 fn sha256(data: &[u8]) -> [u8; 32] {
-    const K: [u32; 64] = [
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
-        0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-        0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-        0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-    ];
-    let mut h: [u32; 8] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
-    let mut msg = data.to_vec();
-    let bits = (data.len() as u64).wrapping_mul(8);
-    msg.push(0x80);
-    while msg.len() % 64 != 56 {
-        msg.push(0);
-    }
-    msg.extend_from_slice(&bits.to_be_bytes());
-    for block in msg.chunks_exact(64) {
-        let mut w = [0u32; 64];
-        for i in 0..16 {
-            w[i] = u32::from_be_bytes(block[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        }
-        for i in 16..64 {
-            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
-            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16].wrapping_add(s0).wrapping_add(w[i - 7]).wrapping_add(s1);
-        }
-        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
-        for i in 0..64 {
-            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
-            let ch = (e & f) ^ (!e & g);
-            let t1 = hh.wrapping_add(s1).wrapping_add(ch).wrapping_add(K[i]).wrapping_add(w[i]);
-            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
-            let maj = (a & b) ^ (a & c) ^ (b & c);
-            let t2 = s0.wrapping_add(maj);
-            hh = g;
-            g = f;
-            f = e;
-            e = d.wrapping_add(t1);
-            d = c;
-            c = b;
-            b = a;
-            a = t1.wrapping_add(t2);
-        }
-        for (x, y) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
-            *x = x.wrapping_add(y);
-        }
-    }
-    let mut out = [0u8; 32];
-    for (i, x) in h.iter().enumerate() {
-        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
-    }
-    out
+    use sha2::Digest;
+    sha2::Sha256::digest(data).into()
 }
-
 
 /// Instructions other paths enter: jump targets, subprogram and callback entries.
 fn jump_targets(insns: &[Insn]) -> Vec<bool> {
@@ -349,154 +295,198 @@ fn map_func_compatible(map_type: u32, func: u32) -> bool {
     }
 }
 
-/// A refused load: the log gets the offending instruction and the reason, then the
-/// verifier's summary line; the call fails with `errno` (or `ENOSPC` if the log did not fit).
-fn refuse(log: &mut VLog, a: &Attr, insns: &[Insn], pc: Option<usize>, msg: &str, errno: i32, processed: usize) -> Result<i64, i32> {
-    if let Some(pc) = pc.filter(|&p| p < insns.len()) {
-        // The verifier's walk reached the instruction: its state line, then the instruction.
-        log.line("0: R1=ctx() R10=fp0");
-        let l = insn_line(insns, pc);
-        log.line(&l);
-    }
-    log.line(msg);
-    log.line(&format!("processed {processed} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
-    let (true_size, _) = log.finish();
-    let _ = a.put_u32(140, true_size);
-    Err(errno)
+/// Why a load stopped: refused by the checks the verifier makes (written into the log, as
+/// the verifier writes it), or failed before the verifier ran (no log, as in the kernel).
+enum Stop {
+    Refused(Refusal),
+    Failed(Error),
 }
 
-/// BPF_PROG_LOAD.
-pub fn load(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(144) {
-        return Err(libc::EINVAL);
-    }
-    let prog_type = a.u32(0);
-    let insn_cnt = a.u32(4) as usize;
-    let (uinsns, ulicense) = (a.u64(8), a.u64(16));
-    let (log_level, log_size, log_buf) = (a.u32(24), a.u32(28), a.u64(32));
-    let prog_flags = a.u32(44);
-    let name = check_name(&a.name(48, 16), 16)?;
-    let (ifindex, expected_attach_type, prog_btf_fd) = (a.u32(64), a.u32(68), a.i32(72));
-    let (func_info_rec_size, ufunc_info, func_info_cnt) = (a.u32(76), a.u64(80), a.u32(88));
-    let (line_info_rec_size, uline_info, line_info_cnt) = (a.u32(92), a.u64(96), a.u32(104));
-    let (attach_btf_id, attach_prog_fd) = (a.u32(108), a.u32(112));
-    let (core_relo_cnt, fd_array) = (a.u32(116), a.u64(120));
+/// A refusal as the verifier logs it: the instruction it is about when the walk reached one,
+/// the message, how many instructions were processed, and the errno.
+struct Refusal {
+    pc: Option<usize>,
+    msg: String,
+    errno: i32,
+    processed: usize,
+}
 
+impl Stop {
+    /// Refused before the walk reached an instruction.
+    fn refused(errno: i32, msg: impl Into<String>) -> Stop {
+        Stop::Refused(Refusal { pc: None, msg: msg.into(), errno, processed: 0 })
+    }
+
+    /// Refused at instruction `pc`, `processed` instructions into the walk.
+    fn refused_at(pc: usize, processed: usize, errno: i32, msg: impl Into<String>) -> Stop {
+        Stop::Refused(Refusal { pc: Some(pc), msg: msg.into(), errno, processed })
+    }
+}
+
+impl<E: Into<Error>> From<E> for Stop {
+    fn from(e: E) -> Stop {
+        Stop::Failed(e.into())
+    }
+}
+
+impl Refusal {
+    /// The refusal in the log: the offending instruction and the reason, then the
+    /// verifier's summary line.
+    fn log(&self, log: &mut VLog, insns: &[Insn]) {
+        if let Some(pc) = self.pc.filter(|&p| p < insns.len()) {
+            // The verifier's walk reached the instruction: its state line, then the instruction.
+            log.line("0: R1=ctx() R10=fp0");
+            let l = insn_line(insns, pc);
+            log.line(&l);
+        }
+        log.line(&self.msg);
+        log.line(&format!("processed {} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0", self.processed));
+    }
+
+    /// The error the loader gets: the errno, the log's message as the reason.
+    fn error(&self) -> Error {
+        let at = self.pc.map(|p| format!("insn {p}: ")).unwrap_or_default();
+        Error::new(self.errno, format!("{at}{}", self.msg))
+    }
+}
+
+/// What PROG_LOAD checks of its attributes before the verifier runs (no log): the program
+/// type's name and the program's name.
+fn check_load_attr(at: &attr::ProgLoad) -> Result<(&'static str, String), Error> {
     // Flags the kernel knows: strict/any alignment, test_rnd_hi32, test_state_freq,
     // sleepable, xdp_has_frags, test_reg_invariants.
     const KNOWN_FLAGS: u32 = 1 | 2 | 4 | 8 | 16 | 32 | 128;
-    if prog_flags & !KNOWN_FLAGS != 0 {
-        return Err(libc::EINVAL);
+    if at.prog_flags & !KNOWN_FLAGS != 0 {
+        return Err(Error::inval(format!("prog_flags {:#x} unknown", at.prog_flags & !KNOWN_FLAGS)));
     }
-    let Some(type_name) = prog_type_name(prog_type) else {
+    let Some(type_name) = prog_type_name(at.prog_type) else {
         // The kernel knows more types (networking, cgroups, LSM, tracing by BTF...), none of
         // which runs in user space: as a kernel built without them, EINVAL.
-        return Err(libc::EINVAL);
+        return Err(Error::inval(format!("prog_type {}: not a program type that runs in user space", at.prog_type)));
     };
-    if prog_flags & 16 != 0 {
-        // BPF_F_SLEEPABLE: not for these program types.
-        return Err(libc::EINVAL);
+    let name = check_name(&attr::c_name(&at.prog_name), 16)?;
+    if at.prog_flags & 16 != 0 {
+        return Err(Error::inval(format!("BPF_F_SLEEPABLE: {type_name} programs do not sleep")));
     }
-    if ifindex != 0 {
-        return Err(libc::EINVAL);
+    if at.prog_ifindex != 0 {
+        return Err(Error::inval(format!("prog_ifindex {}: no device to offload to", at.prog_ifindex)));
     }
-    if insn_cnt == 0 || insn_cnt > INSN_LIMIT {
-        return Err(libc::E2BIG);
+    if at.insn_cnt == 0 || at.insn_cnt as usize > INSN_LIMIT {
+        return Err(Error::new(libc::E2BIG, format!("insn_cnt {} (the limit is {INSN_LIMIT})", at.insn_cnt)));
     }
-    let license = read_user_str(ulicense, 128).map_err(|e| if e == libc::EINVAL { libc::EINVAL } else { libc::EFAULT })?;
-    let gpl = gpl_compatible(&license);
-    let mut raw = vec![0u8; insn_cnt * 8];
-    read_user(uinsns, &mut raw)?;
-    let mut insns = decode(&raw).map_err(|_| libc::EINVAL)?;
-    let mut log = VLog::new(log_level, log_buf, log_size)?;
-    if attach_prog_fd != 0 || attach_btf_id != 0 {
-        // Attaching to another program or a kernel BTF type (fentry/fexit, freplace).
-        return refuse(&mut log, a, &insns, None, "attach_btf_id and attach_prog_fd are for BTF-attached (fentry/freplace) programs, which userbpf does not run", libc::EINVAL, 0);
+    Ok((type_name, name))
+}
+
+/// The program's license string and its instructions, from the loader's memory.
+fn read_program(at: &attr::ProgLoad) -> Result<(Vec<u8>, Vec<Insn>), Error> {
+    let license = read_user_str(at.license, 128).map_err(|e| if e == libc::EINVAL { libc::EINVAL } else { libc::EFAULT }).context(|| "license")?;
+    let mut raw = vec![0u8; at.insn_cnt as usize * 8];
+    read_user(at.insns, &mut raw).context(|| format!("insns ({} instructions at {:#x})", at.insn_cnt, at.insns))?;
+    let insns = decode(&raw).map_err(|e| Error::inval(format!("insns: {e}")))?;
+    Ok((license, insns))
+}
+
+/// What the checks of a load found: the program's BTF, func and line info, the maps it
+/// uses and its tag.
+struct Checked {
+    btf_id: u32,
+    func_info: Vec<u8>,
+    line_info: Vec<u8>,
+    map_ids: Vec<u32>,
+    tag: [u8; 8],
+}
+
+/// BTF-attached programs (fentry/fexit, freplace) and in-kernel CO-RE relocations: refused.
+fn check_attach_and_relocs(at: &attr::ProgLoad) -> Result<(), Stop> {
+    if at.attach_prog_fd != 0 || at.attach_btf_id != 0 {
+        return Err(Stop::refused(libc::EINVAL, "attach_btf_id and attach_prog_fd are for BTF-attached (fentry/freplace) programs, which userbpf does not run"));
     }
-    if core_relo_cnt != 0 {
-        return refuse(&mut log, a, &insns, None, "in-kernel CO-RE relocations are not supported; relocate in the loader", libc::EINVAL, 0);
+    if at.core_relo_cnt != 0 {
+        return Err(Stop::refused(libc::EINVAL, "in-kernel CO-RE relocations are not supported; relocate in the loader"));
     }
-    // BTF and the func/line info that comes with it.
-    let btf_id = if prog_btf_fd != 0 { objects::get_kind(prog_btf_fd, Kind::Btf)?.id } else { 0 };
+    Ok(())
+}
+
+/// The program's BTF (0: none) and its func and line info.
+fn read_btf_info(at: &attr::ProgLoad) -> Result<(u32, Vec<u8>, Vec<u8>), Stop> {
+    let fd = at.prog_btf_fd;
+    let btf_id = if fd != 0 { objects::get_kind(fd, Kind::Btf).context(|| format!("prog_btf_fd {fd}"))?.id } else { 0 };
     if btf_id != 0 && super::kbtf::is_kernel(btf_id) {
         // A program's BTF is its own, never the kernel's (as the kernel answers).
-        return refuse(&mut log, a, &insns, None, "prog_btf_fd is the kernel's BTF, not the program's", libc::EACCES, 0);
+        return Err(Stop::refused(libc::EACCES, "prog_btf_fd is the kernel's BTF, not the program's"));
     }
-    let read_info = |rec: u32, ptr: u64, cnt: u32, what: &str, log: &mut VLog| -> Result<Vec<u8>, String> {
+    let read_info = |rec: u32, ptr: u64, cnt: u32, what: &str| -> Result<Vec<u8>, Stop> {
         if cnt == 0 {
             return Ok(Vec::new());
         }
         if btf_id == 0 {
-            return Err(format!("{what} requires btf"));
+            return Err(Stop::refused(libc::EINVAL, format!("{what} requires btf")));
         }
         if !(8..=256).contains(&rec) || !rec.is_multiple_of(4) {
-            return Err(format!("invalid {what} rec size {rec}"));
+            return Err(Stop::refused(libc::EINVAL, format!("invalid {what} rec size {rec}")));
         }
         let mut v = vec![0u8; rec as usize * cnt as usize];
-        read_user(ptr, &mut v).map_err(|_| format!("cannot read {what}"))?;
-        let _ = log;
+        read_user(ptr, &mut v).map_err(|_| Stop::refused(libc::EINVAL, format!("cannot read {what}")))?;
         Ok(v)
     };
-    let func_info = match read_info(func_info_rec_size, ufunc_info, func_info_cnt, "func_info", &mut log) {
-        Ok(v) => v,
-        Err(m) => return refuse(&mut log, a, &insns, None, &m, libc::EINVAL, 0),
-    };
-    let line_info = match read_info(line_info_rec_size, uline_info, line_info_cnt, "line_info", &mut log) {
-        Ok(v) => v,
-        Err(m) => return refuse(&mut log, a, &insns, None, &m, libc::EINVAL, 0),
-    };
-    let tag = prog_tag(&insns);
+    let func_info = read_info(at.func_info_rec_size, at.func_info, at.func_info_cnt, "func_info")?;
+    let line_info = read_info(at.line_info_rec_size, at.line_info, at.line_info_cnt, "line_info")?;
+    Ok((btf_id, func_info, line_info))
+}
 
-    // Map references by descriptor become references by session map id.
-    let mut map_ids: Vec<u32> = Vec::new();
+/// Map references by descriptor (`lddw` of a map fd or fd_array index) become references by
+/// session map id; returns the maps, in the order first referenced.
+fn resolve_maps(insns: &mut [Insn], fd_array: u64) -> Result<Vec<(u32, Arc<Map>)>, Stop> {
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
     let mut pc = 0;
     while pc < insns.len() {
         let insn = insns[pc];
         if insn.op == OP_CALL && insn.src == BPF_PSEUDO_KFUNC_CALL {
-            return refuse(&mut log, a, &insns, Some(pc), "calling kernel functions is not allowed", libc::EINVAL, pc);
+            return Err(Stop::refused_at(pc, pc, libc::EINVAL, "calling kernel functions is not allowed"));
         }
         if !insn.is_lddw() {
             pc += 1;
             continue;
         }
         if pc + 1 >= insns.len() {
-            return refuse(&mut log, a, &insns, Some(pc), "invalid bpf_ld_imm64 insn", libc::EINVAL, pc);
+            return Err(Stop::refused_at(pc, pc, libc::EINVAL, "invalid bpf_ld_imm64 insn"));
         }
         let src = insn.src;
         let fd = match src {
             BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE => Some(insn.imm),
             BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE => {
                 if fd_array == 0 {
-                    return refuse(&mut log, a, &insns, Some(pc), "fd_idx without fd_array is invalid", libc::EPROTO, pc);
+                    return Err(Stop::refused_at(pc, pc, libc::EPROTO, "fd_idx without fd_array is invalid"));
                 }
                 let mut b = [0u8; 4];
-                read_user(fd_array + insn.imm as u32 as u64 * 4, &mut b)?;
+                let idx = insn.imm as u32;
+                read_user(fd_array + idx as u64 * 4, &mut b).context(|| format!("insn {pc}: fd_array[{idx}]"))?;
                 Some(i32::from_ne_bytes(b))
             }
             BPF_PSEUDO_BTF_ID => {
-                return refuse(&mut log, a, &insns, Some(pc), "kernel variables (ksyms) do not exist for user-space programs", libc::EINVAL, pc);
+                return Err(Stop::refused_at(pc, pc, libc::EINVAL, "kernel variables (ksyms) do not exist for user-space programs"));
             }
             _ => None,
         };
         if let Some(fd) = fd {
-            let e = match map_of_fd(fd) {
-                Ok(e) => e,
-                Err(errno) => return refuse(&mut log, a, &insns, None, &format!("fd {fd} is not pointing to valid bpf_map"), errno, 0),
-            };
+            let e = map_of_fd(fd).map_err(|errno| Stop::refused(errno, format!("fd {fd} is not pointing to valid bpf_map")))?;
             let id = e.map.id();
             insns[pc].src = if matches!(src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) { BPF_PSEUDO_MAP_IDX } else { BPF_PSEUDO_MAP_IDX_VALUE };
             insns[pc].imm = id as i32;
-            if !map_ids.contains(&id) {
-                map_ids.push(id);
+            if !maps.iter().any(|(m, _)| *m == id) {
                 maps.push((id, e.map.clone()));
             }
         }
         pc += 2;
     }
-    // Helpers: calls the verifier can never reach (behind branches on frozen read-only
-    // data) are not checked, as in the kernel; such calls to helpers this runtime lacks are
-    // replaced, since they never run.
+    Ok(maps)
+}
+
+/// The helper calls the verifier would check: known to the runtime, allowed for the
+/// license, given a map of a type they take. Calls the verifier can never reach (behind
+/// branches on frozen read-only data) are not checked, as in the kernel; such calls to
+/// helpers this runtime lacks are replaced, since they never run.
+fn check_calls(insns: &mut [Insn], map_ids: &[u32], gpl: bool) -> Result<(), Stop> {
     let registry = userbpf_runtime::helpers::registry();
     let missing = |i: &Insn| i.op == OP_CALL && i.src == 0 && registry.get(i.imm as u32).is_none();
     let mut live: Option<Vec<bool>> = None;
@@ -504,8 +494,8 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         let entries: Vec<(u32, Arc<super::MapEntry>)> = map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
         super::dead::reachable(insns, &super::dead::Frozen::of(&entries))
     };
-    if insns.iter().any(&missing) {
-        live = reachable(&insns);
+    if insns.iter().any(missing) {
+        live = reachable(insns);
         if let Some(live) = &live {
             for pc in 0..insns.len() {
                 if !live[pc] && missing(&insns[pc]) {
@@ -514,7 +504,7 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
             }
         }
     }
-    let targets = jump_targets(&insns);
+    let targets = jump_targets(insns);
     for pc in 0..insns.len() {
         let insn = insns[pc];
         if insn.op != OP_CALL || insn.src != 0 || (pc > 0 && insns[pc - 1].is_lddw()) {
@@ -529,69 +519,87 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
                 Some(n) => format!("unknown func bpf_{n}#{id}"),
                 None => format!("invalid func unknown#{id}"),
             };
-            return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
+            return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, msg));
         }
         if !gpl && GPL_ONLY.contains(&id) {
-            return refuse(&mut log, a, &insns, Some(pc), "cannot call GPL-restricted function from non-GPL compatible program", libc::EINVAL, pc + 1);
+            return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, "cannot call GPL-restricted function from non-GPL compatible program"));
         }
-        if let Some(t) = r1_map_before(&insns, &targets, pc).and_then(|m| map_by_id(m).ok()).map(|e| e.map_type) {
+        if let Some(t) = r1_map_before(insns, &targets, pc).and_then(|m| map_by_id(m).ok()).map(|e| e.map_type) {
             if !map_func_compatible(t, id) {
                 // Only where the verifier goes (the walk above was only made if a helper
                 // is missing).
                 if live.is_none() {
-                    live = reachable(&insns);
+                    live = reachable(insns);
                 }
                 if live.as_ref().is_some_and(|l| !l[pc]) {
                     continue;
                 }
                 let msg = format!("cannot pass map_type {t} into func bpf_{}#{id}", helper_name(id).unwrap_or("unknown"));
-                return refuse(&mut log, a, &insns, Some(pc), &msg, libc::EINVAL, pc + 1);
+                return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, msg));
             }
         }
     }
-    // The VM's load-time checks, with the runtime's helpers and these maps.
-    let slots = match slots() {
-        Ok(s) => s,
-        Err(m) => return refuse(&mut log, a, &insns, None, &format!("userbpf: {m}"), libc::ENOMEM, 0),
+    Ok(())
+}
+
+/// The VM's load-time checks, with the runtime's helpers and these maps.
+fn check_in_vm(name: &str, insns: &[Insn], maps: &[(u32, Arc<Map>)]) -> Result<(), Stop> {
+    let slots = slots().map_err(|m| Stop::refused(libc::ENOMEM, format!("userbpf: {m}")))?;
+    let prepared = LoadedProgram::prepare(0, name, insns, userbpf_runtime::helpers::registry(), &maps as &dyn MapResolver, Engine::Interpreter, slots);
+    let Err(e) = prepared else { return Ok(()) };
+    let msg = e.to_string();
+    // "instruction N: why" names the instruction: log it as the verifier does.
+    let pc = msg.strip_prefix("instruction ").and_then(|r| r.split(':').next()).and_then(|n| n.parse::<usize>().ok());
+    let why = match pc {
+        Some(_) => msg.split_once(": ").map(|(_, w)| w.to_string()).unwrap_or(msg.clone()),
+        None => msg.clone(),
     };
-    let prepared = LoadedProgram::prepare(0, &name, &insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots);
-    if let Err(e) = prepared {
-        let msg = e.to_string();
-        // "instruction N: why" names the instruction: log it as the verifier does.
-        let pc = msg.strip_prefix("instruction ").and_then(|r| r.split(':').next()).and_then(|n| n.parse::<usize>().ok());
-        let why = match pc {
-            Some(_) => msg.split_once(": ").map(|(_, w)| w.to_string()).unwrap_or(msg.clone()),
-            None => msg.clone(),
-        };
-        // Structural faults (jumps, the last instruction) are found before the walk, as the
-        // kernel's check_subprogs and check_cfg find them: no instruction line.
-        return refuse(&mut log, a, &insns, None, &format!("{}{why}", pc.map(|p| format!("insn {p}: ")).unwrap_or_default()), libc::EINVAL, 0);
+    // Structural faults (jumps, the last instruction) are found before the walk, as the
+    // kernel's check_subprogs and check_cfg find them: no instruction line.
+    Err(Stop::refused(libc::EINVAL, format!("{}{why}", pc.map(|p| format!("insn {p}: ")).unwrap_or_default())))
+}
+
+/// The checks the kernel's verifier makes of a program, in its order; `insns` are rewritten
+/// as the session records them (map references by id, unreachable missing helpers gone).
+fn verify(at: &attr::ProgLoad, name: &str, gpl: bool, insns: &mut [Insn]) -> Result<Checked, Stop> {
+    check_attach_and_relocs(at)?;
+    let (btf_id, func_info, line_info) = read_btf_info(at)?;
+    let tag = prog_tag(insns);
+    let maps = resolve_maps(insns, at.fd_array)?;
+    let map_ids: Vec<u32> = maps.iter().map(|(id, _)| *id).collect();
+    check_calls(insns, &map_ids, gpl)?;
+    check_in_vm(name, insns, &maps)?;
+    Ok(Checked { btf_id, func_info, line_info, map_ids, tag })
+}
+
+/// The verifier-like log of a successful load.
+fn log_accepted(log: &mut VLog, insns: &[Insn]) {
+    if !log.on() {
+        return;
     }
-    // The verifier-like log of a successful load.
-    if log.on() {
-        if log.level & BPF_LOG_LEVEL2 != 0 {
-            log.line("func#0 @0");
-            log.line("0: R1=ctx() R10=fp0");
-            let mut pc = 0;
-            while pc < insns.len() {
-                let l = insn_line(&insns, pc);
-                log.line(&l);
-                pc += if insns[pc].is_lddw() { 2 } else { 1 };
-            }
+    if log.level & BPF_LOG_LEVEL2 != 0 {
+        log.line("func#0 @0");
+        log.line("0: R1=ctx() R10=fp0");
+        let mut pc = 0;
+        while pc < insns.len() {
+            let l = insn_line(insns, pc);
+            log.line(&l);
+            pc += if insns[pc].is_lddw() { 2 } else { 1 };
         }
-        if log.level & BPF_LOG_STATS != 0 {
-            log.line("verification time 0 usec\nstack depth 0");
-        }
-        // The verifier counts the instructions it walked, an lddw once (bpftrace reads its
-        // instruction limit from this line).
-        let walked = insns.len() - insns.iter().filter(|i| i.is_lddw()).count();
-        log.line(&format!("processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
     }
-    let (true_size, r) = log.finish();
-    let _ = a.put_u32(140, true_size);
-    r?;
+    if log.level & BPF_LOG_STATS != 0 {
+        log.line("verification time 0 usec\nstack depth 0");
+    }
+    // The verifier counts the instructions it walked, an lddw once (bpftrace reads its
+    // instruction limit from this line).
+    let walked = insns.len() - insns.iter().filter(|i| i.is_lddw()).count();
+    log.line(&format!("processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
+}
+
+/// Records an accepted program in the session and this process; its new descriptor.
+fn record_prog(at: &attr::ProgLoad, name: String, type_name: &str, license: &[u8], insns: Vec<Insn>, checked: Checked) -> Result<i64, Error> {
     let session = objects::session()?;
-    let mut sorted_ids = map_ids.clone();
+    let mut sorted_ids = checked.map_ids.clone();
     sorted_ids.sort_unstable();
     let record = ProgRecord {
         id: 0,
@@ -600,35 +608,60 @@ pub fn load(a: &Attr) -> Result<i64, i32> {
         prog_type: type_name.to_string(),
         insns_hex: encode(&insns).iter().map(|b| format!("{b:02x}")).collect(),
         map_ids: sorted_ids,
-        btf_id: (btf_id != 0).then_some(btf_id),
+        btf_id: (checked.btf_id != 0).then_some(checked.btf_id),
         object: None,
-        license: String::from_utf8_lossy(&license).into_owned(),
+        license: String::from_utf8_lossy(license).into_owned(),
     };
-    let record = session.add_prog(record).map_err(|e| super::io_errno(&e))?;
+    let record = session.add_prog(record).map_err(|e| Error::new(super::io_errno(&e), format!("recording the program in the session: {e}")))?;
     let id = record.id;
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let entry = Arc::new(ProgEntry {
         id,
-        prog_type,
-        expected_attach_type,
+        prog_type: at.prog_type,
+        expected_attach_type: at.expected_attach_type,
         name,
         insns,
-        map_ids: Mutex::new(map_ids),
-        btf_id,
-        func_info_rec_size,
-        func_info,
-        line_info_rec_size,
-        line_info,
+        map_ids: Mutex::new(checked.map_ids),
+        btf_id: checked.btf_id,
+        func_info_rec_size: at.func_info_rec_size,
+        func_info: checked.func_info,
+        line_info_rec_size: at.line_info_rec_size,
+        line_info: checked.line_info,
         load_time: boottime_ns(),
         uid,
-        gpl,
-        tag,
+        gpl: gpl_compatible(license),
+        tag: checked.tag,
         loaded: OnceLock::new(),
     });
     state().progs.insert(id, entry);
-    let path = session.dir().join("progs").join(format!("{id}.json"));
-    objects::install(Kind::Prog, id, &path).map(|fd| fd as i64)
+    Ok(objects::install(Kind::Prog, id, &session.layout().prog(id))? as i64)
+}
+
+/// BPF_PROG_LOAD: the attributes checked, the program read, verified (the log written as
+/// the verifier writes it, a refusal's reason included), then recorded in the session.
+pub fn load(a: &Attr) -> Result<i64, Error> {
+    let at: attr::ProgLoad = a.get(end_of!(attr::ProgLoad, log_true_size))?;
+    let (type_name, name) = check_load_attr(&at)?;
+    let (license, mut insns) = read_program(&at)?;
+    let mut log = VLog::new(at.log_level, at.log_buf, at.log_size)?;
+    let checked = match verify(&at, &name, gpl_compatible(&license), &mut insns) {
+        // Failed before the verifier ran: no log, as in the kernel.
+        Err(Stop::Failed(e)) => return Err(e),
+        Err(Stop::Refused(r)) => {
+            r.log(&mut log, &insns);
+            Err(r)
+        }
+        Ok(c) => {
+            log_accepted(&mut log, &insns);
+            Ok(c)
+        }
+    };
+    let (true_size, written) = log.finish();
+    let _ = a.put_u32(offset_of!(attr::ProgLoad, log_true_size), true_size);
+    let checked = checked.map_err(|r| r.error())?;
+    written.context(|| format!("the verifier log ({true_size} bytes) does not fit log_size {}", at.log_size))?;
+    record_prog(&at, name, type_name, &license, insns, checked)
 }
 
 /// The program with session id `id` (loaded by this process, or recorded by another).
@@ -671,52 +704,50 @@ pub fn prog_of_fd(fd: i32) -> Result<Arc<ProgEntry>, i32> {
 /// BPF_PROG_TEST_RUN (BPF_PROG_RUN): raw tracepoint and syscall programs run once here, in
 /// the loader, as the kernel runs them (bpftrace runs BEGIN and END this way). Other types
 /// the runtime loads have no test run in the kernel either (`ENOTSUPP`).
-pub fn test_run(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(76) {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let (data_size_in, data_size_out, data_in, data_out) = (a.u32(8), a.u32(12), a.u64(16), a.u64(24));
-    let (repeat, duration) = (a.u32(32), a.u32(36));
-    let (ctx_size_in, ctx_size_out, ctx_in, ctx_out) = (a.u32(40), a.u32(44), a.u64(48), a.u64(56));
-    let (flags, cpu, batch_size) = (a.u32(64), a.u32(68), a.u32(72));
+pub fn test_run(a: &Attr) -> Result<i64, Error> {
+    let at: attr::TestRun = a.get(end_of!(attr::TestRun, batch_size))?;
+    let p = prog_of_fd(at.prog_fd).context(|| format!("prog_fd {}", at.prog_fd))?;
+    let (data_size_in, data_size_out, data_in, data_out) = (at.data_size_in, at.data_size_out, at.data_in, at.data_out);
+    let (repeat, duration) = (at.repeat, at.duration);
+    let (ctx_size_in, ctx_size_out, ctx_in, ctx_out) = (at.ctx_size_in, at.ctx_size_out, at.ctx_in, at.ctx_out);
+    let (flags, cpu, batch_size) = (at.flags, at.cpu, at.batch_size);
     const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
     match p.prog_type {
         BPF_PROG_TYPE_RAW_TRACEPOINT => {
             if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || duration != 0 || batch_size != 0 {
-                return Err(libc::EINVAL);
+                return Err(Error::inval("a raw tracepoint program's test run takes ctx_in only (no data, repeat, duration, batch or ctx_out)"));
             }
             if ctx_size_in > 8 * 12 || (ctx_size_in != 0) != (ctx_in != 0) {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("ctx_size_in {ctx_size_in}: up to 12 arguments, with ctx_in")));
             }
             if flags & !BPF_F_TEST_RUN_ON_CPU != 0 || (flags & BPF_F_TEST_RUN_ON_CPU == 0 && cpu != 0) {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("flags {flags:#x} with cpu {cpu}")));
             }
             if flags & BPF_F_TEST_RUN_ON_CPU != 0 && cpu >= userbpf_maps::shm::possible_cpus() {
-                return Err(libc::ENXIO);
+                return Err(Error::new(libc::ENXIO, format!("cpu {cpu} does not exist")));
             }
             // The arguments, zero-extended to the most a raw tracepoint has.
             let mut ctx = vec![0u8; 8 * 12];
             read_user(ctx_in, &mut ctx[..ctx_size_in as usize])?;
             let retval = run_once(&p, &mut ctx)?;
-            a.put_u32(4, retval as u32)?;
+            a.put_u32(offset_of!(attr::TestRun, retval), retval as u32)?;
             Ok(0)
         }
         BPF_PROG_TYPE_SYSCALL => {
             if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || flags != 0 || cpu != 0 || batch_size != 0 {
-                return Err(libc::EINVAL);
+                return Err(Error::inval("a syscall program's test run takes ctx_in only (no data, repeat, flags, cpu, batch or ctx_out)"));
             }
             if ctx_size_in > u16::MAX as u32 || (ctx_size_in != 0) != (ctx_in != 0) {
-                return Err(libc::EINVAL);
+                return Err(Error::inval(format!("ctx_size_in {ctx_size_in}: up to {}, with ctx_in", u16::MAX)));
             }
             let mut ctx = vec![0u8; ctx_size_in as usize];
             read_user(ctx_in, &mut ctx)?;
             let retval = run_once(&p, &mut ctx)?;
             write_user(ctx_in, &ctx)?;
-            a.put_u32(4, retval as u32)?;
+            a.put_u32(offset_of!(attr::TestRun, retval), retval as u32)?;
             Ok(0)
         }
-        _ => Err(ENOTSUPP),
+        t => Err(Error::new(ENOTSUPP, format!("no test run for programs of type {t}"))),
     }
 }
 
@@ -740,15 +771,13 @@ fn run_once(p: &ProgEntry, ctx: &mut [u8]) -> Result<u64, i32> {
 }
 
 /// BPF_PROG_BIND_MAP: the map stays with the program (listed in its map ids).
-pub fn bind_map(a: &Attr) -> Result<i64, i32> {
-    if !a.zero_from(12) {
-        return Err(libc::EINVAL);
+pub fn bind_map(a: &Attr) -> Result<i64, Error> {
+    let at: attr::ProgBindMap = a.get(end_of!(attr::ProgBindMap, flags))?;
+    if at.flags != 0 {
+        return Err(Error::inval(format!("flags {:#x} unknown", at.flags)));
     }
-    if a.u32(8) != 0 {
-        return Err(libc::EINVAL);
-    }
-    let p = prog_of_fd(a.i32(0))?;
-    let m = map_of_fd(a.i32(4))?;
+    let p = prog_of_fd(at.prog_fd).context(|| format!("prog_fd {}", at.prog_fd))?;
+    let m = map_of_fd(at.map_fd).context(|| format!("map_fd {}", at.map_fd))?;
     let id = m.map.id();
     let mut ids = p.map_ids.lock().unwrap_or_else(|e| e.into_inner());
     if !ids.contains(&id) {

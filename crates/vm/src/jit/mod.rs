@@ -320,10 +320,10 @@ impl JitProgram {
                 [kind, pc, detail] => Err(abort_error(kind, pc, detail)),
             };
         }
+        type CpuEntry = unsafe extern "C" fn(u64, u64, u64) -> u64;
         // SAFETY: `CpuEntry` is `Entry(0)` with the run's CPU in its run slot, a function
         // following the C calling convention with this signature (see compile.rs), in memory
         // mapped read+execute for as long as `self` lives.
-        type CpuEntry = unsafe extern "C" fn(u64, u64, u64) -> u64;
         let entry: CpuEntry = unsafe { std::mem::transmute::<usize, CpuEntry>(self.mem.addr() + self.cpu_entry) };
         // A run inside a helper of another run must not see, or lose, the other's state: each
         // run has its own, and the thread's innermost run is put back when this one ends.

@@ -1,5 +1,6 @@
-//! The calls into the perf event and mmap modules, in one place: perf event arrays hold
-//! perf event descriptors, ring buffer maps get a pollable descriptor, perf links.
+//! The bpf commands' calls into the perf event and mmap modules, in one place: perf event
+//! arrays hold perf event descriptors, ring buffer maps get a pollable descriptor,
+//! LINK_CREATE(BPF_PERF_EVENT) makes a perf link.
 
 use std::path::PathBuf;
 
