@@ -52,7 +52,7 @@ fn corpus_verdicts_match_the_kernel() {
 fn project_sources() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut v = Vec::new();
-    for dir in ["examples/bpf", "examples/libbpf", "crates/cli/tests/bpf", "crates/object/tests/bpf", "crates/runtime/tests/bpf", "crates/vm/tests/bpf", "crates/agent/tests/bpf", "crates/syscall-server/tests/bpf", "crates/hook/tests/bpf"] {
+    for dir in ["examples/bpf", "examples/libbpf", "tools", "crates/cli/tests/bpf", "crates/object/tests/bpf", "crates/runtime/tests/bpf", "crates/vm/tests/bpf", "crates/agent/tests/bpf", "crates/syscall-server/tests/bpf", "crates/hook/tests/bpf"] {
         let Ok(rd) = std::fs::read_dir(root.join(dir)) else { continue };
         for e in rd.flatten() {
             let p = e.path();
