@@ -53,16 +53,16 @@ __u64 lost;
 
 static __always_inline __u64 operand(struct pt_regs *ctx, __u8 which)
 {
-	switch (which) {
-	case 1: return PT_REGS_PARM1(ctx);
-	case 2: return PT_REGS_PARM2(ctx);
-	case 3: return PT_REGS_PARM3(ctx);
-	case 4: return PT_REGS_PARM4(ctx);
-	case 5: return PT_REGS_PARM5(ctx);
-	case 6: return ctx->r9;
-	case RETVAL: return PT_REGS_RC(ctx);
-	}
-	return 0;
+	/* Every register is read at a constant offset into the stack, then one is chosen
+	 * there: with a switch of reads (or an array clang can see through), clang computes
+	 * the context address from `which`, which the kernel's verifier (and userbpf's) refuse
+	 * ("dereference of modified ctx ptr"). */
+	volatile __u64 ops[8] = { 0, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx),
+				  PT_REGS_PARM4(ctx), PT_REGS_PARM5(ctx), ctx->r9, PT_REGS_RC(ctx) };
+
+	if (which < 1 || which > RETVAL)
+		return 0;
+	return ops[which & 7];
 }
 
 static __always_inline int emit(struct pt_regs *ctx, int ret)

@@ -8,6 +8,7 @@ pub mod loader;
 pub mod program;
 pub mod program_table;
 pub mod session;
+pub mod verify;
 
 pub use loader::{load_object, LoadObjectError, LoadedObject};
 pub use program::{Engine, LoadedProgram};
