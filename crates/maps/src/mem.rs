@@ -29,7 +29,7 @@ pub(crate) const fn round_up(n: u64, a: u64) -> u64 {
 /// `p` is 4-byte aligned and inside a live mapping.
 #[inline(always)]
 pub(crate) unsafe fn a32<'a>(p: *mut u8) -> &'a AtomicU32 {
-    debug_assert!(!p.is_null() && p as usize % 4 == 0, "a32: {p:p} is null or not 4-byte aligned");
+    debug_assert!(!p.is_null() && (p as usize).is_multiple_of(4), "a32: {p:p} is null or not 4-byte aligned");
     // SAFETY: the caller guarantees alignment and that the mapping outlives the use; atomics
     // may alias memory other processes access atomically.
     unsafe { AtomicU32::from_ptr(p.cast()) }
@@ -41,7 +41,7 @@ pub(crate) unsafe fn a32<'a>(p: *mut u8) -> &'a AtomicU32 {
 /// `p` is 8-byte aligned and inside a live mapping.
 #[inline(always)]
 pub(crate) unsafe fn a64<'a>(p: *mut u8) -> &'a AtomicU64 {
-    debug_assert!(!p.is_null() && p as usize % 8 == 0, "a64: {p:p} is null or not 8-byte aligned");
+    debug_assert!(!p.is_null() && (p as usize).is_multiple_of(8), "a64: {p:p} is null or not 8-byte aligned");
     // SAFETY: as for `a32`.
     unsafe { AtomicU64::from_ptr(p.cast()) }
 }
@@ -113,7 +113,7 @@ pub(crate) unsafe fn read_word(p: *const u8) -> u64 {
 /// `len` bytes and does not overlap the words read.
 #[inline]
 pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
-    debug_assert!(len == 0 || (src as usize % 8 == 0 && !dst.is_null()), "copy_out: {len} bytes from {src:p} to {dst:p}");
+    debug_assert!(len == 0 || ((src as usize).is_multiple_of(8) && !dst.is_null()), "copy_out: {len} bytes from {src:p} to {dst:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: `src + i` is aligned and in bounds (i + 8 <= len); `dst + i` writable.
@@ -140,7 +140,7 @@ pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
 /// `len` bytes.
 #[inline]
 pub(crate) unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize) {
-    debug_assert!(len == 0 || (dst as usize % 8 == 0 && !src.is_null()), "copy_in: {len} bytes from {src:p} to {dst:p}");
+    debug_assert!(len == 0 || ((dst as usize).is_multiple_of(8) && !src.is_null()), "copy_in: {len} bytes from {src:p} to {dst:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented; unaligned read of the source.
@@ -159,7 +159,7 @@ pub(crate) unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize) {
 /// `dst` is 8-byte aligned and inside a mapping for `round8(len)` bytes.
 #[inline]
 pub(crate) unsafe fn zero(dst: *mut u8, len: usize) {
-    debug_assert!(len == 0 || dst as usize % 8 == 0, "zero: {len} bytes at {dst:p}");
+    debug_assert!(len == 0 || (dst as usize).is_multiple_of(8), "zero: {len} bytes at {dst:p}");
     let mut i = 0;
     while i < len {
         // SAFETY: `i < round8(len)`, aligned.
@@ -175,7 +175,7 @@ pub(crate) unsafe fn zero(dst: *mut u8, len: usize) {
 /// As for [`copy_out`] (`other` readable for `len` bytes).
 #[inline(always)]
 pub(crate) unsafe fn eq(shared: *mut u8, other: *const u8, len: usize) -> bool {
-    debug_assert!(len == 0 || (shared as usize % 8 == 0 && !other.is_null()), "eq: {len} bytes at {shared:p} and {other:p}");
+    debug_assert!(len == 0 || ((shared as usize).is_multiple_of(8) && !other.is_null()), "eq: {len} bytes at {shared:p} and {other:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented.

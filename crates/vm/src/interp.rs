@@ -558,7 +558,7 @@ unsafe fn store(addr: u64, len: u64, v: u64) {
 /// # Safety
 /// `addr` must be writable and aligned to the operation's width.
 unsafe fn atomic(addr: u64, wide: bool, code: i32, src: u64, r0: u64) -> (u64, bool, bool) {
-    debug_assert!(addr != 0 && addr % if wide { 8 } else { 4 } == 0, "atomic at {addr:#x} (wide: {wide})");
+    debug_assert!(addr != 0 && addr.is_multiple_of(if wide { 8 } else { 4 }), "atomic at {addr:#x} (wide: {wide})");
     const SEQ: Ordering = Ordering::SeqCst;
     let fetch = code & BPF_FETCH != 0;
     if wide {
