@@ -459,10 +459,14 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
         }
         libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => rerun_at_stub(uc, nr, new_thread(args[0]), traced),
         libc::SYS_clone3 => {
-            // SAFETY: clone3's first argument is the program's struct clone_args, whose first
-            // field is the flags (read by the kernel too; a bad pointer faults in the
-            // program's own call, as with the kernel's EFAULT).
-            let flags = if args[0] == 0 || args[1] < 8 { 0 } else { unsafe { (args[0] as *const u64).read_unaligned() } };
+            let flags = if args[0] == 0 || args[1] < 8 {
+                0
+            } else {
+                // SAFETY: clone3's first argument is the program's struct clone_args, whose
+                // first field is the flags (read by the kernel too; a bad pointer faults in
+                // the program's own call, as with the kernel's EFAULT).
+                unsafe { (args[0] as *const u64).read_unaligned() }
+            };
             rerun_at_stub(uc, nr, new_thread(flags), traced)
         }
         libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),

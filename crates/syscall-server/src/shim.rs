@@ -78,7 +78,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
     if serving() && fd >= 0 {
         // SAFETY: the loader's arguments, under mmap's contract (this function's).
-        if let Some(r) = ours_catch(|| unsafe { mmap::mmap(addr, len, prot, flags, fd, off) }).unwrap_or(Some(Err(libc::EFAULT))) {
+        let served = ours_catch(|| unsafe { mmap::mmap(addr, len, prot, flags, fd, off) });
+        if let Some(r) = served.unwrap_or(Some(Err(libc::EFAULT))) {
             return match r {
                 Ok(p) => p,
                 Err(e) => {

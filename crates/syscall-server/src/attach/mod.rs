@@ -233,10 +233,11 @@ pub fn create_bpf_link(event: u32, prog: u32, cookie: u64) -> Result<u32, i32> {
     let _ = std::fs::remove_file(&path);
     // mknod, not open: an open and close here would look like the link's last close to the
     // close watcher.
-    let made = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| libc::EINVAL)
+    let made = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL).and_then(|c| {
         // SAFETY: a NUL-terminated path; mknod creates an empty regular file.
-        .and_then(|c| if unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o600, 0) } == 0 { Ok(()) } else { Err(io_errno(std::io::Error::last_os_error())) });
+        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o600, 0) };
+        if r == 0 { Ok(()) } else { Err(io_errno(std::io::Error::last_os_error())) }
+    });
     if let Err(e) = made {
         stop(Attachment { event, prog, running });
         return Err(e);
