@@ -19,6 +19,12 @@ Prints one Markdown table: median and maximum (over the rounds) of the longest p
 attach command's wall time, and whether the probe counted. The issue's target: userbpf's
 longest pause at most 10 ms. It reports; it never fails on timing.
 
+Then the attach/detach cycles: one target, `userbpf attach PID` and `userbpf detach PID`
+PBENCH_CYCLES times (default 1,000) while its workers run; its resident memory, address space,
+descriptors (every thread's table), threads and mapping lines after the first cycle and after
+the last (growth between the two), the time of each command (median, 99th percentile), and the
+longest pause of a worker over all the cycles.
+
 Environment: PBENCH_ROUNDS (default 7), PBENCH_WORKERS (worker threads, default 2),
 PBENCH_WINDOW (seconds after the attach, default 0.3), USERBPF (the CLI, default
 target/release/userbpf, with libuserbpf_agent.so beside it).
@@ -192,6 +198,81 @@ def ms(ns):
     return f"{ns / 1e6:,.2f}"
 
 
+CYCLES = max(0, int(os.environ.get("PBENCH_CYCLES", "1000")))
+
+
+def footprint(pid):
+    """Resident KiB, address space KiB, descriptors (all threads' tables), threads, mapping lines."""
+    st = open(f"/proc/{pid}/status").read()
+    field = lambda n: int(next(l.split()[1] for l in st.splitlines() if l.startswith(n)))
+    tasks = os.listdir(f"/proc/{pid}/task")
+    fds = 0
+    for t in tasks:
+        try:
+            fds += len(os.listdir(f"/proc/{pid}/task/{t}/fd"))
+        except OSError:
+            pass
+    maps = sum(1 for _ in open(f"/proc/{pid}/maps"))
+    return {"rss": field("VmRSS:"), "vsz": field("VmSize:"), "fds": fds, "threads": len(tasks), "maps": maps}
+
+
+def cycles(exe, session, shm):
+    """CYCLES attach/detach cycles on one busy target: footprints after the first and last."""
+    env = dict(os.environ, USERBPF_SHM_DIR=shm)
+    t = Target(exe)
+    before = None
+    attach_ms, detach_ms = [], []
+    first = second = None
+    try:
+        time.sleep(0.2)
+        before = footprint(t.pid)
+        t.reset()
+        for i in range(CYCLES):
+            for cmd, times in (("attach", attach_ms), ("detach", detach_ms)):
+                args = [USERBPF, cmd, str(t.pid)] + (["--session", session] if cmd == "attach" else [])
+                t0 = time.monotonic()
+                r = subprocess.run(args, capture_output=True, text=True, env=env)
+                times.append((time.monotonic() - t0) * 1e3)
+                if r.returncode != 0:
+                    problem(f"cycle {i + 1}: userbpf {cmd} failed", r.stderr)
+                    return None
+            if i == 0:
+                first = footprint(t.pid)
+            if i == 1:
+                second = footprint(t.pid)
+        last = footprint(t.pid)
+        gap, calls = t.report()
+        return {"before": before, "first": first, "second": second or first, "last": last, "attach": attach_ms, "detach": detach_ms, "gap": gap, "calls": calls}
+    finally:
+        t.end()
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def print_cycles(c):
+    print()
+    print(f"Attach/detach cycles ({CYCLES} on one target with {WORKERS} busy worker threads, load {os.getloadavg()[0]:.2f}):")
+    print()
+    print("| | before any attach | after cycle 1 | after cycle 2 | after cycle %d | growth from cycle 2 |" % CYCLES)
+    print("|---|---:|---:|---:|---:|---:|")
+    names = {"rss": "resident memory KiB", "vsz": "address space KiB", "fds": "descriptors (all threads)", "threads": "threads", "maps": "mapping lines"}
+    for k, n in names.items():
+        print(f"| {n} | {c['before'][k]:,} | {c['first'][k]:,} | {c['second'][k]:,} | {c['last'][k]:,} | {c['last'][k] - c['second'][k]:+,} |")
+    print()
+    print("| command | median ms | p99 ms | max ms |")
+    print("|---|---:|---:|---:|")
+    for k in ("attach", "detach"):
+        xs = c[k]
+        print(f"| `userbpf {k} PID` | {statistics.median(xs):,.1f} | {pct(xs, 0.99):,.1f} | {max(xs):,.1f} |")
+    per = [a + d for a, d in zip(c["attach"], c["detach"])]
+    print(f"| one cycle (both) | {statistics.median(per):,.1f} | {pct(per, 0.99):,.1f} | {max(per):,.1f} |")
+    print()
+    print(f"Longest pause of a worker over all {CYCLES} cycles: {ms(c['gap'])} ms ({c['calls']:,} calls of work() meanwhile).")
+
+
 def main():
     if not os.path.exists(USERBPF):
         sys.exit(f"{USERBPF} is missing: run `make build` first")
@@ -216,6 +297,7 @@ def main():
                     results["userbpf"].append(round_userbpf(exe, session, shm))
                 if shutil.which("bpftrace"):
                     results["kernel"].append(round_kernel(exe))
+            cyc = cycles(exe, session, shm) if session and CYCLES else None
         finally:
             if p:
                 end_group(p)
@@ -244,6 +326,8 @@ def main():
         print()
         print(f"Target: userbpf's longest pause at most 10 ms: {'met' if max(ub) <= 10e6 else 'not met'} "
               f"(max {ms(max(ub))} ms over {len(ub)} rounds; the noise floor's max is {ms(max(r['gap'] for r in results['nothing'] if r))} ms).")
+    if cyc:
+        print_cycles(cyc)
     for pr in problems:
         print(f"- problem: {pr}")
 

@@ -21,8 +21,10 @@ fn shm() -> PathBuf {
     d
 }
 
-fn target() -> PathBuf {
-    userbpf_testutil::compile_c(&here("targets/detach_target.c"), &tmp().join("detach/detach_target"), &["-pthread"])
+/// The target, compiled for each test (`name`: the tests run in parallel; one compiling over
+/// the binary another runs fails with ETXTBSY).
+fn target(name: &str) -> PathBuf {
+    userbpf_testutil::compile_c(&here("targets/detach_target.c"), &tmp().join(format!("detach/{name}")), &["-pthread"])
 }
 
 fn cmd(args: &[&str]) -> std::process::Output {
@@ -195,7 +197,7 @@ fn members(session: &Session, pid: u32) -> usize {
 fn attach_detach_cycles_leave_the_process_as_it_was() {
     // SAFETY: (of the environment change) the tests of this file set the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", shm()) };
-    let exe = target();
+    let exe = target("cycles_target");
     let mut t = Target::start(&exe);
     let pid = t.pid;
     let session = Session::open("detach-a").unwrap();
@@ -258,5 +260,76 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("no userbpf agent running"), "{}", String::from_utf8_lossy(&again.stderr));
     let (calls, eintr_main, eintr_pipe) = t.quit();
     assert_eq!(calls, 30 * 3 * (500 + 200000 + 500));
+    assert_eq!((eintr_main, eintr_pipe), (0, 0), "a thread blocked in read() saw EINTR");
+}
+
+/// The signal dispositions (caught, ignored) of process `pid`.
+fn dispositions(pid: u32) -> (String, String) {
+    let st = format!("/proc/{pid}/status");
+    (status_field(&st, "SigCgt:"), status_field(&st, "SigIgn:"))
+}
+
+#[test]
+fn a_process_started_under_userbpf_is_detached_too_system_call_dispatch_and_all() {
+    // SAFETY: (of the environment change) the tests of this file set the same value.
+    unsafe { std::env::set_var("USERBPF_SHM_DIR", shm()) };
+    let exe = target("start_target");
+    let session = Session::open("detach-b").unwrap();
+    let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("detach-b"));
+    let (prog_id, hits) = load_counter(&session, &obj);
+    session
+        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .unwrap();
+    // A system call tracepoint: system call dispatch on in every thread of the target.
+    let sys = userbpf_testutil::compile_bpf(&here("../../../bench/agent/start_syscalls.bpf.c"), &tmp().join("detach-b"));
+    let (sys_id, sys_hits) = load_counter(&session, &sys);
+    session
+        .add_link(LinkRecord { id: 0, prog_id: sys_id, kind: "tracepoint".into(), path: String::new(), func: Some("raw_syscalls/sys_enter".into()), offset: 0, cookie: 0, pid: None })
+        .unwrap();
+    // The same program never under userbpf: the dispositions a detached process must have.
+    let plain = Target::start(&exe);
+    let want = dispositions(plain.pid);
+    plain.quit();
+
+    let mut child = Command::new(userbpf())
+        .args(["--session", "detach-b", "start", &exe.display().to_string()])
+        .env("USERBPF_SHM_DIR", shm())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut t = Target { child, stdin, out, pid };
+    let pid_s = pid.to_string();
+
+    let h0 = hits();
+    t.go(100);
+    assert_eq!(hits() - h0, 300, "under userbpf start");
+    assert_ne!(dispositions(pid), want, "system call dispatch and the hook engine catch signals");
+    let s0 = sys_hits();
+    t.go(10);
+    assert!(sys_hits() > s0, "system calls seen");
+
+    ok(&cmd(&["detach", &pid_s]));
+    assert_eq!(agent_threads(pid), 0);
+    assert_eq!(dispositions(pid), want, "signal dispositions after detach as in a process never under userbpf");
+    code_as_in_files(pid);
+    let (h1, s1) = (hits(), sys_hits());
+    t.go(100);
+    assert_eq!((hits(), sys_hits()), (h1, s1), "nothing seen after detach");
+
+    // Attached again in place, then detached again.
+    ok(&cmd(&["attach", &pid_s, "--session", "detach-b"]));
+    t.go(100);
+    assert_eq!(hits() - h1, 300, "attached again");
+    assert!(sys_hits() > s1, "system calls seen again");
+    ok(&cmd(&["detach", &pid_s]));
+    assert_eq!(dispositions(pid), want);
+    code_as_in_files(pid);
+    let (_, eintr_main, eintr_pipe) = t.quit();
     assert_eq!((eintr_main, eintr_pipe), (0, 0), "a thread blocked in read() saw EINTR");
 }
