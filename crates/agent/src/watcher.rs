@@ -277,6 +277,11 @@ fn watch(fd: i32, a: &'static Mutex<Agent>) {
     // inotify events are 4-byte aligned.
     let mut buf = [0u32; 1024];
     loop {
+        // A detach asked for before the watch of kicks existed (right after the start-up
+        // sync, which `userbpf attach` waits for) touched the file unseen: the flag says it.
+        if crate::detach::requested() {
+            return;
+        }
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let timeout = if RETRY.load(Ordering::SeqCst) { 10 } else { -1 };
         // SAFETY: polling one descriptor we own (closed by the thread's end at a detach).

@@ -18,6 +18,9 @@
 //! `added` is mapped but not relocated yet and its constructors have not run, so probes
 //! attached then see every call; it may attach and detach probes (this is not a hook
 //! handler) but must not wait for another thread that may be waiting for the loader.
+//!
+//! [`uninstall`] (`userbpf detach`, through `crate::release`) puts `_dl_debug_state` back as
+//! it was; a later [`install`] patches it again with the same stub page.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};

@@ -49,6 +49,11 @@
 //! installs while dispatch is on is kept as the one other `SIGSYS`s (seccomp's, `raise`) are
 //! handed to.
 //!
+//! `crate::release` (`userbpf detach`) turns dispatch off in every thread, forgets the set-up
+//! (its probes on libc go with every other probe) and gives `SIGSYS` and the switch signal
+//! back; the page stays mapped (a thread may be returning through it) and is reused by the
+//! next [`enable`].
+//!
 //! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
 //! constructor runs after the loader has mapped and relocated every library), calls made
 //! before a system call tracepoint is attached, the calls of a `CLONE_VFORK` child (`vfork`,
