@@ -13,6 +13,11 @@
 //! resumes at that call's `syscall` instruction, which makes it again from the start, so the
 //! program never sees `EINTR` (see `remote::resumed_in_syscall`).
 //!
+//! [`call_loaded`] calls a function of a library the process loaded before (how `userbpf
+//! detach` reaches the agent): the process's `dlopen` with `RTLD_NOLOAD` finds it without
+//! mapping anything (and says when it is not there), `dlsym` finds the function, and the
+//! reference that `dlopen` counted is given back with `dlclose`.
+//!
 //! The functions called are found in the target's own libc: `dlopen`, `dlsym` and `dlerror`
 //! from its dynamic symbol table (glibc 2.34 and later have them in libc.so.6), at the address
 //! the target mapped libc at (`/proc/PID/maps`).
