@@ -517,6 +517,10 @@ pub(crate) fn child_thread() {
             // The copy of the parent's handle would leave with the parent's membership.
             std::mem::forget(std::mem::replace(&mut a.session, s));
         }
+        // A child that changed its credentials before its agent thread ran (su's, runuser's
+        // child after setuid) cannot open the session any more: its probes (copied from the
+        // parent) keep firing and nothing is said, as for a sync (see `Agent::sync_inner`).
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
         Err(e) => log(&format!("joining the session in a forked child: {e}")),
     }
     if fd.is_none() {
