@@ -8,11 +8,13 @@ USERBPF := target/release/userbpf
 BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu
 # libbpf programs with a skeleton (`bpftool gen skeleton`, generated into target/libbpf).
 LIBBPF_EXAMPLES := $(patsubst examples/libbpf/%.bpf.c,target/libbpf/%,$(wildcard examples/libbpf/*.bpf.c))
+# The eBPF side of `userbpf tool NAME` (tools/NAME.bpf.c), found by the CLI in target/tools.
+TOOLS := $(patsubst tools/%.bpf.c,target/tools/%.bpf.o,$(wildcard tools/*.bpf.c)) target/tools/aiobench
 EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c)) \
 	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
-	$(LIBBPF_EXAMPLES)
+	$(LIBBPF_EXAMPLES) $(TOOLS)
 
-.PHONY: all deps build test unit conformance bench demo clean examples
+.PHONY: all deps build test lint unit conformance bench demo clean examples
 
 all: build
 
@@ -28,6 +30,15 @@ examples: $(EXAMPLES)
 target/bpf/%.bpf.o: examples/bpf/%.bpf.c
 	@mkdir -p $(dir $@)
 	clang $(BPF_CFLAGS) -c -o $@ $<
+
+target/tools/%.bpf.o: tools/%.bpf.c
+	@mkdir -p $(dir $@)
+	clang $(BPF_CFLAGS) -c -o $@ $<
+
+# aiocost's benchmark: io_uring (liburing), native AIO (libaio), POSIX AIO, with USDT probes.
+target/tools/aiobench: tools/aiocost/aiobench.c
+	@mkdir -p $(dir $@)
+	cc -O2 -g -Wall -o $@ $< -luring -laio
 
 target/examples/%: examples/targets/%.c
 	@mkdir -p $(dir $@)
@@ -45,7 +56,14 @@ target/libbpf/%.skel.h: target/libbpf/%.bpf.o
 $(LIBBPF_EXAMPLES): target/libbpf/%: examples/libbpf/%.c target/libbpf/%.skel.h
 	cc -O2 -g -Wall -Itarget/libbpf -Iexamples/libbpf -o $@ $< -lbpf -lelf -lz
 
-test: build unit conformance
+test: build lint unit conformance
+
+# The rules the build enforces: rustfmt's layout (rustfmt.toml) and clippy with every warning
+# an error, on top of the workspace lints of Cargo.toml (SAFETY comments, unsafe operations
+# in unsafe functions, documented safety contracts).
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
 unit:
 	$(CARGO) test --release --locked --workspace

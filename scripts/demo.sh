@@ -57,3 +57,21 @@ if [ -n "$kern" ]; then
 else
     echo "overhead per call: userbpf $ub ns, kernel uprobe not measured: $kload_err"
 fi
+
+echo
+echo "== userbpf tool: funclatency, calls and trace on examples/targets/workload.c (tools/*.bpf.c)"
+"$u" tool funclatency target/examples/workload:work -- target/examples/workload 20000
+"$u" tool calls -n 5 'c:*printf*' -- target/examples/workload 1000
+"$u" tool trace 'target/examples/workload:work (arg1 > 4092) "n=%d", arg1' 'r:target/examples/workload:work (retval < 2) "ret %ld", retval' -- target/examples/workload 10000
+
+echo
+echo "== userbpf export: the maps of a session as Prometheus metrics (a scrape of /metrics)"
+s="demo-export-$$"
+"$u" --session "$s" export --listen 127.0.0.1:0 > "$d/export.out" &
+exporter=$!
+for _ in $(seq 100); do grep -q /metrics "$d/export.out" 2>/dev/null && break; sleep 0.05; done
+"$u" --session "$s" prog run target/bpf/latency.bpf.o --repeat 10 > /dev/null
+addr=$(sed -n 's|.*http://\([^/]*\)/metrics.*|\1|p' "$d/export.out")
+python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics").read().decode(), end="")' "$addr" | grep -E '^(# TYPE )?userbpf_(map_(slowest|latency_bss_calls|hist)[ {]|map_hist_(count|bucket\{le="(4095|\+Inf)")|programs )'
+kill -INT "$exporter"
+wait "$exporter"

@@ -19,8 +19,13 @@ want perf linux-perf
 want strace strace
 # The loader tests (`userbpf load`) compare against the real tools through the kernel.
 want bpftrace bpftrace
+# The exporter's test (`userbpf export`) checks a real scrape with Prometheus's own parser.
+want promtool prometheus
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+# `userbpf tool aiocost`'s benchmark (tools/aiocost/aiobench.c) reads through io_uring and libaio.
+[ -f /usr/include/liburing.h ] || need+=(liburing-dev)
+[ -f /usr/include/libaio.h ] || need+=(libaio-dev)
 [ -f /usr/include/x86_64-linux-gnu/sys/sdt.h ] || [ -f /usr/include/sys/sdt.h ] || need+=(systemtap-sdt-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then

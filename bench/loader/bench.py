@@ -3,11 +3,12 @@
 td_io_queue call by unmodified loaders, each through the kernel and through `userbpf load`
 (fio under `userbpf start`):
 
-- bpftrace `uprobe:/usr/bin/fio:td_io_queue { @c = count(); }`;
-- bpftrace `uprobe:/usr/bin/fio:td_io_queue { @h = hist(arg0); }`;
+- bpftrace `uprobe:FIO:td_io_queue { @c = count(); }`;
+- bpftrace `uprobe:FIO:td_io_queue { @h = hist(arg0); }`;
 - target/libbpf/percpu-counter (examples/libbpf/percpu-counter.*, a libbpf program with a
   skeleton): the most common counting pattern, `bpf_map_lookup_elem` of a
   BPF_MAP_TYPE_PERCPU_ARRAY slot then `*v += 1`, summed over CPUs at exit.
+  FIO is a private copy of /usr/bin/fio (see LBENCH_DIR).
 
 Each round runs every probed configuration once, with an unprobed run before and after each
 (none, A, none, B, ..., none): a probed run's share is measured against the mean of its two
@@ -21,14 +22,16 @@ match) are printed verbatim.
 
 Environment: LBENCH_FIO_RUNTIME (seconds per fio run, default 5), LBENCH_ROUNDS (rounds,
 default 3), LBENCH_ONLY (comma-separated configuration names, e.g. `none,percpu-userbpf`),
-USERBPF (the CLI, default target/release/userbpf, with libuserbpf_syscall_server.so and
-libuserbpf_agent.so beside it).
+LBENCH_DIR (where fio is copied, default target/lbench: the probes are put on that copy, never
+on /usr/bin/fio, which other processes run), USERBPF (the CLI, default target/release/userbpf,
+with libuserbpf_syscall_server.so and libuserbpf_agent.so beside it).
 """
 
 import json
 import os
 import platform
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -42,7 +45,11 @@ USERBPF = os.path.abspath(os.environ.get("USERBPF", os.path.join(ROOT, "target",
 COUNTER = os.path.join(ROOT, "target", "libbpf", "percpu-counter")
 RUNTIME = int(os.environ.get("LBENCH_FIO_RUNTIME", "5"))
 ROUNDS = max(1, int(os.environ.get("LBENCH_ROUNDS", "3")))
-FIO = "/usr/bin/fio"
+# fio is probed as a private copy: a kernel uprobe on /usr/bin/fio itself would plant its
+# breakpoint in every process running it (other users' fio too, slowed down and counted).
+FIO_SYSTEM = "/usr/bin/fio"
+BUILD = os.path.abspath(os.environ.get("LBENCH_DIR", os.path.join(ROOT, "target", "lbench")))
+FIO = os.path.join(BUILD, "fio")
 FUNC = "td_io_queue"
 COUNT_SCRIPT = f"uprobe:{FIO}:{FUNC} {{ @c = count(); }}"
 HIST_SCRIPT = f"uprobe:{FIO}:{FUNC} {{ @h = hist(arg0); }}"
@@ -179,8 +186,7 @@ def run(config, workdir):
     with open(lout) as f:
         text = f.read()
     res["hits"] = hits_of(text)
-    # Kernel uprobes fire in every process running /usr/bin/fio (others' too): at least
-    # fio's I/Os. Through userbpf only the target is probed.
+    # At least fio's I/Os (fio's own threads may call td_io_queue beyond them).
     if res["hits"] is None or res["hits"] < res["ios"]:
         with open(lerr) as f:
             err = f.read()
@@ -200,9 +206,11 @@ def main():
     for f in (USERBPF, os.path.join(os.path.dirname(USERBPF), "libuserbpf_syscall_server.so"), COUNTER):
         if not os.path.exists(f):
             sys.exit(f"loader-bench: {f} is missing: run `make build`")
-    for tool in (FIO, "/usr/bin/bpftrace"):
+    for tool in (FIO_SYSTEM, "/usr/bin/bpftrace"):
         if not os.path.exists(tool):
             sys.exit(f"loader-bench: {tool} is missing (scripts/install-deps.sh installs it)")
+    os.makedirs(BUILD, exist_ok=True)
+    shutil.copy2(FIO_SYSTEM, FIO)
     only = [c for c in os.environ.get("LBENCH_ONLY", "").split(",") if c]
     for c in only:
         if c not in CONFIGS:

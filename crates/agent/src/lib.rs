@@ -40,7 +40,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
-use userbpf_hook::symbols::{self, LoadedObject, ObjectChanges};
+use userbpf_hook::symbols::{self, MappedObject, ObjectChanges};
 use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
@@ -219,7 +219,7 @@ struct AttachedLink {
     /// Hook addresses of USDT probes (see `usdt::claim`).
     anchors: Vec<usize>,
     /// The library holding the probes, when it is not the executable (it may be unloaded).
-    object: Option<LoadedObject>,
+    object: Option<MappedObject>,
     /// Probes of system calls made outside libc (see `tracepoint`).
     raw: Vec<usize>,
 }
@@ -664,7 +664,7 @@ impl Agent {
         }
         let rec = self.prog_records.iter().flatten().find(|p| p.id == id).cloned().ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
-        userbpf_runtime::programs::register(prog.clone());
+        userbpf_runtime::program_table::register(prog.clone());
         self.programs.insert(id, prog.clone());
         // The programs it may tail-call (statically initialised prog arrays included).
         for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)? {
@@ -673,7 +673,7 @@ impl Agent {
         Ok(prog)
     }
 
-    fn attach(&mut self, link: &LinkRecord, objs: &[LoadedObject]) -> Result<Outcome, String> {
+    fn attach(&mut self, link: &LinkRecord, objs: &[MappedObject]) -> Result<Outcome, String> {
         if link.kind == "tracepoint" || link.kind == "raw_tracepoint" {
             let prog = self.program(link.prog_id)?;
             return tracepoint::attach(link, prog).map(Outcome::Attached);
@@ -797,7 +797,7 @@ fn on_objects_changed(c: &ObjectChanges) {
 static SYNCING: AtomicI32 = AtomicI32::new(0);
 
 /// Objects unmapped while the agent was busy (see `on_objects_changed`).
-static UNMAPPED: Mutex<Vec<LoadedObject>> = Mutex::new(Vec::new());
+static UNMAPPED: Mutex<Vec<MappedObject>> = Mutex::new(Vec::new());
 
 /// At exit: this process leaves its session, which goes with it when no other process uses it
 /// (see `Session::leave_process`). The agent's lock stays held from here on: the watcher must

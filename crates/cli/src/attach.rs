@@ -22,9 +22,17 @@ pub struct AttachArgs {
 }
 
 pub fn run(session: &str, args: AttachArgs) -> Result<()> {
-    let pid = args.pid;
     // The session must exist for the agent to join it; opening it here also checks the name.
     let s = Session::open(session).with_context(|| format!("opening session {session}"))?;
+    println!("{}", inject_agent(&s, args.pid)?);
+    Ok(())
+}
+
+/// Puts the agent into process `pid` as a member of session `s` and waits until it has
+/// joined; returns the line `attach` prints (the process, the thread borrowed, its pause).
+/// Shared with `userbpf tool -p`.
+pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
+    let session = s.name();
     let agent = crate::run::agent_path()?;
     let root = Session::root();
     let arg = format!("{}\n{session}", root.display());
@@ -49,19 +57,18 @@ pub fn run(session: &str, args: AttachArgs) -> Result<()> {
     }
     // Then until its probes are in place: a new links generation, which its watcher syncs
     // on and acknowledges (the loaders' handshake), as the kernel's attach returns with them.
-    if let Some(gen) = userbpf_runtime::session::handshake::publish(&s) {
+    if let Some(gen) = userbpf_runtime::session::handshake::publish(s) {
         if !userbpf_runtime::session::handshake::wait(s.layout(), gen, std::process::id(), Duration::from_secs(10)) {
             bail!("the agent joined session {session} in process {pid} but did not attach its links within 10 s (see the process's stderr)");
         }
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    println!(
+    Ok(format!(
         "attached to process {pid} ({}) in session {session}: thread {} paused {:.2} ms",
         comm.trim(),
         done.tid,
         done.pause.as_secs_f64() * 1e3
-    );
-    Ok(())
+    ))
 }
 
 /// Whether `agents/` holds process `pid`'s acknowledgement file (not a temporary file being

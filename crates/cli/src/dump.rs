@@ -145,6 +145,11 @@ pub fn hist_lines(map: &Map) -> Vec<String> {
             (slot, total)
         })
         .collect();
+    hist_lines_of(&counts)
+}
+
+/// [`hist_lines`] of log2 slot counts `(slot, count)` in slot order, wherever they come from.
+pub fn hist_lines_of(counts: &[(u32, u64)]) -> Vec<String> {
     let Some(first) = counts.iter().position(|&(_, c)| c > 0) else { return Vec::new() };
     let last = counts.iter().rposition(|&(_, c)| c > 0).unwrap_or(first);
     let max = counts.iter().map(|&(_, c)| c).max().unwrap_or(1).max(1);

@@ -3,11 +3,13 @@
 mod attach;
 mod dump;
 mod exec;
+mod export;
 mod load;
 mod map;
 mod prog;
 mod run;
 mod session;
+mod tool;
 mod tools;
 mod tracelog;
 
@@ -56,6 +58,14 @@ enum Command {
     Session(session::SessionCmd),
     /// Print the session's bpf_trace_printk lines as they come (as `bpftool prog tracelog`).
     Tracelog(tracelog::TracelogArgs),
+    /// Serve the session's maps as Prometheus metrics (`GET /metrics`).
+    Export(export::ExportArgs),
+    /// Ready tools: funclatency, calls, trace (as BCC's), aiocost; on a command or a running process.
+    ///
+    /// Each tool uses a session of its own unless `--session` or `USERBPF_SESSION` names one
+    /// (then `userbpf export` and `userbpf map dump` read its maps while it runs).
+    #[command(subcommand)]
+    Tool(tool::ToolCmd),
 }
 
 fn main() {
@@ -65,6 +75,8 @@ fn main() {
     // thread exists yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
+    // The tools make sessions of their own unless one is named.
+    let named_session = cli.session.clone().or_else(|| std::env::var("USERBPF_SESSION").ok().filter(|s| !s.is_empty()));
     let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);
     // Sessions whose processes are all gone (killed without leaving) go first, whatever the
     // command: nothing else would remove them.
@@ -82,6 +94,8 @@ fn main() {
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),
         Command::Tracelog(args) => tracelog::run(&session, args),
+        Command::Tool(cmd) => tool::run(named_session, cmd),
+        Command::Export(args) => export::run(&session, args),
     };
     if let Err(e) = result {
         eprintln!("userbpf: {e:#}");

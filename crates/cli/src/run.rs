@@ -78,7 +78,7 @@ fn split_target(target: &str) -> (String, Option<String>, u64) {
 }
 
 /// CMD set up to run with the agent preloaded, in `session`.
-fn target_command(command: &[String], session: &str, interpreter: bool) -> Result<Command> {
+pub(crate) fn target_command(command: &[String], session: &str, interpreter: bool) -> Result<Command> {
     let agent = agent_path()?;
     let mut preload = agent.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
@@ -181,7 +181,7 @@ fn split_usdt(target: &str) -> Option<(String, String)> {
 /// A path naming an existing file, made absolute, so the agent finds it whatever the target's
 /// working directory and however the library was named when loaded; other strings (library
 /// names like `libc.so.6`, empty for the executable) as they are.
-fn absolute_if_file(path: &str) -> String {
+pub(crate) fn absolute_if_file(path: &str) -> String {
     if path.contains('/') {
         if let Ok(p) = std::fs::canonicalize(path) {
             return p.display().to_string();
@@ -191,7 +191,7 @@ fn absolute_if_file(path: &str) -> String {
 }
 
 /// The command's executable (found in `PATH` as exec finds it), when it is an ELF file.
-fn command_executable(cmd: &str) -> Option<PathBuf> {
+pub(crate) fn command_executable(cmd: &str) -> Option<PathBuf> {
     use std::io::Read;
     let cands: Vec<PathBuf> = if cmd.contains('/') {
         vec![PathBuf::from(cmd)]

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{repo, userbpf_run};
+use common::{repo, userbpf_run, userbpf_run_env};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
@@ -44,10 +44,21 @@ fn funclatency_counts_every_call_in_both_engines() {
 }
 
 #[test]
+fn a_faulting_program_is_refused_by_the_verifier() {
+    let obj = object("crates/cli/tests/bpf/faulty.bpf.c", "faulty");
+    let target = workload();
+    let (_, err, ok) = userbpf_run(&obj, &["--attach", "faulty=work"], &[target.to_str().unwrap(), "10"]);
+    assert!(!ok);
+    assert!(err.contains("program `faulty` (section uprobe): instruction 7: R1 invalid mem access 'scalar'"), "{err}");
+}
+
+/// With the verifier off (USERBPF_VERIFY=0), the run-time checks still contain a fault.
+#[test]
 fn a_faulting_program_does_not_kill_the_target() {
     let obj = object("crates/cli/tests/bpf/faulty.bpf.c", "faulty");
     let target = workload();
-    let (out, err, ok) = userbpf_run(&obj, &["--attach", "faulty=work"], &[target.to_str().unwrap(), "1000"]);
+    let (out, err, ok) = userbpf_run_env(&obj, &["--attach", "faulty=work"], &[target.to_str().unwrap(), "1000"], &[("USERBPF_VERIFY", "0")]);
+    assert!(err.contains("USERBPF_VERIFY=0: program `faulty` runs unverified"), "the warning: {err}");
     assert!(ok, "{err}");
     assert!(out.contains("workload: 1000 calls of work()"), "the target ran to the end: {out}\n{err}");
     // work((i * 7919) % 4096): calls whose argument is a multiple of 10 fault; the rest count.
@@ -75,7 +86,7 @@ fn a_faulting_per_cpu_program_does_not_kill_the_target_on_the_lean_paths() {
         let obj = object(&format!("crates/cli/tests/bpf/{src}.bpf.c"), src);
         let target = workload();
         let attach = format!("{prog}=work");
-        let (out, err, ok) = userbpf_run(&obj, &["--attach", &attach], &[target.to_str().unwrap(), "1000"]);
+        let (out, err, ok) = userbpf_run_env(&obj, &["--attach", &attach], &[target.to_str().unwrap(), "1000"], &[("USERBPF_VERIFY", "0")]);
         assert!(ok, "{src}: {err}");
         assert!(out.contains("workload: 1000 calls of work()"), "{src}: the target ran to the end: {out}\n{err}");
         let expected = (0..1000u64).filter(|i| (i * 7919) % 4096 % 10 != 0).count() as u64;

@@ -58,6 +58,14 @@ fn loader_and_target_leave_nothing_behind_and_are_listed_while_running() {
     let script = format!("uprobe:{}:work {{ @calls = count(); }}", w.display());
     let mut loader = Proc::spawn("bpftrace", cmd(&d, "both", &["load", "bpftrace", "-e", &script]));
     loader.wait_for("Attaching 1 probe", "bpftrace attaching");
+    // bpftrace says so before it attaches: wait for the link, so that the target started
+    // next has its probe from its first call (else it would be attached while running).
+    let links = userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_in(&d, "both")).links_dir();
+    let start = Instant::now();
+    while !std::fs::read_dir(&links).is_ok_and(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json"))) {
+        assert!(start.elapsed() < common::STEP, "bpftrace never made its link");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let list = cmd(&d, "both", &["session", "list"]).output().unwrap();
     let list = String::from_utf8_lossy(&list.stdout).into_owned();
     assert!(list.contains("both") && list.contains(&format!("{} (bpftrace)", loader.pid())), "session list:\n{list}");

@@ -32,9 +32,6 @@ pub struct MappedObject {
     pub bias: usize,
 }
 
-/// The former name of [`MappedObject`], while the agent moves to the new one.
-pub type LoadedObject = MappedObject;
-
 /// A resolved probe target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {

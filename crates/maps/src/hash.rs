@@ -53,6 +53,25 @@
 //! update (profiled: most of an update's time from two threads). Deletes and inserts still
 //! write their bucket.
 //!
+//! Programs' operations. [`HashMap::prog_ops`] gives the program-side lookup (specialised
+//! for the key size), update and delete as plain functions with the CPU slot as an argument,
+//! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
+//! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
+//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8
+//! bytes, so that other keys pass it by without touching the element). The thread's next
+//! lookup of the same map first checks that element: linked (acquire) and holding the key,
+//! it is the key's element, found without hashing and walking the chain (a thread looking up
+//! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
+//! Inserts mark an element linked only after publishing it in its chain, and deletes unlink
+//! it before marking it free, so an element seen linked is one a search could find (or one
+//! being deleted, which a lookup overlapping the delete may still return, as a search may);
+//! like a search's result, it may be deleted and reused right after. An update of an existing
+//! key that follows a lookup of it (bpftrace's keyed `count()`, `sum()`, `hist()` look the key
+//! up, compute, then update it) writes the memo's element in place without hashing and
+//! searching again, after the same checks under the element's lock as an update found by
+//! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
+//! sends the lookup or update the general way.
+//!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
 //! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
 //! the vDSO, no system call) and takes from the other CPUs' lists only when its own is empty,
@@ -66,9 +85,9 @@
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 use crate::map::*;
-use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, round8, round_up, zero};
+use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, read_tail, read_word, round8, round_up, zero};
 use crate::shm::PAGE_SIZE;
-use crate::sync::{current_cpu, FreeList, SpinLock, Wait, NIL};
+use crate::sync::{current_cpu, lookup_memo, set_lookup_memo, FreeList, SpinLock, Wait, NIL};
 use crate::types::*;
 
 const NULLS: u32 = 1 << 31;
@@ -671,7 +690,8 @@ impl HashMap {
         }
     }
 
-    /// Fills a free element with key, hash and value, marked linked (not yet published).
+    /// Fills a free element with key, hash and value (not yet published, not yet marked
+    /// linked: the insert does both, in that order).
     ///
     /// # Safety
     /// `n < n_elems` owned by the caller; `key`, `src` readable.
@@ -685,9 +705,6 @@ impl HashMap {
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
             // without their ref bit).
             a8(e.add(E_REF)).store(0, Relaxed);
-            // Release: an updater that finds this element LINKED under its lock (acquire)
-            // sees the key and value written above, not a previous key's bytes.
-            a8(e.add(E_STATE)).store(LINKED, Release);
         }
     }
 
@@ -772,19 +789,24 @@ impl HashMap {
     }
 
     /// Writes element `i`'s value in place under its lock if it still holds `key` (Ok(false)
-    /// if it was deleted or reused meanwhile).
+    /// if it was deleted or reused meanwhile). `h`: the key's hash, compared first when known
+    /// (equal keys have equal hashes, so the key's comparison alone decides).
     ///
     /// # Safety
     /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
-    unsafe fn update_in_place(&self, i: u32, key: *const u8, h: u32, src: Src, wait: Wait) -> Result<bool, MapError> {
+    #[inline(always)]
+    unsafe fn update_in_place(&self, i: u32, key: *const u8, h: Option<u32>, src: Src, wait: Wait) -> Result<bool, MapError> {
         // SAFETY: bounds from the caller.
         unsafe {
             let _e = self.elock(i).lock(wait)?;
             let e = self.elem(i);
             // Unlinking and marking FREE happen under this lock, so a LINKED element holding
-            // our key stays ours until we unlock. (An element filled but not yet published
-            // is the key's element too: our write is ordered after the insert's.)
-            if a8(e.add(E_STATE)).load(Acquire) != LINKED || a32(e.add(E_HASH)).load(Relaxed) != h || !self.key_eq(e, key) {
+            // our key stays ours until we unlock (and it is in its chain: inserts mark it
+            // linked after publishing it).
+            if a8(e.add(E_STATE)).load(Acquire) != LINKED
+                || h.is_some_and(|h| a32(e.add(E_HASH)).load(Relaxed) != h)
+                || !self.key_eq(e, key)
+            {
                 return Ok(false);
             }
             self.write_value(i, src, false);
@@ -794,14 +816,34 @@ impl HashMap {
 
     /// The update every entry point shares.
     ///
+    /// A program's update of an existing key first tries the element the thread's last
+    /// program-side lookup found (the thread's lookup memo, `sync::lookup_memo`): programs
+    /// typically look a key up, compute, then update the same key (bpftrace's `count()`,
+    /// `sum()`, `hist()` on keyed maps do), and the element is then written without hashing
+    /// the key and walking its chain again. The memo is only a hint: the element is used if,
+    /// under its lock, it is linked and holds the key (as `update_in_place` checks the element
+    /// `find` returned), else the update goes the general way.
+    ///
     /// # Safety
     /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait) -> Result<(), MapError> {
+    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, memo: bool) -> Result<(), MapError> {
         if (flags & !BPF_F_LOCK) > BPF_EXIST {
             return Err(EBAD_FLAGS);
         }
         if flags & BPF_F_LOCK != 0 {
             return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
+        }
+        if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
+            let (map, i, word) = lookup_memo();
+            // SAFETY: `key` is readable for the map's key size (the caller's contract).
+            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, self.ks) };
+            // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
+            if memo_word && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
+                // SAFETY: as above.
+                if unsafe { self.update_in_place(i, key, None, src, wait) }? {
+                    return Ok(());
+                }
+            }
         }
         // SAFETY: key readable (caller).
         let h = unsafe { self.hash(key) };
@@ -816,7 +858,7 @@ impl HashMap {
                     break;
                 }
                 // SAFETY: i < n_elems (find); key and src readable (caller).
-                if unsafe { self.update_in_place(i, key, h, src, wait) }? {
+                if unsafe { self.update_in_place(i, key, Some(h), src, wait) }? {
                     return Ok(());
                 }
             }
@@ -845,6 +887,13 @@ impl HashMap {
             self.fill(n, key, h, src);
             self.next(n).store(self.head(b).load(Relaxed), Relaxed);
             self.head(b).store(n, Release);
+            // Marked linked once reachable, never before: whoever sees LINKED (acquire) with
+            // our key sees the key and value written above (not a previous key's bytes) and
+            // an element searches can find, which a program's lookup through its memo
+            // relies on (an element found LINKED but not yet in its chain would be a key seen
+            // before its insert took effect). An updater that finds the element in the chain
+            // before this store finds it not linked, retries, then waits for our bucket lock.
+            a8(self.elem(n).add(E_STATE)).store(LINKED, Release);
         }
         Ok(())
     }
@@ -886,18 +935,46 @@ impl HashMap {
     pub(crate) unsafe fn lookup(&self, key: *const u8, cpu: u32) -> *mut u8 {
         // SAFETY: key readable (caller); each arm's constant is key_size. One dispatch on the
         // key size for both the hash and the search.
-        let i = unsafe {
+        unsafe {
             match self.ks {
-                4 => self.find_n::<4>(key, hash_key(key, 4, self.seed)),
-                8 => self.find_n::<8>(key, hash_key(key, 8, self.seed)),
-                16 => self.find_n::<16>(key, hash_key(key, 16, self.seed)),
-                n => self.find_n::<0>(key, hash_key(key, n, self.seed)),
+                4 => self.lookup_n::<4>(key, cpu),
+                8 => self.lookup_n::<8>(key, cpu),
+                16 => self.lookup_n::<16>(key, cpu),
+                _ => self.lookup_n::<0>(key, cpu),
             }
-        };
-        if i == NIL {
-            return std::ptr::null_mut();
         }
-        // SAFETY: find returns indices < n_elems.
+    }
+
+    /// `lookup` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn lookup_n<const N: usize>(&self, key: *const u8, cpu: u32) -> *mut u8 {
+        let ks = if N == 0 { self.ks } else { N };
+        let me = self as *const HashMap as u64;
+        let (memo_map, memo, memo_word) = lookup_memo();
+        // SAFETY: key readable for ks bytes (caller).
+        let word = unsafe { key_word(key, ks) };
+        // The thread's last lookup found the key's element, which is still linked and holds
+        // it: that element, without hashing and searching again (see the module docs).
+        // SAFETY: memo < n_elems is checked first; key readable for ks bytes (caller).
+        let i = if memo_map == me
+            && memo_word == word
+            && memo < self.n_elems
+            && unsafe { a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks) }
+        {
+            memo
+        } else {
+            // SAFETY: key readable for ks bytes (caller).
+            let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
+            if i == NIL {
+                return std::ptr::null_mut();
+            }
+            set_lookup_memo(me, i, word);
+            i
+        };
+        // SAFETY: i < n_elems (the memo's was checked, find returns such indices).
         unsafe {
             if self.lru {
                 let r = a8(self.elem(i).add(E_REF));
@@ -916,7 +993,53 @@ impl HashMap {
             return Err(einval("hash of maps is not updated by programs"));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot) }
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, true) }
+    }
+
+    /// `update` for a caller that already tried the lookup memo (`update_memo_fast`).
+    ///
+    /// # Safety
+    /// As for `update`.
+    unsafe fn update_without_memo(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
+        if self.ids {
+            return Err(einval("hash of maps is not updated by programs"));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, false) }
+    }
+
+    /// The common case of a program's update of a per-CPU map, done inline with no error
+    /// plumbing and no call: an existing key (`BPF_ANY` or `BPF_EXIST`) whose element is the
+    /// thread's lookup memo (see `update_impl`), whose lock is free. True when the value was written; false when
+    /// nothing was done and the update must go the general way (`update`).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes, `value` for value_size bytes.
+    #[inline(always)]
+    unsafe fn update_memo_fast(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> bool {
+        if flags > BPF_EXIST || flags == BPF_NOEXIST || self.ids || !self.percpu {
+            return false;
+        }
+        let (map, i, word) = lookup_memo();
+        // SAFETY: key readable for key_size bytes (caller).
+        if map != self as *const HashMap as u64 || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
+            return false;
+        }
+        // SAFETY: i < n_elems; key and value readable (caller).
+        unsafe {
+            let e = self.elem(i);
+            if !self.key_eq(e, key) {
+                return false;
+            }
+            let Some(_e) = self.elock(i).try_lock_once() else { return false };
+            // Under the element's lock, as `update_in_place` checks: still linked, still the key.
+            if a8(e.add(E_STATE)).load(Acquire) != LINKED || !self.key_eq(e, key) {
+                return false;
+            }
+            // This CPU's slot, in place (what `write_value` does for a per-CPU map).
+            copy_in(self.val(i, self.cpu(cpu)), value, self.vs);
+        }
+        true
     }
 
     /// # Safety
@@ -924,6 +1047,26 @@ impl HashMap {
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
         // SAFETY: forwarded contract; no value out.
         unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot) }
+    }
+
+    /// The program-side operations of this map as functions a caller (the JIT) can call
+    /// directly, with the map and the run's CPU slot as arguments, instead of going through
+    /// the helpers (which find the map in the registry by address, dispatch on its type and
+    /// read the run's CPU from thread-local state): each is an `extern "C" fn(arg, r2, r3, r4,
+    /// cpu) -> u64` returning what the helper of the same name returns for this map (see
+    /// [`ProgOps`]). The lookup is specialised for the key size. None for hashes of maps,
+    /// whose lookups return inner maps (the runtime's registry knows them).
+    pub fn prog_ops(&self) -> Option<ProgOps> {
+        if self.ids {
+            return None;
+        }
+        let lookup: ProgOp = match self.ks {
+            4 => prog_lookup::<4>,
+            8 => prog_lookup::<8>,
+            16 => prog_lookup::<16>,
+            _ => prog_lookup::<0>,
+        };
+        Some(ProgOps { arg: self as *const HashMap as u64, lookup, update: prog_update, delete: prog_delete })
     }
 
     // ---- syscall side ----
@@ -970,7 +1113,7 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys) }
+        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
@@ -1048,5 +1191,95 @@ impl HashMap {
             let (val_off, vs8) = (self.val_off as u64, self.vs8 as u64);
             within >= val_off && within - val_off < 2 * vs8 && (within - val_off) % vs8 + len <= self.vs as u64
         }
+    }
+}
+
+/// The first 8 bytes of a key of `ks` bytes (zero-padded), the lookup memo's filter: a memo
+/// of another key is told apart without touching its element.
+///
+/// # Safety
+/// `key` readable for `ks` bytes.
+#[inline(always)]
+unsafe fn key_word(key: *const u8, ks: usize) -> u64 {
+    // SAFETY: readable for ks bytes (caller).
+    unsafe {
+        if ks >= 8 {
+            read_word(key)
+        } else {
+            read_tail(key, ks)
+        }
+    }
+}
+
+/// A program-side map operation called directly (see [`HashMap::prog_ops`]): `(arg, r2, r3,
+/// r4, cpu) -> r0`, the C calling convention, as helpers are called.
+pub type ProgOp = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
+
+/// The program-side operations of a hash map, called with `arg` in place of the map's
+/// address and the run's CPU slot as the fifth argument:
+/// - `lookup(arg, key, _, _, cpu)`: `bpf_map_lookup_elem`: the value's address (`cpu`'s for a
+///   per-CPU map; an LRU map's element is marked used), or 0;
+/// - `update(arg, key, value, flags, cpu)`: `bpf_map_update_elem`: 0 or `-errno`;
+/// - `delete(arg, key, _, _, _)`: `bpf_map_delete_elem`: 0 or `-errno`.
+///
+/// Safety of the calls: `arg` names a live [`HashMap`] (its map is never unmapped while
+/// programs may call), `cpu` is a CPU slot the caller's run holds, and keys and values are
+/// readable for the map's sizes, as for the helpers (valid programs pass stack or map memory).
+#[derive(Clone, Copy, Debug)]
+pub struct ProgOps {
+    pub arg: u64,
+    pub lookup: ProgOp,
+    pub update: ProgOp,
+    pub delete: ProgOp,
+}
+
+/// [`ProgOps::lookup`] for key size `N` (0: any).
+unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
+    // SAFETY: `m` is a live HashMap and `key` readable for key_size bytes (ProgOps' contract);
+    // `prog_ops` chose N as the map's key size (or 0).
+    unsafe { (*(m as *const HashMap)).lookup_n::<N>(key as *const u8, cpu as u32) as u64 }
+}
+
+/// [`ProgOps::update`].
+unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
+    let map = unsafe { &*(m as *const HashMap) };
+    // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element written inline.
+    // Others: the general update, which tries the memo too (their value write switches slots).
+    // SAFETY: as above.
+    if map.percpu && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { prog_update_general(map, key, value, flags, cpu) }
+}
+
+/// [`prog_update`] when the memo's fast path does not apply (out of line, so that the fast
+/// path does not pay for its frame).
+///
+/// # Safety
+/// As for [`prog_update`].
+#[inline(never)]
+unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // SAFETY: forwarded.
+    let r = if map.percpu {
+        // SAFETY: forwarded; `prog_update` tried the memo.
+        unsafe { map.update_without_memo(key as *const u8, value as *const u8, flags, cpu as u32) }
+    } else {
+        // SAFETY: forwarded.
+        unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) }
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.to_helper_ret(),
+    }
+}
+
+/// [`ProgOps::delete`].
+unsafe extern "C" fn prog_delete(m: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`.
+    match unsafe { (*(m as *const HashMap)).delete(key as *const u8) } {
+        Ok(()) => 0,
+        Err(e) => e.to_helper_ret(),
     }
 }

@@ -498,6 +498,15 @@ impl Map {
         }
     }
 
+    /// The program-side operations that callers may call directly instead of dispatching
+    /// through this enum (hash maps but hashes of maps; see [`crate::hash::ProgOps`]).
+    pub fn prog_ops(&self) -> Option<crate::hash::ProgOps> {
+        match self {
+            Map::Hash(m) => m.prog_ops(),
+            _ => None,
+        }
+    }
+
     /// `bpf_map_delete_elem` from a program.
     ///
     /// # Safety

@@ -29,6 +29,7 @@ pub(crate) const fn round_up(n: u64, a: u64) -> u64 {
 /// `p` is 4-byte aligned and inside a live mapping.
 #[inline(always)]
 pub(crate) unsafe fn a32<'a>(p: *mut u8) -> &'a AtomicU32 {
+    debug_assert!(!p.is_null() && (p as usize).is_multiple_of(4), "a32: {p:p} is null or not 4-byte aligned");
     // SAFETY: the caller guarantees alignment and that the mapping outlives the use; atomics
     // may alias memory other processes access atomically.
     unsafe { AtomicU32::from_ptr(p.cast()) }
@@ -40,6 +41,7 @@ pub(crate) unsafe fn a32<'a>(p: *mut u8) -> &'a AtomicU32 {
 /// `p` is 8-byte aligned and inside a live mapping.
 #[inline(always)]
 pub(crate) unsafe fn a64<'a>(p: *mut u8) -> &'a AtomicU64 {
+    debug_assert!(!p.is_null() && (p as usize).is_multiple_of(8), "a64: {p:p} is null or not 8-byte aligned");
     // SAFETY: as for `a32`.
     unsafe { AtomicU64::from_ptr(p.cast()) }
 }
@@ -50,6 +52,7 @@ pub(crate) unsafe fn a64<'a>(p: *mut u8) -> &'a AtomicU64 {
 /// `p` is inside a live mapping.
 #[inline(always)]
 pub(crate) unsafe fn a8<'a>(p: *mut u8) -> &'a AtomicU8 {
+    debug_assert!(!p.is_null());
     // SAFETY: as for `a32`; bytes need no alignment.
     unsafe { AtomicU8::from_ptr(p) }
 }
@@ -60,6 +63,7 @@ pub(crate) unsafe fn a8<'a>(p: *mut u8) -> &'a AtomicU8 {
 /// `p` is readable for `len` bytes.
 #[inline(always)]
 pub(crate) unsafe fn read_tail(p: *const u8, len: usize) -> u64 {
+    debug_assert!(len < 8 && (len == 0 || !p.is_null()), "read_tail: {len} bytes at {p:p}");
     #[cfg(target_endian = "little")]
     {
         // Byte k of the word is the k-th byte in memory: assemble from 4-, 2- and 1-byte
@@ -97,6 +101,7 @@ pub(crate) unsafe fn read_tail(p: *const u8, len: usize) -> u64 {
 /// `p` is readable for 8 bytes.
 #[inline(always)]
 pub(crate) unsafe fn read_word(p: *const u8) -> u64 {
+    debug_assert!(!p.is_null());
     // SAFETY: readable for 8 bytes (caller); unaligned read.
     unsafe { p.cast::<u64>().read_unaligned() }
 }
@@ -108,6 +113,7 @@ pub(crate) unsafe fn read_word(p: *const u8) -> u64 {
 /// `len` bytes and does not overlap the words read.
 #[inline]
 pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
+    debug_assert!(len == 0 || ((src as usize).is_multiple_of(8) && !dst.is_null()), "copy_out: {len} bytes from {src:p} to {dst:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: `src + i` is aligned and in bounds (i + 8 <= len); `dst + i` writable.
@@ -134,6 +140,7 @@ pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
 /// `len` bytes.
 #[inline]
 pub(crate) unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize) {
+    debug_assert!(len == 0 || ((dst as usize).is_multiple_of(8) && !src.is_null()), "copy_in: {len} bytes from {src:p} to {dst:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented; unaligned read of the source.
@@ -152,6 +159,7 @@ pub(crate) unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize) {
 /// `dst` is 8-byte aligned and inside a mapping for `round8(len)` bytes.
 #[inline]
 pub(crate) unsafe fn zero(dst: *mut u8, len: usize) {
+    debug_assert!(len == 0 || (dst as usize).is_multiple_of(8), "zero: {len} bytes at {dst:p}");
     let mut i = 0;
     while i < len {
         // SAFETY: `i < round8(len)`, aligned.
@@ -167,6 +175,7 @@ pub(crate) unsafe fn zero(dst: *mut u8, len: usize) {
 /// As for [`copy_out`] (`other` readable for `len` bytes).
 #[inline(always)]
 pub(crate) unsafe fn eq(shared: *mut u8, other: *const u8, len: usize) -> bool {
+    debug_assert!(len == 0 || ((shared as usize).is_multiple_of(8) && !other.is_null()), "eq: {len} bytes at {shared:p} and {other:p}");
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented.
@@ -197,6 +206,7 @@ fn fold_mul(a: u64, b: u64) -> u64 {
 /// `key` is readable for `len` bytes.
 #[inline(always)]
 pub(crate) unsafe fn hash_key(key: *const u8, len: usize, seed: u64) -> u32 {
+    debug_assert!(len == 0 || !key.is_null());
     const K1: u64 = 0x243f_6a88_85a3_08d3;
     const K2: u64 = 0x1319_8a2e_0370_7344;
     const K3: u64 = 0xa409_3822_299f_31d0;
@@ -266,6 +276,7 @@ fn jfinal(a: &mut u32, b: &mut u32, c: &mut u32) {
 /// # Safety
 /// `k` is readable for `4 * n` bytes.
 pub(crate) unsafe fn jhash2(k: *const u8, n: usize, initval: u32) -> u32 {
+    debug_assert!(n == 0 || !k.is_null());
     // SAFETY: word `i < n` lies inside the 4n readable bytes.
     let w = |i: usize| unsafe { k.add(4 * i).cast::<u32>().read_unaligned() };
     let mut a = JHASH_INITVAL.wrapping_add((n as u32) << 2).wrapping_add(initval);
@@ -299,6 +310,7 @@ pub(crate) unsafe fn jhash2(k: *const u8, n: usize, initval: u32) -> u32 {
 /// # Safety
 /// `k` is readable for `len` bytes.
 pub(crate) unsafe fn jhash(k: *const u8, len: usize, initval: u32) -> u32 {
+    debug_assert!(len == 0 || !k.is_null());
     // SAFETY: byte `i < len` is readable.
     let byte = |i: usize| unsafe { *k.add(i) } as u32;
     let word = |i: usize| byte(i) | byte(i + 1) << 8 | byte(i + 2) << 16 | byte(i + 3) << 24;

@@ -219,6 +219,115 @@ fn hash_program_api() {
     }
 }
 
+/// A program's update after its lookup of the same key uses the element the lookup found
+/// (the thread's lookup memo) only while that element still holds the key: after the key was
+/// deleted and its element reused for another key, the update neither writes the other key's
+/// value nor fails, it inserts (BPF_ANY) or reports ENOENT (BPF_EXIST). Through the
+/// program-side API and through the direct operations (`prog_ops`, whose update has a fast
+/// path of its own for the memo's element).
+#[test]
+fn update_after_lookup_of_a_deleted_and_reused_element() {
+    for direct in [false, true] {
+        for t in [BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH] {
+            let d = TmpDir::new("memo");
+            // One element: a deleted key's element is the next insert's.
+            let m = create(&d, &spec(t, 8, 8, 1, 0));
+            let ops = m.prog_ops().unwrap();
+            let read = |k: u64| {
+                let mut buf = vec![0u8; m.value_buf_size()];
+                m.lookup_elem(&k64(k), &mut buf).ok().map(|()| u64::from_ne_bytes(buf[..8].try_into().unwrap()))
+            };
+            // SAFETY: key and value buffers of the map's sizes; `ops.arg` is m's (alive).
+            let update = |k: u64, v: u64, flags: u64| unsafe {
+                let (k, v) = (k64(k), v.to_ne_bytes());
+                if direct {
+                    match (ops.update)(ops.arg, k.as_ptr() as u64, v.as_ptr() as u64, flags, 0) as i64 {
+                        0 => 0,
+                        e => -e as i32,
+                    }
+                } else {
+                    errno(m.update(k.as_ptr(), v.as_ptr(), flags, 0))
+                }
+            };
+            // SAFETY: as above.
+            let found = |k: u64| unsafe {
+                let k = k64(k);
+                if direct {
+                    (ops.lookup)(ops.arg, k.as_ptr() as u64, 0, 0, 0) != 0
+                } else {
+                    !m.lookup(k.as_ptr(), 0).is_null()
+                }
+            };
+            let what = format!("{t:?}, {}", if direct { "direct" } else { "program API" });
+            assert_eq!(update(1, 10, BPF_ANY), 0);
+            assert!(found(1));
+            // The memo's element, key 1: updated in place.
+            assert_eq!(update(1, 11, BPF_EXIST), 0);
+            assert_eq!(read(1), Some(11), "{what}");
+            // Key 1 deleted, its element reused for key 2 (the memo still names it).
+            // SAFETY: an 8-byte key.
+            unsafe { m.delete(k64(1).as_ptr()).unwrap() };
+            assert!(!found(1), "{what}: a deleted key is not found through the memo");
+            assert_eq!(update(2, 20, BPF_NOEXIST), 0);
+            assert!(!found(1), "{what}: nor once its element holds another key");
+            assert!(found(2), "{what}");
+            assert!(!found(1) && found(2) && !found(1), "{what}: alternating keys");
+            assert_eq!(update(1, 12, BPF_EXIST), ENOENT, "{what}");
+            assert_eq!(read(2), Some(20), "{what}: key 2's value untouched");
+            assert_eq!(read(1), None, "{what}");
+            if matches!(t, BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH) {
+                // BPF_ANY evicts key 2 for key 1.
+                assert_eq!(update(1, 13, BPF_ANY), 0);
+                assert_eq!((read(1), read(2)), (Some(13), None), "{what}");
+            } else {
+                assert_eq!(update(1, 13, BPF_ANY), E2BIG, "{what}: full");
+                assert_eq!(read(2), Some(20), "{what}");
+            }
+            // Looked up again: the memo names the element of the key in the map, written in place.
+            let live = if read(1).is_some() { 1 } else { 2 };
+            assert!(found(live));
+            assert_eq!(update(live, 30, BPF_EXIST), 0);
+            assert_eq!(read(live), Some(30), "{what}");
+        }
+    }
+}
+
+/// `Map::prog_ops` (what the JIT calls directly) does what the program-side API does, with
+/// the CPU given: lookups (of that CPU's value), updates, deletes, and their errors.
+#[test]
+fn prog_ops_agree_with_the_program_api() {
+    for (t, ks) in [(BPF_MAP_TYPE_HASH, 4), (BPF_MAP_TYPE_PERCPU_HASH, 8), (BPF_MAP_TYPE_LRU_PERCPU_HASH, 16), (BPF_MAP_TYPE_HASH, 5)] {
+        let d = TmpDir::new("ops");
+        let m = create(&d, &spec(t, ks, 8, 4, 0));
+        let ops = m.prog_ops().expect("hash maps have direct ops");
+        let n = m.nr_cpus() as u64;
+        let key = |i: u8| vec![i; ks as usize];
+        // SAFETY: `ops.arg` is m's hash map (alive here); keys and values of the map's sizes.
+        unsafe {
+            let (k1, k9) = (key(1), key(9));
+            let v = 5u64.to_ne_bytes();
+            assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, n - 1), 0);
+            assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, 0), (-EEXIST) as i64 as u64);
+            assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, 77, 0), (-EINVAL) as i64 as u64);
+            assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, BPF_EXIST, 0), (-ENOENT) as i64 as u64);
+            for cpu in [0, n - 1] {
+                let p = (ops.lookup)(ops.arg, k1.as_ptr() as u64, 0, 0, cpu);
+                assert_eq!(p, m.lookup(k1.as_ptr(), cpu as u32) as u64, "{t:?} cpu {cpu}");
+                let want = if cpu == n - 1 || !t.is_percpu() { 5 } else { 0 };
+                assert_eq!((p as *const u64).read(), want, "{t:?} cpu {cpu}");
+            }
+            assert_eq!((ops.lookup)(ops.arg, k9.as_ptr() as u64, 0, 0, 0), 0);
+            assert_eq!((ops.delete)(ops.arg, k1.as_ptr() as u64, 0, 0, 0), 0);
+            assert_eq!((ops.delete)(ops.arg, k1.as_ptr() as u64, 0, 0, 0), (-ENOENT) as i64 as u64);
+            assert!(m.lookup(k1.as_ptr(), 0).is_null());
+        }
+    }
+    // Arrays and hashes of maps have none (their helpers stay in charge).
+    let d = TmpDir::new("ops-none");
+    assert!(create(&d, &spec(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, 0)).prog_ops().is_none());
+    assert!(create(&d, &spec(BPF_MAP_TYPE_HASH_OF_MAPS, 4, 4, 4, 0)).prog_ops().is_none());
+}
+
 #[test]
 fn percpu_hash_program_updates_one_cpu() {
     let d = TmpDir::new("pcpu-hash");

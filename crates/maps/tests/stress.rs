@@ -60,6 +60,14 @@ fn check_value(k: u64, v: &[u8], what: &str) {
 
 /// One side's random operations.
 fn side(m: &Map, side: u64, seed: u64) -> Tally {
+    side_with(m, side, seed, false)
+}
+
+/// One side's random operations; `direct`: a program's updates of existing keys go as the
+/// JIT makes them, a lookup of the key then the map's own update (`Map::prog_ops`, whose
+/// fast path writes the element the lookup found).
+fn side_with(m: &Map, side: u64, seed: u64, direct: bool) -> Tally {
+    let ops = m.prog_ops().filter(|_| direct);
     let percpu = m.map_type().is_percpu();
     let vb = m.value_buf_size();
     let copies = vb / VS;
@@ -75,7 +83,17 @@ fn side(m: &Map, side: u64, seed: u64) -> Tally {
         let r = match rng.below(9) {
             op @ 0..=3 => {
                 let flags = if op < 2 { BPF_NOEXIST } else { BPF_EXIST };
-                let r = if prog {
+                let r = if let (true, Some(ops)) = (prog && flags == BPF_EXIST, ops) {
+                    // SAFETY: `ops.arg` is m's hash map (alive); 8-byte key; a 16-byte value
+                    // (a program writes one CPU's slot).
+                    unsafe {
+                        (ops.lookup)(ops.arg, key.as_ptr() as u64, 0, 0, side);
+                        match (ops.update)(ops.arg, key.as_ptr() as u64, value_bytes(w, 1).as_ptr() as u64, flags, side) as i64 {
+                            0 => Ok(()),
+                            e => Err(MapError::new(-e as i32, "direct update")),
+                        }
+                    }
+                } else if prog {
                     // SAFETY: 8-byte key; a 16-byte value (a program writes one CPU's slot).
                     unsafe { m.update(key.as_ptr(), value_bytes(w, 1).as_ptr(), flags, side as u32) }
                 } else {
@@ -206,6 +224,25 @@ fn two_threads_match_the_model() {
             let hs: Vec<_> = (0..2u64).map(|i| s.spawn({
                 let m = &m;
                 move || side(m, i, 0x5eed + 977 * i)
+            })).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        eprintln!("{t:?}: {} EBUSY", tallies.iter().map(|t| t.busy).sum::<u64>());
+        check(&m, &tallies);
+    }
+}
+
+/// The same, with the programs' updates of existing keys made as JIT code makes them (a
+/// lookup, then the map's own update through its lookup memo).
+#[test]
+fn two_threads_with_direct_updates_match_the_model() {
+    for t in types() {
+        let d = TmpDir::new("stress-direct");
+        let m = create(&d, &spec(t, 8, VS as u32, MAX, 0));
+        let tallies: Vec<Tally> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2u64).map(|i| s.spawn({
+                let m = &m;
+                move || side_with(m, i, 0xd1ec7 + 977 * i, true)
             })).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });

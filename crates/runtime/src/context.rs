@@ -108,6 +108,10 @@ struct ThreadRun {
     tail_calls: Cell<u32>,
     /// The thread's id (0: not read yet).
     tid: Cell<u32>,
+    /// `bpf_get_current_pid_tgid`'s cache (`helpers::task`): the fork generation it was read
+    /// in (0: never) and `tgid << 32 | tid`.
+    pid_tgid_gen: Cell<u64>,
+    pid_tgid: Cell<u64>,
     /// The context of the run in progress: written before `active` is set, read only while
     /// it is (uninitialised, i.e. zero, in a new thread).
     ctx: Cell<MaybeUninit<RunContext>>,
@@ -175,6 +179,21 @@ pub fn current() -> Option<RunContext> {
     } else {
         None
     }
+}
+
+/// This thread's cached `tgid << 32 | tid` and the fork generation it was read in (0: never),
+/// from the thread block (no `__tls_get_addr`).
+#[inline(always)]
+pub(crate) fn cached_pid_tgid() -> (u64, u64) {
+    let r = run_block();
+    (r.pid_tgid_gen.get(), r.pid_tgid.get())
+}
+
+/// Caches `value` as this thread's `tgid << 32 | tid` for fork generation `gen`.
+pub(crate) fn set_cached_pid_tgid(gen: u64, value: u64) {
+    let r = run_block();
+    r.pid_tgid.set(value);
+    r.pid_tgid_gen.set(gen);
 }
 
 /// Tail calls made so far by the run in progress on this thread.

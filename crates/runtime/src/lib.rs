@@ -7,9 +7,8 @@ pub mod helpers;
 pub mod loader;
 pub mod program;
 pub mod program_table;
-/// The former name of [`program_table`], while the agent and the syscall server move to it.
-pub use program_table as programs;
 pub mod session;
+pub mod verify;
 
 pub use loader::{load_object, LoadObjectError, LoadedObject};
 pub use program::{Engine, LoadedProgram};

@@ -280,6 +280,8 @@ fn load_object_pinning(
         }
         check_license(spec, &object.license, &opts.helpers).map_err(perr)?;
         let insns = rewrite_map_refs(spec, &ids).map_err(perr)?;
+        let inner = |m: &Map| maps.iter().find(|lm| std::ptr::eq(&*lm.map, m)).and_then(|lm| lm.def.inner.as_deref()).and_then(|d| spec_of(d).ok());
+        crate::verify::check(&spec.name, &insns, prog_type_name(&spec.kind), &object.license, &resolver.as_slice(), &inner).map_err(perr)?;
         let record = ProgRecord {
             id: 0,
             name: spec.name.clone(),
@@ -460,6 +462,7 @@ pub fn prepare_record(
         crate::helpers::maps::register_map(id, map.clone());
         maps.push((id, map));
     }
+    crate::verify::check(&record.name, &insns, &record.prog_type, &record.license, &maps.as_slice(), &|m| crate::verify::inner_from_slots(session, m))?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
 }

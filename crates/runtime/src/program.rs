@@ -146,6 +146,25 @@ impl Relocator for Resolve<'_> {
         }
         self.inline_lookup(map_addr)
     }
+
+    /// Hash maps registered with the helpers' map registry (hashes of maps aside): the JIT
+    /// calls their own lookup, update and delete (`userbpf_maps::hash::ProgOps`), which is
+    /// what the helpers call after finding the map in the registry and dispatching on its
+    /// type, with the run's CPU slot the helpers would read from the run context. Registered
+    /// maps are never unmapped (the registry leaks them), so the functions' argument stays
+    /// valid for as long as the program. An unregistered map is left to the helper (which
+    /// refuses it).
+    fn direct_call(&self, map_addr: u64, helper_id: u32) -> Option<userbpf_vm::DirectCall> {
+        let (map, _) = crate::helpers::maps::map_at(map_addr)?;
+        let ops = map.prog_ops()?;
+        let func = match helper_id {
+            1 => ops.lookup,
+            2 => ops.update,
+            3 => ops.delete,
+            _ => return None,
+        };
+        Some(userbpf_vm::DirectCall { func: func as usize as u64, arg: ops.arg })
+    }
 }
 
 /// Run statistics. `run_cnt` and `run_time_ns` are kept only while [`set_stats_enabled`] is

@@ -24,6 +24,7 @@ use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 use crate::sys;
 
@@ -49,6 +50,34 @@ pub const PERF_EVENT_IOC_QUERY_BPF: u64 = 0xc008_240a;
 
 /// `PERF_ATTR_SIZE_VER0`: what `size == 0` means.
 const ATTR_SIZE_VER0: usize = 64;
+
+/// The head of `struct perf_event_attr` (linux/perf_event.h), up to `config2`: what is read
+/// here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct PerfEventAttr {
+    r#type: u32,
+    size: u32,
+    config: u64,
+    /// Or `sample_freq` (a union), with the `freq` flag.
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    /// The bit fields `disabled`, `inherit`, ... (`FLAG_*`).
+    flags: u64,
+    /// Or `wakeup_watermark` (a union).
+    wakeup_events: u32,
+    bp_type: u32,
+    /// Or `bp_addr`, `kprobe_func`, `uprobe_path` (a union).
+    config1: u64,
+    /// Or `bp_len`, `kprobe_addr`, `probe_offset` (a union).
+    config2: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<PerfEventAttr>() == ATTR_READ);
+    assert!(std::mem::offset_of!(PerfEventAttr, flags) == 40 && std::mem::offset_of!(PerfEventAttr, config1) == 56);
+};
 /// The part of `struct perf_event_attr` we read (up to and including `config2`).
 const ATTR_READ: usize = 72;
 /// `attr.disabled` is bit 0 of the flags word at offset 40, `attr.freq` bit 10.
@@ -176,15 +205,33 @@ fn new_fifo() -> Result<(u32, PathBuf), i32> {
     Ok((id, path))
 }
 
-/// Serves `perf_event_open(attr, pid, cpu, group_fd, flags)`.
+/// Serves `perf_event_open(attr, pid, cpu, group_fd, flags)`: the descriptor, or the errno
+/// (printed with its reason when `USERBPF_TRACE_BPF` is set, as the bpf calls are).
+///
+/// # Safety
+/// As for [`open_event`].
+pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, i32> {
+    // SAFETY: the caller's arguments, under this function's contract.
+    let r = unsafe { open_event(attr, pid, cpu, group_fd, flags) };
+    if crate::bpf::trace_enabled() {
+        let what = match &r {
+            Ok(v) => format!("{v}"),
+            Err(e) => format!("-1 {e}"),
+        };
+        eprintln!("userbpf: perf_event_open({attr:p}, {pid}, {cpu}, {group_fd}, {flags:#x}) = {what}");
+    }
+    r.map_err(|e| e.errno)
+}
+
+/// `perf_event_open`: the descriptor, or the error and why.
 ///
 /// # Safety
 /// `attr` is null or points to a `struct perf_event_attr` of the size its `size` field says
 /// (64 bytes if 0), and a uprobe event's `config1` to a NUL-terminated path (the kernel's
 /// contract for the system call).
-pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, i32> {
+pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, Error> {
     if attr.is_null() {
-        return Err(libc::EFAULT);
+        return Err(Error::new(libc::EFAULT, "attr is null"));
     }
     let mut a = [0u8; ATTR_READ];
     // SAFETY: the caller's attr holds at least its `size` field (offset 4); we read the type
@@ -192,26 +239,24 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
     let (typ, size) = unsafe { (attr.cast::<u32>().read_unaligned(), attr.add(4).cast::<u32>().read_unaligned()) };
     let size = if size == 0 { ATTR_SIZE_VER0 } else { size as usize };
     if !(ATTR_SIZE_VER0..=4096).contains(&size) {
-        return Err(libc::E2BIG);
+        return Err(Error::new(libc::E2BIG, format!("attr.size {size}: {ATTR_SIZE_VER0} to 4096 bytes")));
     }
     // SAFETY: the loader's attr is `size` bytes long (the kernel's contract).
     unsafe { std::ptr::copy_nonoverlapping(attr, a.as_mut_ptr(), size.min(ATTR_READ)) };
-    let u64_at = |o: usize| u64::from_ne_bytes(a[o..o + 8].try_into().unwrap_or([0; 8]));
-    let config = u64_at(8);
-    let period = u64_at(16);
-    let aflags = u64_at(40);
-    let config1 = u64_at(56);
-    let config2 = u64_at(64);
-    let pid_opt = if pid == -1 { None } else if pid == 0 { Some(std::process::id()) } else if pid > 0 { Some(pid as u32) } else { return Err(libc::EINVAL) };
+    // SAFETY: PerfEventAttr is integers only (any bytes are a valid value), ATTR_READ bytes
+    // (asserted above), read unaligned from the array of that size.
+    let pa: PerfEventAttr = unsafe { a.as_ptr().cast::<PerfEventAttr>().read_unaligned() };
+    let (config, period, aflags, config1, config2) = (pa.config, pa.sample_period, pa.flags, pa.config1, pa.config2);
+    let pid_opt = if pid == -1 { None } else if pid == 0 { Some(std::process::id()) } else if pid > 0 { Some(pid as u32) } else { return Err(Error::inval(format!("pid {pid}"))) };
     let kernel = || {
         // SAFETY: the caller's arguments, passed on unchanged.
         let r = unsafe { sys::raw6(crate::SYS_PERF_EVENT_OPEN, attr as i64, pid as i64, cpu as i64, group_fd as i64, flags as i64, 0) };
-        if r < 0 { Err(-r as i32) } else { Ok(r) }
+        if r < 0 { Err(Error::new(-r as i32, "the kernel's event")) } else { Ok(r) }
     };
     let spec = if uprobe_pmu().is_some_and(|(t, _)| t == typ) {
         let bit = uprobe_pmu().map_or(0, |(_, b)| b);
         if config1 == 0 {
-            return Err(libc::EINVAL);
+            return Err(Error::inval("a uprobe without a path (config1)"));
         }
         // SAFETY: config1 is the loader's pointer to a NUL-terminated path (the uprobe PMU's
         // contract, as the kernel reads it with strndup_user).
@@ -221,23 +266,23 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
             Ok(m) if m.is_file() => {
                 // The kernel refuses an offset beyond the file (uprobe_register).
                 if config2 >= m.len() {
-                    return Err(libc::EINVAL);
+                    return Err(Error::inval(format!("uprobe {path}: offset {config2:#x} is beyond the file ({} bytes)", m.len())));
                 }
             }
-            Ok(_) => return Err(libc::EINVAL),
-            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::ENOENT)),
+            Ok(_) => return Err(Error::inval(format!("uprobe {path}: not a regular file"))),
+            Err(e) => return Err(Error::new(e.raw_os_error().unwrap_or(libc::ENOENT), format!("uprobe {path}: {e}"))),
         }
-        let (func, offset) = match symbolize_file_offset(&path, config2)? {
+        let (func, offset) = match symbolize_file_offset(&path, config2).context(|| format!("uprobe {path}"))? {
             Some((f, d)) => (Some(f), d),
             None => (None, config2),
         };
         Spec::Uprobe { path, func, offset, file_offset: config2, retprobe: config >> bit & 1 == 1, pid: pid_opt, ref_ctr_offset: config >> 32 }
     } else if kprobe_pmu().is_some_and(|t| t == typ) {
-        return Err(libc::EOPNOTSUPP);
+        return Err(Error::new(libc::EOPNOTSUPP, "kprobes are the kernel's: no kernel functions run here"));
     } else if typ == PERF_TYPE_TRACEPOINT {
         match tracepoint_name(config) {
             Some(func) => Spec::Tracepoint { func, pid: pid_opt },
-            None => return Err(libc::EOPNOTSUPP),
+            None => return Err(Error::new(libc::EOPNOTSUPP, format!("tracepoint id {config}: only system call tracepoints are served"))),
         }
     } else if typ == PERF_TYPE_SOFTWARE && config == PERF_COUNT_SW_BPF_OUTPUT {
         Spec::Output { cpu }
@@ -251,12 +296,12 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
     } else {
         return kernel();
     };
-    let (id, fifo) = new_fifo()?;
+    let (id, fifo) = new_fifo().context(|| "the event's file in the session")?;
     let fd = match objects::install(Kind::PerfEvent, id, &fifo) {
         Ok(fd) => fd,
         Err(e) => {
             let _ = std::fs::remove_file(&fifo);
-            return Err(e);
+            return Err(Error::new(e, format!("opening {}", fifo.display())));
         }
     };
     if flags & PERF_FLAG_FD_CLOEXEC == 0 {

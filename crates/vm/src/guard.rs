@@ -228,6 +228,7 @@ pub fn add_range(start: usize, end: usize, fixup: usize) -> bool {
 /// [`remove`] returns for this range; the caller keeps whatever `data` names valid until then.
 /// `start` must be non-zero and below `end`.
 pub unsafe fn add_dynamic_range(start: usize, end: usize, fixup: DynamicFixup, data: usize) -> Option<RangeId> {
+    debug_assert!(start != 0 && start < end, "add_dynamic_range({start:#x}, {end:#x})");
     install();
     if start == 0 || start >= end {
         return None;

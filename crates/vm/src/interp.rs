@@ -520,6 +520,7 @@ fn bytemuck_u8(words: &mut [u64]) -> &mut [u8] {
 /// `[addr, addr+len)` must be readable memory.
 #[inline(always)]
 unsafe fn load(addr: u64, len: u64) -> u64 {
+    debug_assert!(matches!(len, 1 | 2 | 4 | 8) && addr != 0, "load of {len} bytes at {addr:#x}");
     let p = addr as *const u8;
     // SAFETY: the caller guarantees the range is readable; reads are unaligned-safe.
     unsafe {
@@ -538,6 +539,7 @@ unsafe fn load(addr: u64, len: u64) -> u64 {
 /// `[addr, addr+len)` must be writable memory.
 #[inline(always)]
 unsafe fn store(addr: u64, len: u64, v: u64) {
+    debug_assert!(matches!(len, 1 | 2 | 4 | 8) && addr != 0, "store of {len} bytes at {addr:#x}");
     let p = addr as *mut u8;
     // SAFETY: the caller guarantees the range is writable; writes are unaligned-safe.
     unsafe {
@@ -556,6 +558,7 @@ unsafe fn store(addr: u64, len: u64, v: u64) {
 /// # Safety
 /// `addr` must be writable and aligned to the operation's width.
 unsafe fn atomic(addr: u64, wide: bool, code: i32, src: u64, r0: u64) -> (u64, bool, bool) {
+    debug_assert!(addr != 0 && addr.is_multiple_of(if wide { 8 } else { 4 }), "atomic at {addr:#x} (wide: {wide})");
     const SEQ: Ordering = Ordering::SeqCst;
     let fetch = code & BPF_FETCH != 0;
     if wide {

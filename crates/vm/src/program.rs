@@ -62,6 +62,28 @@ pub trait Relocator {
         let _ = map_addr;
         None
     }
+
+    /// Whether the JIT may call a function of the map's own for helper `helper_id`
+    /// (`map_lookup_elem`, `map_update_elem` or `map_delete_elem`) on the map at `map_addr`,
+    /// instead of the helper: returning `Some` promises that `func(arg, r2, r3, r4, cpu)`
+    /// returns exactly what the helper returns with r1 = `map_addr` and the same r2..r4 in a
+    /// run holding CPU slot `cpu`, reads nothing of the run's state besides its arguments and
+    /// never ends the run, for as long as the program lives. The default calls the helpers.
+    fn direct_call(&self, map_addr: u64, helper_id: u32) -> Option<DirectCall> {
+        let _ = (map_addr, helper_id);
+        None
+    }
+}
+
+/// A map operation the JIT calls directly (see [`Relocator::direct_call`]): the helper's
+/// call with `arg` in r1 in place of the map and the run's CPU slot in r5. What the kernel
+/// gets by resolving `map->ops->map_lookup_elem` at verification time (its JIT then calls the
+/// map type's function, with no dispatch at run time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectCall {
+    /// Address of an `unsafe extern "C" fn(arg, r2, r3, r4, cpu) -> u64`.
+    pub func: u64,
+    pub arg: u64,
 }
 
 /// Most bytes of an update the JIT inlines (see [`Relocator::inline_update`]).
@@ -101,6 +123,8 @@ impl InlineArray {
 const MAP_LOOKUP_ELEM: i32 = 1;
 /// The helper id of `bpf_map_update_elem`.
 const MAP_UPDATE_ELEM: i32 = 2;
+/// The helper id of `bpf_map_delete_elem`.
+const MAP_DELETE_ELEM: i32 = 3;
 /// Most instructions between the `lddw r1, map` and the `call 1` an inlined lookup looks at
 /// (clang emits two: `r2 = r10; r2 += -4`).
 const INLINE_WINDOW: usize = 8;
@@ -133,6 +157,9 @@ pub struct Program {
     pub(crate) inline_lookups: Vec<(usize, InlineArray)>,
     /// The `call 2` (map_update_elem) sites done inline by the JIT, ascending.
     pub(crate) inline_updates: Vec<(usize, InlineArray)>,
+    /// The `call 1`, `call 2` and `call 3` sites whose map the JIT calls directly (not
+    /// inlined), ascending.
+    pub(crate) direct_calls: Vec<(usize, DirectCall)>,
 }
 
 impl std::fmt::Debug for Program {
@@ -271,22 +298,34 @@ impl Program {
             }
         }
         let max_depth = call_depth(&subprogs, &callees)?;
-        let (inline_lookups, inline_updates) = match relocator {
+        let (inline_lookups, inline_updates, direct_calls) = match relocator {
             Some(r) if !map_lddws.is_empty() => {
+                let fits = |a: InlineArray| a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32;
                 let site = |id, name, f: &dyn Fn(u64) -> Option<InlineArray>| {
-                    inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, f)
+                    inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| f(m).filter(|&a| fits(a)))
                 };
                 let mut lookups = site(MAP_LOOKUP_ELEM, "map_lookup_elem", &|m| r.inline_lookup(m));
                 let mut updates = site(MAP_UPDATE_ELEM, "map_update_elem", &|m| {
                     r.inline_update(m).filter(|a| a.elem_size <= INLINE_UPDATE_MAX && a.elem_size % 8 == 0)
                 });
-                if !percpu_inline_allowed(&insns, &second_half, options) {
+                let mut direct = Vec::new();
+                if percpu_inline_allowed(&insns, &second_half, options) {
+                    // Direct calls need the run's CPU, which only the fast entry's runs keep.
+                    for (id, name) in [(MAP_LOOKUP_ELEM, "map_lookup_elem"), (MAP_UPDATE_ELEM, "map_update_elem"), (MAP_DELETE_ELEM, "map_delete_elem")] {
+                        direct.extend(
+                            inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| r.direct_call(m, id as u32))
+                                .into_iter()
+                                .filter(|(pc, _)| !lookups.iter().chain(&updates).any(|(p, _)| p == pc)),
+                        );
+                    }
+                    direct.sort_unstable_by_key(|&(pc, _)| pc);
+                } else {
                     lookups.retain(|(_, a)| a.cpu_stride == 0);
                     updates.retain(|(_, a)| a.cpu_stride == 0);
                 }
-                (lookups, updates)
+                (lookups, updates, direct)
             }
-            _ => (Vec::new(), Vec::new()),
+            _ => (Vec::new(), Vec::new(), Vec::new()),
         };
         Ok(Program {
             insns,
@@ -296,6 +335,7 @@ impl Program {
             max_depth,
             inline_lookups,
             inline_updates,
+            direct_calls,
         })
     }
 
@@ -307,6 +347,17 @@ impl Program {
     /// The update of the `call 2` at `pc` the JIT does inline, if it is one.
     pub fn inline_update_at(&self, pc: usize) -> Option<InlineArray> {
         self.inline_updates.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.inline_updates[i].1)
+    }
+
+    /// The direct call the JIT makes for the map helper call at `pc`, if it makes one (see
+    /// [`Relocator::direct_call`]).
+    pub fn direct_call_at(&self, pc: usize) -> Option<DirectCall> {
+        self.direct_calls.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.direct_calls[i].1)
+    }
+
+    /// Every map helper call the JIT makes directly: `(pc of the call, call)`, ascending.
+    pub fn direct_calls(&self) -> &[(usize, DirectCall)] {
+        &self.direct_calls
     }
 
     /// Every update site the JIT does inline: `(pc of the call, map)`, ascending.
@@ -346,7 +397,7 @@ impl Program {
 /// operation, a load or a plain store that does not write r1. Only when helper 1 of the
 /// registry is `map_lookup_elem` and does not end runs (its inline form never does).
 #[allow(clippy::too_many_arguments)]
-fn inline_sites(
+fn inline_sites<T>(
     insns: &[Insn],
     second_half: &[bool],
     subprogs: &[usize],
@@ -354,8 +405,8 @@ fn inline_sites(
     options: &LoadOptions,
     helper_id: i32,
     helper_name: &str,
-    describe: &dyn Fn(u64) -> Option<InlineArray>,
-) -> Vec<(usize, InlineArray)> {
+    describe: &dyn Fn(u64) -> Option<T>,
+) -> Vec<(usize, T)> {
     match options.helpers.get(helper_id as u32) {
         Some(h) if h.name == helper_name && !h.may_exit => {}
         _ => return Vec::new(),
@@ -385,9 +436,7 @@ fn inline_sites(
             if i.op == OP_CALL && i.src == 0 && i.imm == helper_id {
                 let map = insns[l].wide_imm(insns[l + 1]);
                 if let Some(a) = describe(map) {
-                    if a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32 {
-                        sites.push((pc, a));
-                    }
+                    sites.push((pc, a));
                 }
                 break;
             }

@@ -644,7 +644,13 @@ pub fn sorted_lines(out: &str) -> Vec<String> {
 /// `userbpf run OBJ EXTRA... -- CMD...` with the agent built beside it and the sessions in the
 /// test's directory: its stdout, stderr and whether it succeeded.
 pub fn userbpf_run(obj: &Path, extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
+    userbpf_run_env(obj, extra, cmd, &[])
+}
+
+/// [`userbpf_run`] with extra environment variables (e.g. `USERBPF_VERIFY=0`).
+pub fn userbpf_run_env(obj: &Path, extra: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> (String, String, bool) {
     let out = Command::new(userbpf())
+        .envs(env.iter().copied())
         .env("USERBPF_AGENT", agent())
         .env("USERBPF_SHM_DIR", tmp())
         .arg("run")

@@ -60,27 +60,26 @@ struct Cached<T: Copy> {
 }
 
 thread_local! {
-    static PID_TGID: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
     static UID_GID: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
     static COMM: Cell<Cached<[u8; 16]>> = const { Cell::new(Cached { gen: 0, at: 0, value: [0; 16] }) };
     static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
 }
 
-/// `tgid << 32 | tid` of the calling thread.
+/// `tgid << 32 | tid` of the calling thread, cached in the runtime's thread block (reached
+/// without a call, unlike a `thread_local!` in the agent's shared object: the bpftrace
+/// programs keyed by `tid` call this on every hit).
 #[inline]
 pub fn pid_tgid() -> u64 {
     let gen = generation();
-    PID_TGID.with(|c| {
-        let v = c.get();
-        if v.gen == gen {
-            return v.value;
-        }
-        // SAFETY: getpid and gettid have no preconditions.
-        let (tgid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
-        let value = (tgid as u64) << 32 | tid as u64;
-        c.set(Cached { gen, at: 0, value });
-        value
-    })
+    let (cached_gen, value) = context::cached_pid_tgid();
+    if cached_gen == gen {
+        return value;
+    }
+    // SAFETY: getpid and gettid have no preconditions.
+    let (tgid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+    let value = (tgid as u64) << 32 | tid as u64;
+    context::set_cached_pid_tgid(gen, value);
+    value
 }
 
 /// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline).

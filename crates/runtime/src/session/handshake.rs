@@ -39,6 +39,15 @@ pub fn publish(session: &Session) -> Option<u32> {
     Some(gen)
 }
 
+/// Publishes a new links generation even when no agent acknowledges yet (one being
+/// injected into a process reads it at its start, and its first acknowledgement then
+/// covers it); returns it.
+pub fn advance(session: &Session) -> std::io::Result<u32> {
+    let generation = session.alloc_id().map_err(std::io::Error::other)?;
+    layout::write_atomic(&session.layout().links_gen(), generation.to_string().as_bytes())?;
+    Ok(generation)
+}
+
 /// Waits (at most `limit`) until every live agent's acknowledgement file other than
 /// process `skip`'s (the caller's own agent, synced directly) holds at least `gen`. Returns
 /// whether they all did.
@@ -69,6 +78,13 @@ pub fn pending(l: &Layout, gen: u32, skip: u32) -> Option<u32> {
         }
     }
     None
+}
+
+/// The generation process `pid`'s agent acknowledged last, if it keeps an acknowledgement
+/// file (and is the process that made it: a pid reused by another process has none).
+pub fn acked_by(l: &Layout, pid: u32) -> Option<u32> {
+    let start = start_time(pid)?;
+    fs::read_to_string(l.agent(pid, start)).ok().and_then(|t| t.trim().parse().ok())
 }
 
 /// Rewrites `links/nudge` (an event in `links/` that is not a link): every agent looks at the

@@ -29,7 +29,7 @@ fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
             libc::EINVAL
         })?;
     let prog = Arc::new(prog);
-    userbpf_runtime::programs::register(prog.clone());
+    userbpf_runtime::program_table::register(prog.clone());
     cache.insert(prog_id, prog.clone());
     Ok(prog)
 }

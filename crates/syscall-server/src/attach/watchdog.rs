@@ -49,7 +49,7 @@ pub(super) fn watchdog_once() {
 /// Only in the forked child; `owner` is a NUL-terminated path.
 unsafe fn watchdog(loader: i64, owner: *const libc::c_char) -> ! {
     use crate::sys::raw6;
-    // SAFETY (whole body): raw system calls with pointers to this frame's buffers and to the
+    // SAFETY: (whole body) raw system calls with pointers to this frame's buffers and to the
     // NUL-terminated `owner`.
     unsafe {
         raw6(436 /* close_range */, 0, u32::MAX as i64, 0, 0, 0, 0);

@@ -12,7 +12,8 @@ use std::mem::{offset_of, size_of};
 ///
 /// # Safety
 /// Implementors are `#[repr(C)]` structs of integers and integer arrays only, so every bit
-/// pattern is a valid value, and they are at most [`super::ATTR_SIZE`] bytes.
+/// pattern is a valid value. (Reading one from an attribute block asserts at compile time
+/// that it fits the block: [`super::Attr::view`].)
 pub unsafe trait Plain: Copy {}
 
 /// The end of field `$f` of struct `$t` (its offset plus its size): what `CHECK_ATTR` calls

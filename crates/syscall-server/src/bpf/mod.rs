@@ -27,6 +27,7 @@ use crate::objects;
 use crate::sys;
 
 pub mod attr;
+pub mod info;
 mod dead;
 pub mod events;
 pub mod kbtf;
@@ -283,9 +284,9 @@ pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
     r.map_err(|e| e.errno)
 }
 
-/// `USERBPF_TRACE_BPF=1`: each served call and its result on stderr (like strace would show
-/// them for the kernel).
-fn trace_enabled() -> bool {
+/// `USERBPF_TRACE_BPF=1`: each served call (bpf, perf_event_open) and its result, with the
+/// reason of a failure, on stderr (like strace would show them for the kernel).
+pub fn trace_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("USERBPF_TRACE_BPF").is_some_and(|v| !v.is_empty() && v != "0"))
 }

@@ -7,6 +7,7 @@ use std::mem::offset_of;
 use userbpf_object::Btf;
 
 use super::attr::{self, end_of};
+use super::info::{bytes_of, name16, BtfInfo, InfoStruct, LinkInfo, MapInfo, ProgInfo};
 use super::map::{install_map_fd, map_by_id, map_of_fd};
 use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
 use super::{io_errno, read_user, read_user_str, write_user, Attr};
@@ -95,14 +96,16 @@ fn type_line(btf: &Btf, id: u32, t: &userbpf_object::btf::BtfType) -> String {
 /// The kernel's info copy protocol: the caller's `info_len` bytes beyond what we know must be
 /// zero (`E2BIG`); we read the caller's struct (input pointers and lengths), fill it, write
 /// back `min(info_len, size)` bytes and the length.
-struct Info {
-    buf: Vec<u8>,
+struct Info<T: InfoStruct> {
+    /// The caller's struct (input pointers and lengths), then what is written back.
+    v: T,
     len: usize,
     uinfo: u64,
 }
 
-impl Info {
-    fn read(a: &Attr, size: usize) -> Result<Info, i32> {
+impl<T: InfoStruct> Info<T> {
+    fn read(a: &Attr) -> Result<Info<T>, i32> {
+        let size = std::mem::size_of::<T>();
         let at: attr::InfoByFd = a.view();
         let (ulen, uinfo) = (at.info_len as usize, at.info);
         if ulen > size {
@@ -121,28 +124,14 @@ impl Info {
         let len = ulen.min(size);
         let mut buf = vec![0u8; size];
         read_user(uinfo, &mut buf[..len])?;
-        Ok(Info { buf, len, uinfo })
+        // SAFETY: `T` is plain data (any bytes are a valid value) of `size` bytes, read
+        // unaligned from the buffer of that size.
+        let v = unsafe { buf.as_ptr().cast::<T>().read_unaligned() };
+        Ok(Info { v, len, uinfo })
     }
-    fn u32(&self, off: usize) -> u32 {
-        u32::from_ne_bytes(self.buf[off..off + 4].try_into().expect("4 bytes"))
-    }
-    fn u64(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.buf[off..off + 8].try_into().expect("8 bytes"))
-    }
-    fn set32(&mut self, off: usize, v: u32) {
-        self.buf[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-    }
-    fn set64(&mut self, off: usize, v: u64) {
-        self.buf[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-    }
-    fn name(&mut self, off: usize, name: &str) {
-        let b = name.as_bytes();
-        let n = b.len().min(15);
-        self.buf[off..off + 16].fill(0);
-        self.buf[off..off + n].copy_from_slice(&b[..n]);
-    }
+
     fn finish(&self, a: &Attr) -> Result<i64, i32> {
-        write_user(self.uinfo, &self.buf[..self.len])?;
+        write_user(self.uinfo, &bytes_of(&self.v)[..self.len])?;
         a.put_u32(offset_of!(attr::InfoByFd, info_len), self.len as u32)?;
         Ok(0)
     }
@@ -178,99 +167,89 @@ pub fn get_info(a: &Attr) -> Result<i64, Error> {
 
 fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     let p = prog_of_fd(fd)?;
-    let mut i = Info::read(a, 232)?;
-    i.set32(0, p.prog_type);
-    i.set32(4, p.id);
-    i.buf[8..16].copy_from_slice(&p.tag);
+    let mut i = Info::<ProgInfo>::read(a)?;
+    let u = i.v; // the caller's pointers and counts
+    let v = &mut i.v;
+    v.r#type = p.prog_type;
+    v.id = p.id;
+    v.tag = p.tag;
     // No JIT image is exposed: jited_prog_len 0 (as a kernel with the JIT disabled).
-    i.set32(16, 0);
+    v.jited_prog_len = 0;
     let x = xlated(&p);
-    let ulen = i.u32(20);
-    i.set32(20, x.len() as u32);
-    if ulen != 0 {
-        let ptr = i.u64(32);
-        if ptr != 0 {
-            write_user(ptr, &x[..(ulen as usize).min(x.len())])?;
-        }
+    v.xlated_prog_len = x.len() as u32;
+    if u.xlated_prog_len != 0 && u.xlated_prog_insns != 0 {
+        write_user(u.xlated_prog_insns, &x[..(u.xlated_prog_len as usize).min(x.len())])?;
     }
-    i.set64(40, p.load_time);
-    i.set32(48, p.uid);
+    v.load_time = p.load_time;
+    v.created_by_uid = p.uid;
     let ids: Vec<u32> = p.map_ids.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let ulen = i.u32(52);
-    i.set32(52, ids.len() as u32);
+    v.nr_map_ids = ids.len() as u32;
     let idb: Vec<u8> = ids.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    copy_array(i.u64(56), ulen, &idb, 4)?;
-    i.name(64, &p.name);
-    i.set32(80, 0);
-    i.set32(84, u32::from(p.gpl));
-    i.set32(104, 0);
-    i.set32(108, 0);
-    i.set32(128, p.btf_id);
+    copy_array(u.map_ids, u.nr_map_ids, &idb, 4)?;
+    v.name = name16(&p.name);
+    v.ifindex = 0;
+    v.gpl_compatible = u32::from(p.gpl);
+    v.nr_jited_ksyms = 0;
+    v.nr_jited_func_lens = 0;
+    v.btf_id = p.btf_id;
     // func_info (records of 8 bytes) and line_info (16 bytes).
-    let ulen = i.u32(144);
     let nf = if p.func_info_rec_size != 0 { p.func_info.len() / p.func_info_rec_size as usize } else { 0 };
-    i.set32(144, nf as u32);
-    if ulen != 0 {
-        if i.u32(132) != 8 {
+    v.nr_func_info = nf as u32;
+    if u.nr_func_info != 0 {
+        if u.func_info_rec_size != 8 {
             return Err(libc::EINVAL);
         }
         let recs: Vec<u8> = p.func_info.chunks(p.func_info_rec_size.max(1) as usize).flat_map(|c| c[..8.min(c.len())].to_vec()).collect();
-        copy_array(i.u64(136), ulen, &recs, 8)?;
+        copy_array(u.func_info, u.nr_func_info, &recs, 8)?;
     }
-    i.set32(132, 8);
-    let ulen = i.u32(148);
+    v.func_info_rec_size = 8;
     let nl = if p.line_info_rec_size != 0 { p.line_info.len() / p.line_info_rec_size as usize } else { 0 };
-    i.set32(148, nl as u32);
-    if ulen != 0 {
-        if i.u32(172) != 16 {
+    v.nr_line_info = nl as u32;
+    if u.nr_line_info != 0 {
+        if u.line_info_rec_size != 16 {
             return Err(libc::EINVAL);
         }
         let recs: Vec<u8> = p.line_info.chunks(p.line_info_rec_size.max(1) as usize).flat_map(|c| c[..16.min(c.len())].to_vec()).collect();
-        copy_array(i.u64(152), ulen, &recs, 16)?;
+        copy_array(u.line_info, u.nr_line_info, &recs, 16)?;
     }
-    i.set32(172, 16);
-    i.set32(168, 0);
-    i.set32(176, 0);
-    let ulen = i.u32(180);
-    i.set32(180, 1);
-    copy_array(i.u64(184), ulen, &p.tag, 8)?;
+    v.line_info_rec_size = 16;
+    v.nr_jited_line_info = 0;
+    v.jited_line_info_rec_size = 0;
+    v.nr_prog_tags = 1;
+    copy_array(u.prog_tags, u.nr_prog_tags, &p.tag, 8)?;
     // Run statistics of runs in this process (targets keep their own).
-    let (run_ns, run_cnt, misses) = match userbpf_runtime::programs::get(p.id) {
+    let (run_ns, run_cnt, misses) = match userbpf_runtime::program_table::get(p.id) {
         Some(lp) => {
             use std::sync::atomic::Ordering::Relaxed;
             (lp.stats.run_time_ns.load(Relaxed), lp.stats.run_cnt.load(Relaxed), lp.stats.missed.load(Relaxed))
         }
         None => (0, 0, 0),
     };
-    i.set64(192, run_ns);
-    i.set64(200, run_cnt);
-    i.set64(208, misses);
-    i.set32(216, p.insns.len() as u32);
-    i.set32(220, 0);
-    i.set32(224, 0);
+    (v.run_time_ns, v.run_cnt, v.recursion_misses) = (run_ns, run_cnt, misses);
+    v.verified_insns = p.insns.len() as u32;
+    v.attach_btf_obj_id = 0;
+    v.attach_btf_id = 0;
     i.finish(a)
 }
 
 fn map_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     let e = map_of_fd(fd)?;
     let s = e.map.spec();
-    let mut i = Info::read(a, 88)?;
-    i.set32(0, e.map_type);
-    i.set32(4, e.map.id());
-    i.set32(8, s.key_size);
-    i.set32(12, s.value_size);
-    i.set32(16, s.max_entries);
-    i.set32(20, e.map_flags);
-    i.name(24, &s.name);
-    i.set32(40, 0);
-    i.set32(44, 0);
-    i.set64(48, 0);
-    i.set64(56, 0);
-    i.set32(64, e.btf_id);
-    i.set32(68, e.btf_key_type_id);
-    i.set32(72, e.btf_value_type_id);
-    i.set32(76, 0);
-    i.set64(80, e.map_extra);
+    let mut i = Info::<MapInfo>::read(a)?;
+    i.v = MapInfo {
+        r#type: e.map_type,
+        id: e.map.id(),
+        key_size: s.key_size,
+        value_size: s.value_size,
+        max_entries: s.max_entries,
+        map_flags: e.map_flags,
+        name: name16(&s.name),
+        btf_id: e.btf_id,
+        btf_key_type_id: e.btf_key_type_id,
+        btf_value_type_id: e.btf_value_type_id,
+        map_extra: e.map_extra,
+        ..MapInfo::default()
+    };
     i.finish(a)
 }
 
@@ -282,22 +261,21 @@ fn btf_info(a: &Attr, id: u32) -> Result<i64, i32> {
         Some(name) => super::kbtf::data(name)?,
         None => objects::session()?.btf(id).map_err(|e| io_errno(&e))?,
     };
-    let mut i = Info::read(a, 32)?;
-    let ubtf = i.u64(0);
-    let ulen = i.u32(8) as usize;
-    let n = ulen.min(data.len());
+    let mut i = Info::<BtfInfo>::read(a)?;
+    let u = i.v;
+    let n = (u.btf_size as usize).min(data.len());
     if n > 0 {
-        write_user(ubtf, &data[..n])?;
+        write_user(u.btf, &data[..n])?;
     }
-    i.set32(8, data.len() as u32);
-    i.set32(12, id);
-    let (uname, uname_len) = (i.u64(16), i.u32(24));
+    i.v.btf_size = data.len() as u32;
+    i.v.id = id;
+    let (uname, uname_len) = (u.name, u.name_len);
     if (uname == 0) != (uname_len == 0) {
         return Err(libc::EINVAL);
     }
     let name = kernel.as_deref().unwrap_or("").as_bytes();
-    i.set32(24, name.len() as u32);
-    i.set32(28, u32::from(kernel.is_some()));
+    i.v.name_len = name.len() as u32;
+    i.v.kernel_btf = u32::from(kernel.is_some());
     // As the kernel: the name and its NUL when they fit, else as much as fits, NUL-ended,
     // and ENOSPC (after the info is written back).
     let mut short = false;
@@ -322,7 +300,7 @@ pub const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
 fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
     let session = objects::session()?;
     let rec = session.links().map_err(|e| io_errno(&e))?.into_iter().find(|l| l.id == id);
-    let mut i = Info::read(a, 48)?;
+    let mut i = Info::<LinkInfo>::read(a)?;
     let (ltype, prog_id) = match &rec {
         Some(r) if r.kind == "raw_tracepoint" => (BPF_LINK_TYPE_RAW_TRACEPOINT, r.prog_id),
         Some(r) => (BPF_LINK_TYPE_PERF_EVENT, r.prog_id),
@@ -330,15 +308,13 @@ fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
         // is closed; what we know is in the detached record, if any.
         None => (BPF_LINK_TYPE_PERF_EVENT, crate::attach::bpf_link_prog(id).or_else(|| super::link::detached_prog(id)).unwrap_or(0)),
     };
-    i.set32(0, ltype);
-    i.set32(4, id);
-    i.set32(8, prog_id);
+    (i.v.r#type, i.v.id, i.v.prog_id) = (ltype, id, prog_id);
     if ltype == BPF_LINK_TYPE_RAW_TRACEPOINT {
         let name = rec.as_ref().and_then(|r| r.func.clone()).unwrap_or_default();
-        let (uname, ulen) = (i.u64(16), i.u32(24));
+        let (uname, ulen) = (i.v.tp_name, i.v.tp_name_len);
         let mut b = name.into_bytes();
         b.push(0);
-        i.set32(24, b.len() as u32);
+        i.v.tp_name_len = b.len() as u32;
         if uname != 0 && ulen != 0 {
             let n = (ulen as usize).min(b.len());
             let mut part = b[..n].to_vec();

@@ -107,7 +107,7 @@ impl ProgEntry {
                 let p = LoadedProgram::prepare(self.id, &self.name, &self.insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots)
                     .map_err(|e| e.to_string())?;
                 let p = Arc::new(p);
-                userbpf_runtime::programs::register(p.clone());
+                userbpf_runtime::program_table::register(p.clone());
                 Ok(p)
             })
             .clone()

@@ -34,6 +34,15 @@ impl Block {
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        // Roots of earlier runs (their pinned map keeps their session) whose process is gone.
+        for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("userbpf-serve-unit-").and_then(|p| p.parse::<u32>().ok()) {
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         let root = std::env::temp_dir().join(format!("userbpf-serve-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
@@ -474,4 +483,31 @@ fn attach_query_and_stats() {
     fails::<attr::EnableStats>(BPF_ENABLE_STATS, &mut b, libc::EINVAL, "type 1");
     // The written-back fields are where the uapi has them.
     assert_eq!(offset_of!(attr::TaskFdQuery, probe_offset), 32);
+}
+
+#[test]
+fn perf_event_open_refusals_say_why() {
+    setup();
+    let open = |typ: u32, config: u64, config1: u64, config2: u64| {
+        let mut pattr = [0u64; 16];
+        pattr[0] = typ as u64 | (128 << 32);
+        pattr[1] = config;
+        pattr[7] = config1;
+        pattr[8] = config2;
+        // SAFETY: a perf_event_attr of the size it declares; config1, when set, a C string.
+        unsafe { crate::perf_event::open_event(pattr.as_ptr().cast(), -1, 0, -1, 0) }
+    };
+    // PERF_TYPE_TRACEPOINT with an id no tracepoint has.
+    let e = open(2, u64::MAX - 1, 0, 0).unwrap_err();
+    assert!(e.errno == libc::EOPNOTSUPP && e.reason.contains("only system call tracepoints"), "{e}");
+    // A uprobe at an offset beyond its file (the uprobe PMU's type from sysfs).
+    let typ: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type").expect("uprobe PMU").trim().parse().unwrap();
+    let file = std::env::temp_dir().join(format!("userbpf-serve-unit-{}-small", std::process::id()));
+    std::fs::write(&file, b"12345678").unwrap();
+    let path = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    let e = open(typ, 0, path.as_ptr() as u64, 64).unwrap_err();
+    assert!(e.errno == libc::EINVAL && e.reason.contains("offset 0x40 is beyond the file (8 bytes)"), "{e}");
+    let e = open(typ, 0, 0, 0).unwrap_err();
+    assert_eq!((e.errno, e.reason.as_ref()), (libc::EINVAL, "a uprobe without a path (config1)"));
+    std::fs::remove_file(&file).unwrap();
 }

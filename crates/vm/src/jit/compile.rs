@@ -77,6 +77,15 @@
 //! the element (the run's CPU's), r0 = 0. With both inlined, bpftrace's `count()` (a per-CPU
 //! array lookup and update) calls no helper.
 //!
+//! # Direct map calls
+//!
+//! A `call 1`, `call 2` or `call 3` on a map whose type has functions of its own
+//! ([`Program::direct_call_at`], hash maps) calls that function instead of the helper: r1 =
+//! its argument (the map's implementation), r5 = the run's CPU slot from `[r12+8]`, as for
+//! inlined per-CPU lookups (and under the same conditions: the program's runs go through the
+//! fast entry). The helper would find the map by address in the registry, dispatch on its
+//! type and key size and read the run's CPU from thread-local state on every call.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
@@ -383,7 +392,8 @@ struct Emitter<'a> {
     needs_run_state: bool,
     /// The code calls a helper (see [`Output::needs_context`]).
     calls_helpers: bool,
-    /// The code inlines a per-CPU lookup.
+    /// The code inlines a per-CPU lookup or makes a direct map call (both read the run's CPU
+    /// slot at `[r12+8]`).
     percpu_inline: bool,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
@@ -1231,6 +1241,9 @@ impl<'a> Emitter<'a> {
                 if let Some(a) = self.prog.inline_update_at(pc) {
                     return self.inline_array_update(a);
                 }
+                if let Some(d) = self.prog.direct_call_at(pc) {
+                    return self.direct_map_call(d);
+                }
                 let id = insn.imm as u32;
                 let Some(h) = self.prog.helpers().get(id) else {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
@@ -1345,6 +1358,19 @@ impl<'a> Emitter<'a> {
         }
         self.a.zero(Reg::RAX);
         self.a.bind(done);
+    }
+
+    /// A map helper call made directly to the map's own function (see
+    /// [`Program::direct_call_at`]): r1 = the function's argument in place of the map, r5 =
+    /// the run's CPU slot (`[r12+8]`, kept by the fast entry, as for inlined per-CPU
+    /// lookups); r2..r4 are the helper's.
+    fn direct_map_call(&mut self, d: crate::program::DirectCall) {
+        self.calls_helpers = true;
+        self.percpu_inline = true;
+        self.a.mov_imm(reg(1), d.arg);
+        self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
+        self.a.mov_imm(Reg::RAX, d.func);
+        self.a.call_r(Reg::RAX);
     }
 
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of

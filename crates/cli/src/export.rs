@@ -1,0 +1,474 @@
+//! `userbpf export --listen ADDR [--session NAME]`: a Prometheus endpoint. `GET /metrics`
+//! answers in the Prometheus text format (0.0.4) from the session's maps as they are at the
+//! scrape, read from shared memory as `userbpf map dump` reads them, without stopping the
+//! programs that write them (ebpf_exporter's job, for userbpf's sessions).
+//!
+//! - A map's integer values are gauges named `userbpf_map_NAME` (`NAME` with characters
+//!   Prometheus does not allow turned into `_`; a struct value or a global-data section gives
+//!   one gauge per integer member or variable, `userbpf_map_NAME_MEMBER`), labelled from the
+//!   key's BTF: a struct key's members by their names, enums by their enumerator's name, char
+//!   arrays as strings, other integers in decimal (`key` when the key is not a struct; hex
+//!   bytes without BTF). Per-CPU values are summed over the CPUs, as ebpf_exporter does.
+//!   Array entries that are zero are left out (arrays have every index); global-data
+//!   sections (`.bss`, `.data`: one entry, no key type) have no key label. Pointers, floats and
+//!   arrays inside values are not exported.
+//! - An array (or per-CPU array) of 8-byte counters with `hist` in its name is a log2
+//!   histogram as bpftrace and BCC keep them (slot k counts values in [2^k, 2^(k+1)), slot 0
+//!   the values 0 and 1): a Prometheus histogram with cumulative buckets whose `le` is the
+//!   largest integer of the slot (2^(k+1) - 1), `+Inf`, `_count`, and `_sum` as the lower
+//!   bound the buckets allow (each count times its slot's smallest value: log2 slots do not
+//!   keep the values themselves).
+//! - userbpf's own: `userbpf_map_entries` and `userbpf_map_max_entries` per map,
+//!   `userbpf_session_processes`, `userbpf_programs`, `userbpf_links`, and the scrape's own
+//!   duration. Program run, miss and error counters live in each process's memory and are not
+//!   in the session yet, so they are not exported.
+//!
+//! The exporter joins the session (creating it if needed, so it can start before the
+//! programs are loaded), which keeps the maps for scrapes after their loader has left.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use userbpf_maps::{Map, MapType};
+use userbpf_object::btf::TypeKind;
+use userbpf_object::Btf;
+use userbpf_runtime::Session;
+
+use crate::dump::{entries, is_log2_hist};
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// Address to listen on (`127.0.0.1:9435`; port 0 picks a free one, printed at start).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: String,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub fn run(session: &str, args: ExportArgs) -> Result<()> {
+    let s = Session::open(session).with_context(|| format!("opening session {session}"))?;
+    let listener = TcpListener::bind(&args.listen).with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("userbpf export: serving session {session} at http://{addr}/metrics");
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe); sigaction reads a
+        // zeroed struct with the handler set.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as usize;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    let mut cache = Cache::default();
+    while !STOP.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+            continue;
+        }
+        let Ok((stream, _)) = listener.accept() else { continue };
+        if let Err(e) = serve(stream, &s, &mut cache) {
+            eprintln!("userbpf export: {e:#}");
+        }
+    }
+    Ok(())
+}
+
+fn serve(mut stream: TcpStream, s: &Session, cache: &mut Cache) -> Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16384 {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&req);
+    let mut first = text.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let (status, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics(s, cache)),
+        ("GET", "/") => ("200 OK", "text/html; charset=utf-8", format!("<html><body><h1>userbpf export</h1><p>session {}: <a href=\"/metrics\">/metrics</a></p></body></html>\n", s.name())),
+        ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
+    };
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    Ok(())
+}
+
+/// Maps and BTF opened by earlier scrapes (a map's file and its id stay the same while the
+/// session lives).
+#[derive(Default)]
+struct Cache {
+    maps: BTreeMap<u32, Map>,
+    btf: BTreeMap<u32, Option<Btf>>,
+}
+
+/// One metric family: its type, help and sample lines.
+struct Family {
+    kind: &'static str,
+    help: String,
+    lines: Vec<String>,
+}
+
+#[derive(Default)]
+struct Out {
+    families: BTreeMap<String, Family>,
+}
+
+impl Out {
+    fn sample(&mut self, name: &str, kind: &'static str, help: &str, labels: &[(String, String)], value: impl std::fmt::Display) {
+        self.sample_suffix(name, "", kind, help, labels, value);
+    }
+
+    fn sample_suffix(&mut self, name: &str, suffix: &str, kind: &'static str, help: &str, labels: &[(String, String)], value: impl std::fmt::Display) {
+        let f = self.families.entry(name.to_string()).or_insert_with(|| Family { kind, help: help.to_string(), lines: Vec::new() });
+        let mut line = format!("{name}{suffix}");
+        if !labels.is_empty() {
+            let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+            let _ = write!(line, "{{{}}}", l.join(","));
+        }
+        let _ = write!(line, " {value}");
+        f.lines.push(line);
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        for (name, f) in &self.families {
+            let _ = writeln!(s, "# HELP {name} {}", f.help.replace('\\', "\\\\").replace('\n', "\\n"));
+            let _ = writeln!(s, "# TYPE {name} {}", f.kind);
+            for l in &f.lines {
+                let _ = writeln!(s, "{l}");
+            }
+        }
+        s
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A metric or label name made of what Prometheus allows (`[a-zA-Z0-9_]`, no leading digit).
+fn sanitize(s: &str) -> String {
+    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+fn metrics(s: &Session, cache: &mut Cache) -> String {
+    let started = Instant::now();
+    let mut out = Out::default();
+    let records = s.maps().unwrap_or_default();
+    // Maps gone from the session (their object unloaded) are let go.
+    cache.maps.retain(|id, _| records.iter().any(|r| r.id == *id));
+    let mut used_names = std::collections::HashSet::new();
+    for r in &records {
+        if let std::collections::btree_map::Entry::Vacant(e) = cache.maps.entry(r.id) {
+            match s.open_map(r.id) {
+                Ok(m) => {
+                    e.insert(m);
+                }
+                Err(_) => continue,
+            }
+        }
+        if let Some(id) = r.btf_id {
+            cache.btf.entry(id).or_insert_with(|| s.btf(id).ok().and_then(|b| Btf::parse(&b).ok()));
+        }
+        let Some(map) = cache.maps.get(&r.id) else { continue };
+        let btf = r.btf_id.and_then(|id| cache.btf.get(&id)).and_then(|b| b.as_ref());
+        let spec = map.spec();
+        let mlabels = [("map".to_string(), r.name.clone()), ("type".to_string(), spec.map_type.name().to_string())];
+        out.sample("userbpf_map_max_entries", "gauge", "The map's max_entries.", &mlabels, spec.max_entries);
+        let iterable = crate::dump::iterable(map);
+        let all = if iterable { entries(map) } else { Vec::new() };
+        if iterable {
+            out.sample("userbpf_map_entries", "gauge", "Keys present in the map (arrays: every index).", &mlabels, all.len());
+        }
+        // libbpf's USDT bookkeeping is not data.
+        if !iterable || r.name.starts_with("__bpf_usdt_") {
+            continue;
+        }
+        let mut base = format!("userbpf_map_{}", sanitize(&r.name));
+        if !used_names.insert(base.clone()) {
+            base = format!("{base}_{}", r.id);
+        }
+        if is_log2_hist(map) {
+            histogram(&mut out, &base, &r.name, &all);
+            continue;
+        }
+        let is_array = matches!(spec.map_type, MapType::BPF_MAP_TYPE_ARRAY | MapType::BPF_MAP_TYPE_PERCPU_ARRAY);
+        let percpu = spec.map_type.is_percpu();
+        let vs = spec.value_size as usize;
+        let stride = vs.div_ceil(8) * 8;
+        for (k, v) in &all {
+            let slots: Vec<&[u8]> = if percpu { (0..map.nr_cpus() as usize).map(|c| &v[c * stride..c * stride + vs]).collect() } else { vec![&v[..vs]] };
+            let mut sums: Vec<(String, Num)> = Vec::new();
+            for slot in slots {
+                let mut leaves = Vec::new();
+                value_leaves(btf, r.value_type_id, slot, String::new(), &mut leaves);
+                if sums.is_empty() {
+                    sums = leaves;
+                } else {
+                    for ((_, acc), (_, x)) in sums.iter_mut().zip(leaves) {
+                        *acc = acc.add(x);
+                    }
+                }
+            }
+            if is_array && sums.iter().all(|(_, n)| n.is_zero()) {
+                continue;
+            }
+            let mut labels = Vec::new();
+            // A global-data section (`.bss`, `.data`): one entry, no key worth a label.
+            let global_data = r.key_type_id.is_none() && spec.max_entries == 1 && is_array;
+            if !global_data {
+                key_labels(btf, r.key_type_id, k, &mut labels);
+            }
+            for (suffix, n) in sums {
+                let name = if suffix.is_empty() { base.clone() } else { format!("{base}_{suffix}") };
+                out.sample(&name, "gauge", &format!("Values of map {} (userbpf session {}).", r.name, s.name()), &labels, n);
+            }
+        }
+    }
+    let progs = s.progs().map(|p| p.len()).unwrap_or(0);
+    let links = s.links().map(|l| l.len()).unwrap_or(0);
+    let members = s.live_members().map(|m| m.len()).unwrap_or(0);
+    out.sample("userbpf_programs", "gauge", "Programs loaded in the session.", &[], progs);
+    out.sample("userbpf_links", "gauge", "Links (attachments) in the session.", &[], links);
+    out.sample("userbpf_session_processes", "gauge", "Live processes using the session (targets, loaders, this exporter).", &[], members);
+    out.sample("userbpf_scrape_duration_seconds", "gauge", "Time this scrape took to read the maps.", &[], format!("{:.6}", started.elapsed().as_secs_f64()));
+    out.text()
+}
+
+/// A log2 histogram map as a Prometheus histogram (see the module's documentation).
+fn histogram(out: &mut Out, base: &str, name: &str, all: &[(Vec<u8>, Vec<u8>)]) {
+    let mut counts = [0u64; 64];
+    for (k, v) in all {
+        let slot = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]) as usize;
+        if slot < 64 {
+            counts[slot] += v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).sum::<u64>();
+        }
+    }
+    let help = format!("Log2 histogram map {name}: slot k counts values in [2^k, 2^(k+1)).");
+    let last = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+    let (mut cum, mut sum) = (0u64, 0u128);
+    for (k, &c) in counts.iter().enumerate().take(last + 1) {
+        cum += c;
+        let lo: u128 = if k == 0 { 0 } else { 1u128 << k };
+        sum += lo * c as u128;
+        let le = (1u128 << (k + 1)) - 1;
+        out.sample_suffix(base, "_bucket", "histogram", &help, &[("le".to_string(), le.to_string())], cum);
+    }
+    out.sample_suffix(base, "_bucket", "histogram", &help, &[("le".to_string(), "+Inf".to_string())], cum);
+    out.sample_suffix(base, "_sum", "histogram", &help, &[], sum);
+    out.sample_suffix(base, "_count", "histogram", &help, &[], cum);
+}
+
+/// A number read from a map.
+#[derive(Clone, Copy)]
+enum Num {
+    U(u64),
+    I(i64),
+}
+
+impl Num {
+    fn add(self, o: Num) -> Num {
+        match (self, o) {
+            (Num::U(a), Num::U(b)) => Num::U(a.wrapping_add(b)),
+            (Num::I(a), Num::I(b)) => Num::I(a.wrapping_add(b)),
+            (Num::U(a), Num::I(b)) | (Num::I(b), Num::U(a)) => Num::I((a as i64).wrapping_add(b)),
+        }
+    }
+
+    fn is_zero(self) -> bool {
+        matches!(self, Num::U(0) | Num::I(0))
+    }
+}
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Num::U(v) => write!(f, "{v}"),
+            Num::I(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// The integer of `size` bytes at the start of `data`.
+fn int_at(data: &[u8], size: usize, signed: bool) -> Option<Num> {
+    let b = data.get(..size)?;
+    let mut x = [0u8; 8];
+    x[..size.min(8)].copy_from_slice(&b[..size.min(8)]);
+    let u = u64::from_ne_bytes(x);
+    Some(if signed {
+        let shift = 64 - 8 * size.min(8) as u32;
+        Num::I(((u << shift) as i64) >> shift)
+    } else {
+        Num::U(u)
+    })
+}
+
+/// The integer leaves of a value: `("", n)` for an integer or enum, `("member", n)` per
+/// integer member of a struct (nested members joined by `_`), per variable of a section.
+fn value_leaves(btf: Option<&Btf>, ty: Option<u32>, data: &[u8], prefix: String, out: &mut Vec<(String, Num)>) {
+    let (Some(btf), Some(ty)) = (btf, ty) else {
+        // No BTF: an 8- or 4-byte value is a counter.
+        if matches!(data.len(), 4 | 8) {
+            if let Some(n) = int_at(data, data.len(), false) {
+                out.push((prefix, n));
+            }
+        }
+        return;
+    };
+    let Ok(id) = btf.skip_mods_and_typedefs(ty) else { return };
+    let Ok(t) = btf.get(id) else { return };
+    let join = |name: &str| if prefix.is_empty() { sanitize(name) } else { format!("{prefix}_{}", sanitize(name)) };
+    match &t.kind {
+        TypeKind::Int(i) if i.size <= 8 && i.offset == 0 => {
+            if let Some(n) = int_at(data, i.size as usize, i.is_signed()) {
+                out.push((prefix, n));
+            }
+        }
+        TypeKind::Enum(e) | TypeKind::Enum64(e) => {
+            if let Some(n) = int_at(data, e.size as usize, e.signed) {
+                out.push((prefix, n));
+            }
+        }
+        TypeKind::Struct(c) | TypeKind::Union(c) => {
+            for (i, m) in c.members.iter().enumerate() {
+                let name = btf.name_of(m.name_off);
+                let name = if name.is_empty() { format!("field{i}") } else { name.to_string() };
+                if m.bitfield_size != 0 {
+                    let (off, bits) = (m.bit_offset as usize, m.bitfield_size as usize);
+                    if bits <= 64 {
+                        let mut raw = [0u8; 16];
+                        let start = off / 8;
+                        let len = (data.len().saturating_sub(start)).min(16);
+                        raw[..len].copy_from_slice(&data[start..start + len]);
+                        let v = (u128::from_ne_bytes(raw) >> (off % 8)) & ((1u128 << bits) - 1);
+                        out.push((join(&name), Num::U(v as u64)));
+                    }
+                    continue;
+                }
+                let start = m.bit_offset as usize / 8;
+                if let Some(d) = data.get(start..) {
+                    value_leaves(Some(btf), Some(m.type_id), d, join(&name), out);
+                }
+            }
+        }
+        TypeKind::Datasec(d) => {
+            for v in &d.vars {
+                let Ok(var) = btf.get(v.type_id) else { continue };
+                let TypeKind::Var { type_id, .. } = var.kind else { continue };
+                let name = btf.name_of(var.name_off).to_string();
+                if let Some(d) = data.get(v.offset as usize..(v.offset + v.size) as usize) {
+                    value_leaves(Some(btf), Some(type_id), d, join(&name), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Labels from a key: a struct's members by name, otherwise one label `key`.
+fn key_labels(btf: Option<&Btf>, ty: Option<u32>, data: &[u8], out: &mut Vec<(String, String)>) {
+    if let (Some(btf), Some(ty)) = (btf, ty) {
+        if let Ok(id) = btf.skip_mods_and_typedefs(ty) {
+            if let Ok(t) = btf.get(id) {
+                if let TypeKind::Struct(c) | TypeKind::Union(c) = &t.kind {
+                    for (i, m) in c.members.iter().enumerate() {
+                        let name = btf.name_of(m.name_off);
+                        let name = if name.is_empty() { format!("field{i}") } else { sanitize(name) };
+                        let name = if name.starts_with("__") { format!("key{name}") } else { name };
+                        let start = m.bit_offset as usize / 8;
+                        let v = data.get(start..).map(|d| label_text(btf, m.type_id, d)).unwrap_or_default();
+                        out.push((name, v));
+                    }
+                    return;
+                }
+                out.push(("key".to_string(), label_text(btf, ty, data)));
+                return;
+            }
+        }
+    }
+    let v = match data.len() {
+        4 | 8 => int_at(data, data.len(), false).map(|n| n.to_string()).unwrap_or_default(),
+        _ => hex(data),
+    };
+    out.push(("key".to_string(), v));
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A key's field as a label value: integers in decimal, enums by name, char arrays as
+/// strings, pointers in hex, anything else as hex bytes.
+fn label_text(btf: &Btf, ty: u32, data: &[u8]) -> String {
+    let Ok(id) = btf.skip_mods_and_typedefs(ty) else { return hex(data) };
+    let Ok(t) = btf.get(id) else { return hex(data) };
+    match &t.kind {
+        TypeKind::Int(i) if i.size <= 8 => int_at(data, i.size as usize, i.is_signed()).map(|n| n.to_string()).unwrap_or_default(),
+        TypeKind::Enum(e) | TypeKind::Enum64(e) => {
+            let Some(n) = int_at(data, e.size as usize, e.signed) else { return String::new() };
+            let raw = match n {
+                Num::U(v) => v,
+                Num::I(v) => v as u64,
+            };
+            let mask = if e.size >= 8 { u64::MAX } else { (1u64 << (8 * e.size)) - 1 };
+            e.values.iter().find(|v| v.value & mask == raw & mask).map(|v| btf.name_of(v.name_off).to_string()).unwrap_or_else(|| n.to_string())
+        }
+        TypeKind::Array(a) => {
+            let elem = btf.skip_mods_and_typedefs(a.elem_type).ok().and_then(|e| btf.get(e).ok());
+            let size = (a.nelems as usize).min(data.len());
+            match elem.map(|e| &e.kind) {
+                Some(TypeKind::Int(i)) if i.size == 1 => {
+                    let b = &data[..size];
+                    let n = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+                    String::from_utf8_lossy(&b[..n]).into_owned()
+                }
+                _ => btf.resolve_size(id).map(|s| hex(&data[..(s as usize).min(data.len())])).unwrap_or_default(),
+            }
+        }
+        TypeKind::Ptr(_) => int_at(data, 8, false).map(|n| format!("{:#x}", match n { Num::U(v) => v, Num::I(v) => v as u64 })).unwrap_or_default(),
+        _ => btf.resolve_size(id).map(|s| hex(&data[..(s as usize).min(data.len())])).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_are_what_prometheus_allows() {
+        assert_eq!(sanitize("latency.bss"), "latency_bss");
+        assert_eq!(sanitize("9lives"), "_9lives");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn log2_slots_become_cumulative_buckets() {
+        let mut out = Out::default();
+        let all: Vec<(Vec<u8>, Vec<u8>)> = [(0u32, 2u64), (1, 0), (2, 3)].iter().map(|&(k, v)| (k.to_ne_bytes().to_vec(), v.to_ne_bytes().to_vec())).collect();
+        histogram(&mut out, "h", "h", &all);
+        let t = out.text();
+        assert!(t.contains("h_bucket{le=\"1\"} 2\nh_bucket{le=\"3\"} 2\nh_bucket{le=\"7\"} 5\nh_bucket{le=\"+Inf\"} 5\nh_sum 12\nh_count 5\n"), "{t}");
+    }
+}

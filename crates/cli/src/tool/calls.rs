@@ -1,0 +1,95 @@
+//! `userbpf tool calls BIN:PATTERN`: how often each matched function is called (BCC's
+//! funccount), the top N by count; with `-i`, the counts of each interval. One uprobe per
+//! function, counting into a per-CPU array slot named by the link's cookie
+//! (tools/calls.bpf.c): no lock and no lost update on the hot path. The counts only grow;
+//! each interval prints the difference from the last.
+
+use anyhow::Result;
+
+use super::{conclude, match_functions, resolve_bin, split_spec, time_of_day, Common, Target, Tracer};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// `BIN:PATTERN`: BIN a path, a command in PATH or a library (`c`, `libc`); PATTERN a
+    /// function name or a glob (`str*`, `*alloc`).
+    spec: String,
+    /// Show the N most called functions.
+    #[arg(short = 'n', long = "top", default_value_t = 10)]
+    top: usize,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Each function's count so far, by index.
+fn counts(t: &Tracer, n: usize) -> Result<Vec<u64>> {
+    let map = t.map("counts")?;
+    let mut v = vec![0u8; map.value_buf_size()];
+    let stride = (map.spec().value_size as usize).div_ceil(8) * 8;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n as u32 {
+        v.fill(0);
+        map.lookup_elem(&i.to_ne_bytes(), &mut v)?;
+        out.push(v.chunks(stride).map(|c| u64::from_ne_bytes(c[..8].try_into().unwrap_or([0; 8]))).sum());
+    }
+    Ok(out)
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let target = Target::from(&args.common)?;
+    let (bin, pattern) = split_spec(&args.spec)?;
+    let path = resolve_bin(bin, target.pid())?;
+    let funcs = match_functions(&path, pattern)?;
+    let mut tracer = Tracer::new("calls", target, args.common.interpreter)?;
+    for (i, f) in funcs.iter().enumerate() {
+        tracer.probe("count", false, &path, f, i as u64)?;
+    }
+    let mut running = tracer.start()?;
+    println!("Tracing {} function{} for \"{}\"... Hit Ctrl-C to end.", funcs.len(), if funcs.len() == 1 { "" } else { "s" }, args.spec);
+    let print = |now: &[u64], before: &[u64]| {
+        let mut rows: Vec<(u64, &str)> =
+            now.iter().enumerate().map(|(i, &c)| (c.saturating_sub(before.get(i).copied().unwrap_or(0)), funcs[i].name.as_str())).filter(|&(c, _)| c > 0).collect();
+        rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+        println!("{:<40} {:>12}", "FUNC", "COUNT");
+        for (c, name) in rows.iter().take(args.top) {
+            println!("{name:<40} {c:>12}");
+        }
+        if rows.len() > args.top {
+            let more = rows.len() - args.top;
+            println!("({more} more function{} called; -n shows more)", if more == 1 { "" } else { "s" });
+        }
+    };
+    let mut last = vec![0u64; funcs.len()];
+    let end = {
+        let tracer = &tracer;
+        let last = &mut last;
+        running.run(
+            &args.common,
+            |d| {
+                std::thread::sleep(d);
+                Ok(false)
+            },
+            || {
+                let now = counts(tracer, funcs.len())?;
+                println!();
+                if args.common.timestamp {
+                    println!("{}", time_of_day());
+                }
+                print(&now, last);
+                *last = now;
+                Ok(())
+            },
+        )?
+    };
+    let code = conclude(&mut tracer, &mut running, end);
+    let now = counts(&tracer, funcs.len())?;
+    println!();
+    if args.common.interval.is_some() && args.common.timestamp {
+        println!("{}", time_of_day());
+    }
+    print(&now, &last);
+    if let Some(code) = code {
+        drop(tracer);
+        std::process::exit(code);
+    }
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! A static verifier for eBPF programs with the Linux kernel's rules, so that a program
+//! userbpf runs inside a process can no more crash it than a kernel program can crash the
+//! kernel.
+//!
+//! [`verify`] walks every path of a program (with state pruning, as the kernel's
+//! `do_check`), tracking what each register and stack slot holds:
+//!
+//! - [`tnum`]: tristate numbers (known and unknown bits).
+//! - [`scalar`]: scalar ranges (tnum, signed and unsigned 64- and 32-bit bounds) and the
+//!   ALU and branch transfer functions.
+//! - [`reg`]: register types with pointer provenance (context, stack, map value, map
+//!   pointer, ring buffer record, helper memory, and their nullable forms).
+//! - [`stack`]: the 512-byte stack of each frame in 8-byte slots (spilled registers,
+//!   unknown, zero and uninitialised bytes).
+//! - [`ctx`]: program types and the context each may read.
+//! - [`helpers`]: helper prototypes (argument and return types, map compatibility).
+//! - [`cfg`]: the static checks (jump targets, unreachable code, subprograms) and the
+//!   liveness and prune points the walk uses.
+//! - [`state`]: the verifier state (frames, references) and when one state subsumes another.
+//! - [`check`]: the transfer function of each instruction and its checks.
+//! - [`explore`]: the walk itself: branches, pruning, loops, the complexity limit.
+//!
+//! Errors name the instruction and the rule in the kernel's words (`R1 invalid mem access
+//! 'scalar'`, `invalid access to map value, value_size=8 off=8 size=8`, ...), with a log of
+//! the path in the kernel's style when asked for.
+//!
+//! # Rules as root
+//!
+//! [`Options::privileged`] gives the rules the kernel applies to a loader with
+//! `CAP_BPF`+`CAP_PERFMON` (root): reading uninitialised stack gives an unknown value,
+//! pointers may be stored in maps, compared, subtracted and returned. Without it, those
+//! are refused as the kernel refuses them for unprivileged loaders.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub mod cfg;
+pub mod check;
+pub mod ctx;
+pub mod explore;
+pub mod helpers;
+pub mod reg;
+pub mod scalar;
+pub mod stack;
+pub mod state;
+pub mod tnum;
+
+pub use ctx::ProgType;
+use userbpf_isa::Insn;
+
+/// The kernel's `BPF_COMPLEXITY_LIMIT_INSNS`: instructions processed over all paths.
+pub const COMPLEXITY_LIMIT: usize = 1_000_000;
+/// The kernel's `BPF_COMPLEXITY_LIMIT_JMP_SEQ`: paths waiting to be explored.
+pub const JMP_SEQ_LIMIT: usize = 8192;
+/// The kernel's `MAX_CALL_FRAMES`.
+pub const MAX_CALL_FRAMES: usize = 8;
+
+/// A map the program refers to (by the `imm` of its `lddw`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct MapInfo {
+    pub name: String,
+    /// `enum bpf_map_type`.
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    /// `BPF_F_RDONLY_PROG`: the program may not write values.
+    pub readonly: bool,
+    /// The contents of element 0 of a read-only array that cannot change (a frozen
+    /// `.rodata`): loads from it at constant offsets give constants, as in the kernel.
+    pub frozen: Option<Vec<u8>>,
+    /// For maps of maps: the inner maps' definition (what a lookup returns).
+    pub inner: Option<Box<MapInfo>>,
+}
+
+/// Added to a map's key to name its inner map (the map a lookup in a map of maps returns).
+pub const INNER_MAP: u32 = 1 << 31;
+
+/// What to verify the program as.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub prog_type: ProgType,
+    /// Maps by the `imm` of the `lddw` instructions referring to them.
+    pub maps: BTreeMap<u32, MapInfo>,
+    /// The rules for root (see the crate docs).
+    pub privileged: bool,
+    /// The program's license is GPL-compatible (else GPL-only helpers are refused).
+    pub gpl_compatible: bool,
+    /// 0: no log; 1: the instructions of each path and the state where paths start; 2: the
+    /// state after every instruction.
+    pub log_level: u32,
+}
+
+impl Options {
+    pub fn new(prog_type: ProgType) -> Options {
+        Options { prog_type, maps: BTreeMap::new(), privileged: true, gpl_compatible: true, log_level: 0 }
+    }
+}
+
+/// A refused program: the instruction, the rule broken (in the kernel's words) and the
+/// verifier log up to that point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyError {
+    pub insn: usize,
+    pub message: String,
+    pub log: String,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "instruction {}: {}", self.insn, self.message)
+    }
+}
+
+impl std::error::Error for VerifyError {}
+
+/// What verifying an accepted program took.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Instructions processed over all paths (the kernel's `processed N insns`).
+    pub insns_processed: usize,
+    /// States stored at prune points.
+    pub states: usize,
+    /// Paths cut short because a stored state covered them.
+    pub pruned: usize,
+    /// Stack depth of each function, in the order of their first instruction.
+    pub stack_depth: Vec<u32>,
+    /// The log (empty unless [`Options::log_level`] asked for one).
+    pub log: String,
+}
+
+/// Verifies a program: `Ok` when every path is safe under the kernel's rules.
+pub fn verify(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
+    explore::run(insns, opts)
+}

@@ -1,0 +1,5 @@
+#include "common.h"
+SEC("uprobe") int prog(struct pt_regs *ctx) {
+	ctx->rax = 1;
+	return 0;
+}

@@ -1,0 +1,2 @@
+#include "common.h"
+NAKED(prog) { ASM("r1 = r10; r1 -= 8; r0 = 0; *(u64 *)(r1 + 0) = r0; exit;"); }

@@ -1,0 +1,133 @@
+//! The kernel as the oracle: small programs, each breaking one rule (`bad_*.c`) or keeping
+//! it (`ok_*.c`), and every eBPF object the project builds, judged by the kernel's verifier
+//! (real `bpf(BPF_PROG_LOAD)`) and by userbpf's in the same run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bpf");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir).expect("tests/bpf").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "c")).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn corpus_verdicts_match_the_kernel() {
+    if !userbpf_testutil::require(common::is_root(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+        return;
+    }
+    let files = corpus();
+    assert!(files.len() >= 40, "{} corpus programs", files.len());
+    let mut failures = Vec::new();
+    let (mut agree, mut total, mut refused) = (0, 0, 0);
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let expect_ok = name.starts_with("ok_");
+        assert!(expect_ok || name.starts_with("bad_"), "{name}: corpus files are named ok_* or bad_*");
+        let verdicts = common::judge_source(f, &common::out_dir()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!verdicts.is_empty(), "{name}: no program");
+        for v in verdicts {
+            total += 1;
+            println!("{v}");
+            if v.agree() {
+                agree += 1;
+            } else {
+                failures.push(format!("disagree: {v}"));
+            }
+            if v.kernel.is_ok() != expect_ok {
+                failures.push(format!("the kernel's verdict is not the one the file name promises: {v}"));
+            }
+            if v.userbpf.is_err() {
+                refused += 1;
+            }
+        }
+    }
+    println!("corpus: {agree}/{total} verdicts agree with the kernel ({refused} refused by userbpf)");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every eBPF object the project builds: examples and the test objects of the crates.
+fn project_sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut v = Vec::new();
+    for dir in ["examples/bpf", "examples/libbpf", "tools", "crates/cli/tests/bpf", "crates/object/tests/bpf", "crates/runtime/tests/bpf", "crates/vm/tests/bpf", "crates/agent/tests/bpf", "crates/syscall-server/tests/bpf", "crates/hook/tests/bpf"] {
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.to_string_lossy().ends_with(".bpf.c") {
+                v.push(p);
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// Differences that remain, with the reason (file, program, why).
+const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
+    (
+        "crates/object/tests/bpf/globals.bpf.c",
+        "prog_three",
+        "the kernel verifies a global (non-static) function once on its own, from the BTF types of its arguments, and refuses a call passing a pointer to an untyped argument; userbpf verifies every call of a function in its caller's context, as for static functions",
+    ),
+    (
+        "crates/runtime/tests/bpf/missing_helper.bpf.c",
+        "uses_task_btf",
+        "bpf_get_current_task_btf returns a kernel task_struct: userbpf does not implement it and refuses the call",
+    ),
+];
+
+#[test]
+fn project_objects_match_the_kernel() {
+    if !userbpf_testutil::require(common::is_root(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+        return;
+    }
+    let out = common::out_dir().join("project");
+    let (mut agree, mut total) = (0, 0);
+    let mut differences = Vec::new();
+    for src in project_sources() {
+        let stem = src.file_name().unwrap().to_string_lossy().replace(".bpf.c", "");
+        let dir = out.join(src.parent().unwrap().to_string_lossy().replace('/', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Some test objects do not compile on purpose or need headers of their own.
+        let status = std::process::Command::new("clang")
+            .args(userbpf_testutil::BPF_CFLAGS)
+            .arg("-I")
+            .arg(src.parent().unwrap())
+            .arg("-o")
+            .arg(dir.join(format!("{stem}.o")))
+            .arg(&src)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        if !status.success() {
+            println!("skipped (does not compile): {}", src.display());
+            continue;
+        }
+        let shown = src.strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")).unwrap_or(&src).display().to_string();
+        match common::judge_object(&dir.join(format!("{stem}.o")), &shown) {
+            Ok(verdicts) => {
+                for v in verdicts {
+                    total += 1;
+                    println!("{v}");
+                    if v.agree() {
+                        agree += 1;
+                    } else if let Some((_, _, why)) = KNOWN_DIFFERENCES.iter().find(|(f, p, _)| *f == v.file && *p == v.program) {
+                        println!("KNOWN DIFFERENCE ({why}): {v}");
+                    } else {
+                        differences.push(v.to_string());
+                    }
+                }
+            }
+            Err(e) => println!("skipped (object refused before verification): {shown}: {e}"),
+        }
+    }
+    println!("project objects: {agree}/{total} verdicts agree with the kernel");
+    for d in &differences {
+        println!("DIFFERENCE: {d}");
+    }
+    assert!(total >= 20, "only {total} programs judged");
+    assert!(differences.is_empty(), "{} differences:\n{}", differences.len(), differences.join("\n"));
+}
