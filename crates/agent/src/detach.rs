@@ -34,10 +34,10 @@
 //! handlers go back in ([`reclaim`]).
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{lock, watcher, Agent};
+use crate::{Agent, lock, watcher};
 
 /// A detach was asked for: the agent's thread runs [`run`] and ends.
 static REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -68,7 +68,9 @@ fn k_sigaction(sig: i32, new: Option<&KSigaction>) -> Option<KSigaction> {
     let mut old = KSigaction::default();
     let newp = new.map_or(std::ptr::null(), |n| n as *const KSigaction);
     // SAFETY: rt_sigaction with pointers to structs of the kernel's layout and its 8-byte set.
-    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, sig as libc::c_long, newp, &mut old as *mut KSigaction, 8 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(libc::SYS_rt_sigaction, sig as libc::c_long, newp, &mut old as *mut KSigaction, 8 as libc::c_long)
+    };
     (r == 0).then_some(old)
 }
 

@@ -104,7 +104,11 @@ fn status_field(path: &str, name: &str) -> String {
 }
 
 fn shape(pid: u32) -> Shape {
-    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     let mut fds = 0;
     let mut blocked = Vec::new();
     for t in &tasks {
@@ -114,7 +118,14 @@ fn shape(pid: u32) -> Shape {
     blocked.sort();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().lines().count();
     let st = format!("/proc/{pid}/status");
-    Shape { threads: tasks.len(), fds, maps, caught: status_field(&st, "SigCgt:"), ignored: status_field(&st, "SigIgn:"), blocked }
+    Shape {
+        threads: tasks.len(),
+        fds,
+        maps,
+        caught: status_field(&st, "SigCgt:"),
+        ignored: status_field(&st, "SigIgn:"),
+        blocked,
+    }
 }
 
 /// Every executable mapping of a file in process `pid`, but the agent's own library, compared
@@ -150,7 +161,14 @@ fn code_as_in_files(pid: u32) -> usize {
         }
         if a != b {
             let i = a.iter().zip(&b).position(|(x, y)| x != y).unwrap();
-            panic!("{} differs from its file at {:#x} (file offset {:#x}): {:02x?} vs {:02x?}", f[5], s + i as u64, off + i as u64, &a[i..(i + 8).min(len)], &b[i..(i + 8).min(len)]);
+            panic!(
+                "{} differs from its file at {:#x} (file offset {:#x}): {:02x?} vs {:02x?}",
+                f[5],
+                s + i as u64,
+                off + i as u64,
+                &a[i..(i + 8).min(len)],
+                &b[i..(i + 8).min(len)]
+            );
         }
         compared += len;
         files += 1;
@@ -172,7 +190,12 @@ fn own_byte(path: &str, off: u64) -> Option<u8> {
         let moff = u64::from_str_radix(f[2], 16).ok()?;
         if off >= moff && off < moff + (e - s) {
             let mut b = [0u8];
-            std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open("/proc/self/mem").ok()?, &mut b, s + off - moff).ok()?;
+            std::os::unix::fs::FileExt::read_exact_at(
+                &std::fs::File::open("/proc/self/mem").ok()?,
+                &mut b,
+                s + off - moff,
+            )
+            .ok()?;
             return Some(b[0]);
         }
     }
@@ -189,7 +212,11 @@ fn agent_threads(pid: u32) -> usize {
 
 fn members(session: &Session, pid: u32) -> usize {
     let p = format!("{pid}.");
-    let n = |d: PathBuf| std::fs::read_dir(d).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&p)).count()).unwrap_or(0);
+    let n = |d: PathBuf| {
+        std::fs::read_dir(d)
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&p)).count())
+            .unwrap_or(0)
+    };
     n(session.layout().members_dir()) + n(session.layout().agents_dir())
 }
 
@@ -204,7 +231,16 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("detach"));
     let (prog_id, hits) = load_counter(&session, &obj);
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     let before = shape(pid);
     code_as_in_files(pid);
@@ -212,7 +248,11 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
     // Not attached: a detach says so.
     let r = cmd(&["detach", &pid.to_string()]);
     assert!(!r.status.success());
-    assert!(String::from_utf8_lossy(&r.stderr).contains(&format!("process {pid} has no userbpf agent")), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains(&format!("process {pid} has no userbpf agent")),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
 
     let pid_s = pid.to_string();
     let mut after_first: Option<Shape> = None;
@@ -226,8 +266,16 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
         t.go(500);
         if hits() - h0 != 1500 {
             let m = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-            let f = std::fs::read_dir(session.layout().agents_dir()).unwrap().flatten().map(|e| format!("{:?}={:?}", e.file_name(), std::fs::read_to_string(e.path()))).collect::<Vec<_>>();
-            panic!("cycle {cycle}: {} hits of 3 workers x 500 calls while attached; {said}; agents {f:?} gen {}\n{m}", hits() - h0, userbpf_runtime::session::handshake::current(session.layout()));
+            let f = std::fs::read_dir(session.layout().agents_dir())
+                .unwrap()
+                .flatten()
+                .map(|e| format!("{:?}={:?}", e.file_name(), std::fs::read_to_string(e.path())))
+                .collect::<Vec<_>>();
+            panic!(
+                "cycle {cycle}: {} hits of 3 workers x 500 calls while attached; {said}; agents {f:?} gen {}\n{m}",
+                hits() - h0,
+                userbpf_runtime::session::handshake::current(session.layout())
+            );
         }
         assert_eq!(agent_threads(pid), 1);
         assert_eq!(members(&session, pid), 2, "cycle {cycle}: a member with an acknowledgement file");
@@ -245,7 +293,11 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
         expected = h1;
         code_as_in_files(pid);
         let now = shape(pid);
-        assert_eq!((now.threads, now.fds, &now.caught, &now.ignored, &now.blocked), (before.threads, before.fds, &before.caught, &before.ignored, &before.blocked), "cycle {cycle}: {now:?} vs {before:?}");
+        assert_eq!(
+            (now.threads, now.fds, &now.caught, &now.ignored, &now.blocked),
+            (before.threads, before.fds, &before.caught, &before.ignored, &before.blocked),
+            "cycle {cycle}: {now:?} vs {before:?}"
+        );
         match &after_first {
             None => after_first = Some(now),
             Some(first) => {
@@ -257,7 +309,11 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
         }
     }
     let again = cmd(&["detach", &pid_s]);
-    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("no userbpf agent running"), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        !again.status.success() && String::from_utf8_lossy(&again.stderr).contains("no userbpf agent running"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     let (calls, eintr_main, eintr_pipe) = t.quit();
     assert_eq!(calls, 30 * 3 * (500 + 200000 + 500));
     assert_eq!((eintr_main, eintr_pipe), (0, 0), "a thread blocked in read() saw EINTR");
@@ -278,13 +334,32 @@ fn a_process_started_under_userbpf_is_detached_too_system_call_dispatch_and_all(
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("detach-b"));
     let (prog_id, hits) = load_counter(&session, &obj);
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     // A system call tracepoint: system call dispatch on in every thread of the target.
-    let sys = userbpf_testutil::compile_bpf(&here("../../../bench/agent/start_syscalls.bpf.c"), &tmp().join("detach-b"));
+    let sys =
+        userbpf_testutil::compile_bpf(&here("../../../bench/agent/start_syscalls.bpf.c"), &tmp().join("detach-b"));
     let (sys_id, sys_hits) = load_counter(&session, &sys);
     session
-        .add_link(LinkRecord { id: 0, prog_id: sys_id, kind: "tracepoint".into(), path: String::new(), func: Some("raw_syscalls/sys_enter".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id: sys_id,
+            kind: "tracepoint".into(),
+            path: String::new(),
+            func: Some("raw_syscalls/sys_enter".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     // The same program never under userbpf: the dispositions a detached process must have.
     let plain = Target::start(&exe);
