@@ -78,6 +78,7 @@ bench: build
 	python3 bench/uprobe/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
+	python3 bench/attach/bench.py
 
 demo: build
 	@scripts/demo.sh

@@ -98,7 +98,7 @@ pub(crate) fn is_agent_tid(tid: i32) -> bool {
 /// thread is created: call it from an agent thread. False when glibc has no such handler (a libc
 /// without the broadcast: nothing to do).
 pub fn install() -> bool {
-    if GLIBC_HANDLER.load(Ordering::SeqCst) != 0 {
+    if INSTALLED.load(Ordering::SeqCst) {
         return true;
     }
     let mut old = KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
@@ -107,13 +107,37 @@ pub fn install() -> bool {
     if r != 0 || old.handler <= 1 || old.flags & libc::SA_SIGINFO as u64 == 0 {
         return false;
     }
-    if GLIBC_HANDLER.compare_exchange(0, old.handler, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+    if old.handler == on_setxid as *const () as usize {
+        INSTALLED.store(true, Ordering::SeqCst);
         return true;
     }
+    // Kept after `uninstall`: a handler still running may read it.
+    GLIBC_HANDLER.store(old.handler, Ordering::SeqCst);
     let new = KSigaction { handler: on_setxid as *const () as usize, ..old };
     // SAFETY: installs our handler with glibc's flags, restorer and mask; it chains glibc's.
     let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, &new as *const KSigaction, std::ptr::null_mut::<KSigaction>(), 8 as libc::c_long) };
+    INSTALLED.store(r == 0, Ordering::SeqCst);
     r == 0
+}
+
+/// Whether [`on_setxid`] is installed.
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Puts glibc's handler back in front (`userbpf detach`; the agent has no thread any more).
+/// The next [`install`] puts ours in front again.
+pub fn uninstall() {
+    if !INSTALLED.swap(false, Ordering::SeqCst) {
+        return;
+    }
+    let mut cur = KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
+    // SAFETY: reads the current action into a local of the kernel's layout (8-byte mask).
+    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, std::ptr::null::<KSigaction>(), &mut cur as *mut KSigaction, 8 as libc::c_long) };
+    if r != 0 || cur.handler != on_setxid as *const () as usize {
+        return;
+    }
+    let back = KSigaction { handler: GLIBC_HANDLER.load(Ordering::SeqCst), ..cur };
+    // SAFETY: glibc's own handler with the flags, restorer and mask it had.
+    unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, &back as *const KSigaction, std::ptr::null_mut::<KSigaction>(), 8 as libc::c_long) };
 }
 
 /// The `SIGSETXID` handler of every thread (see the module's documentation).

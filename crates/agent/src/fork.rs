@@ -144,7 +144,7 @@ extern "C" fn fork_child() {
     // SAFETY: see `Held`. Releasing a futex mutex in the single-threaded child is an atomic
     // store (plus a wake if a parent thread was waiting, a harmless system call).
     drop(unsafe { (*HELD.0.get()).take() });
-    let starting = AGENT.get().is_some() && !FORK_UNLOCKED.load(Ordering::SeqCst);
+    let starting = AGENT.get().is_some() && !crate::detach::is_detached() && !FORK_UNLOCKED.load(Ordering::SeqCst);
     watcher::forget_after_fork(starting);
     if !starting {
         return;

@@ -48,6 +48,7 @@ use userbpf_runtime::session::{handshake, Layout, SemaphoreRecord};
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
 mod creds;
+mod detach;
 mod fork;
 mod tracepoint;
 mod usdt;
@@ -95,7 +96,10 @@ fn at_func_entry(addr: usize) -> bool {
 /// The agent's state in this process.
 pub struct Agent {
     session: Session,
-    slots: Arc<CpuSlots>,
+    /// The inode of the session's directory when the agent joined it.
+    session_ino: u64,
+    /// The CPU slots (taken by a start after a detach).
+    slots: Option<Arc<CpuSlots>>,
     engine: Engine,
     programs: HashMap<u32, Arc<LoadedProgram>>,
     /// Attached links: their probes (none when attaching failed, so it is reported once).
@@ -259,7 +263,8 @@ static AGENT: OnceLock<Mutex<Agent>> = OnceLock::new();
 /// The hit path: run the program on the probe's registers.
 unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
     // SAFETY: `data` is the `Attached` leaked for this probe when it was attached; it is
-    // never freed (a thread may still be in this handler after detach).
+    // freed only when the agent detaches from the process, after the hook engine waited for
+    // every running handler (a single link's detach leaves it: see `detach`).
     let a = unsafe { &*(data as *const Attached) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: `regs` points to the hook's saved registers for this hit.
@@ -310,15 +315,15 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
-        let claim: &'static userbpf_vm::jit::SlotClaim = Box::leak(Box::new(claim));
+        let claim: &'static userbpf_vm::jit::SlotClaim = detach::leak(Box::new(claim));
         (f, claim as *const userbpf_vm::jit::SlotClaim as u64, 0)
     } else if let Some(entry) = a.prog.context_entry() {
-        let run: &'static LeanRun = Box::leak(Box::new(LeanRun { a, entry }));
+        let run: &'static LeanRun = detach::leak(Box::new(LeanRun { a, entry }));
         (lean_run as *const () as usize, run as *const LeanRun as u64, 1)
     } else {
         return None;
     };
-    Some(Box::leak(Box::new(userbpf_hook::LeanHandler {
+    Some(detach::leak(Box::new(userbpf_hook::LeanHandler {
         func,
         arg,
         gate: userbpf_runtime::program::stats_gate(),
@@ -431,10 +436,30 @@ impl Agent {
     /// As [`Agent::start_with`], in `session`.
     fn start_in(session: Session, ack: bool) -> Result<&'static Mutex<Agent>, String> {
         if let Some(a) = AGENT.get() {
-            return Ok(a);
+            if !detach::is_detached() {
+                return Ok(a);
+            }
         }
-        let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?);
+        // Started again after a detach in the same session (the same directory, not one made
+        // anew under its name): its programs and CPU slots are taken up again, as the
+        // runtime keeps programs and maps mapped until the process exits (see
+        // `userbpf_runtime::program_table`): nothing is mapped twice.
+        let session_ino = dir_inode(session.dir());
+        let kept = AGENT.get().map(|c| {
+            let mut g = lock(c);
+            if g.session_ino == session_ino && session_ino != 0 && g.session.name() == session.name() {
+                (std::mem::take(&mut g.programs), g.slots.take())
+            } else {
+                (HashMap::new(), None)
+            }
+        });
+        let (programs, slots) = kept.unwrap_or_default();
+        let slots = match slots {
+            Some(s) => s,
+            None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
+        };
         let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
+        detach::before_guard();
         userbpf_vm::guard::install();
         let ack = if ack {
             Ack::create(session.dir())
@@ -447,8 +472,17 @@ impl Agent {
         if ack.is_some() {
             forget_own_semaphore_claims(session.dir());
         }
-        let agent = Agent { session, slots, engine, programs: HashMap::new(), links: HashMap::new(), ack, semas: HashMap::new(), prog_records: None };
-        let cell = AGENT.get_or_init(|| Mutex::new(agent));
+        let agent = Agent { session, session_ino, slots: Some(slots), engine, programs, links: HashMap::new(), ack, semas: HashMap::new(), prog_records: None };
+        let cell = match AGENT.get() {
+            // Started again after a detach (`userbpf attach` of a process detached before):
+            // the detached agent's session was left and its objects dropped.
+            Some(cell) => {
+                *lock(cell) = agent;
+                detach::reclaim();
+                cell
+            }
+            None => AGENT.get_or_init(|| Mutex::new(agent)),
+        };
         // Fork handlers: the hook engine's first, so its prepare handler runs after ours (the
         // agent's lock is taken before the registry's, as `sync` does).
         userbpf_hook::fork::install();
@@ -460,8 +494,31 @@ impl Agent {
         Ok(cell)
     }
 
+    /// The CPU slots (an error once detached).
+    fn slots(&self) -> Result<Arc<CpuSlots>, String> {
+        self.slots.clone().ok_or_else(|| "the agent is detached from this process".to_string())
+    }
+
+    /// For `detach`: every link detached, the semaphores this process raised lowered, its
+    /// acknowledgement file removed (loaders stop waiting for it), and the session left.
+    fn leave_session(&mut self) {
+        for (_, l) in std::mem::take(&mut self.links) {
+            l.detach();
+        }
+        self.sync_semaphores(&HashSet::new());
+        if let Some(ack) = self.ack.take() {
+            ack.remove();
+        }
+        if let Err(e) = self.session.leave() {
+            log(&format!("detach: leaving session {}: {e}", self.session.name()));
+        }
+    }
+
     /// Attaches links that appeared and detaches links that are gone.
     pub fn sync(&mut self) {
+        if detach::is_detached() {
+            return;
+        }
         let _ours = userbpf_hook::ours();
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
@@ -606,11 +663,11 @@ impl Agent {
             self.prog_records = Some(self.session.progs().map_err(|e| e.to_string())?);
         }
         let rec = self.prog_records.iter().flatten().find(|p| p.id == id).cloned().ok_or(format!("program {id} is not in the session"))?;
-        let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots.clone())?);
+        let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
         userbpf_runtime::program_table::register(prog.clone());
         self.programs.insert(id, prog.clone());
         // The programs it may tail-call (statically initialised prog arrays included).
-        for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots.clone())? {
+        for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)? {
             self.programs.insert(tid, t);
         }
         Ok(prog)
@@ -657,7 +714,7 @@ impl Agent {
         };
         let prog = self.program(link.prog_id)?;
         let entry = kind == ProbeKind::Entry && at_func_entry(resolved.addr);
-        let data = Box::into_raw(Box::new(Attached {
+        let data: *mut Attached = detach::leak(Box::new(Attached {
             prog,
             cookie: link.cookie,
             func_ip: resolved.func_start as u64,
@@ -666,11 +723,17 @@ impl Agent {
             at_func_entry: entry,
         }));
         let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
-        // SAFETY: `data` was just leaked above and is never freed.
+        // SAFETY: `data` was just leaked above; it is freed only at detach, once no handler
+        // can run (`detach::run`).
         let lean = lean_handler(unsafe { &*data });
         let id = userbpf_hook::attach_lean(resolved.addr, kind, on_hit, data.cast(), ext, lean).map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
+}
+
+/// The inode of directory `dir` (0: none).
+fn dir_inode(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap_or(0)
 }
 
 /// A link's target as the user wrote it (USDT links: `PATH:PROVIDER:NAME`): `PATH:FUNC+OFF`,
@@ -695,6 +758,9 @@ fn target_spec(link: &LinkRecord) -> String {
 fn on_objects_changed(c: &ObjectChanges) {
     let _ours = userbpf_hook::ours();
     let Some(cell) = AGENT.get() else { return };
+    if detach::is_detached() {
+        return;
+    }
     // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() };
     // The agent's thread syncs (its descriptors are its own, not the program's); this thread
@@ -740,7 +806,7 @@ extern "C" fn leave_at_exit() {
     // userbpf's own work on the exiting thread: no probe fires for it.
     let _ours = userbpf_hook::ours();
     let _ = std::panic::catch_unwind(|| {
-        if let Some(a) = AGENT.get() {
+        if let Some(a) = AGENT.get().filter(|_| !detach::is_detached()) {
             let agent = lock(a);
             let _ = agent.session.leave_process();
             std::mem::forget(agent);

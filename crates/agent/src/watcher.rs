@@ -277,10 +277,18 @@ fn watch(fd: i32, a: &'static Mutex<Agent>) {
     // inotify events are 4-byte aligned.
     let mut buf = [0u32; 1024];
     loop {
+        // A detach asked for before the watch of kicks existed (right after the start-up
+        // sync, which `userbpf attach` waits for) touched the file unseen: the flag says it.
+        if crate::detach::requested() {
+            return;
+        }
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let timeout = if RETRY.load(Ordering::SeqCst) { 10 } else { -1 };
-        // SAFETY: polling one descriptor we own.
+        // SAFETY: polling one descriptor we own (closed by the thread's end at a detach).
         let n = unsafe { libc::poll(&mut pfd, 1, timeout) };
+        if crate::detach::requested() {
+            return;
+        }
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -336,16 +344,24 @@ fn relevant(buf: &[u32], len: usize, kicks: Option<&(i32, Vec<u8>)>) -> bool {
 /// Runs `watch`; once it ends (nothing syncs on link changes any more), the process stops
 /// acknowledging them, and the thread only serves the syncs the program's threads ask for: it
 /// stays, as its descriptor table holds the agent's descriptors (a sync on a program's thread
-/// could close one of the program's by their numbers).
-pub(crate) fn watch_then_stop_acking(fd: i32, a: &'static Mutex<Agent>) -> ! {
+/// could close one of the program's by their numbers), until a detach (`detach`), which it
+/// makes before it returns.
+pub(crate) fn watch_then_stop_acking(fd: i32, a: &'static Mutex<Agent>) {
     watch(fd, a);
-    stop_acking(a);
+    if !crate::detach::requested() {
+        stop_acking(a);
+    }
     serve_requests(a)
 }
 
-/// Syncs when a thread of the program asks (see [`request_sync`]), for ever.
-fn serve_requests(a: &'static Mutex<Agent>) -> ! {
+/// Syncs when a thread of the program asks (see [`request_sync`]), until a detach is asked
+/// for: then detaches and returns (the thread ends, its descriptor table with it).
+fn serve_requests(a: &'static Mutex<Agent>) {
     loop {
+        if crate::detach::requested() {
+            crate::detach::run(a);
+            return;
+        }
         let req = REQUESTED.load(Ordering::SeqCst);
         if req > DONE.load(Ordering::SeqCst) || RETRY.swap(false, Ordering::SeqCst) {
             lock(a).sync();
@@ -360,8 +376,12 @@ fn serve_requests(a: &'static Mutex<Agent>) -> ! {
 /// start-up sync, so that no link added meanwhile is missed) when it is on the directory of
 /// the session joined, else a new one followed by a sync. `None`: links cannot be watched.
 pub(crate) fn watch_after_start(a: &'static Mutex<Agent>, early: Option<LinksWatch>) -> Option<i32> {
+    // Once per process (an agent started again after a detach has it already).
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: registering a function with no preconditions to run at exit.
-    unsafe { libc::atexit(crate::leave_at_exit) };
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(crate::leave_at_exit);
+    });
     let links = lock(a).session.layout().links_dir();
     let early = early.and_then(|w| {
         if inode(&links) == Some(w.ino) {
@@ -461,8 +481,12 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
     let arg = unsafe { std::ffi::CStr::from_ptr(arg) }.to_string_lossy().into_owned();
     std::panic::catch_unwind(move || {
         let Some((root, name)) = arg.split_once('\n') else { return -1 };
-        if AGENT.get().is_some() {
+        if AGENT.get().is_some() && !crate::detach::is_detached() {
             return 1;
+        }
+        // A detach still under way (the previous agent thread has not ended): not yet.
+        if THREAD.load(Ordering::SeqCst) != 0 {
+            return 2;
         }
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
@@ -483,7 +507,7 @@ pub(crate) fn child_thread() {
     let starting = StartingGuard;
     enter_agent_thread();
     crate::fork::restore_agent_fds();
-    let Some(cell) = AGENT.get() else { return leave_agent_thread() };
+    let Some(cell) = AGENT.get().filter(|_| !crate::detach::is_detached()) else { return leave_agent_thread() };
     // Watch first, then sync: a link added in between is not missed.
     let dir = lock(cell).session.layout().links_dir();
     let mut fd = watch_links(&dir, true);
@@ -493,6 +517,10 @@ pub(crate) fn child_thread() {
             // The copy of the parent's handle would leave with the parent's membership.
             std::mem::forget(std::mem::replace(&mut a.session, s));
         }
+        // A child that changed its credentials before its agent thread ran (su's, runuser's
+        // child after setuid) cannot open the session any more: its probes (copied from the
+        // parent) keep firing and nothing is said, as for a sync (see `Agent::sync_inner`).
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
         Err(e) => log(&format!("joining the session in a forked child: {e}")),
     }
     if fd.is_none() {
@@ -507,6 +535,7 @@ pub(crate) fn child_thread() {
         Some(fd) => watch_then_stop_acking(fd, cell),
         None => serve_requests(cell),
     }
+    leave_agent_thread();
 }
 
 /// In a forked child: the parent's agent threads are not there. `starting`: the child's own

@@ -2,6 +2,11 @@
 //! ptrace, by the process's own dlopen: see the userbpf-inject crate), where it joins the
 //! session, so that every link of the session, and later ones, apply to it as to a process
 //! started with `userbpf start`.
+//!
+//! `userbpf detach PID`: the agent taken out again (see the agent's `detach` module): the
+//! process's own `dlopen(RTLD_NOLOAD)` finds the agent it loaded (or that `userbpf start`
+//! preloaded), `userbpf_agent_detach` there asks the agent's thread to remove every probe,
+//! give the signals back and end; this command waits until that thread is gone.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,16 +41,26 @@ pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
     match done.ret as i32 {
         0 => {}
         1 => bail!("process {pid} already runs the agent (started under userbpf, or attached before)"),
+        2 => bail!("process {pid} is still being detached: try again"),
         r => bail!("the agent in process {pid} could not start (status {r}); its stderr may say why"),
     }
     // The agent joins from a thread of its own: wait until it is a member.
     let members = s.layout().members_dir();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !is_member(&members, pid) {
+    // A member, with an acknowledgement file (created before its first sync).
+    let agents = s.layout().agents_dir();
+    while !is_member(&members, pid) || !has_ack_file(&agents, pid) {
         if Instant::now() > deadline {
             bail!("the agent was loaded into process {pid} but did not join session {session} within 10 s (see the process's stderr)");
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+    // Then until its probes are in place: a new links generation, which its watcher syncs
+    // on and acknowledges (the loaders' handshake), as the kernel's attach returns with them.
+    if let Some(gen) = userbpf_runtime::session::handshake::publish(s) {
+        if !userbpf_runtime::session::handshake::wait(s.layout(), gen, std::process::id(), Duration::from_secs(10)) {
+            bail!("the agent joined session {session} in process {pid} but did not attach its links within 10 s (see the process's stderr)");
+        }
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     Ok(format!(
@@ -56,7 +71,63 @@ pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
     ))
 }
 
+/// Whether `agents/` holds process `pid`'s acknowledgement file (not a temporary file being
+/// renamed into place).
+fn has_ack_file(agents: &Path, pid: i32) -> bool {
+    std::fs::read_dir(agents).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_str().and_then(userbpf_runtime::session::Layout::parse_agent).is_some_and(|(p, _)| p == pid as u32)))
+}
+
 fn is_member(members: &Path, pid: i32) -> bool {
     let prefix = format!("{pid}.");
     std::fs::read_dir(members).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    /// The process to detach from.
+    pid: i32,
+}
+
+/// The agent's thread in process `pid` (named `userbpf-agent`), if any.
+fn agent_thread(pid: i32) -> Option<i32> {
+    let rd = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    rd.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).find(|tid| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).is_ok_and(|c| c.trim_end() == "userbpf-agent")
+    })
+}
+
+pub fn detach(args: DetachArgs) -> Result<()> {
+    let pid = args.pid;
+    let agent = crate::run::agent_path()?;
+    let started = Instant::now();
+    let done = match userbpf_inject::call_loaded(pid, &agent, "userbpf_agent_detach", b"") {
+        Ok(d) => d,
+        Err(userbpf_inject::InjectError::NotLoaded { .. }) => bail!("process {pid} has no userbpf agent: nothing to detach"),
+        Err(e) => return Err(e).with_context(|| format!("detaching from process {pid}")),
+    };
+    match done.ret as i32 {
+        0 => {}
+        1 => bail!("process {pid} has no userbpf agent running (detached already?): nothing to detach"),
+        r => bail!("the agent in process {pid} could not be asked to detach (status {r})"),
+    }
+    // The agent's thread removes the probes and ends: wait until it is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agent_thread(pid).is_some() {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("process {pid} exited while being detached");
+        }
+        if Instant::now() > deadline {
+            bail!("the agent in process {pid} was asked to detach but its thread did not end within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    println!(
+        "detached from process {pid} ({}): thread {} paused {:.2} ms, probes removed in {:.1} ms",
+        comm.trim(),
+        done.tid,
+        done.pause.as_secs_f64() * 1e3,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
 }

@@ -42,6 +42,9 @@ enum Command {
     Start(run::StartArgs),
     /// Put the agent into a running process, as a member of the session (ptrace).
     Attach(attach::AttachArgs),
+    /// Take the agent out of a running process: probes removed, original code and signal
+    /// handlers back, the agent's thread ended (ptrace).
+    Detach(attach::DetachArgs),
     /// Run an unmodified eBPF loader (bpftrace, libbpf tools) on the userspace runtime.
     Load(load::LoadArgs),
     /// Programs: list, run.
@@ -86,6 +89,7 @@ fn main() {
         Command::Start(args) => run::start(&session, args),
         Command::Load(args) => load::load(&session, args),
         Command::Attach(args) => attach::run(&session, args),
+        Command::Detach(args) => attach::detach(args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),

@@ -18,6 +18,9 @@
 //! `added` is mapped but not relocated yet and its constructors have not run, so probes
 //! attached then see every call; it may attach and detach probes (this is not a hook
 //! handler) but must not wait for another thread that may be waiting for the loader.
+//!
+//! [`uninstall`] (`userbpf detach`, through `crate::release`) puts `_dl_debug_state` back as
+//! it was; a later [`install`] patches it again with the same stub page.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
@@ -30,7 +33,11 @@ use crate::symbols::{self, LibraryWatcher, ObjectChanges};
 pub type Callback = fn(&ObjectChanges);
 
 static CALLBACK: OnceLock<Callback> = OnceLock::new();
-static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+static INSTALLED: Mutex<Option<Result<(), String>>> = Mutex::new(None);
+/// Where the jump was written, the bytes it replaced and the text's protection (see
+/// [`uninstall`]); the stub page (kept across an uninstall, reused by the next install).
+static PATCHED: Mutex<Option<(usize, [u8; 5], i32)>> = Mutex::new(None);
+static STUB_PAGE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static WATCHER: Mutex<Option<LibraryWatcher>> = Mutex::new(None);
 /// Nesting of [`notified`] (a callback loading a library); set `AGAIN` instead of recursing.
 static DEPTH: AtomicU32 = AtomicU32::new(0);
@@ -48,13 +55,36 @@ struct RDebug {
 
 /// Whether notifications are installed (`Ok` once [`install`] succeeded).
 pub fn installed() -> bool {
-    matches!(INSTALLED.get(), Some(Ok(())))
+    matches!(INSTALLED.lock().unwrap_or_else(|e| e.into_inner()).as_ref(), Some(Ok(())))
 }
 
 /// Starts watching dlopen/dlclose; `cb` runs after each change (see the module docs). The
 /// first call decides the callback; later calls return its result.
 pub fn install(cb: Callback) -> Result<(), String> {
-    INSTALLED.get_or_init(|| install_inner(cb)).clone()
+    let mut g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = g.as_ref() {
+        return r.clone();
+    }
+    let r = install_inner(cb);
+    *g = Some(r.clone());
+    r
+}
+
+/// Puts `_dl_debug_state` back as it was (`userbpf detach`): its `ret` first (one byte: a
+/// thread runs the whole `jmp` or the `ret`), then, once every thread saw it, the padding.
+/// A thread already in the stub goes on to [`notified`] (the stub page and this code stay
+/// mapped) and returns to the loader. The next [`install`] patches it again.
+pub fn uninstall() -> Result<(), String> {
+    let mut g = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((at, orig, prot)) = PATCHED.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        *g = None;
+        return Ok(());
+    };
+    crate::patch::write_text(at, &orig[..1], prot)?;
+    crate::patch::broadcast();
+    crate::patch::write_text(at + 1, &orig[1..], prot)?;
+    *g = None;
+    Ok(())
 }
 
 /// The address of the loader's `_dl_debug_state`.
@@ -113,11 +143,23 @@ fn install_inner(cb: Callback) -> Result<(), String> {
     let at = patch_site(addr, code)?;
     *WATCHER.lock().unwrap_or_else(|e| e.into_inner()) = Some(LibraryWatcher::new());
     let _ = CALLBACK.set(cb);
-    let page = crate::patch::alloc_near(at).ok_or("no free memory near the loader for the notification stub")?;
-    // jmp qword ptr [rip+0]; .quad notified
-    let mut stub = vec![0xFF, 0x25, 0, 0, 0, 0];
-    stub.extend_from_slice(&(notified as *const () as usize as u64).to_le_bytes());
-    crate::patch::seal_page(page, &[(0, &stub)])?;
+    let page = match STUB_PAGE.load(SeqCst) {
+        0 => {
+            let page = crate::patch::alloc_near(at).ok_or("no free memory near the loader for the notification stub")?;
+            // jmp qword ptr [rip+0]; .quad notified
+            let mut stub = vec![0xFF, 0x25, 0, 0, 0, 0];
+            stub.extend_from_slice(&(notified as *const () as usize as u64).to_le_bytes());
+            crate::patch::seal_page(page, &[(0, &stub)])?;
+            STUB_PAGE.store(page, SeqCst);
+            page
+        }
+        // Installed before and uninstalled: the same stub.
+        page => page,
+    };
+    let mut orig = [0u8; 5];
+    // SAFETY: `at`..`at + 5` lies in the readable text checked above (`patch_site` found the
+    // `ret` and at least 4 bytes of padding there).
+    orig.copy_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, 5) });
     let rel = i32::try_from(page as i64 - (at as i64 + 5)).map_err(|_| "notification stub out of rel32 range".to_string())?;
     let mut jmp = [0xE9, 0, 0, 0, 0];
     jmp[1..].copy_from_slice(&rel.to_le_bytes());
@@ -127,6 +169,7 @@ fn install_inner(cb: Callback) -> Result<(), String> {
     crate::patch::write_text(at + 1, &jmp[1..], map.prot)?;
     crate::patch::broadcast();
     crate::patch::write_text(at, &jmp[..1], map.prot)?;
+    *PATCHED.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, orig, map.prot));
     Ok(())
 }
 

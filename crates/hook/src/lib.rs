@@ -329,10 +329,13 @@ pub fn prepare() -> Result<(), HookError> {
 }
 
 fn init() -> Result<&'static Globals, HookError> {
-    GLOBALS
+    let g = GLOBALS
         .get_or_init(init_inner)
         .as_ref()
-        .map_err(|e| HookError::Init(e.clone()))
+        .map_err(|e| HookError::Init(e.clone()))?;
+    // After `release`: the engine's signal handlers go back in before anything is patched.
+    patch::reclaim_signals().map_err(HookError::Init)?;
+    Ok(g)
 }
 
 fn init_inner() -> Result<Globals, String> {
@@ -382,6 +385,7 @@ fn init_inner() -> Result<Globals, String> {
     }
     thread::PTHREAD_KEY.store(key as usize, SeqCst);
     patch::install_handlers()?;
+    patch::handlers_installed();
     Ok(Globals {
         common_full: page,
         common_light: light_at,
@@ -572,6 +576,51 @@ pub fn detach(id: ProbeId) -> Result<(), HookError> {
     }
     publish(site, items);
     Ok(())
+}
+
+/// Removes every probe of the process (the program's and the engine's own: the guard probes
+/// on libc's `sigaction`/`pthread_sigmask`, system call dispatch's), restoring their original
+/// bytes with the same live-patching protocol as [`detach`]. Returns how many were removed
+/// and the first failure, if any (a probe that failed stays).
+pub fn detach_all() -> (usize, Option<HookError>) {
+    let ids: Vec<u64> = registry().as_ref().map(|r| r.probes.keys().copied().collect()).unwrap_or_default();
+    let mut n = 0;
+    let mut first = None;
+    for id in ids {
+        match detach(ProbeId(id)) {
+            Ok(()) => n += 1,
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    (n, first)
+}
+
+/// The number of probes in place.
+pub fn probe_count() -> usize {
+    registry().as_ref().map_or(0, |r| r.probes.len())
+}
+
+/// Leaves the process as it was before the engine (`userbpf detach`): system call dispatch
+/// off in every thread and its `SIGSYS` and switch signal given back, the loader's
+/// notification (`dlnotify`) taken out of `_dl_debug_state`, every probe removed (original
+/// bytes back), running handlers waited for, then `SIGTRAP` and the fixup signal given back
+/// (`SIGTRAP` to what the program set last). Trampoline pages and the engine's code stay
+/// mapped: a thread may still return through them (a return probe's trampoline address on
+/// its stack, a relocated copy it is running). The next [`attach`] takes the signals again
+/// and the next `dlnotify::install` patches the loader again. Returns how many probes went.
+pub fn release() -> Result<usize, HookError> {
+    sud::release();
+    dlnotify::uninstall().map_err(HookError::Init)?;
+    let (n, err) = detach_all();
+    if let Some(e) = err {
+        return Err(e);
+    }
+    thread::synchronize();
+    sud::release_signals();
+    patch::release_signals();
+    Ok(n)
 }
 
 /// The bytes currently at a probed address (for tests and diagnostics).

@@ -825,12 +825,73 @@ pub(crate) fn install_handlers() -> Result<(), String> {
         sb.sa_sigaction = fixup_handler as *const () as usize;
         sb.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigemptyset(&mut sb.sa_mask);
-        if libc::sigaction(fixup_signal(), &sb, std::ptr::null_mut()) != 0 {
+        let mut prev: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(fixup_signal(), &sb, &mut prev) != 0 {
             return Err(format!(
                 "sigaction(fixup signal): {}",
                 std::io::Error::last_os_error()
             ));
         }
+        *OLD_FIXUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(prev);
+    }
+    Ok(())
+}
+
+/// The fixup signal's disposition before the engine installed its handler.
+static OLD_FIXUP: std::sync::Mutex<Option<libc::sigaction>> = std::sync::Mutex::new(None);
+/// Set by [`release_signals`]: the engine's handlers are not installed (the next
+/// [`reclaim_signals`] installs them again).
+static RELEASED: AtomicBool = AtomicBool::new(false);
+
+/// Sets `sig`'s disposition to `act`, through `SIG_IGN` first: a signal of ours still pending
+/// somewhere (a thread that had it blocked) is discarded rather than delivered to a
+/// disposition that is not ours any more (the default action of a real-time signal ends the
+/// process).
+pub(crate) fn set_through_ignore(sig: i32, act: &libc::sigaction) {
+    // SAFETY: sigaction with fully initialised structs (all-zero plus SIG_IGN, then the
+    // caller's copy of a disposition the kernel gave us).
+    unsafe {
+        let mut ign: libc::sigaction = std::mem::zeroed();
+        ign.sa_sigaction = libc::SIG_IGN;
+        libc::sigaction(sig, &ign, std::ptr::null_mut());
+        libc::sigaction(sig, act, std::ptr::null_mut());
+    }
+}
+
+/// Gives back the signals the engine took (called once every probe is gone, see
+/// `crate::release`): `SIGTRAP` goes to the disposition the program set last (or the one
+/// found before the engine), the fixup signal to the one found before the engine; the guard
+/// probes are forgotten (put back by the next attach).
+pub(crate) fn release_signals() {
+    if !OURS_INSTALLED.load(SeqCst) {
+        return;
+    }
+    let trap = act_load(&OLD_TRAP);
+    set_through_ignore(libc::SIGTRAP, &trap);
+    if let Some(old) = *OLD_FIXUP.lock().unwrap_or_else(|e| e.into_inner()) {
+        set_through_ignore(fixup_signal(), &old);
+    }
+    for g in &GUARD_SITES {
+        g.store(0, SeqCst);
+    }
+    GUARD.store(0, SeqCst);
+    OURS_INSTALLED.store(false, SeqCst);
+    RELEASED.store(true, SeqCst);
+}
+
+/// Whether the engine's handlers are installed.
+static OURS_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Marks the handlers installed (by the first `install_handlers`).
+pub(crate) fn handlers_installed() {
+    OURS_INSTALLED.store(true, SeqCst);
+}
+
+/// Installs the engine's handlers again after [`release_signals`] (a later attach).
+pub(crate) fn reclaim_signals() -> Result<(), String> {
+    if RELEASED.swap(false, SeqCst) {
+        install_handlers()?;
+        OURS_INSTALLED.store(true, SeqCst);
     }
     Ok(())
 }

@@ -49,6 +49,11 @@
 //! installs while dispatch is on is kept as the one other `SIGSYS`s (seccomp's, `raise`) are
 //! handed to.
 //!
+//! `crate::release` (`userbpf detach`) turns dispatch off in every thread, forgets the set-up
+//! (its probes on libc go with every other probe) and gives `SIGSYS` and the switch signal
+//! back; the page stays mapped (a thread may be returning through it) and is reused by the
+//! next [`enable`].
+//!
 //! Not seen: the dynamic loader's calls before the agent is loaded (the preloaded agent's
 //! constructor runs after the loader has mapped and relocated every library), calls made
 //! before a system call tracepoint is attached, the calls of a `CLONE_VFORK` child (`vfork`,
@@ -732,7 +737,18 @@ fn setup() -> Result<(), String> {
         return r.clone();
     }
     let r = (|| {
-        PAGE.store(make_page()?, SeqCst);
+        // The page stays mapped after `release` (a thread may be returning through it): a
+        // later setup reuses it.
+        if PAGE.load(SeqCst) == 0 {
+            PAGE.store(make_page()?, SeqCst);
+        }
+        let mut prev_switch = Box::new(
+            // SAFETY: all-zero is a valid struct sigaction.
+            unsafe { std::mem::zeroed::<libc::sigaction>() },
+        );
+        // SAFETY: a query only (no new action) into a struct of ours.
+        unsafe { libc::sigaction(switch_signal(), std::ptr::null(), &mut *prev_switch) };
+        *OLD_SWITCH.lock().unwrap_or_else(|e| e.into_inner()) = Some(*prev_switch);
         // Our handlers return through the page's restorer: libc's (`__restore_rt`) makes its
         // `rt_sigreturn` outside the page, which would trap again from the handler's return.
         install_own(switch_signal(), on_switch as *const () as usize, libc::SA_SIGINFO | libc::SA_RESTART)
@@ -789,6 +805,41 @@ pub fn disable() {
     }
     set_dispatch(false);
     broadcast();
+}
+
+/// The switch signal's disposition before [`setup`] installed ours.
+static OLD_SWITCH: Mutex<Option<libc::sigaction>> = Mutex::new(None);
+/// Set by [`release`] when dispatch had been set up: [`release_signals`] gives its signals back.
+static RELEASING: AtomicBool = AtomicBool::new(false);
+
+/// First step of `crate::release`: dispatch off in every thread, and the set-up forgotten
+/// (the next [`enable`] installs the handlers and its probes again; the page is kept). Its
+/// probes on libc go with every other probe; then [`release_signals`].
+pub(crate) fn release() {
+    let mut s = SETUP.lock().unwrap_or_else(|e| e.into_inner());
+    if !matches!(s.as_ref(), Some(Ok(()))) {
+        *s = None;
+        return;
+    }
+    disable();
+    *s = None;
+    RELEASING.store(true, SeqCst);
+}
+
+/// Last step of `crate::release` (every probe gone): `SIGSYS` goes back to the program's
+/// disposition (the one it set while dispatch was on, or the one found before), the switch
+/// signal to the one found before.
+pub(crate) fn release_signals() {
+    if !RELEASING.swap(false, SeqCst) {
+        return;
+    }
+    let prev = OLD_SIGSYS.load(Acquire);
+    // SAFETY: all-zero is SIG_DFL; `prev` is a leaked copy, never freed.
+    let sys = if prev.is_null() { unsafe { std::mem::zeroed() } } else { unsafe { *prev } };
+    crate::patch::set_through_ignore(libc::SIGSYS, &sys);
+    if let Some(old) = *OLD_SWITCH.lock().unwrap_or_else(|e| e.into_inner()) {
+        crate::patch::set_through_ignore(switch_signal(), &old);
+    }
 }
 
 /// In the child of a fork (only async-signal-safe work): dispatch is not inherited.

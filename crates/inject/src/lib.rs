@@ -13,6 +13,11 @@
 //! resumes at that call's `syscall` instruction, which makes it again from the start, so the
 //! program never sees `EINTR` (see `remote::resumed_in_syscall`).
 //!
+//! [`call_loaded`] calls a function of a library the process loaded before (how `userbpf
+//! detach` reaches the agent): the process's `dlopen` with `RTLD_NOLOAD` finds it without
+//! mapping anything (and says when it is not there), `dlsym` finds the function, and the
+//! reference that `dlopen` counted is given back with `dlclose`.
+//!
 //! The functions called are found in the target's own libc: `dlopen`, `dlsym` and `dlerror`
 //! from its dynamic symbol table (glibc 2.34 and later have them in libc.so.6), at the address
 //! the target mapped libc at (`/proc/PID/maps`).
@@ -51,6 +56,8 @@ pub enum InjectError {
     Died { pid: i32, how: String },
     #[error("dlopen of {lib} in process {pid} failed: {why}")]
     Dlopen { pid: i32, lib: PathBuf, why: String },
+    #[error("{lib} is not loaded in process {pid}")]
+    NotLoaded { pid: i32, lib: PathBuf },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -72,12 +79,26 @@ pub struct Injected {
 /// `func(arg)` there, `arg` being a NUL-terminated copy of the given bytes in the target's
 /// memory (valid during the call only), and returns what it returned.
 pub fn inject(pid: i32, lib: &Path, func: &str, arg: &[u8]) -> Result<Injected, InjectError> {
+    call_in(pid, lib, func, arg, libc::RTLD_NOW)
+}
+
+/// Calls `func(arg)` in library `lib` that process `pid` has loaded already (found with its
+/// own `dlopen(lib, RTLD_NOW | RTLD_NOLOAD)`, which maps nothing, and `dlsym`), as [`inject`]
+/// does; [`InjectError::NotLoaded`] when the process does not have it. The handle the
+/// process's `dlopen` counted is given back (`dlclose`), so its reference count is as before.
+pub fn call_loaded(pid: i32, lib: &Path, func: &str, arg: &[u8]) -> Result<Injected, InjectError> {
+    call_in(pid, lib, func, arg, libc::RTLD_NOW | libc::RTLD_NOLOAD)
+}
+
+fn call_in(pid: i32, lib: &Path, func: &str, arg: &[u8], mode: i32) -> Result<Injected, InjectError> {
     procfs::check_can_trace(pid)?;
     let lib = std::fs::canonicalize(lib)?;
     let (libc_path, libc_base) = procfs::libc_of(pid)?;
     let dlopen = libc_symbol(&libc_path, "dlopen")?.wrapping_add(libc_base);
     let dlsym = libc_symbol(&libc_path, "dlsym")?.wrapping_add(libc_base);
     let dlerror = libc_symbol(&libc_path, "dlerror")?.wrapping_add(libc_base);
+    let dlclose = libc_symbol(&libc_path, "dlclose")?.wrapping_add(libc_base);
+    let noload = mode & libc::RTLD_NOLOAD != 0;
 
     let tid = procfs::safe_thread(pid);
     let mut t = Borrowed::seize(pid, tid)?;
@@ -85,7 +106,10 @@ pub fn inject(pid: i32, lib: &Path, func: &str, arg: &[u8]) -> Result<Injected, 
     let result = (|| {
         let mut path = lib.as_os_str().as_encoded_bytes().to_vec();
         path.push(0);
-        let handle = t.call(dlopen, &[Arg::Bytes(&path), Arg::Word(libc::RTLD_NOW as u64)])?;
+        let handle = t.call(dlopen, &[Arg::Bytes(&path), Arg::Word(mode as u64)])?;
+        if handle == 0 && noload {
+            return Err(InjectError::NotLoaded { pid, lib: lib.clone() });
+        }
         if handle == 0 {
             let msg = t.call(dlerror, &[])?;
             let why = if msg == 0 { "no reason given".to_string() } else { t.read_cstring(msg, 4096)? };
@@ -100,6 +124,11 @@ pub fn inject(pid: i32, lib: &Path, func: &str, arg: &[u8]) -> Result<Injected, 
         let mut a = arg.to_vec();
         a.push(0);
         let ret = t.call(f, &[Arg::Bytes(&a)])?;
+        if noload {
+            // RTLD_NOLOAD counted a reference: give it back (the library stays: the first
+            // dlopen's reference holds it).
+            t.call(dlclose, &[Arg::Word(handle)])?;
+        }
         Ok((handle, ret))
     })();
     let released = t.release();

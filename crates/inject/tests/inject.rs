@@ -83,3 +83,21 @@ fn what_cannot_work_is_refused_with_the_reason() {
     traced.kill().unwrap();
     traced.wait().unwrap();
 }
+
+#[test]
+fn a_function_of_a_library_already_loaded_is_called_without_loading_it() {
+    let (c, out, pid) = start();
+    let lib = &built().1;
+    // Not loaded yet: said, and nothing is mapped.
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let e = userbpf_inject::call_loaded(pid, lib, "inject_init", b"x").unwrap_err();
+    assert!(matches!(e, userbpf_inject::InjectError::NotLoaded { .. }), "{e}");
+    assert!(e.to_string().contains("is not loaded in process"), "{e}");
+    assert!(!maps().contains("libinjected.so"));
+    userbpf_inject::inject(pid, lib, "inject_init", b"first").unwrap();
+    let before = maps();
+    let r = userbpf_inject::call_loaded(pid, lib, "inject_init", b"again").unwrap();
+    assert_eq!(r.ret as i32, 43, "the same library: its constructor ran once");
+    assert_eq!(maps(), before, "nothing mapped");
+    assert_eq!(finish(c, out), "read hello\ninjected again\neintr 0\n");
+}
