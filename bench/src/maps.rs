@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use userbpf_isa::*;
 use userbpf_maps::ringbuf::RingBufConsumer;
-use userbpf_maps::{Map, MapSpec, MapType, BPF_ANY, BPF_NOEXIST};
+use userbpf_maps::{BPF_ANY, BPF_NOEXIST, Map, MapSpec, MapType};
 use userbpf_runtime::context::{self, CpuSlots, RunContext};
 use userbpf_runtime::helpers;
 use userbpf_runtime::program::{Engine, LoadedProgram};
@@ -161,12 +161,12 @@ fn op_loop(map: u32, key_size: u8, op: Op, empty: bool) -> Vec<Insn> {
         .mov_k(8, 0) // r8 = failures
         .st(BPF_DW, 10, -16, 7) // the value updates write
         .st(BPF_DW, 10, -8, 0);
-    a.label("top")
-        .mov_x(1, 7)
-        .alu_x(BPF_AND, 1, 9)
-        .ldx(BPF_DW, 2, 10, -32)
-        .alu_x(BPF_ADD, 1, 2)
-        .stx(if key_size == 4 { BPF_W } else { BPF_DW }, 10, 1, -8);
+    a.label("top").mov_x(1, 7).alu_x(BPF_AND, 1, 9).ldx(BPF_DW, 2, 10, -32).alu_x(BPF_ADD, 1, 2).stx(
+        if key_size == 4 { BPF_W } else { BPF_DW },
+        10,
+        1,
+        -8,
+    );
     if op != Op::CpuId {
         a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -8);
     }
@@ -279,8 +279,17 @@ impl Env {
         Env { dir, slots, maps: Vec::new(), next_prog: 1 }
     }
 
-    fn create(&mut self, id: u32, name: &str, map_type: MapType, key_size: u32, value_size: u32, max_entries: u32) -> Arc<Map> {
-        let spec = MapSpec { map_type, key_size, value_size, max_entries, map_flags: 0, map_extra: 0, name: name.to_string() };
+    fn create(
+        &mut self,
+        id: u32,
+        name: &str,
+        map_type: MapType,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+    ) -> Arc<Map> {
+        let spec =
+            MapSpec { map_type, key_size, value_size, max_entries, map_flags: 0, map_extra: 0, name: name.to_string() };
         let map = Arc::new(Map::create(&self.dir.join(name), &spec).unwrap_or_else(|e| panic!("creating {name}: {e}")));
         assert!(helpers::register_map(id, map.clone()), "map registry full");
         self.maps.push((id, map.clone()));
@@ -290,8 +299,16 @@ impl Env {
     fn prog(&mut self, name: &str, insns: &[Insn]) -> LoadedProgram {
         self.next_prog += 1;
         let resolver = self.maps.as_slice();
-        LoadedProgram::prepare(self.next_prog, name, insns, helpers::registry(), &resolver, Engine::Jit, self.slots.clone())
-            .unwrap_or_else(|e| panic!("preparing {name}: {e}"))
+        LoadedProgram::prepare(
+            self.next_prog,
+            name,
+            insns,
+            helpers::registry(),
+            &resolver,
+            Engine::Jit,
+            self.slots.clone(),
+        )
+        .unwrap_or_else(|e| panic!("preparing {name}: {e}"))
     }
 }
 
@@ -343,7 +360,13 @@ struct Measured {
 
 /// Times `prog` against `empty` (same shape, no call) on `threads` threads, each with the
 /// context `ctx_of(thread)` (words 1.. ; word 0 is set to `n`).
-fn measure(prog: &LoadedProgram, empty: &LoadedProgram, threads: usize, n: u64, ctx_of: &(dyn Fn(usize) -> [u64; 4] + Sync)) -> Measured {
+fn measure(
+    prog: &LoadedProgram,
+    empty: &LoadedProgram,
+    threads: usize,
+    n: u64,
+    ctx_of: &(dyn Fn(usize) -> [u64; 4] + Sync),
+) -> Measured {
     let steal0 = steal_ms();
     let per_thread = in_threads(threads, |t, b| {
         let mut ctx = ctx_of(t);
@@ -498,8 +521,28 @@ fn measure_cycle(
         let (d, de, i, ie) = (median(d), median(de), median(i), median(ie));
         let preempted = involuntary_switches() - switches0;
         (
-            Measured { ns: d - de, gross_ns: d, fails: dfail, ops, skipped, prog_runs: 0, last_err: derr, preempted, steal_ms: 0 },
-            Measured { ns: i - ie, gross_ns: i, fails: ifail, ops, skipped: 0, prog_runs: 0, last_err: ierr, preempted, steal_ms: 0 },
+            Measured {
+                ns: d - de,
+                gross_ns: d,
+                fails: dfail,
+                ops,
+                skipped,
+                prog_runs: 0,
+                last_err: derr,
+                preempted,
+                steal_ms: 0,
+            },
+            Measured {
+                ns: i - ie,
+                gross_ns: i,
+                fails: ifail,
+                ops,
+                skipped: 0,
+                prog_runs: 0,
+                last_err: ierr,
+                preempted,
+                steal_ms: 0,
+            },
         )
     });
     let steal = steal_ms() - steal0;
@@ -564,9 +607,7 @@ fn involuntary_switches() -> u64 {
     std::fs::read_to_string("/proc/thread-self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse().ok())
+            s.lines().find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:")).and_then(|v| v.trim().parse().ok())
         })
         .unwrap_or(0)
 }
@@ -758,7 +799,8 @@ fn ringbuf_run(map: &Map, prog: &LoadedProgram, name: String, size: usize, dur: 
         let producer = s.spawn(|| {
             let mut ctx = [n, 0, 0, 0];
             let (mut attempted, mut dropped, mut skipped) = (0u64, 0u64, 0u64);
-            let mut own = (drain == Drain::BetweenRuns).then(|| RingBufConsumer::new(rb).expect("ring buffer consumer"));
+            let mut own =
+                (drain == Drain::BetweenRuns).then(|| RingBufConsumer::new(rb).expect("ring buffer consumer"));
             let (mut count, mut bad, mut drain_s) = (0u64, 0u64, 0.0f64);
             barrier.wait();
             let t0 = Instant::now();
@@ -839,7 +881,8 @@ fn main() {
     for (name, id, key) in [("array", ID_ARRAY, 4u8), ("percpu_array", ID_PERCPU, 4)] {
         rows.push(loop_row(&mut env, name, "lookup", id, key, Op::Lookup, &all_array));
         rows.push(loop_row(&mut env, name, "update (BPF_ANY)", id, key, Op::Update(BPF_ANY), &all_array));
-        let mut r = loop_row(&mut env, name, "delete (-EINVAL: call + map check only)", id, key, Op::Delete, &all_array);
+        let mut r =
+            loop_row(&mut env, name, "delete (-EINVAL: call + map check only)", id, key, Op::Delete, &all_array);
         r.failures_expected = true;
         rows.push(r);
     }
@@ -853,8 +896,22 @@ fn main() {
         let ins_e = env.prog(&format!("{name}_insert_empty"), &op_loop(id, 8, Op::Update(BPF_NOEXIST), true));
         let (d1, i1) = measure_cycle(&del, &del_e, &ins, &ins_e, 1, &|t| half_hash(1, t));
         let (d2, i2) = measure_cycle(&del, &del_e, &ins, &ins_e, 2, &|t| half_hash(2, t));
-        rows.push(Row { map: name, op: "delete (present key)".into(), one: d1, two: d2, failures_expected: false, note: None });
-        rows.push(Row { map: name, op: "update new key (BPF_NOEXIST)".into(), one: i1, two: i2, failures_expected: false, note: None });
+        rows.push(Row {
+            map: name,
+            op: "delete (present key)".into(),
+            one: d1,
+            two: d2,
+            failures_expected: false,
+            note: None,
+        });
+        rows.push(Row {
+            map: name,
+            op: "update new key (BPF_NOEXIST)".into(),
+            one: i1,
+            two: i2,
+            failures_expected: false,
+            note: None,
+        });
         let mut left = 0u64;
         let mut k = [0u8; 8];
         let mut cur: Option<[u8; 8]> = None;
@@ -863,7 +920,8 @@ fn main() {
             cur = Some(k);
         }
         if left != HASH_KEYS {
-            rows.last_mut().unwrap().note = Some(format!("{left} keys in the map after the cycles, {HASH_KEYS} expected"));
+            rows.last_mut().unwrap().note =
+                Some(format!("{left} keys in the map after the cycles, {HASH_KEYS} expected"));
         }
     }
     for r in rows.iter_mut() {
@@ -975,7 +1033,11 @@ fn main() {
         let lost = if c.counted == c.expected {
             "no lost updates".to_string()
         } else if c.counted < c.expected {
-            format!("{} lost ({:.1}%)", fmt_count(c.expected - c.counted), 100.0 * (c.expected - c.counted) as f64 / c.expected as f64)
+            format!(
+                "{} lost ({:.1}%)",
+                fmt_count(c.expected - c.counted),
+                100.0 * (c.expected - c.counted) as f64 / c.expected as f64
+            )
         } else {
             format!("{} too many", fmt_count(c.counted - c.expected))
         };
@@ -990,7 +1052,9 @@ fn main() {
         );
     }
     println!();
-    println!("(Lost updates on the plain array with a plain add are expected: two threads read-modify-write one word.)");
+    println!(
+        "(Lost updates on the plain array with a plain add are expected: two threads read-modify-write one word.)"
+    );
 
     println!();
     println!("## Ring buffer: one producer program ({} ms per row, 1 MiB ring)", rb_dur.as_millis());
@@ -1001,7 +1065,9 @@ fn main() {
          (the helper returns -EAGAIN / reserve returns NULL)."
     );
     println!();
-    println!("| workload | produced events/s | consumed events/s | ns per produce call | dropped (no room) | consumed = produced | futex wakeups |");
+    println!(
+        "| workload | produced events/s | consumed events/s | ns per produce call | dropped (no room) | consumed = produced | futex wakeups |"
+    );
     println!("|---|---:|---:|---:|---:|---|---:|");
     for r in &rb_results {
         let ok = if r.consumed == r.produced && r.bad_records == 0 {
@@ -1050,13 +1116,14 @@ fn main() {
     println!(
         "- per-CPU counter increment ≤ {TARGET_PERCPU_INC_NS} ns with no lost updates across 2 threads: {} ns (2 threads), {}: {}",
         fmt_ns(pc.two.ns),
-        if no_loss { "no lost updates".to_string() } else { format!("{} updates LOST", pc.expected.abs_diff(pc.counted)) },
+        if no_loss {
+            "no lost updates".to_string()
+        } else {
+            format!("{} updates LOST", pc.expected.abs_diff(pc.counted))
+        },
         verdict(pc_ok)
     );
-    println!(
-        "This run: {}.",
-        if arr_ok && hash_ok && pc_ok { "all targets met" } else { "targets NOT all met" }
-    );
+    println!("This run: {}.", if arr_ok && hash_ok && pc_ok { "all targets met" } else { "targets NOT all met" });
     println!("(whole benchmark: {:.1} s)", started.elapsed().as_secs_f64());
 }
 

@@ -318,8 +318,18 @@ fn main() {
     let options = LoadOptions { helpers: Arc::new(reg), memory: None, allow_callx: false };
 
     let workloads = [
-        Workload { name: "ALU loop (4 independent chains)", insns: alu_loop(), iterations: 10_000_000, uses_buffer: false },
-        Workload { name: "ALU loop (1 dependent chain)", insns: alu_chain_loop(), iterations: 10_000_000, uses_buffer: false },
+        Workload {
+            name: "ALU loop (4 independent chains)",
+            insns: alu_loop(),
+            iterations: 10_000_000,
+            uses_buffer: false,
+        },
+        Workload {
+            name: "ALU loop (1 dependent chain)",
+            insns: alu_chain_loop(),
+            iterations: 10_000_000,
+            uses_buffer: false,
+        },
         Workload { name: "stack load/store loop", insns: stack_loop(), iterations: 10_000_000, uses_buffer: false },
         Workload { name: "buffer load/store loop", insns: buffer_loop(), iterations: 10_000_000, uses_buffer: true },
         Workload { name: "helper call loop", insns: helper_loop(), iterations: 10_000_000, uses_buffer: false },

@@ -103,7 +103,15 @@ pub fn install() -> bool {
     }
     let mut old = KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
     // SAFETY: reads the current action into a local of the kernel's layout (8-byte mask).
-    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, std::ptr::null::<KSigaction>(), &mut old as *mut KSigaction, 8 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            SIGSETXID as libc::c_long,
+            std::ptr::null::<KSigaction>(),
+            &mut old as *mut KSigaction,
+            8 as libc::c_long,
+        )
+    };
     if r != 0 || old.handler <= 1 || old.flags & libc::SA_SIGINFO as u64 == 0 {
         return false;
     }
@@ -115,7 +123,15 @@ pub fn install() -> bool {
     GLIBC_HANDLER.store(old.handler, Ordering::SeqCst);
     let new = KSigaction { handler: on_setxid as *const () as usize, ..old };
     // SAFETY: installs our handler with glibc's flags, restorer and mask; it chains glibc's.
-    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, &new as *const KSigaction, std::ptr::null_mut::<KSigaction>(), 8 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            SIGSETXID as libc::c_long,
+            &new as *const KSigaction,
+            std::ptr::null_mut::<KSigaction>(),
+            8 as libc::c_long,
+        )
+    };
     INSTALLED.store(r == 0, Ordering::SeqCst);
     r == 0
 }
@@ -131,20 +147,38 @@ pub fn uninstall() {
     }
     let mut cur = KSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
     // SAFETY: reads the current action into a local of the kernel's layout (8-byte mask).
-    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, std::ptr::null::<KSigaction>(), &mut cur as *mut KSigaction, 8 as libc::c_long) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            SIGSETXID as libc::c_long,
+            std::ptr::null::<KSigaction>(),
+            &mut cur as *mut KSigaction,
+            8 as libc::c_long,
+        )
+    };
     if r != 0 || cur.handler != on_setxid as *const () as usize {
         return;
     }
     let back = KSigaction { handler: GLIBC_HANDLER.load(Ordering::SeqCst), ..cur };
     // SAFETY: glibc's own handler with the flags, restorer and mask it had.
-    unsafe { libc::syscall(libc::SYS_rt_sigaction, SIGSETXID as libc::c_long, &back as *const KSigaction, std::ptr::null_mut::<KSigaction>(), 8 as libc::c_long) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            SIGSETXID as libc::c_long,
+            &back as *const KSigaction,
+            std::ptr::null_mut::<KSigaction>(),
+            8 as libc::c_long,
+        )
+    };
 }
 
 /// The `SIGSETXID` handler of every thread (see the module's documentation).
 extern "C" fn on_setxid(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let glibc = GLIBC_HANDLER.load(Ordering::SeqCst);
     // SAFETY: glibc's SA_SIGINFO handler, saved by `install`, called as the kernel would.
-    let chain = || unsafe { std::mem::transmute::<usize, extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void)>(glibc)(sig, info, ctx) };
+    let chain = || unsafe {
+        std::mem::transmute::<usize, extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void)>(glibc)(sig, info, ctx)
+    };
     // SAFETY: errno is this thread's; a handler gives it back as it found it.
     let saved_errno = unsafe { *libc::__errno_location() };
     if !is_agent_tid(gettid()) {
@@ -158,23 +192,23 @@ extern "C" fn on_setxid(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let before = Status::read(gettid());
     chain();
     let after = Status::read(gettid());
-    if let (Some(model), Some(b), Some(a)) = (model, before, after) {
-        if !a.same_ids(&b) {
-            // Until the program's own call is made (glibc makes it once every thread replied).
-            let mut m = Status::read(model);
-            for _ in 0..200_000 {
-                match &m {
-                    Some(s) if s.same_ids(&a) => break,
-                    None => break,
-                    _ => {}
-                }
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-                m = Status::read(model);
+    if let (Some(model), Some(b), Some(a)) = (model, before, after)
+        && !a.same_ids(&b)
+    {
+        // Until the program's own call is made (glibc makes it once every thread replied).
+        let mut m = Status::read(model);
+        for _ in 0..200_000 {
+            match &m {
+                Some(s) if s.same_ids(&a) => break,
+                None => break,
+                _ => {}
             }
-            if let Some(m) = m.filter(|m| m.same_ids(&a)) {
-                take_caps(&m);
-            }
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+            m = Status::read(model);
+        }
+        if let Some(m) = m.filter(|m| m.same_ids(&a)) {
+            take_caps(&m);
         }
     }
     // SAFETY: as above.
@@ -378,7 +412,10 @@ fn take_caps(m: &Status) {
         let h = Header { version: 0x2008_0522, pid: 0 };
         let lo = |v: u64| v as u32;
         let hi = |v: u64| (v >> 32) as u32;
-        let d = [Data { eff: lo(m.eff), prm: lo(m.prm), inh: lo(m.inh) }, Data { eff: hi(m.eff), prm: hi(m.prm), inh: hi(m.inh) }];
+        let d = [
+            Data { eff: lo(m.eff), prm: lo(m.prm), inh: lo(m.inh) },
+            Data { eff: hi(m.eff), prm: hi(m.prm), inh: hi(m.inh) },
+        ];
         // SAFETY: capset (version 3: two data records) on the calling thread, from locals.
         unsafe { libc::syscall(libc::SYS_capset, &h as *const Header, d.as_ptr()) };
     }

@@ -159,7 +159,7 @@ pub(crate) fn leak<T: Send + Sync + 'static>(b: Box<T>) -> &'static mut T {
 ///
 /// # Safety
 /// None beyond being called once the library is loaded; `arg` is not read.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn userbpf_agent_detach(_arg: *const std::ffi::c_char) -> i32 {
     let _ours = userbpf_hook::ours();
     std::panic::catch_unwind(|| {

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{MutexGuard, TryLockError};
 
-use crate::{watcher, Agent, AGENT};
+use crate::{AGENT, Agent, watcher};
 
 struct Held(UnsafeCell<Option<MutexGuard<'static, Agent>>>);
 // SAFETY: only the forking thread touches it, between its prepare handler and its parent or
@@ -61,7 +61,9 @@ extern "C" fn fork_prepare() {
                 unsafe { *HELD.0.get() = Some(p.into_inner()) };
                 return;
             }
-            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_micros(200)),
+            Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_micros(200))
+            }
             Err(TryLockError::WouldBlock) => {
                 FORK_UNLOCKED.store(true, Ordering::SeqCst);
                 return;
@@ -96,11 +98,12 @@ fn note_agent_fds() {
     let Ok(rd) = std::fs::read_dir(format!("/proc/self/task/{tid}/fd")) else { return };
     let mut n = 0;
     for e in rd.flatten() {
-        if let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) {
-            if fd > 2 && n < FDS.len() {
-                FDS[n].store(fd, Ordering::SeqCst);
-                n += 1;
-            }
+        if let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok())
+            && fd > 2
+            && n < FDS.len()
+        {
+            FDS[n].store(fd, Ordering::SeqCst);
+            n += 1;
         }
     }
 }
@@ -160,7 +163,10 @@ extern "C" fn fork_child() {
         libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
         libc::pthread_attr_setstacksize(&mut attr, 1 << 20);
         let mut t: libc::pthread_t = 0;
-        if userbpf_hook::quiet::with_quiet_mask(|| libc::pthread_create(&mut t, &attr, child_thread, std::ptr::null_mut())) != 0 {
+        if userbpf_hook::quiet::with_quiet_mask(|| {
+            libc::pthread_create(&mut t, &attr, child_thread, std::ptr::null_mut())
+        }) != 0
+        {
             watcher::forget_after_fork(false);
         }
         libc::pthread_attr_destroy(&mut attr);

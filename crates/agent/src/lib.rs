@@ -41,10 +41,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
 use userbpf_hook::symbols::{self, MappedObject, ObjectChanges};
-use userbpf_hook::{ProbeId, ProbeKind, PtRegs, HOOK_CONTINUE};
+use userbpf_hook::{HOOK_CONTINUE, ProbeId, ProbeKind, PtRegs};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
-use userbpf_runtime::session::{handshake, Layout, SemaphoreRecord};
+use userbpf_runtime::session::{Layout, SemaphoreRecord, handshake};
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
 mod creds;
@@ -124,7 +124,6 @@ struct Sema {
     off: u64,
 }
 
-
 /// The agent's acknowledgement of link changes (the handshake, both halves:
 /// `userbpf_runtime::session::handshake`).
 ///
@@ -156,9 +155,9 @@ impl Ack {
         handshake::remove_ack_of_self(&Layout::new(dir));
     }
 
-    fn write(&mut self, gen: u32) -> std::io::Result<()> {
-        self.file.write(gen)?;
-        self.done = gen;
+    fn write(&mut self, generation: u32) -> std::io::Result<()> {
+        self.file.write(generation)?;
+        self.done = generation;
         Ok(())
     }
 
@@ -379,7 +378,10 @@ unsafe extern "C" fn probe_read_kernel(dst: u64, size: u64, src: u64, a4: u64, a
     let size = size as u32 as u64;
     if let Some(c) = userbpf_runtime::context::current() {
         let regs = c.regs;
-        if regs != 0 && src >= regs && src.checked_add(size).is_some_and(|e| e <= regs + std::mem::size_of::<PtRegs>() as u64) {
+        if regs != 0
+            && src >= regs
+            && src.checked_add(size).is_some_and(|e| e <= regs + std::mem::size_of::<PtRegs>() as u64)
+        {
             // SAFETY: the source lies inside the probe's pt_regs (live for the run); `dst` is
             // the program's buffer of `size` bytes, as for the runtime's own helper.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, size as usize) };
@@ -435,10 +437,10 @@ impl Agent {
 
     /// As [`Agent::start_with`], in `session`.
     fn start_in(session: Session, ack: bool) -> Result<&'static Mutex<Agent>, String> {
-        if let Some(a) = AGENT.get() {
-            if !detach::is_detached() {
-                return Ok(a);
-            }
+        if let Some(a) = AGENT.get()
+            && !detach::is_detached()
+        {
+            return Ok(a);
         }
         // Started again after a detach in the same session (the same directory, not one made
         // anew under its name): its programs and CPU slots are taken up again, as the
@@ -458,7 +460,8 @@ impl Agent {
             Some(s) => s,
             None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
         };
-        let engine = if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
+        let engine =
+            if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         detach::before_guard();
         userbpf_vm::guard::install();
         let ack = if ack {
@@ -472,7 +475,17 @@ impl Agent {
         if ack.is_some() {
             forget_own_semaphore_claims(session.dir());
         }
-        let agent = Agent { session, session_ino, slots: Some(slots), engine, programs, links: HashMap::new(), ack, semas: HashMap::new(), prog_records: None };
+        let agent = Agent {
+            session,
+            session_ino,
+            slots: Some(slots),
+            engine,
+            programs,
+            links: HashMap::new(),
+            ack,
+            semas: HashMap::new(),
+            prog_records: None,
+        };
         let cell = match AGENT.get() {
             // Started again after a detach (`userbpf attach` of a process detached before):
             // the detached agent's session was left and its objects dropped.
@@ -524,13 +537,13 @@ impl Agent {
         let me = unsafe { libc::gettid() };
         let outer = SYNCING.swap(me, Ordering::SeqCst);
         // The generation first, then the listing (see `Ack`).
-        let gen = self.ack.is_some().then(|| Ack::current(self.session.dir()));
+        let generation = self.ack.is_some().then(|| Ack::current(self.session.dir()));
         let complete = self.sync_inner();
-        if let (Some(a), Some(gen)) = (self.ack.as_mut(), gen) {
+        if let (Some(a), Some(generation)) = (self.ack.as_mut(), generation) {
             // A forked child syncing before its watcher made its own file leaves the
             // parent's alone.
-            if complete && gen > a.done && ACK_PID.load(Ordering::SeqCst) == std::process::id() {
-                let _ = a.write(gen);
+            if complete && generation > a.done && ACK_PID.load(Ordering::SeqCst) == std::process::id() {
+                let _ = a.write(generation);
             }
         }
         SYNCING.store(outer, Ordering::SeqCst);
@@ -618,7 +631,8 @@ impl Agent {
         let start = userbpf_runtime::session::start_time(me).unwrap_or(0);
         let claim_path = |link: u32| layout.semaphore_claim(link, me, start);
         let mut maps: Option<String> = None;
-        let mut maps = || maps.get_or_insert_with(|| std::fs::read_to_string("/proc/self/maps").unwrap_or_default()).clone();
+        let mut maps =
+            || maps.get_or_insert_with(|| std::fs::read_to_string("/proc/self/maps").unwrap_or_default()).clone();
         let known: Vec<u32> = self.semas.keys().copied().collect();
         for id in known {
             let Some(Some(s)) = self.semas.get(&id).copied() else {
@@ -646,7 +660,9 @@ impl Agent {
             }
             let Ok(md) = std::fs::metadata(&r.path) else { continue };
             let (dev, ino) = (std::os::unix::fs::MetadataExt::dev(&md), std::os::unix::fs::MetadataExt::ino(&md));
-            let Some(addr) = userbpf_hook::usdt::semaphore_address(&maps(), dev, ino, off).map(|a| a as usize) else { continue };
+            let Some(addr) = userbpf_hook::usdt::semaphore_address(&maps(), dev, ino, off).map(|a| a as usize) else {
+                continue;
+            };
             let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(claim_path(id)).is_ok();
             if claimed {
                 usdt::semaphore_add(addr, 1);
@@ -662,12 +678,20 @@ impl Agent {
         if self.prog_records.is_none() {
             self.prog_records = Some(self.session.progs().map_err(|e| e.to_string())?);
         }
-        let rec = self.prog_records.iter().flatten().find(|p| p.id == id).cloned().ok_or(format!("program {id} is not in the session"))?;
+        let rec = self
+            .prog_records
+            .iter()
+            .flatten()
+            .find(|p| p.id == id)
+            .cloned()
+            .ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
         userbpf_runtime::program_table::register(prog.clone());
         self.programs.insert(id, prog.clone());
         // The programs it may tail-call (statically initialised prog arrays included).
-        for (tid, t) in userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)? {
+        for (tid, t) in
+            userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)?
+        {
             self.programs.insert(tid, t);
         }
         Ok(prog)
@@ -679,7 +703,11 @@ impl Agent {
             return tracepoint::attach(link, prog).map(Outcome::Attached);
         }
         // The object the link names, if it is mapped here.
-        let obj = if link.path.is_empty() { objs.first() } else { objs.iter().find(|o| symbols::same_file(&o.path, &link.path)) };
+        let obj = if link.path.is_empty() {
+            objs.first()
+        } else {
+            objs.iter().find(|o| symbols::same_file(&o.path, &link.path))
+        };
         let Some(obj) = obj.cloned() else { return Ok(Outcome::NotHere) };
         let library = (objs.first() != Some(&obj)).then(|| obj.clone());
         if link.kind == "usdt" {
@@ -700,9 +728,13 @@ impl Agent {
                 let func = if link.offset != 0 { format!("{f}+{}", link.offset) } else { f.clone() };
                 match symbols::resolve(&format!("{}:{func}", obj.path.display())) {
                     Ok(r) => r,
-                    Err(userbpf_hook::HookError::Symbol(m)) if m.starts_with(symbols::DEFERRED) => return Ok(Outcome::Deferred),
+                    Err(userbpf_hook::HookError::Symbol(m)) if m.starts_with(symbols::DEFERRED) => {
+                        return Ok(Outcome::Deferred);
+                    }
                     // Not the target: an executable without the function.
-                    Err(_) if link.path.is_empty() && !symbols::has_function(&obj.path, f).unwrap_or(false) => return Ok(Outcome::NotHere),
+                    Err(_) if link.path.is_empty() && !symbols::has_function(&obj.path, f).unwrap_or(false) => {
+                        return Ok(Outcome::NotHere);
+                    }
                     Err(e) => return Err(e.to_string()),
                 }
             }
@@ -722,11 +754,13 @@ impl Agent {
             ip: 0,
             at_func_entry: entry,
         }));
-        let ext = resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
+        let ext =
+            resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
         // SAFETY: `data` was just leaked above; it is freed only at detach, once no handler
         // can run (`detach::run`).
         let lean = lean_handler(unsafe { &*data });
-        let id = userbpf_hook::attach_lean(resolved.addr, kind, on_hit, data.cast(), ext, lean).map_err(|e| e.to_string())?;
+        let id = userbpf_hook::attach_lean(resolved.addr, kind, on_hit, data.cast(), ext, lean)
+            .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
 }
@@ -744,11 +778,7 @@ fn target_spec(link: &LinkRecord) -> String {
         Some(f) => f.clone(),
         None => format!("{:#x}", link.offset),
     };
-    if link.path.is_empty() {
-        func
-    } else {
-        format!("{}:{func}", link.path)
-    }
+    if link.path.is_empty() { func } else { format!("{}:{func}", link.path) }
 }
 
 /// The loader mapped or unmapped libraries (called inside dlopen/dlclose, see
@@ -779,7 +809,9 @@ fn on_objects_changed(c: &ObjectChanges) {
         match cell.try_lock() {
             Ok(mut a) => return a.sync(),
             Err(TryLockError::Poisoned(p)) => return p.into_inner().sync(),
-            Err(TryLockError::WouldBlock) if SYNCING.load(Ordering::SeqCst) != me && std::time::Instant::now() < deadline => {
+            Err(TryLockError::WouldBlock)
+                if SYNCING.load(Ordering::SeqCst) != me && std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(std::time::Duration::from_micros(100));
             }
             Err(TryLockError::WouldBlock) => {
@@ -816,5 +848,5 @@ extern "C" fn leave_at_exit() {
 
 /// Runs when the library is loaded (LD_PRELOAD or dlopen).
 #[used]
-#[link_section = ".init_array"]
+#[unsafe(link_section = ".init_array")]
 static AGENT_INIT: extern "C" fn() = watcher::agent_init;

@@ -35,11 +35,11 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 
 use userbpf_hook::syscalls::{self, ArgSrc, Wrapper};
-use userbpf_hook::{sud, ProbeKind, PtRegs, HOOK_CONTINUE};
+use userbpf_hook::{HOOK_CONTINUE, ProbeKind, PtRegs, sud};
 use userbpf_runtime::context::RunContext;
 use userbpf_runtime::{LinkRecord, LoadedProgram};
 
-use super::{log, AttachedLink};
+use super::{AttachedLink, log};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Field {
@@ -160,7 +160,8 @@ fn fire(p: &Probe, nr: u64, args: [u64; 6], ret: i64, regs: *mut PtRegs) {
                 sys.ax = ret as u64;
             } else {
                 sys.ax = (-(libc::ENOSYS as i64)) as u64;
-                (sys.di, sys.si, sys.dx, sys.r10, sys.r8, sys.r9) = (args[0], args[1], args[2], args[3], args[4], args[5]);
+                (sys.di, sys.si, sys.dx, sys.r10, sys.r8, sys.r9) =
+                    (args[0], args[1], args[2], args[3], args[4], args[5]);
             }
             info.regs = &sys as *const PtRegs as u64;
             let mut ctx = [&sys as *const PtRegs as u64, if p.exit { ret as u64 } else { nr }];
@@ -291,10 +292,10 @@ fn parse_format(text: &str) -> Option<Layout> {
 /// The record of `cat/name` from tracefs, or the kernel's usual one.
 fn layout(cat: &str, name: &str, exit: bool) -> Layout {
     for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if let Ok(t) = std::fs::read_to_string(format!("{root}/events/{cat}/{name}/format")) {
-            if let Some(l) = parse_format(&t) {
-                return l;
-            }
+        if let Ok(t) = std::fs::read_to_string(format!("{root}/events/{cat}/{name}/format"))
+            && let Some(l) = parse_format(&t)
+        {
+            return l;
         }
     }
     let raw = cat == "raw_syscalls";
@@ -302,22 +303,38 @@ fn layout(cat: &str, name: &str, exit: bool) -> Layout {
     if exit {
         Layout { size: 24, common_type: 0, nr, args: [None; 6], ret: Some(Field { off: 16, size: 8 }) }
     } else {
-        Layout { size: 64, common_type: 0, nr, args: std::array::from_fn(|i| Some(Field { off: 16 + 8 * i as u16, size: 8 })), ret: None }
+        Layout {
+            size: 64,
+            common_type: 0,
+            nr,
+            args: std::array::from_fn(|i| Some(Field { off: 16 + 8 * i as u16, size: 8 })),
+            ret: None,
+        }
     }
 }
 
 /// Attaches a system call tracepoint or raw tracepoint link.
 pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLink, String> {
     let what = link.func.as_deref().unwrap_or("");
-    let (shape_of, exit, call): (Option<(&str, &str)>, bool, Option<&str>) = match (link.kind.as_str(), what.split_once('/')) {
+    let (shape_of, exit, call): (Option<(&str, &str)>, bool, Option<&str>) = match (
+        link.kind.as_str(),
+        what.split_once('/'),
+    ) {
         ("raw_tracepoint", _) if what == "sys_enter" || what == "sys_exit" => (None, what == "sys_exit", None),
-        ("tracepoint", Some(("raw_syscalls", n))) if n == "sys_enter" || n == "sys_exit" => (Some(("raw_syscalls", n)), n == "sys_exit", None),
+        ("tracepoint", Some(("raw_syscalls", n))) if n == "sys_enter" || n == "sys_exit" => {
+            (Some(("raw_syscalls", n)), n == "sys_exit", None)
+        }
         ("tracepoint", Some(("syscalls", n))) => match (n.strip_prefix("sys_enter_"), n.strip_prefix("sys_exit_")) {
             (Some(c), _) => (Some(("syscalls", n)), false, Some(c)),
             (_, Some(c)) => (Some(("syscalls", n)), true, Some(c)),
             _ => return Err(format!("`{what}` is not a system call tracepoint (sys_enter_NAME or sys_exit_NAME)")),
         },
-        _ => return Err(format!("{} `{what}`: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit) can be attached in a process", link.kind)),
+        _ => {
+            return Err(format!(
+                "{} `{what}`: only system call tracepoints (syscalls/sys_enter_NAME, syscalls/sys_exit_NAME, raw_syscalls/sys_enter, raw_syscalls/sys_exit) can be attached in a process",
+                link.kind
+            ));
+        }
     };
     let shape = match shape_of {
         Some((cat, name)) => Shape::Record(layout(cat, name, exit)),
@@ -328,7 +345,15 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
         None => None,
     };
     // Every system call, through dispatch.
-    let probe: &'static Probe = Box::leak(Box::new(Probe { prog: prog.clone(), cookie: link.cookie, exit, shape, nr: None, only: None, args: [ArgSrc::Const(0); 6] }));
+    let probe: &'static Probe = Box::leak(Box::new(Probe {
+        prog: prog.clone(),
+        cookie: link.cookie,
+        exit,
+        shape,
+        nr: None,
+        only: None,
+        args: [ArgSrc::Const(0); 6],
+    }));
     let dispatch_err = match raw_add(RawProbe { probe, nr: only }) {
         Ok(()) => return Ok(AttachedLink { raw: vec![probe as *const Probe as usize], ..Default::default() }),
         Err(e) => e,
@@ -339,7 +364,9 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
         Some(c) => {
             let w = syscalls::wrappers_of(c);
             if w.is_empty() {
-                return Err(format!("system call `{c}` has no libc wrapper that userbpf hooks (its libc function is not a plain wrapper, or it has none), and system call dispatch is not available: {dispatch_err}"));
+                return Err(format!(
+                    "system call `{c}` has no libc wrapper that userbpf hooks (its libc function is not a plain wrapper, or it has none), and system call dispatch is not available: {dispatch_err}"
+                ));
             }
             w
         }
@@ -359,7 +386,15 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
         if !seen.insert(f.addr) {
             continue;
         }
-        let probe = Box::into_raw(Box::new(Probe { prog: prog.clone(), cookie: link.cookie, exit, shape, nr, only: if nr.is_none() { only } else { None }, args }));
+        let probe = Box::into_raw(Box::new(Probe {
+            prog: prog.clone(),
+            cookie: link.cookie,
+            exit,
+            shape,
+            nr,
+            only: if nr.is_none() { only } else { None },
+            args,
+        }));
         let kind = if exit { ProbeKind::Return } else { ProbeKind::Entry };
         let ext = Some(userbpf_hook::FuncExtent { start: f.addr, len: f.size });
         match userbpf_hook::attach_with(f.addr, kind, on_hit, probe.cast(), ext) {

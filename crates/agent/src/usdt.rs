@@ -17,11 +17,11 @@
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 
-use userbpf_hook::usdt::{self as notes, ArgSpec};
 use userbpf_hook::ProbeKind;
+use userbpf_hook::usdt::{self as notes, ArgSpec};
 use userbpf_runtime::{LinkRecord, LoadedProgram, Session};
 
-use super::{on_hit, AttachedLink, Attached};
+use super::{Attached, AttachedLink, on_hit};
 
 /// `sizeof(struct __bpf_usdt_spec)`: 12 args of 16 bytes, the cookie, arg_cnt, padding.
 pub const SPEC_SIZE: usize = 208;
@@ -58,7 +58,12 @@ pub fn encode_spec(args: &[ArgSpec], usdt_cookie: u64) -> [u8; SPEC_SIZE] {
 
 /// The program's spec map (`__bpf_usdt_specs`), if it uses one.
 fn spec_map(session: &Session, prog_id: u32) -> Result<Option<u32>, String> {
-    let prog = session.progs().map_err(|e| e.to_string())?.into_iter().find(|p| p.id == prog_id).ok_or(format!("program {prog_id} is not in the session"))?;
+    let prog = session
+        .progs()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|p| p.id == prog_id)
+        .ok_or(format!("program {prog_id} is not in the session"))?;
     let maps = session.maps().map_err(|e| e.to_string())?;
     Ok(maps.into_iter().find(|m| prog.map_ids.contains(&m.id) && m.name.ends_with("usdt_specs")).map(|m| m.id))
 }
@@ -68,10 +73,17 @@ fn store_spec(session: &Session, map_id: u32, spec: &[u8; SPEC_SIZE]) -> Result<
     let map = session.open_map(map_id).map_err(|e| e.to_string())?;
     let (vs, max) = (map.spec().value_size as usize, map.spec().max_entries);
     if vs != SPEC_SIZE {
-        return Err(format!("map __bpf_usdt_specs has {vs}-byte values, not libbpf's {SPEC_SIZE}-byte struct __bpf_usdt_spec"));
+        return Err(format!(
+            "map __bpf_usdt_specs has {vs}-byte values, not libbpf's {SPEC_SIZE}-byte struct __bpf_usdt_spec"
+        ));
     }
     let lock_path = session.layout().usdt_specs_lock(map_id);
-    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
     // SAFETY: flock on a descriptor we own; released when `lock` is closed.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
         return Err(format!("locking {}: {}", lock_path.display(), std::io::Error::last_os_error()));
@@ -142,7 +154,8 @@ pub fn attach(session: &Session, link: &LinkRecord, prog: Arc<LoadedProgram>) ->
     // Check every site before attaching any.
     let mut planned = Vec::new();
     for s in &sites {
-        let args = notes::parse_args(&s.note.args).map_err(|e| format!("USDT {provider}:{name} at {:#x}: {e}", s.note.pc))?;
+        let args =
+            notes::parse_args(&s.note.args).map_err(|e| format!("USDT {provider}:{name} at {:#x}: {e}", s.note.pc))?;
         let cookie = match specs {
             Some(map) => store_spec(session, map, &encode_spec(&args, link.cookie))?,
             None => 0,
@@ -160,7 +173,14 @@ pub fn attach(session: &Session, link: &LinkRecord, prog: Arc<LoadedProgram>) ->
         let ext = userbpf_hook::symbols::lookup_addr(s.anchor)
             .and_then(|r| r.size.filter(|n| *n > 0).map(|len| userbpf_hook::FuncExtent { start: r.func_start, len }));
         let ip = if s.anchor == s.addr { 0 } else { s.addr as u64 };
-        let data: *mut Attached = crate::detach::leak(Box::new(Attached { prog: prog.clone(), cookie: cookie as u64, func_ip: s.addr as u64, retprobe: false, ip, at_func_entry: false }));
+        let data: *mut Attached = crate::detach::leak(Box::new(Attached {
+            prog: prog.clone(),
+            cookie: cookie as u64,
+            func_ip: s.addr as u64,
+            retprobe: false,
+            ip,
+            at_func_entry: false,
+        }));
         match userbpf_hook::attach_with(s.anchor, ProbeKind::Entry, on_hit, data.cast(), ext) {
             Ok(id) => done.probes.push(id),
             Err(e) => {

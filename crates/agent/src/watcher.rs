@@ -29,13 +29,13 @@
 //! What stays visible: the thread itself, in `/proc/PID/task` (named `userbpf-agent`).
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
-use userbpf_runtime::session::Layout;
 use userbpf_runtime::Session;
+use userbpf_runtime::session::Layout;
 
-use crate::{creds, lock, Ack, Agent, AGENT};
+use crate::{AGENT, Ack, Agent, creds, lock};
 
 /// The path of this process's acknowledgement file, touched to wake the agent's thread (null:
 /// none). Leaked when replaced: a thread may be reading it.
@@ -106,12 +106,16 @@ fn programs_stderr() -> i32 {
         }
     }
     // SAFETY: a NUL-terminated path; the caller closes the descriptor.
-    unsafe { libc::open(c"/proc/self/fd/2".as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY) }
+    unsafe {
+        libc::open(c"/proc/self/fd/2".as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY)
+    }
 }
 
 /// Sets (or clears) the acknowledgement file that [`kick`] touches.
 pub(crate) fn set_kick_path(path: Option<&std::path::Path>) {
-    let new = path.and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok()).map_or(std::ptr::null_mut(), CString::into_raw);
+    let new = path
+        .and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .map_or(std::ptr::null_mut(), CString::into_raw);
     // The old path is leaked: another thread may be using it.
     KICK_PATH.swap(new, Ordering::SeqCst);
 }
@@ -192,7 +196,9 @@ fn private_descriptors() {
         if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
             return;
         }
-        let fds: Vec<i32> = std::fs::read_dir("/proc/thread-self/fd").map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
+        let fds: Vec<i32> = std::fs::read_dir("/proc/thread-self/fd")
+            .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
         for fd in fds {
             // SAFETY: a descriptor of this thread's private copy (the directory's own one is
             // closed already and fails harmlessly).
@@ -406,7 +412,12 @@ pub(crate) fn stop_acking(a: &Mutex<Agent>) {
 
 /// The agent thread's life: `start` joins the session and makes the first sync (its result is
 /// sent on `started`, which a waiting thread of the program reads), then the watch.
-fn agent_thread(links: std::path::PathBuf, start: impl FnOnce() -> Result<&'static Mutex<Agent>, String>, started: Option<std::sync::mpsc::SyncSender<()>>, what: &str) {
+fn agent_thread(
+    links: std::path::PathBuf,
+    start: impl FnOnce() -> Result<&'static Mutex<Agent>, String>,
+    started: Option<std::sync::mpsc::SyncSender<()>>,
+    what: &str,
+) {
     let starting = StartingGuard;
     enter_agent_thread();
     // Watch first, then sync at the start: a link added in between is not missed.
@@ -449,7 +460,9 @@ pub(crate) extern "C" fn agent_init() {
         let links = Layout::new(Session::dir_of(&Session::default_name())).links_dir();
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         STARTING.store(true, Ordering::SeqCst);
-        let spawned = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, || Agent::start_with(true), Some(tx), ""));
+        let spawned = userbpf_hook::quiet::spawn("userbpf-agent", move || {
+            agent_thread(links, || Agent::start_with(true), Some(tx), "")
+        });
         match spawned {
             // The sender goes when the start-up sync is done (or failed).
             Ok(_) => drop(rx.recv()),
@@ -470,7 +483,7 @@ pub(crate) extern "C" fn agent_init() {
 ///
 /// # Safety
 /// `arg` is a NUL-terminated string.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i32 {
     if arg.is_null() {
         return -1;
@@ -490,7 +503,11 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         }
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
-        let start = move || Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")).and_then(|s| Agent::start_in(s, true));
+        let start = move || {
+            Session::open_in(&root, &name)
+                .map_err(|e| format!("opening session {name}: {e}"))
+                .and_then(|s| Agent::start_in(s, true))
+        };
         STARTING.store(true, Ordering::SeqCst);
         let started = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, start, None, "attach: "));
         if started.is_err() {

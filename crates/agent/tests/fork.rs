@@ -7,16 +7,16 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-use userbpf_hook::{attach_symbol, detach, ProbeKind, PtRegs, HOOK_CONTINUE};
+use userbpf_hook::{HOOK_CONTINUE, ProbeKind, PtRegs, attach_symbol, detach};
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn fork_t_slow(a: u64, b: u64) -> u64 {
     black_box(a.wrapping_mul(31) ^ b.rotate_left(7))
 }
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn fork_t_other(a: u64, b: u64) -> u64 {
     black_box(a.wrapping_mul(17) ^ b.rotate_left(3))
 }

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use userbpf_runtime::Session;
 
@@ -51,16 +51,25 @@ pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
     let agents = s.layout().agents_dir();
     while !is_member(&members, pid) || !has_ack_file(&agents, pid) {
         if Instant::now() > deadline {
-            bail!("the agent was loaded into process {pid} but did not join session {session} within 10 s (see the process's stderr)");
+            bail!(
+                "the agent was loaded into process {pid} but did not join session {session} within 10 s (see the process's stderr)"
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     // Then until its probes are in place: a new links generation, which its watcher syncs
     // on and acknowledges (the loaders' handshake), as the kernel's attach returns with them.
-    if let Some(gen) = userbpf_runtime::session::handshake::publish(s) {
-        if !userbpf_runtime::session::handshake::wait(s.layout(), gen, std::process::id(), Duration::from_secs(10)) {
-            bail!("the agent joined session {session} in process {pid} but did not attach its links within 10 s (see the process's stderr)");
-        }
+    if let Some(generation) = userbpf_runtime::session::handshake::publish(s)
+        && !userbpf_runtime::session::handshake::wait(
+            s.layout(),
+            generation,
+            std::process::id(),
+            Duration::from_secs(10),
+        )
+    {
+        bail!(
+            "the agent joined session {session} in process {pid} but did not attach its links within 10 s (see the process's stderr)"
+        );
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     Ok(format!(
@@ -74,12 +83,20 @@ pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
 /// Whether `agents/` holds process `pid`'s acknowledgement file (not a temporary file being
 /// renamed into place).
 fn has_ack_file(agents: &Path, pid: i32) -> bool {
-    std::fs::read_dir(agents).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_str().and_then(userbpf_runtime::session::Layout::parse_agent).is_some_and(|(p, _)| p == pid as u32)))
+    std::fs::read_dir(agents).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(userbpf_runtime::session::Layout::parse_agent)
+                .is_some_and(|(p, _)| p == pid as u32)
+        })
+    })
 }
 
 fn is_member(members: &Path, pid: i32) -> bool {
     let prefix = format!("{pid}.");
-    std::fs::read_dir(members).is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
+    std::fs::read_dir(members)
+        .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
 }
 
 #[derive(Args)]
@@ -102,7 +119,9 @@ pub fn detach(args: DetachArgs) -> Result<()> {
     let started = Instant::now();
     let done = match userbpf_inject::call_loaded(pid, &agent, "userbpf_agent_detach", b"") {
         Ok(d) => d,
-        Err(userbpf_inject::InjectError::NotLoaded { .. }) => bail!("process {pid} has no userbpf agent: nothing to detach"),
+        Err(userbpf_inject::InjectError::NotLoaded { .. }) => {
+            bail!("process {pid} has no userbpf agent: nothing to detach")
+        }
         Err(e) => return Err(e).with_context(|| format!("detaching from process {pid}")),
     };
     match done.ret as i32 {

@@ -2,10 +2,10 @@
 //! (structs, arrays, char arrays as strings, enums by name), per-CPU values CPU by CPU; raw
 //! hex bytes otherwise. Text for people, JSON (`--json`, bpftool's shape) for scripts.
 
-use serde_json::{json, Value as Json};
+use serde_json::{Value as Json, json};
 use userbpf_maps::{Map, MapType};
-use userbpf_object::btf::format::{format_value, to_json};
 use userbpf_object::Btf;
+use userbpf_object::btf::format::{format_value, to_json};
 
 /// How to print one map's keys and values.
 pub struct Typed<'a> {
@@ -86,7 +86,11 @@ pub fn dump_text(map: &Map, t: &Typed<'_>) -> Vec<String> {
         .map(|(k, v)| {
             let key = text(t, t.key_type, k);
             if percpu {
-                let vals: Vec<String> = per_cpu(map, v).iter().enumerate().map(|(c, v)| format!("cpu{c} = {}", text(t, t.value_type, v))).collect();
+                let vals: Vec<String> = per_cpu(map, v)
+                    .iter()
+                    .enumerate()
+                    .map(|(c, v)| format!("cpu{c} = {}", text(t, t.value_type, v)))
+                    .collect();
                 format!("key = {key}, values = {{ {} }}", vals.join(", "))
             } else {
                 format!("key = {key}, value = {}", text(t, t.value_type, v))
@@ -103,7 +107,11 @@ pub fn dump_json(map: &Map, t: &Typed<'_>) -> Json {
             .iter()
             .map(|(k, v)| {
                 if percpu {
-                    let vals: Vec<Json> = per_cpu(map, v).iter().enumerate().map(|(c, v)| json!({"cpu": c, "value": js(t, t.value_type, v)})).collect();
+                    let vals: Vec<Json> = per_cpu(map, v)
+                        .iter()
+                        .enumerate()
+                        .map(|(c, v)| json!({"cpu": c, "value": js(t, t.value_type, v)}))
+                        .collect();
                     json!({"key": js(t, t.key_type, k), "values": vals})
                 } else {
                     json!({"key": js(t, t.key_type, k), "value": js(t, t.value_type, v)})
@@ -156,7 +164,8 @@ pub fn hist_lines_of(counts: &[(u32, u64)]) -> Vec<String> {
     counts[first..=last]
         .iter()
         .map(|&(k, c)| {
-            let range = if k == 0 { "[0, 2)".to_string() } else { format!("[{}, {})", slot_bound(k), slot_bound(k + 1)) };
+            let range =
+                if k == 0 { "[0, 2)".to_string() } else { format!("[{}, {})", slot_bound(k), slot_bound(k + 1)) };
             let bar = "@".repeat((c * 52 / max) as usize);
             format!("{range:<16} {c:>8} |{bar:<52}|")
         })

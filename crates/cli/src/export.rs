@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use userbpf_maps::{Map, MapType};
-use userbpf_object::btf::TypeKind;
 use userbpf_object::Btf;
+use userbpf_object::btf::TypeKind;
 use userbpf_runtime::Session;
 
 use crate::dump::{entries, is_log2_hist};
@@ -101,11 +101,21 @@ fn serve(mut stream: TcpStream, s: &Session, cache: &mut Cache) -> Result<()> {
     let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
     let (status, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
         ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics(s, cache)),
-        ("GET", "/") => ("200 OK", "text/html; charset=utf-8", format!("<html><body><h1>userbpf export</h1><p>session {}: <a href=\"/metrics\">/metrics</a></p></body></html>\n", s.name())),
+        ("GET", "/") => (
+            "200 OK",
+            "text/html; charset=utf-8",
+            format!(
+                "<html><body><h1>userbpf export</h1><p>session {}: <a href=\"/metrics\">/metrics</a></p></body></html>\n",
+                s.name()
+            ),
+        ),
         ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string()),
         _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
     };
-    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
     stream.write_all(head.as_bytes())?;
     stream.write_all(body.as_bytes())?;
     Ok(())
@@ -132,12 +142,31 @@ struct Out {
 }
 
 impl Out {
-    fn sample(&mut self, name: &str, kind: &'static str, help: &str, labels: &[(String, String)], value: impl std::fmt::Display) {
+    fn sample(
+        &mut self,
+        name: &str,
+        kind: &'static str,
+        help: &str,
+        labels: &[(String, String)],
+        value: impl std::fmt::Display,
+    ) {
         self.sample_suffix(name, "", kind, help, labels, value);
     }
 
-    fn sample_suffix(&mut self, name: &str, suffix: &str, kind: &'static str, help: &str, labels: &[(String, String)], value: impl std::fmt::Display) {
-        let f = self.families.entry(name.to_string()).or_insert_with(|| Family { kind, help: help.to_string(), lines: Vec::new() });
+    fn sample_suffix(
+        &mut self,
+        name: &str,
+        suffix: &str,
+        kind: &'static str,
+        help: &str,
+        labels: &[(String, String)],
+        value: impl std::fmt::Display,
+    ) {
+        let f = self.families.entry(name.to_string()).or_insert_with(|| Family {
+            kind,
+            help: help.to_string(),
+            lines: Vec::new(),
+        });
         let mut line = format!("{name}{suffix}");
         if !labels.is_empty() {
             let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
@@ -200,7 +229,13 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
         let iterable = crate::dump::iterable(map);
         let all = if iterable { entries(map) } else { Vec::new() };
         if iterable {
-            out.sample("userbpf_map_entries", "gauge", "Keys present in the map (arrays: every index).", &mlabels, all.len());
+            out.sample(
+                "userbpf_map_entries",
+                "gauge",
+                "Keys present in the map (arrays: every index).",
+                &mlabels,
+                all.len(),
+            );
         }
         // libbpf's USDT bookkeeping is not data.
         if !iterable || r.name.starts_with("__bpf_usdt_") {
@@ -219,7 +254,11 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
         let vs = spec.value_size as usize;
         let stride = vs.div_ceil(8) * 8;
         for (k, v) in &all {
-            let slots: Vec<&[u8]> = if percpu { (0..map.nr_cpus() as usize).map(|c| &v[c * stride..c * stride + vs]).collect() } else { vec![&v[..vs]] };
+            let slots: Vec<&[u8]> = if percpu {
+                (0..map.nr_cpus() as usize).map(|c| &v[c * stride..c * stride + vs]).collect()
+            } else {
+                vec![&v[..vs]]
+            };
             let mut sums: Vec<(String, Num)> = Vec::new();
             for slot in slots {
                 let mut leaves = Vec::new();
@@ -243,7 +282,13 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
             }
             for (suffix, n) in sums {
                 let name = if suffix.is_empty() { base.clone() } else { format!("{base}_{suffix}") };
-                out.sample(&name, "gauge", &format!("Values of map {} (userbpf session {}).", r.name, s.name()), &labels, n);
+                out.sample(
+                    &name,
+                    "gauge",
+                    &format!("Values of map {} (userbpf session {}).", r.name, s.name()),
+                    &labels,
+                    n,
+                );
             }
         }
     }
@@ -252,8 +297,20 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
     let members = s.live_members().map(|m| m.len()).unwrap_or(0);
     out.sample("userbpf_programs", "gauge", "Programs loaded in the session.", &[], progs);
     out.sample("userbpf_links", "gauge", "Links (attachments) in the session.", &[], links);
-    out.sample("userbpf_session_processes", "gauge", "Live processes using the session (targets, loaders, this exporter).", &[], members);
-    out.sample("userbpf_scrape_duration_seconds", "gauge", "Time this scrape took to read the maps.", &[], format!("{:.6}", started.elapsed().as_secs_f64()));
+    out.sample(
+        "userbpf_session_processes",
+        "gauge",
+        "Live processes using the session (targets, loaders, this exporter).",
+        &[],
+        members,
+    );
+    out.sample(
+        "userbpf_scrape_duration_seconds",
+        "gauge",
+        "Time this scrape took to read the maps.",
+        &[],
+        format!("{:.6}", started.elapsed().as_secs_f64()),
+    );
     out.text()
 }
 
@@ -330,10 +387,10 @@ fn int_at(data: &[u8], size: usize, signed: bool) -> Option<Num> {
 fn value_leaves(btf: Option<&Btf>, ty: Option<u32>, data: &[u8], prefix: String, out: &mut Vec<(String, Num)>) {
     let (Some(btf), Some(ty)) = (btf, ty) else {
         // No BTF: an 8- or 4-byte value is a counter.
-        if matches!(data.len(), 4 | 8) {
-            if let Some(n) = int_at(data, data.len(), false) {
-                out.push((prefix, n));
-            }
+        if matches!(data.len(), 4 | 8)
+            && let Some(n) = int_at(data, data.len(), false)
+        {
+            out.push((prefix, n));
         }
         return;
     };
@@ -389,24 +446,23 @@ fn value_leaves(btf: Option<&Btf>, ty: Option<u32>, data: &[u8], prefix: String,
 
 /// Labels from a key: a struct's members by name, otherwise one label `key`.
 fn key_labels(btf: Option<&Btf>, ty: Option<u32>, data: &[u8], out: &mut Vec<(String, String)>) {
-    if let (Some(btf), Some(ty)) = (btf, ty) {
-        if let Ok(id) = btf.skip_mods_and_typedefs(ty) {
-            if let Ok(t) = btf.get(id) {
-                if let TypeKind::Struct(c) | TypeKind::Union(c) = &t.kind {
-                    for (i, m) in c.members.iter().enumerate() {
-                        let name = btf.name_of(m.name_off);
-                        let name = if name.is_empty() { format!("field{i}") } else { sanitize(name) };
-                        let name = if name.starts_with("__") { format!("key{name}") } else { name };
-                        let start = m.bit_offset as usize / 8;
-                        let v = data.get(start..).map(|d| label_text(btf, m.type_id, d)).unwrap_or_default();
-                        out.push((name, v));
-                    }
-                    return;
-                }
-                out.push(("key".to_string(), label_text(btf, ty, data)));
-                return;
+    if let (Some(btf), Some(ty)) = (btf, ty)
+        && let Ok(id) = btf.skip_mods_and_typedefs(ty)
+        && let Ok(t) = btf.get(id)
+    {
+        if let TypeKind::Struct(c) | TypeKind::Union(c) = &t.kind {
+            for (i, m) in c.members.iter().enumerate() {
+                let name = btf.name_of(m.name_off);
+                let name = if name.is_empty() { format!("field{i}") } else { sanitize(name) };
+                let name = if name.starts_with("__") { format!("key{name}") } else { name };
+                let start = m.bit_offset as usize / 8;
+                let v = data.get(start..).map(|d| label_text(btf, m.type_id, d)).unwrap_or_default();
+                out.push((name, v));
             }
+            return;
         }
+        out.push(("key".to_string(), label_text(btf, ty, data)));
+        return;
     }
     let v = match data.len() {
         4 | 8 => int_at(data, data.len(), false).map(|n| n.to_string()).unwrap_or_default(),
@@ -425,7 +481,9 @@ fn label_text(btf: &Btf, ty: u32, data: &[u8]) -> String {
     let Ok(id) = btf.skip_mods_and_typedefs(ty) else { return hex(data) };
     let Ok(t) = btf.get(id) else { return hex(data) };
     match &t.kind {
-        TypeKind::Int(i) if i.size <= 8 => int_at(data, i.size as usize, i.is_signed()).map(|n| n.to_string()).unwrap_or_default(),
+        TypeKind::Int(i) if i.size <= 8 => {
+            int_at(data, i.size as usize, i.is_signed()).map(|n| n.to_string()).unwrap_or_default()
+        }
         TypeKind::Enum(e) | TypeKind::Enum64(e) => {
             let Some(n) = int_at(data, e.size as usize, e.signed) else { return String::new() };
             let raw = match n {
@@ -433,7 +491,11 @@ fn label_text(btf: &Btf, ty: u32, data: &[u8]) -> String {
                 Num::I(v) => v as u64,
             };
             let mask = if e.size >= 8 { u64::MAX } else { (1u64 << (8 * e.size)) - 1 };
-            e.values.iter().find(|v| v.value & mask == raw & mask).map(|v| btf.name_of(v.name_off).to_string()).unwrap_or_else(|| n.to_string())
+            e.values
+                .iter()
+                .find(|v| v.value & mask == raw & mask)
+                .map(|v| btf.name_of(v.name_off).to_string())
+                .unwrap_or_else(|| n.to_string())
         }
         TypeKind::Array(a) => {
             let elem = btf.skip_mods_and_typedefs(a.elem_type).ok().and_then(|e| btf.get(e).ok());
@@ -447,7 +509,17 @@ fn label_text(btf: &Btf, ty: u32, data: &[u8]) -> String {
                 _ => btf.resolve_size(id).map(|s| hex(&data[..(s as usize).min(data.len())])).unwrap_or_default(),
             }
         }
-        TypeKind::Ptr(_) => int_at(data, 8, false).map(|n| format!("{:#x}", match n { Num::U(v) => v, Num::I(v) => v as u64 })).unwrap_or_default(),
+        TypeKind::Ptr(_) => int_at(data, 8, false)
+            .map(|n| {
+                format!(
+                    "{:#x}",
+                    match n {
+                        Num::U(v) => v,
+                        Num::I(v) => v as u64,
+                    }
+                )
+            })
+            .unwrap_or_default(),
         _ => btf.resolve_size(id).map(|s| hex(&data[..(s as usize).min(data.len())])).unwrap_or_default(),
     }
 }
@@ -466,7 +538,10 @@ mod tests {
     #[test]
     fn log2_slots_become_cumulative_buckets() {
         let mut out = Out::default();
-        let all: Vec<(Vec<u8>, Vec<u8>)> = [(0u32, 2u64), (1, 0), (2, 3)].iter().map(|&(k, v)| (k.to_ne_bytes().to_vec(), v.to_ne_bytes().to_vec())).collect();
+        let all: Vec<(Vec<u8>, Vec<u8>)> = [(0u32, 2u64), (1, 0), (2, 3)]
+            .iter()
+            .map(|&(k, v)| (k.to_ne_bytes().to_vec(), v.to_ne_bytes().to_vec()))
+            .collect();
         histogram(&mut out, "h", "h", &all);
         let t = out.text();
         assert!(t.contains("h_bucket{le=\"1\"} 2\nh_bucket{le=\"3\"} 2\nh_bucket{le=\"7\"} 5\nh_bucket{le=\"+Inf\"} 5\nh_sum 12\nh_count 5\n"), "{t}");

@@ -120,7 +120,10 @@ mod tests {
     #[test]
     fn memory_before_subcommand_moves_behind_it() {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(conformance_order(v(&["u", "00 01", "exec", "--interpreter"])), v(&["u", "exec", "--interpreter", "00 01"]));
+        assert_eq!(
+            conformance_order(v(&["u", "00 01", "exec", "--interpreter"])),
+            v(&["u", "exec", "--interpreter", "00 01"])
+        );
         assert_eq!(conformance_order(v(&["u", "exec", "00"])), v(&["u", "exec", "00"]));
         assert_eq!(conformance_order(v(&["u", "exec"])), v(&["u", "exec"]));
     }

@@ -1,12 +1,12 @@
 //! `userbpf map list` and `userbpf map dump`.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use serde_json::json;
 use userbpf_object::Btf;
 use userbpf_runtime::Session;
 
-use crate::dump::{dump_json, dump_text, Typed};
+use crate::dump::{Typed, dump_json, dump_text};
 
 #[derive(Subcommand)]
 pub enum MapCmd {
@@ -37,7 +37,16 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 for r in rows {
-                    println!("{}: {}  name {}  key {}B  value {}B  max_entries {}  flags {:#x}", r["id"], r["type"].as_str().unwrap_or(""), r["name"].as_str().unwrap_or(""), r["key_size"], r["value_size"], r["max_entries"], r["flags"].as_u64().unwrap_or(0));
+                    println!(
+                        "{}: {}  name {}  key {}B  value {}B  max_entries {}  flags {:#x}",
+                        r["id"],
+                        r["type"].as_str().unwrap_or(""),
+                        r["name"].as_str().unwrap_or(""),
+                        r["key_size"],
+                        r["value_size"],
+                        r["max_entries"],
+                        r["flags"].as_u64().unwrap_or(0)
+                    );
                 }
             }
             Ok(())

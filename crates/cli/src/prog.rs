@@ -4,15 +4,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use userbpf_object::Object;
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine, Session};
+use userbpf_runtime::{Engine, Session, load_object};
 
-use crate::dump::{dump_json, dump_text, hist_lines, is_log2_hist, Typed};
+use crate::dump::{Typed, dump_json, dump_text, hist_lines, is_log2_hist};
 
 #[derive(Subcommand)]
 pub enum ProgCmd {
@@ -67,7 +67,15 @@ fn list(session: &str, as_json: bool) -> Result<()> {
         return Ok(());
     }
     for p in progs {
-        println!("{}: {}  name {}  section {}  insns {}  map_ids {:?}", p.id, p.prog_type, p.name, p.section, p.insns_hex.len() / 16, p.map_ids);
+        println!(
+            "{}: {}  name {}  section {}  insns {}  map_ids {:?}",
+            p.id,
+            p.prog_type,
+            p.name,
+            p.section,
+            p.insns_hex.len() / 16,
+            p.map_ids
+        );
     }
     Ok(())
 }

@@ -14,18 +14,18 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use userbpf_object::{Object, ProgramKind};
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine, LinkRecord, Session};
+use userbpf_runtime::{Engine, LinkRecord, Session, load_object};
 
-use crate::dump::{dump_text, hist_lines, is_log2_hist, Typed};
+use crate::dump::{Typed, dump_text, hist_lines, is_log2_hist};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -71,7 +71,9 @@ fn split_target(target: &str) -> (String, Option<String>, u64) {
         None => (String::new(), target),
     };
     let (func, off) = match func.split_once('+') {
-        Some((f, o)) => (f, o.strip_prefix("0x").map_or_else(|| o.parse().ok(), |h| u64::from_str_radix(h, 16).ok()).unwrap_or(0)),
+        Some((f, o)) => {
+            (f, o.strip_prefix("0x").map_or_else(|| o.parse().ok(), |h| u64::from_str_radix(h, 16).ok()).unwrap_or(0))
+        }
         None => (func, 0),
     };
     (path, Some(func.to_string()), off)
@@ -109,7 +111,9 @@ pub struct StartArgs {
 /// and links come from whoever loads them (another `userbpf` command, a loader), before or
 /// after CMD starts. Exits with CMD's status.
 pub fn start(session: &str, args: StartArgs) -> Result<()> {
-    let status = target_command(&args.command, session, args.interpreter)?.status().with_context(|| format!("starting {}", args.command[0]))?;
+    let status = target_command(&args.command, session, args.interpreter)?
+        .status()
+        .with_context(|| format!("starting {}", args.command[0]))?;
     std::process::exit(exit_code(&args.command[0], status));
 }
 
@@ -130,9 +134,37 @@ pub fn exit_code(cmd: &str, status: std::process::ExitStatus) -> i32 {
 /// The name of signal `sig` (`SIGSEGV`), or `SIGRTMIN+N`, or the number.
 fn signal_name(sig: i32) -> String {
     const NAMES: [&str; 32] = [
-        "", "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
-        "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT", "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP",
-        "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR",
+        "",
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
         "SIGSYS",
     ];
     match usize::try_from(sig) {
@@ -163,7 +195,9 @@ fn is_syscall_tracepoint(kind: &str, tp: &str) -> bool {
     }
     match tp.split_once('/') {
         Some(("raw_syscalls", n)) => n == "sys_enter" || n == "sys_exit",
-        Some(("syscalls", n)) => n.strip_prefix("sys_enter_").or_else(|| n.strip_prefix("sys_exit_")).is_some_and(|c| !c.is_empty()),
+        Some(("syscalls", n)) => {
+            n.strip_prefix("sys_enter_").or_else(|| n.strip_prefix("sys_exit_")).is_some_and(|c| !c.is_empty())
+        }
         _ => false,
     }
 }
@@ -182,10 +216,10 @@ fn split_usdt(target: &str) -> Option<(String, String)> {
 /// working directory and however the library was named when loaded; other strings (library
 /// names like `libc.so.6`, empty for the executable) as they are.
 pub(crate) fn absolute_if_file(path: &str) -> String {
-    if path.contains('/') {
-        if let Ok(p) = std::fs::canonicalize(path) {
-            return p.display().to_string();
-        }
+    if path.contains('/')
+        && let Ok(p) = std::fs::canonicalize(path)
+    {
+        return p.display().to_string();
     }
     path.to_string()
 }
@@ -251,7 +285,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     let doubt_of = |prog: &str, what: &str, has: Result<bool, String>| -> Option<String> {
         match (&exe, has) {
             (Some(exe), Ok(false)) => {
-                eprintln!("userbpf: {what} is not in {}: program `{prog}` attaches only in processes it starts whose executable has it", exe.display());
+                eprintln!(
+                    "userbpf: {what} is not in {}: program `{prog}` attaches only in processes it starts whose executable has it",
+                    exe.display()
+                );
                 Some(format!("{what} is not in {}, and no process of the command had it", exe.display()))
             }
             _ => None,
@@ -262,7 +299,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             Some((p, t)) if !p.is_empty() && !t.is_empty() => {
                 if !loaded.programs.iter().any(|(r, _)| r.name == p) {
                     let names: Vec<&str> = loaded.programs.iter().map(|(r, _)| r.name.as_str()).collect();
-                    bail!("--attach {a}: {} has no loaded program `{p}` (it has: {})", args.object.display(), names.join(", "));
+                    bail!(
+                        "--attach {a}: {} has no loaded program `{p}` (it has: {})",
+                        args.object.display(),
+                        names.join(", ")
+                    );
                 }
             }
             _ => bail!("--attach {a}: expected PROG=TARGET"),
@@ -275,38 +316,71 @@ pub fn run(args: RunArgs) -> Result<()> {
     // Links, from the section names or --attach.
     for (rec, _) in &loaded.programs {
         let spec = loaded.object.program(&rec.name).context("program vanished")?;
-        let given = args.attach.iter().find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
+        let given = args
+            .attach
+            .iter()
+            .find_map(|a| a.split_once('=').filter(|(p, _)| *p == rec.name).map(|(_, t)| t.to_string()));
         if let ProgramKind::Usdt { target } = &spec.kind {
             let (path, probe) = match (given, target) {
-                (Some(t), _) => split_usdt(&t).with_context(|| format!("--attach {}={t}: expected [PATH:]PROVIDER:NAME", rec.name))?,
+                (Some(t), _) => split_usdt(&t)
+                    .with_context(|| format!("--attach {}={t}: expected [PATH:]PROVIDER:NAME", rec.name))?,
                 (None, Some(t)) => (t.path.clone(), format!("{}:{}", t.provider, t.name)),
-                (None, None) => bail!("program `{}` (section {}) has no target: give one with --attach {}=PROVIDER:NAME", rec.name, spec.section, rec.name),
+                (None, None) => bail!(
+                    "program `{}` (section {}) has no target: give one with --attach {}=PROVIDER:NAME",
+                    rec.name,
+                    spec.section,
+                    rec.name
+                ),
             };
             let described = describe_target("usdt", &path, Some(&probe), 0);
             let mut doubt = None;
             if path.is_empty() {
                 if let Some(exe) = &exe {
-                    let has = userbpf_elf::usdt::read_notes(exe).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
+                    let has = userbpf_elf::usdt::read_notes(exe)
+                        .map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe));
                     doubt = doubt_of(&rec.name, &format!("USDT probe `{probe}`"), has);
                 }
-            } else if let Err(why) = check_file_target(&path, |p| userbpf_elf::usdt::read_notes(p).map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe)), &format!("USDT probe `{probe}`")) {
+            } else if let Err(why) = check_file_target(
+                &path,
+                |p| {
+                    userbpf_elf::usdt::read_notes(p)
+                        .map(|n| n.iter().any(|n| format!("{}:{}", n.provider, n.name) == probe))
+                },
+                &format!("USDT probe `{probe}`"),
+            ) {
                 unattached.push(format!("program `{}` ({described}): {why}", rec.name));
                 continue;
             }
             let path = absolute_if_file(&path);
-            let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: "usdt".into(), path, func: Some(probe), offset: 0, cookie: 0, pid: None })?;
+            let l = session.add_link(LinkRecord {
+                id: 0,
+                prog_id: rec.id,
+                kind: "usdt".into(),
+                path,
+                func: Some(probe),
+                offset: 0,
+                cookie: 0,
+                pid: None,
+            })?;
             made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: described, doubt });
             continue;
         }
         let tracepoint = match &spec.kind {
-            ProgramKind::Tracepoint { category, name } => Some(("tracepoint", if category.is_empty() { String::new() } else { format!("{category}/{name}") })),
+            ProgramKind::Tracepoint { category, name } => {
+                Some(("tracepoint", if category.is_empty() { String::new() } else { format!("{category}/{name}") }))
+            }
             ProgramKind::RawTracepoint { name } => Some(("raw_tracepoint", name.clone())),
             _ => None,
         };
         if let Some((kind, tp)) = tracepoint {
             let tp = match given {
                 Some(t) => t,
-                None if tp.is_empty() => bail!("program `{}` (section {}) has no target: give one with --attach {}=CATEGORY/NAME", rec.name, spec.section, rec.name),
+                None if tp.is_empty() => bail!(
+                    "program `{}` (section {}) has no target: give one with --attach {}=CATEGORY/NAME",
+                    rec.name,
+                    spec.section,
+                    rec.name
+                ),
                 None => tp,
             };
             if !is_syscall_tracepoint(kind, &tp) {
@@ -316,7 +390,16 @@ pub fn run(args: RunArgs) -> Result<()> {
                 ));
                 continue;
             }
-            let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path: String::new(), func: Some(tp.clone()), offset: 0, cookie: 0, pid: None })?;
+            let l = session.add_link(LinkRecord {
+                id: 0,
+                prog_id: rec.id,
+                kind: kind.into(),
+                path: String::new(),
+                func: Some(tp.clone()),
+                offset: 0,
+                cookie: 0,
+                pid: None,
+            })?;
             made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: format!("{kind} {tp}"), doubt: None });
             continue;
         }
@@ -336,7 +419,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                 // As libbpf's auto-attach: a program without a target is loaded, not attached
                 // (not an error). Tail-call targets need no word.
                 if !is_tail_target(&loaded.object, &rec.name) {
-                    eprintln!("userbpf: program `{}` (section {}) is not attached: it names no target (give one with --attach {}=FUNC)", rec.name, spec.section, rec.name);
+                    eprintln!(
+                        "userbpf: program `{}` (section {}) is not attached: it names no target (give one with --attach {}=FUNC)",
+                        rec.name, spec.section, rec.name
+                    );
                 }
                 continue;
             }
@@ -346,19 +432,33 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut doubt = None;
         if let (true, Some(f), Some(exe)) = (path.is_empty(), &func, &exe) {
             doubt = doubt_of(&rec.name, &format!("function `{f}`"), userbpf_elf::symbols::has_function(exe, f));
-        } else if let (false, Some(f)) = (path.is_empty(), &func) {
-            if let Err(why) = check_file_target(&path, |p| userbpf_elf::symbols::has_function(p, f), &format!("function `{f}`")) {
-                unattached.push(format!("program `{}` ({described}): {why}", rec.name));
-                continue;
-            }
+        } else if let (false, Some(f)) = (path.is_empty(), &func)
+            && let Err(why) =
+                check_file_target(&path, |p| userbpf_elf::symbols::has_function(p, f), &format!("function `{f}`"))
+        {
+            unattached.push(format!("program `{}` ({described}): {why}", rec.name));
+            continue;
         }
         let path = absolute_if_file(&path);
-        let l = session.add_link(LinkRecord { id: 0, prog_id: rec.id, kind: kind.into(), path, func, offset, cookie: 0, pid: None })?;
+        let l = session.add_link(LinkRecord {
+            id: 0,
+            prog_id: rec.id,
+            kind: kind.into(),
+            path,
+            func,
+            offset,
+            cookie: 0,
+            pid: None,
+        })?;
         made.push(MadeLink { id: l.id, prog: rec.name.clone(), target: described, doubt });
     }
     if !unattached.is_empty() {
         if !args.allow_partial {
-            bail!("{}: {} (--allow-partial runs the command with the programs that can be attached)", args.object.display(), unattached.join("; "));
+            bail!(
+                "{}: {} (--allow-partial runs the command with the programs that can be attached)",
+                args.object.display(),
+                unattached.join("; ")
+            );
         }
         for u in &unattached {
             eprintln!("userbpf: {u}; carrying on (--allow-partial)");
@@ -394,19 +494,21 @@ pub fn run(args: RunArgs) -> Result<()> {
     let stopped = Arc::new(AtomicBool::new(false));
     let watcher = (!args.allow_partial).then(|| {
         let (done, stopped, dir, pid) = (done.clone(), stopped.clone(), session.dir().to_path_buf(), child.id());
-        std::thread::spawn(move || loop {
-            let finished = done.load(Ordering::Acquire);
-            if userbpf_runtime::loader::attach_reports(&dir).iter().any(|r| r.error.is_some()) {
-                stopped.store(true, Ordering::Release);
-                // SAFETY: kill has no memory arguments; `pid` is our child, not yet reaped
-                // (the main thread reaps it only after joining this thread).
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-                return;
+        std::thread::spawn(move || {
+            loop {
+                let finished = done.load(Ordering::Acquire);
+                if userbpf_runtime::loader::attach_reports(&dir).iter().any(|r| r.error.is_some()) {
+                    stopped.store(true, Ordering::Release);
+                    // SAFETY: kill has no memory arguments; `pid` is our child, not yet reaped
+                    // (the main thread reaps it only after joining this thread).
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                    return;
+                }
+                if finished {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            if finished {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         })
     });
     // Wait for the child's end without reaping it (WNOWAIT), so that its pid stays its own
@@ -448,7 +550,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut failures: Vec<String> = Vec::new();
     for l in &made {
         let mine: Vec<_> = reports.iter().filter(|r| r.link == l.id).collect();
-        let errors: Vec<String> = mine.iter().filter_map(|r| r.error.as_ref().map(|e| format!("{e} (process {})", r.pid))).collect();
+        let errors: Vec<String> =
+            mine.iter().filter_map(|r| r.error.as_ref().map(|e| format!("{e} (process {})", r.pid))).collect();
         if !errors.is_empty() {
             failures.push(format!("program `{}` could not be attached at {}: {}", l.prog, l.target, errors.join("; ")));
         } else if let (Some(why), false) = (&l.doubt, mine.iter().any(|r| r.error.is_none())) {
@@ -465,7 +568,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                 eprintln!("userbpf: {f}");
             }
             if stopped.load(Ordering::Acquire) {
-                eprintln!("userbpf: stopped {} (SIGTERM): a program could not be attached (--allow-partial carries on)", args.command[0]);
+                eprintln!(
+                    "userbpf: stopped {} (SIGTERM): a program could not be attached (--allow-partial carries on)",
+                    args.command[0]
+                );
             }
             drop(unpin);
             drop(loaded);
@@ -502,7 +608,11 @@ fn is_tail_target(object: &Object, name: &str) -> bool {
 /// Checks a target naming a file (`PATH:...`, PATH with a `/`) before the command starts, as
 /// libbpf's attach does: the file exists and has the function or probe (`has`). Library
 /// names without a `/` are found by the target's dynamic loader, so only the agent can tell.
-fn check_file_target(path: &str, has: impl Fn(&std::path::Path) -> Result<bool, String>, what: &str) -> Result<(), String> {
+fn check_file_target(
+    path: &str,
+    has: impl Fn(&std::path::Path) -> Result<bool, String>,
+    what: &str,
+) -> Result<(), String> {
     if !path.contains('/') {
         return Ok(());
     }

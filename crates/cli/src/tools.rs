@@ -34,7 +34,8 @@ fn read_input(path: &PathBuf) -> Result<Vec<u8>> {
 
 /// Prints the assembled program as hex text, the form `userbpf exec` reads.
 pub fn asm(args: AsmArgs) -> Result<()> {
-    let src = String::from_utf8(read_input(&args.file)?).with_context(|| format!("{} is not UTF-8", args.file.display()))?;
+    let src =
+        String::from_utf8(read_input(&args.file)?).with_context(|| format!("{} is not UTF-8", args.file.display()))?;
     let insns = assemble(&src).with_context(|| format!("{}", args.file.display()))?;
     let hex: Vec<String> = encode(&insns).iter().map(|b| format!("{b:02x}")).collect();
     for line in hex.chunks(8) {

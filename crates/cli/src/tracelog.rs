@@ -9,10 +9,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use userbpf_maps::ringbuf::RingBufConsumer;
 use userbpf_maps::Map;
+use userbpf_maps::ringbuf::RingBufConsumer;
 use userbpf_runtime::Session;
 
 #[derive(Args)]
@@ -43,10 +43,10 @@ pub fn run(session: &str, args: TracelogArgs) -> Result<()> {
     let mut failed = None;
     loop {
         let n = consumer.poll(Duration::from_millis(if args.no_wait { 0 } else { 200 }), |line| {
-            if failed.is_none() {
-                if let Err(e) = out.write_all(line) {
-                    failed = Some(e);
-                }
+            if failed.is_none()
+                && let Err(e) = out.write_all(line)
+            {
+                failed = Some(e);
             }
         })?;
         if let Some(e) = failed.take() {
@@ -56,13 +56,13 @@ pub fn run(session: &str, args: TracelogArgs) -> Result<()> {
             }
             return Err(e.into());
         }
-        if n > 0 {
-            if let Err(e) = out.flush() {
-                if e.kind() == std::io::ErrorKind::BrokenPipe {
-                    return Ok(());
-                }
-                return Err(e.into());
+        if n > 0
+            && let Err(e) = out.flush()
+        {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(());
             }
+            return Err(e.into());
         }
         if STOP.load(Ordering::SeqCst) || (args.no_wait && n == 0) {
             return Ok(());

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use userbpf_runtime::{LinkRecord, Session};
 
 mod common;
-use common::{load_counter, agent, here};
+use common::{agent, here, load_counter};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("acks")
@@ -73,10 +73,15 @@ fn agents_acknowledge_link_changes_once_they_are_in_place() {
     let mut out = std::io::BufReader::new(target.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let work = line.trim().strip_prefix("work 0x").and_then(|a| u64::from_str_radix(a, 16).ok()).unwrap_or_else(|| panic!("{line}"));
+    let work = line
+        .trim()
+        .strip_prefix("work 0x")
+        .and_then(|a| u64::from_str_radix(a, 16).ok())
+        .unwrap_or_else(|| panic!("{line}"));
     line.clear();
     out.read_line(&mut line).unwrap();
-    let child: u32 = line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let child: u32 =
+        line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line}"));
 
     // Both agents (the child's watcher makes its own) acknowledge from their start.
     let files = [ack_file(&session, parent), ack_file(&session, child)];
@@ -90,25 +95,42 @@ fn agents_acknowledge_link_changes_once_they_are_in_place() {
 
     // A link: once both files hold the new generation, work() is patched in both processes.
     let link = session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
-    let gen = publish(&session);
+    let generation = publish(&session);
     for f in &files {
-        wait_for("the acknowledgement of the new link", &mut || acked(f).is_some_and(|g| g >= gen));
+        wait_for("the acknowledgement of the new link", &mut || acked(f).is_some_and(|g| g >= generation));
     }
     for pid in [parent, child] {
-        assert_eq!(code_byte(pid, work), 0xE9, "work() not patched in pid {pid} when its agent acknowledged generation {gen}");
+        assert_eq!(
+            code_byte(pid, work),
+            0xE9,
+            "work() not patched in pid {pid} when its agent acknowledged generation {generation}"
+        );
     }
     wait_for("hits in the child", &mut || hits() > 0);
 
     // Removed: once acknowledged, the code is the original again and nothing counts.
     session.remove_link(link.id).unwrap();
-    let gen = publish(&session);
+    let generation = publish(&session);
     for f in &files {
-        wait_for("the acknowledgement of the removal", &mut || acked(f).is_some_and(|g| g >= gen));
+        wait_for("the acknowledgement of the removal", &mut || acked(f).is_some_and(|g| g >= generation));
     }
     for pid in [parent, child] {
-        assert_eq!(code_byte(pid, work), original, "work() still patched in pid {pid} after its agent acknowledged the removal");
+        assert_eq!(
+            code_byte(pid, work),
+            original,
+            "work() still patched in pid {pid} after its agent acknowledged the removal"
+        );
     }
     let after = hits();
     std::thread::sleep(Duration::from_millis(50));

@@ -24,7 +24,11 @@ fn target() -> PathBuf {
 }
 
 fn attach(session: &str, pid: u32) -> std::process::Output {
-    Command::new(userbpf()).args(["attach", &pid.to_string(), "--session", session]).env("USERBPF_SHM_DIR", shm()).output().unwrap()
+    Command::new(userbpf())
+        .args(["attach", &pid.to_string(), "--session", session])
+        .env("USERBPF_SHM_DIR", shm())
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -42,7 +46,16 @@ fn a_running_process_gets_the_sessions_probes() {
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("attach"));
     let (prog_id, hits) = load_counter(&session, &obj);
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     assert_eq!(hits(), 0, "not started under userbpf: nothing runs yet");
 
@@ -50,7 +63,10 @@ fn a_running_process_gets_the_sessions_probes() {
     let said = String::from_utf8_lossy(&r.stdout).into_owned();
     assert!(r.status.success(), "{said}{}", String::from_utf8_lossy(&r.stderr));
     assert!(said.starts_with(&format!("attached to process {pid} (attach_target) in session attach-a")), "{said}");
-    assert!(said.contains(&format!("thread {pid} paused")), "the main thread, blocked in read(), is the one borrowed: {said}");
+    assert!(
+        said.contains(&format!("thread {pid} paused")),
+        "the main thread, blocked in read(), is the one borrowed: {said}"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while hits() < 20 {
         assert!(Instant::now() < deadline, "no hits after attaching");
@@ -59,7 +75,11 @@ fn a_running_process_gets_the_sessions_probes() {
     // Attached once: a second attach says so.
     let again = attach("attach-a", pid);
     assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("already runs the agent"), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already runs the agent"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
 
     t.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
     let mut rest = String::new();
@@ -84,4 +104,3 @@ fn what_cannot_be_attached_is_refused_with_the_reason() {
     let e = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && e.contains("already traced by process"), "{e}");
 }
-

@@ -34,7 +34,13 @@ fn count(target: &Path, session: Option<&str>, out: &str) -> (u64, u64) {
     if let Some(s) = session {
         c.arg(format!("LD_PRELOAD={}", agent().display())).arg(format!("USERBPF_SESSION={s}"));
     }
-    let st = c.arg(target).env("USERBPF_SHM_DIR", shm()).env_remove("LD_PRELOAD").env_remove("USERBPF_SESSION").status().unwrap();
+    let st = c
+        .arg(target)
+        .env("USERBPF_SHM_DIR", shm())
+        .env_remove("LD_PRELOAD")
+        .env_remove("USERBPF_SESSION")
+        .status()
+        .unwrap();
     assert!(st.success(), "{st}");
     let text = std::fs::read_to_string(&file).unwrap();
     let row = |name: &str| -> Option<(u64, u64)> {
@@ -51,10 +57,17 @@ fn count(target: &Path, session: Option<&str>, out: &str) -> (u64, u64) {
 
 /// The kernel's `sys_enter_*` tracepoints (tracefs).
 fn syscall_tracepoints() -> Vec<String> {
-    let dir = ["/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls"].into_iter().find(|d| Path::new(d).is_dir());
+    let dir = ["/sys/kernel/tracing/events/syscalls", "/sys/kernel/debug/tracing/events/syscalls"]
+        .into_iter()
+        .find(|d| Path::new(d).is_dir());
     let mut v: Vec<String> = dir
         .and_then(|d| std::fs::read_dir(d).ok())
-        .map(|rd| rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.starts_with("sys_enter_")).collect())
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("sys_enter_"))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -62,7 +75,8 @@ fn syscall_tracepoints() -> Vec<String> {
 
 #[test]
 fn starting_and_attaching_cost_a_bounded_number_of_system_calls() {
-    if !userbpf_testutil::require(Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()), "strace") {
+    if !userbpf_testutil::require(Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success()), "strace")
+    {
         return;
     }
     if !userbpf_testutil::require(!syscall_tracepoints().is_empty(), "tracefs (the kernel's syscalls tracepoints)") {
@@ -74,11 +88,35 @@ fn starting_and_attaching_cost_a_bounded_number_of_system_calls() {
         (format!("cost-empty-{pid}"), None),
         (
             format!("cost-uprobe-{pid}"),
-            Some(("start_uprobe", LinkRecord { id: 0, prog_id: 0, kind: "uprobe".into(), path: target.display().to_string(), func: Some("bench_entry".into()), offset: 0, cookie: 0, pid: None })),
+            Some((
+                "start_uprobe",
+                LinkRecord {
+                    id: 0,
+                    prog_id: 0,
+                    kind: "uprobe".into(),
+                    path: target.display().to_string(),
+                    func: Some("bench_entry".into()),
+                    offset: 0,
+                    cookie: 0,
+                    pid: None,
+                },
+            )),
         ),
         (
             format!("cost-syscalls-{pid}"),
-            Some(("start_syscalls", LinkRecord { id: 0, prog_id: 0, kind: "tracepoint".into(), path: String::new(), func: Some("raw_syscalls/sys_enter".into()), offset: 0, cookie: 0, pid: None })),
+            Some((
+                "start_syscalls",
+                LinkRecord {
+                    id: 0,
+                    prog_id: 0,
+                    kind: "tracepoint".into(),
+                    path: String::new(),
+                    func: Some("raw_syscalls/sys_enter".into()),
+                    offset: 0,
+                    cookie: 0,
+                    pid: None,
+                },
+            )),
         ),
     ];
     let mut held = Vec::new();
@@ -92,7 +130,16 @@ fn starting_and_attaching_cost_a_bounded_number_of_system_calls() {
         let object = userbpf_testutil::compile_bpf(&repo("bench/agent/start_syscalls.bpf.c"), &tmp().join("bpf"));
         let (prog_id, h) = load_counter(&session, &object);
         for n in &names {
-            let record = LinkRecord { id: 0, prog_id, kind: "tracepoint".into(), path: String::new(), func: Some(format!("syscalls/{n}")), offset: 0, cookie: 0, pid: None };
+            let record = LinkRecord {
+                id: 0,
+                prog_id,
+                kind: "tracepoint".into(),
+                path: String::new(),
+                func: Some(format!("syscalls/{n}")),
+                offset: 0,
+                cookie: 0,
+                pid: None,
+            };
             session.add_link(record).unwrap();
         }
         hits.push(h);
@@ -116,15 +163,27 @@ fn starting_and_attaching_cost_a_bounded_number_of_system_calls() {
     let (uprobe, uprobe_failed) = count(&target, Some(&sessions[1].0), "uprobe.txt");
     let (syscalls, syscalls_failed) = count(&target, Some(&sessions[2].0), "syscalls.txt");
     let (all, all_failed) = count(&target, Some(&every), "every.txt");
-    eprintln!("system calls: none {none}, empty session {empty}, uprobe {uprobe}, every system call hook {syscalls}, {} tracepoint links {all}", names.len());
+    eprintln!(
+        "system calls: none {none}, empty session {empty}, uprobe {uprobe}, every system call hook {syscalls}, {} tracepoint links {all}",
+        names.len()
+    );
     // The links were attached: their programs ran.
     assert!(hits[0]() >= 1, "the syscalls:sys_enter_* tracepoints did not fire");
     assert!(hits[1]() >= 1, "the uprobe did not fire");
     assert!(hits[2]() >= 1, "the system call tracepoint did not fire");
-    assert_eq!((empty_failed, uprobe_failed, syscalls_failed, all_failed), (0, 0, 0, 0), "failed mmap calls: a search for trampoline space");
+    assert_eq!(
+        (empty_failed, uprobe_failed, syscalls_failed, all_failed),
+        (0, 0, 0, 0),
+        "failed mmap calls: a search for trampoline space"
+    );
     // Linear in the links (a few files each): 5,595 over the empty session for 360 links on
     // 2026-11-25, where reading every program record for each link made over a million.
-    assert!(all - empty <= 100 * names.len() as u64, "attaching {} tracepoint links: {} system calls", names.len(), all - empty);
+    assert!(
+        all - empty <= 100 * names.len() as u64,
+        "attaching {} tracepoint links: {} system calls",
+        names.len(),
+        all - empty
+    );
     assert!(empty - none <= 800, "the agent's start: {} system calls", empty - none);
     assert!(uprobe - empty <= 400, "attaching one uprobe: {} system calls", uprobe - empty);
     assert!(syscalls - empty <= 600, "attaching every system call hook: {} system calls", syscalls - empty);

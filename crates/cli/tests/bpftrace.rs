@@ -22,10 +22,20 @@ fn compare(test: &str, script: &str, ending: Ending, orders: &[Order], expect: &
     let mut attempt = 0;
     let kout = loop {
         attempt += 1;
-        let (kout, kerr) = run_with_target(test, Via::Kernel, Order::LoaderFirst, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
+        let (kout, kerr) = run_with_target(
+            test,
+            Via::Kernel,
+            Order::LoaderFirst,
+            &["bpftrace", "-e", script],
+            "Attaching ",
+            &probed,
+            ending,
+        );
         match expect.iter().find(|e| !kout.contains(*e)) {
             None => break kout,
-            Some(e) if attempt == 3 => panic!("the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}"),
+            Some(e) if attempt == 3 => {
+                panic!("the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}")
+            }
             Some(e) => eprintln!("{test}: the kernel's output lacks {e:?}; running it again\n{kout}"),
         }
     };
@@ -40,13 +50,16 @@ fn compare(test: &str, script: &str, ending: Ending, orders: &[Order], expect: &
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let (uout, uerr) = run_with_target(test, Via::Userbpf, order, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
+            let (uout, uerr) =
+                run_with_target(test, Via::Userbpf, order, &["bpftrace", "-e", script], "Attaching ", &probed, ending);
             let un = normalise_bpftrace(&uout);
             if un == kn || attempt == 2 {
                 assert_same_output(&format!("{test} ({order:?})"), &kn, &un, &kout, &uout, &uerr);
                 break;
             }
-            eprintln!("{test} ({order:?}): userbpf's output differs from the kernel's; running it again\n=== userbpf ===\n{uout}\n=== userbpf stderr ===\n{uerr}");
+            eprintln!(
+                "{test} ({order:?}): userbpf's output differs from the kernel's; running it again\n=== userbpf ===\n{uout}\n=== userbpf stderr ===\n{uerr}"
+            );
         }
     }
 }
@@ -62,7 +75,15 @@ fn count_sum_avg_min_max_stats() {
         "uprobe:{T}:tadd { @c = count(); @s = sum(arg1); @a = avg(arg1); @mn = min(arg1); @mx = max(arg1); @st = stats(arg0); @per[arg0] = count(); }",
         Ending::Interrupt,
         BOTH,
-        &["@c: 200\n", "@s: 4900\n", "@a: 24\n", "@mn: 0\n", "@mx: 49\n", "@st: count 200, average 1, total 300\n", "@per[3]: 50\n"],
+        &[
+            "@c: 200\n",
+            "@s: 4900\n",
+            "@a: 24\n",
+            "@mn: 0\n",
+            "@mx: 49\n",
+            "@st: count 200, average 1, total 300\n",
+            "@per[3]: 50\n",
+        ],
     );
 }
 
@@ -163,7 +184,8 @@ fn bpftrace_dash_c_starts_the_target() {
         let dir = tmp().join("loaders").join(test).join(format!("{via:?}").to_lowercase());
         let target = private_copy(&bt_target(), &dir);
         let t = target.to_str().unwrap();
-        let script = format!("uprobe:{t}:add {{ @c = count(); @h = hist(arg0); }} uprobe:{t}:tadd {{ @t[arg0] = sum(arg1); }}");
+        let script =
+            format!("uprobe:{t}:add {{ @c = count(); @h = hist(arg0); }} uprobe:{t}:tadd {{ @t[arg0] = sum(arg1); }}");
         let cmd = format!("{t} --now");
         let session = session_name(test, via, Order::LoaderFirst);
         let mut p = Proc::spawn("bpftrace -c", loader_command(via, &session, &["bpftrace", "-e", &script, "-c", &cmd]));

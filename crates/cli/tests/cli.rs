@@ -53,12 +53,18 @@ fn prog_run_prints_r0_and_typed_maps() {
             .sum();
         assert_eq!(total, 2000, "every call counted once across the per-CPU slots");
         let slowest = maps.iter().find(|m| m["name"] == "slowest").unwrap();
-        let kinds: Vec<&str> = slowest["entries"].as_array().unwrap().iter().map(|e| e["key"]["kind"].as_str().unwrap()).collect();
+        let kinds: Vec<&str> =
+            slowest["entries"].as_array().unwrap().iter().map(|e| e["key"]["kind"].as_str().unwrap()).collect();
         assert!(kinds.contains(&"READ") && kinds.contains(&"WRITE"), "enums by name: {kinds:?}");
         assert_eq!(slowest["entries"][0]["key"]["comm"], "userbpf", "char arrays as strings");
     }
     // Text output names the program, r0 and the maps.
-    let text = ok(userbpf().env("USERBPF_SHM_DIR", shm_dir()).args(["--session", "cli-run-text", "prog", "run"]).arg(&obj).output().unwrap());
+    let text = ok(userbpf()
+        .env("USERBPF_SHM_DIR", shm_dir())
+        .args(["--session", "cli-run-text", "prog", "run"])
+        .arg(&obj)
+        .output()
+        .unwrap());
     assert!(text.starts_with("latency: r0 = 1000 (0x3e8); 1 runs,"), "{text}");
     assert!(text.contains("map latency.bss (array, id 4):\n  key = 0, value = { .calls = 1000 }"), "{text}");
 }
@@ -71,28 +77,46 @@ fn map_dump_reads_a_session_held_by_another_process() {
     let session = userbpf_runtime::Session::open("cli-held").unwrap();
     let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
     let object = userbpf_object::Object::open(example("latency")).unwrap();
-    let opts = userbpf_runtime::loader::LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let opts = userbpf_runtime::loader::LoadOptions {
+        engine: userbpf_runtime::Engine::Jit,
+        helpers: userbpf_runtime::helpers::registry(),
+        only: None,
+    };
     let loaded = userbpf_runtime::load_object(&session, object, &opts, slots).unwrap();
     let mut regs = [0u8; 168];
     let p = loaded.program("latency").unwrap();
     assert_eq!(p.run(regs.as_mut_ptr(), regs.len(), Default::default()).unwrap(), Some(1000));
 
-    let list = ok(userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "map", "list", "--json"]).output().unwrap());
+    let list = ok(userbpf()
+        .env("USERBPF_SHM_DIR", &dir)
+        .args(["--session", "cli-held", "map", "list", "--json"])
+        .output()
+        .unwrap());
     let list: Value = serde_json::from_str(&list).unwrap();
     let names: Vec<&str> = list.as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["hist", "slowest", "latency.bss"]);
     assert_eq!(list[0]["type"], "percpu_array");
 
-    let dump = ok(userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "map", "dump", "latency.bss"]).output().unwrap());
+    let dump = ok(userbpf()
+        .env("USERBPF_SHM_DIR", &dir)
+        .args(["--session", "cli-held", "map", "dump", "latency.bss"])
+        .output()
+        .unwrap());
     assert_eq!(dump, "key = 0, value = { .calls = 1000 }\n");
-    let by_id = ok(userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "map", "dump", "3", "--json"]).output().unwrap());
+    let by_id = ok(userbpf()
+        .env("USERBPF_SHM_DIR", &dir)
+        .args(["--session", "cli-held", "map", "dump", "3", "--json"])
+        .output()
+        .unwrap());
     let by_id: Value = serde_json::from_str(&by_id).unwrap();
     assert_eq!(by_id.as_array().unwrap().len(), 2, "slowest has a READ and a WRITE caller");
 
-    let progs = ok(userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "prog", "list"]).output().unwrap());
+    let progs =
+        ok(userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "prog", "list"]).output().unwrap());
     assert!(progs.contains("kprobe  name latency  section uprobe"), "{progs}");
 
-    let missing = userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "map", "dump", "nope"]).output().unwrap();
+    let missing =
+        userbpf().env("USERBPF_SHM_DIR", &dir).args(["--session", "cli-held", "map", "dump", "nope"]).output().unwrap();
     assert!(!missing.status.success());
     assert_eq!(String::from_utf8_lossy(&missing.stderr).trim(), "userbpf: no map `nope` in session cli-held");
     drop(session);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{agent};
+use common::agent;
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf()
@@ -62,9 +62,17 @@ fn counter(out: &str, name: &str) -> i64 {
 fn fio_td_io_queue_is_counted_once_per_io() {
     let fio = program("/usr/bin/fio");
     // 4 MiB in 4 KiB blocks: 1024 I/Os, each queued once through td_io_queue.
-    let out = userbpf_run(
-        &[&fio, "--name=userbpf", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=4m", "--numjobs=1", "--thread", "--output-format=terse"],
-    );
+    let out = userbpf_run(&[
+        &fio,
+        "--name=userbpf",
+        "--ioengine=null",
+        "--rw=randread",
+        "--bs=4k",
+        "--size=4m",
+        "--numjobs=1",
+        "--thread",
+        "--output-format=terse",
+    ]);
     assert_eq!(counter(&out, "io_queued"), 1024, "{out}");
 }
 

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 
-use common::{repo, tmp, userbpf, Proc};
+use common::{Proc, repo, tmp, userbpf};
 use serde_json::Value;
 
 fn userbpf_in(session: &str) -> Command {
@@ -62,7 +62,10 @@ fn dump(session: &str, map: &str) -> Value {
 
 #[test]
 fn a_scrape_parses_and_matches_map_dump() {
-    if !userbpf_testutil::require(Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()), "promtool (Debian's prometheus package)") {
+    if !userbpf_testutil::require(
+        Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()),
+        "promtool (Debian's prometheus package)",
+    ) {
         return;
     }
     let session = format!("export-{}", std::process::id());
@@ -83,12 +86,24 @@ fn a_scrape_parses_and_matches_map_dump() {
     assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
     let file = tmp().join(format!("{session}.prom"));
     std::fs::write(&file, &body).unwrap();
-    let check = Command::new("promtool").args(["check", "metrics"]).stdin(std::fs::File::open(&file).unwrap()).output().unwrap();
-    assert!(check.status.success(), "promtool check metrics refused the scrape:\n{}{}\n--- scrape ---\n{body}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "promtool check metrics refused the scrape:\n{}{}\n--- scrape ---\n{body}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
     let got = samples(&body);
     let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
         let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        got.iter().find(|(n, l, _)| n == name && *l == want).map(|s| s.2).unwrap_or_else(|| panic!("no {name}{want:?} in the scrape:\n{body}"))
+        got.iter()
+            .find(|(n, l, _)| n == name && *l == want)
+            .map(|s| s.2)
+            .unwrap_or_else(|| panic!("no {name}{want:?} in the scrape:\n{body}"))
     };
 
     // The struct-keyed hash: one gauge per key, labelled by its members.
@@ -98,7 +113,10 @@ fn a_scrape_parses_and_matches_map_dump() {
     for r in rows {
         let k = &r["key"];
         let pid = k["pid"].to_string();
-        let v = value("userbpf_map_slowest", &[("pid", &pid), ("kind", k["kind"].as_str().unwrap()), ("comm", k["comm"].as_str().unwrap())]);
+        let v = value(
+            "userbpf_map_slowest",
+            &[("pid", &pid), ("kind", k["kind"].as_str().unwrap()), ("comm", k["comm"].as_str().unwrap())],
+        );
         assert_eq!(v, r["value"].as_f64().unwrap());
     }
     // The per-CPU histogram: slots summed over CPUs, cumulated into buckets.
@@ -141,14 +159,16 @@ fn a_running_tool_is_exported_live() {
     exp.wait_for("/metrics", "its address");
     let addr = exp.stdout().split("http://").nth(1).unwrap().split('/').next().unwrap().to_string();
     // A process started without userbpf, counted by `userbpf tool calls -p` in the session.
-    let target = userbpf_testutil::compile_c(&common::here("targets/tool_target.c"), &tmp().join("export/tool_target"), &[]);
+    let target =
+        userbpf_testutil::compile_c(&common::here("targets/tool_target.c"), &tmp().join("export/tool_target"), &[]);
     let mut t = Proc::spawn("tool_target", Command::new(&target));
     t.wait_for("ready", "its start");
     let dir = tmp().join("export-tools");
     userbpf_testutil::compile_bpf(&repo("tools/calls.bpf.c"), &dir);
     let mut calls = Proc::spawn("calls", {
         let mut c = userbpf_in(&session);
-        c.args(["tool", "calls", "-p", &t.pid().to_string(), &format!("{}:tt_*", target.display())]).env("USERBPF_TOOLS_DIR", &dir);
+        c.args(["tool", "calls", "-p", &t.pid().to_string(), &format!("{}:tt_*", target.display())])
+            .env("USERBPF_TOOLS_DIR", &dir);
         c
     });
     calls.wait_for("Tracing 4 functions", "the probes in place");
@@ -158,8 +178,16 @@ fn a_running_tool_is_exported_live() {
         t.wait_for(&format!("done {}", if round == 1 { 5 } else { 2 }), "a round");
         let (_, body) = get(&addr, "/metrics");
         let got = samples(&body);
-        let count = |key: &str| got.iter().find(|(name, l, _)| name == "userbpf_map_counts" && l.get("key").map(String::as_str) == Some(key)).map(|s| s.2);
-        assert_eq!([count("0"), count("1"), count("2"), count("3")], [Some(n), Some(2.0 * n), Some(3.0 * n), Some(n)], "round {round}:\n{body}");
+        let count = |key: &str| {
+            got.iter()
+                .find(|(name, l, _)| name == "userbpf_map_counts" && l.get("key").map(String::as_str) == Some(key))
+                .map(|s| s.2)
+        };
+        assert_eq!(
+            [count("0"), count("1"), count("2"), count("3")],
+            [Some(n), Some(2.0 * n), Some(3.0 * n), Some(n)],
+            "round {round}:\n{body}"
+        );
     }
     t.close_stdin();
     t.wait_exit("end of input");

@@ -71,7 +71,16 @@ fn setup(case: &str, mode: Mode, probe: (&str, &str)) -> Setup {
     let session = Session::open_in(&shm(), &name).unwrap();
     let (prog_id, hits) = load_counter(&session, &count_object());
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: probe.0.into(), func: Some(probe.1.into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: probe.0.into(),
+            func: Some(probe.1.into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     Setup { name, hits: Some(Box::new(hits)), _session: Some(session) }
 }
@@ -85,14 +94,22 @@ fn command(mode: Mode, session: &str, argv: &[&str]) -> Command {
         c.args(["start", "--session", session, "--"]).arg(argv[0]);
         c
     };
-    c.args(&argv[1..]).env("USERBPF_AGENT", agent()).env("USERBPF_SHM_DIR", shm()).env_remove("USERBPF_SESSION").env_remove("LD_PRELOAD");
+    c.args(&argv[1..])
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", shm())
+        .env_remove("USERBPF_SESSION")
+        .env_remove("LD_PRELOAD");
     c
 }
 
 /// Runs `argv` in `mode`: its stdout, stderr and exit code.
 fn run(mode: Mode, session: &str, argv: &[&str]) -> (String, String, Option<i32>) {
     let out = command(mode, session, argv).output().unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
 }
 
 /// Runs `argv` in every mode and asserts the same stdout and exit code as without userbpf
@@ -126,7 +143,10 @@ fn same_in_every_mode(case: &str, argv: &[&str], probe: (&str, &str)) -> u64 {
 #[test]
 fn setpriv_drops_privileges_as_without_userbpf() {
     // SAFETY: geteuid has no preconditions.
-    let ok = userbpf_testutil::require(unsafe { libc::geteuid() } == 0 && Path::new("/usr/bin/setpriv").exists(), "root and setpriv");
+    let ok = userbpf_testutil::require(
+        unsafe { libc::geteuid() } == 0 && Path::new("/usr/bin/setpriv").exists(),
+        "root and setpriv",
+    );
     if !ok {
         return;
     }
@@ -140,16 +160,27 @@ fn setpriv_drops_privileges_as_without_userbpf() {
 #[test]
 fn su_and_runuser_switch_users_as_without_userbpf() {
     // SAFETY: geteuid has no preconditions.
-    let ok = userbpf_testutil::require(unsafe { libc::geteuid() } == 0 && Path::new("/usr/sbin/runuser").exists() && Path::new("/usr/bin/su").exists(), "root, su and runuser");
+    let ok = userbpf_testutil::require(
+        unsafe { libc::geteuid() } == 0 && Path::new("/usr/sbin/runuser").exists() && Path::new("/usr/bin/su").exists(),
+        "root, su and runuser",
+    );
     if !ok {
         return;
     }
     let libc = libc_path();
     // The probe: the process switching (su's child after its fork, runuser itself) calls
     // libc's setgid before its exec.
-    let hits = same_in_every_mode("runuser", &["/usr/sbin/runuser", "-u", "nobody", "--", "/usr/bin/id", "-u"], (&libc, "setgid"));
+    let hits = same_in_every_mode(
+        "runuser",
+        &["/usr/sbin/runuser", "-u", "nobody", "--", "/usr/bin/id", "-u"],
+        (&libc, "setgid"),
+    );
     assert!(hits >= 1, "setgid in runuser was not seen");
-    let hits = same_in_every_mode("su", &["/usr/bin/su", "-s", "/bin/sh", "nobody", "-c", "/usr/bin/id -u"], (&libc, "setgid"));
+    let hits = same_in_every_mode(
+        "su",
+        &["/usr/bin/su", "-s", "/bin/sh", "nobody", "-c", "/usr/bin/id -u"],
+        (&libc, "setgid"),
+    );
     assert!(hits >= 1, "setgid in su's child was not seen");
 }
 
@@ -172,8 +203,15 @@ fn a_daemon_dropping_privileges_keeps_no_thread_privileged() {
         assert_eq!(hits, 2, "probed() before and after the drop ({how})");
         // The output itself: the drop happened and no thread differs.
         let (out, _, _) = run(Mode::Plain, "", &[exe, how]);
-        assert!(out.contains("uid 65534 euid 65534 gid 65534 egid 65534") && out.contains("threads with other credentials: 0"), "{how}: {out}");
-        assert!(out.contains("setuid(0): Operation not permitted") && out.contains("CapPrm:\t0000000000000000"), "{how}: {out}");
+        assert!(
+            out.contains("uid 65534 euid 65534 gid 65534 egid 65534")
+                && out.contains("threads with other credentials: 0"),
+            "{how}: {out}"
+        );
+        assert!(
+            out.contains("setuid(0): Operation not permitted") && out.contains("CapPrm:\t0000000000000000"),
+            "{how}: {out}"
+        );
     }
 }
 
@@ -253,7 +291,11 @@ fn signals_sent_to_the_process_reach_the_programs_threads() {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        let pid: i32 = line.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{mode:?}: {line}"));
+        let pid: i32 = line
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: {line}"));
         for sig in [libc::SIGUSR2, libc::SIGUSR1] {
             // SAFETY: kill of our own child process.
             assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
@@ -267,6 +309,10 @@ fn signals_sent_to_the_process_reach_the_programs_threads() {
         }
         outs.push(rest);
     }
-    assert!(outs[0].contains("signalfd: User defined signal 2") && outs[0].contains("handled on the main thread: yes"), "{}", outs[0]);
+    assert!(
+        outs[0].contains("signalfd: User defined signal 2") && outs[0].contains("handled on the main thread: yes"),
+        "{}",
+        outs[0]
+    );
     assert!(outs.iter().all(|o| *o == outs[0]), "{outs:?}");
 }

@@ -18,12 +18,14 @@ fn compare_via(test: &str, extra: &[&str], via: Via, orders: &[Order], expect: &
     let mut argv = vec![demo.to_str().unwrap(), "{T}", "greet"];
     argv.extend_from_slice(extra);
     let probed = vec!["greet".to_string()];
-    let (kout, kerr) = run_with_target(test, Via::Kernel, Order::LoaderFirst, &argv, "attached to ", &probed, Ending::Interrupt);
+    let (kout, kerr) =
+        run_with_target(test, Via::Kernel, Order::LoaderFirst, &argv, "attached to ", &probed, Ending::Interrupt);
     for e in expect {
         assert!(kout.contains(e), "the kernel's output lacks {e:?}\n{kout}\n{kerr}");
     }
     // The path of the target differs between runs (each has a copy of its own).
-    let norm = |s: &str| sorted_lines(&s.lines().filter(|l| !l.starts_with("attached to ")).collect::<Vec<_>>().join("\n"));
+    let norm =
+        |s: &str| sorted_lines(&s.lines().filter(|l| !l.starts_with("attached to ")).collect::<Vec<_>>().join("\n"));
     let kn = norm(&kout);
     for &order in orders {
         let (uout, uerr) = run_with_target(test, via, order, &argv, "attached to ", &probed, Ending::Interrupt);
@@ -54,7 +56,10 @@ fn skeleton_rodata_set_before_loading() {
         "demo_min_n",
         &["5"],
         &[Order::LoaderFirst],
-        &["call seq=0 comm=bt_target name=item-35 n=5 x=0xa5\n", "calls=3 returns=3 dropped=0 ring_events=3 perf_events=3 perf_lost=0\n"],
+        &[
+            "call seq=0 comm=bt_target name=item-35 n=5 x=0xa5\n",
+            "calls=3 returns=3 dropped=0 ring_events=3 perf_events=3 perf_lost=0\n",
+        ],
     );
 }
 

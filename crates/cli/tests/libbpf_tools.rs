@@ -33,7 +33,11 @@ fn histogram(out: &str) -> Vec<(u64, u64, u64)> {
 /// What funclatency prints that does not depend on timing: the unit, the number of samples,
 /// and the lowest non-empty bucket (nap(ms) never returns before ms milliseconds).
 fn funclatency_summary(out: &str) -> (String, u64, u64) {
-    let unit = out.lines().find(|l| l.contains(": count")).map(|l| l.split(':').next().unwrap().trim().to_string()).unwrap_or_default();
+    let unit = out
+        .lines()
+        .find(|l| l.contains(": count"))
+        .map(|l| l.split(':').next().unwrap().trim().to_string())
+        .unwrap_or_default();
     let h = histogram(out);
     let total = h.iter().map(|b| b.2).sum();
     let lowest = h.iter().find(|b| b.2 > 0).map(|b| b.0).unwrap_or(u64::MAX);
@@ -45,13 +49,19 @@ fn funclatency_program_function() {
     let _g = serial();
     let probed = vec!["nap".to_string()];
     let argv = ["stdbuf", "-oL", "/usr/sbin/funclatency", "-m", "{T}:nap"];
-    let (kout, kerr) = run_with_target("funclatency", Via::Kernel, Order::LoaderFirst, &argv, "Tracing ", &probed, Ending::Interrupt);
+    let (kout, kerr) =
+        run_with_target("funclatency", Via::Kernel, Order::LoaderFirst, &argv, "Tracing ", &probed, Ending::Interrupt);
     // nap(12), nap(24), nap(48) in 4 threads: 12 samples, none under 8 ms.
     let k = funclatency_summary(&kout);
     assert_eq!(k, ("msec".to_string(), 12, 8), "kernel:\n{kout}\n{kerr}");
     for order in [Order::LoaderFirst, Order::TargetFirst] {
-        let (uout, uerr) = run_with_target("funclatency", Via::Userbpf, order, &argv, "Tracing ", &probed, Ending::Interrupt);
-        assert_eq!(funclatency_summary(&uout), k, "funclatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+        let (uout, uerr) =
+            run_with_target("funclatency", Via::Userbpf, order, &argv, "Tracing ", &probed, Ending::Interrupt);
+        assert_eq!(
+            funclatency_summary(&uout),
+            k,
+            "funclatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}"
+        );
     }
 }
 
@@ -70,7 +80,10 @@ fn readline_commands(out: &str) -> Vec<String> {
 fn bashreadline_run(via: Via, order: Order) -> (String, String) {
     let session = session_name("bashreadline", via, order);
     let start_loader = || {
-        let mut l = Proc::spawn(&format!("bashreadline ({via:?})"), loader_command(via, &session, &["stdbuf", "-oL", "/usr/sbin/bashreadline"]));
+        let mut l = Proc::spawn(
+            &format!("bashreadline ({via:?})"),
+            loader_command(via, &session, &["stdbuf", "-oL", "/usr/sbin/bashreadline"]),
+        );
         l.wait_for("COMMAND", "its header");
         l
     };
@@ -93,7 +106,12 @@ fn bashreadline_run(via: Via, order: Order) -> (String, String) {
     let start = Instant::now();
     let mut k = 0;
     while !loader.stdout().contains("h5tsync") {
-        assert!(start.elapsed() < STEP, "bashreadline ({via:?}, {order:?}) saw no line\n{}\n{}", loader.stdout(), loader.stderr());
+        assert!(
+            start.elapsed() < STEP,
+            "bashreadline ({via:?}, {order:?}) saw no line\n{}\n{}",
+            loader.stdout(),
+            loader.stderr()
+        );
         assert!(!shell.exited(), "bash exited: {}\n{}", shell.stdout(), shell.stderr());
         shell.send(&format!("echo h5tsync {k}\n"));
         k += 1;
@@ -118,10 +136,18 @@ fn bashreadline_sees_the_lines_bash_reads() {
     let _g = serial();
     let (kout, kerr) = bashreadline_run(Via::Kernel, Order::LoaderFirst);
     let k = readline_commands(&kout);
-    assert_eq!(k, ["# h5t a comment", "echo h5t one", "true h5t two spaces 'quoted'", "x=1; echo h5t $x"], "kernel:\n{kout}\n{kerr}");
+    assert_eq!(
+        k,
+        ["# h5t a comment", "echo h5t one", "true h5t two spaces 'quoted'", "x=1; echo h5t $x"],
+        "kernel:\n{kout}\n{kerr}"
+    );
     for order in [Order::LoaderFirst, Order::TargetFirst] {
         let (uout, uerr) = bashreadline_run(Via::Userbpf, order);
-        assert_eq!(readline_commands(&uout), k, "bashreadline through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+        assert_eq!(
+            readline_commands(&uout),
+            k,
+            "bashreadline through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}"
+        );
     }
 }
 
@@ -142,15 +168,40 @@ fn resolutions(out: &str) -> Vec<String> {
 #[test]
 fn gethostlatency_sees_each_resolution() {
     let _g = serial();
-    let probed: Vec<String> = ["getaddrinfo", "gethostbyname", "gethostbyname2"].iter().map(|s| s.to_string()).collect();
+    let probed: Vec<String> =
+        ["getaddrinfo", "gethostbyname", "gethostbyname2"].iter().map(|s| s.to_string()).collect();
     let argv = ["stdbuf", "-oL", "/usr/sbin/gethostlatency"];
     let expected = 9;
     let settled = |out: &str| resolutions(out).len() >= expected;
-    let (kout, kerr) = run_with("gethostlatency", Via::Kernel, Order::LoaderFirst, &argv, "HOST", &gh_target(), &probed, Ending::Interrupt, &settled);
+    let (kout, kerr) = run_with(
+        "gethostlatency",
+        Via::Kernel,
+        Order::LoaderFirst,
+        &argv,
+        "HOST",
+        &gh_target(),
+        &probed,
+        Ending::Interrupt,
+        &settled,
+    );
     let k = resolutions(&kout);
     assert_eq!(k, vec!["gh_target localhost".to_string(); expected], "kernel:\n{kout}\n{kerr}");
     for order in [Order::LoaderFirst, Order::TargetFirst] {
-        let (uout, uerr) = run_with("gethostlatency", Via::Userbpf, order, &argv, "HOST", &gh_target(), &probed, Ending::Interrupt, &settled);
-        assert_eq!(resolutions(&uout), k, "gethostlatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+        let (uout, uerr) = run_with(
+            "gethostlatency",
+            Via::Userbpf,
+            order,
+            &argv,
+            "HOST",
+            &gh_target(),
+            &probed,
+            Ending::Interrupt,
+            &settled,
+        );
+        assert_eq!(
+            resolutions(&uout),
+            k,
+            "gethostlatency through userbpf ({order:?}):\n{uout}\n{uerr}\n--- kernel ---\n{kout}"
+        );
     }
 }

@@ -12,7 +12,10 @@ use common::{here, repo, tmp, userbpf_run};
 
 fn workload() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("objects/workload"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("objects/workload"), &[])
+    })
+    .clone()
 }
 
 fn object(name: &str) -> PathBuf {
@@ -71,7 +74,9 @@ fn a_kind_run_cannot_attach_stops_it_before_the_command_starts() {
     let (out, err, ok) = userbpf_run(&obj, &[], &[target.to_str().unwrap(), "10"]);
     assert!(!ok, "{out}\n{err}");
     assert!(
-        err.contains("program `on_switch` (tracepoint sched/sched_switch) cannot be attached: only system call tracepoints"),
+        err.contains(
+            "program `on_switch` (tracepoint sched/sched_switch) cannot be attached: only system call tracepoints"
+        ),
         "the program and its target are named: {err}"
     );
     assert!(err.contains("--allow-partial"), "{err}");
@@ -80,7 +85,11 @@ fn a_kind_run_cannot_attach_stops_it_before_the_command_starts() {
     let (out, err, ok) = userbpf_run(&obj, &["--allow-partial"], &[target.to_str().unwrap(), "10"]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("workload: 10 calls"), "{out}");
-    assert!(err.contains("program `on_switch` (tracepoint sched/sched_switch) cannot be attached") && err.contains("carrying on (--allow-partial)"), "{err}");
+    assert!(
+        err.contains("program `on_switch` (tracepoint sched/sched_switch) cannot be attached")
+            && err.contains("carrying on (--allow-partial)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -90,7 +99,12 @@ fn a_function_the_file_lacks_is_refused_before_the_command_starts() {
     let t = target.to_str().unwrap();
     let (out, err, ok) = userbpf_run(&obj, &["--attach", &format!("entry={t}:no_such_function")], &[t, "10"]);
     assert!(!ok, "{out}\n{err}");
-    assert!(err.contains(&format!("program `entry` (uprobe {t}:no_such_function): function `no_such_function` is not in {t}")), "{err}");
+    assert!(
+        err.contains(&format!(
+            "program `entry` (uprobe {t}:no_such_function): function `no_such_function` is not in {t}"
+        )),
+        "{err}"
+    );
     assert!(!out.contains("workload:"), "the command did not start: {out}");
     let (out, err, ok) = userbpf_run(&obj, &["--attach", "entry=/no/such/file:work"], &[t, "10"]);
     assert!(!ok, "{out}\n{err}");
@@ -106,8 +120,17 @@ fn a_function_no_process_of_the_command_has_fails_the_run() {
     let (out, err, ok) = userbpf_run(&obj, &["--attach", "entry=no_such_function"], &[target.to_str().unwrap(), "10"]);
     assert!(!ok, "{out}\n{err}");
     assert!(out.contains("workload: 10 calls"), "{out}");
-    assert!(err.contains("program `entry` was not attached at uprobe no_such_function: function `no_such_function` is not in"), "{err}");
-    let (out, err, ok) = userbpf_run(&obj, &["--allow-partial", "--attach", "entry=no_such_function"], &[target.to_str().unwrap(), "10"]);
+    assert!(
+        err.contains(
+            "program `entry` was not attached at uprobe no_such_function: function `no_such_function` is not in"
+        ),
+        "{err}"
+    );
+    let (out, err, ok) = userbpf_run(
+        &obj,
+        &["--allow-partial", "--attach", "entry=no_such_function"],
+        &[target.to_str().unwrap(), "10"],
+    );
     assert!(ok, "{out}\n{err}");
     assert!(err.contains("carried on (--allow-partial)"), "{err}");
     // Through a shell, the function is in the process the shell starts: attached, no error.
@@ -129,8 +152,13 @@ fn an_attach_failure_in_the_target_stops_it() {
     assert!(err.contains("no_such_func") && err.contains("(process "), "the agent's reason and the process: {err}");
     assert!(err.contains("stopped sleep"), "{err}");
     // --allow-partial: the command runs to its end; the failure is a warning.
-    let (out, err, ok) = userbpf_run(&obj, &["--allow-partial", "--attach", "entry=libc.so.6:no_such_func"], &["sleep", "0.1"]);
+    let (out, err, ok) =
+        userbpf_run(&obj, &["--allow-partial", "--attach", "entry=libc.so.6:no_such_func"], &["sleep", "0.1"]);
     assert!(ok, "{out}\n{err}");
-    assert!(err.contains("program `entry` could not be attached at uprobe libc.so.6:no_such_func") && err.contains("carried on (--allow-partial)"), "{err}");
+    assert!(
+        err.contains("program `entry` could not be attached at uprobe libc.so.6:no_such_func")
+            && err.contains("carried on (--allow-partial)"),
+        "{err}"
+    );
     assert!(!err.contains("stopped"), "{err}");
 }

@@ -10,8 +10,15 @@ use std::process::Command;
 use common::*;
 
 fn run_ok(cmd: &mut Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e} (run `make test`, which installs clang, bpftool, libbpf-dev)"));
-    assert!(out.status.success(), "{what} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (run `make test`, which installs clang, bpftool, libbpf-dev)"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// percpu-counter built as the Makefile builds it (clang, `bpftool gen skeleton`, cc against
@@ -21,13 +28,32 @@ fn percpu_counter() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let src = repo("examples/libbpf");
     let obj = dir.join("percpu-counter.bpf.o");
-    run_ok(Command::new("clang").args(userbpf_testutil::BPF_CFLAGS).arg("-o").arg(&obj).arg(src.join("percpu-counter.bpf.c")), "clang percpu-counter.bpf.c");
-    let skel = Command::new("bpftool").arg("gen").arg("skeleton").arg(&obj).args(["name", "percpu_counter_bpf"]).output().expect("bpftool");
+    run_ok(
+        Command::new("clang")
+            .args(userbpf_testutil::BPF_CFLAGS)
+            .arg("-o")
+            .arg(&obj)
+            .arg(src.join("percpu-counter.bpf.c")),
+        "clang percpu-counter.bpf.c",
+    );
+    let skel = Command::new("bpftool")
+        .arg("gen")
+        .arg("skeleton")
+        .arg(&obj)
+        .args(["name", "percpu_counter_bpf"])
+        .output()
+        .expect("bpftool");
     assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
     std::fs::write(dir.join("percpu-counter.skel.h"), &skel.stdout).unwrap();
     let bin = dir.join("percpu-counter");
     run_ok(
-        Command::new("cc").args(["-O2", "-g", "-Wall", "-I"]).arg(&dir).arg("-o").arg(&bin).arg(src.join("percpu-counter.c")).args(["-lbpf", "-lelf", "-lz"]),
+        Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-I"])
+            .arg(&dir)
+            .arg("-o")
+            .arg(&bin)
+            .arg(src.join("percpu-counter.c"))
+            .args(["-lbpf", "-lelf", "-lz"]),
         "cc percpu-counter.c",
     );
     bin
@@ -55,13 +81,27 @@ fn per_cpu_array_counter_counts_every_call_as_on_the_kernel() {
     // tadd(t, i): 4 threads, 50 calls each.
     let probed = vec!["tadd".to_string()];
     let mut slots = None;
-    for (via, order) in [(Via::Kernel, Order::LoaderFirst), (Via::Userbpf, Order::LoaderFirst), (Via::Userbpf, Order::TargetFirst)] {
-        let (out, err) = run_with_target("percpu_counter", via, order, &[bin, "{T}", "tadd"], "attached to ", &probed, Ending::Interrupt);
+    for (via, order) in
+        [(Via::Kernel, Order::LoaderFirst), (Via::Userbpf, Order::LoaderFirst), (Via::Userbpf, Order::TargetFirst)]
+    {
+        let (out, err) = run_with_target(
+            "percpu_counter",
+            via,
+            order,
+            &[bin, "{T}", "tadd"],
+            "attached to ",
+            &probed,
+            Ending::Interrupt,
+        );
         let (total, cpus) = counts(&out);
         assert_eq!(total, 200, "{via:?} {order:?}: every call of tadd counted\n{out}\n{err}");
         assert_eq!(cpus.iter().sum::<u64>(), total, "{via:?} {order:?}: the slots add up\n{out}");
         // One slot per possible CPU, as many as the kernel's.
         assert!(!cpus.is_empty(), "{via:?} {order:?}: no per-CPU slots printed\n{out}");
-        assert_eq!(*slots.get_or_insert(cpus.len()), cpus.len(), "{via:?} {order:?}: as many slots as the kernel's\n{out}");
+        assert_eq!(
+            *slots.get_or_insert(cpus.len()),
+            cpus.len(),
+            "{via:?} {order:?}: as many slots as the kernel's\n{out}"
+        );
     }
 }

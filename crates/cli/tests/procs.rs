@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{load_counter, agent, here};
+use common::{agent, here, load_counter};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("procs")
@@ -19,7 +19,10 @@ fn count_object() -> PathBuf {
 
 fn forkexec() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/forkexec_target.c"), &tmp().join("forkexec_target"), &["-pthread"])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/forkexec_target.c"), &tmp().join("forkexec_target"), &["-pthread"])
+    })
+    .clone()
 }
 
 fn userbpf_run(extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
@@ -33,7 +36,11 @@ fn userbpf_run(extra: &[&str], cmd: &[&str]) -> (String, String, bool) {
         .args(cmd)
         .output()
         .unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
 }
 
 fn hits(out: &str) -> u64 {
@@ -43,10 +50,12 @@ fn hits(out: &str) -> u64 {
 
 #[test]
 fn a_library_loaded_later_is_probed_from_its_constructor_on_and_survives_unloading() {
-    let lib = userbpf_testutil::compile_c(&here("targets/dl_lib.c"), &tmp().join("dl/libdl_lib.so"), &["-shared", "-fPIC"]);
+    let lib =
+        userbpf_testutil::compile_c(&here("targets/dl_lib.c"), &tmp().join("dl/libdl_lib.so"), &["-shared", "-fPIC"]);
     let exe = userbpf_testutil::compile_c(&here("targets/dlopen_target.c"), &tmp().join("dl/dlopen_target"), &["-ldl"]);
     let lib = lib.to_str().unwrap();
-    let (out, err, ok) = userbpf_run(&["--attach", &format!("hit={lib}:lib_work")], &[exe.to_str().unwrap(), lib, "4", "500"]);
+    let (out, err, ok) =
+        userbpf_run(&["--attach", &format!("hit={lib}:lib_work")], &[exe.to_str().unwrap(), lib, "4", "500"]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("dlopen_target: 4 rounds of 500 calls"), "{out}\n{err}");
     assert!(!err.contains("userbpf-agent:"), "the library is not mapped at start: nothing to say: {err}");
@@ -58,12 +67,23 @@ fn a_library_loaded_later_is_probed_from_its_constructor_on_and_survives_unloadi
 
 #[test]
 fn a_missing_function_of_a_library_loaded_later_is_reported_once() {
-    let lib = userbpf_testutil::compile_c(&here("targets/dl_lib.c"), &tmp().join("dl_missing/libdl_lib.so"), &["-shared", "-fPIC"]);
-    let exe = userbpf_testutil::compile_c(&here("targets/dlopen_target.c"), &tmp().join("dl_missing/dlopen_target"), &["-ldl"]);
+    let lib = userbpf_testutil::compile_c(
+        &here("targets/dl_lib.c"),
+        &tmp().join("dl_missing/libdl_lib.so"),
+        &["-shared", "-fPIC"],
+    );
+    let exe = userbpf_testutil::compile_c(
+        &here("targets/dlopen_target.c"),
+        &tmp().join("dl_missing/dlopen_target"),
+        &["-ldl"],
+    );
     let lib = lib.to_str().unwrap();
     // By its file name (a path to a file lacking the function is refused before the command
     // starts); --allow-partial: the failure does not stop the target (tests/objects.rs).
-    let (out, err, ok) = userbpf_run(&["--allow-partial", "--attach", "hit=libdl_lib.so:no_such_lib_function"], &[exe.to_str().unwrap(), lib, "3", "10"]);
+    let (out, err, ok) = userbpf_run(
+        &["--allow-partial", "--attach", "hit=libdl_lib.so:no_such_lib_function"],
+        &[exe.to_str().unwrap(), lib, "3", "10"],
+    );
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("dlopen_target: 3 rounds of 10 calls"), "{out}\n{err}");
     assert_eq!(err.matches("userbpf-agent:").count(), 1, "reported when the library is mapped, once: {err}");
@@ -91,7 +111,11 @@ fn wrappers_that_do_not_map_the_target_stay_quiet() {
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("forkexec_target: parent 300 calls, children ok"), "{out}\n{err}");
     assert!(!err.contains("userbpf-agent:"), "sh and cat have no `work`: {err}");
-    assert!(err.contains("function `work` is not in") && err.contains("attaches only in processes it starts whose executable has it"), "the command's executable has no `work`: {err}");
+    assert!(
+        err.contains("function `work` is not in")
+            && err.contains("attaches only in processes it starts whose executable has it"),
+        "the command's executable has no `work`: {err}"
+    );
     assert_eq!(hits(&out), 4 * 300, "{out}");
     // A path: attached where that file runs, whatever runs around it.
     let (out, err, ok) = userbpf_run(&["--attach", &format!("hit={}:work", exe.display())], &["sh", "-c", &script]);
@@ -125,7 +149,8 @@ fn links_added_after_a_fork_are_attached_in_the_child() {
     let mut out = std::io::BufReader::new(target.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let child: u32 = line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    let child: u32 =
+        line.trim().strip_prefix("child ").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line}"));
     let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while !cond() {
@@ -136,12 +161,24 @@ fn links_added_after_a_fork_are_attached_in_the_child() {
     // The forked child joins the session as a member of its own (its watcher thread).
     let members = session.layout().members_dir();
     wait_for("the child's membership", &|| {
-        std::fs::read_dir(&members).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{child}.")))
+        std::fs::read_dir(&members)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&format!("{child}.")))
     });
     assert_eq!(hits(), 0);
     // A link added now: only the child calls work(), and only its own watcher can attach it.
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     wait_for("hits in the child", &|| hits() > 0);
     std::fs::write(dir.join("stop"), b"").unwrap();

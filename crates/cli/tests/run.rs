@@ -13,7 +13,10 @@ fn tmp() -> PathBuf {
 /// The bundled target, compiled once for all the tests of this file (they run in parallel).
 fn workload() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("examples/workload"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("examples/workload"), &[])
+    })
+    .clone()
 }
 
 /// An eBPF object compiled into a directory of the test's own.
@@ -25,7 +28,10 @@ fn object(src: &str, test: &str) -> PathBuf {
 fn funclatency_counts_every_call_in_both_engines() {
     let obj = object("examples/bpf/funclatency.bpf.c", "counts");
     let target = workload();
-    for engine in [&["--attach", "enter=work", "--attach", "leave=work"][..], &["--interpreter", "--attach", "enter=work", "--attach", "leave=work"][..]] {
+    for engine in [
+        &["--attach", "enter=work", "--attach", "leave=work"][..],
+        &["--interpreter", "--attach", "enter=work", "--attach", "leave=work"][..],
+    ] {
         let (out, err, ok) = userbpf_run(&obj, engine, &[target.to_str().unwrap(), "5000"]);
         assert!(ok, "{err}");
         assert!(out.contains("workload: 5000 calls of work()"), "the target ran: {out}");
@@ -57,7 +63,12 @@ fn a_faulting_program_is_refused_by_the_verifier() {
 fn a_faulting_program_does_not_kill_the_target() {
     let obj = object("crates/cli/tests/bpf/faulty.bpf.c", "faulty");
     let target = workload();
-    let (out, err, ok) = userbpf_run_env(&obj, &["--attach", "faulty=work"], &[target.to_str().unwrap(), "1000"], &[("USERBPF_VERIFY", "0")]);
+    let (out, err, ok) = userbpf_run_env(
+        &obj,
+        &["--attach", "faulty=work"],
+        &[target.to_str().unwrap(), "1000"],
+        &[("USERBPF_VERIFY", "0")],
+    );
     assert!(err.contains("USERBPF_VERIFY=0: program `faulty` runs unverified"), "the warning: {err}");
     assert!(ok, "{err}");
     assert!(out.contains("workload: 1000 calls of work()"), "the target ran to the end: {out}\n{err}");
@@ -71,7 +82,11 @@ fn a_function_that_does_not_exist_is_reported() {
     let obj = object("examples/bpf/funclatency.bpf.c", "missing");
     let target = workload();
     // --allow-partial: the target runs on (without it `run` fails, see tests/objects.rs).
-    let (out, err, ok) = userbpf_run(&obj, &["--allow-partial", "--attach", "enter=no_such_function", "--attach", "leave=work"], &[target.to_str().unwrap(), "10"]);
+    let (out, err, ok) = userbpf_run(
+        &obj,
+        &["--allow-partial", "--attach", "enter=no_such_function", "--attach", "leave=work"],
+        &[target.to_str().unwrap(), "10"],
+    );
     assert!(ok, "the target runs on: {err}");
     assert!(out.contains("workload: 10 calls"), "{out}");
     assert!(err.contains("no_such_function"), "the failed attachment is named: {err}");
@@ -86,13 +101,27 @@ fn a_faulting_per_cpu_program_does_not_kill_the_target_on_the_lean_paths() {
         let obj = object(&format!("crates/cli/tests/bpf/{src}.bpf.c"), src);
         let target = workload();
         let attach = format!("{prog}=work");
-        let (out, err, ok) = userbpf_run_env(&obj, &["--attach", &attach], &[target.to_str().unwrap(), "1000"], &[("USERBPF_VERIFY", "0")]);
+        let (out, err, ok) = userbpf_run_env(
+            &obj,
+            &["--attach", &attach],
+            &[target.to_str().unwrap(), "1000"],
+            &[("USERBPF_VERIFY", "0")],
+        );
         assert!(ok, "{src}: {err}");
         assert!(out.contains("workload: 1000 calls of work()"), "{src}: the target ran to the end: {out}\n{err}");
         let expected = (0..1000u64).filter(|i| (i * 7919) % 4096 % 10 != 0).count() as u64;
         // `key = 0, values = { cpu0 = A, cpu1 = B, ... }`: summed.
-        let line = out.lines().find(|l| l.trim_start().starts_with("key = 0, values = {")).unwrap_or_else(|| panic!("{src}: no per-CPU values: {out}"));
-        let sum: u64 = line.split('{').nth(1).unwrap().split(',').map(|c| c.split('=').nth(1).unwrap().trim().trim_end_matches('}').trim().parse::<u64>().unwrap()).sum();
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("key = 0, values = {"))
+            .unwrap_or_else(|| panic!("{src}: no per-CPU values: {out}"));
+        let sum: u64 = line
+            .split('{')
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .map(|c| c.split('=').nth(1).unwrap().trim().trim_end_matches('}').trim().parse::<u64>().unwrap())
+            .sum();
         assert_eq!(sum, expected, "{src}: {out}");
     }
 }
@@ -109,7 +138,19 @@ fn a_target_killed_by_a_signal_is_reported_and_run_exits_as_a_shell_does() {
     let out = std::process::Command::new(common::userbpf())
         .env("USERBPF_AGENT", common::agent())
         .env("USERBPF_SHM_DIR", tmp())
-        .args(["run", obj.to_str().unwrap(), "--attach", "enter=work", "--attach", "leave=work", "--allow-partial", "--", "sh", "-c", &script])
+        .args([
+            "run",
+            obj.to_str().unwrap(),
+            "--attach",
+            "enter=work",
+            "--attach",
+            "leave=work",
+            "--allow-partial",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .output()
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{repo, tmp, userbpf, Proc};
+use common::{Proc, repo, tmp, userbpf};
 
 /// A sessions directory of the test's own (USERBPF_SHM_DIR), so "nothing left" is exact.
 fn shm(test: &str) -> PathBuf {
@@ -46,7 +46,23 @@ fn userbpf_run_leaves_nothing_behind() {
     let d = shm("run");
     let obj = repo("target/bpf/funclatency.bpf.o");
     let w = workload();
-    let out = cmd(&d, "unused", &["run", obj.to_str().unwrap(), "--attach", "enter=work", "--attach", "leave=work", "--", w.to_str().unwrap(), "100"]).output().unwrap();
+    let out = cmd(
+        &d,
+        "unused",
+        &[
+            "run",
+            obj.to_str().unwrap(),
+            "--attach",
+            "enter=work",
+            "--attach",
+            "leave=work",
+            "--",
+            w.to_str().unwrap(),
+            "100",
+        ],
+    )
+    .output()
+    .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(left(&d), Vec::<String>::new());
 }
@@ -62,7 +78,9 @@ fn loader_and_target_leave_nothing_behind_and_are_listed_while_running() {
     // next has its probe from its first call (else it would be attached while running).
     let links = userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_in(&d, "both")).links_dir();
     let start = Instant::now();
-    while !std::fs::read_dir(&links).is_ok_and(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json"))) {
+    while !std::fs::read_dir(&links)
+        .is_ok_and(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
+    {
         assert!(start.elapsed() < common::STEP, "bpftrace never made its link");
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -10,7 +10,7 @@ use std::process::Command;
 use userbpf_runtime::{LinkRecord, Session};
 
 mod common;
-use common::{load_counter, agent, here};
+use common::{agent, here, load_counter};
 
 fn tmp() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("signals")
@@ -23,7 +23,10 @@ fn count_object() -> PathBuf {
 
 fn target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/sigchld_target.c"), &tmp().join("sigchld_target"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/sigchld_target.c"), &tmp().join("sigchld_target"), &[])
+    })
+    .clone()
 }
 
 /// 10 children waited for through a signalfd, 10 with sigtimedwait; tick() called before each.
@@ -59,7 +62,16 @@ fn sigchld_read_from_a_signalfd_under_userbpf_start() {
     let (prog_id, hits) = load_counter(&session, &count_object());
     let exe = target();
     session
-        .add_link(LinkRecord { id: 0, prog_id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("tick".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("tick".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
         .env("USERBPF_AGENT", agent())
@@ -70,6 +82,10 @@ fn sigchld_read_from_a_signalfd_under_userbpf_start() {
         .arg(CHILDREN.to_string())
         .output()
         .unwrap();
-    check_target_output(&String::from_utf8_lossy(&out.stdout), &String::from_utf8_lossy(&out.stderr), out.status.success());
+    check_target_output(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+        out.status.success(),
+    );
     assert_eq!(hits(), 2 * CHILDREN, "the probe ran at every tick()");
 }

@@ -45,16 +45,37 @@ fn numbers_of_renamed_and_new_calls_are_the_kernels() {
     // (with arguments that make it fail), its number read back from the kernel's tracepoint.
     let mut check: Vec<&str> = syscalls::TRACEPOINT_NAMES.iter().map(|(t, _)| *t).collect();
     check.extend([
-        "uretprobe", "uprobe", "cachestat", "fchmodat2", "futex_wake", "futex_wait", "futex_requeue", "statmount", "listmount", "lsm_get_self_attr",
-        "lsm_set_self_attr", "lsm_list_modules", "mseal", "setxattrat", "getxattrat", "listxattrat", "removexattrat", "open_tree_attr", "file_getattr",
-        "file_setattr", "set_mempolicy_home_node", "rseq", "close_range",
+        "uretprobe",
+        "uprobe",
+        "cachestat",
+        "fchmodat2",
+        "futex_wake",
+        "futex_wait",
+        "futex_requeue",
+        "statmount",
+        "listmount",
+        "lsm_get_self_attr",
+        "lsm_set_self_attr",
+        "lsm_list_modules",
+        "mseal",
+        "setxattrat",
+        "getxattrat",
+        "listxattrat",
+        "removexattrat",
+        "open_tree_attr",
+        "file_getattr",
+        "file_setattr",
+        "set_mempolicy_home_node",
+        "rseq",
+        "close_range",
     ]);
     let kernel = kernel_names();
     let check: Vec<&str> = check.into_iter().filter(|n| kernel.iter().any(|k| k == n)).collect();
     assert!(check.len() >= 6, "the kernel names none of {check:?}");
     let caller = userbpf_testutil::compile_c(&here("targets/nr_caller.c"), &tmp().join("syscall_names/nr_caller"), &[]);
     let probes: Vec<String> = check.iter().map(|n| format!("tracepoint:syscalls:sys_enter_{n}")).collect();
-    let script = format!(r#"{} /comm == "nr_caller"/ {{ printf("%s %d\n", probe, args->__syscall_nr); }}"#, probes.join(","));
+    let script =
+        format!(r#"{} /comm == "nr_caller"/ {{ printf("%s %d\n", probe, args->__syscall_nr); }}"#, probes.join(","));
     let mut bt = Proc::spawn("bpftrace", {
         let mut c = Command::new("bpftrace");
         c.args(["-e", &script]);
@@ -74,7 +95,10 @@ fn numbers_of_renamed_and_new_calls_are_the_kernels() {
     let out = bt.stdout();
     for (n, nr) in check.iter().zip(&nrs) {
         let want = format!("tracepoint:syscalls:sys_enter_{n} {nr}\n");
-        assert!(out.contains(&want), "userbpf's number of `{n}` is {nr}, the kernel's tracepoint reports otherwise:\n{out}");
+        assert!(
+            out.contains(&want),
+            "userbpf's number of `{n}` is {nr}, the kernel's tracepoint reports otherwise:\n{out}"
+        );
     }
 }
 
@@ -94,7 +118,14 @@ fn every_kernel_syscall_tracepoint_attaches_or_is_refused_with_a_reason() {
     let c = dir.join("all_syscalls.bpf.c");
     std::fs::write(&c, src).unwrap();
     let obj = userbpf_testutil::compile_bpf(&c, &dir);
-    let out = Command::new(userbpf()).env("USERBPF_AGENT", agent()).env("USERBPF_SHM_DIR", tmp()).arg("run").arg(&obj).args(["--", "/bin/true"]).output().unwrap();
+    let out = Command::new(userbpf())
+        .env("USERBPF_AGENT", agent())
+        .env("USERBPF_SHM_DIR", tmp())
+        .arg("run")
+        .arg(&obj)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     let mut refused = std::collections::BTreeSet::new();
     for l in err.lines() {

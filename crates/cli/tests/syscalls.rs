@@ -14,7 +14,10 @@ fn tmp() -> PathBuf {
 
 fn target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/syscalls_target.c"), &tmp().join("syscalls/syscalls_target"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/syscalls_target.c"), &tmp().join("syscalls/syscalls_target"), &[])
+    })
+    .clone()
 }
 
 fn object(name: &str) -> PathBuf {
@@ -44,7 +47,12 @@ fn tracepoints_a_process_cannot_have_are_refused() {
     // Without --allow-partial the command does not start (see tests/objects.rs).
     let (out, err, ok) = run(&object("tp_refused"), &["--allow-partial"], 10);
     assert!(ok, "{out}\n{err}");
-    assert!(err.contains("program `on_switch` (tracepoint sched/sched_switch) cannot be attached: only system call tracepoints"), "{err}");
+    assert!(
+        err.contains(
+            "program `on_switch` (tracepoint sched/sched_switch) cannot be attached: only system call tracepoints"
+        ),
+        "{err}"
+    );
     // Every system call is seen through dispatch, clone's (which has no plain libc wrapper)
     // too: nothing else is refused.
     assert!(!err.contains("userbpf-agent:"), "{err}");
@@ -54,7 +62,11 @@ fn tracepoints_a_process_cannot_have_are_refused() {
 
 #[test]
 fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
-    let exe = userbpf_testutil::compile_c(&here("targets/raw_syscalls_target.c"), &tmp().join("syscalls/raw_syscalls_target"), &["-pthread"]);
+    let exe = userbpf_testutil::compile_c(
+        &here("targets/raw_syscalls_target.c"),
+        &tmp().join("syscalls/raw_syscalls_target"),
+        &["-pthread"],
+    );
     let obj = object("raw_syscalls");
     for engine in [&[][..], &["--interpreter"][..]] {
         let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
@@ -74,17 +86,25 @@ fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
         // probe turns dispatch on there) and in a forked child (turned on again after fork);
         // the raw rt_sigprocmask applied to the thread's mask, the raw write done.
         assert!(out.contains("raw write\n"), "{out}\n{err}");
-        assert!(out.contains("raw_syscalls_target: 500 raw getppid calls in each of 3 processes/threads, 0 mismatches"), "{out}\n{err}");
+        assert!(
+            out.contains("raw_syscalls_target: 500 raw getppid calls in each of 3 processes/threads, 0 mismatches"),
+            "{out}\n{err}"
+        );
         // 3 x 500 raw calls and libc's getppid() once (seen at its wrapper), on enter and exit,
         // per call and in raw_syscalls; the raw write with its arguments.
-        let want = ".counts = { .enter = 1501, .exit_ok = 1501, .exit_bad = 0, .raw_getppid = 1501, .raw_write_len = 1 }";
+        let want =
+            ".counts = { .enter = 1501, .exit_ok = 1501, .exit_bad = 0, .raw_getppid = 1501, .raw_write_len = 1 }";
         assert!(out.contains(want), "{out}\n{err}");
     }
 }
 
 #[test]
 fn every_call_is_seen_from_busy_threads_masked_signals_handlers_and_a_child() {
-    let exe = userbpf_testutil::compile_c(&here("targets/syscalls_stress.c"), &tmp().join("syscalls/syscalls_stress"), &["-pthread"]);
+    let exe = userbpf_testutil::compile_c(
+        &here("targets/syscalls_stress.c"),
+        &tmp().join("syscalls/syscalls_stress"),
+        &["-pthread"],
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
         .env("USERBPF_AGENT", agent())
         .env("USERBPF_SHM_DIR", tmp())

@@ -33,9 +33,17 @@ uprobe:libc:malloc /@m[pid] == 1/ { @malloc = count(); }
 fn self_target() -> std::path::PathBuf {
     static ONCE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
-        let lib = userbpf_testutil::compile_c(&here("targets/dl_lib.c"), &tmp().join("self/libdl_lib.so"), &["-shared", "-fPIC"]);
+        let lib = userbpf_testutil::compile_c(
+            &here("targets/dl_lib.c"),
+            &tmp().join("self/libdl_lib.so"),
+            &["-shared", "-fPIC"],
+        );
         let def = format!("-DLIB=\"{}\"", lib.display());
-        userbpf_testutil::compile_c(&here("targets/self_target.c"), &tmp().join("self/self_target"), &[&def, "-ldl", "-pthread"])
+        userbpf_testutil::compile_c(
+            &here("targets/self_target.c"),
+            &tmp().join("self/self_target"),
+            &[&def, "-ldl", "-pthread"],
+        )
     })
     .clone()
 }
@@ -43,7 +51,11 @@ fn self_target() -> std::path::PathBuf {
 /// The maps bpftrace printed, `@name: N` lines sorted. Whether pthread_join waits (a futex
 /// call) depends on timing: futex calls are left out of the counts of every call.
 fn counts(out: &str) -> Vec<String> {
-    let mut v: Vec<String> = out.lines().filter(|l| l.starts_with('@') && !l.starts_with("@m[") && !l.starts_with("@futex")).map(String::from).collect();
+    let mut v: Vec<String> = out
+        .lines()
+        .filter(|l| l.starts_with('@') && !l.starts_with("@m[") && !l.starts_with("@futex"))
+        .map(String::from)
+        .collect();
     for (all, futex) in [("all", "futex"), ("all_ret", "futex_ret")] {
         let n = value(&v, all) - value_in(out, futex);
         v.retain(|l| !l.starts_with(&format!("@{all}: ")));
@@ -65,14 +77,46 @@ fn value_in(out: &str, name: &str) -> u64 {
 fn every_system_call_of_the_target_and_none_of_the_agent() {
     let target = self_target();
     let probed = vec!["malloc".to_string()];
-    let (kout, kerr) = run_with("self", Via::Kernel, Order::LoaderFirst, &["bpftrace", "-e", SCRIPT], "Attaching ", &target, &probed, Ending::Interrupt, &|_| true);
+    let (kout, kerr) = run_with(
+        "self",
+        Via::Kernel,
+        Order::LoaderFirst,
+        &["bpftrace", "-e", SCRIPT],
+        "Attaching ",
+        &target,
+        &probed,
+        Ending::Interrupt,
+        &|_| true,
+    );
     let kc = counts(&kout);
     // What the target certainly did (glibc's internal calls among them): the reference is sane.
-    for (name, at_least) in [("openat", 3), ("close", 3), ("getdents64", 2), ("malloc", 7), ("all", 20), ("clone3_ret", 2), ("set_robust_list", 1)] {
+    for (name, at_least) in [
+        ("openat", 3),
+        ("close", 3),
+        ("getdents64", 2),
+        ("malloc", 7),
+        ("all", 20),
+        ("clone3_ret", 2),
+        ("set_robust_list", 1),
+    ] {
         assert!(value_in(&kout, name) >= at_least, "the kernel's @{name} is below {at_least}\n{kout}\n{kerr}");
     }
     for order in [Order::LoaderFirst, Order::TargetFirst] {
-        let (uout, uerr) = run_with("self", Via::Userbpf, order, &["bpftrace", "-e", SCRIPT], "Attaching ", &target, &probed, Ending::Interrupt, &|_| true);
-        assert_eq!(counts(&uout), kc, "{order:?}: userbpf's counts differ from the kernel's\n=== kernel ===\n{kout}\n=== userbpf ===\n{uout}\n{uerr}");
+        let (uout, uerr) = run_with(
+            "self",
+            Via::Userbpf,
+            order,
+            &["bpftrace", "-e", SCRIPT],
+            "Attaching ",
+            &target,
+            &probed,
+            Ending::Interrupt,
+            &|_| true,
+        );
+        assert_eq!(
+            counts(&uout),
+            kc,
+            "{order:?}: userbpf's counts differ from the kernel's\n=== kernel ===\n{kout}\n=== userbpf ===\n{uout}\n{uerr}"
+        );
     }
 }

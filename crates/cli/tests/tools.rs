@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use common::{here, repo, tmp, userbpf, Proc};
+use common::{Proc, here, repo, tmp, userbpf};
 
 /// The tools' objects, built from tools/*.bpf.c once per test binary.
 fn tools_dir() -> PathBuf {
@@ -27,7 +27,10 @@ fn tools_dir() -> PathBuf {
 
 fn target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/tool_target.c"), &tmp().join("tools/tool_target"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/tool_target.c"), &tmp().join("tools/tool_target"), &[])
+    })
+    .clone()
 }
 
 fn tool(args: &[&str]) -> Command {
@@ -38,8 +41,13 @@ fn tool(args: &[&str]) -> Command {
 
 fn run_ok(args: &[&str]) -> String {
     let out: Output = tool(args).output().unwrap();
-    let (so, se) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "userbpf tool {args:?} failed ({:?})\n--- stdout ---\n{so}\n--- stderr ---\n{se}", out.status);
+    let (so, se) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(
+        out.status.success(),
+        "userbpf tool {args:?} failed ({:?})\n--- stdout ---\n{so}\n--- stderr ---\n{se}",
+        out.status
+    );
     so
 }
 
@@ -52,7 +60,8 @@ fn histograms(out: &str) -> Vec<(String, u64, u64)> {
         if line.starts_with('@') && line.ends_with(':') {
             cur = Some((line.to_string(), 0));
         } else if line.starts_with('[') {
-            let c: u64 = line.split_whitespace().find_map(|w| w.parse().ok()).unwrap_or_else(|| panic!("bucket line {line}"));
+            let c: u64 =
+                line.split_whitespace().find_map(|w| w.parse().ok()).unwrap_or_else(|| panic!("bucket line {line}"));
             if let Some((_, s)) = &mut cur {
                 *s += c;
             }
@@ -66,11 +75,13 @@ fn histograms(out: &str) -> Vec<(String, u64, u64)> {
 
 /// calls' rows of the target's functions: function → count.
 fn call_rows(out: &str) -> Vec<(String, u64)> {
-    out.lines().filter_map(|l| {
-        let mut w = l.split_whitespace();
-        let (name, count) = (w.next()?, w.next()?.parse().ok()?);
-        (w.next().is_none() && name.starts_with("tt_")).then(|| (name.to_string(), count))
-    }).collect()
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (name, count) = (w.next()?, w.next()?.parse().ok()?);
+            (w.next().is_none() && name.starts_with("tt_")).then(|| (name.to_string(), count))
+        })
+        .collect()
 }
 
 fn spec(func: &str) -> String {
@@ -115,10 +126,13 @@ fn funclatency_globs_per_function_and_per_process() {
 fn funclatency_intervals_add_up_to_every_call() {
     let t = target().display().to_string();
     let out = run_ok(&["funclatency", "-i", "0.05", &spec("tt_gamma"), "--", &t, "2000", "2000", "2000", "2000"]);
-    let total: u64 = histograms(&out).iter().map(|&(_, s, c)| {
-        assert_eq!(s, c, "{out}");
-        c
-    }).sum();
+    let total: u64 = histograms(&out)
+        .iter()
+        .map(|&(_, s, c)| {
+            assert_eq!(s, c, "{out}");
+            c
+        })
+        .sum();
     assert_eq!(total, 4 * 3 * 2000, "{out}");
 }
 
@@ -162,15 +176,27 @@ fn funclatency_and_calls_on_a_running_process() {
 fn calls_counts_exactly_and_intervals_add_up() {
     let t = target().display().to_string();
     let out = run_ok(&["calls", &spec("tt_*"), "--", &t, "40"]);
-    assert_eq!(call_rows(&out), [("tt_gamma".to_string(), 120), ("tt_beta".to_string(), 80), ("tt_alpha".to_string(), 40), ("tt_greet".to_string(), 40)], "{out}");
+    assert_eq!(
+        call_rows(&out),
+        [
+            ("tt_gamma".to_string(), 120),
+            ("tt_beta".to_string(), 80),
+            ("tt_alpha".to_string(), 40),
+            ("tt_greet".to_string(), 40)
+        ],
+        "{out}"
+    );
     // Two processes half a second apart (the agent follows the shell's children): intervals
     // between them, whose counts add up to every call.
     let script = format!("{t} 1500; sleep 0.5; {t} 1500");
     let out = run_ok(&["calls", "-i", "0.05", &spec("tt_beta"), "--", "sh", "-c", &script]);
-    let total: u64 = call_rows(&out).iter().map(|(n, c)| {
-        assert_eq!(n, "tt_beta");
-        c
-    }).sum();
+    let total: u64 = call_rows(&out)
+        .iter()
+        .map(|(n, c)| {
+            assert_eq!(n, "tt_beta");
+            c
+        })
+        .sum();
     assert_eq!(total, 6000, "{out}");
     assert!(out.matches("FUNC").count() >= 2, "no interval printed: {out}");
 }
@@ -185,7 +211,13 @@ fn events(out: &str) -> Vec<(String, String, String, String, String)> {
             if parts.len() < 5 || parts[0].parse::<f64>().is_err() {
                 return None;
             }
-            Some((parts[1].to_string(), parts[2].to_string(), parts[3].to_string(), parts[4].to_string(), parts[5..].join(" ")))
+            Some((
+                parts[1].to_string(),
+                parts[2].to_string(),
+                parts[3].to_string(),
+                parts[4].to_string(),
+                parts[5..].join(" "),
+            ))
         })
         .collect()
 }
@@ -203,7 +235,21 @@ fn trace_prints_filtered_calls_and_returns() {
     let ev = events(&out);
     let msgs: Vec<(&str, &str)> = ev.iter().map(|e| (e.3.as_str(), e.4.as_str())).collect();
     let neg = ("check_sign", "neg -1");
-    assert_eq!(msgs, [("tt_alpha", "ret 12"), ("tt_alpha", "ret 14"), ("tt_greet", "name-5 i=5"), ("tt_greet", "name-6 i=6"), ("tt_greet", "name-7 i=7"), neg, neg, neg, neg], "{out}");
+    assert_eq!(
+        msgs,
+        [
+            ("tt_alpha", "ret 12"),
+            ("tt_alpha", "ret 14"),
+            ("tt_greet", "name-5 i=5"),
+            ("tt_greet", "name-6 i=6"),
+            ("tt_greet", "name-7 i=7"),
+            neg,
+            neg,
+            neg,
+            neg
+        ],
+        "{out}"
+    );
     assert!(ev.iter().all(|e| e.0 == e.1 && e.2 == "tool_target"), "{out}");
 }
 
@@ -235,11 +281,23 @@ fn duration_stops_a_command_and_bad_specs_are_named() {
     assert!(p.wait_exit("the duration").success(), "{}", p.stderr());
     let out = tool(&["trace", &format!(r#"{} "%d %d", arg1"#, spec("tt_beta")), "--", "true"]).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("2 conversions but 1 argument"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 conversions but 1 argument"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = tool(&["calls", &spec("no_such_*"), "--", "true"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no function of"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no function of"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = tool(&["funclatency", &spec("tt_beta")]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to trace"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to trace"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -259,7 +317,11 @@ fn a_process_started_under_userbpf_is_traced_in_its_own_session() {
     t.close_stdin();
     t.wait_exit("end of input");
     assert!(calls.wait_exit("the process gone").success(), "{}", calls.stderr());
-    assert!(!calls.stderr().contains("attached to process"), "the agent was injected into a process that had it: {}", calls.stderr());
+    assert!(
+        !calls.stderr().contains("attached to process"),
+        "the agent was injected into a process that had it: {}",
+        calls.stderr()
+    );
     assert_eq!(call_rows(&calls.stdout()), [("tt_gamma".to_string(), 18)], "{}", calls.stdout());
 }
 
@@ -282,17 +344,39 @@ fn aiocost_tables(out: &str) -> Vec<(String, String, u64, f64, Vec<f64>)> {
 
 #[test]
 fn aiocost_measures_three_interfaces_through_userbpf_and_the_kernel() {
-    if !userbpf_testutil::require(Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success()), "bpftrace (the kernel's side of aiocost)") {
+    if !userbpf_testutil::require(
+        Command::new("bpftrace").arg("--version").output().is_ok_and(|o| o.status.success()),
+        "bpftrace (the kernel's side of aiocost)",
+    ) {
         return;
     }
     // The file on the test's directory (a disk file system: O_DIRECT).
     let file = tmp().join("tools/aiocost.dat");
-    let out = run_ok(&["aiocost", "-n", "12", "-b", "4", "--size-mb", "4", "--rounds", "1", "--file", &file.display().to_string()]);
+    let out = run_ok(&[
+        "aiocost",
+        "-n",
+        "12",
+        "-b",
+        "4",
+        "--size-mb",
+        "4",
+        "--rounds",
+        "1",
+        "--file",
+        &file.display().to_string(),
+    ]);
     let t = aiocost_tables(&out);
     let names: Vec<(&str, &str)> = t.iter().map(|r| (&r.0[..12], r.1.as_str())).collect();
     assert_eq!(
         names,
-        [("through user", "io_uring"), ("through user", "native aio"), ("through user", "posix aio"), ("through the ", "io_uring"), ("through the ", "native aio"), ("through the ", "posix aio")],
+        [
+            ("through user", "io_uring"),
+            ("through user", "native aio"),
+            ("through user", "posix aio"),
+            ("through the ", "io_uring"),
+            ("through the ", "native aio"),
+            ("through the ", "posix aio")
+        ],
         "{out}"
     );
     for (section, name, iters, total, shares) in &t {
@@ -301,7 +385,10 @@ fn aiocost_measures_three_interfaces_through_userbpf_and_the_kernel() {
         assert_eq!(shares.len(), if name == "io_uring" { 3 } else { 2 }, "{out}");
         assert!(shares.iter().all(|&s| s >= 0.0), "{out}");
         // Each share is printed rounded to 4 decimals (±0.00005).
-        assert!(shares.iter().sum::<f64>() <= 1.0 + 0.00005 * shares.len() as f64, "{section} {name}: shares add up to more than 1\n{out}");
+        assert!(
+            shares.iter().sum::<f64>() <= 1.0 + 0.00005 * shares.len() as f64,
+            "{section} {name}: shares add up to more than 1\n{out}"
+        );
     }
     assert!(out.contains("the benchmark's own time per iteration"), "{out}");
 }

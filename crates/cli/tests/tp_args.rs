@@ -17,7 +17,9 @@ use common::*;
 /// test; run_with then runs a private copy of that file, under the same name).
 fn target_named(name: &str) -> std::path::PathBuf {
     static ONCE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let bin = ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/loaders/tp_target.c"), &tmp().join("tp_args/tp_target"), &[]));
+    let bin = ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/loaders/tp_target.c"), &tmp().join("tp_args/tp_target"), &[])
+    });
     let dir = tmp().join("tp_args").join(format!("{name}.d"));
     std::fs::create_dir_all(&dir).unwrap();
     let dst = dir.join(name);
@@ -32,7 +34,19 @@ fn compare(test: &str, script: &str, orders: &[Order], expect: &[&str]) {
     let target = target_named(test);
     let script = script.replace("{C}", test);
     let probed = probed_functions(&script);
-    let run = |via, order| run_with(test, via, order, &["bpftrace", "-e", &script], "Attaching ", &target, &probed, Ending::Interrupt, &|_| true);
+    let run = |via, order| {
+        run_with(
+            test,
+            via,
+            order,
+            &["bpftrace", "-e", &script],
+            "Attaching ",
+            &target,
+            &probed,
+            Ending::Interrupt,
+            &|_| true,
+        )
+    };
     let (kout, kerr) = run(Via::Kernel, Order::LoaderFirst);
     for e in expect {
         assert!(kout.contains(e), "the kernel's output lacks {e:?} (is the test target right?)\n{kout}\n{kerr}");
@@ -56,7 +70,14 @@ fn sys_enter_openat_filename_flags_and_mode() {
         "tpa_open",
         r#"tracepoint:syscalls:sys_enter_openat /comm == "{C}" && strncmp(str(args->filename), "/nonexistent/", 13) == 0/ { printf("%s %d %x %d\n", str(args->filename), args->dfd, args->flags, args->flags & 0x40 ? args->mode : 0); @n = count(); } uprobe:{T}:mark { @m = count(); }"#,
         &[Order::LoaderFirst, Order::TargetFirst],
-        &["/nonexistent/userbpf-tp/file-0 -100 41 416\n", "/nonexistent/userbpf-tp/file-1 -100 80000 0\n", "/nonexistent/userbpf-tp/file-4 -100 41 420\n", "/nonexistent/userbpf-tp/at -100 2 0\n", "@n: 6\n", "@m: 2\n"],
+        &[
+            "/nonexistent/userbpf-tp/file-0 -100 41 416\n",
+            "/nonexistent/userbpf-tp/file-1 -100 80000 0\n",
+            "/nonexistent/userbpf-tp/file-4 -100 41 420\n",
+            "/nonexistent/userbpf-tp/at -100 2 0\n",
+            "@n: 6\n",
+            "@m: 2\n",
+        ],
     );
 }
 

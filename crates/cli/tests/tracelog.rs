@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 mod common;
-use common::{repo, tmp, userbpf, Proc};
+use common::{Proc, repo, tmp, userbpf};
 use userbpf_runtime::{LinkRecord, Session};
 
 fn shm() -> PathBuf {
@@ -25,12 +25,26 @@ fn session_with_printk(name: &str) -> (Session, PathBuf) {
     let obj = userbpf_testutil::compile_bpf(&common::here("bpf/printk.bpf.c"), &dir);
     let session = Session::open(name).unwrap();
     let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
-    let opts = userbpf_runtime::loader::LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
-    let loaded = userbpf_runtime::load_object(&session, userbpf_object::Object::open(&obj).unwrap(), &opts, slots).unwrap();
+    let opts = userbpf_runtime::loader::LoadOptions {
+        engine: userbpf_runtime::Engine::Jit,
+        helpers: userbpf_runtime::helpers::registry(),
+        only: None,
+    };
+    let loaded =
+        userbpf_runtime::load_object(&session, userbpf_object::Object::open(&obj).unwrap(), &opts, slots).unwrap();
     let exe = repo("target/examples/workload");
     assert!(exe.exists(), "{} missing: `make build` builds it", exe.display());
     session
-        .add_link(LinkRecord { id: 0, prog_id: loaded.programs[0].0.id, kind: "uprobe".into(), path: exe.display().to_string(), func: Some("work".into()), offset: 0, cookie: 0, pid: None })
+        .add_link(LinkRecord {
+            id: 0,
+            prog_id: loaded.programs[0].0.id,
+            kind: "uprobe".into(),
+            path: exe.display().to_string(),
+            func: Some("work".into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        })
         .unwrap();
     std::mem::forget(loaded);
     (session, exe)
@@ -42,13 +56,19 @@ fn arg(i: usize) -> usize {
 }
 
 fn start(session: &str, exe: &std::path::Path, calls: &str) -> std::process::Output {
-    Command::new(userbpf()).args(["start", exe.to_str().unwrap(), calls]).env("USERBPF_SESSION", session).env("USERBPF_SHM_DIR", shm()).output().unwrap()
+    Command::new(userbpf())
+        .args(["start", exe.to_str().unwrap(), calls])
+        .env("USERBPF_SESSION", session)
+        .env("USERBPF_SHM_DIR", shm())
+        .output()
+        .unwrap()
 }
 
 /// `            comm-tid     [cpu] ..... secs.usecs: bpf_trace_printk: message` (the kernel's
 /// trace_print_context, then the message).
 fn check_line(line: &str, comm: &str, message: &str) {
-    let (ctx, msg) = line.split_once(": bpf_trace_printk: ").unwrap_or_else(|| panic!("not a trace_pipe line: {line:?}"));
+    let (ctx, msg) =
+        line.split_once(": bpf_trace_printk: ").unwrap_or_else(|| panic!("not a trace_pipe line: {line:?}"));
     assert_eq!(msg, message, "{line:?}");
     let task = &ctx[..ctx.find(" [").unwrap_or_else(|| panic!("{line:?}"))];
     let (c, tid) = task.trim_start().rsplit_once('-').unwrap();
@@ -69,7 +89,12 @@ fn tracelog_prints_what_a_targets_programs_printed() {
     let (session, exe) = session_with_printk("tracelog-a");
     let out = start(session.name(), &exe, "3");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let log = Command::new(userbpf()).args(["tracelog", "--no-wait"]).env("USERBPF_SESSION", session.name()).env("USERBPF_SHM_DIR", shm()).output().unwrap();
+    let log = Command::new(userbpf())
+        .args(["tracelog", "--no-wait"])
+        .env("USERBPF_SESSION", session.name())
+        .env("USERBPF_SHM_DIR", shm())
+        .output()
+        .unwrap();
     assert!(log.status.success(), "{}", String::from_utf8_lossy(&log.stderr));
     let text = String::from_utf8_lossy(&log.stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
@@ -78,7 +103,12 @@ fn tracelog_prints_what_a_targets_programs_printed() {
         check_line(l, "workload", &format!("work called with {}", arg(i)));
     }
     // Read once: the pipe is empty now, as the kernel's trace_pipe after a read.
-    let again = Command::new(userbpf()).args(["tracelog", "--no-wait"]).env("USERBPF_SESSION", session.name()).env("USERBPF_SHM_DIR", shm()).output().unwrap();
+    let again = Command::new(userbpf())
+        .args(["tracelog", "--no-wait"])
+        .env("USERBPF_SESSION", session.name())
+        .env("USERBPF_SHM_DIR", shm())
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&again.stdout), "");
 }
 
@@ -87,7 +117,9 @@ fn a_loader_reading_the_kernels_trace_pipe_gets_the_sessions_lines() {
     let (session, exe) = session_with_printk("tracelog-b");
     let mut cat = Proc::spawn("cat", {
         let mut c = Command::new(userbpf());
-        c.args(["load", "cat", "/sys/kernel/tracing/trace_pipe"]).env("USERBPF_SESSION", session.name()).env("USERBPF_SHM_DIR", shm());
+        c.args(["load", "cat", "/sys/kernel/tracing/trace_pipe"])
+            .env("USERBPF_SESSION", session.name())
+            .env("USERBPF_SHM_DIR", shm());
         c
     });
     let out = start(session.name(), &exe, "2");
@@ -107,7 +139,9 @@ fn bpftool_prog_tracelog_through_userbpf_load() {
     let (session, exe) = session_with_printk("tracelog-c");
     let mut bpftool = Proc::spawn("bpftool", {
         let mut c = Command::new(userbpf());
-        c.args(["load", "bpftool", "prog", "tracelog"]).env("USERBPF_SESSION", session.name()).env("USERBPF_SHM_DIR", shm());
+        c.args(["load", "bpftool", "prog", "tracelog"])
+            .env("USERBPF_SESSION", session.name())
+            .env("USERBPF_SHM_DIR", shm());
         c
     });
     let out = start(session.name(), &exe, "2");

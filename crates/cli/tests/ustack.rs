@@ -119,7 +119,16 @@ fn user_stacks_match_the_kernels_callchains() {
         .env("USERBPF_SHM_DIR", &dir)
         .arg("run")
         .arg(&obj)
-        .args(["--attach", "leaf=st_leaf", "--attach", "inner=st_inner", "--attach", "ebr=st_ebr", "--attach", "leaf_ret=st_leaf"])
+        .args([
+            "--attach",
+            "leaf=st_leaf",
+            "--attach",
+            "inner=st_inner",
+            "--attach",
+            "ebr=st_ebr",
+            "--attach",
+            "leaf_ret=st_leaf",
+        ])
         .args(["--", t, "3"])
         .output()
         .unwrap();
@@ -159,9 +168,15 @@ fn user_stacks_match_the_kernels_callchains() {
          uprobe:{t}:st_ebr {{ @ebr_stacks[ustack(5)] = count(); }} uretprobe:{t}:st_leaf {{ @ret_stacks[ustack(5)] = count(); }}"
     );
     let cmd = format!("{t} 3");
-    let k = Command::new("bpftrace").args(["-e", &script, "-c", &cmd]).output().expect("running bpftrace (make test installs it)");
+    let k = Command::new("bpftrace")
+        .args(["-e", &script, "-c", &cmd])
+        .output()
+        .expect("running bpftrace (make test installs it)");
     let (kout, kerr) = (String::from_utf8_lossy(&k.stdout), String::from_utf8_lossy(&k.stderr));
-    assert!(k.status.success() && kout.contains("ustack_target: 3 rounds"), "bpftrace on the kernel failed:\n{kout}\n{kerr}");
+    assert!(
+        k.status.success() && kout.contains("ustack_target: 3 rounds"),
+        "bpftrace on the kernel failed:\n{kout}\n{kerr}"
+    );
     let kernel = kernel_stacks(&kout, &syms);
     assert_eq!(kernel.len(), 4, "{kout}");
     assert_eq!(ours, kernel, "userbpf (left) and the kernel (right) differ\nuserbpf:\n{stdout}\nkernel:\n{kout}");

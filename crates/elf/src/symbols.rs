@@ -44,7 +44,12 @@ fn read(path: &Path, with_symtab: bool) -> Result<Vec<FunctionSymbol>, String> {
         }
         let Ok(name) = sym.name() else { continue };
         let ifunc = matches!(sym.flags(), object::SymbolFlags::Elf { st_info, .. } if st_info & 0xf == STT_GNU_IFUNC);
-        out.push(FunctionSymbol { name: name.to_string(), value: sym.address() as usize, size: sym.size() as usize, ifunc });
+        out.push(FunctionSymbol {
+            name: name.to_string(),
+            value: sym.address() as usize,
+            size: sym.size() as usize,
+            ifunc,
+        });
     }
     Ok(out)
 }
@@ -55,7 +60,10 @@ fn read(path: &Path, with_symtab: bool) -> Result<Vec<FunctionSymbol>, String> {
 /// just after `vaddr`, when no section holds it, or when `data` is not an ELF file.
 pub fn unclaimed_after(data: &[u8], vaddr: u64) -> Option<u64> {
     let file = object::File::parse(data).ok()?;
-    let sec_end = file.sections().find(|s| s.address() < vaddr && vaddr <= s.address() + s.size()).map(|s| s.address() + s.size())?;
+    let sec_end = file
+        .sections()
+        .find(|s| s.address() < vaddr && vaddr <= s.address() + s.size())
+        .map(|s| s.address() + s.size())?;
     let mut next = sec_end;
     for sym in file.symbols().chain(file.dynamic_symbols()) {
         if sym.is_undefined() || matches!(sym.kind(), SymbolKind::Section | SymbolKind::File) {

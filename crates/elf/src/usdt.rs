@@ -80,9 +80,7 @@ pub fn pt_regs_offset(name: &str) -> Option<i16> {
         (&["r14", "r14d", "r14w", "r14b"], 1),
         (&["r15", "r15d", "r15w", "r15b"], 0),
     ];
-    R.iter()
-        .find(|(names, _)| names.contains(&name))
-        .map(|(_, idx)| (idx * 8) as i16)
+    R.iter().find(|(names, _)| names.contains(&name)).map(|(_, idx)| (idx * 8) as i16)
 }
 
 fn parse_int(s: &str) -> Option<i64> {
@@ -99,17 +97,13 @@ fn parse_int(s: &str) -> Option<i64> {
 }
 
 fn reg(s: &str, arg: &str) -> Result<i16, String> {
-    let name = s
-        .strip_prefix('%')
-        .ok_or_else(|| format!("argument `{arg}`: expected a register, got `{s}`"))?;
+    let name = s.strip_prefix('%').ok_or_else(|| format!("argument `{arg}`: expected a register, got `{s}`"))?;
     pt_regs_offset(name).ok_or_else(|| format!("argument `{arg}`: unsupported register `%{name}`"))
 }
 
 /// Parses one argument (`SIZE@LOCATION`).
 pub fn parse_arg(arg: &str) -> Result<ArgSpec, String> {
-    let (size, loc) = arg
-        .split_once('@')
-        .ok_or_else(|| format!("argument `{arg}`: no `SIZE@` prefix"))?;
+    let (size, loc) = arg.split_once('@').ok_or_else(|| format!("argument `{arg}`: no `SIZE@` prefix"))?;
     let size = parse_int(size).ok_or_else(|| format!("argument `{arg}`: bad size `{size}`"))?;
     let bytes = size.unsigned_abs();
     if !matches!(bytes, 1 | 2 | 4 | 8) {
@@ -118,51 +112,33 @@ pub fn parse_arg(arg: &str) -> Result<ArgSpec, String> {
     let signed = size < 0;
     let bitshift = (64 - 8 * bytes) as u8;
     let (kind, val_off, reg_off) = if let Some(c) = loc.strip_prefix('$') {
-        let v =
-            parse_int(c).ok_or_else(|| format!("argument `{arg}`: unsupported constant `{c}`"))?;
+        let v = parse_int(c).ok_or_else(|| format!("argument `{arg}`: unsupported constant `{c}`"))?;
         (ArgKind::Const, v as u64, 0)
     } else if loc.starts_with('%') {
         (ArgKind::Reg, 0, reg(loc, arg)?)
     } else if let Some((disp, rest)) = loc.split_once('(') {
-        let inner = rest
-            .strip_suffix(')')
-            .ok_or_else(|| format!("argument `{arg}`: unbalanced parenthesis"))?;
+        let inner = rest.strip_suffix(')').ok_or_else(|| format!("argument `{arg}`: unbalanced parenthesis"))?;
         if inner.contains(',') {
-            return Err(format!(
-                "argument `{arg}`: index-scaled memory operands are not supported"
-            ));
+            return Err(format!("argument `{arg}`: index-scaled memory operands are not supported"));
         }
         let off = if disp.is_empty() {
             0
         } else {
-            parse_int(disp).ok_or_else(|| {
-                format!("argument `{arg}`: symbolic displacement `{disp}` is not supported")
-            })?
+            parse_int(disp)
+                .ok_or_else(|| format!("argument `{arg}`: symbolic displacement `{disp}` is not supported"))?
         };
         (ArgKind::RegDeref, off as u64, reg(inner, arg)?)
     } else {
         return Err(format!("argument `{arg}`: unrecognised location `{loc}`"));
     };
-    Ok(ArgSpec {
-        kind,
-        val_off,
-        reg_off,
-        signed,
-        bitshift,
-    })
+    Ok(ArgSpec { kind, val_off, reg_off, signed, bitshift })
 }
 
 /// Parses a note's argument string (space separated; empty: no arguments).
 pub fn parse_args(args: &str) -> Result<Vec<ArgSpec>, String> {
-    let specs: Vec<ArgSpec> = args
-        .split_ascii_whitespace()
-        .map(parse_arg)
-        .collect::<Result<_, _>>()?;
+    let specs: Vec<ArgSpec> = args.split_ascii_whitespace().map(parse_arg).collect::<Result<_, _>>()?;
     if specs.len() > MAX_ARGS {
-        return Err(format!(
-            "{} arguments, more than the {MAX_ARGS} supported",
-            specs.len()
-        ));
+        return Err(format!("{} arguments, more than the {MAX_ARGS} supported", specs.len()));
     }
     Ok(specs)
 }
@@ -180,21 +156,13 @@ pub fn read_notes(path: &Path) -> Result<Vec<Note>, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     if !file.is_64() || !file.is_little_endian() {
-        return Err(format!(
-            "{}: only 64-bit little-endian ELF files are supported",
-            path.display()
-        ));
+        return Err(format!("{}: only 64-bit little-endian ELF files are supported", path.display()));
     }
-    let base_addr = file
-        .section_by_name(".stapsdt.base")
-        .map(|s| s.address())
-        .unwrap_or(0);
+    let base_addr = file.section_by_name(".stapsdt.base").map(|s| s.address()).unwrap_or(0);
     let Some(sec) = file.section_by_name(".note.stapsdt") else {
         return Ok(Vec::new());
     };
-    let d = sec
-        .data()
-        .map_err(|e| format!("{}: .note.stapsdt: {e}", path.display()))?;
+    let d = sec.data().map_err(|e| format!("{}: .note.stapsdt: {e}", path.display()))?;
     let bad = || format!("{}: malformed .note.stapsdt", path.display());
     let align4 = |n: usize| (n + 3) & !3;
     let mut notes = Vec::new();
@@ -215,17 +183,11 @@ pub fn read_notes(path: &Path) -> Result<Vec<Note>, String> {
             continue;
         }
         let desc = &d[desc_at..desc_at + descsz];
-        let (Some(raw_pc), Some(base), Some(sema)) =
-            (u64_at(desc, 0), u64_at(desc, 8), u64_at(desc, 16))
-        else {
+        let (Some(raw_pc), Some(base), Some(sema)) = (u64_at(desc, 0), u64_at(desc, 8), u64_at(desc, 16)) else {
             return Err(bad());
         };
         let mut strs = desc.get(24..).ok_or_else(bad)?.split(|b| *b == 0);
-        let mut next_str = || {
-            strs.next()
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .ok_or_else(bad)
-        };
+        let mut next_str = || strs.next().map(|s| String::from_utf8_lossy(s).into_owned()).ok_or_else(bad);
         let provider = next_str()?;
         let name = next_str()?;
         let args = next_str().unwrap_or_default();
@@ -233,15 +195,7 @@ pub fn read_notes(path: &Path) -> Result<Vec<Note>, String> {
         if base_addr != 0 && base != 0 {
             pc = pc.wrapping_add(base_addr).wrapping_sub(base);
         }
-        notes.push(Note {
-            provider,
-            name,
-            pc,
-            raw_pc,
-            base,
-            sema,
-            args,
-        });
+        notes.push(Note { provider, name, pc, raw_pc, base, sema, args });
     }
     Ok(notes)
 }
@@ -253,68 +207,25 @@ mod tests {
     #[test]
     fn arguments_parse_as_libbpf_records_them() {
         let a = parse_args("-4@%edi 8@-16(%rbp) 8@%rax -1@$-9 2@(%r12) 4@$0x10").unwrap();
-        assert_eq!(
-            a[0],
-            ArgSpec {
-                kind: ArgKind::Reg,
-                val_off: 0,
-                reg_off: 14 * 8,
-                signed: true,
-                bitshift: 32
-            }
-        );
+        assert_eq!(a[0], ArgSpec { kind: ArgKind::Reg, val_off: 0, reg_off: 14 * 8, signed: true, bitshift: 32 });
         assert_eq!(
             a[1],
-            ArgSpec {
-                kind: ArgKind::RegDeref,
-                val_off: (-16i64) as u64,
-                reg_off: 4 * 8,
-                signed: false,
-                bitshift: 0
-            }
+            ArgSpec { kind: ArgKind::RegDeref, val_off: (-16i64) as u64, reg_off: 4 * 8, signed: false, bitshift: 0 }
         );
-        assert_eq!(
-            a[2],
-            ArgSpec {
-                kind: ArgKind::Reg,
-                val_off: 0,
-                reg_off: 80,
-                signed: false,
-                bitshift: 0
-            }
-        );
+        assert_eq!(a[2], ArgSpec { kind: ArgKind::Reg, val_off: 0, reg_off: 80, signed: false, bitshift: 0 });
         assert_eq!(
             a[3],
-            ArgSpec {
-                kind: ArgKind::Const,
-                val_off: (-9i64) as u64,
-                reg_off: 0,
-                signed: true,
-                bitshift: 56
-            }
+            ArgSpec { kind: ArgKind::Const, val_off: (-9i64) as u64, reg_off: 0, signed: true, bitshift: 56 }
         );
-        assert_eq!(
-            a[4],
-            ArgSpec {
-                kind: ArgKind::RegDeref,
-                val_off: 0,
-                reg_off: 24,
-                signed: false,
-                bitshift: 48
-            }
-        );
+        assert_eq!(a[4], ArgSpec { kind: ArgKind::RegDeref, val_off: 0, reg_off: 24, signed: false, bitshift: 48 });
         assert_eq!(a[5].val_off, 16);
         assert!(parse_args("").unwrap().is_empty());
     }
 
     #[test]
     fn unsupported_arguments_are_refused_with_the_reason() {
-        assert!(parse_arg("-4@-20(%rbp,%rax,4)")
-            .unwrap_err()
-            .contains("index-scaled"));
-        assert!(parse_arg("8@counter(%rip)")
-            .unwrap_err()
-            .contains("symbolic"));
+        assert!(parse_arg("-4@-20(%rbp,%rax,4)").unwrap_err().contains("index-scaled"));
+        assert!(parse_arg("8@counter(%rip)").unwrap_err().contains("symbolic"));
         assert!(parse_arg("3@%eax").unwrap_err().contains("size"));
         assert!(parse_arg("8@%xmm0").unwrap_err().contains("register"));
         assert!(parse_arg("%eax").unwrap_err().contains("SIZE@"));

@@ -145,7 +145,8 @@ fn install_inner(cb: Callback) -> Result<(), String> {
     let _ = CALLBACK.set(cb);
     let page = match STUB_PAGE.load(SeqCst) {
         0 => {
-            let page = crate::patch::alloc_near(at).ok_or("no free memory near the loader for the notification stub")?;
+            let page =
+                crate::patch::alloc_near(at).ok_or("no free memory near the loader for the notification stub")?;
             // jmp qword ptr [rip+0]; .quad notified
             let mut stub = vec![0xFF, 0x25, 0, 0, 0, 0];
             stub.extend_from_slice(&(notified as *const () as usize as u64).to_le_bytes());
@@ -160,7 +161,8 @@ fn install_inner(cb: Callback) -> Result<(), String> {
     // SAFETY: `at`..`at + 5` lies in the readable text checked above (`patch_site` found the
     // `ret` and at least 4 bytes of padding there).
     orig.copy_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, 5) });
-    let rel = i32::try_from(page as i64 - (at as i64 + 5)).map_err(|_| "notification stub out of rel32 range".to_string())?;
+    let rel =
+        i32::try_from(page as i64 - (at as i64 + 5)).map_err(|_| "notification stub out of rel32 range".to_string())?;
     let mut jmp = [0xE9, 0, 0, 0, 0];
     jmp[1..].copy_from_slice(&rel.to_le_bytes());
     // The 4 bytes after the `ret` are padding no thread executes: write them first, make every
@@ -182,24 +184,26 @@ extern "C" fn notified() {
         DEPTH.fetch_sub(1, SeqCst);
         return;
     }
-    let _ = std::panic::catch_unwind(|| loop {
-        AGAIN.store(false, SeqCst);
-        let changes = match WATCHER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            Some(w) => w.changes(),
-            None => ObjectChanges::default(),
-        };
-        if !changes.is_empty() {
-            for (_, ranges) in &changes.removed {
-                forget_sites_in(ranges);
+    let _ = std::panic::catch_unwind(|| {
+        loop {
+            AGAIN.store(false, SeqCst);
+            let changes = match WATCHER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                Some(w) => w.changes(),
+                None => ObjectChanges::default(),
+            };
+            if !changes.is_empty() {
+                for (_, ranges) in &changes.removed {
+                    forget_sites_in(ranges);
+                }
+                if let Some(cb) = CALLBACK.get() {
+                    symbols::set_in_loader(true);
+                    cb(&changes);
+                    symbols::set_in_loader(false);
+                }
             }
-            if let Some(cb) = CALLBACK.get() {
-                symbols::set_in_loader(true);
-                cb(&changes);
-                symbols::set_in_loader(false);
+            if !AGAIN.load(SeqCst) {
+                break;
             }
-        }
-        if !AGAIN.load(SeqCst) {
-            break;
         }
     });
     DEPTH.fetch_sub(1, SeqCst);

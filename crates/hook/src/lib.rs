@@ -47,13 +47,13 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
-mod stubs;
 pub mod dlnotify;
 pub mod fork;
 mod patch;
 mod placement;
-mod relocate;
 pub mod quiet;
+mod relocate;
+mod stubs;
 pub mod sud;
 pub mod symbols;
 pub mod syscalls;
@@ -63,7 +63,7 @@ pub mod usdt;
 pub use patch::fixup_signal;
 pub use placement::Method;
 pub use thread::SHADOW_CAPACITY;
-pub use thread::{is_thread_ours, mark_thread_ours, ours, probes_off, Ours};
+pub use thread::{Ours, is_thread_ours, mark_thread_ours, ours, probes_off};
 
 /// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
 #[repr(C)]
@@ -329,10 +329,7 @@ pub fn prepare() -> Result<(), HookError> {
 }
 
 fn init() -> Result<&'static Globals, HookError> {
-    let g = GLOBALS
-        .get_or_init(init_inner)
-        .as_ref()
-        .map_err(|e| HookError::Init(e.clone()))?;
+    let g = GLOBALS.get_or_init(init_inner).as_ref().map_err(|e| HookError::Init(e.clone()))?;
     // After `release`: the engine's signal handlers go back in before anything is patched.
     patch::reclaim_signals().map_err(HookError::Init)?;
     Ok(g)
@@ -343,8 +340,7 @@ fn init_inner() -> Result<Globals, String> {
     thread::init_rcu();
     // See stubs::FpSave for why the light save is enough at function entries
     // and returns, and for the opt-out.
-    let full_only =
-        std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
+    let full_only = std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
     let (entry_kind, ret_kind) = if full_only {
         (stubs::SaveKind::Full, stubs::SaveKind::Full)
     } else {
@@ -361,20 +357,11 @@ fn init_inner() -> Result<Globals, String> {
     let light_at = page + align(full.len());
     let light = stubs::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
     let ret_at = light_at + align(light.len());
-    let ret = stubs::ret_tramp(
-        ret_at as u64,
-        fp,
-        ret_kind,
-        ret_dispatch as *const () as usize as u64,
-    )
-    .map_err(e)?;
+    let ret = stubs::ret_tramp(ret_at as u64, fp, ret_kind, ret_dispatch as *const () as usize as u64).map_err(e)?;
     if ret_at + ret.len() > page + 4096 {
         return Err("shared stubs do not fit in a page".into());
     }
-    patch::seal_page(
-        page,
-        &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)],
-    )?;
+    patch::seal_page(page, &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)])?;
     RET_TRAMP.store(ret_at, SeqCst);
     CALL_PLANTING.store(!full_only, SeqCst);
     let mut key: libc::pthread_key_t = 0;
@@ -386,10 +373,7 @@ fn init_inner() -> Result<Globals, String> {
     thread::PTHREAD_KEY.store(key as usize, SeqCst);
     patch::install_handlers()?;
     patch::handlers_installed();
-    Ok(Globals {
-        common_full: page,
-        common_light: light_at,
-    })
+    Ok(Globals { common_full: page, common_light: light_at })
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Option<Registry>> {
@@ -400,27 +384,14 @@ fn registry() -> std::sync::MutexGuard<'static, Option<Registry>> {
 /// allowed there). Without a function extent the branch-into-patch check
 /// only covers the displaced instructions: prefer [`attach_with`] or
 /// [`attach_symbol`] when the function's size is known.
-pub fn attach(
-    addr: usize,
-    kind: ProbeKind,
-    handler: Handler,
-    data: *mut c_void,
-) -> Result<ProbeId, HookError> {
+pub fn attach(addr: usize, kind: ProbeKind, handler: Handler, data: *mut c_void) -> Result<ProbeId, HookError> {
     attach_with(addr, kind, handler, data, None)
 }
 
 /// Resolves `spec` with [`symbols::resolve`] and attaches with its extent.
-pub fn attach_symbol(
-    spec: &str,
-    kind: ProbeKind,
-    handler: Handler,
-    data: *mut c_void,
-) -> Result<ProbeId, HookError> {
+pub fn attach_symbol(spec: &str, kind: ProbeKind, handler: Handler, data: *mut c_void) -> Result<ProbeId, HookError> {
     let r = symbols::resolve(spec)?;
-    let ext = r.size.filter(|s| *s > 0).map(|len| FuncExtent {
-        start: r.func_start,
-        len,
-    });
+    let ext = r.size.filter(|s| *s > 0).map(|len| FuncExtent { start: r.func_start, len });
     attach_with(r.addr, kind, handler, data, ext)
 }
 
@@ -449,23 +420,16 @@ pub fn attach_lean(
 ) -> Result<ProbeId, HookError> {
     let g = init()?;
     patch::guard_sigtrap();
-    if let Some(f) = func {
-        if addr < f.start || addr >= f.start.saturating_add(f.len) {
-            return Err(HookError::Refused {
-                addr,
-                reason: format!(
-                    "address outside the function extent {:#x}+{}",
-                    f.start, f.len
-                ),
-            });
-        }
+    if let Some(f) = func
+        && (addr < f.start || addr >= f.start.saturating_add(f.len))
+    {
+        return Err(HookError::Refused {
+            addr,
+            reason: format!("address outside the function extent {:#x}+{}", f.start, f.len),
+        });
     }
     let mut guard = registry();
-    let reg = guard.get_or_insert_with(|| Registry {
-        sites: HashMap::new(),
-        probes: HashMap::new(),
-        next_id: 1,
-    });
+    let reg = guard.get_or_insert_with(|| Registry { sites: HashMap::new(), probes: HashMap::new(), next_id: 1 });
     let site = match reg.sites.get(&addr) {
         Some(s) => *s,
         None => {
@@ -486,23 +450,14 @@ pub fn attach_lean(
         // SAFETY: lists are only replaced under the registry lock, which we hold.
         unsafe { (*old).items.clone() }
     };
-    items.push(Entry {
-        id,
-        kind,
-        handler,
-        data: data as usize,
-        lean,
-    });
+    items.push(Entry { id, kind, handler, data: data as usize, lean });
     publish(site, items);
-    if !site.patched.load(SeqCst) {
-        if let Err(e) = patch_in(site) {
-            let items = unsafe_list_items(site)
-                .into_iter()
-                .filter(|e| e.id != id)
-                .collect();
-            publish(site, items);
-            return Err(e);
-        }
+    if !site.patched.load(SeqCst)
+        && let Err(e) = patch_in(site)
+    {
+        let items = unsafe_list_items(site).into_iter().filter(|e| e.id != id).collect();
+        publish(site, items);
+        return Err(e);
     }
     reg.probes.insert(id, addr);
     Ok(ProbeId(id))
@@ -538,11 +493,7 @@ fn publish(site: &Site, items: Vec<Entry>) {
     site.has_ret.store(has_ret, SeqCst);
     site.lean_entry.store(lean_entry, SeqCst);
     site.lean_ret.store(lean_ret, SeqCst);
-    let new = if items.is_empty() {
-        std::ptr::null_mut()
-    } else {
-        Box::into_raw(Box::new(HandlerList { items }))
-    };
+    let new = if items.is_empty() { std::ptr::null_mut() } else { Box::into_raw(Box::new(HandlerList { items })) };
     let old = site.list.swap(new, SeqCst);
     if !old.is_null() && thread::synchronize() {
         // SAFETY: old came from Box::into_raw and no reader can hold it any more.
@@ -563,16 +514,14 @@ pub fn detach(id: ProbeId) -> Result<(), HookError> {
     let Some(site) = reg.sites.get(&addr).copied() else {
         return Err(HookError::UnknownProbe(id));
     };
-    let items: Vec<Entry> = unsafe_list_items(site)
-        .into_iter()
-        .filter(|e| e.id != id.0)
-        .collect();
+    let items: Vec<Entry> = unsafe_list_items(site).into_iter().filter(|e| e.id != id.0).collect();
     let empty = items.is_empty();
-    if empty && site.patched.load(SeqCst) {
-        if let Err(e) = patch_out(site) {
-            reg.probes.insert(id.0, addr);
-            return Err(e);
-        }
+    if empty
+        && site.patched.load(SeqCst)
+        && let Err(e) = patch_out(site)
+    {
+        reg.probes.insert(id.0, addr);
+        return Err(e);
     }
     publish(site, items);
     Ok(())
@@ -633,21 +582,10 @@ pub fn probe_method(addr: usize) -> Option<(Method, usize)> {
     registry().as_ref()?.sites.get(&addr).map(|s| (s.method, s.patch_at))
 }
 
-fn create_site(
-    g: &Globals,
-    addr: usize,
-    func: Option<FuncExtent>,
-    reg: &Registry,
-) -> Result<&'static Site, HookError> {
-    let map = patch::mapping_of(addr).ok_or_else(|| HookError::NotCode {
-        addr,
-        reason: "not mapped".into(),
-    })?;
+fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registry) -> Result<&'static Site, HookError> {
+    let map = patch::mapping_of(addr).ok_or_else(|| HookError::NotCode { addr, reason: "not mapped".into() })?;
     if map.prot & libc::PROT_EXEC == 0 || map.prot & libc::PROT_READ == 0 {
-        return Err(HookError::NotCode {
-            addr,
-            reason: "mapping is not readable and executable".into(),
-        });
+        return Err(HookError::NotCode { addr, reason: "mapping is not readable and executable".into() });
     }
     let refuse = |reason: String| HookError::Refused { addr, reason };
     // The function's bytes (or up to 64 from addr), plus the padding after it, with the
@@ -691,17 +629,11 @@ fn create_site(
         HookError::Refused { addr, reason }
     };
     let relocated = page + stubs::RELOC_OFF;
-    let (rcode, new_addrs) =
-        match relocate::relocate(&disp, relocated as u64, (patch_at + disp.len) as u64) {
-            Ok(r) => r,
-            Err(e) => return Err(fail(e)),
-        };
-    let fix_map = disp
-        .instrs
-        .iter()
-        .zip(&new_addrs)
-        .map(|(i, n)| (i.ip() as usize - patch_at, *n as usize))
-        .collect();
+    let (rcode, new_addrs) = match relocate::relocate(&disp, relocated as u64, (patch_at + disp.len) as u64) {
+        Ok(r) => r,
+        Err(e) => return Err(fail(e)),
+    };
+    let fix_map = disp.instrs.iter().zip(&new_addrs).map(|(i, n)| (i.ip() as usize - patch_at, *n as usize)).collect();
     let mut orig = [0u8; 5];
     let n = place.method.patch_len();
     orig[..n].copy_from_slice(&bytes[patch_at - base..patch_at - base + n]);
@@ -733,11 +665,7 @@ fn create_site(
         lean_ret: AtomicPtr::new(std::ptr::null_mut()),
         patched: AtomicBool::new(false),
     }));
-    let common = if site.is_entry {
-        g.common_light
-    } else {
-        g.common_full
-    };
+    let common = if site.is_entry { g.common_light } else { g.common_full };
     let stub = stubs::site_stub(
         page as u64,
         site as *const Site as u64,
@@ -766,10 +694,7 @@ fn create_site(
 }
 
 fn patch_in(site: &Site) -> Result<(), HookError> {
-    let perr = |reason: String| HookError::Patch {
-        addr: site.addr,
-        reason,
-    };
+    let perr = |reason: String| HookError::Patch { addr: site.addr, reason };
     let at = site.patch_at;
     // Our handler must be the one the kernel runs for the int3 about to be written.
     patch::own_sigtrap();
@@ -797,10 +722,7 @@ fn patch_in(site: &Site) -> Result<(), HookError> {
 }
 
 fn patch_out(site: &Site) -> Result<(), HookError> {
-    let perr = |reason: String| HookError::Patch {
-        addr: site.addr,
-        reason,
-    };
+    let perr = |reason: String| HookError::Patch { addr: site.addr, reason };
     let at = site.patch_at;
     if site.method == Method::Breakpoint {
         // A thread that met the int3 just before is sent back to `at` by the SIGTRAP
@@ -843,10 +765,7 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
     regs.ss = 0x2b;
     regs.orig_ax = u64::MAX;
     let sp = regs.sp;
-    let normal = Resume {
-        target: site.relocated as u64,
-        mode: 0,
-    };
+    let normal = Resume { target: site.relocated as u64, mode: 0 };
     // The SIGTRAP guard (libc's `sigaction`, `pthread_sigmask`) runs on every call, also
     // where the site's probes are skipped below (see `patch::guard_at`).
     let guard_only = |regs: &mut PtRegs| {
@@ -896,10 +815,7 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
     if skip && site.is_entry {
         res = Resume { target: 0, mode: 1 };
     } else if regs.ip != site.addr as u64 {
-        res = Resume {
-            target: regs.ip,
-            mode: 2,
-        };
+        res = Resume { target: regs.ip, mode: 2 };
     } else if has_ret && site.is_entry {
         // Dead frames (longjmp'd over) sit at or below the new frame: drop them.
         while stm.top > 0 && stm.entries[stm.top - 1].sp <= sp {
@@ -913,12 +829,8 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
             // SAFETY: at a function entry [sp] is the return address pushed by
             // the caller's call, on this thread's stack.
             let ra = unsafe { slot.read() };
-            stm.entries[stm.top] = thread::ShadowEntry {
-                ret: ra,
-                site: site as *const Site as usize,
-                func_ip: site.addr as u64,
-                sp,
-            };
+            stm.entries[stm.top] =
+                thread::ShadowEntry { ret: ra, site: site as *const Site as usize, func_ip: site.addr as u64, sp };
             stm.top += 1;
             if CALL_PLANTING.load(Relaxed) {
                 // The site stub calls the relocated code (mode 3), which puts its return

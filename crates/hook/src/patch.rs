@@ -264,7 +264,13 @@ fn free_gap(maps: &str, target: usize) -> Option<(usize, usize)> {
         }
         // The end of the gap nearest the target; in the gap above the program break, only its
         // top, and only with room for the heap to grow below it.
-        let at = if ge <= target { ge - len } else if gs >= target && gs != brk { gs } else { continue };
+        let at = if ge <= target {
+            ge - len
+        } else if gs >= target && gs != brk {
+            gs
+        } else {
+            continue;
+        };
         if gs == brk && at < brk.saturating_add(HEAP_ROOM) {
             continue;
         }
@@ -287,23 +293,11 @@ pub(crate) fn seal_page(page: usize, code_at: &[(usize, &[u8])]) -> Result<(), S
         }
         // SAFETY: page is a private RW page of PAGE bytes mapped by alloc_near
         // and not yet executable or shared; the range was checked above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), (page + off) as *mut u8, bytes.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (page + off) as *mut u8, bytes.len()) };
     }
     // SAFETY: page is ours; W^X: it becomes RX and is never written again.
-    if unsafe {
-        libc::mprotect(
-            page as *mut libc::c_void,
-            PAGE,
-            libc::PROT_READ | libc::PROT_EXEC,
-        )
-    } != 0
-    {
-        return Err(format!(
-            "mprotect(RX) failed: {}",
-            std::io::Error::last_os_error()
-        ));
+    if unsafe { libc::mprotect(page as *mut libc::c_void, PAGE, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+        return Err(format!("mprotect(RX) failed: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -317,10 +311,7 @@ pub(crate) fn write_text(addr: usize, bytes: &[u8], prot: i32) -> Result<(), Str
     // SAFETY: the range covers mapped code pages of this process (checked by
     // the caller via mapping_of); RWX keeps them executable for other threads.
     if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, rwx) } != 0 {
-        return Err(format!(
-            "mprotect(RWX) of {start:#x} failed: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("mprotect(RWX) of {start:#x} failed: {}", std::io::Error::last_os_error()));
     }
     for (i, b) in bytes.iter().enumerate() {
         // SAFETY: the page is writable now; volatile so each byte store happens
@@ -330,10 +321,7 @@ pub(crate) fn write_text(addr: usize, bytes: &[u8], prot: i32) -> Result<(), Str
     std::sync::atomic::fence(SeqCst);
     // SAFETY: restores the original protection of the same range.
     if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
-        return Err(format!(
-            "mprotect restore of {start:#x} failed: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("mprotect restore of {start:#x} failed: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -565,11 +553,11 @@ pub(crate) fn own_sigtrap() {
     if cur.handler == ours.handler {
         return;
     }
-    if let Some(prev) = k_sigtrap(Some(ours)) {
-        if prev.handler != ours.handler {
-            record_trap(&from_kernel(&prev));
-            TRAP_RETAKEN.fetch_add(1, Relaxed);
-        }
+    if let Some(prev) = k_sigtrap(Some(ours))
+        && prev.handler != ours.handler
+    {
+        record_trap(&from_kernel(&prev));
+        TRAP_RETAKEN.fetch_add(1, Relaxed);
     }
 }
 
@@ -664,12 +652,17 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
         // SA_NODEFER, and a breakpoint probe hit inside the handler would then end the process.
         let mut block = old.sa_mask;
         libc::sigdelset(&mut block, libc::SIGTRAP);
-        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_BLOCK, &block as *const libc::sigset_t, &mut prev as *mut libc::sigset_t, 8);
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &block as *const libc::sigset_t,
+            &mut prev as *mut libc::sigset_t,
+            8,
+        );
     }
     if old.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed it as an SA_SIGINFO handler.
-        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) =
-            unsafe { std::mem::transmute(handler) };
+        let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(handler) };
         f(sig, info, ctx);
     } else {
         // SAFETY: the program installed it as a plain handler.
@@ -677,7 +670,15 @@ fn chain_trap(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void, code
         f(sig);
     }
     // SAFETY: restores this thread's mask as it was in our handler.
-    unsafe { libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &prev as *const libc::sigset_t, std::ptr::null_mut::<libc::sigset_t>(), 8) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &prev as *const libc::sigset_t,
+            std::ptr::null_mut::<libc::sigset_t>(),
+            8,
+        )
+    };
 }
 
 /// Entry handler of the guard probe on libc's `sigaction` (which `signal`, `sigset` and
@@ -758,7 +759,9 @@ pub(crate) fn guard_sigtrap() {
         return;
     }
     let mut ok = true;
-    for (i, (func, h)) in [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)].into_iter().enumerate() {
+    for (i, (func, h)) in
+        [("sigaction", sigaction_guard as crate::Handler), ("pthread_sigmask", sigmask_guard)].into_iter().enumerate()
+    {
         let Ok(r) = crate::symbols::resolve(&format!("libc.so.6:{func}")) else {
             ok = false;
             continue;
@@ -811,10 +814,7 @@ pub(crate) fn install_handlers() -> Result<(), String> {
         libc::sigemptyset(&mut sa.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(libc::SIGTRAP, &sa, &mut old) != 0 {
-            return Err(format!(
-                "sigaction(SIGTRAP): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(format!("sigaction(SIGTRAP): {}", std::io::Error::last_os_error()));
         }
         ORIG_TRAP.store(act_store(&old), SeqCst);
         OLD_TRAP.store(act_store(&old), SeqCst);
@@ -827,10 +827,7 @@ pub(crate) fn install_handlers() -> Result<(), String> {
         libc::sigemptyset(&mut sb.sa_mask);
         let mut prev: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(fixup_signal(), &sb, &mut prev) != 0 {
-            return Err(format!(
-                "sigaction(fixup signal): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(format!("sigaction(fixup signal): {}", std::io::Error::last_os_error()));
         }
         *OLD_FIXUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(prev);
     }

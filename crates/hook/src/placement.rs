@@ -62,8 +62,8 @@ use std::collections::BTreeSet;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
 
-use crate::relocate::{self, Displaced, JMP_LEN};
 use crate::FuncExtent;
+use crate::relocate::{self, Displaced, JMP_LEN};
 
 /// How a probe is planted (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,10 +116,7 @@ impl Code<'_> {
         self.bytes.get(a.saturating_sub(self.base)..).unwrap_or(&[])
     }
     fn end(&self) -> usize {
-        self.func
-            .map(|f| f.start + f.len)
-            .unwrap_or(self.base + self.bytes.len())
-            .min(self.base + self.bytes.len())
+        self.func.map(|f| f.start + f.len).unwrap_or(self.base + self.bytes.len()).min(self.base + self.bytes.len())
     }
 }
 
@@ -206,11 +203,8 @@ fn boundary_error(flow: &Flow, addr: u64, fstart: u64) -> Option<String> {
     if flow.linear.contains(&addr) {
         return None;
     }
-    let near: Vec<String> = flow
-        .starts
-        .range(addr.saturating_sub(16)..addr + 16)
-        .map(|s| format!("+{}", s - fstart))
-        .collect();
+    let near: Vec<String> =
+        flow.starts.range(addr.saturating_sub(16)..addr + 16).map(|s| format!("+{}", s - fstart)).collect();
     Some(format!(
         "offset {} is not an instruction boundary of the function (instructions nearby start at {})",
         addr - fstart,
@@ -258,16 +252,12 @@ pub(crate) fn choose(c: &Code) -> Result<Placement, String> {
         let code = &c.bytes[f.start - c.base..end - c.base];
         analyse(f.start as u64, code, &[f.start as u64])
     });
-    if let (Some(fl), Some(f)) = (&flow, c.func) {
-        if let Some(e) = boundary_error(fl, addr as u64, f.start as u64) {
-            return Err(e);
-        }
+    if let (Some(fl), Some(f)) = (&flow, c.func)
+        && let Some(e) = boundary_error(fl, addr as u64, f.start as u64)
+    {
+        return Err(e);
     }
-    let patch_at = if c.is_entry && c.at(addr).starts_with(&ENDBR64) && end > addr + 4 {
-        addr + 4
-    } else {
-        addr
-    };
+    let patch_at = if c.is_entry && c.at(addr).starts_with(&ENDBR64) && end > addr + 4 { addr + 4 } else { addr };
     let code = &c.at(patch_at)[..end.saturating_sub(patch_at).min(c.at(patch_at).len())];
     let p = patch_at as u64;
     let mut why = Vec::new();
@@ -391,6 +381,9 @@ mod tests {
     fn what_cannot_be_placed_says_why() {
         // xbegin at the entry: no method can move it.
         let e = pick(&[0xC7, 0xF8, 0, 0, 0, 0, 0xC3], 0, 0, &[]).unwrap_err();
-        assert!(e.starts_with("no way to place the probe (inline jump: ") && e.contains("breakpoint: transactional"), "{e}");
+        assert!(
+            e.starts_with("no way to place the probe (inline jump: ") && e.contains("breakpoint: transactional"),
+            "{e}"
+        );
     }
 }

@@ -103,9 +103,23 @@ mod tests {
     fn spawned_threads_block_async_signals_and_keep_faults_and_ours() {
         let caller_before = blocked(libc::SIGCHLD);
         let t = spawn("quiet-test", || {
-            let async_sigs = [libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGALRM, libc::SIGUSR1, libc::SIGRTMIN()];
-            let kept = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS, crate::patch::fixup_signal(), crate::sud::switch_signal()];
-            (async_sigs.iter().all(|&s| blocked(s)), kept.iter().all(|&s| !blocked(s)), std::thread::current().name().map(String::from))
+            let async_sigs =
+                [libc::SIGCHLD, libc::SIGINT, libc::SIGTERM, libc::SIGALRM, libc::SIGUSR1, libc::SIGRTMIN()];
+            let kept = [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+                crate::patch::fixup_signal(),
+                crate::sud::switch_signal(),
+            ];
+            (
+                async_sigs.iter().all(|&s| blocked(s)),
+                kept.iter().all(|&s| !blocked(s)),
+                std::thread::current().name().map(String::from),
+            )
         })
         .unwrap();
         let (all_blocked, none_kept_blocked, name) = t.join().unwrap();

@@ -4,7 +4,9 @@
 //! last is emulated (push of the original return address, then a jump) unless the thread has
 //! a shadow stack. Errors are the reason, as text, that a probe cannot be placed there.
 
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock};
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionBlock,
+};
 
 /// The instructions displaced by a patch (see `placement`), moved out of line.
 pub(crate) struct Displaced {
@@ -47,11 +49,7 @@ pub(crate) fn decode_displaced(addr: u64, code: &[u8], need: usize) -> Result<Di
         }
         let end = len + ins.len();
         match ins.flow_control() {
-            FlowControl::Return
-            | FlowControl::UnconditionalBranch
-            | FlowControl::IndirectBranch
-                if end < need =>
-            {
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch if end < need => {
                 return Err(format!(
                     "too short: `{:?}` at offset {len} ends the code flow inside the first {need} bytes",
                     ins.mnemonic()
@@ -78,16 +76,10 @@ pub(crate) fn decode_displaced(addr: u64, code: &[u8], need: usize) -> Result<Di
                 return Err(int3_holder(ins.ip()));
             }
             FlowControl::Interrupt | FlowControl::Exception => {
-                return Err(format!(
-                    "`{:?}` at offset {len} (breakpoint/trap) cannot be relocated",
-                    ins.mnemonic()
-                ));
+                return Err(format!("`{:?}` at offset {len} (breakpoint/trap) cannot be relocated", ins.mnemonic()));
             }
             FlowControl::XbeginXabortXend => {
-                return Err(format!(
-                    "transactional `{:?}` at offset {len} cannot be relocated",
-                    ins.mnemonic()
-                ));
+                return Err(format!("transactional `{:?}` at offset {len} cannot be relocated", ins.mnemonic()));
             }
             _ => {}
         }
@@ -182,19 +174,13 @@ pub(crate) fn relocate(d: &Displaced, at: u64, back: u64) -> Result<(Vec<u8>, Ve
     let jmp = Instruction::with_branch(Code::Jmp_rel32_64, back).map_err(|e| e.to_string())?;
     instrs.push(jmp);
     let block = InstructionBlock::new(&instrs, at);
-    let res = BlockEncoder::encode(
-        64,
-        block,
-        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-    )
-    .map_err(|e| format!("cannot relocate the displaced instructions: {e}"))?;
+    let res = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(|e| format!("cannot relocate the displaced instructions: {e}"))?;
     let mut addrs = Vec::with_capacity(d.instrs.len());
     for (i, k) in first_of.iter().enumerate() {
         let off = res.new_instruction_offsets[*k];
         if off == u32::MAX {
-            return Err(format!(
-                "instruction {i} of the displaced bytes could not be placed"
-            ));
+            return Err(format!("instruction {i} of the displaced bytes could not be placed"));
         }
         addrs.push(at + u64::from(off));
     }

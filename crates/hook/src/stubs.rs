@@ -144,21 +144,9 @@ pub(crate) fn detect_fpsave() -> FpSave {
         let d = core::arch::x86_64::__cpuid_count(0xD, 0);
         let size = (d.ebx as i32).max(576);
         let xinuse = core::arch::x86_64::__cpuid_count(0xD, 1).eax & (1 << 2) != 0;
-        return FpSave {
-            xsave: true,
-            size: (size + 63) & !63,
-            avx,
-            avx512,
-            xinuse,
-        };
+        return FpSave { xsave: true, size: (size + 63) & !63, avx, avx512, xinuse };
     }
-    FpSave {
-        xsave: false,
-        size: 512,
-        avx: false,
-        avx512: false,
-        xinuse: false,
-    }
+    FpSave { xsave: false, size: 512, avx: false, avx512: false, xinuse: false }
 }
 
 /// Which part of the FP state a stub saves (see [`FpSave`]).
@@ -198,7 +186,6 @@ fn save_gprs_f(a: &mut CodeAssembler, exact: bool) -> Result<(), IcedError> {
     }
     Ok(())
 }
-
 
 /// `flags`: also restore rflags (popfq, ~20 cycles). Light stubs skip it on
 /// their common path: at a function entry or return the status flags are
@@ -403,12 +390,7 @@ fn fp_restore(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), I
 /// Site*. `entry_dispatch` returns rax = resume address, rdx = mode:
 /// 0 = resume at the relocated code (`ret` back into the site stub, which
 /// the return-stack buffer predicts), 2 = resume at rax, 1 = skip the function.
-pub(crate) fn common_entry(
-    ip: u64,
-    fp: FpSave,
-    kind: SaveKind,
-    dispatch: u64,
-) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn common_entry(ip: u64, fp: FpSave, kind: SaveKind, dispatch: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut saved = a.create_label();
     let mut redirect = a.create_label();
@@ -476,8 +458,8 @@ pub(crate) fn common_entry(
 /// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*, then the
 /// 128-byte red-zone gap, then the probed function's return address (its entry rsp).
 fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    use std::mem::{offset_of, size_of};
     use crate::thread::{ShadowEntry, ThreadState};
+    use std::mem::{offset_of, size_of};
     const _: () = assert!(size_of::<ShadowEntry>() == 32);
     let t = crate::thread::table_layout();
     let has_entry = offset_of!(crate::Site, has_entry) as i32;
@@ -911,8 +893,8 @@ fn lean_entry_path(
 /// guard held (as `ret_dispatch` does), and returns to the real return address. Anything
 /// else (stale entries, no state, a guard held) falls through to the general path.
 fn lean_ret_path(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
-    use std::mem::{offset_of, size_of};
     use crate::thread::{ShadowEntry, ThreadState};
+    use std::mem::{offset_of, size_of};
     const _: () = assert!(size_of::<ShadowEntry>() == 32);
     let t = crate::thread::table_layout();
     let lean_ret = offset_of!(crate::Site, lean_ret) as i32;
@@ -982,12 +964,7 @@ fn lean_ret_path(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
 }
 
 /// The shared return trampoline, assembled for address `ip`.
-pub(crate) fn ret_tramp(
-    ip: u64,
-    fp: FpSave,
-    kind: SaveKind,
-    dispatch: u64,
-) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn ret_tramp(ip: u64, fp: FpSave, kind: SaveKind, dispatch: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.lea(rsp, ptr(rsp - (PT_REGS_SIZE + 8)))?;
     save_gprs_f(&mut a, kind == SaveKind::Full)?;
@@ -1023,7 +1000,13 @@ pub(crate) const RELOC_OFF: usize = 128;
 /// the shared return trampoline, whose final `ret` to the real return address is predicted
 /// too (the caller's own entry is back on top). Writing the trampoline's address into the
 /// slot instead would cost a mispredicted return on every hit.
-pub(crate) fn site_stub(ip: u64, site: u64, common: u64, reloc: u64, ret_tramp: Option<u64>) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn site_stub(
+    ip: u64,
+    site: u64,
+    common: u64,
+    reloc: u64,
+    ret_tramp: Option<u64>,
+) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut site_l = a.create_label();
     let mut common_l = a.create_label();

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use userbpf_elf::symbols::has_function;
-use userbpf_elf::symbols::{function_symbols, name_matches, FunctionSymbol};
+use userbpf_elf::symbols::{FunctionSymbol, function_symbols, name_matches};
 
 use crate::HookError;
 
@@ -53,11 +53,7 @@ struct Collect {
     subs: u64,
 }
 
-unsafe extern "C" fn phdr_cb(
-    info: *mut libc::dl_phdr_info,
-    _size: usize,
-    data: *mut libc::c_void,
-) -> libc::c_int {
+unsafe extern "C" fn phdr_cb(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
     // SAFETY: dl_iterate_phdr passes a valid info and our &mut Collect.
     let (info, c) = unsafe { (&*info, &mut *(data as *mut Collect)) };
     c.adds = info.dlpi_adds;
@@ -66,9 +62,7 @@ unsafe extern "C" fn phdr_cb(
         String::new()
     } else {
         // SAFETY: dlpi_name is a NUL-terminated string owned by the loader.
-        unsafe { CStr::from_ptr(info.dlpi_name) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy().into_owned()
     };
     let path = if name.is_empty() {
         if !c.objs.is_empty() {
@@ -96,12 +90,7 @@ unsafe extern "C" fn phdr_cb(
 }
 
 fn iterate() -> Collect {
-    let mut c = Collect {
-        objs: Vec::new(),
-        segments: Vec::new(),
-        adds: 0,
-        subs: 0,
-    };
+    let mut c = Collect { objs: Vec::new(), segments: Vec::new(), adds: 0, subs: 0 };
     // SAFETY: the callback only writes into `c`, which outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(phdr_cb), &mut c as *mut Collect as *mut libc::c_void) };
     c
@@ -109,11 +98,7 @@ fn iterate() -> Collect {
 
 /// The objects loaded in this process, the executable first.
 pub fn loaded_objects() -> Vec<MappedObject> {
-    iterate()
-        .objs
-        .into_iter()
-        .filter(|o| o.path.is_file())
-        .collect()
+    iterate().objs.into_iter().filter(|o| o.path.is_file()).collect()
 }
 
 /// The objects of the executable and its libraries that are mapped and unmapped between two
@@ -145,11 +130,7 @@ impl LibraryWatcher {
     /// A watcher that considers every currently loaded object known.
     pub fn new() -> Self {
         let c = iterate();
-        LibraryWatcher {
-            known: c.objs.into_iter().zip(c.segments).collect(),
-            adds: c.adds,
-            subs: c.subs,
-        }
+        LibraryWatcher { known: c.objs.into_iter().zip(c.segments).collect(), adds: c.adds, subs: c.subs }
     }
 
     /// Objects loaded since the last call (or since `new`).
@@ -165,19 +146,10 @@ impl LibraryWatcher {
         }
         self.adds = c.adds;
         self.subs = c.subs;
-        let now: HashMap<MappedObject, Vec<(usize, usize)>> =
-            c.objs.into_iter().zip(c.segments).collect();
-        let added = now
-            .keys()
-            .filter(|o| !self.known.contains_key(*o) && o.path.is_file())
-            .cloned()
-            .collect();
-        let removed = self
-            .known
-            .iter()
-            .filter(|(o, _)| !now.contains_key(*o))
-            .map(|(o, s)| (o.clone(), s.clone()))
-            .collect();
+        let now: HashMap<MappedObject, Vec<(usize, usize)>> = c.objs.into_iter().zip(c.segments).collect();
+        let added = now.keys().filter(|o| !self.known.contains_key(*o) && o.path.is_file()).cloned().collect();
+        let removed =
+            self.known.iter().filter(|(o, _)| !now.contains_key(*o)).map(|(o, s)| (o.clone(), s.clone())).collect();
         self.known = now;
         ObjectChanges { added, removed }
     }
@@ -248,14 +220,8 @@ fn ifunc_target(path: &Path, is_exe: bool, name: &str) -> Option<usize> {
     // SAFETY: RTLD_NOLOAD only returns a handle of an already loaded object
     // (bumping its refcount, released by dlclose); dlsym resolves the ifunc.
     unsafe {
-        let h = libc::dlopen(
-            if is_exe {
-                std::ptr::null()
-            } else {
-                cpath.as_ptr()
-            },
-            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-        );
+        let h =
+            libc::dlopen(if is_exe { std::ptr::null() } else { cpath.as_ptr() }, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
         if h.is_null() {
             return None;
         }
@@ -272,25 +238,20 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
     let err = |m: String| HookError::Symbol(m);
     if spec.starts_with("0x") || spec.starts_with("0X") {
         let addr = parse_num(spec).ok_or_else(|| err(format!("bad address `{spec}`")))?;
-        return Ok(lookup_addr(addr)
-            .map(|r| Resolved { addr, ..r })
-            .unwrap_or(Resolved {
-                addr,
-                func_start: addr,
-                size: None,
-                name: String::new(),
-                path: PathBuf::new(),
-            }));
+        return Ok(lookup_addr(addr).map(|r| Resolved { addr, ..r }).unwrap_or(Resolved {
+            addr,
+            func_start: addr,
+            size: None,
+            name: String::new(),
+            path: PathBuf::new(),
+        }));
     }
     let (path, rest) = match spec.rsplit_once(':') {
         Some((p, r)) => (Some(p), r),
         None => (None, spec),
     };
     let (func, off) = match rest.rsplit_once('+') {
-        Some((f, o)) => (
-            f,
-            parse_num(o).ok_or_else(|| err(format!("bad offset `{o}` in `{spec}`")))?,
-        ),
+        Some((f, o)) => (f, parse_num(o).ok_or_else(|| err(format!("bad offset `{o}` in `{spec}`")))?),
         None => (rest, 0),
     };
     if func.is_empty() {
@@ -299,10 +260,10 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
     let objs = loaded_objects();
     let mut searched = false;
     for (i, o) in objs.iter().enumerate() {
-        if let Some(p) = path {
-            if !path_matches(&o.path, p) {
-                continue;
-            }
+        if let Some(p) = path
+            && !path_matches(&o.path, p)
+        {
+            continue;
         }
         searched = true;
         let Ok(syms) = function_symbols(&o.path) else {
@@ -323,40 +284,23 @@ pub fn resolve(spec: &str) -> Result<Resolved, HookError> {
                     o.path.display()
                 )));
             }
-            let t = ifunc_target(&o.path, i == 0, func).ok_or_else(|| {
-                err(format!(
-                    "cannot resolve the ifunc `{func}` in {}",
-                    o.path.display()
-                ))
-            })?;
-            (
-                t,
-                lookup_addr(t)
-                    .filter(|r| r.func_start == t)
-                    .and_then(|r| r.size),
-            )
+            let t = ifunc_target(&o.path, i == 0, func)
+                .ok_or_else(|| err(format!("cannot resolve the ifunc `{func}` in {}", o.path.display())))?;
+            (t, lookup_addr(t).filter(|r| r.func_start == t).and_then(|r| r.size))
         } else {
             (s.value.wrapping_add(o.bias), (s.size > 0).then_some(s.size))
         };
-        if let Some(sz) = size {
-            if off >= sz {
-                return Err(err(format!("offset {off} is beyond `{func}` ({sz} bytes)")));
-            }
+        if let Some(sz) = size
+            && off >= sz
+        {
+            return Err(err(format!("offset {off} is beyond `{func}` ({sz} bytes)")));
         }
-        return Ok(Resolved {
-            addr: start + off,
-            func_start: start,
-            size,
-            name: s.name.clone(),
-            path: o.path.clone(),
-        });
+        return Ok(Resolved { addr: start + off, func_start: start, size, name: s.name.clone(), path: o.path.clone() });
     }
     match path {
         Some(p) if !searched => Err(err(format!("`{p}` is not loaded in this process"))),
         Some(p) => Err(err(format!("no function `{func}` in `{p}`"))),
-        None => Err(err(format!(
-            "no function `{func}` in the executable or its loaded libraries"
-        ))),
+        None => Err(err(format!("no function `{func}` in the executable or its loaded libraries"))),
     }
 }
 
@@ -369,13 +313,7 @@ pub fn lookup_addr(addr: usize) -> Option<Resolved> {
         for s in syms {
             let start = s.value.wrapping_add(o.bias);
             if s.size > 0 && addr >= start && addr < start + s.size {
-                return Some(Resolved {
-                    addr,
-                    func_start: start,
-                    size: Some(s.size),
-                    name: s.name,
-                    path: o.path,
-                });
+                return Some(Resolved { addr, func_start: start, size: Some(s.size), name: s.name, path: o.path });
             }
         }
     }
@@ -391,11 +329,8 @@ pub fn lookup_addr(addr: usize) -> Option<Resolved> {
 /// only the padding before the next 16-byte boundary counts. 0 when nothing is proven.
 pub fn gap_after(end: usize) -> usize {
     let c = iterate();
-    let Some((obj, _)) = c
-        .objs
-        .iter()
-        .zip(&c.segments)
-        .find(|(_, segs)| segs.iter().any(|(s, e)| *s < end && end <= *e))
+    let Some((obj, _)) =
+        c.objs.iter().zip(&c.segments).find(|(_, segs)| segs.iter().any(|(s, e)| *s < end && end <= *e))
     else {
         return 0;
     };

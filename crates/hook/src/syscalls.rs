@@ -415,10 +415,7 @@ pub fn number(name: &str) -> Option<u32> {
 
 /// The name of system call `nr`.
 pub fn name(nr: u32) -> Option<&'static str> {
-    SYSCALLS
-        .iter()
-        .find(|(_, n)| *n == nr)
-        .map(|(name, _)| *name)
+    SYSCALLS.iter().find(|(_, n)| *n == nr).map(|(name, _)| *name)
 }
 
 /// Where a system call argument comes from when a libc function is entered.
@@ -431,14 +428,7 @@ pub enum ArgSrc {
 }
 
 const AT_FDCWD: u64 = -100i64 as u64;
-const A: [ArgSrc; 6] = [
-    ArgSrc::Arg(0),
-    ArgSrc::Arg(1),
-    ArgSrc::Arg(2),
-    ArgSrc::Arg(3),
-    ArgSrc::Arg(4),
-    ArgSrc::Arg(5),
-];
+const A: [ArgSrc; 6] = [ArgSrc::Arg(0), ArgSrc::Arg(1), ArgSrc::Arg(2), ArgSrc::Arg(3), ArgSrc::Arg(4), ArgSrc::Arg(5)];
 
 /// A libc function issuing a system call, and the call's arguments from the function's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,150 +453,52 @@ const RENAMED: &[Wrapper] = {
             syscall: "openat",
             args: [Const(AT_FDCWD), Arg(0), Arg(1), Arg(2), Const(0), Const(0)],
         },
-        Wrapper {
-            func: "openat64",
-            syscall: "openat",
-            args: A,
-        },
+        Wrapper { func: "openat64", syscall: "openat", args: A },
         // O_CREAT | O_WRONLY | O_TRUNC
         Wrapper {
             func: "creat",
             syscall: "openat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Const(0o1101),
-                Arg(1),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Const(0o1101), Arg(1), Const(0), Const(0)],
         },
         Wrapper {
             func: "creat64",
             syscall: "openat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Const(0o1101),
-                Arg(1),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Const(0o1101), Arg(1), Const(0), Const(0)],
         },
         Wrapper {
             func: "stat",
             syscall: "newfstatat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Arg(1),
-                Const(0),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Arg(1), Const(0), Const(0), Const(0)],
         },
         Wrapper {
             func: "stat64",
             syscall: "newfstatat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Arg(1),
-                Const(0),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Arg(1), Const(0), Const(0), Const(0)],
         },
         // AT_SYMLINK_NOFOLLOW
         Wrapper {
             func: "lstat",
             syscall: "newfstatat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Arg(1),
-                Const(0x100),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Arg(1), Const(0x100), Const(0), Const(0)],
         },
         Wrapper {
             func: "lstat64",
             syscall: "newfstatat",
-            args: [
-                Const(AT_FDCWD),
-                Arg(0),
-                Arg(1),
-                Const(0x100),
-                Const(0),
-                Const(0),
-            ],
+            args: [Const(AT_FDCWD), Arg(0), Arg(1), Const(0x100), Const(0), Const(0)],
         },
-        Wrapper {
-            func: "fstatat",
-            syscall: "newfstatat",
-            args: A,
-        },
-        Wrapper {
-            func: "fstatat64",
-            syscall: "newfstatat",
-            args: A,
-        },
-        Wrapper {
-            func: "pread",
-            syscall: "pread64",
-            args: A,
-        },
-        Wrapper {
-            func: "pwrite",
-            syscall: "pwrite64",
-            args: A,
-        },
-        Wrapper {
-            func: "preadv64",
-            syscall: "preadv",
-            args: A,
-        },
-        Wrapper {
-            func: "pwritev64",
-            syscall: "pwritev",
-            args: A,
-        },
-        Wrapper {
-            func: "mmap64",
-            syscall: "mmap",
-            args: A,
-        },
-        Wrapper {
-            func: "truncate64",
-            syscall: "truncate",
-            args: A,
-        },
-        Wrapper {
-            func: "ftruncate64",
-            syscall: "ftruncate",
-            args: A,
-        },
-        Wrapper {
-            func: "lseek64",
-            syscall: "lseek",
-            args: A,
-        },
-        Wrapper {
-            func: "fallocate64",
-            syscall: "fallocate",
-            args: A,
-        },
-        Wrapper {
-            func: "sigaltstack",
-            syscall: "sigaltstack",
-            args: A,
-        },
-        Wrapper {
-            func: "getdents64",
-            syscall: "getdents64",
-            args: A,
-        },
+        Wrapper { func: "fstatat", syscall: "newfstatat", args: A },
+        Wrapper { func: "fstatat64", syscall: "newfstatat", args: A },
+        Wrapper { func: "pread", syscall: "pread64", args: A },
+        Wrapper { func: "pwrite", syscall: "pwrite64", args: A },
+        Wrapper { func: "preadv64", syscall: "preadv", args: A },
+        Wrapper { func: "pwritev64", syscall: "pwritev", args: A },
+        Wrapper { func: "mmap64", syscall: "mmap", args: A },
+        Wrapper { func: "truncate64", syscall: "truncate", args: A },
+        Wrapper { func: "ftruncate64", syscall: "ftruncate", args: A },
+        Wrapper { func: "lseek64", syscall: "lseek", args: A },
+        Wrapper { func: "fallocate64", syscall: "fallocate", args: A },
+        Wrapper { func: "sigaltstack", syscall: "sigaltstack", args: A },
+        Wrapper { func: "getdents64", syscall: "getdents64", args: A },
     ]
 };
 
@@ -681,22 +573,12 @@ const NOT_WRAPPERS: &[&str] = &[
 /// kernel's tracepoint name of the call.
 pub fn wrappers_of(name: &str) -> Vec<Wrapper> {
     let name = canonical(name);
-    let mut v: Vec<Wrapper> = RENAMED
-        .iter()
-        .filter(|w| w.syscall == name)
-        .copied()
-        .collect();
-    if !NOT_WRAPPERS.contains(&name) && !v.iter().any(|w| w.func == name) {
-        if let Some((n, _)) = SYSCALLS.iter().find(|(n, _)| *n == name) {
-            v.insert(
-                0,
-                Wrapper {
-                    func: n,
-                    syscall: n,
-                    args: A,
-                },
-            );
-        }
+    let mut v: Vec<Wrapper> = RENAMED.iter().filter(|w| w.syscall == name).copied().collect();
+    if !NOT_WRAPPERS.contains(&name)
+        && !v.iter().any(|w| w.func == name)
+        && let Some((n, _)) = SYSCALLS.iter().find(|(n, _)| *n == name)
+    {
+        v.insert(0, Wrapper { func: n, syscall: n, args: A });
     }
     v
 }
@@ -715,22 +597,11 @@ pub struct LibcFunc {
 
 /// libc's defined functions in this process, by name (from its `.dynsym`; GNU ifuncs are
 /// left out): read once for many lookups.
-pub fn libc_functions() -> Result<
-    (
-        std::path::PathBuf,
-        std::collections::HashMap<String, LibcFunc>,
-    ),
-    String,
-> {
+pub fn libc_functions() -> Result<(std::path::PathBuf, std::collections::HashMap<String, LibcFunc>), String> {
     let objs = crate::symbols::loaded_objects();
     let libc = objs
         .iter()
-        .find(|o| {
-            o.path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libc.so"))
-        })
+        .find(|o| o.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libc.so")))
         .ok_or("libc is not loaded in this process")?;
     let mut map = std::collections::HashMap::new();
     for sym in userbpf_elf::symbols::exported_function_symbols(&libc.path)? {
@@ -753,10 +624,7 @@ mod tests {
         assert_eq!(number("openat"), Some(257));
         assert_eq!(name(231), Some("exit_group"));
         let w: Vec<&str> = wrappers_of("openat").iter().map(|w| w.func).collect();
-        assert!(
-            w.contains(&"openat") && w.contains(&"open") && w.contains(&"creat"),
-            "{w:?}"
-        );
+        assert!(w.contains(&"openat") && w.contains(&"open") && w.contains(&"creat"), "{w:?}");
         assert!(wrappers_of("clone").is_empty());
         assert!(wrappers_of("nosuch").is_empty());
     }

@@ -53,11 +53,8 @@ struct Slot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const SLOT_INIT: Slot = Slot {
-    key: AtomicUsize::new(EMPTY),
-    state: AtomicPtr::new(std::ptr::null_mut()),
-    rcu: AtomicUsize::new(0),
-};
+const SLOT_INIT: Slot =
+    Slot { key: AtomicUsize::new(EMPTY), state: AtomicPtr::new(std::ptr::null_mut()), rcu: AtomicUsize::new(0) };
 static TABLE: [Slot; TABLE_SIZE] = [SLOT_INIT; TABLE_SIZE];
 
 pub(crate) static STATES_CREATED: AtomicU64 = AtomicU64::new(0);
@@ -71,9 +68,7 @@ fn thread_key() -> usize {
     let k: usize;
     // SAFETY: on x86-64 Linux (glibc and musl) fs:[0] holds the thread
     // control block's self pointer; reading it has no side effect.
-    unsafe {
-        core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) k, options(nostack, readonly, preserves_flags))
-    };
+    unsafe { core::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) k, options(nostack, readonly, preserves_flags)) };
     k
 }
 
@@ -135,11 +130,7 @@ pub(crate) fn raw_mmap(len: usize) -> *mut u8 {
             in("r8") usize::MAX, in("r9") 0usize,
             lateout("rcx") _, lateout("r11") _, options(nostack));
     }
-    if ret < 0 && ret > -4096 {
-        std::ptr::null_mut()
-    } else {
-        ret as *mut u8
-    }
+    if ret < 0 && ret > -4096 { std::ptr::null_mut() } else { ret as *mut u8 }
 }
 
 pub(crate) fn raw_munmap(p: *mut u8, len: usize) {
@@ -193,12 +184,7 @@ fn create(key: usize) -> *mut ThreadState {
         let k = TABLE[i].key.load(Acquire);
         // Only this thread ever inserts `key`, so claiming the first free or
         // dead slot is race-free with respect to its own lookups.
-        if (k == EMPTY || k == TOMBSTONE)
-            && TABLE[i]
-                .key
-                .compare_exchange(k, key, AcqRel, Acquire)
-                .is_ok()
-        {
+        if (k == EMPTY || k == TOMBSTONE) && TABLE[i].key.compare_exchange(k, key, AcqRel, Acquire).is_ok() {
             // SAFETY: p is our fresh state, not yet published.
             unsafe { (*p).slot = i };
             TABLE[i].state.store(p, Release);

@@ -15,7 +15,7 @@
 
 use std::path::Path;
 
-pub use userbpf_elf::usdt::{parse_arg, parse_args, pt_regs_offset, read_notes, ArgKind, ArgSpec, Note, MAX_ARGS};
+pub use userbpf_elf::usdt::{ArgKind, ArgSpec, MAX_ARGS, Note, parse_arg, parse_args, pt_regs_offset, read_notes};
 
 /// A probe located in this process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,11 +51,7 @@ fn same_file(obj: &Path, want: &str) -> bool {
 /// Returns every site (a probe may be expanded at several places).
 pub fn locate(path: &str, provider: &str, name: &str) -> Result<Vec<Located>, String> {
     let objs = crate::symbols::loaded_objects();
-    let obj = if path.is_empty() {
-        objs.first()
-    } else {
-        objs.iter().find(|o| same_file(&o.path, path))
-    };
+    let obj = if path.is_empty() { objs.first() } else { objs.iter().find(|o| same_file(&o.path, path)) };
     let obj = obj.ok_or_else(|| format!("`{path}` is not loaded in this process"))?;
     let notes = read_notes(&obj.path)?;
     let pcs: std::collections::HashSet<u64> = notes.iter().map(|n| n.pc).collect();
@@ -75,20 +71,13 @@ pub fn locate(path: &str, provider: &str, name: &str) -> Result<Vec<Located>, St
             addr: obj.bias.wrapping_add(n.pc as usize),
             anchor: obj.bias.wrapping_add(anchor as usize),
             span: patch_span(&data, anchor),
-            sema_addr: if n.sema == 0 {
-                0
-            } else {
-                obj.bias.wrapping_add(n.sema as usize)
-            },
+            sema_addr: if n.sema == 0 { 0 } else { obj.bias.wrapping_add(n.sema as usize) },
             object: obj.path.clone(),
             note: n,
         })
         .collect();
     if found.is_empty() {
-        return Err(format!(
-            "no USDT probe `{provider}:{name}` in {}",
-            obj.path.display()
-        ));
+        return Err(format!("no USDT probe `{provider}:{name}` in {}", obj.path.display()));
     }
     Ok(found)
 }
@@ -97,9 +86,7 @@ pub fn locate(path: &str, provider: &str, name: &str) -> Result<Vec<Located>, St
 fn patch_span(elf: &[u8], vaddr: u64) -> Option<usize> {
     use object::{Object, ObjectSection};
     let file = object::File::parse(elf).ok()?;
-    let sec = file
-        .sections()
-        .find(|s| vaddr >= s.address() && vaddr < s.address() + s.size())?;
+    let sec = file.sections().find(|s| vaddr >= s.address() && vaddr < s.address() + s.size())?;
     let code = sec.data().ok()?.get((vaddr - sec.address()) as usize..)?;
     let code = &code[..code.len().min(32)];
     let mut dec = iced_x86::Decoder::with_ip(64, code, vaddr, iced_x86::DecoderOptions::NONE);
@@ -123,8 +110,13 @@ fn patch_span(elf: &[u8], vaddr: u64) -> Option<usize> {
 pub fn semaphore_address(maps: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {
     for line in maps.lines() {
         let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(devs), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else { continue };
-        if inode.parse::<u64>().ok() != Some(ino) || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p') {
+        let (Some(range), Some(perms), Some(offset), Some(devs), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        if inode.parse::<u64>().ok() != Some(ino) || !perms.starts_with("rw") || perms.as_bytes().get(3) != Some(&b'p')
+        {
             continue;
         }
         let Some((maj, min)) = devs.split_once(':') else { continue };
@@ -133,7 +125,11 @@ pub fn semaphore_address(maps: &str, dev: u64, ino: u64, off: u64) -> Option<u64
             continue;
         }
         let Some((start, end)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(offset, 16)) else { continue };
+        let (Ok(start), Ok(end), Ok(offset)) =
+            (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16), u64::from_str_radix(offset, 16))
+        else {
+            continue;
+        };
         if off >= offset && off + 2 <= offset + (end - start) {
             return Some(start + off - offset);
         }
@@ -149,22 +145,10 @@ mod tests {
     fn register_offsets_match_pt_regs() {
         let r = crate::PtRegs::default();
         let base = &r as *const _ as usize;
-        assert_eq!(
-            pt_regs_offset("rdi").unwrap() as usize,
-            std::ptr::addr_of!(r.di) as usize - base
-        );
-        assert_eq!(
-            pt_regs_offset("r8d").unwrap() as usize,
-            std::ptr::addr_of!(r.r8) as usize - base
-        );
-        assert_eq!(
-            pt_regs_offset("rsp").unwrap() as usize,
-            std::ptr::addr_of!(r.sp) as usize - base
-        );
-        assert_eq!(
-            pt_regs_offset("rip").unwrap() as usize,
-            std::ptr::addr_of!(r.ip) as usize - base
-        );
+        assert_eq!(pt_regs_offset("rdi").unwrap() as usize, std::ptr::addr_of!(r.di) as usize - base);
+        assert_eq!(pt_regs_offset("r8d").unwrap() as usize, std::ptr::addr_of!(r.r8) as usize - base);
+        assert_eq!(pt_regs_offset("rsp").unwrap() as usize, std::ptr::addr_of!(r.sp) as usize - base);
+        assert_eq!(pt_regs_offset("rip").unwrap() as usize, std::ptr::addr_of!(r.ip) as usize - base);
         assert_eq!(pt_regs_offset("r15").unwrap(), 0);
     }
 }

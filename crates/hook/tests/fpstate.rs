@@ -29,7 +29,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_fp_store_ymm0(dst: *mut u8);
     fn t_fp_ret_ymm0();
     fn t_fp_nop();
@@ -80,7 +80,8 @@ fn full_width_arguments_and_return_values_survive_handlers() {
     if !avx() {
         return;
     }
-    let e = attach(t_fp_store_ymm0 as unsafe extern "C" fn(*mut u8) as usize, ProbeKind::Entry, clobber, null_mut()).unwrap();
+    let e = attach(t_fp_store_ymm0 as unsafe extern "C" fn(*mut u8) as usize, ProbeKind::Entry, clobber, null_mut())
+        .unwrap();
     let mut buf = [0u8; 32];
     // SAFETY: ymm0 = all ones (upper half in use) is t_fp_store_ymm0's argument; it writes 32
     // bytes to buf.

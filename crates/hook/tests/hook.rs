@@ -24,7 +24,7 @@ fn bytes_at(addr: usize) -> [u8; 8] {
 // --------------------------------------------------------- arguments ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_args(a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> u64 {
     black_box(a + 2 * b + 3 * c + 4 * d + 5 * e + 6 * f)
 }
@@ -64,7 +64,7 @@ fn uprobe_reads_arguments() {
 // ------------------------------------------------------------ return ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_ret(x: u64) -> u64 {
     black_box(x * 3 + 1)
 }
@@ -95,7 +95,7 @@ fn uretprobe_reads_return_value() {
 // ------------------------------------------- both kinds, many handlers ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_both(x: u64) -> u64 {
     black_box(x ^ 0x5555)
 }
@@ -127,10 +127,7 @@ fn entry_and_return_with_several_handlers() {
         assert_eq!(v, i ^ 0x5555);
         expect += v;
     }
-    assert_eq!(
-        (A.load(SeqCst), B.load(SeqCst), R.load(SeqCst)),
-        (100, 100, expect)
-    );
+    assert_eq!((A.load(SeqCst), B.load(SeqCst), R.load(SeqCst)), (100, 100, expect));
     detach(ib).unwrap();
     t_both(1);
     assert_eq!((A.load(SeqCst), B.load(SeqCst)), (101, 100));
@@ -142,7 +139,7 @@ fn entry_and_return_with_several_handlers() {
 // ------------------------------------------------- detach restores bytes ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_detach(x: u64) -> u64 {
     black_box(x.wrapping_mul(7))
 }
@@ -152,13 +149,7 @@ fn detach_restores_bytes_and_behaviour() {
     static N: AtomicU64 = AtomicU64::new(0);
     let (addr, _) = addr_of_sym("t_detach");
     let before = bytes_at(addr);
-    let id = attach_symbol(
-        "t_detach",
-        ProbeKind::Entry,
-        count_handler,
-        &N as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let id = attach_symbol("t_detach", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
     let during = bytes_at(addr);
     assert_eq!(during[0], 0xE9);
     assert_eq!(&during[5..], &before[5..]);
@@ -168,13 +159,7 @@ fn detach_restores_bytes_and_behaviour() {
     assert_eq!(t_detach(black_box(4)), 28);
     assert_eq!(N.load(SeqCst), 1);
     // Re-attach reuses the site.
-    let id = attach_symbol(
-        "t_detach",
-        ProbeKind::Entry,
-        count_handler,
-        &N as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let id = attach_symbol("t_detach", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
     assert_eq!(t_detach(black_box(5)), 35);
     assert_eq!(N.load(SeqCst), 2);
     detach(id).unwrap();
@@ -184,7 +169,7 @@ fn detach_restores_bytes_and_behaviour() {
 // ------------------------------------------ register writes and skipping ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_override(x: u64) -> u64 {
     OVERRIDE_BODY.fetch_add(1, SeqCst);
     black_box(x + 1)
@@ -222,20 +207,8 @@ fn handlers_can_change_registers_and_skip_the_function() {
 fn rip_relative_first_instruction_is_relocated() {
     static N: AtomicU64 = AtomicU64::new(0);
     static R: AtomicU64 = AtomicU64::new(0);
-    let ie = attach_symbol(
-        "t_riprel",
-        ProbeKind::Entry,
-        count_handler,
-        &N as *const _ as *mut c_void,
-    )
-    .unwrap();
-    let ir = attach_symbol(
-        "t_riprel",
-        ProbeKind::Return,
-        sum_ret_handler,
-        &R as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let ie = attach_symbol("t_riprel", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
+    let ir = attach_symbol("t_riprel", ProbeKind::Return, sum_ret_handler, &R as *const _ as *mut c_void).unwrap();
     // SAFETY: asm test function.
     assert_eq!(unsafe { t_riprel(black_box(5)) }, 1005);
     assert_eq!((N.load(SeqCst), R.load(SeqCst)), (1, 1005));
@@ -246,13 +219,7 @@ fn rip_relative_first_instruction_is_relocated() {
 #[test]
 fn short_jcc_in_first_bytes_is_relocated() {
     static N: AtomicU64 = AtomicU64::new(0);
-    let id = attach_symbol(
-        "t_jcc",
-        ProbeKind::Entry,
-        count_handler,
-        &N as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let id = attach_symbol("t_jcc", ProbeKind::Entry, count_handler, &N as *const _ as *mut c_void).unwrap();
     // SAFETY: asm test function.
     unsafe {
         assert_eq!(t_jcc(black_box(0)), u64::MAX);
@@ -304,18 +271,9 @@ fn branch_into_patched_bytes_takes_a_breakpoint() {
 #[test]
 fn bad_targets_are_errors() {
     static DATA: u64 = 0;
-    let e = attach(
-        &DATA as *const u64 as usize,
-        ProbeKind::Entry,
-        nop_handler,
-        null_mut(),
-    )
-    .unwrap_err();
+    let e = attach(&DATA as *const u64 as usize, ProbeKind::Entry, nop_handler, null_mut()).unwrap_err();
     assert!(matches!(e, HookError::NotCode { .. }), "{e}");
-    assert!(matches!(
-        attach(0, ProbeKind::Entry, nop_handler, null_mut()),
-        Err(HookError::NotCode { .. })
-    ));
+    assert!(matches!(attach(0, ProbeKind::Entry, nop_handler, null_mut()), Err(HookError::NotCode { .. })));
     assert!(symbols::resolve("no_such_function_xyz").is_err());
     assert!(symbols::resolve("libc.so.6:no_such_function_xyz").is_err());
     assert!(symbols::resolve("libnotloaded.so:foo").is_err());
@@ -325,24 +283,15 @@ fn bad_targets_are_errors() {
     assert!(symbols::resolve(":").is_err());
     // Return probes need a function entry.
     let r = symbols::resolve("t_args").unwrap();
-    let ext = FuncExtent {
-        start: r.func_start,
-        len: r.size.unwrap(),
-    };
-    let e = attach_with(
-        r.addr + 1,
-        ProbeKind::Return,
-        nop_handler,
-        null_mut(),
-        Some(ext),
-    );
+    let ext = FuncExtent { start: r.func_start, len: r.size.unwrap() };
+    let e = attach_with(r.addr + 1, ProbeKind::Return, nop_handler, null_mut(), Some(ext));
     assert!(e.is_err());
 }
 
 // ---------------------------------------------------------- threading ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_stress(x: u64) -> u64 {
     STRESS_CALLS.fetch_add(1, Relaxed);
     black_box(x + 1)
@@ -357,10 +306,7 @@ fn four_threads_while_attaching_and_detaching() {
     static GO: AtomicBool = AtomicBool::new(false);
     const N: u64 = 100_000;
     let r = symbols::resolve("t_stress").unwrap();
-    let ext = Some(FuncExtent {
-        start: r.func_start,
-        len: r.size.unwrap(),
-    });
+    let ext = Some(FuncExtent { start: r.func_start, len: r.size.unwrap() });
     let workers: Vec<_> = (0..4)
         .map(|t| {
             std::thread::spawn(move || {
@@ -395,50 +341,26 @@ fn four_threads_while_attaching_and_detaching() {
     assert_eq!(STRESS_CALLS.load(SeqCst), 4 * N);
     assert!(hits <= 4 * N && rets <= 4 * N, "hits {hits} rets {rets}");
     assert!(rounds >= 1);
-    eprintln!(
-        "stress: {rounds} attach/detach rounds, {hits} entry hits, {rets} return hits, {:?}",
-        stats()
-    );
+    eprintln!("stress: {rounds} attach/detach rounds, {hits} entry hits, {rets} return hits, {:?}", stats());
 }
 
 // ---------------------------------------------------------- recursion ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_rec(n: u64) -> u64 {
-    if n == 0 {
-        0
-    } else {
-        black_box(t_rec(black_box(n - 1))) + 1
-    }
+    if n == 0 { 0 } else { black_box(t_rec(black_box(n - 1))) + 1 }
 }
 
 #[test]
 fn deep_recursion_with_uretprobe() {
     static E: AtomicU64 = AtomicU64::new(0);
     static R: AtomicU64 = AtomicU64::new(0);
-    let ie = attach_symbol(
-        "t_rec",
-        ProbeKind::Entry,
-        count_handler,
-        &E as *const _ as *mut c_void,
-    )
-    .unwrap();
-    let ir = attach_symbol(
-        "t_rec",
-        ProbeKind::Return,
-        count_handler,
-        &R as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let ie = attach_symbol("t_rec", ProbeKind::Entry, count_handler, &E as *const _ as *mut c_void).unwrap();
+    let ir = attach_symbol("t_rec", ProbeKind::Return, count_handler, &R as *const _ as *mut c_void).unwrap();
     let full_before = stats().shadow_full;
     // Run on a thread with a big stack: 10000 frames.
-    let v = std::thread::Builder::new()
-        .stack_size(64 << 20)
-        .spawn(|| t_rec(black_box(9999)))
-        .unwrap()
-        .join()
-        .unwrap();
+    let v = std::thread::Builder::new().stack_size(64 << 20).spawn(|| t_rec(black_box(9999))).unwrap().join().unwrap();
     assert_eq!(v, 9999);
     assert_eq!(E.load(SeqCst), 10000);
     assert_eq!(R.load(SeqCst), SHADOW_CAPACITY as u64);
@@ -489,20 +411,8 @@ fn longjmp_out_of_a_probed_function() {
 fn thread_exiting_inside_a_probed_call() {
     static E: AtomicU64 = AtomicU64::new(0);
     static R: AtomicU64 = AtomicU64::new(0);
-    let ie = attach_symbol(
-        "t_exit",
-        ProbeKind::Entry,
-        count_handler,
-        &E as *const _ as *mut c_void,
-    )
-    .unwrap();
-    let ir = attach_symbol(
-        "t_exit",
-        ProbeKind::Return,
-        count_handler,
-        &R as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let ie = attach_symbol("t_exit", ProbeKind::Entry, count_handler, &E as *const _ as *mut c_void).unwrap();
+    let ir = attach_symbol("t_exit", ProbeKind::Return, count_handler, &R as *const _ as *mut c_void).unwrap();
     extern "C" fn start(_: *mut c_void) -> *mut c_void {
         // SAFETY: t_exit(1) ends this thread with pthread_exit.
         unsafe { t_exit(1) };
@@ -513,10 +423,7 @@ fn thread_exiting_inside_a_probed_call() {
         let mut th: libc::pthread_t = 0;
         // SAFETY: plain pthread_create/join of a thread running `start`.
         unsafe {
-            assert_eq!(
-                libc::pthread_create(&mut th, std::ptr::null(), start, null_mut()),
-                0
-            );
+            assert_eq!(libc::pthread_create(&mut th, std::ptr::null(), start, null_mut()), 0);
             assert_eq!(libc::pthread_join(th, null_mut()), 0);
         }
     }
@@ -544,13 +451,7 @@ fn probe_on_libc_getpid_by_name() {
     }
     let r = symbols::resolve("libc.so.6:getpid").unwrap();
     assert!(r.path.to_string_lossy().contains("libc"));
-    let ie = attach_symbol(
-        "libc.so.6:getpid",
-        ProbeKind::Entry,
-        count_handler,
-        &E as *const _ as *mut c_void,
-    )
-    .unwrap();
+    let ie = attach_symbol("libc.so.6:getpid", ProbeKind::Entry, count_handler, &E as *const _ as *mut c_void).unwrap();
     let ir = attach_symbol("libc.so.6:getpid", ProbeKind::Return, h, null_mut()).unwrap();
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -573,18 +474,9 @@ fn library_watcher_sees_nothing_new_without_dlopen() {
 // ------------------------------------------- FP state across handlers ----
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_fp_args(a: f64, b: f32, c: f64, d: f32, e: f64, f: f64, g: f64, h: f64) -> f64 {
-    black_box(
-        a * 2.0
-            + b as f64 * 3.0
-            + c * 5.0
-            + d as f64 * 7.0
-            + e * 11.0
-            + f * 13.0
-            + g * 17.0
-            + h * 19.0,
-    )
+    black_box(a * 2.0 + b as f64 * 3.0 + c * 5.0 + d as f64 * 7.0 + e * 11.0 + f * 13.0 + g * 17.0 + h * 19.0)
 }
 
 static FP_CLOBBER_HITS: AtomicU64 = AtomicU64::new(0);
@@ -623,14 +515,7 @@ unsafe extern "C" fn fp_clobber_handler(_d: *mut c_void, regs: *mut PtRegs) -> u
 }
 
 fn fp_expected() -> f64 {
-    1.5 * 2.0
-        + 2.25 * 3.0
-        + 3.125 * 5.0
-        + 4.5 * 7.0
-        + 5.75 * 11.0
-        + 6.5 * 13.0
-        + 7.25 * 17.0
-        + 8.0 * 19.0
+    1.5 * 2.0 + 2.25 * 3.0 + 3.125 * 5.0 + 4.5 * 7.0 + 5.75 * 11.0 + 6.5 * 13.0 + 7.25 * 17.0 + 8.0 * 19.0
 }
 
 fn fp_call() -> f64 {
@@ -651,21 +536,9 @@ fn fp_args_and_return_survive_clobbering_handlers() {
     let want = fp_expected();
     assert_eq!(fp_call(), want);
     let before = FP_CLOBBER_HITS.load(SeqCst);
-    let e = attach_symbol(
-        "t_fp_args",
-        ProbeKind::Entry,
-        fp_clobber_handler,
-        null_mut(),
-    )
-    .unwrap();
+    let e = attach_symbol("t_fp_args", ProbeKind::Entry, fp_clobber_handler, null_mut()).unwrap();
     assert_eq!(fp_call(), want);
-    let r = attach_symbol(
-        "t_fp_args",
-        ProbeKind::Return,
-        fp_clobber_handler,
-        null_mut(),
-    )
-    .unwrap();
+    let r = attach_symbol("t_fp_args", ProbeKind::Return, fp_clobber_handler, null_mut()).unwrap();
     for _ in 0..100 {
         assert_eq!(fp_call(), want);
     }
@@ -693,7 +566,7 @@ std::arch::global_asm!(
     ".size t_x87, . - t_x87",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_x87(x: u64);
 }
 
@@ -748,13 +621,13 @@ fn x87_return_value_survives_return_handler() {
 // An entry handler that changes ip: execution resumes at the new address
 // with the probed rsp (here: another function with the same signature).
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_redir_from(x: u64) -> u64 {
     black_box(x + 1000)
 }
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_redir_to(x: u64) -> u64 {
     black_box(x * 3)
 }
@@ -767,26 +640,11 @@ unsafe extern "C" fn redirect_handler(_d: *mut c_void, regs: *mut PtRegs) -> u32
 
 #[test]
 fn entry_handler_redirects_ip() {
-    assert_eq!(
-        black_box(t_redir_from as extern "C" fn(u64) -> u64)(5),
-        1005
-    );
-    let id = attach_symbol(
-        "t_redir_from",
-        ProbeKind::Entry,
-        redirect_handler,
-        null_mut(),
-    )
-    .unwrap();
+    assert_eq!(black_box(t_redir_from as extern "C" fn(u64) -> u64)(5), 1005);
+    let id = attach_symbol("t_redir_from", ProbeKind::Entry, redirect_handler, null_mut()).unwrap();
     for i in 0..20u64 {
-        assert_eq!(
-            black_box(t_redir_from as extern "C" fn(u64) -> u64)(i),
-            i * 3
-        );
+        assert_eq!(black_box(t_redir_from as extern "C" fn(u64) -> u64)(i), i * 3);
     }
     detach(id).unwrap();
-    assert_eq!(
-        black_box(t_redir_from as extern "C" fn(u64) -> u64)(5),
-        1005
-    );
+    assert_eq!(black_box(t_redir_from as extern "C" fn(u64) -> u64)(5), 1005);
 }

@@ -5,8 +5,8 @@
 
 use std::ffi::c_void;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 
 use userbpf_hook::*;
 
@@ -54,7 +54,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_lean_entry(x: u64) -> u64;
     fn t_lean_rec(n: u64) -> u64;
     fn t_lean_handler();
@@ -117,9 +117,9 @@ fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
         assert_eq!(unsafe { t_lean_entry(black_box(i)) }, 2 * i + 1);
     }
     // The thread's first hit may take the general path (it creates the thread's state).
-    let (lean, gen) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
-    assert_eq!(lean + gen, 1000, "lean {lean} general {gen}");
-    assert!(lean >= 999, "lean {lean} general {gen}");
+    let (lean, general) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
+    assert_eq!(lean + general, 1000, "lean {lean} general {general}");
+    assert!(lean >= 999, "lean {lean} general {general}");
     assert_eq!(p.rec.di.load(SeqCst), 999);
     assert_eq!(p.rec.ip.load(SeqCst), addr as u64);
     // At a function entry sp points at the return address (8 mod 16 by the ABI).
@@ -134,7 +134,7 @@ fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
     p.gate.store(1, SeqCst);
     // SAFETY: plain function.
     unsafe { t_lean_entry(black_box(1)) };
-    assert_eq!(p.general.load(SeqCst), gen + 1);
+    assert_eq!(p.general.load(SeqCst), general + 1);
     assert_eq!(p.rec.hits.load(SeqCst), lean + 1);
     p.gate.store(0, SeqCst);
 
@@ -143,7 +143,7 @@ fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
     let id2 = attach_p(addr, ProbeKind::Entry, &q);
     // SAFETY: plain function.
     unsafe { t_lean_entry(black_box(2)) };
-    assert_eq!(p.general.load(SeqCst), gen + 2);
+    assert_eq!(p.general.load(SeqCst), general + 2);
     assert_eq!(q.general.load(SeqCst), 1);
     assert_eq!(q.rec.hits.load(SeqCst), 0);
     detach(id).unwrap();

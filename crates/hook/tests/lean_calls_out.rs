@@ -5,8 +5,8 @@
 
 use std::ffi::c_void;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 
 use userbpf_hook::*;
 
@@ -82,7 +82,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_co_store_ymm(out: *mut u8);
     fn t_co_call_ymm(out: *mut u8, input: *const u8);
     fn t_co_inner(x: u64) -> u64;
@@ -158,7 +158,13 @@ fn probe() -> Probe {
     let rec: &'static Rec = leak(Rec::default());
     let gate: &'static AtomicU8 = leak(AtomicU8::new(0));
     let failures: &'static AtomicU64 = leak(AtomicU64::new(0));
-    let lean = leak(LeanHandler { func: calls_out as *const () as usize, arg: rec as *const Rec as u64, gate: gate.as_ptr(), failures, calls_out: 1 });
+    let lean = leak(LeanHandler {
+        func: calls_out as *const () as usize,
+        arg: rec as *const Rec as u64,
+        gate: gate.as_ptr(),
+        failures,
+        calls_out: 1,
+    });
     Probe { rec, general: leak(AtomicU64::new(0)), failures, lean }
 }
 
@@ -183,7 +189,13 @@ fn vector_registers_survive_a_handler_that_calls_out() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let p = probe();
     let inner_general = leak(AtomicU64::new(0));
-    let inner = attach(t_co_inner as *const () as usize, ProbeKind::Entry, general, inner_general as *const AtomicU64 as *mut c_void).unwrap();
+    let inner = attach(
+        t_co_inner as *const () as usize,
+        ProbeKind::Entry,
+        general,
+        inner_general as *const AtomicU64 as *mut c_void,
+    )
+    .unwrap();
     let id = attach_p(t_co_store_ymm as *const () as usize, ProbeKind::Entry, &p);
     let missed0 = stats().missed_recursion;
     // Upper halves in use (full-width arguments), then only the xmm parts (upper halves zero).
@@ -198,9 +210,9 @@ fn vector_registers_survive_a_handler_that_calls_out() {
         let input = if round % 2 == 0 { &wide } else { &narrow };
         assert_eq!(&call_ymm(input)[..], &input[..], "round {round}: ymm0-7 as the caller set them");
     }
-    let (lean, gen) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
-    assert_eq!(lean + gen, 200);
-    assert!(lean >= 199, "lean {lean} general {gen}");
+    let (lean, general) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
+    assert_eq!(lean + general, 200);
+    assert!(lean >= 199, "lean {lean} general {general}");
     // The probed function the handler called ran (x + 5) but none of its handlers: the
     // thread's guard was held, and the hook counted the missed hits.
     assert_eq!(p.rec.inner.load(SeqCst), 15);
@@ -266,9 +278,9 @@ fn return_registers_survive_a_return_handler_that_calls_out() {
         unsafe { t_co_call_ret(out.as_mut_ptr(), input.as_ptr()) };
         assert_eq!(&out[..], &input[..], "round {round}: ymm0-1 as the function returned them");
     }
-    let (lean, gen) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
-    assert_eq!(lean + gen, 200);
-    assert!(lean >= 199, "lean {lean} general {gen}");
+    let (lean, general) = (p.rec.hits.load(SeqCst), p.general.load(SeqCst));
+    assert_eq!(lean + general, 200);
+    assert!(lean >= 199, "lean {lean} general {general}");
     detach(id).unwrap();
     // SAFETY: unprobed now; reads 64 bytes.
     unsafe { t_co_ret_ymm([0u8; 64].as_ptr()) };
@@ -290,13 +302,14 @@ fn lean_retry_from_a_handler_that_does_not_call_out() {
             failures,
             calls_out: 0,
         });
-        let gen: &'static AtomicU64 = leak(AtomicU64::new(0));
-        let id = attach_lean(f, kind, general, gen as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
+        let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let id =
+            attach_lean(f, kind, general, general_hits as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
         for i in 0..100u64 {
             // SAFETY: plain function.
             assert_eq!(unsafe { t_co_plain(black_box(i)) }, 2 * i, "{kind:?}");
         }
-        assert_eq!(gen.load(SeqCst), 100, "{kind:?}: every hit ran the general handler");
+        assert_eq!(general_hits.load(SeqCst), 100, "{kind:?}: every hit ran the general handler");
         assert!(hits.load(SeqCst) >= 99, "{kind:?}: the lean handler was tried");
         assert_eq!(failures.load(SeqCst), 0, "{kind:?}");
         detach(id).unwrap();

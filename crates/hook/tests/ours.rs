@@ -25,13 +25,13 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_ours_lean(x: u64) -> u64;
     fn t_ours_lean_handler();
 }
 
 #[inline(never)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub extern "C" fn t_ours(x: u64) -> u64 {
     black_box(x.wrapping_mul(7) ^ 0x33)
 }
@@ -123,7 +123,8 @@ fn lean_handler_and_our_work(calls_out: u64) {
         calls_out,
     }));
     let addr = t_ours_lean as *const () as usize;
-    let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
+    let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean))
+        .unwrap();
     let hits = || LEAN.load(SeqCst) + GENERAL.load(SeqCst);
     // SAFETY: (every call below) a plain function.
     assert_eq!(unsafe { t_ours_lean(black_box(1)) }, 6);

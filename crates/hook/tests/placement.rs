@@ -9,7 +9,7 @@
 //! The target is a shared library compiled at test time (C and top-level assembly, so the
 //! byte sizes and layout are exact) and loaded with `dlopen`.
 
-use std::ffi::{c_void, CString};
+use std::ffi::{CString, c_void};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -75,8 +75,14 @@ fn lib() -> &'static Lib {
         let (oa, ob) = (dir.join("a.o"), dir.join("cet.o"));
         let path = dir.join("libplacement.so");
         for (args, what) in [
-            (vec!["-O2", "-fPIC", "-fcf-protection=none", "-c", "-o", oa.to_str().unwrap(), a.to_str().unwrap()], "a.c"),
-            (vec!["-O2", "-fPIC", "-fcf-protection=full", "-c", "-o", ob.to_str().unwrap(), b.to_str().unwrap()], "cet.c"),
+            (
+                vec!["-O2", "-fPIC", "-fcf-protection=none", "-c", "-o", oa.to_str().unwrap(), a.to_str().unwrap()],
+                "a.c",
+            ),
+            (
+                vec!["-O2", "-fPIC", "-fcf-protection=full", "-c", "-o", ob.to_str().unwrap(), b.to_str().unwrap()],
+                "cet.c",
+            ),
             (vec!["-shared", "-o", path.to_str().unwrap(), oa.to_str().unwrap(), ob.to_str().unwrap()], "the library"),
         ] {
             let out = Command::new("cc").args(&args).output().expect("running cc (make build installs it)");
@@ -207,7 +213,11 @@ const CALLS: i64 = 500;
 /// sum of the results (to check the function still computes what it did).
 fn workload(f: extern "C" fn(i64) -> i64) -> i64 {
     let hs: Vec<_> = (0..THREADS)
-        .map(|_| std::thread::spawn(move || (0..CALLS).map(|i| f(std::hint::black_box(i))).fold(0i64, |a, b| a.wrapping_add(b))))
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..CALLS).map(|i| f(std::hint::black_box(i))).fold(0i64, |a, b| a.wrapping_add(b))
+            })
+        })
         .collect();
     hs.into_iter().map(|h| h.join().unwrap()).fold(0, i64::wrapping_add)
 }
@@ -377,7 +387,8 @@ fn every_instruction_boundary_of_a_function() {
         assert_eq!(m, expect, "mid+{off}");
     }
     for off in [1, 2, 4, 5, 6, 8, 9, 11, 13, 14] {
-        let e = attach_symbol(&format!("{}+{off}", spec("mid")), ProbeKind::Entry, count, std::ptr::null_mut()).unwrap_err();
+        let e = attach_symbol(&format!("{}+{off}", spec("mid")), ProbeKind::Entry, count, std::ptr::null_mut())
+            .unwrap_err();
         assert!(e.to_string().contains("not an instruction boundary"), "mid+{off}: {e}");
     }
 }
@@ -439,7 +450,8 @@ fn the_programs_own_sigtrap_handler_is_chained() {
     // The engine's handler is still the installed one.
     let mut k = [0u64; 4];
     // SAFETY: a raw query of the kernel's disposition into a local buffer.
-    let rc = unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, std::ptr::null::<u64>(), k.as_mut_ptr(), 8) };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, std::ptr::null::<u64>(), k.as_mut_ptr(), 8) };
     assert_eq!(rc, 0);
     assert_ne!(k[0] as usize, own_handler as extern "C" fn(i32) as usize);
     assert_ne!(k[0], 0);
@@ -483,7 +495,11 @@ fn the_programs_handler_gets_its_flags_and_mask() {
     fn_ptr("f1_bp")(1);
     assert_eq!(INFO_TRAPS.load(SeqCst), 1);
     assert_eq!(INFO_CODE.load(SeqCst), libc::SI_KERNEL as u64, "the siginfo of the int3");
-    assert_eq!(MASKED.load(SeqCst), 1, "SIGUSR2 (sa_mask) blocked in the handler, never SIGTRAP (a breakpoint probe may be hit there)");
+    assert_eq!(
+        MASKED.load(SeqCst),
+        1,
+        "SIGUSR2 (sa_mask) blocked in the handler, never SIGTRAP (a breakpoint probe may be hit there)"
+    );
     assert_eq!(E.load(SeqCst), 2);
     // SAFETY: an all-zero struct sigaction is valid (no handler, empty mask).
     let mut now: libc::sigaction = unsafe { std::mem::zeroed() };

@@ -59,7 +59,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_so_a(x: i64) -> i64;
     fn t_so_b(x: i64) -> i64;
     fn t_so_c(x: i64) -> i64;
@@ -78,7 +78,9 @@ static PROG: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 /// int3 (or not from an int3) is one of the engine's that reached the program.
 fn program_trap(which: usize, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the siginfo and ucontext the kernel passed to this SA_SIGINFO handler.
-    let (code, rip) = unsafe { ((*info).si_code, (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as usize) };
+    let (code, rip) = unsafe {
+        ((*info).si_code, (*(ctx as *mut libc::ucontext_t)).uc_mcontext.gregs[libc::REG_RIP as usize] as usize)
+    };
     if code == libc::SI_KERNEL && rip.wrapping_sub(1) != t_so_own_trap as *const () as usize {
         let msg = b"sigtrap_owner: an int3 of the engine reached the program's SIGTRAP handler\n";
         // SAFETY: write(2) and _exit(2) of a static message: async-signal-safe.
@@ -118,7 +120,8 @@ fn action(h: SigHandler) -> libc::sigaction {
 fn kernel_handler() -> usize {
     let mut k = [0u64; 4];
     // SAFETY: a raw query into a local buffer of the kernel's struct sigaction size.
-    let rc = unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, std::ptr::null::<u64>(), k.as_mut_ptr(), 8) };
+    let rc =
+        unsafe { libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, std::ptr::null::<u64>(), k.as_mut_ptr(), 8) };
     assert_eq!(rc, 0);
     k[0] as usize
 }
@@ -238,7 +241,10 @@ fn an_int3_of_the_engine_always_reaches_the_engine() {
     unsafe {
         libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, std::ptr::null::<u64>(), cur.as_mut_ptr(), 8);
         let raw = [raw[0], raw[1], cur[2], 0];
-        assert_eq!(libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, raw.as_ptr(), std::ptr::null_mut::<u64>(), 8), 0);
+        assert_eq!(
+            libc::syscall(libc::SYS_rt_sigaction, libc::SIGTRAP, raw.as_ptr(), std::ptr::null_mut::<u64>(), 8),
+            0
+        );
     }
     assert_eq!(kernel_handler(), h1 as *const () as usize);
     let pc = probe(t_so_c, 4, count, data(&C));
@@ -260,7 +266,14 @@ fn an_int3_of_the_engine_always_reaches_the_engine() {
     assert_eq!(PROG[3].load(SeqCst), 1);
     static D: AtomicU64 = AtomicU64::new(0);
     let pd_count = probe(t_so_d, 4, count, data(&D));
-    let pd = attach_with(addr_of(t_so_d), ProbeKind::Entry, install_in_handler, std::ptr::null_mut(), Some(FuncExtent { start: addr_of(t_so_d), len: 4 })).unwrap();
+    let pd = attach_with(
+        addr_of(t_so_d),
+        ProbeKind::Entry,
+        install_in_handler,
+        std::ptr::null_mut(),
+        Some(FuncExtent { start: addr_of(t_so_d), len: 4 }),
+    )
+    .unwrap();
     // SAFETY: t_so_d takes and returns a long.
     assert_eq!(unsafe { t_so_d(5) }, 7);
     assert_eq!(FROM_HANDLER.load(SeqCst), 1);

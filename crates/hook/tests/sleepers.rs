@@ -34,7 +34,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn t_sl_probe(x: u64) -> u64;
     fn t_sl_read(fd: i32, buf: *mut u8, n: usize) -> i64;
 }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
-use userbpf_hook::{ours, quiet, sud, PtRegs};
+use userbpf_hook::{PtRegs, ours, quiet, sud};
 
 static ENTER: AtomicU64 = AtomicU64::new(0);
 static EXIT: AtomicU64 = AtomicU64::new(0);

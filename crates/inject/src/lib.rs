@@ -46,7 +46,9 @@ pub enum InjectError {
     AlreadyTraced { pid: i32, tracer: i32 },
     #[error("ptrace is not allowed here: {0}")]
     NotAllowed(String),
-    #[error("process {pid} has no libc.so.6 mapped (a static binary?): the agent can only be loaded through the target's own dlopen")]
+    #[error(
+        "process {pid} has no libc.so.6 mapped (a static binary?): the agent can only be loaded through the target's own dlopen"
+    )]
     NoLibc { pid: i32 },
     #[error("{what} not found in {lib}")]
     NoSymbol { what: String, lib: PathBuf },

@@ -31,13 +31,24 @@ pub fn check_can_trace(pid: i32) -> Result<(), InjectError> {
         return Err(InjectError::AlreadyTraced { pid, tracer });
     }
     if me != 0 {
-        match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok().and_then(|s| s.trim().parse::<u32>().ok()) {
-            Some(3) => return Err(InjectError::NotAllowed("Yama's kernel.yama.ptrace_scope is 3: no process may be traced".into())),
-            Some(2) => return Err(InjectError::NotAllowed("Yama's kernel.yama.ptrace_scope is 2: only root (CAP_SYS_PTRACE) may trace".into())),
+        match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            Some(3) => {
+                return Err(InjectError::NotAllowed(
+                    "Yama's kernel.yama.ptrace_scope is 3: no process may be traced".into(),
+                ));
+            }
+            Some(2) => {
+                return Err(InjectError::NotAllowed(
+                    "Yama's kernel.yama.ptrace_scope is 2: only root (CAP_SYS_PTRACE) may trace".into(),
+                ));
+            }
             Some(1) if !is_descendant(pid) => {
                 return Err(InjectError::NotAllowed(format!(
                     "Yama's kernel.yama.ptrace_scope is 1: only a parent may trace process {pid} (run as root, or set it to 0)"
-                )))
+                )));
             }
             _ => {}
         }
@@ -70,10 +81,16 @@ pub fn libc_of(pid: i32) -> Result<(PathBuf, u64), InjectError> {
     for line in maps.lines() {
         // start-end perms offset dev inode path
         let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_ino)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else { continue };
+        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_ino)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
         let path: String = f.collect::<Vec<_>>().join(" ");
         let name = Path::new(&path).file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name == "libc.so.6" || (name.starts_with("libc-") && name.ends_with(".so"))) || !off.trim_start_matches('0').is_empty() {
+        if !(name == "libc.so.6" || (name.starts_with("libc-") && name.ends_with(".so")))
+            || !off.trim_start_matches('0').is_empty()
+        {
             continue;
         }
         let start = u64::from_str_radix(range.split('-').next().unwrap_or(""), 16).unwrap_or(0);
@@ -135,5 +152,9 @@ pub fn safe_thread(pid: i32) -> i32 {
             .and_then(|s| s.rfind(')').and_then(|i| s.get(i + 2..i + 3)).map(|st| st != "Z" && st != "X"))
             .unwrap_or(false)
     };
-    tids.iter().copied().find(|&t| alive(t) && blocked_safely(t)).or_else(|| tids.iter().copied().find(|&t| alive(t))).unwrap_or(pid)
+    tids.iter()
+        .copied()
+        .find(|&t| alive(t) && blocked_safely(t))
+        .or_else(|| tids.iter().copied().find(|&t| alive(t)))
+        .unwrap_or(pid)
 }

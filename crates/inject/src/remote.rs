@@ -42,7 +42,8 @@ enum Stop {
 impl Borrowed {
     /// Seizes and stops thread `tid` of `pid`, saving its registers and FP state.
     pub fn seize(pid: i32, tid: i32) -> Result<Borrowed, InjectError> {
-        let err = |what: &str, e: std::io::Error| InjectError::Ptrace { pid, what: format!("{what} (thread {tid}): {e}") };
+        let err =
+            |what: &str, e: std::io::Error| InjectError::Ptrace { pid, what: format!("{what} (thread {tid}): {e}") };
         ptrace(libc::PTRACE_SEIZE, tid, 0, 0).map_err(|e| {
             if e.raw_os_error() == Some(libc::EPERM) {
                 InjectError::NotAllowed(format!("PTRACE_SEIZE of process {pid} was refused (EPERM): another user's process, a non-dumpable one, or a security policy"))
@@ -70,7 +71,8 @@ impl Borrowed {
         }
         b.regs = b.get_regs()?;
         let mut iov = libc::iovec { iov_base: b.xstate.as_mut_ptr().cast(), iov_len: b.xstate.len() };
-        ptrace(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE as usize, &mut iov as *mut libc::iovec as usize).map_err(|e| err("PTRACE_GETREGSET NT_X86_XSTATE", e))?;
+        ptrace(libc::PTRACE_GETREGSET, tid, NT_X86_XSTATE as usize, &mut iov as *mut libc::iovec as usize)
+            .map_err(|e| err("PTRACE_GETREGSET NT_X86_XSTATE", e))?;
         b.xstate.truncate(iov.iov_len);
         Ok(b)
     }
@@ -104,12 +106,14 @@ impl Borrowed {
 
     fn get_regs(&self) -> Result<libc::user_regs_struct, InjectError> {
         let mut regs = zeroed_regs();
-        ptrace(libc::PTRACE_GETREGS, self.tid, 0, &mut regs as *mut _ as usize).map_err(|e| self.err("PTRACE_GETREGS", e))?;
+        ptrace(libc::PTRACE_GETREGS, self.tid, 0, &mut regs as *mut _ as usize)
+            .map_err(|e| self.err("PTRACE_GETREGS", e))?;
         Ok(regs)
     }
 
     fn set_regs(&self, regs: &libc::user_regs_struct) -> Result<(), InjectError> {
-        ptrace(libc::PTRACE_SETREGS, self.tid, 0, regs as *const _ as usize).map_err(|e| self.err("PTRACE_SETREGS", e))?;
+        ptrace(libc::PTRACE_SETREGS, self.tid, 0, regs as *const _ as usize)
+            .map_err(|e| self.err("PTRACE_SETREGS", e))?;
         Ok(())
     }
 
@@ -120,7 +124,9 @@ impl Borrowed {
         // the kernel against the target's mappings.
         let n = unsafe { libc::process_vm_writev(self.tid, &local, 1, &remote, 1, 0) };
         if n != data.len() as isize {
-            return Err(self.err(&format!("writing {} bytes at {addr:#x}", data.len()), std::io::Error::last_os_error()));
+            return Err(
+                self.err(&format!("writing {} bytes at {addr:#x}", data.len()), std::io::Error::last_os_error())
+            );
         }
         Ok(())
     }
@@ -198,7 +204,10 @@ impl Borrowed {
                     }
                     // A real fault inside the call: put the thread back as it was rather than
                     // let the target die of our call.
-                    return Err(self.err(&format!("the call of {func:#x} faulted at {:#x}", now.rip), std::io::Error::other("SIGSEGV")));
+                    return Err(self.err(
+                        &format!("the call of {func:#x} faulted at {:#x}", now.rip),
+                        std::io::Error::other("SIGSEGV"),
+                    ));
                 }
                 // A group stop or our own interrupt: go on.
                 Stop::Stopped { event, .. } if event != 0 => {}
@@ -224,7 +233,8 @@ impl Borrowed {
         }
         self.attached = false;
         let mut iov = libc::iovec { iov_base: self.xstate.as_mut_ptr().cast(), iov_len: self.xstate.len() };
-        let fp = ptrace(libc::PTRACE_SETREGSET, self.tid, NT_X86_XSTATE as usize, &mut iov as *mut libc::iovec as usize);
+        let fp =
+            ptrace(libc::PTRACE_SETREGSET, self.tid, NT_X86_XSTATE as usize, &mut iov as *mut libc::iovec as usize);
         let regs = self.set_regs(&resumed_in_syscall(self.regs));
         let detach = ptrace(libc::PTRACE_DETACH, self.tid, 0, 0);
         fp.map_err(|e| self.err("PTRACE_SETREGSET NT_X86_XSTATE", e))?;

@@ -447,11 +447,7 @@ fn mem(s: &str) -> Res<(u8, i16)> {
 
 /// A jump target: `+N` or `-N`, or a label resolved later.
 fn target(s: &str) -> Res<(i16, Option<String>)> {
-    if s.starts_with(['+', '-']) {
-        Ok((offset(s)?, None))
-    } else {
-        Ok((0, Some(s.to_string())))
-    }
+    if s.starts_with(['+', '-']) { Ok((offset(s)?, None)) } else { Ok((0, Some(s.to_string()))) }
 }
 
 /// A number as written: sign, base, magnitude (saturated at `u128::MAX`).

@@ -101,11 +101,7 @@ fn mem(base: u8, off: i16) -> Option<String> {
 
 /// A branch target relative to the next instruction: `+3`, `+0`, `-2`.
 fn target(rel: i32) -> String {
-    if rel >= 0 {
-        format!("+{rel}")
-    } else {
-        rel.to_string()
-    }
+    if rel >= 0 { format!("+{rel}") } else { rel.to_string() }
 }
 
 /// Size names of loads and stores.

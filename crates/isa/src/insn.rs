@@ -201,10 +201,7 @@ pub fn encode(insns: &[Insn]) -> Vec<u8> {
 
 /// Parses the conformance suite's hex text ("b7  00  00 ..." or "b70000...") into bytes.
 pub fn parse_hex(text: &str) -> Result<Vec<u8>, String> {
-    let digits: Vec<u8> = text
-        .bytes()
-        .filter(|b| !b.is_ascii_whitespace())
-        .collect();
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     let mut digits = digits.as_slice();
     if digits.starts_with(b"0x") {
         digits = &digits[2..];

@@ -89,11 +89,7 @@ pub fn check_insn(insn: Insn) -> Result<(), String> {
                         }
                         _ => No,
                     };
-                    if x {
-                        (Yes, Yes, off, No)
-                    } else {
-                        (Yes, No, off, Yes)
-                    }
+                    if x { (Yes, Yes, off, No) } else { (Yes, No, off, Yes) }
                 }
                 _ => return unknown(),
             }

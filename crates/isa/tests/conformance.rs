@@ -9,16 +9,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use userbpf_isa::asm::assemble;
-use userbpf_isa::disasm::{disassemble, UNKNOWN};
+use userbpf_isa::disasm::{UNKNOWN, disassemble};
 use userbpf_isa::validate::check_program;
-use userbpf_isa::{decode, encode, parse_hex, Insn};
+use userbpf_isa::{Insn, decode, encode, parse_hex};
 
 fn conformance_dir() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance");
     if dir.join("run.py").is_file() {
         Some(dir)
     } else {
-        userbpf_testutil::require(false, &format!("the bpf_conformance suite at {} (shared/ beside the repository)", dir.display()));
+        userbpf_testutil::require(
+            false,
+            &format!("the bpf_conformance suite at {} (shared/ beside the repository)", dir.display()),
+        );
         None
     }
 }

@@ -24,7 +24,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::map::*;
-use crate::mem::{a32, copy_in, copy_out, round8, round_up};
+use crate::mem::{a32, copy_in, copy_out, round_up, round8};
 use crate::shm::PAGE_SIZE;
 use crate::types::*;
 
@@ -180,11 +180,7 @@ impl ArrayMap {
                 // SAFETY: idx < max; slots are 8-aligned.
                 let p = unsafe { self.slot(idx, 0) };
                 // SAFETY: p is an aligned id slot inside the mapping.
-                if unsafe { a32(p) }.load(Ordering::Acquire) == 0 {
-                    std::ptr::null_mut()
-                } else {
-                    p
-                }
+                if unsafe { a32(p) }.load(Ordering::Acquire) == 0 { std::ptr::null_mut() } else { p }
             }
         }
     }
@@ -240,11 +236,7 @@ impl ArrayMap {
         }
         // SAFETY: idx < max; aligned id slot.
         let old = unsafe { a32(self.slot(idx, 0)) }.swap(0, Ordering::AcqRel);
-        if old == 0 {
-            Err(ENOENT)
-        } else {
-            Ok(())
-        }
+        if old == 0 { Err(ENOENT) } else { Ok(()) }
     }
 
     pub(crate) fn lookup_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {

@@ -48,11 +48,8 @@ fn geometry(spec: &MapSpec) -> (u32, u32, u64) {
         0 => 5,
         n => n,
     };
-    let nr_bits = spec
-        .max_entries
-        .checked_mul(nr_hashes)
-        .and_then(|n| (n / 5).checked_mul(7))
-        .filter(|&n| n <= 1 << 31);
+    let nr_bits =
+        spec.max_entries.checked_mul(nr_hashes).and_then(|n| (n / 5).checked_mul(7)).filter(|&n| n <= 1 << 31);
     let (bytes, mask) = match nr_bits {
         None => ((u32::MAX as u64).div_ceil(8), u32::MAX),
         Some(n) => {
@@ -121,11 +118,7 @@ impl BloomFilter {
         let init = self.seed.wrapping_add(i);
         // SAFETY: value_size readable bytes (caller).
         let h = unsafe {
-            if self.vs.is_multiple_of(4) {
-                jhash2(value, self.vs / 4, init)
-            } else {
-                jhash(value, self.vs, init)
-            }
+            if self.vs.is_multiple_of(4) { jhash2(value, self.vs / 4, init) } else { jhash(value, self.vs, init) }
         };
         h & self.mask
     }

@@ -82,12 +82,12 @@
 //! and takes the first element without it, locking the victim's bucket and element with a
 //! single try so two updaters never wait for each other).
 
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::*, fence};
 
 use crate::map::*;
-use crate::mem::{a32, a64, a8, copy_in, copy_out, eq, hash_key, read_tail, read_word, round8, round_up, zero};
+use crate::mem::{a8, a32, a64, copy_in, copy_out, eq, hash_key, read_tail, read_word, round_up, round8, zero};
 use crate::shm::PAGE_SIZE;
-use crate::sync::{current_cpu, lookup_memo, set_lookup_memo, FreeList, SpinLock, Wait, NIL};
+use crate::sync::{FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, set_lookup_memo};
 use crate::types::*;
 
 const NULLS: u32 = 1 << 31;
@@ -117,7 +117,8 @@ const E_KEY: usize = 24;
 const FREE: u8 = 0;
 const LINKED: u8 = 1;
 
-const HTAB_CREATE_FLAG_MASK: u32 = BPF_F_NO_PREALLOC | BPF_F_NO_COMMON_LRU | BPF_F_NUMA_NODE | ACCESS_MASK | BPF_F_ZERO_SEED;
+const HTAB_CREATE_FLAG_MASK: u32 =
+    BPF_F_NO_PREALLOC | BPF_F_NO_COMMON_LRU | BPF_F_NUMA_NODE | ACCESS_MASK | BPF_F_ZERO_SEED;
 /// sizeof(struct htab_elem) in the kernel (x86-64), which enters its size check.
 const KERNEL_HTAB_ELEM: u64 = 48;
 
@@ -795,7 +796,14 @@ impl HashMap {
     /// # Safety
     /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
     #[inline(always)]
-    unsafe fn update_in_place(&self, i: u32, key: *const u8, h: Option<u32>, src: Src, wait: Wait) -> Result<bool, MapError> {
+    unsafe fn update_in_place(
+        &self,
+        i: u32,
+        key: *const u8,
+        h: Option<u32>,
+        src: Src,
+        wait: Wait,
+    ) -> Result<bool, MapError> {
         // SAFETY: bounds from the caller.
         unsafe {
             let _e = self.elock(i).lock(wait)?;
@@ -962,8 +970,9 @@ impl HashMap {
         let i = if memo_map == me
             && memo_word == word
             && memo < self.n_elems
-            && unsafe { a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks) }
-        {
+            && unsafe {
+                a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks)
+            } {
             memo
         } else {
             // SAFETY: key readable for ks bytes (caller).
@@ -1000,7 +1009,13 @@ impl HashMap {
     ///
     /// # Safety
     /// As for `update`.
-    unsafe fn update_without_memo(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
+    unsafe fn update_without_memo(
+        &self,
+        key: *const u8,
+        value: *const u8,
+        flags: u64,
+        cpu: u32,
+    ) -> Result<(), MapError> {
         if self.ids {
             return Err(einval("hash of maps is not updated by programs"));
         }
@@ -1159,11 +1174,7 @@ impl HashMap {
     pub fn len(&self) -> u32 {
         let n = (0..self.nr_cpus as usize).fold(0u32, |n, c| n.wrapping_add(self.live(c).load(Relaxed)));
         // Transiently negative (a delete counted before the insert it undoes) reads as 0.
-        if (n as i32) < 0 {
-            0
-        } else {
-            n.min(self.max)
-        }
+        if (n as i32) < 0 { 0 } else { n.min(self.max) }
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -1202,13 +1213,7 @@ impl HashMap {
 #[inline(always)]
 unsafe fn key_word(key: *const u8, ks: usize) -> u64 {
     // SAFETY: readable for ks bytes (caller).
-    unsafe {
-        if ks >= 8 {
-            read_word(key)
-        } else {
-            read_tail(key, ks)
-        }
-    }
+    unsafe { if ks >= 8 { read_word(key) } else { read_tail(key, ks) } }
 }
 
 /// A program-side map operation called directly (see [`HashMap::prog_ops`]): `(arg, r2, r3,

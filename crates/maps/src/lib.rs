@@ -26,5 +26,5 @@ pub mod stack_trace;
 mod sync;
 pub mod types;
 
-pub use map::{check_spec, Map, MAX_CPUS, MAX_MAP_FILE_SIZE};
+pub use map::{MAX_CPUS, MAX_MAP_FILE_SIZE, Map, check_spec};
 pub use types::*;

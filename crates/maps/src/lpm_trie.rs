@@ -31,7 +31,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
 use crate::map::*;
-use crate::mem::{a32, a8, copy_in, copy_out, read_tail, read_word, round8, round_up, zero};
+use crate::mem::{a8, a32, copy_in, copy_out, read_tail, read_word, round_up, round8, zero};
 use crate::shm::PAGE_SIZE;
 use crate::sync::{SpinLock, Wait};
 use crate::types::*;
@@ -348,7 +348,13 @@ impl LpmTrie {
 
     /// # Safety
     /// `key` readable for key_size bytes, `value` for value_size bytes.
-    pub(crate) unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, wait: Wait) -> Result<(), MapError> {
+    pub(crate) unsafe fn update(
+        &self,
+        key: *const u8,
+        value: *const u8,
+        flags: u64,
+        wait: Wait,
+    ) -> Result<(), MapError> {
         if flags > BPF_EXIST {
             return Err(EBAD_FLAGS);
         }
@@ -493,18 +499,20 @@ impl LpmTrie {
             self.field(n, N_FLAGS).fetch_or(FLAG_IM, Release);
             return Ok(());
         }
-        if let Some(p) = parent {
-            if self.is_im(p) && self.dec(c0).is_none() && self.dec(c1).is_none() {
-                let sibling = if self.child(p, 0).load(Relaxed) == n + 1 {
-                    self.child(p, 1).load(Relaxed)
-                } else {
-                    self.child(p, 0).load(Relaxed)
-                };
-                trim2.store(sibling, Release);
-                self.free(p);
-                self.free(n);
-                return Ok(());
-            }
+        if let Some(p) = parent
+            && self.is_im(p)
+            && self.dec(c0).is_none()
+            && self.dec(c1).is_none()
+        {
+            let sibling = if self.child(p, 0).load(Relaxed) == n + 1 {
+                self.child(p, 1).load(Relaxed)
+            } else {
+                self.child(p, 0).load(Relaxed)
+            };
+            trim2.store(sibling, Release);
+            self.free(p);
+            self.free(n);
+            return Ok(());
         }
         let replacement = if self.dec(c0).is_some() {
             c0
@@ -599,10 +607,10 @@ impl LpmTrie {
         let mut sp = stack.len() - 1;
         while sp > 0 {
             let parent = stack[sp - 1];
-            if self.child(parent, 0).load(Relaxed) == node + 1 {
-                if let Some(right) = self.dec(self.child(parent, 1).load(Relaxed)) {
-                    return self.leftmost(right, out);
-                }
+            if self.child(parent, 0).load(Relaxed) == node + 1
+                && let Some(right) = self.dec(self.child(parent, 1).load(Relaxed))
+            {
+                return self.leftmost(right, out);
             }
             if !self.is_im(parent) {
                 return self.copy_key(parent, out);

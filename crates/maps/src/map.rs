@@ -17,9 +17,9 @@ use crate::bloom_filter::BloomFilter;
 use crate::hash::HashMap;
 use crate::lpm_trie::LpmTrie;
 use crate::mem::{a32, a64};
-use crate::shm::io_error;
 use crate::queue_stack::QueueStackMap;
-use crate::shm::{possible_cpus, MapHeader, Shm, MAP_LAYOUT_VERSION, MAP_MAGIC, PAGE_SIZE};
+use crate::shm::io_error;
+use crate::shm::{MAP_LAYOUT_VERSION, MAP_MAGIC, MapHeader, PAGE_SIZE, Shm, possible_cpus};
 use crate::stack_trace::StackTraceMap;
 use crate::types::*;
 
@@ -442,11 +442,7 @@ impl Map {
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), MapError> {
-        if key.len() < self.spec().key_size as usize {
-            Err(EBUF)
-        } else {
-            Ok(())
-        }
+        if key.len() < self.spec().key_size as usize { Err(EBUF) } else { Ok(()) }
     }
 
     /// Stack trace maps: `bpf_get_stackid` over the captured instruction pointers `ips`

@@ -9,7 +9,7 @@
 //! acquire/release operations on links.
 
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// `n` rounded up to a multiple of 8.
 #[inline(always)]
@@ -113,7 +113,10 @@ pub(crate) unsafe fn read_word(p: *const u8) -> u64 {
 /// `len` bytes and does not overlap the words read.
 #[inline]
 pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
-    debug_assert!(len == 0 || ((src as usize).is_multiple_of(8) && !dst.is_null()), "copy_out: {len} bytes from {src:p} to {dst:p}");
+    debug_assert!(
+        len == 0 || ((src as usize).is_multiple_of(8) && !dst.is_null()),
+        "copy_out: {len} bytes from {src:p} to {dst:p}"
+    );
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: `src + i` is aligned and in bounds (i + 8 <= len); `dst + i` writable.
@@ -140,7 +143,10 @@ pub(crate) unsafe fn copy_out(src: *mut u8, dst: *mut u8, len: usize) {
 /// `len` bytes.
 #[inline]
 pub(crate) unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize) {
-    debug_assert!(len == 0 || ((dst as usize).is_multiple_of(8) && !src.is_null()), "copy_in: {len} bytes from {src:p} to {dst:p}");
+    debug_assert!(
+        len == 0 || ((dst as usize).is_multiple_of(8) && !src.is_null()),
+        "copy_in: {len} bytes from {src:p} to {dst:p}"
+    );
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented; unaligned read of the source.
@@ -175,7 +181,10 @@ pub(crate) unsafe fn zero(dst: *mut u8, len: usize) {
 /// As for [`copy_out`] (`other` readable for `len` bytes).
 #[inline(always)]
 pub(crate) unsafe fn eq(shared: *mut u8, other: *const u8, len: usize) -> bool {
-    debug_assert!(len == 0 || ((shared as usize).is_multiple_of(8) && !other.is_null()), "eq: {len} bytes at {shared:p} and {other:p}");
+    debug_assert!(
+        len == 0 || ((shared as usize).is_multiple_of(8) && !other.is_null()),
+        "eq: {len} bytes at {shared:p} and {other:p}"
+    );
     let mut i = 0;
     while i + 8 <= len {
         // SAFETY: bounds as documented.

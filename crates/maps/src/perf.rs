@@ -46,17 +46,17 @@ use std::mem::offset_of;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::map::Base;
 use crate::ringbuf::{
     claim_consumer, futex_wait, futex_wake, header_nr_cpus, io_error, publish_header, read_header, write_header,
 };
-use crate::shm::{MapHeader, Shm, PAGE_SIZE};
+use crate::shm::{MapHeader, PAGE_SIZE, Shm};
 use crate::sync::{SpinLock, Wait};
-use crate::types::{MapError, MapSpec, MapType, BPF_F_NUMA_NODE, BPF_F_PRESERVE_ELEMS, BPF_F_RDONLY, BPF_F_WRONLY};
+use crate::types::{BPF_F_NUMA_NODE, BPF_F_PRESERVE_ELEMS, BPF_F_RDONLY, BPF_F_WRONLY, MapError, MapSpec, MapType};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
@@ -197,11 +197,7 @@ fn geometry(nr: u32, data_pages: u32) -> Result<Geometry, MapError> {
 
 /// Number of rings for `spec`: max_entries, or the CPU count if it is 0.
 fn nr_rings(spec: &MapSpec, nr_cpus: u32) -> u32 {
-    if spec.max_entries == 0 {
-        nr_cpus.max(1)
-    } else {
-        spec.max_entries
-    }
+    if spec.max_entries == 0 { nr_cpus.max(1) } else { spec.max_entries }
 }
 
 struct Inner {
@@ -288,7 +284,12 @@ impl PerfEventArray {
             usize::try_from(geo.file_size).map_err(|_| MapError::new(libc::E2BIG, "perf event array too large"))?;
         let shm = Shm::create(path, len).map_err(|e| io_error(e, "perf_event_array: cannot create the map file"))?;
         let spec = write_header(&shm, spec, nr_cpus);
-        match Self::init_with(Base { shm, spec, nr_cpus }, max_pages, data_pages.min(max_pages), Some(path.to_path_buf())) {
+        match Self::init_with(
+            Base { shm, spec, nr_cpus },
+            max_pages,
+            data_pages.min(max_pages),
+            Some(path.to_path_buf()),
+        ) {
             Ok(pa) => {
                 publish_header(&pa.inner.base.shm);
                 Ok(pa)
@@ -309,7 +310,12 @@ impl PerfEventArray {
         Self::init_with(base, MAX_PERF_DATA_PAGES, DEFAULT_PERF_DATA_PAGES, None)
     }
 
-    fn init_with(mut base: Base, data_pages: u32, active_pages: u32, path: Option<PathBuf>) -> Result<PerfEventArray, MapError> {
+    fn init_with(
+        mut base: Base,
+        data_pages: u32,
+        active_pages: u32,
+        path: Option<PathBuf>,
+    ) -> Result<PerfEventArray, MapError> {
         Self::check(&base.spec)?;
         if !data_pages.is_power_of_two() {
             return Err(MapError::new(libc::EINVAL, "perf_event_array: data pages must be a power of 2"));
@@ -432,11 +438,7 @@ impl PerfEventArray {
     #[inline]
     fn ring_size(&self, index: u32) -> u64 {
         let s = self.ctl(index).data_size.load(Ordering::Acquire);
-        if s.is_power_of_two() && s >= PAGE && s <= self.inner.geo.data_pages as u64 * PAGE {
-            s
-        } else {
-            0
-        }
+        if s.is_power_of_two() && s >= PAGE && s <= self.inner.geo.data_pages as u64 * PAGE { s } else { 0 }
     }
 
     /// Gives ring `index` `data_pages` data pages (a power of 2, at most
@@ -447,7 +449,10 @@ impl PerfEventArray {
     pub fn configure_ring(&self, index: u32, data_pages: u32, id: u64) -> Result<(u64, u64), MapError> {
         self.check_index(index)?;
         if data_pages != 0 && (!data_pages.is_power_of_two() || data_pages > self.inner.geo.data_pages) {
-            return Err(MapError::new(libc::EINVAL, "perf_event_array: ring size must be a power of 2 of pages within the map's slot"));
+            return Err(MapError::new(
+                libc::EINVAL,
+                "perf_event_array: ring size must be a power of 2 of pages within the map's slot",
+            ));
         }
         let ctl = self.ctl(index);
         let guard = SpinLock::new(&ctl.lock)
@@ -517,11 +522,7 @@ impl PerfEventArray {
 
     /// Samples lost on ring `index` since creation.
     pub fn lost_total(&self, index: u32) -> u64 {
-        if index < self.inner.geo.nr {
-            self.ctl(index).total_lost.load(Ordering::Relaxed)
-        } else {
-            0
-        }
+        if index < self.inner.geo.nr { self.ctl(index).total_lost.load(Ordering::Relaxed) } else { 0 }
     }
 
     /// FUTEX_WAKE calls writers made so far (statistics).
@@ -679,7 +680,13 @@ impl PerfEventArray {
         unsafe {
             self.write_wrapped(page, dsize, pos, h.as_ptr(), h.len());
             self.write_wrapped(page, dsize, pos.wrapping_add(SAMPLE_HDR), data, size as usize);
-            self.write_wrapped(page, dsize, pos.wrapping_add(SAMPLE_HDR + size), ptr::null(), (raw_size - size) as usize);
+            self.write_wrapped(
+                page,
+                dsize,
+                pos.wrapping_add(SAMPLE_HDR + size),
+                ptr::null(),
+                (raw_size - size) as usize,
+            );
         }
         pos = pos.wrapping_add(rec);
         // Release publishes the records; sequentially consistent for the wakeup protocol.

@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use crate::map::*;
-use crate::mem::{a32, copy_in, copy_out, round8, round_up};
+use crate::mem::{a32, copy_in, copy_out, round_up, round8};
 use crate::shm::PAGE_SIZE;
 use crate::sync::{SpinLock, Wait};
 use crate::types::*;

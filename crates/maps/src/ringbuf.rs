@@ -70,17 +70,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::map::Base;
-use crate::shm::{possible_cpus, MapHeader, Shm, MAP_MAGIC, PAGE_SIZE};
+use crate::shm::{MAP_MAGIC, MapHeader, PAGE_SIZE, Shm, possible_cpus};
 use crate::sync::{SpinLock, Wait};
 use crate::types::{
-    MapError, MapSpec, MapType, BPF_F_NUMA_NODE, BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP,
-    BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS, BPF_RB_RING_SIZE, BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT,
-    BPF_RINGBUF_HDR_SZ,
+    BPF_F_NUMA_NODE, BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS,
+    BPF_RB_RING_SIZE, BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ, MapError, MapSpec, MapType,
 };
 
 const PAGE: u64 = PAGE_SIZE as u64;

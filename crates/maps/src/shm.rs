@@ -29,7 +29,8 @@ unsafe impl Send for Shm {}
 unsafe impl Sync for Shm {}
 
 fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))
 }
 
 impl Shm {
@@ -38,7 +39,8 @@ impl Shm {
     pub fn create(path: &Path, len: usize) -> io::Result<Shm> {
         let c = cpath(path)?;
         // SAFETY: `c` is a valid NUL-terminated path; open has no other memory effects.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600) };
+        let fd =
+            unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -75,7 +77,14 @@ impl Shm {
         }
         // SAFETY: a fresh shared mapping of a file we hold open; no existing memory is affected.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());

@@ -268,11 +268,7 @@ impl StackTraceMap {
             None => 0,
             Some(k) => {
                 let id = Self::id_of(k);
-                if id >= self.n_buckets || !occupied(id) {
-                    0
-                } else {
-                    id + 1
-                }
+                if id >= self.n_buckets || !occupied(id) { 0 } else { id + 1 }
             }
         };
         while id < self.n_buckets && !occupied(id) {

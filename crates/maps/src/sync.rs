@@ -153,11 +153,7 @@ fn my_tid_slow() -> u32 {
 pub(crate) fn current_cpu() -> u32 {
     // SAFETY: no arguments; reads thread-local state or calls the vDSO.
     let c = unsafe { libc::sched_getcpu() };
-    if c < 0 {
-        0
-    } else {
-        c as u32
-    }
+    if c < 0 { 0 } else { c as u32 }
 }
 
 /// Whether the thread `tid` (taken from a lock word) is certainly gone.
@@ -281,7 +277,10 @@ impl<'a> SpinLock<'a> {
     #[inline(always)]
     pub(crate) fn try_lock_once(&self) -> Option<LockGuard<'a>> {
         let me = my_tid();
-        self.word.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok().then_some(LockGuard { word: self.word })
+        self.word
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            .then_some(LockGuard { word: self.word })
     }
 
     /// Takes the lock, or gives up with `EBUSY`: at once on re-entry by the holding thread,

@@ -80,7 +80,9 @@ impl MapType {
     pub fn is_percpu(self) -> bool {
         matches!(
             self,
-            MapType::BPF_MAP_TYPE_PERCPU_HASH | MapType::BPF_MAP_TYPE_PERCPU_ARRAY | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH
+            MapType::BPF_MAP_TYPE_PERCPU_HASH
+                | MapType::BPF_MAP_TYPE_PERCPU_ARRAY
+                | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH
         )
     }
 }

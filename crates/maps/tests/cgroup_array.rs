@@ -5,11 +5,19 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use userbpf_maps::cgroup_array::{cgroup_id_of_fd, CGROUP2_SUPER_MAGIC};
+use userbpf_maps::cgroup_array::{CGROUP2_SUPER_MAGIC, cgroup_id_of_fd};
 use userbpf_maps::*;
 
 fn spec(key: u32, value: u32, max: u32, flags: u32) -> MapSpec {
-    MapSpec { map_type: MapType::BPF_MAP_TYPE_CGROUP_ARRAY, key_size: key, value_size: value, max_entries: max, map_flags: flags, map_extra: 0, name: "cg".into() }
+    MapSpec {
+        map_type: MapType::BPF_MAP_TYPE_CGROUP_ARRAY,
+        key_size: key,
+        value_size: value,
+        max_entries: max,
+        map_flags: flags,
+        map_extra: 0,
+        name: "cg".into(),
+    }
 }
 
 fn tmp(name: &str) -> PathBuf {

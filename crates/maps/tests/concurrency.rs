@@ -3,8 +3,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -323,11 +323,7 @@ fn program_side_waits_for_a_preempted_lock_holder() {
                 let start = Instant::now();
                 // SAFETY: 8-byte key and value.
                 let r = unsafe {
-                    if op == 0 {
-                        m.update(k.as_ptr(), v.as_ptr(), BPF_ANY, 0)
-                    } else {
-                        m.delete(k.as_ptr())
-                    }
+                    if op == 0 { m.update(k.as_ptr(), v.as_ptr(), BPF_ANY, 0) } else { m.delete(k.as_ptr()) }
                 };
                 // (No lower bound on the time taken: on a loaded machine this thread may
                 // itself be descheduled until the holder is done.)

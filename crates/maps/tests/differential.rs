@@ -182,7 +182,10 @@ fn create_checks_match_kernel() {
         let o = errno(Map::create(&path, s));
         let _ = std::fs::remove_file(&path);
         if k != o {
-            mismatches.push(format!("{:?} ks={} vs={} max={} flags={:#x} extra={}: kernel {k}, ours {o}", s.map_type, s.key_size, s.value_size, s.max_entries, s.map_flags, s.map_extra));
+            mismatches.push(format!(
+                "{:?} ks={} vs={} max={} flags={:#x} extra={}: kernel {k}, ours {o}",
+                s.map_type, s.key_size, s.value_size, s.max_entries, s.map_flags, s.map_extra
+            ));
         }
     }
     assert!(mismatches.is_empty(), "{} of {} specs differ:\n{}", mismatches.len(), specs.len(), mismatches.join("\n"));

@@ -47,15 +47,15 @@ fn refuses_bad_files() {
     einval(&p);
     // Header fields: version, type, sizes, flags, cpus.
     let fields: [(u64, &[u8]); 9] = [
-        (8, &99u32.to_ne_bytes()),                    // layout version
-        (12, &200u32.to_ne_bytes()),                  // unknown map type
-        (12, &27u32.to_ne_bytes()),                   // ring buffer: not built here
-        (16, &0u32.to_ne_bytes()),                    // key_size 0
-        (20, &0u32.to_ne_bytes()),                    // value_size 0
-        (24, &u32::MAX.to_ne_bytes()),                // max_entries: file far too short
-        (28, &BPF_F_MMAPABLE.to_ne_bytes()),          // flag the type refuses
-        (40, &0u32.to_ne_bytes()),                    // nr_cpus 0
-        (40, &1_000_000u32.to_ne_bytes()),            // nr_cpus absurd
+        (8, &99u32.to_ne_bytes()),           // layout version
+        (12, &200u32.to_ne_bytes()),         // unknown map type
+        (12, &27u32.to_ne_bytes()),          // ring buffer: not built here
+        (16, &0u32.to_ne_bytes()),           // key_size 0
+        (20, &0u32.to_ne_bytes()),           // value_size 0
+        (24, &u32::MAX.to_ne_bytes()),       // max_entries: file far too short
+        (28, &BPF_F_MMAPABLE.to_ne_bytes()), // flag the type refuses
+        (40, &0u32.to_ne_bytes()),           // nr_cpus 0
+        (40, &1_000_000u32.to_ne_bytes()),   // nr_cpus absurd
     ];
     for (i, (off, bytes)) in fields.iter().enumerate() {
         let p = copy(&format!("field{i}"));

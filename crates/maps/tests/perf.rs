@@ -3,15 +3,15 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use userbpf_testutil::TmpDir;
 
 use userbpf_maps::perf::{
-    PerfConsumer, PerfEvent, PerfEventArray, BPF_F_CURRENT_CPU, PERF_MMAP_DATA_HEAD, PERF_MMAP_DATA_OFFSET,
-    PERF_MMAP_DATA_SIZE, PERF_MMAP_DATA_TAIL,
+    BPF_F_CURRENT_CPU, PERF_MMAP_DATA_HEAD, PERF_MMAP_DATA_OFFSET, PERF_MMAP_DATA_SIZE, PERF_MMAP_DATA_TAIL,
+    PerfConsumer, PerfEvent, PerfEventArray,
 };
 use userbpf_maps::shm::possible_cpus;
 use userbpf_maps::{MapError, MapSpec, MapType};

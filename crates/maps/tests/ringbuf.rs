@@ -3,16 +3,16 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use userbpf_testutil::TmpDir;
 
-use userbpf_maps::ringbuf::{RingBuf, RingBufConsumer, RINGBUF_MAX_RECORD_SZ};
+use userbpf_maps::ringbuf::{RINGBUF_MAX_RECORD_SZ, RingBuf, RingBufConsumer};
 use userbpf_maps::{
-    MapSpec, MapType, BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS,
-    BPF_RB_RING_SIZE, BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT,
+    BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS, BPF_RB_RING_SIZE,
+    BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, MapSpec, MapType,
 };
 
 const PAGE: u64 = 4096;

@@ -296,7 +296,12 @@ fn update_after_lookup_of_a_deleted_and_reused_element() {
 /// the CPU given: lookups (of that CPU's value), updates, deletes, and their errors.
 #[test]
 fn prog_ops_agree_with_the_program_api() {
-    for (t, ks) in [(BPF_MAP_TYPE_HASH, 4), (BPF_MAP_TYPE_PERCPU_HASH, 8), (BPF_MAP_TYPE_LRU_PERCPU_HASH, 16), (BPF_MAP_TYPE_HASH, 5)] {
+    for (t, ks) in [
+        (BPF_MAP_TYPE_HASH, 4),
+        (BPF_MAP_TYPE_PERCPU_HASH, 8),
+        (BPF_MAP_TYPE_LRU_PERCPU_HASH, 16),
+        (BPF_MAP_TYPE_HASH, 5),
+    ] {
         let d = TmpDir::new("ops");
         let m = create(&d, &spec(t, ks, 8, 4, 0));
         let ops = m.prog_ops().expect("hash maps have direct ops");
@@ -307,9 +312,15 @@ fn prog_ops_agree_with_the_program_api() {
             let (k1, k9) = (key(1), key(9));
             let v = 5u64.to_ne_bytes();
             assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, n - 1), 0);
-            assert_eq!((ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, 0), (-EEXIST) as i64 as u64);
+            assert_eq!(
+                (ops.update)(ops.arg, k1.as_ptr() as u64, v.as_ptr() as u64, BPF_NOEXIST, 0),
+                (-EEXIST) as i64 as u64
+            );
             assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, 77, 0), (-EINVAL) as i64 as u64);
-            assert_eq!((ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, BPF_EXIST, 0), (-ENOENT) as i64 as u64);
+            assert_eq!(
+                (ops.update)(ops.arg, k9.as_ptr() as u64, v.as_ptr() as u64, BPF_EXIST, 0),
+                (-ENOENT) as i64 as u64
+            );
             for cpu in [0, n - 1] {
                 let p = (ops.lookup)(ops.arg, k1.as_ptr() as u64, 0, 0, cpu);
                 assert_eq!(p, m.lookup(k1.as_ptr(), cpu as u32) as u64, "{t:?} cpu {cpu}");

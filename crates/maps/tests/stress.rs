@@ -88,7 +88,9 @@ fn side_with(m: &Map, side: u64, seed: u64, direct: bool) -> Tally {
                     // (a program writes one CPU's slot).
                     unsafe {
                         (ops.lookup)(ops.arg, key.as_ptr() as u64, 0, 0, side);
-                        match (ops.update)(ops.arg, key.as_ptr() as u64, value_bytes(w, 1).as_ptr() as u64, flags, side) as i64 {
+                        match (ops.update)(ops.arg, key.as_ptr() as u64, value_bytes(w, 1).as_ptr() as u64, flags, side)
+                            as i64
+                        {
                             0 => Ok(()),
                             e => Err(MapError::new(-e as i32, "direct update")),
                         }
@@ -198,7 +200,11 @@ fn check(m: &Map, tallies: &[Tally]) {
     let v = vec![1u8; m.value_buf_size()];
     let room = MAX as u64 - model.len() as u64;
     for k in 1000..1000 + room {
-        assert_eq!(errno(m.update_elem(&k.to_ne_bytes(), &v, BPF_NOEXIST)), 0, "insert {k} of {room}: free elements lost");
+        assert_eq!(
+            errno(m.update_elem(&k.to_ne_bytes(), &v, BPF_NOEXIST)),
+            0,
+            "insert {k} of {room}: free elements lost"
+        );
     }
     for k in &model {
         assert_eq!(errno(m.lookup_elem(&k.to_ne_bytes(), &mut out)), 0, "key {k} evicted before the map was full");
@@ -221,10 +227,14 @@ fn two_threads_match_the_model() {
         let d = TmpDir::new("stress-threads");
         let m = create(&d, &spec(t, 8, VS as u32, MAX, 0));
         let tallies: Vec<Tally> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2u64).map(|i| s.spawn({
-                let m = &m;
-                move || side(m, i, 0x5eed + 977 * i)
-            })).collect();
+            let hs: Vec<_> = (0..2u64)
+                .map(|i| {
+                    s.spawn({
+                        let m = &m;
+                        move || side(m, i, 0x5eed + 977 * i)
+                    })
+                })
+                .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         eprintln!("{t:?}: {} EBUSY", tallies.iter().map(|t| t.busy).sum::<u64>());
@@ -240,10 +250,14 @@ fn two_threads_with_direct_updates_match_the_model() {
         let d = TmpDir::new("stress-direct");
         let m = create(&d, &spec(t, 8, VS as u32, MAX, 0));
         let tallies: Vec<Tally> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2u64).map(|i| s.spawn({
-                let m = &m;
-                move || side_with(m, i, 0xd1ec7 + 977 * i, true)
-            })).collect();
+            let hs: Vec<_> = (0..2u64)
+                .map(|i| {
+                    s.spawn({
+                        let m = &m;
+                        move || side_with(m, i, 0xd1ec7 + 977 * i, true)
+                    })
+                })
+                .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         eprintln!("{t:?}: {} EBUSY", tallies.iter().map(|t| t.busy).sum::<u64>());

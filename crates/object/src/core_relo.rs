@@ -15,9 +15,11 @@
 //!    `call 0xbad2310`, as libbpf does, so that only code actually reached fails.
 
 use crate::btf::ext::{CoreRelo, CoreReloKind};
-use crate::btf::{essential_name, Btf, TypeKind, BTF_INT_SIGNED};
+use crate::btf::{BTF_INT_SIGNED, Btf, TypeKind, essential_name};
 use std::collections::HashMap;
-use userbpf_isa::{Insn, BPF_ALU, BPF_ALU64, BPF_B, BPF_CALL, BPF_DW, BPF_H, BPF_JMP, BPF_K, BPF_LD, BPF_LDX, BPF_ST, BPF_STX, BPF_W};
+use userbpf_isa::{
+    BPF_ALU, BPF_ALU64, BPF_B, BPF_CALL, BPF_DW, BPF_H, BPF_JMP, BPF_K, BPF_LD, BPF_LDX, BPF_ST, BPF_STX, BPF_W, Insn,
+};
 
 /// Longest access string accepted (libbpf's `BPF_CORE_SPEC_MAX_LEN`).
 pub const SPEC_MAX_LEN: usize = 64;
@@ -191,11 +193,11 @@ pub fn format_spec(spec: &Spec<'_>) -> String {
             s.push_str(&format!(".{}", spec.bit_offset % 8));
         }
         s.push(')');
-    } else if spec.kind.is_enumval_based() {
-        if let Some(n) = spec.spec.first().and_then(|a| a.name.as_ref()) {
-            s.push_str("::");
-            s.push_str(n);
-        }
+    } else if spec.kind.is_enumval_based()
+        && let Some(n) = spec.spec.first().and_then(|a| a.name.as_ref())
+    {
+        s.push_str("::");
+        s.push_str(n);
     }
     s
 }
@@ -236,7 +238,14 @@ pub fn types_are_compat(lb: &Btf, lid: u32, tb: &Btf, tid: u32) -> Result<bool, 
     types_are_compat_level(lb, lid, tb, tid, MAX_LEVEL, &mut budget)
 }
 
-fn types_are_compat_level(lb: &Btf, mut lid: u32, tb: &Btf, mut tid: u32, level: i32, budget: &mut u32) -> Result<bool, String> {
+fn types_are_compat_level(
+    lb: &Btf,
+    mut lid: u32,
+    tb: &Btf,
+    mut tid: u32,
+    level: i32,
+    budget: &mut u32,
+) -> Result<bool, String> {
     if !kind_compat(lb, lid, tb, tid) {
         return Ok(false);
     }
@@ -346,10 +355,8 @@ fn types_match_level(
                 if le.size != te.size || le.values.len() > te.values.len() {
                     return Ok(false);
                 }
-                let all = le
-                    .values
-                    .iter()
-                    .all(|lv| te.values.iter().any(|tv| names_match(lb, lv.name_off, tb, tv.name_off)));
+                let all =
+                    le.values.iter().all(|lv| te.values.iter().any(|tv| names_match(lb, lv.name_off, tb, tv.name_off)));
                 return Ok(all);
             }
             TypeKind::Struct(lc) | TypeKind::Union(lc) => {
@@ -357,7 +364,9 @@ fn types_match_level(
                     if lk == tk {
                         return Ok(true);
                     }
-                    return Ok(matches!(&tt.kind, TypeKind::Fwd { is_union } if *is_union == (lk == crate::btf::Kind::Union)));
+                    return Ok(
+                        matches!(&tt.kind, TypeKind::Fwd { is_union } if *is_union == (lk == crate::btf::Kind::Union)),
+                    );
                 }
                 if lk != tk {
                     return Ok(false);
@@ -480,7 +489,8 @@ fn match_member(
 
 /// Matches a local spec against one candidate target type (libbpf's `bpf_core_spec_match`).
 pub fn spec_match<'a>(local: &Spec<'_>, tb: &'a Btf, cand: u32) -> Result<Option<Spec<'a>>, String> {
-    let mut ts = Spec { btf: tb, root_type_id: cand, kind: local.kind, spec: Vec::new(), raw_spec: Vec::new(), bit_offset: 0 };
+    let mut ts =
+        Spec { btf: tb, root_type_id: cand, kind: local.kind, spec: Vec::new(), raw_spec: Vec::new(), bit_offset: 0 };
     let lb = local.btf;
     if local.kind.is_type_based() {
         let ok = if local.kind == CoreReloKind::TypeMatches {
@@ -759,7 +769,9 @@ impl<'a> CoreResolver<'a> {
         let mut chosen: Option<(ReloResult, u64)> = None;
         let mut kept = Vec::new();
         for &cand in &cands {
-            let Some(cs) = spec_match(&local_spec, tb, cand).map_err(|e| format!("matching candidate [{cand}]: {e}"))? else {
+            let Some(cs) =
+                spec_match(&local_spec, tb, cand).map_err(|e| format!("matching candidate [{cand}]: {e}"))?
+            else {
                 continue;
             };
             let res = calc_relo(relo.kind, &local_spec, Some(&cs))?;
@@ -817,10 +829,10 @@ pub fn patch_insn(insns: &mut [Insn], idx: usize, res: &ReloResult) -> Result<()
     let insn = *insns.get(idx).ok_or("instruction index out of range")?;
     let class = insn.class();
     let do_poison = |insns: &mut [Insn]| {
-        if insns[idx].is_lddw() {
-            if let Some(next) = insns.get_mut(idx + 1) {
-                poison(next);
-            }
+        if insns[idx].is_lddw()
+            && let Some(next) = insns.get_mut(idx + 1)
+        {
+            poison(next);
         }
         poison(&mut insns[idx]);
     };
@@ -884,7 +896,7 @@ pub fn patch_insn(insns: &mut [Insn], idx: usize, res: &ReloResult) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::btf::{CompositeType, IntType, Member, TypeKind, BTF_INT_SIGNED};
+    use crate::btf::{BTF_INT_SIGNED, CompositeType, IntType, Member, TypeKind};
 
     fn int(b: &mut Btf, name: &str, size: u32, signed: bool) -> u32 {
         let encoding = if signed { BTF_INT_SIGNED } else { 0 };
@@ -929,7 +941,11 @@ mod tests {
     fn enum64_values_relocate() {
         use crate::btf::{EnumType, EnumValue};
         let mut l = Btf::empty();
-        let e = EnumType { size: 8, signed: false, values: vec![EnumValue { name_off: l.add_string("BIG"), value: 1 << 40 }] };
+        let e = EnumType {
+            size: 8,
+            signed: false,
+            values: vec![EnumValue { name_off: l.add_string("BIG"), value: 1 << 40 }],
+        };
         let le = l.add_type("e", TypeKind::Enum64(e));
         let access = l.add_string("0");
         let mut t = Btf::empty();

@@ -165,7 +165,10 @@ impl<'a> Elf<'a> {
         }
         let shoff = usize::try_from(shoff).map_err(|_| other("section header offset out of range"))?;
         let raw_hdr = |i: usize| -> Result<&'a [u8], HeaderError> {
-            let start = i.checked_mul(64).and_then(|o| o.checked_add(shoff)).ok_or_else(|| other("section header offset overflows"))?;
+            let start = i
+                .checked_mul(64)
+                .and_then(|o| o.checked_add(shoff))
+                .ok_or_else(|| other("section header offset overflows"))?;
             start
                 .checked_add(64)
                 .and_then(|end| data.get(start..end))

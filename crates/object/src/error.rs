@@ -28,7 +28,9 @@ pub enum ErrorKind {
     NotElf,
     #[error("not a 64-bit ELF file")]
     Not64Bit,
-    #[error("big-endian ELF object; only little-endian BPF objects are supported (compile with `clang -target bpf`, not bpfeb)")]
+    #[error(
+        "big-endian ELF object; only little-endian BPF objects are supported (compile with `clang -target bpf`, not bpfeb)"
+    )]
     BigEndian,
     #[error("ELF machine is {machine} ({name}), not BPF ({bpf}); compile with `clang -target bpf`", bpf = crate::elf::EM_BPF)]
     WrongMachine { machine: u16, name: &'static str },
@@ -58,7 +60,9 @@ pub enum ErrorKind {
 
 /// A CO-RE relocation that could not be applied.
 #[derive(Debug, Error)]
-#[error("section {section}: CO-RE relocation #{index} ({kind}) at instruction {insn} for {type_name} access `{access}`: {msg}")]
+#[error(
+    "section {section}: CO-RE relocation #{index} ({kind}) at instruction {insn} for {type_name} access `{access}`: {msg}"
+)]
 pub struct CoreFailure {
     /// Code section of the instruction.
     pub section: String,

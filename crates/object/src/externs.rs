@@ -3,8 +3,8 @@
 //! or the running kernel's config, see [`system_kconfig`]) and `__ksym` externs (kernel symbols and kfuncs, which a user-space runtime
 //! cannot provide: refused unless weak).
 
-use crate::btf::{Btf, Kind, TypeKind, BTF_FUNC_EXTERN, BTF_VAR_GLOBAL_EXTERN};
 use crate::ErrorKind;
+use crate::btf::{BTF_FUNC_EXTERN, BTF_VAR_GLOBAL_EXTERN, Btf, Kind, TypeKind};
 use std::collections::BTreeMap;
 
 /// A value for a kconfig extern, as written in a kernel config (`CONFIG_X=y`).
@@ -54,12 +54,11 @@ pub fn parse_kconfig(text: &str) -> BTreeMap<String, KconfigValue> {
         let line = line.trim();
         if let Some(name) = line.strip_prefix("# ").and_then(|l| l.strip_suffix(" is not set")) {
             out.insert(name.to_string(), KconfigValue::No);
-        } else if let Some((name, value)) = line.split_once('=') {
-            if name.starts_with("CONFIG_") {
-                if let Some(v) = KconfigValue::parse(value) {
-                    out.insert(name.to_string(), v);
-                }
-            }
+        } else if let Some((name, value)) = line.split_once('=')
+            && name.starts_with("CONFIG_")
+            && let Some(v) = KconfigValue::parse(value)
+        {
+            out.insert(name.to_string(), v);
         }
     }
     out
@@ -70,7 +69,9 @@ pub fn parse_kconfig(text: &str) -> BTreeMap<String, KconfigValue> {
 /// instead. Only `CONFIG_X=value` lines count (libbpf skips `# CONFIG_X is not set`, so such
 /// an extern stays unset: 0 if weak, refused if strong). Returns the file read and the
 /// values, or why no file could be read.
-pub fn system_kconfig(path: Option<&std::path::Path>) -> Result<(std::path::PathBuf, BTreeMap<String, KconfigValue>), String> {
+pub fn system_kconfig(
+    path: Option<&std::path::Path>,
+) -> Result<(std::path::PathBuf, BTreeMap<String, KconfigValue>), String> {
     let candidates: Vec<std::path::PathBuf> = match path {
         Some(p) => vec![p.to_path_buf()],
         None => {
@@ -176,10 +177,7 @@ pub(crate) fn kernel_version_of(release: &str) -> Option<u32> {
 }
 
 fn running_kernel_version() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .and_then(|s| kernel_version_of(&s))
-        .unwrap_or(0)
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().and_then(|s| kernel_version_of(&s)).unwrap_or(0)
 }
 
 fn store(kind: KcfgType, size: usize, value: &KconfigValue) -> Result<Vec<u8>, String> {
@@ -243,10 +241,10 @@ fn find_extern_btf(btf: &Btf, name: &str) -> Option<(u32, u32, String)> {
             continue;
         }
         for (sid, st) in btf.types() {
-            if let TypeKind::Datasec(d) = &st.kind {
-                if d.vars.iter().any(|v| v.type_id == id) {
-                    return Some((id, sid, btf.name_of(st.name_off).to_string()));
-                }
+            if let TypeKind::Datasec(d) = &st.kind
+                && d.vars.iter().any(|v| v.type_id == id)
+            {
+                return Some((id, sid, btf.name_of(st.name_off).to_string()));
             }
         }
     }
@@ -297,9 +295,17 @@ pub(crate) fn collect(
                 if size == 0 || align == 0 {
                     return Err(err(name, "kconfig extern has no size".into()));
                 }
-                let kind = find_kcfg_type(btf, type_id).ok_or_else(|| err(name, "kconfig extern type is unsupported".into()))?;
+                let kind = find_kcfg_type(btf, type_id)
+                    .ok_or_else(|| err(name, "kconfig extern type is unsupported".into()))?;
                 kconfig_ds = Some(ds);
-                kcfgs.push(Kcfg { name: name.to_string(), btf_id: id, size: size as u32, align: align as u32, kind, weak });
+                kcfgs.push(Kcfg {
+                    name: name.to_string(),
+                    btf_id: id,
+                    size: size as u32,
+                    align: align as u32,
+                    kind,
+                    weak,
+                });
             }
             ".ksyms" => {
                 let what = if t.kind() == Kind::Func { "kfunc" } else { "kernel symbol" };
@@ -348,17 +354,23 @@ pub(crate) fn collect(
             Some(path) => system_kconfig(Some(path)).map(|(_, v)| v),
             // The running kernel's config does not change: read it once per process.
             None => {
-                static SYSTEM: std::sync::OnceLock<Result<BTreeMap<String, KconfigValue>, String>> = std::sync::OnceLock::new();
+                static SYSTEM: std::sync::OnceLock<Result<BTreeMap<String, KconfigValue>, String>> =
+                    std::sync::OnceLock::new();
                 SYSTEM.get_or_init(|| system_kconfig(None).map(|(_, v)| v)).clone()
             }
         };
         match read {
             Ok(values) => values,
             Err(why) => {
-                let first = kcfgs.iter().find(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name)).expect("need_system");
+                let first = kcfgs
+                    .iter()
+                    .find(|k| k.name.starts_with("CONFIG_") && !opts.kconfig.contains_key(&k.name))
+                    .expect("need_system");
                 return Err(err(
                     &first.name,
-                    format!("the kernel's config is needed for CONFIG_ externs, as libbpf reads it, and none could be read ({why}); give the values in ParseOptions::kconfig"),
+                    format!(
+                        "the kernel's config is needed for CONFIG_ externs, as libbpf reads it, and none could be read ({why}); give the values in ParseOptions::kconfig"
+                    ),
                 ));
             }
         }
@@ -392,17 +404,17 @@ pub(crate) fn collect(
         out.by_name.insert(k.name.clone(), Extern { kind: ExternKind::Kcfg { offset: o } });
     }
     // Describe the layout in the DATASEC, as libbpf does, so the map can be printed.
-    if let Some(ds) = kconfig_ds {
-        if let Some(crate::btf::BtfType { kind: TypeKind::Datasec(d), .. }) = btf.type_mut(ds) {
-            d.size = off;
-            for v in d.vars.iter_mut() {
-                if let Some(pos) = kcfgs.iter().position(|k| k.btf_id == v.type_id) {
-                    v.offset = offsets[pos];
-                    v.size = kcfgs[pos].size;
-                }
+    if let Some(ds) = kconfig_ds
+        && let Some(crate::btf::BtfType { kind: TypeKind::Datasec(d), .. }) = btf.type_mut(ds)
+    {
+        d.size = off;
+        for v in d.vars.iter_mut() {
+            if let Some(pos) = kcfgs.iter().position(|k| k.btf_id == v.type_id) {
+                v.offset = offsets[pos];
+                v.size = kcfgs[pos].size;
             }
-            d.vars.sort_by_key(|v| v.offset);
         }
+        d.vars.sort_by_key(|v| v.offset);
     }
     out.kconfig_data = Some(data);
     out.kconfig_datasec = kconfig_ds;

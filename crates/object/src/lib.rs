@@ -67,11 +67,11 @@ mod loader;
 pub mod maps;
 pub mod section;
 
-pub use btf::ext::{FuncInfo, LineInfo};
 pub use btf::Btf;
+pub use btf::ext::{FuncInfo, LineInfo};
 pub use error::{CoreFailure, ErrorKind, ObjectError};
-pub use externs::{parse_kconfig, system_kconfig, KconfigValue};
-pub use maps::{map_type_name, InitSlot, Limits, MapDef, MapKind};
+pub use externs::{KconfigValue, parse_kconfig, system_kconfig};
+pub use maps::{InitSlot, Limits, MapDef, MapKind, map_type_name};
 pub use section::{ProgramKind, UprobeTarget, UsdtTarget};
 
 use std::collections::BTreeMap;

@@ -6,7 +6,10 @@
 use crate::btf::ext::{FuncInfo, LineInfo};
 use crate::{ErrorKind, FunctionSpan};
 use std::collections::HashMap;
-use userbpf_isa::{Insn, BPF_PSEUDO_CALL, BPF_PSEUDO_FUNC, BPF_PSEUDO_KFUNC_CALL, BPF_PSEUDO_MAP_IDX, BPF_PSEUDO_MAP_IDX_VALUE, OP_CALL};
+use userbpf_isa::{
+    BPF_PSEUDO_CALL, BPF_PSEUDO_FUNC, BPF_PSEUDO_KFUNC_CALL, BPF_PSEUDO_MAP_IDX, BPF_PSEUDO_MAP_IDX_VALUE, Insn,
+    OP_CALL,
+};
 
 /// A function symbol in an executable section.
 #[derive(Debug, Clone)]
@@ -78,7 +81,10 @@ impl Linker<'_> {
             let f = &self.funcs[fi];
             let start = insns.len();
             let code = self.sec_insns.get(&f.sec).and_then(|v| v.get(f.start..f.start + f.len)).ok_or_else(|| {
-                ErrorKind::Section { section: f.sec_name.clone(), msg: format!("function `{}` lies outside its section", f.name) }
+                ErrorKind::Section {
+                    section: f.sec_name.clone(),
+                    msg: format!("function `{}` lies outside its section", f.name),
+                }
             })?;
             insns.extend_from_slice(code);
             placed.insert(fi, start);
@@ -98,7 +104,10 @@ impl Linker<'_> {
                 let insn = insns[pos];
                 let reloc = self.relocs.get(&(f.sec, f.start + j)).copied();
                 let wide = insn.is_lddw();
-                let bad = |msg: String| ErrorKind::Section { section: f.sec_name.clone(), msg: format!("instruction {} (in `{}`): {msg}", f.start + j, f.name) };
+                let bad = |msg: String| ErrorKind::Section {
+                    section: f.sec_name.clone(),
+                    msg: format!("instruction {} (in `{}`): {msg}", f.start + j, f.name),
+                };
                 if wide && j + 1 >= f.len {
                     return Err(bad("64-bit load has no second slot".into()));
                 }
@@ -146,7 +155,8 @@ impl Linker<'_> {
                         let total = (off as i64).checked_add(insn.imm as i64).unwrap_or(i64::MAX);
                         insns[pos].src = BPF_PSEUDO_MAP_IDX_VALUE;
                         insns[pos].imm = map as i32;
-                        insns[pos + 1].imm = i32::try_from(total).map_err(|_| bad("variable offset too large".into()))?;
+                        insns[pos + 1].imm =
+                            i32::try_from(total).map_err(|_| bad("variable offset too large".into()))?;
                     }
                     (Some(Reloc::Kconfig { map, off }), _, true) => {
                         insns[pos].src = BPF_PSEUDO_MAP_IDX_VALUE;
@@ -176,7 +186,8 @@ impl Linker<'_> {
             if let Some((fis, lis)) = self.ext_info.get(&f.sec) {
                 let in_f = |off: u32| (off as usize) >= f.start && (off as usize) < f.start + f.len;
                 for r in fis.iter().filter(|r| in_f(r.insn_off)) {
-                    func_info.push(FuncInfo { insn_off: (p + r.insn_off as usize - f.start) as u32, type_id: r.type_id });
+                    func_info
+                        .push(FuncInfo { insn_off: (p + r.insn_off as usize - f.start) as u32, type_id: r.type_id });
                 }
                 for r in lis.iter().filter(|r| in_f(r.insn_off)) {
                     line_info.push(LineInfo { insn_off: (p + r.insn_off as usize - f.start) as u32, ..*r });

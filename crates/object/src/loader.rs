@@ -2,17 +2,17 @@
 //! -> linked programs.
 
 use crate::btf::ext::{BtfExt, FuncInfo, LineInfo};
-use crate::btf::{Btf, Kind, TypeKind, BTF_VAR_GLOBAL_EXTERN, BTF_VAR_STATIC};
-use crate::core_relo::{format_spec, parse_spec, patch_insn, CoreResolver};
+use crate::btf::{BTF_VAR_GLOBAL_EXTERN, BTF_VAR_STATIC, Btf, Kind, TypeKind};
+use crate::core_relo::{CoreResolver, format_spec, parse_spec, patch_insn};
 use crate::elf::{self, Elf, HeaderError, Section, Symbol};
+use crate::error::CoreFailure;
 use crate::externs::{self, ExternKind, Externs};
 use crate::link::{Function, Linker, Reloc};
 use crate::maps::{self, InitSlot, MapDef, MapKind};
 use crate::section;
-use crate::error::CoreFailure;
-use crate::{object_name, ErrorKind, Object, ParseOptions, ProgramSpec};
+use crate::{ErrorKind, Object, ParseOptions, ProgramSpec, object_name};
 use std::collections::HashMap;
-use userbpf_isa::{Insn, BPF_PSEUDO_CALL, OP_CALL};
+use userbpf_isa::{BPF_PSEUDO_CALL, Insn, OP_CALL};
 
 fn header_error(e: HeaderError) -> ErrorKind {
     match e {
@@ -97,7 +97,9 @@ fn fixup_datasecs(btf: &mut Btf, elf: &Elf<'_>) -> Result<(), ErrorKind> {
                 .symbols
                 .iter()
                 .find(|s| {
-                    s.typ == elf::STT_OBJECT && (s.bind == elf::STB_GLOBAL || s.bind == elf::STB_WEAK) && s.name == vname
+                    s.typ == elf::STT_OBJECT
+                        && (s.bind == elf::STB_GLOBAL || s.bind == elf::STB_WEAK)
+                        && s.name == vname
                 })
                 .ok_or_else(|| bad(format!("no ELF symbol for variable `{vname}`")))?;
             if fix_offsets {
@@ -135,10 +137,8 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
                 license = String::from_utf8_lossy(&sec.data[..end]).into_owned();
             }
             "version" => {
-                let v: [u8; 4] = sec
-                    .data
-                    .try_into()
-                    .map_err(|_| sec_err("version", format!("size {} is not 4", sec.data.len())))?;
+                let v: [u8; 4] =
+                    sec.data.try_into().map_err(|_| sec_err("version", format!("size {} is not 4", sec.data.len())))?;
                 kern_version = Some(u32::from_le_bytes(v));
             }
             ".struct_ops" | ".struct_ops.link" if sec.size > 0 => {
@@ -183,7 +183,9 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
         None => None,
     };
     let btf_ext = match (ext_sec, &btf) {
-        (Some(s), Some(_)) => Some(BtfExt::parse(s.data).map_err(|e| ErrorKind::Btf { section: ".BTF.ext".into(), source: e })?),
+        (Some(s), Some(_)) => {
+            Some(BtfExt::parse(s.data).map_err(|e| ErrorKind::Btf { section: ".BTF.ext".into(), source: e })?)
+        }
         _ => None,
     };
     if let Some(b) = btf.as_mut() {
@@ -231,8 +233,10 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
     if funcs.len() == 1 && entries.is_empty() {
         entries.push(0);
     }
-    let func_at: HashMap<(usize, usize), usize> = funcs.iter().enumerate().map(|(i, f)| ((f.sec, f.start), i)).collect();
-    let func_containing = |sec: usize, insn: usize| funcs.iter().position(|f| f.sec == sec && insn >= f.start && insn < f.start + f.len);
+    let func_at: HashMap<(usize, usize), usize> =
+        funcs.iter().enumerate().map(|(i, f)| ((f.sec, f.start), i)).collect();
+    let func_containing =
+        |sec: usize, insn: usize| funcs.iter().position(|f| f.sec == sec && insn >= f.start && insn < f.start + f.len);
 
     // Maps.
     let mut maps_out: Vec<MapDef> = Vec::new();
@@ -247,8 +251,11 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
         let Some(b) = btf.as_ref() else {
             return Err(ErrorKind::MissingBtf { section: ".maps".into(), what: "BTF-defined maps".into() });
         };
-        let placements = maps::parse_btf_maps(b, sec.size)
-            .map_err(|(map, msg)| ErrorKind::Map { section: ".maps".into(), map, msg })?;
+        let placements = maps::parse_btf_maps(b, sec.size).map_err(|(map, msg)| ErrorKind::Map {
+            section: ".maps".into(),
+            map,
+            msg,
+        })?;
         for p in placements {
             map_by_sym.insert((mi, p.offset), maps_out.len());
             btf_placements.push((maps_out.len(), p.offset, p.size, p.values_offset));
@@ -264,10 +271,10 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
         let readonly = kind == DataKind::Rodata;
         let ds = btf.as_ref().and_then(|b| b.find_by_name_kind(&sec.name, Kind::Datasec));
         let mut flags = if readonly { maps::BPF_F_RDONLY_PROG } else { 0 };
-        if let (Some(b), Some(id)) = (btf.as_ref(), ds) {
-            if maps::datasec_has_global_var(b, id) {
-                flags |= maps::BPF_F_MMAPABLE;
-            }
+        if let (Some(b), Some(id)) = (btf.as_ref(), ds)
+            && maps::datasec_has_global_var(b, id)
+        {
+            flags |= maps::BPF_F_MMAPABLE;
         }
         if size > opts.limits.max_value_size {
             return Err(ErrorKind::Map {
@@ -340,7 +347,10 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
                 continue;
             }
             if r.offset % 8 != 0 || r.offset / 8 >= ninsn as u64 {
-                return Err(sec_err(&ts.name, format!("relocation offset {:#x} is not an instruction of the section", r.offset)));
+                return Err(sec_err(
+                    &ts.name,
+                    format!("relocation offset {:#x} is not an instruction of the section", r.offset),
+                ));
             }
             let idx = (r.offset / 8) as usize;
             // Relocations outside any function belong to code dropped by the linker.
@@ -371,7 +381,8 @@ pub(crate) fn load(bytes: &[u8], file: &str, opts: &ParseOptions<'_>) -> Result<
     }
 
     // Programs.
-    let linker = Linker { funcs: &funcs, func_at: &func_at, sec_insns: &sec_insns, relocs: &relocs, ext_info: &ext_info };
+    let linker =
+        Linker { funcs: &funcs, func_at: &func_at, sec_insns: &sec_insns, relocs: &relocs, ext_info: &ext_info };
     let mut programs = Vec::with_capacity(entries.len());
     for &ei in &entries {
         let f = &funcs[ei];
@@ -440,7 +451,10 @@ fn parse_legacy_maps(
     syms.sort_by_key(|s| s.value);
     let size = sec.data.len();
     if syms.is_empty() || size == 0 || !size.is_multiple_of(syms.len()) {
-        return Err(sec_err("maps", format!("unable to determine legacy map definition size ({size} bytes, {} maps)", syms.len())));
+        return Err(sec_err(
+            "maps",
+            format!("unable to determine legacy map definition size ({size} bytes, {} maps)", syms.len()),
+        ));
     }
     let def_sz = size / syms.len();
     const DEF_SIZE: usize = 20; // struct bpf_map_def: five u32
@@ -507,7 +521,8 @@ fn classify_reloc(
         });
     };
     let sym_name = elf.symbol_display_name(sym);
-    let rerr = |msg: String| ErrorKind::Relocation { section: sec.name.clone(), insn: idx, symbol: sym_name.clone(), msg };
+    let rerr =
+        |msg: String| ErrorKind::Relocation { section: sec.name.clone(), insn: idx, symbol: sym_name.clone(), msg };
     let is_call = insn.op == OP_CALL;
     if !is_call && !insn.is_lddw() {
         return Err(rerr(format!("but the instruction (opcode {:#04x}) is neither a call nor a 64-bit load", insn.op)));
@@ -516,18 +531,18 @@ fn classify_reloc(
         return Err(rerr(format!("with unsupported relocation type {}", r.typ)));
     }
     if sym.shndx == elf::SHN_UNDEF {
-        if externs::is_extern_symbol(sym) {
-            if let Some(ext) = externs.by_name.get(&sym.name) {
-                return match (&ext.kind, is_call) {
-                    (ExternKind::Kcfg { offset }, false) => match kconfig_map {
-                        Some(map) => Ok(Reloc::Kconfig { map, off: *offset }),
-                        None => Err(rerr("a kconfig extern, but there is no .kconfig map".into())),
-                    },
-                    (ExternKind::Kcfg { .. }, true) => Err(rerr("a kconfig extern, which cannot be called".into())),
-                    (ExternKind::WeakKsym, true) => Ok(Reloc::WeakKfuncCall),
-                    (ExternKind::WeakKsym, false) => Ok(Reloc::WeakKsym),
-                };
-            }
+        if externs::is_extern_symbol(sym)
+            && let Some(ext) = externs.by_name.get(&sym.name)
+        {
+            return match (&ext.kind, is_call) {
+                (ExternKind::Kcfg { offset }, false) => match kconfig_map {
+                    Some(map) => Ok(Reloc::Kconfig { map, off: *offset }),
+                    None => Err(rerr("a kconfig extern, but there is no .kconfig map".into())),
+                },
+                (ExternKind::Kcfg { .. }, true) => Err(rerr("a kconfig extern, which cannot be called".into())),
+                (ExternKind::WeakKsym, true) => Ok(Reloc::WeakKfuncCall),
+                (ExternKind::WeakKsym, false) => Ok(Reloc::WeakKsym),
+            };
         }
         return Err(rerr("which is not defined".into()));
     }
@@ -537,9 +552,8 @@ fn classify_reloc(
             sym.shndx
         )));
     }
-    let target = elf
-        .section(sym.shndx as usize)
-        .ok_or_else(|| rerr(format!("whose section {} does not exist", sym.shndx)))?;
+    let target =
+        elf.section(sym.shndx as usize).ok_or_else(|| rerr(format!("whose section {} does not exist", sym.shndx)))?;
     if is_call {
         if insn.src != BPF_PSEUDO_CALL {
             return Err(rerr("but the call is not a BPF-to-BPF call".into()));
@@ -593,7 +607,9 @@ fn apply_core(
         let Some(sec) = elf.section_by_name(sec_name).filter(|s| s.is_exec()) else {
             return Err(ErrorKind::Btf {
                 section: ".BTF.ext".into(),
-                source: crate::btf::BtfError::BadExt(format!("CO-RE relocations for `{sec_name}`, which is not a code section")),
+                source: crate::btf::BtfError::BadExt(format!(
+                    "CO-RE relocations for `{sec_name}`, which is not a code section"
+                )),
             });
         };
         for (i, relo) in group.records.iter().enumerate() {
@@ -644,7 +660,10 @@ fn fill_init_slots(
     for (n, r) in rels.iter().enumerate() {
         let sym = elf.symbols.get(r.sym as usize);
         let name = sym.map(|s| s.name.clone()).unwrap_or_else(|| format!("#{}", r.sym));
-        let rerr = |msg: String| ErrorKind::Section { section: rs.name.clone(), msg: format!("relocation #{n} against `{name}`: {msg}") };
+        let rerr = |msg: String| ErrorKind::Section {
+            section: rs.name.clone(),
+            msg: format!("relocation #{n} against `{name}`: {msg}"),
+        };
         let sym = sym.ok_or_else(|| rerr("symbol does not exist".into()))?;
         let Some(&(mi, off, size, values_off)) =
             placements.iter().find(|(_, off, size, _)| *off <= r.offset && r.offset.saturating_add(8) <= off + size)

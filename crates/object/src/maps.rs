@@ -1,7 +1,7 @@
 //! Map definitions: BTF-defined maps in `.maps`, legacy `struct bpf_map_def` in `maps`, global
 //! data sections, and the sanity limits applied to all of them.
 
-use crate::btf::{Btf, BtfError, TypeKind, BTF_VAR_GLOBAL_ALLOCATED, BTF_VAR_STATIC};
+use crate::btf::{BTF_VAR_GLOBAL_ALLOCATED, BTF_VAR_STATIC, Btf, BtfError, TypeKind};
 
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
@@ -256,9 +256,8 @@ fn field_type(btf: &Btf, type_id: u32, field: &str) -> Result<(u32, u32), String
     let TypeKind::Ptr(target) = t.kind else {
         return Err(format!("{field} spec is not PTR: {}", t.kind()));
     };
-    let size = btf
-        .resolve_size(target)
-        .map_err(|e| format!("can't determine {field} size for type [{target}]: {e}"))?;
+    let size =
+        btf.resolve_size(target).map_err(|e| format!("can't determine {field} size for type [{target}]: {e}"))?;
     Ok((target, size as u32))
 }
 
@@ -327,7 +326,9 @@ fn parse_btf_map_fields(btf: &Btf, map_name: &str, def_id: u32, outer: bool) -> 
                     return Err("`values` member should be last".into());
                 }
                 if !is_map_in_map && !is_prog_array {
-                    return Err("`values` needs a map-in-map or prog-array map type (declare `type` before `values`)".into());
+                    return Err(
+                        "`values` needs a map-in-map or prog-array map type (declare `type` before `values`)".into()
+                    );
                 }
                 set_size(&mut f.value_size, 4, "value")?;
                 let at = btf.get(m.type_id).map_err(|e| e.to_string())?;
@@ -350,7 +351,8 @@ fn parse_btf_map_fields(btf: &Btf, map_name: &str, def_id: u32, outer: bool) -> 
                         return Err(format!("map-in-map inner def is of unexpected kind {}", tt.kind()));
                     }
                     let inner_name = format!("{map_name}.inner");
-                    let fi = parse_btf_map_fields(btf, &inner_name, tid, false).map_err(|e| format!("inner map: {e}"))?;
+                    let fi =
+                        parse_btf_map_fields(btf, &inner_name, tid, false).map_err(|e| format!("inner map: {e}"))?;
                     f.inner = Some(Box::new(fields_to_def(inner_name, fi, MapKind::Btf)?));
                 }
                 f.has_values = true;
@@ -434,11 +436,8 @@ pub(crate) fn parse_btf_maps(btf: &Btf, sec_size: u64) -> Result<Vec<BtfMapPlace
         if c.size > vi.size {
             return Err(err("invalid def size".into()));
         }
-        let values_offset = c
-            .members
-            .last()
-            .filter(|m| btf.name_of(m.name_off) == "values")
-            .map(|m| m.bit_offset as u64);
+        let values_offset =
+            c.members.last().filter(|m| btf.name_of(m.name_off) == "values").map(|m| m.bit_offset as u64);
         let fields = parse_btf_map_fields(btf, &name, def_id, true).map_err(err)?;
         let def = fields_to_def(name.clone(), fields, MapKind::Btf).map_err(err)?;
         out.push(BtfMapPlacement { def, offset: vi.offset as u64, size: vi.size as u64, values_offset });

@@ -219,7 +219,9 @@ pub fn classify(name: &str) -> Result<SectionClass, String> {
     let extra = name.strip_prefix(base).and_then(|r| r.strip_prefix('/'));
     let kind = match class {
         Class::Kernel => ProgramKind::KernelOnly { kind: base.to_string() },
-        Class::Uprobe { ret } => ProgramKind::Uprobe { retprobe: ret, target: extra.map(|e| parse_uprobe(e, ret)).transpose()? },
+        Class::Uprobe { ret } => {
+            ProgramKind::Uprobe { retprobe: ret, target: extra.map(|e| parse_uprobe(e, ret)).transpose()? }
+        }
         Class::Usdt => ProgramKind::Usdt { target: extra.map(parse_usdt).transpose()? },
         Class::Tracepoint => match extra {
             None => ProgramKind::Tracepoint { category: String::new(), name: String::new() },
@@ -299,7 +301,11 @@ mod tests {
             k("uprobe//usr/lib/libc.so.6:malloc+0x10"),
             ProgramKind::Uprobe {
                 retprobe: false,
-                target: Some(UprobeTarget { path: "/usr/lib/libc.so.6".into(), func: Some("malloc".into()), offset: 16 })
+                target: Some(UprobeTarget {
+                    path: "/usr/lib/libc.so.6".into(),
+                    func: Some("malloc".into()),
+                    offset: 16
+                })
             }
         );
         assert_eq!(
@@ -320,19 +326,87 @@ mod tests {
     #[test]
     fn every_libbpf_1_1_section_is_recognised() {
         const LIBBPF_1_1: &[&str] = &[
-            "socket", "sk_reuseport/migrate", "sk_reuseport", "kprobe+", "uprobe+", "uprobe.s+", "kretprobe+",
-            "uretprobe+", "uretprobe.s+", "kprobe.multi+", "kretprobe.multi+", "ksyscall+", "kretsyscall+", "usdt+",
-            "tc", "classifier", "action", "tracepoint+", "tp+", "raw_tracepoint+", "raw_tp+", "raw_tracepoint.w+",
-            "raw_tp.w+", "tp_btf+", "fentry+", "fmod_ret+", "fexit+", "fentry.s+", "fmod_ret.s+", "fexit.s+",
-            "freplace+", "lsm+", "lsm.s+", "lsm_cgroup+", "iter+", "iter.s+", "syscall", "xdp.frags/devmap",
-            "xdp/devmap", "xdp.frags/cpumap", "xdp/cpumap", "xdp.frags", "xdp", "perf_event", "lwt_in", "lwt_out",
-            "lwt_xmit", "lwt_seg6local", "sockops", "sk_skb/stream_parser", "sk_skb/stream_verdict", "sk_skb",
-            "sk_msg", "lirc_mode2", "flow_dissector", "cgroup_skb/ingress", "cgroup_skb/egress", "cgroup/skb",
-            "cgroup/sock_create", "cgroup/sock_release", "cgroup/sock", "cgroup/post_bind4", "cgroup/post_bind6",
-            "cgroup/bind4", "cgroup/bind6", "cgroup/connect4", "cgroup/connect6", "cgroup/sendmsg4",
-            "cgroup/sendmsg6", "cgroup/recvmsg4", "cgroup/recvmsg6", "cgroup/getpeername4", "cgroup/getpeername6",
-            "cgroup/getsockname4", "cgroup/getsockname6", "cgroup/sysctl", "cgroup/getsockopt", "cgroup/setsockopt",
-            "cgroup/dev", "struct_ops+", "sk_lookup",
+            "socket",
+            "sk_reuseport/migrate",
+            "sk_reuseport",
+            "kprobe+",
+            "uprobe+",
+            "uprobe.s+",
+            "kretprobe+",
+            "uretprobe+",
+            "uretprobe.s+",
+            "kprobe.multi+",
+            "kretprobe.multi+",
+            "ksyscall+",
+            "kretsyscall+",
+            "usdt+",
+            "tc",
+            "classifier",
+            "action",
+            "tracepoint+",
+            "tp+",
+            "raw_tracepoint+",
+            "raw_tp+",
+            "raw_tracepoint.w+",
+            "raw_tp.w+",
+            "tp_btf+",
+            "fentry+",
+            "fmod_ret+",
+            "fexit+",
+            "fentry.s+",
+            "fmod_ret.s+",
+            "fexit.s+",
+            "freplace+",
+            "lsm+",
+            "lsm.s+",
+            "lsm_cgroup+",
+            "iter+",
+            "iter.s+",
+            "syscall",
+            "xdp.frags/devmap",
+            "xdp/devmap",
+            "xdp.frags/cpumap",
+            "xdp/cpumap",
+            "xdp.frags",
+            "xdp",
+            "perf_event",
+            "lwt_in",
+            "lwt_out",
+            "lwt_xmit",
+            "lwt_seg6local",
+            "sockops",
+            "sk_skb/stream_parser",
+            "sk_skb/stream_verdict",
+            "sk_skb",
+            "sk_msg",
+            "lirc_mode2",
+            "flow_dissector",
+            "cgroup_skb/ingress",
+            "cgroup_skb/egress",
+            "cgroup/skb",
+            "cgroup/sock_create",
+            "cgroup/sock_release",
+            "cgroup/sock",
+            "cgroup/post_bind4",
+            "cgroup/post_bind6",
+            "cgroup/bind4",
+            "cgroup/bind6",
+            "cgroup/connect4",
+            "cgroup/connect6",
+            "cgroup/sendmsg4",
+            "cgroup/sendmsg6",
+            "cgroup/recvmsg4",
+            "cgroup/recvmsg6",
+            "cgroup/getpeername4",
+            "cgroup/getpeername6",
+            "cgroup/getsockname4",
+            "cgroup/getsockname6",
+            "cgroup/sysctl",
+            "cgroup/getsockopt",
+            "cgroup/setsockopt",
+            "cgroup/dev",
+            "struct_ops+",
+            "sk_lookup",
         ];
         for def in LIBBPF_1_1 {
             let (base, with_target) = match def.strip_suffix('+') {
@@ -351,8 +425,15 @@ mod tests {
             for n in names {
                 let c = classify(&n).unwrap_or_else(|e| panic!("{n}: {e}"));
                 assert_ne!(c.kind, ProgramKind::Unknown, "{n}");
-                let user = matches!(c.kind, ProgramKind::Uprobe { .. } | ProgramKind::Usdt { .. } | ProgramKind::Tracepoint { .. } | ProgramKind::RawTracepoint { .. });
-                let want_user = ["uprobe", "uretprobe", "usdt", "tracepoint", "tp", "raw_tracepoint", "raw_tp"].contains(&base.trim_end_matches(".s"));
+                let user = matches!(
+                    c.kind,
+                    ProgramKind::Uprobe { .. }
+                        | ProgramKind::Usdt { .. }
+                        | ProgramKind::Tracepoint { .. }
+                        | ProgramKind::RawTracepoint { .. }
+                );
+                let want_user = ["uprobe", "uretprobe", "usdt", "tracepoint", "tp", "raw_tracepoint", "raw_tp"]
+                    .contains(&base.trim_end_matches(".s"));
                 assert_eq!(user, want_user, "{n}: {:?}", c.kind);
                 assert_eq!(c.sleepable, base.ends_with(".s") || base == "syscall", "{n}");
             }

@@ -5,10 +5,10 @@ mod common;
 
 use common::compile;
 use std::process::Command;
+use userbpf_object::Object;
 use userbpf_object::btf::format::{format_value, to_json};
 use userbpf_object::btf::{Btf, Kind, TypeKind};
 use userbpf_object::elf::Elf;
-use userbpf_object::Object;
 
 /// The raw `.BTF` section of an object.
 fn raw_btf(obj: &[u8]) -> Btf {
@@ -18,11 +18,7 @@ fn raw_btf(obj: &[u8]) -> Btf {
 }
 
 fn q(s: &str) -> String {
-    if s.is_empty() {
-        "'(anon)'".into()
-    } else {
-        format!("'{s}'")
-    }
+    if s.is_empty() { "'(anon)'".into() } else { format!("'{s}'") }
 }
 
 /// Renders BTF the way `bpftool btf dump file` does (plain text).
@@ -311,7 +307,10 @@ fn printer_kinds() {
     set(&mut v, 80, &u64::MAX.to_le_bytes()); // wide = 2^64 - 1
     set(&mut v, 64, &(-3i32).to_le_bytes()); // se = NEG
     let text = format_value(btf, t, &v).unwrap();
-    assert!(text.starts_with("{ .member = -1, .cv = 0, .uptr = 0x0, .fwd = 0x0, .fwdu = 0x0, .f = 0.0, .d = 0.0,"), "{text}");
+    assert!(
+        text.starts_with("{ .member = -1, .cv = 0, .uptr = 0x0, .fwd = 0x0, .fwdu = 0x0, .f = 0.0, .d = 0.0,"),
+        "{text}"
+    );
     assert!(text.contains(".se = NEG,"), "{text}");
     assert!(text.contains(".wide = 0xffffffffffffffff,"), "{text}");
     assert!(text.ends_with(".fnptr = 0x0, .rp = 0x0 }"), "{text}");

@@ -98,7 +98,7 @@ fn target_layout() {
     for (_, relo) in &r.relos {
         let (kind, ty, access) = key(&r, relo);
         let want: Option<u64> = match (kind.as_str(), ty.as_str(), access.as_str()) {
-            ("byte_off", "struct sample", "0:4") => Some(0),          // b moved to the front
+            ("byte_off", "struct sample", "0:4") => Some(0), // b moved to the front
             ("byte_off", "struct sample___flavor", "0:1") => Some(0), // flavor resolves to sample
             ("field_exists", "struct sample___flavor", "0:2") => Some(0),
             ("byte_off", "struct sample___flavor", "0:2") => None, // guarded read: poisoned
@@ -182,7 +182,10 @@ fn kernel_types_against_vmlinux() {
     assert_eq!(ldx_offsets(&o, "regs"), [112, 104]);
     assert_eq!(ldx_offsets(&o, "task"), [4]);
     let path = std::path::Path::new("/sys/kernel/btf/vmlinux");
-    if !userbpf_testutil::require(path.exists() && cfg!(target_arch = "x86_64"), "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux) for the kernel part") {
+    if !userbpf_testutil::require(
+        path.exists() && cfg!(target_arch = "x86_64"),
+        "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux) for the kernel part",
+    ) {
         return;
     }
     let vmlinux = Btf::parse_file(path).unwrap().unwrap();
@@ -199,7 +202,10 @@ fn kernel_types_against_vmlinux() {
 #[test]
 fn libbpf_tools_style_object() {
     let vmlinux = std::path::Path::new("/sys/kernel/btf/vmlinux");
-    if !userbpf_testutil::require(vmlinux.exists() && cfg!(target_arch = "x86_64"), "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux)") {
+    if !userbpf_testutil::require(
+        vmlinux.exists() && cfg!(target_arch = "x86_64"),
+        "an x86-64 kernel's BTF (/sys/kernel/btf/vmlinux)",
+    ) {
         return;
     }
     let dir = common::out_dir().join(format!("vmlinux-h-{}", std::process::id()));
@@ -228,7 +234,13 @@ fn libbpf_tools_style_object() {
             let p = program_for_section(&o, sec);
             let i = (relo.insn_off / 8) as usize;
             // The header came from this kernel: every relocation resolves to the compiled value.
-            assert_eq!(p.insns[i], r.code[sec][i], "{:?} against {}", key(&r, relo), if target.is_some() { "vmlinux" } else { "itself" });
+            assert_eq!(
+                p.insns[i],
+                r.code[sec][i],
+                "{:?} against {}",
+                key(&r, relo),
+                if target.is_some() { "vmlinux" } else { "itself" }
+            );
         }
         for p in &o.programs {
             assert!(!p.insns.iter().any(|i| i.op == OP_CALL && i.imm == CORE_POISON_HELPER), "{} poisoned", p.name);
@@ -237,7 +249,10 @@ fn libbpf_tools_style_object() {
         assert!(rodata.is_readonly());
         assert_eq!(o.map("events").unwrap().1.max_entries, 256 * 1024);
     }
-    assert_eq!(o_kind(&obj, "tp_openat"), ProgramKind::Tracepoint { category: "syscalls".into(), name: "sys_enter_openat".into() });
+    assert_eq!(
+        o_kind(&obj, "tp_openat"),
+        ProgramKind::Tracepoint { category: "syscalls".into(), name: "sys_enter_openat".into() }
+    );
 }
 
 fn o_kind(obj: &[u8], name: &str) -> ProgramKind {

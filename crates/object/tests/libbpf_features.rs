@@ -24,17 +24,31 @@ fn refused(src: &str) -> String {
 #[test]
 fn map_attributes_libbpf_does_not_know_are_refused() {
     assert_eq!(refused("bad/pinning.bpf.c"), "pinning.bpf.o: section .maps: map `odd_pin`: invalid pinning value 2");
-    assert_eq!(refused("bad/unknown_field.bpf.c"), "unknown_field.bpf.o: section .maps: map `odd_field`: unknown field `prealloc_pages`");
+    assert_eq!(
+        refused("bad/unknown_field.bpf.c"),
+        "unknown_field.bpf.o: section .maps: map `odd_field`: unknown field `prealloc_pages`"
+    );
 }
 
 #[test]
 fn kernel_symbols_strong_are_refused_weak_resolve_to_zero() {
     let e = refused("bad/ksym_typeless.bpf.c");
-    assert!(e.starts_with("ksym_typeless.bpf.o: extern `init_task`: __ksym kernel symbols are resolved against the running kernel"), "{e}");
+    assert!(
+        e.starts_with(
+            "ksym_typeless.bpf.o: extern `init_task`: __ksym kernel symbols are resolved against the running kernel"
+        ),
+        "{e}"
+    );
     let o = Object::parse(&compile("ksyms_weak.bpf.c"), "ksyms_weak.bpf.o").unwrap();
     let p = o.program("p").unwrap();
     // Both addresses are `lddw rX, 0` (no map, no relocation left); the third load is `where`.
-    let lddws: Vec<_> = p.insns.iter().enumerate().filter(|(_, i)| i.is_lddw()).map(|(n, i)| (i.src, i.imm, p.insns[n + 1].imm)).collect();
+    let lddws: Vec<_> = p
+        .insns
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.is_lddw())
+        .map(|(n, i)| (i.src, i.imm, p.insns[n + 1].imm))
+        .collect();
     assert_eq!(lddws.iter().filter(|l| **l == (0, 0, 0)).count(), 2, "{lddws:?}");
     assert_eq!(lddws.len(), 3, "{lddws:?}");
 }

@@ -179,9 +179,15 @@ fn subprograms_and_global_data() {
     assert_eq!(three.kind, ProgramKind::Usdt { target: None });
 
     // Map and global variable references.
-    let (counts, d, r, f, b) =
-        (map_idx(&o, "counts"), map_idx(&o, "globals.data"), map_idx(&o, "globals.rodata"), map_idx(&o, ".data.foo"), map_idx(&o, "globals.bss"));
-    let l1: Vec<(u8, i32, i32)> = loads(one).into_iter().filter(|l| l.1 != BPF_PSEUDO_FUNC).map(|l| (l.1, l.2, l.3)).collect();
+    let (counts, d, r, f, b) = (
+        map_idx(&o, "counts"),
+        map_idx(&o, "globals.data"),
+        map_idx(&o, "globals.rodata"),
+        map_idx(&o, ".data.foo"),
+        map_idx(&o, "globals.bss"),
+    );
+    let l1: Vec<(u8, i32, i32)> =
+        loads(one).into_iter().filter(|l| l.1 != BPF_PSEUDO_FUNC).map(|l| (l.1, l.2, l.3)).collect();
     assert_eq!(
         l1,
         [
@@ -268,8 +274,10 @@ fn btf_maps() {
     // use_maps references each map by index.
     let u = o.program("use_maps").unwrap();
     let refs: Vec<i32> = loads(u).iter().filter(|l| l.1 == BPF_PSEUDO_MAP_IDX).map(|l| l.2).collect();
-    let want: Vec<i32> =
-        ["by_type", "outer", "by_size", "events", "pinned", "bloom", "outer_hash", "jumps"].iter().map(|n| map_idx(&o, n)).collect();
+    let want: Vec<i32> = ["by_type", "outer", "by_size", "events", "pinned", "bloom", "outer_hash", "jumps"]
+        .iter()
+        .map(|n| map_idx(&o, n))
+        .collect();
     assert_eq!(refs, want);
     assert_eq!(map_type_name(bloom.map_type), Some("bloom_filter"));
 }
@@ -295,7 +303,12 @@ fn legacy_maps() {
 fn kconfig_externs() {
     let bytes = compile("kconfig.bpf.c");
     let mut opts = ParseOptions { kernel_version: Some(0x050f00), ..Default::default() };
-    for (k, v) in [("CONFIG_HZ", "250"), ("CONFIG_BPF_SYSCALL", "y"), ("CONFIG_MODULES", "m"), ("CONFIG_DEFAULT_HOSTNAME", "\"(none)\"")] {
+    for (k, v) in [
+        ("CONFIG_HZ", "250"),
+        ("CONFIG_BPF_SYSCALL", "y"),
+        ("CONFIG_MODULES", "m"),
+        ("CONFIG_DEFAULT_HOSTNAME", "\"(none)\""),
+    ] {
         opts.kconfig.insert(k.into(), KconfigValue::parse(v).unwrap());
     }
     let o = Object::parse_with_options(&bytes, "kconfig.bpf.o", &opts).unwrap();
@@ -313,7 +326,8 @@ fn kconfig_externs() {
     let l = loads(p);
     // LINUX_KERNEL_VERSION, CONFIG_HZ, CONFIG_BPF_SYSCALL, CONFIG_MODULES, CONFIG_DEFAULT_HOSTNAME,
     // CONFIG_NOT_SET read from the kconfig map at their offsets.
-    let mut kc: Vec<i32> = l.iter().filter(|x| x.1 == BPF_PSEUDO_MAP_IDX_VALUE && x.2 == ki as i32).map(|x| x.3).collect();
+    let mut kc: Vec<i32> =
+        l.iter().filter(|x| x.1 == BPF_PSEUDO_MAP_IDX_VALUE && x.2 == ki as i32).map(|x| x.3).collect();
     kc.sort();
     assert_eq!(kc, [0, 4, 8, 12, 16, 17]);
     // The weak __ksym resolved to 0: a plain `lddw r, 0`.
@@ -331,7 +345,8 @@ fn kconfig_externs() {
     }
     assert_eq!(zero_loads, 1);
     // The weak kfunc call stays an unresolved kfunc call (imm 0), as libbpf leaves it.
-    let kfunc_calls: Vec<&Insn> = p.insns.iter().filter(|i| i.op == OP_CALL && i.src == BPF_PSEUDO_KFUNC_CALL).collect();
+    let kfunc_calls: Vec<&Insn> =
+        p.insns.iter().filter(|i| i.op == OP_CALL && i.src == BPF_PSEUDO_KFUNC_CALL).collect();
     assert_eq!(kfunc_calls.len(), 1);
     assert_eq!((kfunc_calls[0].imm, kfunc_calls[0].off), (0, 0));
 
@@ -340,7 +355,9 @@ fn kconfig_externs() {
     let (file, sys) = system_kconfig(None).expect("the kernel's config is readable here (/proc/config.gz)");
     let o = Object::parse(&bytes, "kconfig.bpf.o").unwrap();
     let (_, k) = o.map("kconfig.kconfig").unwrap();
-    let text = btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap()).unwrap();
+    let text =
+        btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap())
+            .unwrap();
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let mut it = release.trim().split(|c: char| !c.is_ascii_digit()).map(|x| x.parse::<u32>().unwrap_or(0));
     let (a, b, c) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap_or(0));
@@ -389,7 +406,9 @@ fn kconfig_from_a_config_file_plain_or_gzipped() {
         let opts = ParseOptions { kconfig_file: Some(f.clone()), kernel_version: Some(0x050f00), ..Default::default() };
         let o = Object::parse_with_options(&bytes, "kconfig.bpf.o", &opts).unwrap();
         let (_, k) = o.map("kconfig.kconfig").unwrap();
-        let text = btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap()).unwrap();
+        let text =
+            btf::format::format_value(o.btf.as_ref().unwrap(), k.value_type_id.unwrap(), k.initial.as_ref().unwrap())
+                .unwrap();
         // `# ... is not set` leaves the weak CONFIG_MODULES unset (0), as libbpf reads it.
         assert_eq!(
             text,

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{compile, compile_args, obj_name};
-use userbpf_object::btf::format::format_value;
 use userbpf_object::btf::Btf;
+use userbpf_object::btf::format::format_value;
 use userbpf_object::elf::Elf;
 use userbpf_object::{Object, ParseOptions};
 
@@ -50,7 +50,10 @@ fn truncated() {
     let obj = compile("globals.bpf.c");
     assert_eq!(refusal(&obj[..2], "g.o"), "g.o: not an ELF file");
     assert_eq!(refusal(&obj[..40], "g.o"), "g.o: malformed ELF: truncated ELF header");
-    assert_msg(&refusal(&obj[..obj.len() / 2], "g.o"), "g.o: malformed ELF: section header 0 lies beyond the end of the file");
+    assert_msg(
+        &refusal(&obj[..obj.len() / 2], "g.o"),
+        "g.o: malformed ELF: section header 0 lies beyond the end of the file",
+    );
     assert_eq!(refusal(b"", "empty.o"), "empty.o: not an ELF file");
 }
 
@@ -153,7 +156,10 @@ fn bad_section_data() {
     let mut b = obj.clone();
     let r = section_range(&b, ".reluprobe");
     b[r.start + 12..r.start + 16].copy_from_slice(&9999u32.to_le_bytes());
-    assert_eq!(refusal(&b, "g.o"), "g.o: section uprobe: relocation at instruction 1 refers to symbol `#9999`, which does not exist");
+    assert_eq!(
+        refusal(&b, "g.o"),
+        "g.o: section uprobe: relocation at instruction 1 refers to symbol `#9999`, which does not exist"
+    );
     // A relocation pointing into the middle of an instruction.
     let mut b = obj.clone();
     let r = section_range(&b, ".reluprobe");
@@ -203,7 +209,8 @@ fn fuzz_truncated_and_bit_flipped_objects() {
     };
     // USERBPF_FUZZ_ITERS / USERBPF_FUZZ_SEED run longer or different campaigns.
     let iters: usize = std::env::var("USERBPF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
-    let seed: u64 = std::env::var("USERBPF_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
+    let seed: u64 =
+        std::env::var("USERBPF_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
     let mut rng = Rng::new(seed);
     // How far each mutant got: refused while reading the ELF file, its BTF, its symbols and
     // relocations, its maps and programs, or CO-RE; or accepted.
@@ -287,7 +294,14 @@ impl Stages {
         let slot = match r {
             Ok(_) => &mut self.accepted,
             Err(e) => match &e.kind {
-                K::Io(_) | K::NotElf | K::Not64Bit | K::BigEndian | K::WrongMachine { .. } | K::NotRelocatable(_) | K::BadElf(_) | K::Section { .. } => &mut self.elf,
+                K::Io(_)
+                | K::NotElf
+                | K::Not64Bit
+                | K::BigEndian
+                | K::WrongMachine { .. }
+                | K::NotRelocatable(_)
+                | K::BadElf(_)
+                | K::Section { .. } => &mut self.elf,
                 K::Btf { .. } | K::MissingBtf { .. } => &mut self.btf,
                 K::Relocation { .. } | K::Symbol { .. } | K::Extern { .. } => &mut self.symbols,
                 K::Program { .. } | K::Map { .. } => &mut self.maps_programs,

@@ -41,12 +41,12 @@
 //! from a helper, a signal handler) is skipped and counted as missed, as in the kernel.
 
 use std::cell::Cell;
-use std::mem::MaybeUninit;
 use std::io;
+use std::mem::MaybeUninit;
 use std::path::Path;
 use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
 
-use userbpf_maps::shm::{possible_cpus, Shm};
+use userbpf_maps::shm::{Shm, possible_cpus};
 
 /// What helpers may ask about the run in progress.
 #[derive(Debug, Clone, Copy)]
@@ -190,10 +190,10 @@ pub(crate) fn cached_pid_tgid() -> (u64, u64) {
 }
 
 /// Caches `value` as this thread's `tgid << 32 | tid` for fork generation `gen`.
-pub(crate) fn set_cached_pid_tgid(gen: u64, value: u64) {
+pub(crate) fn set_cached_pid_tgid(generation: u64, value: u64) {
     let r = run_block();
     r.pid_tgid.set(value);
-    r.pid_tgid_gen.set(gen);
+    r.pid_tgid_gen.set(generation);
 }
 
 /// Tail calls made so far by the run in progress on this thread.
@@ -290,7 +290,10 @@ impl CpuSlots {
             Err(e) => return Err(e),
         };
         if shm.len() < len {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{}: too short for {nr} CPUs", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: too short for {nr} CPUs", path.display()),
+            ));
         }
         Ok(CpuSlots { shm, nr })
     }
@@ -315,7 +318,9 @@ impl CpuSlots {
     pub fn claim_desc(&self) -> userbpf_vm::jit::SlotClaim {
         let fs0: usize;
         // SAFETY: reads the thread pointer (the TCB's self pointer at fs:[0]).
-        unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) fs0, options(nostack, readonly, preserves_flags)) };
+        unsafe {
+            std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) fs0, options(nostack, readonly, preserves_flags))
+        };
         let block = thread_run() as usize as i64 - fs0 as i64;
         let rseq = RSEQ_OFFSET.load(Ordering::Relaxed);
         userbpf_vm::jit::SlotClaim {

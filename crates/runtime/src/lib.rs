@@ -10,6 +10,6 @@ pub mod program_table;
 pub mod session;
 pub mod verify;
 
-pub use loader::{load_object, LoadObjectError, LoadedObject};
+pub use loader::{LoadObjectError, LoadedObject, load_object};
 pub use program::{Engine, LoadedProgram};
 pub use session::{LinkRecord, MapRecord, ProgRecord, Session, SessionError};

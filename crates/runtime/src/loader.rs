@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use userbpf_isa::*;
-use userbpf_maps::{Map, MapSpec, MapType, BPF_ANY};
+use userbpf_maps::{BPF_ANY, Map, MapSpec, MapType};
 use userbpf_object::{InitSlot, MapDef, Object, ProgramKind, ProgramSpec};
 use userbpf_vm::HelperRegistry;
 
@@ -113,7 +113,9 @@ fn pin_file(session: &Session, path: &str) -> std::path::PathBuf {
 fn reuse_pinned(session: &Session, path: &str, spec: &MapSpec) -> Result<Option<(MapRecord, Map)>, String> {
     let Ok(text) = std::fs::read_to_string(pin_file(session, path)) else { return Ok(None) };
     let id = match text.trim().split_once(' ') {
-        Some(("map", id)) => id.parse::<u32>().map_err(|_| format!("the pin at {path} is corrupt ({:?})", text.trim()))?,
+        Some(("map", id)) => {
+            id.parse::<u32>().map_err(|_| format!("the pin at {path} is corrupt ({:?})", text.trim()))?
+        }
         _ => return Err(format!("{path} is pinned, but not to a map ({:?})", text.trim())),
     };
     let Some(record) = session.maps().map_err(|e| e.to_string())?.into_iter().find(|r| r.id == id) else {
@@ -140,7 +142,10 @@ fn reuse_pinned(session: &Session, path: &str, spec: &MapSpec) -> Result<Option<
         diffs.push(format!("map_extra {:#x} != {:#x}", have.map_extra, spec.map_extra));
     }
     if !diffs.is_empty() {
-        return Err(format!("the map pinned at {path} (id {id}) does not match this definition ({}): libbpf refuses to reuse it", diffs.join(", ")));
+        return Err(format!(
+            "the map pinned at {path} (id {id}) does not match this definition ({}): libbpf refuses to reuse it",
+            diffs.join(", ")
+        ));
     }
     Ok(Some((record, map)))
 }
@@ -169,13 +174,21 @@ fn check_numa_node(def: &MapDef) -> Result<(), String> {
         None => r.parse::<u32>() == Ok(node),
     });
     if !is_online {
-        return Err(format!("numa_node {node} (with BPF_F_NUMA_NODE) is not an online NUMA node (online: {})", online.trim()));
+        return Err(format!(
+            "numa_node {node} (with BPF_F_NUMA_NODE) is not an online NUMA node (online: {})",
+            online.trim()
+        ));
     }
     Ok(())
 }
 
 /// Loads `object` into `session`.
-pub fn load_object(session: &Session, object: Object, opts: &LoadOptions<'_>, slots: Arc<CpuSlots>) -> Result<LoadedObject, LoadObjectError> {
+pub fn load_object(
+    session: &Session,
+    object: Object,
+    opts: &LoadOptions<'_>,
+    slots: Arc<CpuSlots>,
+) -> Result<LoadedObject, LoadObjectError> {
     let mut pinned: Vec<(String, u32)> = Vec::new();
     let r = load_object_pinning(session, object, opts, slots, &mut pinned);
     if r.is_err() {
@@ -197,7 +210,9 @@ fn load_object_pinning(
     let oname = object.file.clone();
     let other = |why: String| LoadObjectError::Other { object: oname.clone(), why };
     let btf_id = match &object.btf {
-        Some(btf) => Some(session.add_btf(&btf.to_bytes()).map_err(|e| other(format!("storing BTF in the session: {e}")))?),
+        Some(btf) => {
+            Some(session.add_btf(&btf.to_bytes()).map_err(|e| other(format!("storing BTF in the session: {e}")))?)
+        }
         None => None,
     };
 
@@ -214,13 +229,13 @@ fn load_object_pinning(
         // LIBBPF_PIN_BY_NAME: reuse the map pinned at the pin path, or create it and pin it
         // there (libbpf's bpf_object__reuse_map, then bpf_map__pin).
         let pin_path = (def.pinning == userbpf_object::maps::PIN_BY_NAME).then(|| format!("{PIN_ROOT}/{}", def.name));
-        if let Some(path) = &pin_path {
-            if let Some((record, map)) = reuse_pinned(session, path, &spec).map_err(map_err)? {
-                let map = Arc::new(map);
-                crate::helpers::maps::register_map(record.id, map.clone());
-                maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
-                continue;
-            }
+        if let Some(path) = &pin_path
+            && let Some((record, map)) = reuse_pinned(session, path, &spec).map_err(map_err)?
+        {
+            let map = Arc::new(map);
+            crate::helpers::maps::register_map(record.id, map.clone());
+            maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
+            continue;
         }
         let record = MapRecord {
             id: 0,
@@ -254,12 +269,17 @@ fn load_object_pinning(
         }
         for (slot, init) in def.init_slots.iter().enumerate() {
             if let Some(InitSlot::Map(j)) = init {
-                let inner = maps.get(*j).ok_or_else(|| other(format!("map `{}` slot {slot} names map #{j}, which does not exist", def.name)))?;
+                let inner = maps.get(*j).ok_or_else(|| {
+                    other(format!("map `{}` slot {slot} names map #{j}, which does not exist", def.name))
+                })?;
                 let id = inner.record.id;
-                maps[i]
-                    .map
-                    .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
-                    .map_err(|e| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why: format!("setting slot {slot}: {e}") })?;
+                maps[i].map.update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY).map_err(|e| {
+                    LoadObjectError::Map {
+                        object: oname.clone(),
+                        map: def.name.clone(),
+                        why: format!("setting slot {slot}: {e}"),
+                    }
+                })?;
             }
         }
     }
@@ -274,14 +294,34 @@ fn load_object_pinning(
         if !wanted[pi] {
             continue;
         }
-        let perr = |why: String| LoadObjectError::Program { object: oname.clone(), prog: spec.name.clone(), section: spec.section.clone(), why };
+        let perr = |why: String| LoadObjectError::Program {
+            object: oname.clone(),
+            prog: spec.name.clone(),
+            section: spec.section.clone(),
+            why,
+        };
         if let ProgramKind::KernelOnly { kind } = &spec.kind {
-            return Err(perr(format!("{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet")));
+            return Err(perr(format!(
+                "{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet"
+            )));
         }
         check_license(spec, &object.license, &opts.helpers).map_err(perr)?;
         let insns = rewrite_map_refs(spec, &ids).map_err(perr)?;
-        let inner = |m: &Map| maps.iter().find(|lm| std::ptr::eq(&*lm.map, m)).and_then(|lm| lm.def.inner.as_deref()).and_then(|d| spec_of(d).ok());
-        crate::verify::check(&spec.name, &insns, prog_type_name(&spec.kind), &object.license, &resolver.as_slice(), &inner).map_err(perr)?;
+        let inner = |m: &Map| {
+            maps.iter()
+                .find(|lm| std::ptr::eq(&*lm.map, m))
+                .and_then(|lm| lm.def.inner.as_deref())
+                .and_then(|d| spec_of(d).ok())
+        };
+        crate::verify::check(
+            &spec.name,
+            &insns,
+            prog_type_name(&spec.kind),
+            &object.license,
+            &resolver.as_slice(),
+            &inner,
+        )
+        .map_err(perr)?;
         let record = ProgRecord {
             id: 0,
             name: spec.name.clone(),
@@ -294,8 +334,16 @@ fn load_object_pinning(
             license: object.license.clone(),
         };
         let record = session.add_prog(record).map_err(|e| perr(format!("recording it in the session: {e}")))?;
-        let prog = LoadedProgram::prepare(record.id, &spec.name, &insns, opts.helpers.clone(), &resolver.as_slice(), opts.engine, slots.clone())
-            .map_err(|e| perr(explain(e)))?;
+        let prog = LoadedProgram::prepare(
+            record.id,
+            &spec.name,
+            &insns,
+            opts.helpers.clone(),
+            &resolver.as_slice(),
+            opts.engine,
+            slots.clone(),
+        )
+        .map_err(|e| perr(explain(e)))?;
         prog_ids[pi] = Some(record.id);
         let prog = Arc::new(prog);
         crate::program_table::register(prog.clone());
@@ -317,13 +365,18 @@ fn load_object_pinning(
                     return Err(LoadObjectError::Map {
                         object: oname.clone(),
                         map: def.name.clone(),
-                        why: format!("`.values` slot {slot} names program `{name}` (section ?{section}), which is not loaded: its section starts with `?` (no autoload)"),
+                        why: format!(
+                            "`.values` slot {slot} names program `{name}` (section ?{section}), which is not loaded: its section starts with `?` (no autoload)"
+                        ),
                     });
                 };
-                maps[i]
-                    .map
-                    .update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY)
-                    .map_err(|e| LoadObjectError::Map { object: oname.clone(), map: def.name.clone(), why: format!("setting slot {slot}: {e}") })?;
+                maps[i].map.update_elem(&(slot as u32).to_ne_bytes(), &id.to_ne_bytes(), BPF_ANY).map_err(|e| {
+                    LoadObjectError::Map {
+                        object: oname.clone(),
+                        map: def.name.clone(),
+                        why: format!("setting slot {slot}: {e}"),
+                    }
+                })?;
             }
         }
     }
@@ -351,11 +404,12 @@ fn wanted_programs(object: &Object, only: Option<&[String]>) -> Vec<bool> {
         for m in referenced_maps(&object.programs[pi].insns) {
             let Some(def) = object.maps.get(m as usize) else { continue };
             for slot in def.init_slots.iter().flatten() {
-                if let InitSlot::Program(t) = slot {
-                    if *t < wanted.len() && !wanted[*t] {
-                        wanted[*t] = true;
-                        work.push(*t);
-                    }
+                if let InitSlot::Program(t) = slot
+                    && *t < wanted.len()
+                    && !wanted[*t]
+                {
+                    wanted[*t] = true;
+                    work.push(*t);
                 }
             }
         }
@@ -373,7 +427,8 @@ fn wanted_programs(object: &Object, only: Option<&[String]>) -> Vec<bool> {
 /// trace_vprintk (177), copy_from_user_task (191). Checked against the running kernel's
 /// verifier (a kprobe program of license "Proprietary" calling each id; 36 from the kernel
 /// source, this kernel refuses it for kprobes altogether).
-const GPL_ONLY_HELPERS: &[u32] = &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+const GPL_ONLY_HELPERS: &[u32] =
+    &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
 
 /// The kernel's `license_is_gpl_compatible`.
 fn license_is_gpl_compatible(license: &str) -> bool {
@@ -393,7 +448,8 @@ fn check_license(spec: &ProgramSpec, license: &str, helpers: &HelperRegistry) ->
         if insn.op == OP_CALL && insn.src == 0 && GPL_ONLY_HELPERS.contains(&(insn.imm as u32)) {
             let id = insn.imm as u32;
             let name = helpers.get(id).map_or_else(|| format!("#{id}"), |h| format!("bpf_{}#{id}", h.name));
-            let shown = if license.is_empty() { "no license section".to_string() } else { format!("license \"{license}\"") };
+            let shown =
+                if license.is_empty() { "no license section".to_string() } else { format!("license \"{license}\"") };
             return Err(format!(
                 "instruction {pc}: cannot call GPL-restricted function {name} from a program that is not GPL-compatible ({shown}; the kernel refuses it too)"
             ));
@@ -408,7 +464,9 @@ fn rewrite_map_refs(spec: &ProgramSpec, ids: &[u32]) -> Result<Vec<Insn>, String
     let mut insns = spec.insns.clone();
     for (pc, insn) in insns.iter_mut().enumerate() {
         if insn.is_lddw() && (insn.src == BPF_PSEUDO_MAP_IDX || insn.src == BPF_PSEUDO_MAP_IDX_VALUE) {
-            let id = ids.get(insn.imm as u32 as usize).ok_or_else(|| format!("instruction {pc} refers to map #{}, which the object does not define", insn.imm))?;
+            let id = ids.get(insn.imm as u32 as usize).ok_or_else(|| {
+                format!("instruction {pc} refers to map #{}, which the object does not define", insn.imm)
+            })?;
             insn.imm = *id as i32;
         }
     }
@@ -448,12 +506,14 @@ pub fn prepare_record(
     engine: Engine,
     slots: Arc<CpuSlots>,
 ) -> Result<LoadedProgram, String> {
-    let bytes = userbpf_isa::parse_hex(&record.insns_hex).map_err(|e| format!("program {} in the session: {e}", record.id))?;
+    let bytes =
+        userbpf_isa::parse_hex(&record.insns_hex).map_err(|e| format!("program {} in the session: {e}", record.id))?;
     let insns = userbpf_isa::decode(&bytes).map_err(|e| format!("program {} in the session: {e}", record.id))?;
     if calls_trace_printk(&insns) && !crate::helpers::has_trace_sink() {
         // Its lines go to the session's trace pipe (opened by the first program that prints,
         // so processes whose programs never print hold no descriptor for it).
-        let pipe = session.trace_pipe().map_err(|e| format!("program `{}`: the session's trace pipe: {e}", record.name))?;
+        let pipe =
+            session.trace_pipe().map_err(|e| format!("program `{}`: the session's trace pipe: {e}", record.name))?;
         crate::helpers::set_trace_sink(Some(Arc::new(pipe))).map_err(|e| format!("program `{}`: {e}", record.name))?;
     }
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
@@ -462,7 +522,9 @@ pub fn prepare_record(
         crate::helpers::maps::register_map(id, map.clone());
         maps.push((id, map));
     }
-    crate::verify::check(&record.name, &insns, &record.prog_type, &record.license, &maps.as_slice(), &|m| crate::verify::inner_from_slots(session, m))?;
+    crate::verify::check(&record.name, &insns, &record.prog_type, &record.license, &maps.as_slice(), &|m| {
+        crate::verify::inner_from_slots(session, m)
+    })?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
 }
@@ -515,7 +577,9 @@ pub fn prepare_tail_targets(
                 }
                 let all = match &records {
                     Some(r) => r,
-                    None => records.insert(session.progs().map_err(|e| format!("reading the session's programs: {e}"))?),
+                    None => {
+                        records.insert(session.progs().map_err(|e| format!("reading the session's programs: {e}"))?)
+                    }
                 };
                 let Some(rec) = all.iter().find(|p| p.id == target).cloned() else { continue };
                 let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
@@ -602,13 +666,15 @@ fn unpin(session: &Session, path: &str, id: u32) -> std::io::Result<()> {
         Err(e) => return Err(e),
     }
     let rec_path = session.layout().map_record(id);
-    if let Ok(text) = std::fs::read(&rec_path) {
-        if let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text) {
-            if rec.pinned.is_some() {
-                rec.pinned = None;
-                crate::session::layout::write_atomic(&rec_path, &serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?)?;
-            }
-        }
+    if let Ok(text) = std::fs::read(&rec_path)
+        && let Ok(mut rec) = serde_json::from_slice::<MapRecord>(&text)
+        && rec.pinned.is_some()
+    {
+        rec.pinned = None;
+        crate::session::layout::write_atomic(
+            &rec_path,
+            &serde_json::to_vec_pretty(&rec).map_err(std::io::Error::other)?,
+        )?;
     }
     Ok(())
 }

@@ -1,12 +1,15 @@
 //! Programs ready to run in this process: checked, map references resolved to the maps this
 //! process has mapped, compiled by the JIT (or left to the interpreter), with run statistics.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use userbpf_isa::*;
 use userbpf_maps::Map;
-use userbpf_vm::{HelperRegistry, InlineArray, Interpreter, JitProgram, LoadError, LoadOptions, MemoryPolicy, Program, Region, Relocator, VmError};
+use userbpf_vm::{
+    HelperRegistry, InlineArray, Interpreter, JitProgram, LoadError, LoadOptions, MemoryPolicy, Program, Region,
+    Relocator, VmError,
+};
 
 use crate::context::{self, CpuSlots, Missed, RunContext};
 
@@ -70,11 +73,17 @@ impl Relocator for Resolve<'_> {
                 // SAFETY: the key buffer is 4 valid bytes, what an array map reads.
                 let base = unsafe { map.lookup(key.as_ptr(), 0) };
                 if base.is_null() || map.map_type() != userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY {
-                    return Err(format!("instruction {index}: map value of map {id} ({}) taken, but it is not an array with an element 0", map.spec().name));
+                    return Err(format!(
+                        "instruction {index}: map value of map {id} ({}) taken, but it is not an array with an element 0",
+                        map.spec().name
+                    ));
                 }
                 let off = next_imm as u32 as u64;
                 if off >= map.spec().value_size as u64 {
-                    return Err(format!("instruction {index}: offset {off} is past the value of map {id} ({} bytes)", map.spec().value_size));
+                    return Err(format!(
+                        "instruction {index}: offset {off} is past the value of map {id} ({} bytes)",
+                        map.spec().value_size
+                    ));
                 }
                 base as u64 + off
             }
@@ -211,15 +220,18 @@ impl LoadedProgram {
             Engine::Jit => Some(JitProgram::compile(prog.clone()).map_err(PrepareError::Jit)?),
             Engine::Interpreter => None,
         };
-        Ok(LoadedProgram { id, name: name.to_string(), interp: Interpreter::new(prog), jit, slots, stats: RunStats::default() })
+        Ok(LoadedProgram {
+            id,
+            name: name.to_string(),
+            interp: Interpreter::new(prog),
+            jit,
+            slots,
+            stats: RunStats::default(),
+        })
     }
 
     pub fn engine(&self) -> Engine {
-        if self.jit.is_some() {
-            Engine::Jit
-        } else {
-            Engine::Interpreter
-        }
+        if self.jit.is_some() { Engine::Jit } else { Engine::Interpreter }
     }
 
     pub fn program(&self) -> &Arc<Program> {
@@ -236,11 +248,7 @@ impl LoadedProgram {
     /// while `self` lives.
     pub fn native_entry(&self) -> Option<usize> {
         let j = self.jit.as_ref()?;
-        if j.needs_context() {
-            None
-        } else {
-            j.fast_entry_address()
-        }
+        if j.needs_context() { None } else { j.fast_entry_address() }
     }
 
     /// The native entry of a JIT'd program whose runs need a run context (it calls helpers
@@ -249,11 +257,7 @@ impl LoadedProgram {
     /// for other programs ([`native_entry`](Self::native_entry) serves those needing neither).
     pub fn context_entry(&self) -> Option<usize> {
         let j = self.jit.as_ref()?;
-        if j.needs_context() {
-            j.fast_entry_address()
-        } else {
-            None
-        }
+        if j.needs_context() { j.fast_entry_address() } else { None }
     }
 
     /// The claiming entry of a JIT'd program whose runs need a CPU slot but call no helper
@@ -283,7 +287,14 @@ impl LoadedProgram {
     /// zero; `ctx`/`ctx_len` are what the program may read (and write) as its context, as for
     /// [`run`](Self::run).
     #[inline]
-    pub unsafe fn run_fast(&self, entry: usize, ctx: *mut u8, ctx_len: usize, mut info: RunContext, record: *mut [u64; 3]) {
+    pub unsafe fn run_fast(
+        &self,
+        entry: usize,
+        ctx: *mut u8,
+        ctx_len: usize,
+        mut info: RunContext,
+        record: *mut [u64; 3],
+    ) {
         type FastEntry = unsafe extern "C" fn(u64, u64, *mut [u64; 3], u64) -> u64;
         info.prog = self as *const LoadedProgram as *const ();
         info.ctx = ctx as u64;
@@ -402,7 +413,15 @@ mod tests {
     use crate::context::{CpuSlots, RunContext};
 
     fn spec(t: MapType, value: u32, max: u32) -> MapSpec {
-        MapSpec { map_type: t, key_size: 4, value_size: value, max_entries: max, map_flags: 0, map_extra: 0, name: "m".into() }
+        MapSpec {
+            map_type: t,
+            key_size: 4,
+            value_size: value,
+            max_entries: max,
+            map_flags: 0,
+            map_extra: 0,
+            name: "m".into(),
+        }
     }
 
     /// `r0 = bpf_map_lookup_elem(map 1, &(u32)ctx[0])`; with `deref`, then r0 = the u32 at
@@ -475,14 +494,24 @@ mod tests {
             for deref in [false, true] {
                 let insns = prog(deref);
                 let load = |engine| {
-                    LoadedProgram::prepare(1, "t", &insns, helpers.clone(), &resolver as &dyn MapResolver, engine, slots.clone())
-                        .unwrap()
+                    LoadedProgram::prepare(
+                        1,
+                        "t",
+                        &insns,
+                        helpers.clone(),
+                        &resolver as &dyn MapResolver,
+                        engine,
+                        slots.clone(),
+                    )
+                    .unwrap()
                 };
                 let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
                 assert_eq!(jit.program().inline_lookups().len(), usize::from(inlined), "case {n}");
                 for key in [0, 1, max / 2, max - 1, max, max + 1, 0x8000_0000, u32::MAX] {
                     let mut ctx = key.to_ne_bytes();
-                    let r = |p: &LoadedProgram, ctx: &mut [u8; 4]| p.run(ctx.as_mut_ptr(), 4, RunContext::default()).unwrap();
+                    let r = |p: &LoadedProgram, ctx: &mut [u8; 4]| {
+                        p.run(ctx.as_mut_ptr(), 4, RunContext::default()).unwrap()
+                    };
                     let (j, i) = (r(&jit, &mut ctx), r(&interp, &mut ctx));
                     let expect = {
                         let _g = crate::context::enter(&slots, RunContext::default()).unwrap();

@@ -6,8 +6,8 @@
 //! table): a run on another thread may still be using it, and nothing on the hot path can
 //! tell when it stops.
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use crate::program::LoadedProgram;
 

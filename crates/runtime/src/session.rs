@@ -18,7 +18,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 pub mod handshake;
 pub mod layout;
@@ -131,7 +131,11 @@ impl Session {
     /// As [`Session::open`], with the sessions under `root` (a process whose environment does
     /// not say where, such as one the agent was injected into).
     pub fn open_in(root: &Path, name: &str) -> io::Result<Session> {
-        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) || name.starts_with('.') {
+        if name.is_empty()
+            || name.len() > 64
+            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            || name.starts_with('.')
+        {
             return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
         }
         let layout = Layout::new(Self::dir_in(root, name));
@@ -352,7 +356,10 @@ impl Session {
             if p.extension().is_some_and(|x| x == "json") {
                 // A record being replaced may vanish between read_dir and read.
                 if let Ok(data) = fs::read(&p) {
-                    v.push(serde_json::from_slice(&data).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))?);
+                    v.push(
+                        serde_json::from_slice(&data)
+                            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))?,
+                    );
                 }
             }
         }
@@ -438,14 +445,26 @@ impl Session {
                 lock = s.try_lock();
             }
             let Ok(Some(_lock)) = lock else {
-                out.push(SessionInfo { name: s.name.clone(), dir: s.dir().to_path_buf(), members: Vec::new(), progs: 0, maps: 0, links: 0, pinned: Vec::new(), busy: true });
+                out.push(SessionInfo {
+                    name: s.name.clone(),
+                    dir: s.dir().to_path_buf(),
+                    members: Vec::new(),
+                    progs: 0,
+                    maps: 0,
+                    links: 0,
+                    pinned: Vec::new(),
+                    busy: true,
+                });
                 continue;
             };
             let mut members = s.live_members().unwrap_or_default();
             members.sort_unstable();
             members.dedup();
             let maps = s.maps().unwrap_or_default();
-            let count = |dir: PathBuf| fs::read_dir(dir).map_or(0, |rd| rd.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count());
+            let count = |dir: PathBuf| {
+                fs::read_dir(dir)
+                    .map_or(0, |rd| rd.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count())
+            };
             out.push(SessionInfo {
                 members: members.into_iter().map(|pid| (pid, comm(pid))).collect(),
                 progs: count(s.layout.progs_dir()),
@@ -589,7 +608,11 @@ impl SemaphoreRecord {
             let Some(link) = name.to_str().and_then(Layout::parse_semaphore) else { continue };
             let Ok(text) = fs::read_to_string(e.path()) else { continue };
             let mut l = text.lines();
-            let (Some(path), Some(offset), Some(pid)) = (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok())) else { continue };
+            let (Some(path), Some(offset), Some(pid)) =
+                (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok()))
+            else {
+                continue;
+            };
             v.push(SemaphoreRecord { link, path: path.to_string(), offset, pid: u32::try_from(pid).ok() });
         }
         v
@@ -671,8 +694,24 @@ mod tests {
             let live = Session::open("reap-live").unwrap();
             // Pinned, no process: kept, as a bpffs pin outlives its loader.
             let pinned = Session::open("reap-pinned").unwrap();
-            let spec = MapSpec { map_type: userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY, key_size: 4, value_size: 8, max_entries: 1, map_flags: 0, map_extra: 0, name: "p".into() };
-            let rec = MapRecord { id: 0, name: String::new(), btf_id: None, key_type_id: None, value_type_id: None, object: None, pinned: Some("/sys/fs/bpf/p".into()) };
+            let spec = MapSpec {
+                map_type: userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY,
+                key_size: 4,
+                value_size: 8,
+                max_entries: 1,
+                map_flags: 0,
+                map_extra: 0,
+                name: "p".into(),
+            };
+            let rec = MapRecord {
+                id: 0,
+                name: String::new(),
+                btf_id: None,
+                key_type_id: None,
+                value_type_id: None,
+                object: None,
+                pinned: Some("/sys/fs/bpf/p".into()),
+            };
             pinned.create_map(&spec, rec).unwrap();
             let pinned_dir = pinned.dir().to_path_buf();
             drop(pinned);
@@ -686,7 +725,10 @@ mod tests {
             let live_info = listed.iter().find(|i| i.name == "reap-live").expect("listed");
             assert_eq!(live_info.members.iter().map(|m| m.0).collect::<Vec<_>>(), vec![std::process::id()]);
             let pinned_info = listed.iter().find(|i| i.name == "reap-pinned").expect("listed");
-            assert_eq!((pinned_info.maps, pinned_info.pinned.clone(), pinned_info.members.len()), (1, vec!["/sys/fs/bpf/p".to_string()], 0));
+            assert_eq!(
+                (pinned_info.maps, pinned_info.pinned.clone(), pinned_info.members.len()),
+                (1, vec!["/sys/fs/bpf/p".to_string()], 0)
+            );
             assert!(!listed.iter().any(|i| i.name == "reap-dead"));
             fs::remove_dir_all(&pinned_dir).unwrap();
         });

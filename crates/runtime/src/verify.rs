@@ -34,10 +34,10 @@ pub fn inner_from_slots(session: &Session, outer: &Map) -> Option<MapSpec> {
         outer.get_next_key(key.as_deref(), &mut next).ok()?;
         if outer.lookup_elem(&next, &mut value).is_ok() && value.len() >= 4 {
             let id = u32::from_ne_bytes([value[0], value[1], value[2], value[3]]);
-            if id != 0 {
-                if let Ok(m) = session.open_map(id) {
-                    return Some(m.spec().clone());
-                }
+            if id != 0
+                && let Ok(m) = session.open_map(id)
+            {
+                return Some(m.spec().clone());
             }
         }
         key = Some(next.clone());
@@ -59,9 +59,18 @@ pub fn enabled() -> bool {
 /// states there.
 ///
 /// `inner` gives, for a map of maps (by id), the definition of its inner maps.
-pub fn check(name: &str, insns: &[Insn], prog_type: &str, license: &str, maps: &dyn MapResolver, inner: &dyn Fn(&Map) -> Option<MapSpec>) -> Result<(), String> {
+pub fn check(
+    name: &str,
+    insns: &[Insn],
+    prog_type: &str,
+    license: &str,
+    maps: &dyn MapResolver,
+    inner: &dyn Fn(&Map) -> Option<MapSpec>,
+) -> Result<(), String> {
     if !enabled() {
-        eprintln!("userbpf: warning: {VERIFY_ENV}=0: program `{name}` runs unverified; a faulty program can crash the process it runs in");
+        eprintln!(
+            "userbpf: warning: {VERIFY_ENV}=0: program `{name}` runs unverified; a faulty program can crash the process it runs in"
+        );
         return Ok(());
     }
     let prog_type = match prog_type {
@@ -78,7 +87,12 @@ pub fn check(name: &str, insns: &[Insn], prog_type: &str, license: &str, maps: &
     let mut pc = 0;
     while pc < insns.len() {
         let insn = insns[pc];
-        if insn.is_lddw() && matches!(insn.src, BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE | BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE) {
+        if insn.is_lddw()
+            && matches!(
+                insn.src,
+                BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE | BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE
+            )
+        {
             let id = insn.imm as u32;
             if let Some(map) = maps.map(id) {
                 let mut info = map_info(map.spec());
@@ -91,7 +105,8 @@ pub fn check(name: &str, insns: &[Insn], prog_type: &str, license: &str, maps: &
         pc += if insn.is_lddw() { 2 } else { 1 };
     }
     userbpf_verifier::verify(insns, &opts).map(|_| ()).map_err(|e| {
-        let state = e.log.lines().rev().find(|l| l.contains("R10=")).map(|l| format!(" [{}]", l.trim())).unwrap_or_default();
+        let state =
+            e.log.lines().rev().find(|l| l.contains("R10=")).map(|l| format!(" [{}]", l.trim())).unwrap_or_default();
         format!("{e}{state}")
     })
 }

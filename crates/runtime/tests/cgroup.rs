@@ -66,7 +66,9 @@ fn kernel_cgroup_id(cg: &Path) -> u64 {
     let out = Command::new("sh").args(["-c", &script]).output().expect("running sh");
     let text = String::from_utf8_lossy(&out.stdout);
     let id = text.lines().find_map(|l| l.strip_prefix("cg=")).and_then(|v| v.trim().parse().ok());
-    id.unwrap_or_else(|| panic!("bpftrace on the kernel gave no cgroup id:\n{text}\n{}", String::from_utf8_lossy(&out.stderr)))
+    id.unwrap_or_else(|| {
+        panic!("bpftrace on the kernel gave no cgroup id:\n{text}\n{}", String::from_utf8_lossy(&out.stderr))
+    })
 }
 
 #[test]
@@ -86,7 +88,15 @@ fn helpers_see_the_calling_threads_cgroup_v2() {
 
     // Slots: 0 = a, 1 = b, 2 = c, 3 = the hierarchy's root, 4 empty.
     let dir = userbpf_testutil::TmpDir::new("cgroup-helpers");
-    let spec = MapSpec { map_type: MapType::BPF_MAP_TYPE_CGROUP_ARRAY, key_size: 4, value_size: 4, max_entries: 5, map_flags: 0, map_extra: 0, name: "cg".into() };
+    let spec = MapSpec {
+        map_type: MapType::BPF_MAP_TYPE_CGROUP_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 5,
+        map_flags: 0,
+        map_extra: 0,
+        name: "cg".into(),
+    };
     let map = Arc::new(Map::create(&dir.join("1"), &spec).unwrap());
     map.set_id(1);
     assert!(register_map(1, map.clone()));
@@ -163,14 +173,22 @@ fn helpers_see_the_calling_threads_cgroup_v2() {
         assert_eq!(id(0, 0, 0, 0, 0), ino(&own));
     }
     // Not a cgroup array: EINVAL, as a map of the wrong type is refused.
-    let plain = Arc::new(Map::create(&dir.join("2"), &MapSpec { map_type: MapType::BPF_MAP_TYPE_ARRAY, value_size: 4, ..spec.clone() }).unwrap());
+    let plain = Arc::new(
+        Map::create(&dir.join("2"), &MapSpec { map_type: MapType::BPF_MAP_TYPE_ARRAY, value_size: 4, ..spec.clone() })
+            .unwrap(),
+    );
     plain.set_id(2);
     assert!(register_map(2, plain.clone()));
     // SAFETY: as above.
     assert_eq!(unsafe { under(Arc::as_ptr(&plain) as u64, 0, 0, 0, 0) }, neg(libc::EINVAL));
 
     // The kernel's ids are these inode numbers.
-    assert_eq!(kernel_cgroup_id(&c), ino(&c), "bpftrace's cgroup (the kernel's bpf_get_current_cgroup_id) in {}", c.display());
+    assert_eq!(
+        kernel_cgroup_id(&c),
+        ino(&c),
+        "bpftrace's cgroup (the kernel's bpf_get_current_cgroup_id) in {}",
+        c.display()
+    );
     drop(made);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -71,7 +71,16 @@ fn more_threads_than_cpus_on_one_cpu_lose_no_run_and_no_update() {
     let resolver: &[(u32, Arc<Map>)] = &maps;
     let helpers = userbpf_runtime::helpers::registry();
     let prog = Arc::new(
-        LoadedProgram::prepare(1, "count", &increment(400), helpers, &resolver as &dyn MapResolver, Engine::Jit, slots.clone()).unwrap(),
+        LoadedProgram::prepare(
+            1,
+            "count",
+            &increment(400),
+            helpers,
+            &resolver as &dyn MapResolver,
+            Engine::Jit,
+            slots.clone(),
+        )
+        .unwrap(),
     );
 
     // Threads enough that every slot is often held by a preempted thread.
@@ -102,7 +111,12 @@ fn more_threads_than_cpus_on_one_cpu_lose_no_run_and_no_update() {
     let per_cpu: Vec<u64> = values.chunks(8).take(nr).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
     let total: u64 = per_cpu.iter().sum();
     let expected = threads as u64 * runs;
-    assert_eq!(skipped, 0, "runs skipped ({} missed), per-CPU values {per_cpu:?}", prog.stats.missed.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(
+        skipped,
+        0,
+        "runs skipped ({} missed), per-CPU values {per_cpu:?}",
+        prog.stats.missed.load(std::sync::atomic::Ordering::Relaxed)
+    );
     assert_eq!(total, expected, "lost updates: per-CPU values {per_cpu:?}");
     assert_eq!(prog.stats.missed.load(std::sync::atomic::Ordering::Relaxed), 0);
     let _ = std::fs::remove_dir_all(&dir);

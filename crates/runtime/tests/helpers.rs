@@ -2,11 +2,11 @@
 //! prepared memory and maps, inside a run context; and a small program calling helpers in
 //! both executors.
 
-use userbpf_testutil::TmpDir;
 use std::sync::{Arc, Mutex};
+use userbpf_testutil::TmpDir;
 
 use userbpf_isa::Insn;
-use userbpf_maps::perf::{PerfConsumer, PerfEvent, BPF_F_CURRENT_CPU};
+use userbpf_maps::perf::{BPF_F_CURRENT_CPU, PerfConsumer, PerfEvent};
 use userbpf_maps::ringbuf::RingBufConsumer;
 use userbpf_maps::*;
 use userbpf_runtime::context::{self, CpuSlots, RunContext};
@@ -49,7 +49,15 @@ fn tmpdir(test: &str) -> TmpDir {
 }
 
 fn spec(t: MapType, key: u32, value: u32, max: u32) -> MapSpec {
-    MapSpec { map_type: t, key_size: key, value_size: value, max_entries: max, map_flags: 0, map_extra: 0, name: "m".into() }
+    MapSpec {
+        map_type: t,
+        key_size: key,
+        value_size: value,
+        max_entries: max,
+        map_flags: 0,
+        map_extra: 0,
+        name: "m".into(),
+    }
 }
 
 /// Creates a map in `dir` and registers it under `id` (its session is `dir`).
@@ -249,7 +257,8 @@ fn clocks() {
 #[test]
 fn pid_uid_comm_random_cpu() {
     // SAFETY: plain system calls without preconditions.
-    let (pid, tid, uid, gid) = unsafe { (libc::getpid() as u64, libc::gettid() as u64, libc::getuid() as u64, libc::getgid() as u64) };
+    let (pid, tid, uid, gid) =
+        unsafe { (libc::getpid() as u64, libc::gettid() as u64, libc::getuid() as u64, libc::getgid() as u64) };
     assert_eq!(call(14, &[]), pid << 32 | tid);
     assert_eq!(call(15, &[]), gid << 32 | uid);
     let other = std::thread::spawn(|| call(14, &[])).join().unwrap();
@@ -334,7 +343,14 @@ fn probe_reads_and_writes() {
     // A read running into an unmapped page fails as a whole.
     // SAFETY: mapping and protecting two fresh pages of our own.
     let pages = unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         libc::mprotect(p.cast::<u8>().add(4096).cast(), 4096, libc::PROT_NONE);
         p as u64
@@ -455,7 +471,10 @@ fn trace_printk_lines_reach_the_sink() {
 }
 
 fn snprintf(out: &mut [u8], fmt: &[u8], args: &[u64]) -> i64 {
-    calli(165, &[out.as_mut_ptr() as u64, out.len() as u64, fmt.as_ptr() as u64, args.as_ptr() as u64, 8 * args.len() as u64])
+    calli(
+        165,
+        &[out.as_mut_ptr() as u64, out.len() as u64, fmt.as_ptr() as u64, args.as_ptr() as u64, 8 * args.len() as u64],
+    )
 }
 
 #[test]
@@ -650,15 +669,19 @@ fn stacks_from_a_synthetic_frame_chain() {
     let ret0 = 0x0999u64;
     let r = regs(0x1000, base, addr(&ret0));
     let slots = slots();
-    let g = context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, at_func_entry: true, ..Default::default() })
-        .unwrap();
+    let g = context::enter(
+        &slots,
+        RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, at_func_entry: true, ..Default::default() },
+    )
+    .unwrap();
     assert_eq!(calli(67, &[0, b, 64, BPF_F_USER_STACK]), 40, "ctx 0: the run's registers");
     assert_eq!(&buf[..5], &[0x1000, 0x999, 0x1111, 0x2222, 0x3333]);
     drop(g);
     // Any other probed instruction, even at the function's start: no [rsp] word, the frame
     // chain follows the instruction pointer (the direct caller of a frameless leaf is lost, as
     // in the kernel).
-    let g = context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, ..Default::default() }).unwrap();
+    let g =
+        context::enter(&slots, RunContext { regs: r.as_ptr() as u64, func_ip: 0x1000, ..Default::default() }).unwrap();
     buf = [0xff; 8];
     assert_eq!(calli(67, &[0, b, 64, BPF_F_USER_STACK]), 32);
     assert_eq!(&buf[..5], &[0x1000, 0x1111, 0x2222, 0x3333, 0]);
@@ -722,7 +745,7 @@ std::arch::global_asm!(
     "    ret",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn userbpf_helpers_test_f1(cb: extern "C" fn(u64, u64));
     fn userbpf_helpers_test_ret1();
     fn userbpf_helpers_test_ret2();
@@ -760,12 +783,15 @@ fn stack_of_real_frames() {
 fn function_ip_cookie_arguments_and_return_value() {
     assert_eq!(call(173, &[]), 0, "outside runs");
     let mut r = regs(0x4000, 0, 0);
-    for (k, off) in [pt_regs::DI, pt_regs::SI, pt_regs::DX, pt_regs::CX, pt_regs::R8, pt_regs::R9].into_iter().enumerate() {
+    for (k, off) in
+        [pt_regs::DI, pt_regs::SI, pt_regs::DX, pt_regs::CX, pt_regs::R8, pt_regs::R9].into_iter().enumerate()
+    {
         r[off / 8] = 100 + k as u64;
     }
     let ctx = r.as_ptr() as u64;
     let slots = slots();
-    let info = RunContext { regs: ctx, func_ip: 0x4000, cookie: 0xc00c1e, nr_args: 3, retval: None, ..Default::default() };
+    let info =
+        RunContext { regs: ctx, func_ip: 0x4000, cookie: 0xc00c1e, nr_args: 3, retval: None, ..Default::default() };
     let g = context::enter(&slots, info).unwrap();
     assert_eq!(call(173, &[ctx]), 0x4000);
     assert_eq!(call(174, &[ctx]), 0xc00c1e);
@@ -783,7 +809,9 @@ fn function_ip_cookie_arguments_and_return_value() {
     assert_eq!(calli(183, &[ctx, 0, BAD]), neg(libc::EFAULT));
     assert_eq!(calli(184, &[ctx, addr_mut(&mut v)]), neg(libc::EOPNOTSUPP));
     drop(g);
-    let g = context::enter(&slots, RunContext { retval: Some(-5i64 as u64), nr_args: 8, regs: ctx, ..Default::default() }).unwrap();
+    let g =
+        context::enter(&slots, RunContext { retval: Some(-5i64 as u64), nr_args: 8, regs: ctx, ..Default::default() })
+            .unwrap();
     assert_eq!(calli(184, &[ctx, addr_mut(&mut v)]), 0);
     assert_eq!(v as i64, -5);
     assert_eq!(calli(183, &[ctx, 5, addr_mut(&mut v)]), 0);

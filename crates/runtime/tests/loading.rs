@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine};
+use userbpf_runtime::{Engine, load_object};
 
 /// The trace sink is one per process (loading an object installs its session's): tests take
 /// turns.
@@ -100,7 +100,12 @@ fn map_attributes_and_subprograms_work_as_in_libbpf() {
     assert_eq!(u64::from_ne_bytes(v), 2, "both runs counted in the one pinned map");
     // A definition that does not match the pinned map is refused, as libbpf refuses it.
     let e = try_load(&s, "pin_mismatch").err().expect("refused");
-    assert!(e.contains("map `pinned_runs`") && e.contains("the map pinned at /sys/fs/bpf/pinned_runs") && e.contains("max_entries 0x1 != 0x4"), "{e}");
+    assert!(
+        e.contains("map `pinned_runs`")
+            && e.contains("the map pinned at /sys/fs/bpf/pinned_runs")
+            && e.contains("max_entries 0x1 != 0x4"),
+        "{e}"
+    );
     // Unpinning (what `userbpf run` does for its own session) removes pin and record mark.
     userbpf_runtime::loader::unpin_maps(&s, &second).unwrap();
     assert!(!s.layout().pin(b"/sys/fs/bpf/pinned_runs").exists());

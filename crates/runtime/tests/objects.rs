@@ -8,7 +8,8 @@ use userbpf_runtime::Engine;
 /// turns.
 static TRACE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-const PROGS: [&str; 6] = ["hash_and_array", "percpu_and_lru", "queue_stack_bloom", "lpm_and_map_in_map", "globals", "ring_and_perf"];
+const PROGS: [&str; 6] =
+    ["hash_and_array", "percpu_and_lru", "queue_stack_bloom", "lpm_and_map_in_map", "globals", "ring_and_perf"];
 
 fn maps_programs(engine: Engine) {
     let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine};
+use userbpf_runtime::{Engine, load_object};
 
 fn load_err(name: &str, only: Option<&[String]>) -> String {
     let path = common::compile(name);
@@ -39,7 +39,10 @@ fn missing_helper_is_named() {
 #[test]
 fn kernel_only_programs() {
     let e = load_err("kernel_only", None);
-    assert!(e.contains("program `kernel_side` (section kprobe/do_sys_open): kprobe programs run only in the kernel"), "{e}");
+    assert!(
+        e.contains("program `kernel_side` (section kprobe/do_sys_open): kprobe programs run only in the kernel"),
+        "{e}"
+    );
     // The user-space program alone loads.
     let path = common::compile("kernel_only");
     let s = common::session("kernel-only-ok");

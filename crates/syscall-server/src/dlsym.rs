@@ -11,7 +11,7 @@
 //! Nothing here allocates or takes a lock: `dlsym` is called from anywhere (Rust's and
 //! glibc's own weak-symbol lookups included).
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{CStr, c_char, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use crate::serving;
@@ -54,7 +54,12 @@ extern "C" fn dlsym_redirect(handle: *mut c_void, name: *const c_char) -> *mut c
     // to replace, so libc's dlsym answers.
     let r = std::panic::catch_unwind(|| redirect(handle, name)).unwrap_or(std::ptr::null_mut());
     // The stub jumps to REAL_DLSYM when nothing is replaced: never to null.
-    let _ = REAL_DLSYM.compare_exchange(std::ptr::null_mut(), dlsym_missing as *const () as *mut c_void, Ordering::AcqRel, Ordering::Acquire);
+    let _ = REAL_DLSYM.compare_exchange(
+        std::ptr::null_mut(),
+        dlsym_missing as *const () as *mut c_void,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
     r
 }
 
@@ -83,7 +88,7 @@ fn redirect(handle: *mut c_void, name: *const c_char) -> *mut c_void {
 /// # Safety
 /// As for libc's `dlsym`.
 #[unsafe(naked)]
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "push rdi",

@@ -51,11 +51,7 @@ impl From<Error> for i32 {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let os = std::io::Error::from_raw_os_error(self.errno);
-        if self.reason.is_empty() {
-            write!(f, "{os}")
-        } else {
-            write!(f, "{} ({os})", self.reason)
-        }
+        if self.reason.is_empty() { write!(f, "{os}") } else { write!(f, "{} ({os})", self.reason) }
     }
 }
 
@@ -79,7 +75,10 @@ mod tests {
     #[test]
     fn reasons_read_as_libbpf_would_print_them() {
         let e = Error::inval("map_flags 0x80000 unknown");
-        assert_eq!(e.to_string(), format!("map_flags 0x80000 unknown ({})", std::io::Error::from_raw_os_error(libc::EINVAL)));
+        assert_eq!(
+            e.to_string(),
+            format!("map_flags 0x80000 unknown ({})", std::io::Error::from_raw_os_error(libc::EINVAL))
+        );
         let bare: Error = libc::EBADF.into();
         assert_eq!(bare.to_string(), std::io::Error::from_raw_os_error(libc::EBADF).to_string());
         let r: std::result::Result<(), i32> = Err(libc::EBADF);

@@ -54,7 +54,6 @@ pub(crate) struct Entry {
     obj: Obj,
 }
 
-
 /// `fstat` through the raw system call: `(st_dev, st_ino)`, or the errno.
 fn dev_ino(fd: i32) -> Result<(u64, u64), i32> {
     // SAFETY: an all-zero `stat` is a valid value of the plain-data struct.
@@ -74,7 +73,17 @@ pub fn install(kind: Kind, id: u32, path: &Path) -> Result<i32, i32> {
     let mut cpath = path.as_os_str().as_bytes().to_vec();
     cpath.push(0);
     // SAFETY: `cpath` is NUL-terminated and outlives the call.
-    let fd = unsafe { sys::raw6(libc::SYS_openat, libc::AT_FDCWD as i64, cpath.as_ptr() as i64, (libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOATIME) as i64, 0, 0, 0) };
+    let fd = unsafe {
+        sys::raw6(
+            libc::SYS_openat,
+            libc::AT_FDCWD as i64,
+            cpath.as_ptr() as i64,
+            (libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOATIME) as i64,
+            0,
+            0,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(-fd as i32);
     }

@@ -87,11 +87,29 @@ const FLAG_FREQ: u64 = 1 << 10;
 /// What an event is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Spec {
-    Uprobe { path: String, func: Option<String>, offset: u64, file_offset: u64, retprobe: bool, pid: Option<u32>, ref_ctr_offset: u64 },
-    Tracepoint { func: String, pid: Option<u32> },
-    Output { cpu: i32 },
+    Uprobe {
+        path: String,
+        func: Option<String>,
+        offset: u64,
+        file_offset: u64,
+        retprobe: bool,
+        pid: Option<u32>,
+        ref_ctr_offset: u64,
+    },
+    Tracepoint {
+        func: String,
+        pid: Option<u32>,
+    },
+    Output {
+        cpu: i32,
+    },
     /// `period` in ns, or with `freq` samples per second.
-    Clock { cpu: i32, period: u64, freq: bool, task: bool },
+    Clock {
+        cpu: i32,
+        period: u64,
+        freq: bool,
+        task: bool,
+    },
 }
 
 /// One perf event of the loader.
@@ -150,7 +168,9 @@ fn tracepoint_name(id: u64) -> Option<String> {
                 let Ok(rd) = std::fs::read_dir(Path::new(root).join(cat)) else { continue };
                 for e in rd.flatten() {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    if let Some(id) = std::fs::read_to_string(e.path().join("id")).ok().and_then(|s| s.trim().parse().ok()) {
+                    if let Some(id) =
+                        std::fs::read_to_string(e.path().join("id")).ok().and_then(|s| s.trim().parse().ok())
+                    {
                         m.entry(id).or_insert(format!("{cat}/{name}"));
                     }
                 }
@@ -167,10 +187,10 @@ fn tracepoint_name(id: u64) -> Option<String> {
 
 /// Makes a path absolute as the loader meant it (`/proc/self/exe` is the loader itself).
 fn absolute(path: &str) -> String {
-    if path == "/proc/self/exe" || path == format!("/proc/{}/exe", std::process::id()) {
-        if let Ok(p) = std::fs::read_link("/proc/self/exe") {
-            return p.to_string_lossy().into_owned();
-        }
+    if (path == "/proc/self/exe" || path == format!("/proc/{}/exe", std::process::id()))
+        && let Ok(p) = std::fs::read_link("/proc/self/exe")
+    {
+        return p.to_string_lossy().into_owned();
     }
     let p = Path::new(path);
     if p.is_absolute() {
@@ -210,7 +230,13 @@ fn new_fifo() -> Result<(u32, PathBuf), i32> {
 ///
 /// # Safety
 /// As for [`open_event`].
-pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, i32> {
+pub unsafe fn perf_event_open(
+    attr: *const u8,
+    pid: i32,
+    cpu: i32,
+    group_fd: i32,
+    flags: libc::c_ulong,
+) -> Result<i64, i32> {
     // SAFETY: the caller's arguments, under this function's contract.
     let r = unsafe { open_event(attr, pid, cpu, group_fd, flags) };
     if crate::bpf::trace_enabled() {
@@ -229,7 +255,13 @@ pub unsafe fn perf_event_open(attr: *const u8, pid: i32, cpu: i32, group_fd: i32
 /// `attr` is null or points to a `struct perf_event_attr` of the size its `size` field says
 /// (64 bytes if 0), and a uprobe event's `config1` to a NUL-terminated path (the kernel's
 /// contract for the system call).
-pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, flags: libc::c_ulong) -> Result<i64, Error> {
+pub unsafe fn open_event(
+    attr: *const u8,
+    pid: i32,
+    cpu: i32,
+    group_fd: i32,
+    flags: libc::c_ulong,
+) -> Result<i64, Error> {
     if attr.is_null() {
         return Err(Error::new(libc::EFAULT, "attr is null"));
     }
@@ -247,10 +279,20 @@ pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, fla
     // (asserted above), read unaligned from the array of that size.
     let pa: PerfEventAttr = unsafe { a.as_ptr().cast::<PerfEventAttr>().read_unaligned() };
     let (config, period, aflags, config1, config2) = (pa.config, pa.sample_period, pa.flags, pa.config1, pa.config2);
-    let pid_opt = if pid == -1 { None } else if pid == 0 { Some(std::process::id()) } else if pid > 0 { Some(pid as u32) } else { return Err(Error::inval(format!("pid {pid}"))) };
+    let pid_opt = if pid == -1 {
+        None
+    } else if pid == 0 {
+        Some(std::process::id())
+    } else if pid > 0 {
+        Some(pid as u32)
+    } else {
+        return Err(Error::inval(format!("pid {pid}")));
+    };
     let kernel = || {
         // SAFETY: the caller's arguments, passed on unchanged.
-        let r = unsafe { sys::raw6(crate::SYS_PERF_EVENT_OPEN, attr as i64, pid as i64, cpu as i64, group_fd as i64, flags as i64, 0) };
+        let r = unsafe {
+            sys::raw6(crate::SYS_PERF_EVENT_OPEN, attr as i64, pid as i64, cpu as i64, group_fd as i64, flags as i64, 0)
+        };
         if r < 0 { Err(Error::new(-r as i32, "the kernel's event")) } else { Ok(r) }
     };
     let spec = if uprobe_pmu().is_some_and(|(t, _)| t == typ) {
@@ -266,7 +308,10 @@ pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, fla
             Ok(m) if m.is_file() => {
                 // The kernel refuses an offset beyond the file (uprobe_register).
                 if config2 >= m.len() {
-                    return Err(Error::inval(format!("uprobe {path}: offset {config2:#x} is beyond the file ({} bytes)", m.len())));
+                    return Err(Error::inval(format!(
+                        "uprobe {path}: offset {config2:#x} is beyond the file ({} bytes)",
+                        m.len()
+                    )));
                 }
             }
             Ok(_) => return Err(Error::inval(format!("uprobe {path}: not a regular file"))),
@@ -276,13 +321,26 @@ pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, fla
             Some((f, d)) => (Some(f), d),
             None => (None, config2),
         };
-        Spec::Uprobe { path, func, offset, file_offset: config2, retprobe: config >> bit & 1 == 1, pid: pid_opt, ref_ctr_offset: config >> 32 }
+        Spec::Uprobe {
+            path,
+            func,
+            offset,
+            file_offset: config2,
+            retprobe: config >> bit & 1 == 1,
+            pid: pid_opt,
+            ref_ctr_offset: config >> 32,
+        }
     } else if kprobe_pmu().is_some_and(|t| t == typ) {
         return Err(Error::new(libc::EOPNOTSUPP, "kprobes are the kernel's: no kernel functions run here"));
     } else if typ == PERF_TYPE_TRACEPOINT {
         match tracepoint_name(config) {
             Some(func) => Spec::Tracepoint { func, pid: pid_opt },
-            None => return Err(Error::new(libc::EOPNOTSUPP, format!("tracepoint id {config}: only system call tracepoints are served"))),
+            None => {
+                return Err(Error::new(
+                    libc::EOPNOTSUPP,
+                    format!("tracepoint id {config}: only system call tracepoints are served"),
+                ));
+            }
         }
     } else if typ == PERF_TYPE_SOFTWARE && config == PERF_COUNT_SW_BPF_OUTPUT {
         Spec::Output { cpu }
@@ -310,7 +368,17 @@ pub unsafe fn open_event(attr: *const u8, pid: i32, cpu: i32, group_fd: i32, fla
         unsafe { sys::raw6(libc::SYS_fcntl, fd as i64, libc::F_SETFD as i64, 0, 0, 0, 0) };
     }
     crate::mmap::event_created(id, &fifo);
-    with_events(|ev| ev.push(Event { id, spec, fifo, enabled: aflags & FLAG_DISABLED == 0, prog: None, link: None, bpf_links: Vec::new() }));
+    with_events(|ev| {
+        ev.push(Event {
+            id,
+            spec,
+            fifo,
+            enabled: aflags & FLAG_DISABLED == 0,
+            prog: None,
+            link: None,
+            bpf_links: Vec::new(),
+        })
+    });
     crate::attach::watch_closes();
     Ok(fd as i64)
 }
@@ -344,7 +412,11 @@ fn event_ioctl(id: u32, req: u64, arg: u64) -> Result<i64, i32> {
             Ok(0)
         }
         PERF_EVENT_IOC_SET_OUTPUT => {
-            if arg as i32 == -1 { Ok(0) } else { Err(libc::EINVAL) }
+            if arg as i32 == -1 {
+                Ok(0)
+            } else {
+                Err(libc::EINVAL)
+            }
         }
         PERF_EVENT_IOC_SET_FILTER => Err(libc::EINVAL),
         PERF_EVENT_IOC_PERIOD => {

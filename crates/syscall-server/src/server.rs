@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 
-use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::Session;
+use userbpf_runtime::context::CpuSlots;
 
 use crate::error::Error;
 use crate::{attach, bpf, mmap, objects, perf_event};
@@ -75,7 +75,9 @@ impl Server {
             .get_or_init(|| {
                 let s = objects::session().map_err(|e| Error::new(e, "no session"))?;
                 let path = s.layout().cpus();
-                CpuSlots::open(&path).map(Arc::new).map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), format!("{}: {e}", path.display())))
+                CpuSlots::open(&path)
+                    .map(Arc::new)
+                    .map_err(|e| Error::new(e.raw_os_error().unwrap_or(libc::EIO), format!("{}: {e}", path.display())))
             })
             .clone()
     }

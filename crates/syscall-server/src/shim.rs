@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong, c_void};
 
-use crate::{attach, bpf, mmap, perf_event, serving, sys, trace_pipe, SYS_BPF, SYS_PERF_EVENT_OPEN};
+use crate::{SYS_BPF, SYS_PERF_EVENT_OPEN, attach, bpf, mmap, perf_event, serving, sys, trace_pipe};
 
 /// Runs `f` (the server's work) catching its panics, with probes off on the calling thread
 /// (`userbpf_hook::ours`): no probe of the process fires for userbpf's own work.
@@ -37,15 +37,25 @@ fn guarded(f: impl FnOnce() -> Result<i64, i32>) -> i64 {
 ///
 /// # Safety
 /// As for libc's `syscall`.
-#[no_mangle]
-pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
     if serving() {
         match nr {
             // SAFETY: the loader's arguments, under the system call's contract.
             SYS_BPF => return guarded(|| unsafe { bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32) }),
             SYS_PERF_EVENT_OPEN => {
                 // SAFETY: the loader's arguments, under the system call's contract.
-                return guarded(|| unsafe { perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong) })
+                return guarded(|| unsafe {
+                    perf_event::perf_event_open(a1 as *const u8, a2 as i32, a3 as i32, a4 as i32, a5 as c_ulong)
+                });
             }
             _ => {}
         }
@@ -58,7 +68,7 @@ pub unsafe extern "C" fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long,
 ///
 /// # Safety
 /// As for libc's `ioctl`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if serving() {
         // SAFETY: the loader's arguments, under ioctl's contract (this function's).
@@ -74,8 +84,15 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 ///
 /// # Safety
 /// As for libc's `mmap`.
-#[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
     if serving() && fd >= 0 {
         // SAFETY: the loader's arguments, under mmap's contract (this function's).
         let served = ours_catch(|| unsafe { mmap::mmap(addr, len, prot, flags, fd, off) });
@@ -90,15 +107,24 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
         }
     }
     // SAFETY: the caller's arguments, passed on unchanged.
-    sys::libc_ret(unsafe { sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off) }) as *mut c_void
+    sys::libc_ret(unsafe {
+        sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off)
+    }) as *mut c_void
 }
 
 /// libc's `mmap64` (the same call on x86-64).
 ///
 /// # Safety
 /// As for libc's `mmap64`.
-#[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: i64,
+) -> *mut c_void {
     // SAFETY: the same contract.
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
@@ -107,7 +133,7 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flag
 ///
 /// # Safety
 /// As for libc's `munmap`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if serving() {
         let _ = ours_catch(|| mmap::munmap(addr, len));
@@ -121,33 +147,43 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 ///
 /// # Safety
 /// As for libc's `epoll_wait`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int {
     if serving() {
         let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments, passed on unchanged (epoll_pwait with no mask is epoll_wait).
-    sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, 0, 8) }) as c_int
+    sys::libc_ret(unsafe {
+        sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, 0, 8)
+    }) as c_int
 }
 
 /// libc's `epoll_pwait(2)`.
 ///
 /// # Safety
 /// As for libc's `epoll_pwait`.
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(epfd: c_int, events: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const libc::sigset_t) -> c_int {
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
     if serving() {
         let _ = ours_catch(mmap::before_wait);
     }
     // SAFETY: the caller's arguments; the kernel's sigset is 8 bytes.
-    sys::libc_ret(unsafe { sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, mask as i64, 8) }) as c_int
+    sys::libc_ret(unsafe {
+        sys::raw6(libc::SYS_epoll_pwait, epfd as i64, events as i64, max as i64, timeout as i64, mask as i64, 8)
+    }) as c_int
 }
 
 /// libc's `poll(2)`.
 ///
 /// # Safety
 /// As for libc's `poll`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
     if serving() {
         let _ = ours_catch(mmap::before_wait);
@@ -160,8 +196,13 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeou
 ///
 /// # Safety
 /// As for libc's `ppoll`.
-#[no_mangle]
-pub unsafe extern "C" fn ppoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int {
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
     if serving() {
         let _ = ours_catch(mmap::before_wait);
     }
@@ -196,7 +237,7 @@ fn on_bpffs(path: *const c_char) -> bool {
 ///
 /// # Safety
 /// As for libc's `statfs`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
     let r = sys::libc_ret(unsafe { sys::raw6(libc::SYS_statfs, path as i64, buf as i64, 0, 0, 0, 0) }) as c_int;
@@ -211,7 +252,7 @@ pub unsafe extern "C" fn statfs(path: *const c_char, buf: *mut libc::statfs) -> 
 ///
 /// # Safety
 /// As for libc's `statfs64`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn statfs64(path: *const c_char, buf: *mut libc::statfs64) -> c_int {
     // SAFETY: as for `statfs`: the same system call and layout on x86-64.
     unsafe { statfs(path, buf.cast()) }
@@ -222,7 +263,7 @@ pub unsafe extern "C" fn statfs64(path: *const c_char, buf: *mut libc::statfs64)
 ///
 /// # Safety
 /// As for libc's `close`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let ours = if serving() { ours_catch(|| attach::closing(fd)).ok().flatten() } else { None };
     // SAFETY: the caller's argument, passed on unchanged.
@@ -243,12 +284,14 @@ extern "C" fn server_init() {
         if let Err(e) = userbpf_agent::Agent::start() {
             eprintln!("userbpf-agent: {e}");
         }
-        attach::semaphores::raise_own(&userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_of(&userbpf_runtime::Session::default_name())));
+        attach::semaphores::raise_own(&userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_of(
+            &userbpf_runtime::Session::default_name(),
+        )));
     });
 }
 
 #[used]
-#[link_section = ".init_array"]
+#[unsafe(link_section = ".init_array")]
 static SERVER_INIT: extern "C" fn() = server_init;
 
 /// libc's `open(2)` (variadic in C: on x86-64 the optional mode arrives in the third
@@ -256,7 +299,7 @@ static SERVER_INIT: extern "C" fn() = server_init;
 ///
 /// # Safety
 /// As for libc's `open`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     trace_pipe::open_at(libc::AT_FDCWD, path, flags, mode)
 }
@@ -265,7 +308,7 @@ pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -
 ///
 /// # Safety
 /// As for libc's `open64`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     trace_pipe::open_at(libc::AT_FDCWD, path, flags, mode)
 }
@@ -274,7 +317,7 @@ pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint)
 ///
 /// # Safety
 /// As for libc's `openat`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     trace_pipe::open_at(dirfd, path, flags, mode)
 }
@@ -283,7 +326,7 @@ pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int,
 ///
 /// # Safety
 /// As for libc's `openat64`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     trace_pipe::open_at(dirfd, path, flags, mode)
 }
@@ -292,7 +335,7 @@ pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_in
 ///
 /// # Safety
 /// As for libc's `fopen`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     trace_pipe::fopen_with(c"fopen", path, mode)
 }
@@ -301,7 +344,7 @@ pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut
 ///
 /// # Safety
 /// As for libc's `fopen64`.
-#[no_mangle]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     trace_pipe::fopen_with(c"fopen64", path, mode)
 }

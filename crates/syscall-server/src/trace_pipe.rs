@@ -10,11 +10,11 @@
 //! `openat64`, `fopen` and `fopen64` ([`crate::shim`]); every other path goes to the kernel
 //! (or libc's `fopen`) unchanged.
 
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::time::Duration;
 
-use userbpf_maps::ringbuf::RingBufConsumer;
 use userbpf_maps::Map;
+use userbpf_maps::ringbuf::RingBufConsumer;
 
 use crate::{objects, serving, sys};
 
@@ -131,7 +131,8 @@ pub(crate) fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_u
     }
     // SAFETY: the caller's arguments, passed on unchanged (mode is read by the kernel only
     // with O_CREAT or O_TMPFILE, as libc's variadic wrapper does).
-    sys::libc_ret(unsafe { sys::raw6(libc::SYS_openat, dirfd as i64, path as i64, flags as i64, mode as i64, 0, 0) }) as c_int
+    sys::libc_ret(unsafe { sys::raw6(libc::SYS_openat, dirfd as i64, path as i64, flags as i64, mode as i64, 0, 0) })
+        as c_int
 }
 
 type FopenFn = unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;

@@ -10,7 +10,11 @@ fn server_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let lib = dir.join("libuserbpf_syscall_server.so");
-    assert!(lib.exists(), "{} is missing: build the crate first (cargo build --release -p userbpf-syscall-server)", lib.display());
+    assert!(
+        lib.exists(),
+        "{} is missing: build the crate first (cargo build --release -p userbpf-syscall-server)",
+        lib.display()
+    );
     lib
 }
 
@@ -47,7 +51,12 @@ fn run(section: &str, served: Option<&str>) -> String {
         }
     };
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{section} ({served:?}) failed: {}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{section} ({served:?}) failed: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     text
 }
 
@@ -117,8 +126,7 @@ fn pins_are_recorded_in_the_session() {
     let session = format!("bpfcalls-pins-{}", std::process::id());
     let out = run("pins", Some(&session));
     assert_eq!(
-        out,
-        "u: pin 0\nu: pin_again -17\nu: obj_get same=1\nu: obj_get_missing -2\nu: pin_outside_bpffs -1\n",
+        out, "u: pin 0\nu: pin_again -17\nu: obj_get same=1\nu: obj_get_missing -2\nu: pin_outside_bpffs -1\n",
         "{out}"
     );
     // The pinned map keeps the session after the loader left: a second loader gets it.

@@ -9,7 +9,11 @@ mod common;
 
 fn run(served: bool) -> String {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/c/dlsym_syscall.c");
-    let prog = userbpf_testutil::compile_c(&src, &common::tmp().join(format!("dlsym_syscall-{}", std::process::id())), &["-ldl"]);
+    let prog = userbpf_testutil::compile_c(
+        &src,
+        &common::tmp().join(format!("dlsym_syscall-{}", std::process::id())),
+        &["-ldl"],
+    );
     let out = if served {
         let shm = common::tmp().join("shm");
         std::fs::create_dir_all(&shm).unwrap();
@@ -32,7 +36,9 @@ fn run(served: bool) -> String {
 #[test]
 fn syscall_found_by_dlsym_is_served() {
     let ways = ["dlsym(libc)", "dlsym(RTLD_NEXT)", "dlsym(RTLD_DEFAULT)", "call"];
-    let expect = |what: &str| ways.iter().map(|w| format!("{w}: {what}\n")).collect::<String>() + "getpid found: 1\nmissing: 1\n";
+    let expect = |what: &str| {
+        ways.iter().map(|w| format!("{w}: {what}\n")).collect::<String>() + "getpid found: 1\nmissing: 1\n"
+    };
     assert_eq!(run(false), expect("kernel map"));
     assert_eq!(run(true), expect("session map"));
 }

@@ -75,7 +75,10 @@ fn summary(out: &std::process::Output) -> String {
 #[test]
 fn uprobes_on_the_loader_itself_feed_perf_buffer_and_ring_buffer() {
     let kernel = summary(&loader(&["self", "10"], None).output().unwrap());
-    assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55\nafter_detach: hits=10 perf=10 rb=10");
+    assert_eq!(
+        kernel,
+        "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55\nafter_detach: hits=10 perf=10 rb=10"
+    );
     let user = summary(&loader(&["self", "10"], Some("perf-self")).output().unwrap());
     assert_eq!(user, kernel);
     // The loader's links are gone with it (the session goes with its last member).

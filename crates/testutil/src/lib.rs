@@ -134,11 +134,14 @@ pub fn require(ok: bool, what: &str) -> bool {
         eprintln!("SKIPPED ({ALLOW_SKIP_ENV}=1): {what}");
         return false;
     }
-    panic!("missing: {what} (`make test` installs and sets up what the tests need; {ALLOW_SKIP_ENV}=1 skips such tests on a machine that cannot have it)");
+    panic!(
+        "missing: {what} (`make test` installs and sets up what the tests need; {ALLOW_SKIP_ENV}=1 skips such tests on a machine that cannot have it)"
+    );
 }
 
 /// clang flags for eBPF objects, as libbpf programs are built (x86-64 register layout).
-pub const BPF_CFLAGS: [&str; 7] = ["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"];
+pub const BPF_CFLAGS: [&str; 7] =
+    ["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"];
 
 /// Compiles `src` into `out_dir` (created if needed); returns the object's path.
 ///
@@ -200,7 +203,9 @@ pub fn traced_sleep() -> (std::process::Child, u32) {
         for pid in kids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string());
-            if field("Name:").as_deref() == Some("sleep") && field("TracerPid:").as_deref() == Some(tracer.to_string().as_str()) {
+            if field("Name:").as_deref() == Some("sleep")
+                && field("TracerPid:").as_deref() == Some(tracer.to_string().as_str())
+            {
                 return (strace, pid);
             }
         }

@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use userbpf_object::{MapKind, Object, ProgramKind};
-use userbpf_verifier::{verify, MapInfo, Options, ProgType};
+use userbpf_verifier::{MapInfo, Options, ProgType, verify};
 
 fn map_info(m: &userbpf_object::MapDef) -> MapInfo {
-    let frozen = matches!(m.kind, MapKind::Data { .. }).then(|| m.initial.clone()).flatten().filter(|_| m.is_readonly());
+    let frozen =
+        matches!(m.kind, MapKind::Data { .. }).then(|| m.initial.clone()).flatten().filter(|_| m.is_readonly());
     MapInfo {
         name: m.name.clone(),
         map_type: m.map_type,
@@ -22,7 +23,13 @@ fn map_info(m: &userbpf_object::MapDef) -> MapInfo {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let level = if args.iter().any(|a| a == "-vv") { 2 } else if args.iter().any(|a| a == "-v") { 1 } else { 0 };
+    let level = if args.iter().any(|a| a == "-vv") {
+        2
+    } else if args.iter().any(|a| a == "-v") {
+        1
+    } else {
+        0
+    };
     let pos: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     let Some(path) = pos.first() else {
         eprintln!("usage: verify OBJECT [PROGRAM] [-v|-vv]");
@@ -52,7 +59,10 @@ fn main() {
         match verify(&p.insns, &opts) {
             Ok(s) => {
                 print!("{}", s.log);
-                println!("{}: accepted ({} insns processed, {} states, {} pruned)", p.name, s.insns_processed, s.states, s.pruned);
+                println!(
+                    "{}: accepted ({} insns processed, {} states, {} pruned)",
+                    p.name, s.insns_processed, s.states, s.pruned
+                );
             }
             Err(e) => {
                 print!("{}", e.log);

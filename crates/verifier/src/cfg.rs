@@ -76,11 +76,7 @@ fn use_def(insn: Insn) -> (RegSet, RegSet) {
     match insn.class() {
         BPF_ALU | BPF_ALU64 => {
             let src = if insn.source() == BPF_X && !matches!(insn.code(), BPF_NEG | BPF_END) { s } else { 0 };
-            if insn.code() == BPF_MOV {
-                (src, d)
-            } else {
-                (src | d, d)
-            }
+            if insn.code() == BPF_MOV { (src, d) } else { (src | d, d) }
         }
         BPF_LDX => (s, d),
         BPF_ST => (d, 0),
@@ -162,7 +158,8 @@ pub fn build(insns: &[Insn]) -> Result<Cfg, CfgError> {
             last -= 1;
         }
         let li = insns[last];
-        let is_exit_or_ja = (li.class() == BPF_JMP || li.class() == BPF_JMP32) && matches!(li.code(), BPF_EXIT | BPF_JA);
+        let is_exit_or_ja =
+            (li.class() == BPF_JMP || li.class() == BPF_JMP32) && matches!(li.code(), BPF_EXIT | BPF_JA);
         if !is_exit_or_ja || li.source() == BPF_X && li.code() == BPF_JA {
             return Err((last, "last insn is not an exit or jmp".into()));
         }

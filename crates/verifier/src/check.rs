@@ -4,13 +4,13 @@
 
 use userbpf_isa::*;
 
+use crate::MAX_CALL_FRAMES;
 use crate::explore::{Fail, Next, Verifier};
 use crate::helpers::{self, Arg, Ret};
 use crate::reg::{Reg, RegType};
 use crate::scalar::{AluOp, Rel, Scalar};
-use crate::stack::{locate, Byte, ReadError, Stack, MAX_STACK, SLOT};
+use crate::stack::{Byte, MAX_STACK, ReadError, SLOT, Stack, locate};
 use crate::state::{Frame, RefState, State};
-use crate::MAX_CALL_FRAMES;
 
 /// The kernel's `BPF_MAX_VAR_OFF`: largest variable offset a pointer may carry.
 const MAX_VAR_OFF: i64 = 1 << 29;
@@ -73,7 +73,15 @@ impl Verifier<'_> {
                 self.read_reg(st, insn.src)?;
                 self.read_reg(st, insn.dst)?;
                 let value = st.cur().regs[insn.src as usize];
-                self.mem_access(st, pc, insn.dst, insn.off as i64, insn.size_bytes() as i64, Access::Write, Some(value))?;
+                self.mem_access(
+                    st,
+                    pc,
+                    insn.dst,
+                    insn.off as i64,
+                    insn.size_bytes() as i64,
+                    Access::Write,
+                    Some(value),
+                )?;
                 Ok(Next::Goto(pc + 1))
             }
             BPF_ST => {
@@ -124,7 +132,10 @@ impl Verifier<'_> {
         if key & crate::INNER_MAP != 0 {
             let outer = key & !crate::INNER_MAP;
             let m = self.opts.maps.get(&outer).ok_or_else(|| format!("fd {outer} is not pointing to valid bpf_map"))?;
-            return m.inner.as_deref().ok_or_else(|| format!("the inner map of map {} ({}) is not known", outer, m.name));
+            return m
+                .inner
+                .as_deref()
+                .ok_or_else(|| format!("the inner map of map {} ({}) is not known", outer, m.name));
         }
         self.opts.maps.get(&key).ok_or_else(|| format!("fd {key} is not pointing to valid bpf_map"))
     }
@@ -287,7 +298,15 @@ impl Verifier<'_> {
     }
 
     /// The kernel's `adjust_ptr_min_max_vals`: pointer plus or minus a scalar.
-    fn ptr_alu(&mut self, d: usize, ptr: &Reg, off: &Reg, code: u8, alu64: bool, scalar_is_dst: bool) -> Result<Reg, Fail> {
+    fn ptr_alu(
+        &mut self,
+        d: usize,
+        ptr: &Reg,
+        off: &Reg,
+        code: u8,
+        alu64: bool,
+        scalar_is_dst: bool,
+    ) -> Result<Reg, Fail> {
         let name = ptr.typ.name();
         if !alu64 {
             if code == BPF_SUB && self.opts.privileged {
@@ -300,16 +319,26 @@ impl Verifier<'_> {
         }
         let known = off.val.const_value();
         match ptr.typ {
-            RegType::Ctx | RegType::MapValue | RegType::MapKey | RegType::Stack | RegType::Mem | RegType::RingbufMem | RegType::Func => {}
+            RegType::Ctx
+            | RegType::MapValue
+            | RegType::MapKey
+            | RegType::Stack
+            | RegType::Mem
+            | RegType::RingbufMem
+            | RegType::Func => {}
             RegType::MapPtr if known == Some(0) && code == BPF_ADD => {}
             _ => return Err(format!("R{d} pointer arithmetic on {name} prohibited")),
         }
         match code {
             BPF_ADD => {}
             BPF_SUB if scalar_is_dst => return Err(format!("R{d} tried to subtract pointer from scalar")),
-            BPF_SUB if ptr.typ == RegType::Stack => return Err(format!("R{d} subtraction from stack pointer prohibited")),
+            BPF_SUB if ptr.typ == RegType::Stack => {
+                return Err(format!("R{d} subtraction from stack pointer prohibited"));
+            }
             BPF_SUB => {}
-            BPF_AND | BPF_OR | BPF_XOR => return Err(format!("R{d} bitwise operator {} on pointer prohibited", alu_str(code))),
+            BPF_AND | BPF_OR | BPF_XOR => {
+                return Err(format!("R{d} bitwise operator {} on pointer prohibited", alu_str(code)));
+            }
             _ => return Err(format!("R{d} pointer arithmetic with {} operator prohibited", alu_str(code))),
         }
         // The kernel's check_reg_sane_offset on both operands.
@@ -351,16 +380,29 @@ impl Verifier<'_> {
     /// The kernel's `check_mem_access`: an access of `size` bytes at `off` from register
     /// `regno`. Returns the value read.
     #[allow(clippy::too_many_arguments)]
-    fn mem_access(&mut self, st: &mut State, pc: usize, regno: u8, off: i64, size: i64, access: Access, value: Option<Reg>) -> Result<Option<Reg>, Fail> {
+    fn mem_access(
+        &mut self,
+        st: &mut State,
+        pc: usize,
+        regno: u8,
+        off: i64,
+        size: i64,
+        access: Access,
+        value: Option<Reg>,
+    ) -> Result<Option<Reg>, Fail> {
         let reg = st.cur().regs[regno as usize];
         let write = access == Access::Write;
         let privileged = self.opts.privileged;
-        if write {
-            if let Some(v) = value {
-                if v.is_pointer() && !privileged && reg.typ != RegType::Stack {
-                    return Err(format!("R{regno} leaks addr into {}", if reg.typ == RegType::MapValue { "map" } else { "mem" }));
-                }
-            }
+        if write
+            && let Some(v) = value
+            && v.is_pointer()
+            && !privileged
+            && reg.typ != RegType::Stack
+        {
+            return Err(format!(
+                "R{regno} leaks addr into {}",
+                if reg.typ == RegType::MapValue { "map" } else { "mem" }
+            ));
         }
         match reg.typ {
             RegType::Ctx => {
@@ -368,7 +410,10 @@ impl Verifier<'_> {
                     return Err(format!("variable ctx access var_off={} disallowed", reg.val.var));
                 }
                 if reg.off != 0 || reg.val.var.value != 0 {
-                    return Err(format!("dereference of modified ctx ptr R{regno} off={} disallowed", reg.off as i64 + reg.val.var.value as i64));
+                    return Err(format!(
+                        "dereference of modified ctx ptr R{regno} off={} disallowed",
+                        reg.off as i64 + reg.val.var.value as i64
+                    ));
                 }
                 if !self.opts.prog_type.ctx_access_ok(off, size, write) {
                     return Err(format!("invalid bpf_context access off={off} size={size}"));
@@ -378,27 +423,36 @@ impl Verifier<'_> {
             RegType::Stack => self.stack_access(st, pc, regno, &reg, off, size, access, value),
             RegType::MapValue | RegType::MapKey => {
                 let m = self.map(reg.map)?.clone();
-                let (region, region_size) = if reg.typ == RegType::MapKey { ("map key", m.key_size) } else { ("map value", m.value_size) };
+                let (region, region_size) =
+                    if reg.typ == RegType::MapKey { ("map key", m.key_size) } else { ("map value", m.value_size) };
                 if write && reg.typ == RegType::MapValue && m.readonly {
-                    return Err(format!("write into map forbidden, value_size={} off={} size={size}", m.value_size, reg.off as i64 + off));
+                    return Err(format!(
+                        "write into map forbidden, value_size={} off={} size={size}",
+                        m.value_size,
+                        reg.off as i64 + off
+                    ));
                 }
                 let start = self.region_check(regno, &reg, off, size, region_size, |o| {
-                    format!("invalid access to {region}, {}_size={region_size} off={o} size={size}", if reg.typ == RegType::MapKey { "key" } else { "value" })
+                    format!(
+                        "invalid access to {region}, {}_size={region_size} off={o} size={size}",
+                        if reg.typ == RegType::MapKey { "key" } else { "value" }
+                    )
                 })?;
-                if !write {
-                    if let (Some(data), Some(start)) = (&m.frozen, start) {
-                        if let Some(bytes) = data.get(start as usize..(start + size) as usize) {
-                            let mut b = [0u8; 8];
-                            b[..size as usize].copy_from_slice(bytes);
-                            return Ok(Some(Reg::constant(u64::from_le_bytes(b))));
-                        }
-                    }
+                if !write
+                    && let (Some(data), Some(start)) = (&m.frozen, start)
+                    && let Some(bytes) = data.get(start as usize..(start + size) as usize)
+                {
+                    let mut b = [0u8; 8];
+                    b[..size as usize].copy_from_slice(bytes);
+                    return Ok(Some(Reg::constant(u64::from_le_bytes(b))));
                 }
                 Ok(Some(Reg::scalar(Scalar::unknown_bytes(size as u32))))
             }
             RegType::Mem | RegType::RingbufMem => {
                 let mem_size = reg.mem_size;
-                self.region_check(regno, &reg, off, size, mem_size, |o| format!("invalid access to memory, mem_size={mem_size} off={o} size={size}"))?;
+                self.region_check(regno, &reg, off, size, mem_size, |o| {
+                    format!("invalid access to memory, mem_size={mem_size} off={o} size={size}")
+                })?;
                 Ok(Some(Reg::scalar(Scalar::unknown_bytes(size as u32))))
             }
             RegType::NotInit => Err(format!("R{regno} !read_ok")),
@@ -408,7 +462,15 @@ impl Verifier<'_> {
 
     /// Bounds of an access to a region of `region_size` bytes (the kernel's
     /// `check_mem_region_access`). Returns the start offset when it is constant.
-    fn region_check(&self, regno: u8, reg: &Reg, off: i64, size: i64, region_size: u32, msg: impl Fn(i64) -> String) -> Result<Option<i64>, Fail> {
+    fn region_check(
+        &self,
+        regno: u8,
+        reg: &Reg,
+        off: i64,
+        size: i64,
+        region_size: u32,
+        msg: impl Fn(i64) -> String,
+    ) -> Result<Option<i64>, Fail> {
         let base = reg.off as i64 + off;
         if let Some(v) = reg.val.const_value() {
             let start = base + v as i64;
@@ -418,7 +480,9 @@ impl Verifier<'_> {
             return Ok(Some(start));
         }
         if reg.val.smin < 0 && (reg.val.smin == i64::MIN || base + reg.val.smin < 0) {
-            return Err(format!("R{regno} min value is negative, either use unsigned index or do a if (index >=0) check."));
+            return Err(format!(
+                "R{regno} min value is negative, either use unsigned index or do a if (index >=0) check."
+            ));
         }
         if base + reg.val.smin < 0 {
             return Err(msg(base + reg.val.smin));
@@ -435,7 +499,17 @@ impl Verifier<'_> {
     /// Stack accesses: aligned, within the frame's 512 bytes, reads of initialised bytes
     /// (unless privileged), spills and fills of whole registers.
     #[allow(clippy::too_many_arguments)]
-    fn stack_access(&mut self, st: &mut State, _pc: usize, regno: u8, reg: &Reg, off: i64, size: i64, access: Access, value: Option<Reg>) -> Result<Option<Reg>, Fail> {
+    fn stack_access(
+        &mut self,
+        st: &mut State,
+        _pc: usize,
+        regno: u8,
+        reg: &Reg,
+        off: i64,
+        size: i64,
+        access: Access,
+        value: Option<Reg>,
+    ) -> Result<Option<Reg>, Fail> {
         let write = access == Access::Write;
         let verb = if write { " write to" } else { " read from" };
         let base = reg.off as i64 + off;
@@ -475,7 +549,9 @@ impl Verifier<'_> {
             }
             return match stack.read(start, size, self.opts.privileged) {
                 Ok(r) => Ok(Some(r)),
-                Err(ReadError::Uninit(o)) => Err(format!("invalid read from stack R{regno} off {}+{} size {size}", start, o - start)),
+                Err(ReadError::Uninit(o)) => {
+                    Err(format!("invalid read from stack R{regno} off {}+{} size {size}", start, o - start))
+                }
                 Err(ReadError::PartialFill) => Err("invalid size of register fill".into()),
             };
         }
@@ -486,7 +562,10 @@ impl Verifier<'_> {
         let min = reg.val.smin + base;
         let max = reg.val.smax + base + size;
         if min < -MAX_STACK || max > 0 {
-            return Err(format!("invalid variable-offset{verb} stack R{regno} var_off={} off={base} size={size}", reg.val.var));
+            return Err(format!(
+                "invalid variable-offset{verb} stack R{regno} var_off={} off={base} size={size}",
+                reg.val.var
+            ));
         }
         if !reg.val.var.is_aligned(size as u64) || (base.rem_euclid(size)) != 0 {
             return Err(format!("misaligned stack access off {}+{}+{off} size {size}", reg.val.var, reg.off));
@@ -505,7 +584,10 @@ impl Verifier<'_> {
         }
         for o in min..max {
             if stack.byte(o) == Byte::Invalid && !self.opts.privileged {
-                return Err(format!("invalid variable-offset read from stack R{regno} var_off={} off={base} size={size}", reg.val.var));
+                return Err(format!(
+                    "invalid variable-offset read from stack R{regno} var_off={} off={base} size={size}",
+                    reg.val.var
+                ));
             }
             let (s, _) = locate(o);
             let slot = stack.slot(s);
@@ -524,7 +606,8 @@ impl Verifier<'_> {
     fn check_atomic(&mut self, st: &mut State, pc: usize, insn: Insn) -> Result<(), Fail> {
         let op = insn.imm;
         let base_op = op & !BPF_FETCH;
-        let known = matches!(base_op as u8, BPF_ADD | BPF_OR | BPF_AND | BPF_XOR) || op == BPF_XCHG || op == BPF_CMPXCHG;
+        let known =
+            matches!(base_op as u8, BPF_ADD | BPF_OR | BPF_AND | BPF_XOR) || op == BPF_XCHG || op == BPF_CMPXCHG;
         if !known {
             return Err(format!("BPF_ATOMIC uses invalid atomic opcode {op:02x}"));
         }
@@ -601,7 +684,15 @@ impl Verifier<'_> {
         }
     }
 
-    fn check_cond(&mut self, st: &mut State, pc: usize, insn: Insn, rel: Rel, is32: bool, target: usize) -> Result<Next, Fail> {
+    fn check_cond(
+        &mut self,
+        st: &mut State,
+        pc: usize,
+        insn: Insn,
+        rel: Rel,
+        is32: bool,
+        target: usize,
+    ) -> Result<Next, Fail> {
         let dst = self.read_reg(st, insn.dst)?;
         let src_is_reg = insn.source() == BPF_X;
         let src = if src_is_reg { self.read_reg(st, insn.src)? } else { Reg::constant(insn.imm as i64 as u64) };
@@ -632,7 +723,10 @@ impl Verifier<'_> {
         }
         if dst.is_pointer() || src.is_pointer() {
             if !self.opts.privileged {
-                return Err(format!("R{} pointer comparison prohibited", if dst.is_pointer() { insn.dst } else { insn.src }));
+                return Err(format!(
+                    "R{} pointer comparison prohibited",
+                    if dst.is_pointer() { insn.dst } else { insn.src }
+                ));
             }
             let other = Box::new(st.clone());
             return Ok(Next::Fork(pc + 1, other, target));
@@ -790,8 +884,13 @@ impl Verifier<'_> {
                     if reg.is_null() && nullable {
                         continue;
                     }
-                    if !matches!(reg.typ, RegType::Stack | RegType::MapKey | RegType::MapValue | RegType::Mem | RegType::RingbufMem) {
-                        return Err(type_err("fp, pkt, pkt_meta, map_key, map_value, mem, ringbuf_mem, buf, trusted_ptr_"));
+                    if !matches!(
+                        reg.typ,
+                        RegType::Stack | RegType::MapKey | RegType::MapValue | RegType::Mem | RegType::RingbufMem
+                    ) {
+                        return Err(type_err(
+                            "fp, pkt, pkt_meta, map_key, map_value, mem, ringbuf_mem, buf, trusted_ptr_",
+                        ));
                     }
                     // Checked with the size argument that follows.
                 }
@@ -800,16 +899,23 @@ impl Verifier<'_> {
                         return Err(type_err("scalar"));
                     }
                     self.demand_reg(st, regno);
-                    let Arg::Mem { write, uninit, .. } = proto.args[i - 1] else { unreachable!("a size follows a memory argument") };
+                    let Arg::Mem { write, uninit, .. } = proto.args[i - 1] else {
+                        unreachable!("a size follows a memory argument")
+                    };
                     let mem = st.cur().regs[i];
                     if reg.val.smin < 0 {
                         return Err(format!("R{regno} min value is negative, either use unsigned or 'var &= const'"));
                     }
                     if reg.val.umin == 0 && arg == Arg::ConstSize {
-                        return Err(format!("R{regno} invalid zero-sized read: u64=[{},{}]", reg.val.umin, reg.val.umax));
+                        return Err(format!(
+                            "R{regno} invalid zero-sized read: u64=[{},{}]",
+                            reg.val.umin, reg.val.umax
+                        ));
                     }
                     if reg.val.umax >= MAX_VAR_SIZ {
-                        return Err(format!("R{regno} unbounded memory access, use 'var &= const' or 'if (var < const)'"));
+                        return Err(format!(
+                            "R{regno} unbounded memory access, use 'var &= const' or 'if (var < const)'"
+                        ));
                     }
                     if mem.is_null() {
                         continue;
@@ -933,7 +1039,11 @@ impl Verifier<'_> {
                     self.map(key | crate::INNER_MAP)?;
                     Reg { map: key | crate::INNER_MAP, id, ..Reg::pointer(RegType::MapPtrOrNull) }
                 } else {
-                    let typ = if const_key.is_some_and(|k| k < map_entries) { RegType::MapValue } else { RegType::MapValueOrNull };
+                    let typ = if const_key.is_some_and(|k| k < map_entries) {
+                        RegType::MapValue
+                    } else {
+                        RegType::MapValueOrNull
+                    };
                     Reg { map: key, id, ..Reg::pointer(typ) }
                 }
             }
@@ -941,7 +1051,12 @@ impl Verifier<'_> {
                 let id = self.new_id();
                 let ref_id = self.new_id();
                 st.refs.push(RefState { id: ref_id, insn: pc });
-                Reg { id, ref_obj_id: ref_id, mem_size: alloc_size.unwrap_or(0), ..Reg::pointer(RegType::RingbufMemOrNull) }
+                Reg {
+                    id,
+                    ref_obj_id: ref_id,
+                    mem_size: alloc_size.unwrap_or(0),
+                    ..Reg::pointer(RegType::RingbufMemOrNull)
+                }
             }
         };
         let f = st.cur_mut();
@@ -966,18 +1081,22 @@ impl Verifier<'_> {
         let (spi, _) = locate(off);
         self.demand.add_slot(reg.frame as usize, spi);
         let r = st.frames[reg.frame as usize].stack.read(off, size, false).ok()?;
-        if r.is_scalar() {
-            r.val.const_value()
-        } else {
-            None
-        }
+        if r.is_scalar() { r.val.const_value() } else { None }
     }
 
     /// Memory a helper reads or writes through register `regno`: `size` bytes from the
     /// pointer (the kernel's `check_helper_mem_access`). Writes of helpers that accept
     /// uninitialised memory (`uninit`) initialise the stack bytes; reads need initialised
     /// stack (unless privileged).
-    fn helper_mem(&mut self, st: &mut State, pc: usize, regno: u8, size: u64, access: Access, uninit: bool) -> Result<(), Fail> {
+    fn helper_mem(
+        &mut self,
+        st: &mut State,
+        pc: usize,
+        regno: u8,
+        size: u64,
+        access: Access,
+        uninit: bool,
+    ) -> Result<(), Fail> {
         let reg = st.cur().regs[regno as usize];
         if reg.typ != RegType::Stack {
             if access == Access::Write && reg.typ == RegType::MapValue && self.map(reg.map)?.readonly {
@@ -1000,7 +1119,10 @@ impl Verifier<'_> {
             return Err(if reg.val.is_const() {
                 format!("invalid indirect access to stack R{regno} off={min} size={size}")
             } else {
-                format!("invalid variable-offset indirect access to stack R{regno} var_off={} off={base} size={size}", reg.val.var)
+                format!(
+                    "invalid variable-offset indirect access to stack R{regno} var_off={} off={base} size={size}",
+                    reg.val.var
+                )
             });
         }
         self.note_depth(st, reg.frame as usize, min);
@@ -1025,7 +1147,10 @@ impl Verifier<'_> {
                 return Err(if reg.val.is_const() {
                     format!("invalid indirect read from stack R{regno} off {}+{} size {size}", min, o - min)
                 } else {
-                    format!("invalid variable-offset indirect access to stack R{regno} var_off={} off={base} size={size}", reg.val.var)
+                    format!(
+                        "invalid variable-offset indirect access to stack R{regno} var_off={} off={base} size={size}",
+                        reg.val.var
+                    )
                 });
             }
             if slot.is_spill() && slot.spilled.is_pointer() && !self.opts.privileged {
@@ -1045,7 +1170,14 @@ impl Verifier<'_> {
     }
 
     /// A helper's access to `size` bytes of a non-stack region.
-    fn mem_access_range(&mut self, st: &mut State, pc: usize, regno: u8, size: u64, access: Access) -> Result<(), Fail> {
+    fn mem_access_range(
+        &mut self,
+        st: &mut State,
+        pc: usize,
+        regno: u8,
+        size: u64,
+        access: Access,
+    ) -> Result<(), Fail> {
         let reg = st.cur().regs[regno as usize];
         let (region_size, what) = match reg.typ {
             RegType::MapValue => (self.map(reg.map)?.value_size, "map value"),
@@ -1060,7 +1192,9 @@ impl Verifier<'_> {
             RegType::MapKey => "key_size",
             _ => "mem_size",
         };
-        self.region_check(regno, &reg, 0, size, region_size, |o| format!("invalid access to {what}, {sz_name}={region_size} off={o} size={size}"))?;
+        self.region_check(regno, &reg, 0, size, region_size, |o| {
+            format!("invalid access to {what}, {sz_name}={region_size} off={o} size={size}")
+        })?;
         Ok(())
     }
 }

@@ -28,8 +28,8 @@ use userbpf_isa::*;
 use crate::cfg::{self, Cfg, RegSet};
 use crate::reg::{Reg, RegType};
 use crate::stack::Stack;
-use crate::state::{covers, Frame, Mode, Precise, State};
-use crate::{Options, Stats, VerifyError, COMPLEXITY_LIMIT, JMP_SEQ_LIMIT, MAX_CALL_FRAMES};
+use crate::state::{Frame, Mode, Precise, State, covers};
+use crate::{COMPLEXITY_LIMIT, JMP_SEQ_LIMIT, MAX_CALL_FRAMES, Options, Stats, VerifyError};
 
 /// What an instruction leads to.
 pub enum Next {
@@ -191,7 +191,10 @@ impl<'a> Verifier<'a> {
         let add = if looping {
             p.jumps >= 20 || p.insns >= 100
         } else {
-            (p.jumps >= 2 && p.insns >= 8) || self.cfg.funcs.binary_search(&pc).is_ok() || self.cfg.loop_head[pc] || callback_call
+            (p.jumps >= 2 && p.insns >= 8)
+                || self.cfg.funcs.binary_search(&pc).is_ok()
+                || self.cfg.loop_head[pc]
+                || callback_call
         };
         if add {
             let ci = self.checkpoints.len();
@@ -278,11 +281,15 @@ impl<'a> Verifier<'a> {
         let mut regs = [Reg::NOT_INIT; 11];
         regs[1] = Reg::pointer(RegType::Ctx);
         regs[10] = Reg::pointer(RegType::Stack);
-        State { frames: vec![Frame { regs, stack: Stack::default(), callsite: 0, func: 0, callback: false }], refs: vec![] }
+        State {
+            frames: vec![Frame { regs, stack: Stack::default(), callsite: 0, func: 0, callback: false }],
+            refs: vec![],
+        }
     }
 
     fn walk(&mut self) -> Result<(), (usize, Fail)> {
-        let mut work = vec![Path { state: self.initial_state(), pc: 0, parent: None, jumps: 0, insns: 0, history: Vec::new() }];
+        let mut work =
+            vec![Path { state: self.initial_state(), pc: 0, parent: None, jumps: 0, insns: 0, history: Vec::new() }];
         self.log.line(|| format!("func#0 @0\n0: {}", work[0].state.describe()));
         while let Some(mut p) = work.pop() {
             loop {
@@ -328,7 +335,12 @@ impl<'a> Verifier<'a> {
                     let need = std::mem::take(&mut self.demand);
                     self.backtrack(&p.history, p.parent, depth, need);
                 }
-                p.history.push(Hist { pc: pc as u32, depth: depth as u8, slot: self.touched_slot, var_stack: self.touched_var_stack });
+                p.history.push(Hist {
+                    pc: pc as u32,
+                    depth: depth as u8,
+                    slot: self.touched_slot,
+                    var_stack: self.touched_var_stack,
+                });
                 if insn.is_jump() {
                     p.jumps += 1;
                 }
@@ -338,7 +350,14 @@ impl<'a> Verifier<'a> {
                         if let Some(ci) = p.parent {
                             self.checkpoints[ci].branches += 1;
                         }
-                        work.push(Path { state: *other, pc: other_pc, parent: p.parent, jumps: p.jumps, insns: p.insns, history: p.history.clone() });
+                        work.push(Path {
+                            state: *other,
+                            pc: other_pc,
+                            parent: p.parent,
+                            jumps: p.jumps,
+                            insns: p.insns,
+                            history: p.history.clone(),
+                        });
                         if work.len() > JMP_SEQ_LIMIT {
                             return Err((pc, format!("The sequence of {} jumps is too complex.", work.len())));
                         }
@@ -384,7 +403,12 @@ impl<'a> Verifier<'a> {
             }
             let d = self.depth[f].div_ceil(16) * 16;
             if f > 0 && has_tail_call(f) && callers >= 256 {
-                return Err((start, format!("tail_calls are not allowed when call stack of previous frames is {callers} bytes. Too large")));
+                return Err((
+                    start,
+                    format!(
+                        "tail_calls are not allowed when call stack of previous frames is {callers} bytes. Too large"
+                    ),
+                ));
             }
             let total = if private && d >= 64 { callers } else { callers + d };
             if total > 512 {
@@ -431,7 +455,10 @@ fn reverse(insn: Insn, h: &Hist, need: &mut Precise) {
         }
         BPF_ST | BPF_STX => {
             if insn.mode() == BPF_ATOMIC {
-                if h.var_stack || h.slot.is_some_and(|(f, spi)| need.slot(f as usize, spi as usize)) || need.regs & (bit(s) | 1) != 0 {
+                if h.var_stack
+                    || h.slot.is_some_and(|(f, spi)| need.slot(f as usize, spi as usize))
+                    || need.regs & (bit(s) | 1) != 0
+                {
                     need.all = true;
                 }
             } else if h.var_stack {
@@ -439,14 +466,14 @@ fn reverse(insn: Insn, h: &Hist, need: &mut Precise) {
                 if insn.class() == BPF_STX {
                     need.regs |= bit(s);
                 }
-            } else if let Some((f, spi)) = h.slot {
-                if need.slot(f as usize, spi as usize) {
-                    if insn.size() == BPF_DW {
-                        need.remove_slot(f as usize, spi as usize);
-                    }
-                    if insn.class() == BPF_STX {
-                        need.regs |= bit(s);
-                    }
+            } else if let Some((f, spi)) = h.slot
+                && need.slot(f as usize, spi as usize)
+            {
+                if insn.size() == BPF_DW {
+                    need.remove_slot(f as usize, spi as usize);
+                }
+                if insn.class() == BPF_STX {
+                    need.regs |= bit(s);
                 }
             }
         }
@@ -490,7 +517,12 @@ fn widen(old: &State, cur: &mut State) {
         }
         for (i, c) in cf.stack.slots.iter_mut().enumerate() {
             let o = of.stack.slot(i);
-            if o.is_spill() && c.is_spill() && o.spilled.is_scalar() && c.spilled.is_scalar() && !o.spilled.val.contains(&c.spilled.val) {
+            if o.is_spill()
+                && c.is_spill()
+                && o.spilled.is_scalar()
+                && c.spilled.is_scalar()
+                && !o.spilled.val.contains(&c.spilled.val)
+            {
                 c.spilled = Reg::unknown();
             }
         }
@@ -537,7 +569,13 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         Ok(()) => {
             let states = v.checkpoints.len();
             v.log.line(|| format!("processed {} insns, {} states, {} pruned", v.processed, states, v.pruned));
-            Ok(Stats { insns_processed: v.processed, states, pruned: v.pruned, stack_depth: v.depth.clone(), log: std::mem::take(&mut v.log.text) })
+            Ok(Stats {
+                insns_processed: v.processed,
+                states,
+                pruned: v.pruned,
+                stack_depth: v.depth.clone(),
+                log: std::mem::take(&mut v.log.text),
+            })
         }
         Err((pc, message)) => {
             let m = message.clone();

@@ -71,61 +71,66 @@ const WR_UNINIT: Arg = Mem { write: true, uninit: true, nullable: false };
 
 /// The prototypes (kernel 6.x) of the helpers userbpf implements.
 static PROTOS: &[Proto] = &[
-    p(1, [ConstMapPtr, MapKey, N, N, N], Ret::MapValueOrNull),            // map_lookup_elem
-    p(2, [ConstMapPtr, MapKey, MapValue, Anything, N], Ret::Integer),      // map_update_elem
-    p(3, [ConstMapPtr, MapKey, N, N, N], Ret::Integer),                    // map_delete_elem
-    p(4, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),      // probe_read
-    p(5, [N; 5], Ret::Integer),                                            // ktime_get_ns
-    p(6, [RD, ConstSize, N, N, N], Ret::Integer),                          // trace_printk
-    p(7, [N; 5], Ret::Integer),                                            // get_prandom_u32
-    p(8, [N; 5], Ret::Integer),                                            // get_smp_processor_id
-    p(12, [Ctx, ConstMapPtr, Anything, N, N], Ret::Void),                  // tail_call
-    p(14, [N; 5], Ret::Integer),                                           // get_current_pid_tgid
-    p(15, [N; 5], Ret::Integer),                                           // get_current_uid_gid
-    p(16, [WR_UNINIT, ConstSize, N, N, N], Ret::Integer),                  // get_current_comm
+    p(1, [ConstMapPtr, MapKey, N, N, N], Ret::MapValueOrNull), // map_lookup_elem
+    p(2, [ConstMapPtr, MapKey, MapValue, Anything, N], Ret::Integer), // map_update_elem
+    p(3, [ConstMapPtr, MapKey, N, N, N], Ret::Integer),        // map_delete_elem
+    p(4, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read
+    p(5, [N; 5], Ret::Integer),                                // ktime_get_ns
+    p(6, [RD, ConstSize, N, N, N], Ret::Integer),              // trace_printk
+    p(7, [N; 5], Ret::Integer),                                // get_prandom_u32
+    p(8, [N; 5], Ret::Integer),                                // get_smp_processor_id
+    p(12, [Ctx, ConstMapPtr, Anything, N, N], Ret::Void),      // tail_call
+    p(14, [N; 5], Ret::Integer),                               // get_current_pid_tgid
+    p(15, [N; 5], Ret::Integer),                               // get_current_uid_gid
+    p(16, [WR_UNINIT, ConstSize, N, N, N], Ret::Integer),      // get_current_comm
     p(25, [Ctx, ConstMapPtr, Anything, RD, ConstSizeOrZero], Ret::Integer), // perf_event_output
-    p(27, [Ctx, ConstMapPtr, Anything, N, N], Ret::Integer),               // get_stackid
-    p(35, [N; 5], Ret::Integer),                                           // get_current_task
-    p(36, [Anything, RD, ConstSize, N, N], Ret::Integer),                  // probe_write_user
-    p(37, [ConstMapPtr, Anything, N, N, N], Ret::Integer),                 // current_task_under_cgroup
-    p(45, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),     // probe_read_str
-    p(67, [Ctx, WR_UNINIT, ConstSizeOrZero, Anything, N], Ret::Integer),   // get_stack
-    p(80, [N; 5], Ret::Integer),                                           // get_current_cgroup_id
-    p(87, [ConstMapPtr, MapValue, Anything, N, N], Ret::Integer),          // map_push_elem
-    p(88, [ConstMapPtr, UninitMapValue, N, N, N], Ret::Integer),           // map_pop_elem
-    p(89, [ConstMapPtr, UninitMapValue, N, N, N], Ret::Integer),           // map_peek_elem
-    p(105, [RD, ConstSize, Anything, LongOut, N], Ret::Integer),           // strtol
-    p(106, [RD, ConstSize, Anything, LongOut, N], Ret::Integer),           // strtoul
-    p(109, [Anything, N, N, N, N], Ret::Integer),                          // send_signal
-    p(112, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),    // probe_read_user
-    p(113, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),    // probe_read_kernel
-    p(114, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),    // probe_read_user_str
-    p(115, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer),    // probe_read_kernel_str
-    p(117, [Anything, N, N, N, N], Ret::Integer),                          // send_signal_thread
-    p(118, [N; 5], Ret::Integer),                                          // jiffies64
-    p(123, [Anything, N, N, N, N], Ret::Integer),                          // get_current_ancestor_cgroup_id
-    p(125, [N; 5], Ret::Integer),                                          // ktime_get_boot_ns
+    p(27, [Ctx, ConstMapPtr, Anything, N, N], Ret::Integer),   // get_stackid
+    p(35, [N; 5], Ret::Integer),                               // get_current_task
+    p(36, [Anything, RD, ConstSize, N, N], Ret::Integer),      // probe_write_user
+    p(37, [ConstMapPtr, Anything, N, N, N], Ret::Integer),     // current_task_under_cgroup
+    p(45, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_str
+    p(67, [Ctx, WR_UNINIT, ConstSizeOrZero, Anything, N], Ret::Integer), // get_stack
+    p(80, [N; 5], Ret::Integer),                               // get_current_cgroup_id
+    p(87, [ConstMapPtr, MapValue, Anything, N, N], Ret::Integer), // map_push_elem
+    p(88, [ConstMapPtr, UninitMapValue, N, N, N], Ret::Integer), // map_pop_elem
+    p(89, [ConstMapPtr, UninitMapValue, N, N, N], Ret::Integer), // map_peek_elem
+    p(105, [RD, ConstSize, Anything, LongOut, N], Ret::Integer), // strtol
+    p(106, [RD, ConstSize, Anything, LongOut, N], Ret::Integer), // strtoul
+    p(109, [Anything, N, N, N, N], Ret::Integer),              // send_signal
+    p(112, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_user
+    p(113, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_kernel
+    p(114, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_user_str
+    p(115, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_kernel_str
+    p(117, [Anything, N, N, N, N], Ret::Integer),              // send_signal_thread
+    p(118, [N; 5], Ret::Integer),                              // jiffies64
+    p(123, [Anything, N, N, N, N], Ret::Integer),              // get_current_ancestor_cgroup_id
+    p(125, [N; 5], Ret::Integer),                              // ktime_get_boot_ns
     p(130, [ConstMapPtr, RD, ConstSizeOrZero, Anything, N], Ret::Integer), // ringbuf_output
     p(131, [ConstMapPtr, AllocSize, Anything, N, N], Ret::AllocMemOrNull), // ringbuf_reserve
-    p(132, [RingbufRelease, Anything, N, N, N], Ret::Void),                // ringbuf_submit
-    p(133, [RingbufRelease, Anything, N, N, N], Ret::Void),                // ringbuf_discard
-    p(134, [ConstMapPtr, Anything, N, N, N], Ret::Integer),                // ringbuf_query
-    p(160, [N; 5], Ret::Integer),                                          // ktime_get_coarse_ns
-    p(165, [Mem { write: true, uninit: false, nullable: true }, ConstSizeOrZero, ConstStr, RD_NULL, ConstSizeOrZero], Ret::Integer), // snprintf
-    p(173, [Ctx, N, N, N, N], Ret::Integer),                               // get_func_ip
-    p(174, [Ctx, N, N, N, N], Ret::Integer),                               // get_attach_cookie
-    p(177, [RD, ConstSize, RD_NULL, ConstSizeOrZero, N], Ret::Integer),    // trace_vprintk
-    p(181, [Anything, Func, StackOrNull, Anything, N], Ret::Integer),      // loop
-    p(182, [RD, ConstSize, ConstStr, N, N], Ret::Integer),                 // strncmp
-    p(183, [Ctx, Anything, LongOut, N, N], Ret::Integer),                  // get_func_arg
-    p(184, [Ctx, LongOut, N, N, N], Ret::Integer),                         // get_func_ret
-    p(185, [Ctx, N, N, N, N], Ret::Integer),                               // get_func_arg_cnt
-    p(195, [ConstMapPtr, MapKey, Anything, N, N], Ret::MapValueOrNull),    // map_lookup_percpu_elem
+    p(132, [RingbufRelease, Anything, N, N, N], Ret::Void),    // ringbuf_submit
+    p(133, [RingbufRelease, Anything, N, N, N], Ret::Void),    // ringbuf_discard
+    p(134, [ConstMapPtr, Anything, N, N, N], Ret::Integer),    // ringbuf_query
+    p(160, [N; 5], Ret::Integer),                              // ktime_get_coarse_ns
+    p(
+        165,
+        [Mem { write: true, uninit: false, nullable: true }, ConstSizeOrZero, ConstStr, RD_NULL, ConstSizeOrZero],
+        Ret::Integer,
+    ), // snprintf
+    p(173, [Ctx, N, N, N, N], Ret::Integer),                   // get_func_ip
+    p(174, [Ctx, N, N, N, N], Ret::Integer),                   // get_attach_cookie
+    p(177, [RD, ConstSize, RD_NULL, ConstSizeOrZero, N], Ret::Integer), // trace_vprintk
+    p(181, [Anything, Func, StackOrNull, Anything, N], Ret::Integer), // loop
+    p(182, [RD, ConstSize, ConstStr, N, N], Ret::Integer),     // strncmp
+    p(183, [Ctx, Anything, LongOut, N, N], Ret::Integer),      // get_func_arg
+    p(184, [Ctx, LongOut, N, N, N], Ret::Integer),             // get_func_ret
+    p(185, [Ctx, N, N, N, N], Ret::Integer),                   // get_func_arg_cnt
+    p(195, [ConstMapPtr, MapKey, Anything, N, N], Ret::MapValueOrNull), // map_lookup_percpu_elem
 ];
 
 /// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their
 /// `bpf_func_proto`).
-pub const GPL_ONLY: &[u32] = &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+pub const GPL_ONLY: &[u32] =
+    &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
 
 /// The kernel's `license_is_gpl_compatible`.
 pub fn license_is_gpl_compatible(license: &str) -> bool {

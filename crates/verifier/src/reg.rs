@@ -165,7 +165,14 @@ impl fmt::Display for Reg {
                 if self.ref_obj_id != 0 {
                     parts.push(format!("ref_obj_id={}", self.ref_obj_id));
                 }
-                if matches!(t, RegType::MapValue | RegType::MapValueOrNull | RegType::MapPtr | RegType::MapPtrOrNull | RegType::MapKey) {
+                if matches!(
+                    t,
+                    RegType::MapValue
+                        | RegType::MapValueOrNull
+                        | RegType::MapPtr
+                        | RegType::MapPtrOrNull
+                        | RegType::MapKey
+                ) {
                     parts.push(format!("map={}", self.map));
                 }
                 if matches!(t, RegType::Mem | RegType::MemOrNull | RegType::RingbufMem | RegType::RingbufMemOrNull) {

@@ -225,7 +225,13 @@ impl Scalar {
 
     fn bounds(&self, bits: u32) -> Bounds {
         if bits == 64 {
-            Bounds { umin: self.umin as i128, umax: self.umax as i128, smin: self.smin as i128, smax: self.smax as i128, bits }
+            Bounds {
+                umin: self.umin as i128,
+                umax: self.umax as i128,
+                smin: self.smin as i128,
+                smax: self.smax as i128,
+                bits,
+            }
         } else {
             Bounds {
                 umin: self.u32min as i128,
@@ -501,10 +507,10 @@ impl Scalar {
                 y = x;
             }
             Rel::Ne => {
-                if let (Some(c), Some(d)) = (const_of(ta), const_of(tb)) {
-                    if c == d {
-                        return false;
-                    }
+                if let (Some(c), Some(d)) = (const_of(ta), const_of(tb))
+                    && c == d
+                {
+                    return false;
                 }
                 let (ox, oy) = (x, y);
                 ne_adjust(&mut x, &oy);
@@ -660,7 +666,8 @@ mod tests {
         }
         /// Values near the interesting edges: small, near 2^32, near 2^63, near 2^64.
         fn value(&mut self) -> u64 {
-            let base = [0u64, 1 << 31, 1 << 32, 1 << 63, 0u64.wrapping_sub(64), 0xffff_ffff_0000_0000][(self.next() % 6) as usize];
+            let base = [0u64, 1 << 31, 1 << 32, 1 << 63, 0u64.wrapping_sub(64), 0xffff_ffff_0000_0000]
+                [(self.next() % 6) as usize];
             base.wrapping_add(self.next() % 64).wrapping_sub(16)
         }
     }
@@ -727,7 +734,17 @@ mod tests {
     #[test]
     fn alu_is_sound() {
         let mut rng = Rng(0x1234_5678_9abc_def1);
-        let ops = [AluOp::Add, AluOp::Sub, AluOp::Mul, AluOp::And, AluOp::Or, AluOp::Xor, AluOp::Lsh, AluOp::Rsh, AluOp::Arsh];
+        let ops = [
+            AluOp::Add,
+            AluOp::Sub,
+            AluOp::Mul,
+            AluOp::And,
+            AluOp::Or,
+            AluOp::Xor,
+            AluOp::Lsh,
+            AluOp::Rsh,
+            AluOp::Arsh,
+        ];
         for _ in 0..20000 {
             let (a, av) = sample(&mut rng);
             let op = ops[(rng.next() % ops.len() as u64) as usize];
@@ -742,7 +759,10 @@ mod tests {
             for &x in &av {
                 for &y in &bv {
                     let c = concrete(op, x, y, alu64);
-                    assert!(r.contains_value(c), "{op:?} alu64={alu64}: {a} op {b} = {r} misses {x:#x} op {y:#x} = {c:#x}");
+                    assert!(
+                        r.contains_value(c),
+                        "{op:?} alu64={alu64}: {a} op {b} = {r} misses {x:#x} op {y:#x} = {c:#x}"
+                    );
                 }
             }
         }
@@ -751,10 +771,28 @@ mod tests {
     #[test]
     fn refine_is_sound() {
         let mut rng = Rng(0xdead_beef_cafe_f00d);
-        let rels = [Rel::Eq, Rel::Ne, Rel::Ugt, Rel::Uge, Rel::Ult, Rel::Ule, Rel::Sgt, Rel::Sge, Rel::Slt, Rel::Sle, Rel::Set, Rel::NotSet];
+        let rels = [
+            Rel::Eq,
+            Rel::Ne,
+            Rel::Ugt,
+            Rel::Uge,
+            Rel::Ult,
+            Rel::Ule,
+            Rel::Sgt,
+            Rel::Sge,
+            Rel::Slt,
+            Rel::Sle,
+            Rel::Set,
+            Rel::NotSet,
+        ];
         for _ in 0..20000 {
             let (a, av) = sample(&mut rng);
-            let (b, bv) = if rng.next().is_multiple_of(2) { sample(&mut rng) } else { let v = rng.value(); (Scalar::constant(v), vec![v]) };
+            let (b, bv) = if rng.next().is_multiple_of(2) {
+                sample(&mut rng)
+            } else {
+                let v = rng.value();
+                (Scalar::constant(v), vec![v])
+            };
             let rel = rels[(rng.next() % rels.len() as u64) as usize];
             let is32 = rng.next().is_multiple_of(3);
             let (mut ra, mut rb) = (a, b);
@@ -762,7 +800,8 @@ mod tests {
             for &x in &av {
                 for &y in &bv {
                     let (cx, cy) = if is32 { (x as u32 as u64, y as u32 as u64) } else { (x, y) };
-                    let (sx, sy) = if is32 { (cx as u32 as i32 as i64, cy as u32 as i32 as i64) } else { (cx as i64, cy as i64) };
+                    let (sx, sy) =
+                        if is32 { (cx as u32 as i32 as i64, cy as u32 as i32 as i64) } else { (cx as i64, cy as i64) };
                     let holds = match rel {
                         Rel::Eq => cx == cy,
                         Rel::Ne => cx != cy,
@@ -779,7 +818,10 @@ mod tests {
                     };
                     if holds {
                         assert!(ok, "{rel:?} is32={is32}: {a} vs {b} said impossible, but {x:#x} {y:#x}");
-                        assert!(ra.contains_value(x) && rb.contains_value(y), "{rel:?} is32={is32}: {a} vs {b} -> {ra} / {rb} lost {x:#x} {y:#x}");
+                        assert!(
+                            ra.contains_value(x) && rb.contains_value(y),
+                            "{rel:?} is32={is32}: {a} vs {b} -> {ra} / {rb} lost {x:#x} {y:#x}"
+                        );
                     }
                 }
             }

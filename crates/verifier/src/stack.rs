@@ -138,10 +138,11 @@ impl Stack {
             }
             return Ok(Reg::scalar(Scalar::unknown_bytes(size as u32)));
         }
-        if let Some((n, v)) = slot.narrow {
-            if first == 0 && n as i64 == size {
-                return Ok(Reg::constant(v));
-            }
+        if let Some((n, v)) = slot.narrow
+            && first == 0
+            && n as i64 == size
+        {
+            return Ok(Reg::constant(v));
         }
         let mut all_zero = true;
         for o in off..off + size {
@@ -151,11 +152,7 @@ impl Stack {
                 _ => all_zero = false,
             }
         }
-        if all_zero {
-            Ok(Reg::constant(0))
-        } else {
-            Ok(Reg::scalar(Scalar::unknown_bytes(size as u32)))
-        }
+        if all_zero { Ok(Reg::constant(0)) } else { Ok(Reg::scalar(Scalar::unknown_bytes(size as u32))) }
     }
 }
 

@@ -122,10 +122,10 @@ impl Precise {
         self.slots[frame] |= 1 << spi;
     }
     pub fn remove_slot(&mut self, frame: usize, spi: usize) {
-        if let Some(s) = self.slots.get_mut(frame) {
-            if spi < 64 {
-                *s &= !(1 << spi);
-            }
+        if let Some(s) = self.slots.get_mut(frame)
+            && spi < 64
+        {
+            *s &= !(1 << spi);
         }
     }
     /// Adds `other`; returns whether anything was new.
@@ -184,7 +184,12 @@ fn reg_safe(old: &Reg, cur: &Reg, ids: &mut IdMap, mode: Mode, privileged: bool,
     }
     if mode == Mode::Exact {
         return old.typ == cur.typ
-            && (old.typ == RegType::NotInit || (old.off == cur.off && old.val == cur.val && old.map == cur.map && old.mem_size == cur.mem_size && old.frame == cur.frame))
+            && (old.typ == RegType::NotInit
+                || (old.off == cur.off
+                    && old.val == cur.val
+                    && old.map == cur.map
+                    && old.mem_size == cur.mem_size
+                    && old.frame == cur.frame))
             && ids.check(old.id, cur.id)
             && ids.check(old.ref_obj_id, cur.ref_obj_id);
     }
@@ -212,7 +217,14 @@ fn reg_safe(old: &Reg, cur: &Reg, ids: &mut IdMap, mode: Mode, privileged: bool,
     }
 }
 
-fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged: bool, precise: &dyn Fn(usize) -> bool) -> bool {
+fn stack_safe(
+    old: &Stack,
+    cur: &Stack,
+    ids: &mut IdMap,
+    mode: Mode,
+    privileged: bool,
+    precise: &dyn Fn(usize) -> bool,
+) -> bool {
     let n = old.slots.len().max(cur.slots.len());
     for i in 0..n {
         let (o, c) = (old.slot(i), cur.slot(i));
@@ -236,8 +248,12 @@ fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged:
                 continue;
             }
             // An unknown (or imprecise) scalar spill covers unknown bytes.
-            let all_data = c.bytes.iter().all(|&b| matches!(b, Byte::Misc | Byte::Zero) || (b == Byte::Invalid && privileged));
-            if o.spilled.typ == RegType::Scalar && ((o.spilled.val.is_unknown() && o.spilled.id == 0) || !precise(i)) && all_data {
+            let all_data =
+                c.bytes.iter().all(|&b| matches!(b, Byte::Misc | Byte::Zero) || (b == Byte::Invalid && privileged));
+            if o.spilled.typ == RegType::Scalar
+                && ((o.spilled.val.is_unknown() && o.spilled.id == 0) || !precise(i))
+                && all_data
+            {
                 continue;
             }
             return false;
@@ -263,7 +279,15 @@ fn stack_safe(old: &Stack, cur: &Stack, ids: &mut IdMap, mode: Mode, privileged:
 
 /// Whether `old` (stored at a prune point) covers `cur` (arriving there), looking only at
 /// registers in `live` for the current frame and `caller_live[i]` for caller frame `i`.
-pub fn covers(old: &State, precise: &Precise, cur: &State, live: RegSet, caller_live: &dyn Fn(usize) -> RegSet, mode: Mode, privileged: bool) -> bool {
+pub fn covers(
+    old: &State,
+    precise: &Precise,
+    cur: &State,
+    live: RegSet,
+    caller_live: &dyn Fn(usize) -> RegSet,
+    mode: Mode,
+    privileged: bool,
+) -> bool {
     if old.frames.len() != cur.frames.len() || old.refs.len() != cur.refs.len() {
         return false;
     }

@@ -8,7 +8,11 @@ use std::path::{Path, PathBuf};
 
 fn corpus() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bpf");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir).expect("tests/bpf").filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|e| e == "c")).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/bpf")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "c"))
+        .collect();
     v.sort();
     v
 }
@@ -52,7 +56,18 @@ fn corpus_verdicts_match_the_kernel() {
 fn project_sources() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut v = Vec::new();
-    for dir in ["examples/bpf", "examples/libbpf", "tools", "crates/cli/tests/bpf", "crates/object/tests/bpf", "crates/runtime/tests/bpf", "crates/vm/tests/bpf", "crates/agent/tests/bpf", "crates/syscall-server/tests/bpf", "crates/hook/tests/bpf"] {
+    for dir in [
+        "examples/bpf",
+        "examples/libbpf",
+        "tools",
+        "crates/cli/tests/bpf",
+        "crates/object/tests/bpf",
+        "crates/runtime/tests/bpf",
+        "crates/vm/tests/bpf",
+        "crates/agent/tests/bpf",
+        "crates/syscall-server/tests/bpf",
+        "crates/hook/tests/bpf",
+    ] {
         let Ok(rd) = std::fs::read_dir(root.join(dir)) else { continue };
         for e in rd.flatten() {
             let p = e.path();
@@ -106,7 +121,8 @@ fn project_objects_match_the_kernel() {
             println!("skipped (does not compile): {}", src.display());
             continue;
         }
-        let shown = src.strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")).unwrap_or(&src).display().to_string();
+        let shown =
+            src.strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")).unwrap_or(&src).display().to_string();
         match common::judge_object(&dir.join(format!("{stem}.o")), &shown) {
             Ok(verdicts) => {
                 for v in verdicts {
@@ -114,7 +130,9 @@ fn project_objects_match_the_kernel() {
                     println!("{v}");
                     if v.agree() {
                         agree += 1;
-                    } else if let Some((_, _, why)) = KNOWN_DIFFERENCES.iter().find(|(f, p, _)| *f == v.file && *p == v.program) {
+                    } else if let Some((_, _, why)) =
+                        KNOWN_DIFFERENCES.iter().find(|(f, p, _)| *f == v.file && *p == v.program)
+                    {
                         println!("KNOWN DIFFERENCE ({why}): {v}");
                     } else {
                         differences.push(v.to_string());

@@ -2,13 +2,19 @@
 //! an unprivileged loader, and the log.
 
 use userbpf_isa::asm::assemble;
-use userbpf_verifier::{verify, MapInfo, Options, ProgType};
+use userbpf_verifier::{MapInfo, Options, ProgType, verify};
 
 fn opts(privileged: bool) -> Options {
     let mut o = Options::new(ProgType::Kprobe);
     o.privileged = privileged;
-    o.maps.insert(0, MapInfo { name: "arr".into(), map_type: 2, key_size: 4, value_size: 8, max_entries: 4, ..Default::default() });
-    o.maps.insert(1, MapInfo { name: "hash".into(), map_type: 1, key_size: 4, value_size: 16, max_entries: 4, ..Default::default() });
+    o.maps.insert(
+        0,
+        MapInfo { name: "arr".into(), map_type: 2, key_size: 4, value_size: 8, max_entries: 4, ..Default::default() },
+    );
+    o.maps.insert(
+        1,
+        MapInfo { name: "hash".into(), map_type: 1, key_size: 4, value_size: 16, max_entries: 4, ..Default::default() },
+    );
     o
 }
 

@@ -14,7 +14,7 @@
 
 use crate::interp::INTERP_FUNC_TAG;
 use crate::program::MAX_CALL_FRAMES;
-use crate::run::{with_current, RunCtx, RunKind};
+use crate::run::{RunCtx, RunKind, with_current};
 use crate::{HelperFn, VmError};
 
 /// Runs the callback `func` (as the program loaded it with `lddw BPF_PSEUDO_FUNC`) with r1..r5

@@ -18,9 +18,9 @@
 //! The handler is installed by the first use (a copy, a registration, [`install`]). A handler
 //! installed later by someone else for SIGSEGV or SIGBUS replaces it (unless it chains to it).
 
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize};
 use std::sync::Once;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicUsize, fence};
 
 /// The negated errno a failed copy returns.
 pub const EFAULT_RET: i64 = -(libc::EFAULT as i64);
@@ -71,7 +71,7 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-extern "C" {
+unsafe extern "C" {
     fn userbpf_guard_copy(dst: *mut u8, src: *const u8, len: u64) -> i64;
     fn userbpf_guard_copy_end();
     fn userbpf_guard_strcpy(dst: *mut u8, src: *const u8, size: u64) -> i64;
@@ -344,7 +344,11 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             None => {}
         }
         // Not ours: behave as the previous disposition would.
-        let old = if sig == libc::SIGBUS { (&raw const OLD_BUS).cast::<libc::sigaction>() } else { (&raw const OLD_SEGV).cast::<libc::sigaction>() };
+        let old = if sig == libc::SIGBUS {
+            (&raw const OLD_BUS).cast::<libc::sigaction>()
+        } else {
+            (&raw const OLD_SEGV).cast::<libc::sigaction>()
+        };
         let old = &*old;
         match old.sa_sigaction {
             libc::SIG_IGN => {}
@@ -469,7 +473,8 @@ mod tests {
             }
             // SAFETY: as above.
             let reused = unsafe { add_dynamic_range(0x9_0000, 0x9_0010, never, 0) }.is_some_and(|id| id.0 < MAX_RANGES);
-            let code = if full_ok && reused && covers(0x10_0000) && !covers(0x10_0007) && covers(0x9_0000) { 0 } else { 1 };
+            let code =
+                if full_ok && reused && covers(0x10_0000) && !covers(0x10_0007) && covers(0x9_0000) { 0 } else { 1 };
             // SAFETY: _exit is always safe to call.
             unsafe { libc::_exit(code) };
         }
@@ -524,5 +529,4 @@ mod tests {
             assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == sig, "signal {sig}: status {status:#x}");
         }
     }
-
 }

@@ -11,8 +11,8 @@
 //! bpf-to-bpf call and its accesses are checked against the same stack, regions and policy.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use userbpf_isa::*;
 
@@ -128,14 +128,22 @@ impl Interpreter {
     }
 
     #[inline(always)]
-    fn check(&self, stack: &Region, regions: &[Region], pc: usize, addr: u64, len: u64, write: bool) -> Result<(), VmError> {
+    fn check(
+        &self,
+        stack: &Region,
+        regions: &[Region],
+        pc: usize,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), VmError> {
         if stack.contains(addr, len, write) || regions.iter().any(|r| r.contains(addr, len, write)) {
             return Ok(());
         }
-        if let Some(p) = self.prog.memory_policy() {
-            if p.allows(addr, len, write) {
-                return Ok(());
-            }
+        if let Some(p) = self.prog.memory_policy()
+            && p.allows(addr, len, write)
+        {
+            return Ok(());
         }
         Err(VmError::OutOfBounds { pc, addr, len, kind: if write { AccessKind::Write } else { AccessKind::Read } })
     }
@@ -143,7 +151,14 @@ impl Interpreter {
     fn exec<const COUNT: bool>(&self, r1: u64, r2: u64, regions: &[Region]) -> (Result<u64, VmError>, u64) {
         let mut stack = [0u64; STACK_WORDS];
         let stack_region = Region::of_mut(bytemuck_u8(&mut stack));
-        let run = InterpRun { interp: self, regions, stack: stack_region, depth: Cell::new(0), count: Cell::new(0), counting: COUNT };
+        let run = InterpRun {
+            interp: self,
+            regions,
+            stack: stack_region,
+            depth: Cell::new(0),
+            count: Cell::new(0),
+            counting: COUNT,
+        };
         let ctx = RunCtx::new(RunKind::Interp(&run));
         let result = {
             let _scope = ctx.enter();
@@ -176,12 +191,12 @@ impl Interpreter {
         let mut pc = start;
 
         macro_rules! fail {
-            ($e:expr) => {
+            ($e:expr_2021) => {
                 break Err($e)
             };
         }
         macro_rules! chk {
-            ($addr:expr, $len:expr, $write:expr) => {
+            ($addr:expr_2021, $len:expr_2021, $write:expr_2021) => {
                 if let Err(e) = self.check(stack_region, regions, pc - 1, $addr, $len, $write) {
                     fail!(e)
                 }
@@ -307,7 +322,13 @@ impl Interpreter {
                 // Loads.
                 0x71 | 0x69 | 0x61 | 0x79 | 0x91 | 0x89 | 0x81 => {
                     let addr = reg[s].wrapping_add(op.off as i64 as u64);
-                    let len = 1u64 << (match op.op & 0x18 { BPF_B => 0, BPF_H => 1, BPF_W => 2, _ => 3 });
+                    let len = 1u64
+                        << (match op.op & 0x18 {
+                            BPF_B => 0,
+                            BPF_H => 1,
+                            BPF_W => 2,
+                            _ => 3,
+                        });
                     chk!(addr, len, false);
                     // SAFETY: `check` found [addr, addr+len) inside the stack, a region of the
                     // run or memory the runtime's policy vouches for; unaligned reads are fine.
@@ -325,7 +346,13 @@ impl Interpreter {
                 // Stores.
                 0x72 | 0x6a | 0x62 | 0x7a | 0x73 | 0x6b | 0x63 | 0x7b => {
                     let addr = reg[d].wrapping_add(op.off as i64 as u64);
-                    let len = 1u64 << (match op.op & 0x18 { BPF_B => 0, BPF_H => 1, BPF_W => 2, _ => 3 });
+                    let len = 1u64
+                        << (match op.op & 0x18 {
+                            BPF_B => 0,
+                            BPF_H => 1,
+                            BPF_W => 2,
+                            _ => 3,
+                        });
                     let v = if op.op & 0x07 == BPF_ST { imm } else { reg[s] };
                     chk!(addr, len, true);
                     // SAFETY: as for loads, checked writable.
@@ -356,52 +383,228 @@ impl Interpreter {
                 // Jumps.
                 0x05 => pc = jmp(pc, op.off),
                 0x06 => pc = op.imm as usize,
-                0x15 => if reg[d] == imm { pc = jmp(pc, op.off) },
-                0x1d => if reg[d] == reg[s] { pc = jmp(pc, op.off) },
-                0x25 => if reg[d] > imm { pc = jmp(pc, op.off) },
-                0x2d => if reg[d] > reg[s] { pc = jmp(pc, op.off) },
-                0x35 => if reg[d] >= imm { pc = jmp(pc, op.off) },
-                0x3d => if reg[d] >= reg[s] { pc = jmp(pc, op.off) },
-                0x45 => if reg[d] & imm != 0 { pc = jmp(pc, op.off) },
-                0x4d => if reg[d] & reg[s] != 0 { pc = jmp(pc, op.off) },
-                0x55 => if reg[d] != imm { pc = jmp(pc, op.off) },
-                0x5d => if reg[d] != reg[s] { pc = jmp(pc, op.off) },
-                0x65 => if (reg[d] as i64) > imm as i64 { pc = jmp(pc, op.off) },
-                0x6d => if (reg[d] as i64) > reg[s] as i64 { pc = jmp(pc, op.off) },
-                0x75 => if (reg[d] as i64) >= imm as i64 { pc = jmp(pc, op.off) },
-                0x7d => if (reg[d] as i64) >= reg[s] as i64 { pc = jmp(pc, op.off) },
-                0xa5 => if reg[d] < imm { pc = jmp(pc, op.off) },
-                0xad => if reg[d] < reg[s] { pc = jmp(pc, op.off) },
-                0xb5 => if reg[d] <= imm { pc = jmp(pc, op.off) },
-                0xbd => if reg[d] <= reg[s] { pc = jmp(pc, op.off) },
-                0xc5 => if (reg[d] as i64) < imm as i64 { pc = jmp(pc, op.off) },
-                0xcd => if (reg[d] as i64) < reg[s] as i64 { pc = jmp(pc, op.off) },
-                0xd5 => if (reg[d] as i64) <= imm as i64 { pc = jmp(pc, op.off) },
-                0xdd => if (reg[d] as i64) <= reg[s] as i64 { pc = jmp(pc, op.off) },
+                0x15 => {
+                    if reg[d] == imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x1d => {
+                    if reg[d] == reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x25 => {
+                    if reg[d] > imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x2d => {
+                    if reg[d] > reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x35 => {
+                    if reg[d] >= imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x3d => {
+                    if reg[d] >= reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x45 => {
+                    if reg[d] & imm != 0 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x4d => {
+                    if reg[d] & reg[s] != 0 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x55 => {
+                    if reg[d] != imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x5d => {
+                    if reg[d] != reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x65 => {
+                    if (reg[d] as i64) > imm as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x6d => {
+                    if (reg[d] as i64) > reg[s] as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x75 => {
+                    if (reg[d] as i64) >= imm as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x7d => {
+                    if (reg[d] as i64) >= reg[s] as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xa5 => {
+                    if reg[d] < imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xad => {
+                    if reg[d] < reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xb5 => {
+                    if reg[d] <= imm {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xbd => {
+                    if reg[d] <= reg[s] {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xc5 => {
+                    if (reg[d] as i64) < imm as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xcd => {
+                    if (reg[d] as i64) < reg[s] as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xd5 => {
+                    if (reg[d] as i64) <= imm as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xdd => {
+                    if (reg[d] as i64) <= reg[s] as i64 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
 
                 // 32-bit compares.
-                0x16 => if reg[d] as u32 == imm as u32 { pc = jmp(pc, op.off) },
-                0x1e => if reg[d] as u32 == reg[s] as u32 { pc = jmp(pc, op.off) },
-                0x26 => if reg[d] as u32 > imm as u32 { pc = jmp(pc, op.off) },
-                0x2e => if reg[d] as u32 > reg[s] as u32 { pc = jmp(pc, op.off) },
-                0x36 => if reg[d] as u32 >= imm as u32 { pc = jmp(pc, op.off) },
-                0x3e => if reg[d] as u32 >= reg[s] as u32 { pc = jmp(pc, op.off) },
-                0x46 => if reg[d] as u32 & imm as u32 != 0 { pc = jmp(pc, op.off) },
-                0x4e => if reg[d] as u32 & reg[s] as u32 != 0 { pc = jmp(pc, op.off) },
-                0x56 => if reg[d] as u32 != imm as u32 { pc = jmp(pc, op.off) },
-                0x5e => if reg[d] as u32 != reg[s] as u32 { pc = jmp(pc, op.off) },
-                0x66 => if (reg[d] as i32) > imm as i32 { pc = jmp(pc, op.off) },
-                0x6e => if (reg[d] as i32) > reg[s] as i32 { pc = jmp(pc, op.off) },
-                0x76 => if (reg[d] as i32) >= imm as i32 { pc = jmp(pc, op.off) },
-                0x7e => if (reg[d] as i32) >= reg[s] as i32 { pc = jmp(pc, op.off) },
-                0xa6 => if (reg[d] as u32) < imm as u32 { pc = jmp(pc, op.off) },
-                0xae => if (reg[d] as u32) < reg[s] as u32 { pc = jmp(pc, op.off) },
-                0xb6 => if reg[d] as u32 <= imm as u32 { pc = jmp(pc, op.off) },
-                0xbe => if reg[d] as u32 <= reg[s] as u32 { pc = jmp(pc, op.off) },
-                0xc6 => if (reg[d] as i32) < imm as i32 { pc = jmp(pc, op.off) },
-                0xce => if (reg[d] as i32) < reg[s] as i32 { pc = jmp(pc, op.off) },
-                0xd6 => if reg[d] as i32 <= imm as i32 { pc = jmp(pc, op.off) },
-                0xde => if reg[d] as i32 <= reg[s] as i32 { pc = jmp(pc, op.off) },
+                0x16 => {
+                    if reg[d] as u32 == imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x1e => {
+                    if reg[d] as u32 == reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x26 => {
+                    if reg[d] as u32 > imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x2e => {
+                    if reg[d] as u32 > reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x36 => {
+                    if reg[d] as u32 >= imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x3e => {
+                    if reg[d] as u32 >= reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x46 => {
+                    if reg[d] as u32 & imm as u32 != 0 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x4e => {
+                    if reg[d] as u32 & reg[s] as u32 != 0 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x56 => {
+                    if reg[d] as u32 != imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x5e => {
+                    if reg[d] as u32 != reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x66 => {
+                    if (reg[d] as i32) > imm as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x6e => {
+                    if (reg[d] as i32) > reg[s] as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x76 => {
+                    if (reg[d] as i32) >= imm as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0x7e => {
+                    if (reg[d] as i32) >= reg[s] as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xa6 => {
+                    if (reg[d] as u32) < imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xae => {
+                    if (reg[d] as u32) < reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xb6 => {
+                    if reg[d] as u32 <= imm as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xbe => {
+                    if reg[d] as u32 <= reg[s] as u32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xc6 => {
+                    if (reg[d] as i32) < imm as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xce => {
+                    if (reg[d] as i32) < reg[s] as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xd6 => {
+                    if reg[d] as i32 <= imm as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
+                0xde => {
+                    if reg[d] as i32 <= reg[s] as i32 {
+                        pc = jmp(pc, op.off)
+                    }
+                }
 
                 // Calls.
                 0x85 => {
@@ -584,7 +787,7 @@ unsafe fn atomic(addr: u64, wide: bool, code: i32, src: u64, r0: u64) -> (u64, b
         let old = match code {
             BPF_XCHG => return (a.swap(s, SEQ) as u64, true, false),
             BPF_CMPXCHG => {
-                return (a.compare_exchange(r0 as u32, s, SEQ, SEQ).unwrap_or_else(|v| v) as u64, false, true)
+                return (a.compare_exchange(r0 as u32, s, SEQ, SEQ).unwrap_or_else(|v| v) as u64, false, true);
             }
             _ => match code & !BPF_FETCH {
                 0x00 => a.fetch_add(s, SEQ),

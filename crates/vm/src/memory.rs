@@ -27,9 +27,7 @@ impl Region {
     /// Whether `[addr, addr+len)` lies inside the region (and writing is allowed if `write`).
     #[inline(always)]
     pub fn contains(&self, addr: u64, len: u64, write: bool) -> bool {
-        addr.wrapping_sub(self.start) <= self.len.wrapping_sub(len)
-            && len <= self.len
-            && (!write || self.writable)
+        addr.wrapping_sub(self.start) <= self.len.wrapping_sub(len) && len <= self.len && (!write || self.writable)
     }
 }
 

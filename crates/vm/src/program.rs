@@ -111,11 +111,7 @@ impl InlineArray {
     /// What the lookup of index `idx` (the key's 4 bytes, native order) gives.
     #[inline(always)]
     pub fn lookup(&self, idx: u32) -> u64 {
-        if idx < self.max_entries {
-            self.values.wrapping_add(idx as u64 * self.elem_size as u64)
-        } else {
-            0
-        }
+        if idx < self.max_entries { self.values.wrapping_add(idx as u64 * self.elem_size as u64) } else { 0 }
     }
 }
 
@@ -215,18 +211,29 @@ impl Program {
                         }
                         let target = jump_target(pc, insn.imm as i64);
                         if target < 0 || target >= n as i64 {
-                            return err(pc, format!("lddw of a function points to instruction {target}, outside the program"));
+                            return err(
+                                pc,
+                                format!("lddw of a function points to instruction {target}, outside the program"),
+                            );
                         }
                         subprogs.push(target as usize);
                     }
-                    BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_BTF_ID | BPF_PSEUDO_MAP_IDX
+                    BPF_PSEUDO_MAP_FD
+                    | BPF_PSEUDO_MAP_VALUE
+                    | BPF_PSEUDO_BTF_ID
+                    | BPF_PSEUDO_MAP_IDX
                     | BPF_PSEUDO_MAP_IDX_VALUE => {
                         let Some(r) = relocator else {
-                            return err(pc, format!("lddw with pseudo source {} ({}) needs a relocation, and none was given", insn.src, pseudo_name(insn.src)));
+                            return err(
+                                pc,
+                                format!(
+                                    "lddw with pseudo source {} ({}) needs a relocation, and none was given",
+                                    insn.src,
+                                    pseudo_name(insn.src)
+                                ),
+                            );
                         };
-                        let value = r
-                            .resolve_lddw(pc, insn.src, insn.imm, next.imm)
-                            .or_else(|m| err(pc, m))?;
+                        let value = r.resolve_lddw(pc, insn.src, insn.imm, next.imm).or_else(|m| err(pc, m))?;
                         insns[pc] = Insn { src: 0, imm: value as u32 as i32, ..insn };
                         insns[pc + 1].imm = (value >> 32) as u32 as i32;
                         if matches!(insn.src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) {
@@ -264,10 +271,13 @@ impl Program {
             }
             let l = insns[last];
             if !(l.op == OP_EXIT || l.op == OP_JA || l.op == OP_JA32) {
-                return err(last, format!(
-                    "the last instruction of the {} is not exit or an unconditional jump, so execution could fall off its end",
-                    if start == 0 { "program".to_string() } else { format!("function at instruction {start}") }
-                ));
+                return err(
+                    last,
+                    format!(
+                        "the last instruction of the {} is not exit or an unconditional jump, so execution could fall off its end",
+                        if start == 0 { "program".to_string() } else { format!("function at instruction {start}") }
+                    ),
+                );
             }
         }
         for pc in 0..n {
@@ -285,7 +295,13 @@ impl Program {
                 return err(pc, format!("jump into the middle of the lddw at instruction {}", target - 1));
             }
             if sub_of(target) != sub_of(pc) {
-                return err(pc, format!("jump to instruction {target} leaves the function that starts at instruction {}", subprogs[sub_of(pc)]));
+                return err(
+                    pc,
+                    format!(
+                        "jump to instruction {target} leaves the function that starts at instruction {}",
+                        subprogs[sub_of(pc)]
+                    ),
+                );
             }
         }
         // Pass 3: call graph depth; recursion is refused as the kernel refuses it.
@@ -300,9 +316,13 @@ impl Program {
         let max_depth = call_depth(&subprogs, &callees)?;
         let (inline_lookups, inline_updates, direct_calls) = match relocator {
             Some(r) if !map_lddws.is_empty() => {
-                let fits = |a: InlineArray| a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32;
+                let fits = |a: InlineArray| {
+                    a.elem_size != 0 && a.elem_size <= i32::MAX as u32 && a.cpu_stride <= i32::MAX as u32
+                };
                 let site = |id, name, f: &dyn Fn(u64) -> Option<InlineArray>| {
-                    inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| f(m).filter(|&a| fits(a)))
+                    inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| {
+                        f(m).filter(|&a| fits(a))
+                    })
                 };
                 let mut lookups = site(MAP_LOOKUP_ELEM, "map_lookup_elem", &|m| r.inline_lookup(m));
                 let mut updates = site(MAP_UPDATE_ELEM, "map_update_elem", &|m| {
@@ -311,11 +331,17 @@ impl Program {
                 let mut direct = Vec::new();
                 if percpu_inline_allowed(&insns, &second_half, options) {
                     // Direct calls need the run's CPU, which only the fast entry's runs keep.
-                    for (id, name) in [(MAP_LOOKUP_ELEM, "map_lookup_elem"), (MAP_UPDATE_ELEM, "map_update_elem"), (MAP_DELETE_ELEM, "map_delete_elem")] {
+                    for (id, name) in [
+                        (MAP_LOOKUP_ELEM, "map_lookup_elem"),
+                        (MAP_UPDATE_ELEM, "map_update_elem"),
+                        (MAP_DELETE_ELEM, "map_delete_elem"),
+                    ] {
                         direct.extend(
-                            inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| r.direct_call(m, id as u32))
-                                .into_iter()
-                                .filter(|(pc, _)| !lookups.iter().chain(&updates).any(|(p, _)| p == pc)),
+                            inline_sites(&insns, &second_half, &subprogs, &map_lddws, options, id, name, &|m| {
+                                r.direct_call(m, id as u32)
+                            })
+                            .into_iter()
+                            .filter(|(pc, _)| !lookups.iter().chain(&updates).any(|(p, _)| p == pc)),
                         );
                     }
                     direct.sort_unstable_by_key(|&(pc, _)| pc);
@@ -565,10 +591,13 @@ fn check_fields(pc: usize, insn: Insn, options: &LoadOptions) -> Result<(), Load
             0 => {
                 let id = insn.imm as u32;
                 if options.helpers.get(id).is_none() {
-                    return err(pc, match helper_name(id) {
-                        Some(name) => format!("helper bpf_{name} (id {id}) is not supported"),
-                        None => format!("call to unknown helper id {}", insn.imm),
-                    });
+                    return err(
+                        pc,
+                        match helper_name(id) {
+                            Some(name) => format!("helper bpf_{name} (id {id}) is not supported"),
+                            None => format!("call to unknown helper id {}", insn.imm),
+                        },
+                    );
                 }
             }
             BPF_PSEUDO_KFUNC_CALL => return err(pc, format!("kfunc calls (BTF id {}) are not supported", insn.imm)),

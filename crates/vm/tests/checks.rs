@@ -92,7 +92,11 @@ fn lddw_forms() {
         0,
         "needs a relocation",
     );
-    assert_refused(&[Insn::new(OP_LDDW, 1, 9, 0, 3), Insn::new(0, 0, 0, 0, 0), MOV0, EXIT], 0, "invalid pseudo source 9");
+    assert_refused(
+        &[Insn::new(OP_LDDW, 1, 9, 0, 3), Insn::new(0, 0, 0, 0, 0), MOV0, EXIT],
+        0,
+        "invalid pseudo source 9",
+    );
 
     struct Maps;
     impl Relocator for Maps {

@@ -7,12 +7,12 @@
 mod common;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use common::Asm;
 use userbpf_isa::*;
-use userbpf_vm::jit::{SlotClaim, CLAIM_RETRY};
+use userbpf_vm::jit::{CLAIM_RETRY, SlotClaim};
 use userbpf_vm::{Helper, HelperRegistry, InlineArray, JitProgram, LoadOptions, Program, Relocator};
 
 thread_local! {

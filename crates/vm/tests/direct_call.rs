@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use common::Asm;
 use userbpf_isa::*;
-use userbpf_vm::{DirectCall, Helper, HelperRegistry, Interpreter, JitProgram, LoadOptions, Program, Region, Relocator};
+use userbpf_vm::{
+    DirectCall, Helper, HelperRegistry, Interpreter, JitProgram, LoadOptions, Program, Region, Relocator,
+};
 
 /// What the last call saw: (which, r1, r2, r3, r4, r5).
 type Seen = (u64, u64, u64, u64, u64, u64);
@@ -127,7 +129,11 @@ fn the_jit_calls_the_maps_function_with_its_argument_and_the_run_cpu() {
             // SAFETY: the program touches its stack only (the fakes read nothing).
             let r0 = unsafe { jit.run_on_cpu(0, 0, cpu) }.expect("JIT run");
             let (which, r1, r2, r3, r4, r5) = seen();
-            assert_eq!((which, r1, r4, r5), (10 + helper as u64, maps[0].arg, 2, cpu as u64), "JIT, helper {helper}, cpu {cpu}");
+            assert_eq!(
+                (which, r1, r4, r5),
+                (10 + helper as u64, maps[0].arg, 2, cpu as u64),
+                "JIT, helper {helper}, cpu {cpu}"
+            );
             assert_eq!(r2 - r3, 8, "r2 and r3 are the program's stack slots");
             assert_eq!(r0, (10 + helper as u64) << 32 | (maps[0].arg & 0xffff_ffff), "r0 is the function's result");
         }

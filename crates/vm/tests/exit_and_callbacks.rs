@@ -5,11 +5,11 @@ mod common;
 
 use std::cell::RefCell;
 
-use common::{u64_at, Asm, Exec};
+use common::{Asm, Exec, u64_at};
 use userbpf_isa::*;
 use userbpf_vm::error::AccessKind;
 use userbpf_vm::interp::INTERP_FUNC_TAG;
-use userbpf_vm::{callback, request_exit, Helper, HelperFn, HelperRegistry, VmError, MAX_CALL_FRAMES};
+use userbpf_vm::{Helper, HelperFn, HelperRegistry, MAX_CALL_FRAMES, VmError, callback, request_exit};
 
 const H_EXIT: u32 = 1;
 const H_EXIT_UNMARKED: u32 = 2;
@@ -59,11 +59,7 @@ unsafe extern "C" fn h_invoke(func: u64, a: u64, _: u64, _: u64, _: u64) -> u64 
         Err(e) => {
             let refused = matches!(e, VmError::InvalidCallback { .. });
             SEEN.with(|s| s.borrow_mut().push(e));
-            if refused {
-                -22i64 as u64
-            } else {
-                u64::MAX
-            }
+            if refused { -22i64 as u64 } else { u64::MAX }
         }
     }
 }
@@ -190,7 +186,8 @@ fn nested_runs_keep_their_own_requests() {
     // A tail call: the outer run ends with the inner's r0.
     let outer_tail = Asm::new().movx(6, 1).mov(1, 1).call(H_RUN_INNER).st(BPF_DW, 6, 0, 1).mov(0, 99).exit().build();
     // A request of the outer run (unmarked, so pending) survives the inner run's own.
-    let outer_pending = Asm::new().mov(1, 42).call(H_EXIT_UNMARKED).mov(1, 0).call(H_RUN_INNER).add(0, 100).exit().build();
+    let outer_pending =
+        Asm::new().mov(1, 42).call(H_EXIT_UNMARKED).mov(1, 0).call(H_RUN_INNER).add(0, 100).exit().build();
     for outer_jit in [false, true] {
         for inner_jit in [false, true] {
             let what = format!("outer jit {outer_jit}, inner jit {inner_jit}");
@@ -208,7 +205,10 @@ fn nested_runs_keep_their_own_requests() {
             assert_eq!(Exec::load(&outer_call, helpers(), outer_jit).run(&mut []), Ok(99), "{what}");
             let errs = seen();
             assert_eq!(errs.len(), 1, "{what}: {errs:?}");
-            assert!(matches!(errs[0], VmError::OutOfBounds { pc: 1, addr: 8, .. } | VmError::Fault { pc: 1, addr: 8 }), "{what}: {errs:?}");
+            assert!(
+                matches!(errs[0], VmError::OutOfBounds { pc: 1, addr: 8, .. } | VmError::Fault { pc: 1, addr: 8 }),
+                "{what}: {errs:?}"
+            );
         }
     }
     INNER.with(|i| *i.borrow_mut() = None);
@@ -324,13 +324,20 @@ fn invalid_callbacks_are_refused_and_the_program_goes_on() {
         buf[32..].copy_from_slice(&other.to_le_bytes());
         assert_eq!(e.run(&mut buf), Ok(1), "{}", e.name());
         let einval = -22i64 as u64;
-        assert_eq!([u64_at(&buf, 0), u64_at(&buf, 8), u64_at(&buf, 16), u64_at(&buf, 24)], [einval, einval, 10, einval], "{}", e.name());
+        assert_eq!(
+            [u64_at(&buf, 0), u64_at(&buf, 8), u64_at(&buf, 16), u64_at(&buf, 24)],
+            [einval, einval, 10, einval],
+            "{}",
+            e.name()
+        );
         let errs = seen();
         assert_eq!(errs.len(), 3, "{errs:?}");
         assert!(errs.iter().all(|x| matches!(x, VmError::InvalidCallback { .. })), "{errs:?}");
     }
     // Outside any run.
-    assert!(matches!(callback::invoke(INTERP_FUNC_TAG, [0; 5]), Err(VmError::InvalidCallback { func, .. }) if func == INTERP_FUNC_TAG));
+    assert!(
+        matches!(callback::invoke(INTERP_FUNC_TAG, [0; 5]), Err(VmError::InvalidCallback { func, .. }) if func == INTERP_FUNC_TAG)
+    );
 }
 
 /// main: loop(5, cb, buf); buf[8] = 1; return 99. cb fails at i == 2 with `bad`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{Asm, Exec};
 use userbpf_isa::*;
 use userbpf_vm::error::AccessKind;
-use userbpf_vm::{callback, Helper, HelperFn, HelperRegistry, JitProgram, LoadOptions, Program, Region, VmError};
+use userbpf_vm::{Helper, HelperFn, HelperRegistry, JitProgram, LoadOptions, Program, Region, VmError, callback};
 
 const H_LOOP: u32 = 3;
 const H_NULL: u32 = 4;
@@ -76,7 +76,14 @@ impl Pages {
         let len = page * prot.len();
         // SAFETY: a fresh anonymous mapping; nothing else is touched.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         let ptr = p.cast::<u8>();
@@ -162,12 +169,20 @@ fn misaligned_atomic_across_a_page() {
     let page = page_size();
     let m = Pages::new(&[libc::PROT_READ | libc::PROT_WRITE, libc::PROT_NONE]);
     let at = m.addr(page - 4);
-    for (size, op) in [(BPF_DW, BPF_ADD as i32), (BPF_DW, BPF_XCHG), (BPF_DW, BPF_CMPXCHG), (BPF_DW, 0x40 | BPF_FETCH), (BPF_W, BPF_ADD as i32 | BPF_FETCH)] {
+    for (size, op) in [
+        (BPF_DW, BPF_ADD as i32),
+        (BPF_DW, BPF_XCHG),
+        (BPF_DW, BPF_CMPXCHG),
+        (BPF_DW, 0x40 | BPF_FETCH),
+        (BPF_W, BPF_ADD as i32 | BPF_FETCH),
+    ] {
         let mut a = Asm::new();
         a.mov(2, 1).mov(0, 0).atomic(size, 1, 2, if size == BPF_W { 2 } else { 0 }, op).exit();
         let j = jit(&a.build());
         match run(&j, at, 0) {
-            Err(VmError::Fault { pc: 2, addr }) => assert!((m.addr(page)..m.addr(page) + 8).contains(&addr), "{addr:#x}"),
+            Err(VmError::Fault { pc: 2, addr }) => {
+                assert!((m.addr(page)..m.addr(page) + 8).contains(&addr), "{addr:#x}")
+            }
             other => panic!("size {size:#x} op {op:#x}: {other:?}"),
         }
     }
@@ -201,7 +216,15 @@ fn fault_in_a_nested_bpf_to_bpf_frame() {
     // r1 + 8.
     let mut a = Asm::new();
     a.movx(6, 1).mov(7, 7).st(BPF_DW, 10, -8, 1).call_fn("f1").ldx(BPF_DW, 1, 10, -8).addx(0, 1).addx(0, 7).exit();
-    a.label("f1").mov(7, 70).mov(8, 80).st(BPF_DW, 10, -16, 2).call_fn("f2").ldx(BPF_DW, 1, 10, -16).addx(0, 1).addx(0, 8).exit();
+    a.label("f1")
+        .mov(7, 70)
+        .mov(8, 80)
+        .st(BPF_DW, 10, -16, 2)
+        .call_fn("f2")
+        .ldx(BPF_DW, 1, 10, -16)
+        .addx(0, 1)
+        .addx(0, 8)
+        .exit();
     a.label("f2").mov(9, 900).st(BPF_DW, 10, -24, 3).call_fn("f3").ldx(BPF_DW, 1, 10, -24).addx(0, 1).addx(0, 9).exit();
     a.label("f3").mov(6, 6000).ldx(BPF_DW, 0, 1, 8).addx(0, 6).exit();
     let pc = a.at("f3") + 1;

@@ -135,7 +135,10 @@ fn inlined_lookups_agree_and_skip_the_helper() {
                     } else {
                         u64::MAX
                     };
-                    let ctx = format!("elem_size {elem_size}, max_entries {max_entries}, key {key:#x}, deref {}", !tail.is_empty());
+                    let ctx = format!(
+                        "elem_size {elem_size}, max_entries {max_entries}, key {key:#x}, deref {}",
+                        !tail.is_empty()
+                    );
                     let before = helper_calls();
                     let (i, j) = run_both(&inlined, key, &backing);
                     assert_eq!(helper_calls(), before, "{ctx}: the inlined lookup called the helper");
@@ -165,7 +168,11 @@ fn large_bounds_and_odd_sizes() {
                 let (i, j) = run_both(&prog, key, &[]);
                 assert_eq!(helper_calls(), before);
                 let expect = Ok(array.lookup(key));
-                assert_eq!((i, j), (expect.clone(), expect), "max_entries {max_entries:#x} elem_size {elem_size:#x} key {key:#x}");
+                assert_eq!(
+                    (i, j),
+                    (expect.clone(), expect),
+                    "max_entries {max_entries:#x} elem_size {elem_size:#x} key {key:#x}"
+                );
             }
         }
     }

@@ -89,7 +89,12 @@ fn misaligned_atomic_is_an_error() {
     let opts = LoadOptions::default();
     let mut buf = [0u8; 16];
     let p = interp(
-        &[Insn::new(0xb7, 2, 0, 0, 1), Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 1, 2, 4, 0), Insn::new(0xb7, 0, 0, 0, 0), EXIT],
+        &[
+            Insn::new(0xb7, 2, 0, 0, 1),
+            Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 1, 2, 4, 0),
+            Insn::new(0xb7, 0, 0, 0, 0),
+            EXIT,
+        ],
         &opts,
     );
     assert!(matches!(p.run_mem(&mut buf), Err(VmError::MisalignedAtomic { pc: 1, .. })));

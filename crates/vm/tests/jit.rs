@@ -27,7 +27,7 @@ impl From<Vec<Insn>> for Seq {
 }
 
 macro_rules! prog {
-    ($($e:expr),* $(,)?) => {{
+    ($($e:expr_2021),* $(,)?) => {{
         let mut v: Vec<Insn> = Vec::new();
         $( v.extend(Seq::from($e).0); )*
         v
@@ -1041,4 +1041,3 @@ fn large_program_compiles() {
     let want: u64 = (0..100_000u64).map(|i| i % 7).sum();
     assert_eq!(run(&p), want);
 }
-

@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
-use super::{conclude, tool_file, Common, Target, Tracer};
+use super::{Common, Target, Tracer, conclude, tool_file};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -91,7 +91,8 @@ fn own_times(out: &str) -> BTreeMap<usize, f64> {
         let Some(rest) = line.strip_prefix("aiobench: ") else { continue };
         let Some((name, tail)) = rest.split_once(": ") else { continue };
         let Some(i) = IFACES.iter().position(|n| *n == name) else { continue };
-        if let Some(us) = tail.split(", ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|v| v.parse().ok()) {
+        if let Some(us) = tail.split(", ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|v| v.parse().ok())
+        {
             m.insert(i, us);
         }
     }
@@ -135,7 +136,11 @@ fn bench_args(a: &Args, file: &Path) -> Vec<String> {
 }
 
 fn run_plain(bench: &Path, args: &[String]) -> Result<String> {
-    let out = Command::new(bench).args(args).stderr(Stdio::inherit()).output().with_context(|| format!("running {}", bench.display()))?;
+    let out = Command::new(bench)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", bench.display()))?;
     if !out.status.success() {
         bail!("{} failed ({})", bench.display(), out.status);
     }
@@ -154,11 +159,22 @@ fn run_userbpf(a: &Args, bench: &Path, args: &[String]) -> Result<(Costs, String
     let out_file = std::fs::File::create(&out_path).with_context(|| format!("creating {}", out_path.display()))?;
     tracer.stdout = Some(Stdio::from(out_file));
     let mut running = tracer.start()?;
-    let common = Common { pid: None, interval: None, duration: None, timestamp: false, interpreter: a.interpreter, command: Vec::new() };
-    let end = running.run(&common, |d| {
-        std::thread::sleep(d);
-        Ok(false)
-    }, || Ok(()))?;
+    let common = Common {
+        pid: None,
+        interval: None,
+        duration: None,
+        timestamp: false,
+        interpreter: a.interpreter,
+        command: Vec::new(),
+    };
+    let end = running.run(
+        &common,
+        |d| {
+            std::thread::sleep(d);
+            Ok(false)
+        },
+        || Ok(()),
+    )?;
     let failed = conclude(&mut tracer, &mut running, end);
     let out = std::fs::read_to_string(&out_path).unwrap_or_default();
     let _ = std::fs::remove_file(&out_path);
@@ -228,7 +244,13 @@ pub fn run(a: Args) -> Result<()> {
     let bench = std::fs::canonicalize(tool_file("aiobench")?)?;
     let file = if a.file.is_absolute() { a.file.clone() } else { std::env::current_dir()?.join(&a.file) };
     let args = bench_args(&a, &file);
-    println!("aiocost: {} iterations of {} random 4 KiB O_DIRECT reads of {} ({} MiB) per interface", a.iterations, a.batch, file.display(), a.size_mb);
+    println!(
+        "aiocost: {} iterations of {} random 4 KiB O_DIRECT reads of {} ({} MiB) per interface",
+        a.iterations,
+        a.batch,
+        file.display(),
+        a.size_mb
+    );
     // A short run first creates the file and warms the caches, outside the measured runs.
     let mut warm = args.clone();
     warm[1] = a.iterations.min(5).to_string();
@@ -262,9 +284,21 @@ pub fn run(a: Args) -> Result<()> {
         }
         Some(e) => println!("\nthe kernel's run was not made: {e}"),
     }
-    println!("\nthe benchmark's own time per iteration (us), median of {} run{} each:", a.rounds.max(1), if a.rounds > 1 { "s" } else { "" });
-    println!("{:<12} {:>10} {:>18} {:>18}", "", "untraced", "userbpf", if kernel_error.is_none() { "kernel" } else { "" });
-    let rel = |v: Option<f64>, b: f64| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1} ({:+.1}%)", (v / b - 1.0) * 100.0));
+    println!(
+        "\nthe benchmark's own time per iteration (us), median of {} run{} each:",
+        a.rounds.max(1),
+        if a.rounds > 1 { "s" } else { "" }
+    );
+    println!(
+        "{:<12} {:>10} {:>18} {:>18}",
+        "",
+        "untraced",
+        "userbpf",
+        if kernel_error.is_none() { "kernel" } else { "" }
+    );
+    let rel = |v: Option<f64>, b: f64| {
+        v.map_or_else(|| "-".to_string(), |v| format!("{v:.1} ({:+.1}%)", (v / b - 1.0) * 100.0))
+    };
     for (i, name) in IFACES.iter().enumerate() {
         let Some(b) = median(base.get(&i)) else { continue };
         let k = if kernel_error.is_none() { rel(median(kern_own.get(&i)), b) } else { String::new() };

@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 
-use super::{conclude, match_functions, resolve_bin, split_spec, time_of_day, Common, Target, Tracer};
+use super::{Common, Target, Tracer, conclude, match_functions, resolve_bin, split_spec, time_of_day};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,10 +44,19 @@ pub fn run(args: Args) -> Result<()> {
         tracer.probe("count", false, &path, f, i as u64)?;
     }
     let mut running = tracer.start()?;
-    println!("Tracing {} function{} for \"{}\"... Hit Ctrl-C to end.", funcs.len(), if funcs.len() == 1 { "" } else { "s" }, args.spec);
+    println!(
+        "Tracing {} function{} for \"{}\"... Hit Ctrl-C to end.",
+        funcs.len(),
+        if funcs.len() == 1 { "" } else { "s" },
+        args.spec
+    );
     let print = |now: &[u64], before: &[u64]| {
-        let mut rows: Vec<(u64, &str)> =
-            now.iter().enumerate().map(|(i, &c)| (c.saturating_sub(before.get(i).copied().unwrap_or(0)), funcs[i].name.as_str())).filter(|&(c, _)| c > 0).collect();
+        let mut rows: Vec<(u64, &str)> = now
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c.saturating_sub(before.get(i).copied().unwrap_or(0)), funcs[i].name.as_str()))
+            .filter(|&(c, _)| c > 0)
+            .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
         println!("{:<40} {:>12}", "FUNC", "COUNT");
         for (c, name) in rows.iter().take(args.top) {

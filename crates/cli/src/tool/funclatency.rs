@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use super::{conclude, match_functions, resolve_bin, split_spec, time_of_day, Common, Target, Tracer};
+use super::{Common, Target, Tracer, conclude, match_functions, resolve_bin, split_spec, time_of_day};
 use crate::dump::{entries, hist_lines_of};
 
 #[derive(clap::Args)]
@@ -154,7 +154,12 @@ pub fn run(args: Args) -> Result<()> {
         tracer.probe("leave", true, &path, f, i as u64 | flags)?;
     }
     let mut running = tracer.start()?;
-    println!("Tracing {} function{} for \"{}\"... Hit Ctrl-C to end.", funcs.len(), if funcs.len() == 1 { "" } else { "s" }, args.spec);
+    println!(
+        "Tracing {} function{} for \"{}\"... Hit Ctrl-C to end.",
+        funcs.len(),
+        if funcs.len() == 1 { "" } else { "s" },
+        args.spec
+    );
 
     let who = if args.pids { "pid" } else { "tid" };
     let print = |snap: &Snapshot| {
@@ -216,10 +221,12 @@ pub fn run(args: Args) -> Result<()> {
         let _ = m.map.lookup_elem(&0u32.to_ne_bytes(), &mut v);
         (u64_at(&v, 0), u64_at(&v, 8))
     });
-    if let Some((unmatched, dropped)) = unmatched {
-        if unmatched + dropped > 0 {
-            eprintln!("userbpf: {unmatched} returns without their entry (the probe came mid-call), {dropped} entries not recorded (table full)");
-        }
+    if let Some((unmatched, dropped)) = unmatched
+        && unmatched + dropped > 0
+    {
+        eprintln!(
+            "userbpf: {unmatched} returns without their entry (the probe came mid-call), {dropped} entries not recorded (table full)"
+        );
     }
     if let Some(code) = code {
         drop(tracer);

@@ -22,18 +22,18 @@ mod trace;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use userbpf_maps::Map;
 use userbpf_object::Object;
 use userbpf_runtime::context::CpuSlots;
-use userbpf_runtime::session::handshake;
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine, LinkRecord, LoadedObject, Session};
+use userbpf_runtime::session::handshake;
+use userbpf_runtime::{Engine, LinkRecord, LoadedObject, Session, load_object};
 
 #[derive(Subcommand)]
 pub enum ToolCmd {
@@ -117,7 +117,10 @@ pub fn tool_file(file: &str) -> Result<PathBuf> {
             return Ok(cand);
         }
     }
-    bail!("{file} not found in tools/ beside {} or one directory up (build it with `make`, or set USERBPF_TOOLS_DIR)", exe.display())
+    bail!(
+        "{file} not found in tools/ beside {} or one directory up (build it with `make`, or set USERBPF_TOOLS_DIR)",
+        exe.display()
+    )
 }
 
 /// `BIN:FUNC` split at its last `:` (FUNC may not hold one; BIN may, as a path may).
@@ -144,14 +147,14 @@ pub fn resolve_bin(bin: &str, pid: Option<i32>) -> Result<PathBuf> {
             || file.strip_prefix(bin).is_some_and(|r| r.starts_with(".so"))
             || file.strip_prefix("lib").and_then(|f| f.strip_prefix(bin)).is_some_and(|r| r.starts_with(".so"))
     };
-    if let Some(pid) = pid {
-        if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            for line in maps.lines() {
-                let Some(path) = line.split_whitespace().nth(5).filter(|p| p.starts_with('/')) else { continue };
-                let file = Path::new(path).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                if names_lib(&file) {
-                    return Ok(PathBuf::from(path));
-                }
+    if let Some(pid) = pid
+        && let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    {
+        for line in maps.lines() {
+            let Some(path) = line.split_whitespace().nth(5).filter(|p| p.starts_with('/')) else { continue };
+            let file = Path::new(path).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            if names_lib(&file) {
+                return Ok(PathBuf::from(path));
             }
         }
     }
@@ -207,7 +210,14 @@ pub fn match_functions(path: &Path, pattern: &str) -> Result<Vec<Func>> {
             continue;
         }
         let rank = |n: &str| (n.starts_with('_'), n.len());
-        by_addr.entry(s.value).and_modify(|n| if rank(base) < rank(n) { *n = base.to_string() }).or_insert_with(|| base.to_string());
+        by_addr
+            .entry(s.value)
+            .and_modify(|n| {
+                if rank(base) < rank(n) {
+                    *n = base.to_string()
+                }
+            })
+            .or_insert_with(|| base.to_string());
     }
     let mut out: Vec<Func> = Vec::new();
     for name in by_addr.into_values() {
@@ -221,7 +231,11 @@ pub fn match_functions(path: &Path, pattern: &str) -> Result<Vec<Func>> {
         bail!("no function of {} matches `{pattern}`", path.display());
     }
     if out.len() > MAX_FUNCS {
-        bail!("`{pattern}` matches {} functions of {}; at most {MAX_FUNCS} are probed at once (narrow the pattern)", out.len(), path.display());
+        bail!(
+            "`{pattern}` matches {} functions of {}; at most {MAX_FUNCS} are probed at once (narrow the pattern)",
+            out.len(),
+            path.display()
+        );
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -258,7 +272,9 @@ impl Target {
             (Some(pid), true) => Ok(Target::Pid(pid)),
             (None, false) => Ok(Target::Command(common.command.clone())),
             (Some(_), false) => bail!("give either -p PID or -- CMD, not both"),
-            (None, true) => bail!("nothing to trace: give -p PID (a running process) or -- CMD ARGS (a command to start)"),
+            (None, true) => {
+                bail!("nothing to trace: give -p PID (a running process) or -- CMD ARGS (a command to start)")
+            }
         }
     }
 
@@ -304,7 +320,9 @@ impl Tracer {
         let object_path = object_path(tool)?;
         let object = Object::open(&object_path)?;
         let (name, has_agent) = match &target {
-            Target::Command(_) => (named_session().unwrap_or_else(|| format!("tool-{tool}-{}", std::process::id())), false),
+            Target::Command(_) => {
+                (named_session().unwrap_or_else(|| format!("tool-{tool}-{}", std::process::id())), false)
+            }
             Target::Pid(pid) => {
                 if !Path::new(&format!("/proc/{pid}")).exists() {
                     bail!("process {pid} does not exist");
@@ -313,7 +331,10 @@ impl Tracer {
                 match Session::list().into_iter().find(|s| s.members.iter().any(|(p, _)| *p as i32 == *pid)) {
                     Some(s) => {
                         if let Some(n) = named_session().filter(|n| *n != s.name) {
-                            bail!("process {pid} runs the agent in session {} (not {n}): name that session, or none", s.name);
+                            bail!(
+                                "process {pid} runs the agent in session {} (not {n}): name that session, or none",
+                                s.name
+                            );
                         }
                         (s.name, true)
                     }
@@ -322,7 +343,9 @@ impl Tracer {
             }
         };
         if interpreter && has_agent {
-            eprintln!("userbpf: process already runs the agent: its engine is the one it started with (--interpreter ignored)");
+            eprintln!(
+                "userbpf: process already runs the agent: its engine is the one it started with (--interpreter ignored)"
+            );
         }
         let session = Session::open(&name).with_context(|| format!("opening session {name}"))?;
         if let Target::Pid(pid) = &target {
@@ -331,7 +354,8 @@ impl Tracer {
         let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
         let engine = if interpreter { Engine::Interpreter } else { Engine::Jit };
         let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
-        let loaded = load_object(&session, object, &opts, slots).with_context(|| format!("loading {}", object_path.display()))?;
+        let loaded = load_object(&session, object, &opts, slots)
+            .with_context(|| format!("loading {}", object_path.display()))?;
         catch_interrupts();
         Ok(Tracer { session, loaded, target, interpreter, links: Vec::new(), has_agent, finished: false, stdout: None })
     }
@@ -343,7 +367,12 @@ impl Tracer {
 
     /// The id the session gave program `prog`.
     fn prog_id(&self, prog: &str) -> Result<u32> {
-        self.loaded.programs.iter().find(|(r, _)| r.name == prog).map(|(r, _)| r.id).with_context(|| format!("the tool's object has no program `{prog}`"))
+        self.loaded
+            .programs
+            .iter()
+            .find(|(r, _)| r.name == prog)
+            .map(|(r, _)| r.id)
+            .with_context(|| format!("the tool's object has no program `{prog}`"))
     }
 
     /// Attaches program `prog` at entry (or, `ret`, return) of `func` in `path`, with `cookie`.
@@ -393,19 +422,17 @@ impl Tracer {
                 if let Some(out) = self.stdout.take() {
                     c.stdout(out);
                 }
-                let child = c
-                    .spawn()
-                    .with_context(|| format!("starting {}", cmd[0]))?;
+                let child = c.spawn().with_context(|| format!("starting {}", cmd[0]))?;
                 Ok(Running { child: Some(child), pid: None, started: Instant::now(), name: cmd[0].clone() })
             }
             Target::Pid(pid) => {
                 let pid = *pid;
-                let gen = publish_links_gen(&self.session)?;
+                let generation = publish_links_gen(&self.session)?;
                 if !self.has_agent {
                     let msg = crate::attach::inject_agent(&self.session, pid)?;
                     eprintln!("userbpf: {msg} (the agent stays in the process after the tool ends; its probes do not)");
                 }
-                wait_acked(&self.session, pid, gen, Duration::from_secs(10));
+                wait_acked(&self.session, pid, generation, Duration::from_secs(10));
                 Ok(Running { child: None, pid: Some(pid), started: Instant::now(), name: format!("process {pid}") })
             }
         }
@@ -437,10 +464,10 @@ impl Tracer {
         for (id, _) in self.links.drain(..) {
             let _ = self.session.remove_link(id);
         }
-        if let Target::Pid(pid) = self.target {
-            if let Ok(gen) = publish_links_gen(&self.session) {
-                wait_acked(&self.session, pid, gen, Duration::from_secs(5));
-            }
+        if let Target::Pid(pid) = self.target
+            && let Ok(generation) = publish_links_gen(&self.session)
+        {
+            wait_acked(&self.session, pid, generation, Duration::from_secs(5));
         }
     }
 }
@@ -471,9 +498,13 @@ fn remove_stale_links(s: &Session, pid: i32) {
     for l in &links {
         let _ = s.remove_link(l.id);
     }
-    eprintln!("userbpf: removed {} probe{} left in process {pid} by a tool that did not end cleanly", links.len(), if links.len() == 1 { "" } else { "s" });
-    if let Ok(gen) = publish_links_gen(s) {
-        wait_acked(s, pid, gen, Duration::from_secs(5));
+    eprintln!(
+        "userbpf: removed {} probe{} left in process {pid} by a tool that did not end cleanly",
+        links.len(),
+        if links.len() == 1 { "" } else { "s" }
+    );
+    if let Ok(generation) = publish_links_gen(s) {
+        wait_acked(s, pid, generation, Duration::from_secs(5));
     }
 }
 
@@ -483,10 +514,10 @@ fn publish_links_gen(s: &Session) -> Result<u32> {
 }
 
 /// Waits until the agent of process `pid` acknowledged generation `gen`, at most `limit`.
-fn wait_acked(s: &Session, pid: i32, gen: u32, limit: Duration) -> bool {
+fn wait_acked(s: &Session, pid: i32, generation: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if handshake::acked_by(s.layout(), pid as u32).is_some_and(|a| a >= gen) {
+        if handshake::acked_by(s.layout(), pid as u32).is_some_and(|a| a >= generation) {
             return true;
         }
         if Instant::now() >= deadline || !Path::new(&format!("/proc/{pid}")).exists() {
@@ -508,7 +539,12 @@ impl Running {
     /// Runs until the command exits, the process is gone, `-d` elapses or Ctrl-C; calls
     /// `poll(d)` to wait (at most `d`: a tool with events reads them there, others sleep;
     /// `true` ends the run) and `tick()` at each interval (`-i`).
-    pub fn run(&mut self, common: &Common, mut poll: impl FnMut(Duration) -> Result<bool>, mut tick: impl FnMut() -> Result<()>) -> Result<End> {
+    pub fn run(
+        &mut self,
+        common: &Common,
+        mut poll: impl FnMut(Duration) -> Result<bool>,
+        mut tick: impl FnMut() -> Result<()>,
+    ) -> Result<End> {
         let interval = common.interval.map(secs).transpose()?;
         let duration = common.duration.map(secs).transpose()?;
         let mut next_tick = interval.map(|i| self.started + i);
@@ -516,15 +552,17 @@ impl Running {
             if INTERRUPTED.load(Ordering::Relaxed) {
                 return Ok(End::Interrupted);
             }
-            if let Some(child) = &mut self.child {
-                if let Some(status) = child.try_wait().with_context(|| format!("waiting for {}", self.name))? {
-                    self.child = None;
-                    return Ok(End::Exited(status));
-                }
+            if let Some(child) = &mut self.child
+                && let Some(status) = child.try_wait().with_context(|| format!("waiting for {}", self.name))?
+            {
+                self.child = None;
+                return Ok(End::Exited(status));
             }
             if let Some(pid) = self.pid {
                 // SAFETY: kill with signal 0 only checks that the process exists.
-                if unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                if unsafe { libc::kill(pid, 0) } != 0
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+                {
                     return Ok(End::Gone);
                 }
             }
@@ -532,11 +570,11 @@ impl Running {
             if duration.is_some_and(|d| now >= self.started + d) {
                 return Ok(End::Duration);
             }
-            if let Some(t) = next_tick {
-                if now >= t {
-                    tick()?;
-                    next_tick = interval.map(|i| t + i);
-                }
+            if let Some(t) = next_tick
+                && now >= t
+            {
+                tick()?;
+                next_tick = interval.map(|i| t + i);
             }
             let mut wait = Duration::from_millis(50);
             if let Some(t) = next_tick {

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
-use super::{conclude, match_functions, resolve_bin, split_spec, Common, Target, Tracer};
+use super::{Common, Target, Tracer, conclude, match_functions, resolve_bin, split_spec};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -71,7 +71,11 @@ struct Probe {
 fn operand(name: &str) -> Option<u8> {
     match name {
         "retval" | "$retval" => Some(RETVAL),
-        _ => name.strip_prefix("arg").or_else(|| name.strip_prefix("$arg")).and_then(|n| n.parse::<u8>().ok()).filter(|n| (1..=6).contains(n)),
+        _ => name
+            .strip_prefix("arg")
+            .or_else(|| name.strip_prefix("$arg"))
+            .and_then(|n| n.parse::<u8>().ok())
+            .filter(|n| (1..=6).contains(n)),
     }
 }
 
@@ -156,15 +160,25 @@ fn parse_filter(f: &str) -> Result<Vec<Cond>> {
             term = term[1..term.len() - 1].trim();
         }
         let ops = [("==", 1u8), ("!=", 2), ("<=", 4), (">=", 6), ("<", 3), (">", 5)];
-        let Some((at, sym, op)) = ops.iter().filter_map(|&(sym, op)| term.find(sym).map(|at| (at, sym, op))).min_by_key(|&(at, sym, _)| (at, usize::MAX - sym.len())) else {
-            bail!("filter `{term}`: expected a comparison (==, !=, <, <=, >, >=) of arg1..arg6 or retval with an integer");
+        let Some((at, sym, op)) = ops
+            .iter()
+            .filter_map(|&(sym, op)| term.find(sym).map(|at| (at, sym, op)))
+            .min_by_key(|&(at, sym, _)| (at, usize::MAX - sym.len()))
+        else {
+            bail!(
+                "filter `{term}`: expected a comparison (==, !=, <, <=, >, >=) of arg1..arg6 or retval with an integer"
+            );
         };
         let (l, r) = (term[..at].trim(), term[at + sym.len()..].trim());
         let cond = match (cast_operand(l), integer(r), cast_operand(r), integer(l)) {
             (Some((o, size, signed)), Some(v), _, _) => Cond { operand: o, op, value: v, size, signed },
             // `10 < arg1` is `arg1 > 10`.
-            (_, _, Some((o, size, signed)), Some(v)) => Cond { operand: o, op: [0, 1, 2, 5, 6, 3, 4][op as usize], value: v, size, signed },
-            _ => bail!("filter `{term}`: one side must be arg1..arg6 or retval (a cast such as (int) allowed), the other an integer (|| and other expressions are not supported)"),
+            (_, _, Some((o, size, signed)), Some(v)) => {
+                Cond { operand: o, op: [0, 1, 2, 5, 6, 3, 4][op as usize], value: v, size, signed }
+            }
+            _ => bail!(
+                "filter `{term}`: one side must be arg1..arg6 or retval (a cast such as (int) allowed), the other an integer (|| and other expressions are not supported)"
+            ),
         };
         out.push(cond);
     }
@@ -285,7 +299,10 @@ fn parse_probe(spec: &str) -> Result<Probe> {
         if let Some(a) = rest.strip_prefix(',') {
             for name in a.split(',') {
                 let name = name.trim();
-                args.push(operand(name).with_context(|| format!("`{spec}`: argument `{name}` is not arg1..arg6 or retval"))?);
+                args.push(
+                    operand(name)
+                        .with_context(|| format!("`{spec}`: argument `{name}` is not arg1..arg6 or retval"))?,
+                );
             }
             rest = "";
         }
@@ -295,7 +312,12 @@ fn parse_probe(spec: &str) -> Result<Probe> {
     }
     let convs = format.iter().filter(|p| matches!(p, Piece::Conv(_))).count();
     if convs != args.len() {
-        bail!("`{spec}`: the format has {convs} conversion{} but {} argument{} follow", if convs == 1 { "" } else { "s" }, args.len(), if args.len() == 1 { "" } else { "s" });
+        bail!(
+            "`{spec}`: the format has {convs} conversion{} but {} argument{} follow",
+            if convs == 1 { "" } else { "s" },
+            args.len(),
+            if args.len() == 1 { "" } else { "s" }
+        );
     }
     for &o in args.iter().chain(conds.iter().map(|c| &c.operand)) {
         if ret && o != RETVAL {
@@ -322,7 +344,13 @@ fn config(p: &Probe) -> Vec<u8> {
         v[i * 16 + 3] = c.signed as u8;
         v[i * 16 + 8..i * 16 + 16].copy_from_slice(&c.value.to_ne_bytes());
     }
-    let strs = p.format.iter().filter_map(|x| if let Piece::Conv(c) = x { Some(c) } else { None }).zip(&p.args).filter(|(c, _)| c.kind == 's').map(|(_, &o)| o);
+    let strs = p
+        .format
+        .iter()
+        .filter_map(|x| if let Piece::Conv(c) = x { Some(c) } else { None })
+        .zip(&p.args)
+        .filter(|(c, _)| c.kind == 's')
+        .map(|(_, &o)| o);
     for (i, o) in strs.enumerate() {
         v[MAX_CONDS * 16 + i] = o;
     }
@@ -411,7 +439,11 @@ pub fn run(args: Args) -> Result<()> {
     for p in &probes {
         let path = resolve_bin(&p.bin, target.pid())?;
         if super::is_glob(&p.func) {
-            bail!("`{}:{}`: trace takes one function per probe, not a pattern (try `userbpf tool calls`)", p.bin, p.func);
+            bail!(
+                "`{}:{}`: trace takes one function per probe, not a pattern (try `userbpf tool calls`)",
+                p.bin,
+                p.func
+            );
         }
         let f = match_functions(&path, &p.func)?.remove(0);
         resolved.push((path, f));
@@ -420,14 +452,17 @@ pub fn run(args: Args) -> Result<()> {
     {
         let cfg = tracer.map("probes")?;
         for (i, p) in probes.iter().enumerate() {
-            cfg.update_elem(&(i as u32).to_ne_bytes(), &config(p), 0).with_context(|| format!("configuring probe {i}"))?;
+            cfg.update_elem(&(i as u32).to_ne_bytes(), &config(p), 0)
+                .with_context(|| format!("configuring probe {i}"))?;
         }
     }
     for (i, (p, (path, f))) in probes.iter().zip(&resolved).enumerate() {
         tracer.probe(if p.ret { "on_return" } else { "on_entry" }, p.ret, path, f, i as u64)?;
     }
     let start_ns = monotonic_ns();
-    let userbpf_maps::Map::RingBuf(rb) = tracer.map("events")? else { bail!("the trace object's `events` map is not a ring buffer") };
+    let userbpf_maps::Map::RingBuf(rb) = tracer.map("events")? else {
+        bail!("the trace object's `events` map is not a ring buffer")
+    };
     let mut consumer = userbpf_maps::ringbuf::RingBufConsumer::new(rb)?;
     let mut running = tracer.start()?;
     println!("{:<10} {:<7} {:<7} {:<16} {:<16} -", "TIME", "PID", "TID", "COMM", "FUNC");
@@ -494,13 +529,21 @@ mod tests {
         let r = parse_probe(r#"r:c:open ((int)retval < 0) "failed"#).unwrap_err();
         assert!(r.to_string().contains("no closing quote"), "{r}");
         let r = parse_probe(r#"r:c:open ((int)retval < 0 && (unsigned short) retval != 7)"#).unwrap();
-        assert_eq!(r.conds, vec![Cond { operand: RETVAL, op: 3, value: 0, size: 4, signed: true }, Cond { operand: RETVAL, op: 2, value: 7, size: 2, signed: false }]);
+        assert_eq!(
+            r.conds,
+            vec![
+                Cond { operand: RETVAL, op: 3, value: 0, size: 4, signed: true },
+                Cond { operand: RETVAL, op: 2, value: 7, size: 2, signed: false }
+            ]
+        );
         assert!(parse_probe("x:f ((float)arg1 > 1)").is_err());
         let r = parse_probe("r:x:f (((int)retval < 0) && (retval != 3))").unwrap();
         assert_eq!(r.conds.len(), 2);
         assert_eq!((r.conds[0].size, r.conds[1].size, r.conds[1].value), (4, 0, 3));
         assert_eq!(parse_probe("x:f").unwrap().format, vec![]);
-        assert!(parse_probe(r#"r:x:f "%d", arg1"#).unwrap_err().to_string().contains("not known at a function's return"));
+        assert!(
+            parse_probe(r#"r:x:f "%d", arg1"#).unwrap_err().to_string().contains("not known at a function's return")
+        );
         assert!(parse_probe(r#"x:f "%d %d", arg1"#).unwrap_err().to_string().contains("2 conversions but 1 argument"));
         assert!(parse_probe(r#"x:f (arg1 > 1 || arg2 < 3)"#).is_err());
         assert!(parse_probe(r#"x:f "%q", arg1"#).unwrap_err().to_string().contains("%q"));
@@ -508,7 +551,9 @@ mod tests {
 
     #[test]
     fn values_format_as_printf_does() {
-        let p = parse_probe(r#"x:f "%d|%u|%5d|%-4x|%08lx|%hhd|%c|%s|%%", arg1, arg1, arg2, arg2, arg3, arg4, arg5, arg6"#).unwrap();
+        let p =
+            parse_probe(r#"x:f "%d|%u|%5d|%-4x|%08lx|%hhd|%c|%s|%%", arg1, arg1, arg2, arg2, arg3, arg4, arg5, arg6"#)
+                .unwrap();
         let args = [(-2i64) as u64, 42, 0xbeef, 0x1ff, b'A' as u64, 0];
         assert_eq!(message(&p, &args, 0, &["hi".to_string()]), "-2|4294967294|   42|2a  |0000beef|-1|A|hi|%");
     }

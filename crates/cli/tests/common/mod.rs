@@ -31,12 +31,14 @@ pub fn userbpf() -> PathBuf {
 
 /// The counting object `object` (a program and a `.bss` counter) loaded into `session` with
 /// the JIT, as a loader would: its program's session id, and a reader of the counter.
-pub fn load_counter(session: &userbpf_runtime::Session, object: &Path) -> (u32, impl Fn() -> u64) {
+pub fn load_counter(session: &userbpf_runtime::Session, object: &Path) -> (u32, impl Fn() -> u64 + use<>) {
     use userbpf_runtime::context::CpuSlots;
     use userbpf_runtime::loader::LoadOptions;
     let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).unwrap());
-    let opts = LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
-    let loaded = userbpf_runtime::load_object(session, userbpf_object::Object::open(object).unwrap(), &opts, slots).unwrap();
+    let opts =
+        LoadOptions { engine: userbpf_runtime::Engine::Jit, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let loaded =
+        userbpf_runtime::load_object(session, userbpf_object::Object::open(object).unwrap(), &opts, slots).unwrap();
     let bss = loaded.maps.iter().find(|m| m.record.name.ends_with(".bss")).unwrap().map.clone();
     let hits = move || {
         let mut v = [0u8; 8];
@@ -56,14 +58,23 @@ pub fn agent() -> PathBuf {
 /// The test target, compiled once per test binary.
 pub fn bt_target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/loaders/bt_target.c"), &tmp().join("loaders/bt_target"), &["-pthread"]))
-        .clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(
+            &here("targets/loaders/bt_target.c"),
+            &tmp().join("loaders/bt_target"),
+            &["-pthread"],
+        )
+    })
+    .clone()
 }
 
 /// gh_target.c (calls libc's resolver functions), compiled once per test binary.
 pub fn gh_target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| userbpf_testutil::compile_c(&here("targets/loaders/gh_target.c"), &tmp().join("loaders/gh_target"), &[])).clone()
+    ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/loaders/gh_target.c"), &tmp().join("loaders/gh_target"), &[])
+    })
+    .clone()
 }
 
 /// A fresh copy of `bin` in `dir` (same file name): kernel uprobes with pid -1 fire in every
@@ -185,10 +196,27 @@ impl Proc {
         let pid = self.pid();
         // Where a process that is still there sits, for the failures where it hangs.
         let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .map(|s| s.lines().filter(|l| l.starts_with("State:") || l.starts_with("SigCgt:") || l.starts_with("SigIgn:") || l.starts_with("SigBlk:") || l.starts_with("Threads:")).collect::<Vec<_>>().join(", "))
+            .map(|s| {
+                s.lines()
+                    .filter(|l| {
+                        l.starts_with("State:")
+                            || l.starts_with("SigCgt:")
+                            || l.starts_with("SigIgn:")
+                            || l.starts_with("SigBlk:")
+                            || l.starts_with("Threads:")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
             .unwrap_or_default();
         let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-        format!("--- {} (pid {pid} {state} wchan {wchan}) stdout ---\n{}\n--- {} stderr ---\n{}", self.name, self.stdout(), self.name, self.stderr())
+        format!(
+            "--- {} (pid {pid} {state} wchan {wchan}) stdout ---\n{}\n--- {} stderr ---\n{}",
+            self.name,
+            self.stdout(),
+            self.name,
+            self.stderr()
+        )
     }
 
     /// Waits until stdout holds `pat`; panics (with the output so far) when the process exits
@@ -266,7 +294,9 @@ pub fn parse_ready(out: &str) -> Ready {
         let w: Vec<&str> = l.split_whitespace().collect();
         match w.as_slice() {
             ["ready", p] => pid = p.parse().unwrap(),
-            ["fn", name, addr] => fns.push((name.to_string(), u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap())),
+            ["fn", name, addr] => {
+                fns.push((name.to_string(), u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap()))
+            }
             _ => {}
         }
     }
@@ -306,7 +336,8 @@ pub fn wait_attached(target: &mut Proc, ready: &Ready, names: &[String], loader:
         let pending: Vec<&String> = names
             .iter()
             .filter(|n| {
-                let addr = ready.fns.iter().find(|(f, _)| f == *n).unwrap_or_else(|| panic!("target has no function {n}")).1;
+                let addr =
+                    ready.fns.iter().find(|(f, _)| f == *n).unwrap_or_else(|| panic!("target has no function {n}")).1;
                 match code_bytes(ready.pid, addr) {
                     Some((mem, file)) => mem == file,
                     None => true,
@@ -317,13 +348,29 @@ pub fn wait_attached(target: &mut Proc, ready: &Ready, names: &[String], loader:
             return;
         }
         if loader.exited() {
-            panic!("{} exited ({:?}) before attaching {pending:?}\n{}\n{}", loader.name, loader.status, loader.describe(), target.describe());
+            panic!(
+                "{} exited ({:?}) before attaching {pending:?}\n{}\n{}",
+                loader.name,
+                loader.status,
+                loader.describe(),
+                target.describe()
+            );
         }
         if target.exited() {
-            panic!("{} exited before {pending:?} were attached\n{}\n{}", target.name, target.describe(), loader.describe());
+            panic!(
+                "{} exited before {pending:?} were attached\n{}\n{}",
+                target.name,
+                target.describe(),
+                loader.describe()
+            );
         }
         if start.elapsed() > STEP {
-            panic!("{pending:?} not attached in pid {} within {STEP:?}\n{}\n{}", ready.pid, loader.describe(), target.describe());
+            panic!(
+                "{pending:?} not attached in pid {} within {STEP:?}\n{}\n{}",
+                ready.pid,
+                loader.describe(),
+                target.describe()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -383,7 +430,15 @@ pub enum Ending {
 /// One run: the loader (argv, where "{T}" stands for the target's path) and the target, in
 /// `order`, through `via`. The workload starts once the functions in `probed` are attached.
 /// Returns the loader's stdout and stderr.
-pub fn run_with_target(test: &str, via: Via, order: Order, loader_argv: &[&str], attached_marker: &str, probed: &[String], ending: Ending) -> (String, String) {
+pub fn run_with_target(
+    test: &str,
+    via: Via,
+    order: Order,
+    loader_argv: &[&str],
+    attached_marker: &str,
+    probed: &[String],
+    ending: Ending,
+) -> (String, String) {
     run_with(test, via, order, loader_argv, attached_marker, &bt_target(), probed, ending, &|_| true)
 }
 
@@ -456,7 +511,12 @@ pub fn run_with(
             while !loader.exited() && start.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            panic!("{} did not exit by itself within {STEP:?} (interrupted)\n{}\n{}", loader.name, loader.describe(), target.describe());
+            panic!(
+                "{} did not exit by itself within {STEP:?} (interrupted)\n{}\n{}",
+                loader.name,
+                loader.describe(),
+                target.describe()
+            );
         }
     }
     let lst = loader.wait_exit("after the workload");
@@ -499,7 +559,10 @@ fn wait_in_event_loop(pid: u32) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(3) {
         let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-        if matches!(sc.split_whitespace().next(), Some("232" | "281" | "7" | "271" | "35" | "230" | "34" | "130") | None) {
+        if matches!(
+            sc.split_whitespace().next(),
+            Some("232" | "281" | "7" | "271" | "35" | "230" | "34" | "130") | None
+        ) {
             return;
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -569,7 +632,14 @@ pub fn normalise_bpftrace(out: &str) -> Vec<String> {
 }
 
 /// Asserts two normalised outputs are equal, showing both (and the first difference) if not.
-pub fn assert_same_output(what: &str, kernel: &[String], ours: &[String], raw_kernel: &str, raw_ours: &str, ours_err: &str) {
+pub fn assert_same_output(
+    what: &str,
+    kernel: &[String],
+    ours: &[String],
+    raw_kernel: &str,
+    raw_ours: &str,
+    ours_err: &str,
+) {
     if kernel == ours {
         return;
     }
@@ -595,8 +665,15 @@ pub fn probed_functions(script: &str) -> Vec<String> {
 }
 
 fn run_ok(cmd: &mut Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e} (run `make test`, which installs clang, bpftool, libbpf-dev)"));
-    assert!(out.status.success(), "{what} failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (run `make test`, which installs clang, bpftool, libbpf-dev)"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// examples/libbpf/userbpf-demo built as the Makefile builds it (clang, `bpftool gen
@@ -609,10 +686,20 @@ pub fn libbpf_demo() -> PathBuf {
         let src = repo("examples/libbpf");
         let obj = dir.join("userbpf-demo.bpf.o");
         run_ok(
-            Command::new("clang").args(userbpf_testutil::BPF_CFLAGS).arg("-o").arg(&obj).arg(src.join("userbpf-demo.bpf.c")),
+            Command::new("clang")
+                .args(userbpf_testutil::BPF_CFLAGS)
+                .arg("-o")
+                .arg(&obj)
+                .arg(src.join("userbpf-demo.bpf.c")),
             "clang userbpf-demo.bpf.c",
         );
-        let skel = Command::new("bpftool").arg("gen").arg("skeleton").arg(&obj).args(["name", "userbpf_demo_bpf"]).output().expect("bpftool");
+        let skel = Command::new("bpftool")
+            .arg("gen")
+            .arg("skeleton")
+            .arg(&obj)
+            .args(["name", "userbpf_demo_bpf"])
+            .output()
+            .expect("bpftool");
         assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
         std::fs::write(dir.join("userbpf-demo.skel.h"), &skel.stdout).unwrap();
         let bin = dir.join("userbpf-demo");
@@ -660,5 +747,9 @@ pub fn userbpf_run_env(obj: &Path, extra: &[&str], cmd: &[&str], env: &[(&str, &
         .args(cmd)
         .output()
         .unwrap();
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.success())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
 }

@@ -127,7 +127,7 @@ std::arch::global_asm!(
     ".size t_exit, . - t_exit",
 );
 
-extern "C" {
+unsafe extern "C" {
     pub fn t_riprel(x: u64) -> u64;
     pub fn t_jcc(x: u64) -> u64;
     pub fn t_short() -> u64;

@@ -1,7 +1,6 @@
 //! Test support: temporary directories, specs, a small PRNG, and kernel maps through bpf().
 #![allow(dead_code)]
 
-
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use userbpf_maps::*;
@@ -47,11 +46,7 @@ fn bpf(cmd: i64, attr: &mut [u64; 16]) -> Result<i64, i32> {
     // commands except through the user pointers stored in it, which point at live buffers
     // of the sizes the map was created with.
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 128usize) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
-    } else {
-        Ok(r)
-    }
+    if r < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)) } else { Ok(r) }
 }
 
 impl KMap {
@@ -86,11 +81,7 @@ impl KMap {
     }
 
     fn kptr(key: &[u8]) -> *const u8 {
-        if key.is_empty() {
-            std::ptr::null()
-        } else {
-            key.as_ptr()
-        }
+        if key.is_empty() { std::ptr::null() } else { key.as_ptr() }
     }
 
     pub fn lookup(&self, key: &[u8], out: &mut [u8]) -> Result<(), i32> {
@@ -121,7 +112,10 @@ impl Drop for KMap {
 pub fn kernel_available(test: &str) -> bool {
     match KMap::create(&spec(MapType::BPF_MAP_TYPE_ARRAY, 4, 4, 1, 0)) {
         Ok(_) => true,
-        Err(e) => userbpf_testutil::require(false, &format!("{test}: the kernel's bpf() (errno {e}; needs root or CAP_BPF) for the differential test")),
+        Err(e) => userbpf_testutil::require(
+            false,
+            &format!("{test}: the kernel's bpf() (errno {e}; needs root or CAP_BPF) for the differential test"),
+        ),
     }
 }
 

@@ -7,7 +7,7 @@
 //! `{ sec_name_off: u32, num_info: u32, records... }`. Instruction offsets in the object file are
 //! in bytes from the start of the ELF section.
 
-use super::{BtfError, Reader, BTF_MAGIC};
+use super::{BTF_MAGIC, BtfError, Reader};
 
 /// `struct bpf_func_info`: the BTF `FUNC` describing the function starting at `insn_off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,14 +172,11 @@ impl BtfExt {
         let block = |off: u32, len: u32, what: &str| -> Result<&[u8], BtfError> {
             let (off, len) = (off as usize, len as usize);
             let end = off.checked_add(len).ok_or_else(|| bad(format!("{what} overflows")))?;
-            body.get(off..end)
-                .ok_or_else(|| bad(format!("{what} {off}..{end} beyond {} bytes", body.len())))
+            body.get(off..end).ok_or_else(|| bad(format!("{what} {off}..{end} beyond {} bytes", body.len())))
         };
         let mut ext = BtfExt::default();
         let fi = block(fields[0], fields[1], "func_info")?;
-        ext.func_info = parse_block(fi, 8, "func_info", |r| {
-            Some(FuncInfo { insn_off: r.u32()?, type_id: r.u32()? })
-        })?;
+        ext.func_info = parse_block(fi, 8, "func_info", |r| Some(FuncInfo { insn_off: r.u32()?, type_id: r.u32()? }))?;
         let li = block(fields[2], fields[3], "line_info")?;
         ext.line_info = parse_block(li, 16, "line_info", |r| {
             Some(LineInfo { insn_off: r.u32()?, file_name_off: r.u32()?, line_off: r.u32()?, line_col: r.u32()? })

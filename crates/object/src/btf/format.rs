@@ -20,7 +20,7 @@
 //!   bitfields are numbers (bpftool prints them as hex strings), anonymous members are inlined,
 //!   and DATASECs are objects keyed by variable name.
 
-use super::{Btf, BtfError, Kind, TypeKind, MAX_RESOLVE_DEPTH};
+use super::{Btf, BtfError, Kind, MAX_RESOLVE_DEPTH, TypeKind};
 use serde_json::{Map, Number, Value as Json};
 use thiserror::Error;
 
@@ -228,10 +228,7 @@ impl Decoder<'_> {
                 Ok(Value::Fields(fields))
             }
             TypeKind::Var { type_id, .. } => self.value(*type_id, data, depth + 1),
-            other => Err(FormatError::Unprintable(
-                rid,
-                format!("{} has no printable value", kind_of(other)),
-            )),
+            other => Err(FormatError::Unprintable(rid, format!("{} has no printable value", kind_of(other)))),
         }
     }
 
@@ -272,13 +269,7 @@ impl Decoder<'_> {
         Ok(None)
     }
 
-    fn fields(
-        &self,
-        id: u32,
-        data: &[u8],
-        depth: usize,
-        out: &mut Vec<(String, Value)>,
-    ) -> Result<(), FormatError> {
+    fn fields(&self, id: u32, data: &[u8], depth: usize, out: &mut Vec<(String, Value)>) -> Result<(), FormatError> {
         if depth > MAX_NESTING {
             return Err(FormatError::Unprintable(id, "nesting too deep".into()));
         }

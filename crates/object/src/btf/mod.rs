@@ -261,17 +261,30 @@ pub enum TypeKind {
     Struct(CompositeType),
     Union(CompositeType),
     Enum(EnumType),
-    Fwd { is_union: bool },
+    Fwd {
+        is_union: bool,
+    },
     Typedef(u32),
     Volatile(u32),
     Const(u32),
     Restrict(u32),
-    Func { proto: u32, linkage: u16 },
+    Func {
+        proto: u32,
+        linkage: u16,
+    },
     FuncProto(FuncProtoType),
-    Var { type_id: u32, linkage: u32 },
+    Var {
+        type_id: u32,
+        linkage: u32,
+    },
     Datasec(DatasecType),
-    Float { size: u32 },
-    DeclTag { type_id: u32, component_idx: i32 },
+    Float {
+        size: u32,
+    },
+    DeclTag {
+        type_id: u32,
+        component_idx: i32,
+    },
     TypeTag(u32),
     Enum64(EnumType),
 }
@@ -328,10 +341,7 @@ impl BtfType {
 
     /// CONST, VOLATILE, RESTRICT or TYPE_TAG.
     pub fn is_modifier(&self) -> bool {
-        matches!(
-            self.kind,
-            TypeKind::Volatile(_) | TypeKind::Const(_) | TypeKind::Restrict(_) | TypeKind::TypeTag(_)
-        )
+        matches!(self.kind, TypeKind::Volatile(_) | TypeKind::Const(_) | TypeKind::Restrict(_) | TypeKind::TypeTag(_))
     }
     pub fn is_composite(&self) -> bool {
         matches!(self.kind, TypeKind::Struct(_) | TypeKind::Union(_))
@@ -454,12 +464,9 @@ impl Btf {
         }
         let body = &data[hdr_len..];
         let section = |off: usize, len: usize, what: &str| -> Result<&[u8], BtfError> {
-            let end = off
-                .checked_add(len)
-                .ok_or_else(|| BtfError::BadHeader(format!("{what} section overflows")))?;
-            body.get(off..end).ok_or_else(|| {
-                BtfError::Truncated(format!("{what} section {off}..{end} beyond {} bytes", body.len()))
-            })
+            let end = off.checked_add(len).ok_or_else(|| BtfError::BadHeader(format!("{what} section overflows")))?;
+            body.get(off..end)
+                .ok_or_else(|| BtfError::Truncated(format!("{what} section {off}..{end} beyond {} bytes", body.len())))
         };
         let type_data = section(type_off, type_len, "type")?;
         let str_data = section(str_off, str_len, "string")?;
@@ -548,16 +555,11 @@ impl Btf {
                         let name_off = r.u32().ok_or_else(trunc)?;
                         let type_id = r.u32().ok_or_else(trunc)?;
                         let off = r.u32().ok_or_else(trunc)?;
-                        let (bit_offset, bitfield_size) =
-                            if kflag { (off & 0x00ff_ffff, off >> 24) } else { (off, 0) };
+                        let (bit_offset, bitfield_size) = if kflag { (off & 0x00ff_ffff, off >> 24) } else { (off, 0) };
                         members.push(Member { name_off, type_id, bit_offset, bitfield_size });
                     }
                     let c = CompositeType { size: size_or_type, members };
-                    if kind == Kind::Struct {
-                        TypeKind::Struct(c)
-                    } else {
-                        TypeKind::Union(c)
-                    }
+                    if kind == Kind::Struct { TypeKind::Struct(c) } else { TypeKind::Union(c) }
                 }
                 Kind::Enum => {
                     let mut values = Vec::with_capacity(vlen);
@@ -754,9 +756,7 @@ impl Btf {
 
     /// The first type with this name and kind.
     pub fn find_by_name_kind(&self, name: &str, kind: Kind) -> Option<u32> {
-        self.types()
-            .find(|(_, t)| t.kind() == kind && self.name_of(t.name_off) == name)
-            .map(|(id, _)| id)
+        self.types().find(|(_, t)| t.kind() == kind && self.name_of(t.name_off) == name).map(|(id, _)| id)
     }
 
     /// Follows CONST/VOLATILE/RESTRICT/TYPE_TAG and TYPEDEF to the underlying type id.
@@ -838,7 +838,12 @@ impl Btf {
         self.align_of_memo(id, 0, &mut std::collections::HashMap::new())
     }
 
-    fn align_of_memo(&self, id: u32, depth: usize, memo: &mut std::collections::HashMap<u32, u64>) -> Result<u64, BtfError> {
+    fn align_of_memo(
+        &self,
+        id: u32,
+        depth: usize,
+        memo: &mut std::collections::HashMap<u32, u64>,
+    ) -> Result<u64, BtfError> {
         if depth > MAX_RESOLVE_DEPTH {
             return Err(BtfError::Loop(id));
         }
@@ -870,11 +875,7 @@ impl Btf {
                     }
                     max = max.max(a);
                 }
-                if packed || (max > 0 && !(c.size as u64).is_multiple_of(max)) {
-                    1
-                } else {
-                    max
-                }
+                if packed || (max > 0 && !(c.size as u64).is_multiple_of(max)) { 1 } else { max }
             }
             _ => return Err(BtfError::NoSize { id, kind: t.kind() }),
         };
@@ -896,7 +897,13 @@ impl Btf {
         self.find_member_in(id, name, 0, &mut std::collections::HashSet::new())
     }
 
-    fn find_member_in(&self, id: u32, name: &str, depth: usize, seen: &mut std::collections::HashSet<u32>) -> Option<(Member, u32)> {
+    fn find_member_in(
+        &self,
+        id: u32,
+        name: &str,
+        depth: usize,
+        seen: &mut std::collections::HashSet<u32>,
+    ) -> Option<(Member, u32)> {
         // A type already searched cannot hold the member (keeps hostile BTF linear).
         if depth > MAX_RESOLVE_DEPTH || !seen.insert(id) {
             return None;
@@ -906,10 +913,10 @@ impl Btf {
             if mname == name {
                 return Some((*m, m.bit_offset));
             }
-            if mname.is_empty() {
-                if let Some((inner, off)) = self.find_member_in(m.type_id, name, depth + 1, seen) {
-                    return Some((inner, off.saturating_add(m.bit_offset)));
-                }
+            if mname.is_empty()
+                && let Some((inner, off)) = self.find_member_in(m.type_id, name, depth + 1, seen)
+            {
+                return Some((inner, off.saturating_add(m.bit_offset)));
             }
         }
         None
@@ -929,11 +936,7 @@ impl Btf {
         };
         let name = self.name_of(t.name_off);
         let named = |prefix: &str| {
-            if name.is_empty() {
-                format!("{prefix} (anon)")
-            } else {
-                format!("{prefix} {name}")
-            }
+            if name.is_empty() { format!("{prefix} (anon)") } else { format!("{prefix} {name}") }
         };
         match &t.kind {
             TypeKind::Void => "void".into(),

@@ -22,12 +22,12 @@ pub fn compile_args(src: &str, args: &[&str]) -> Vec<u8> {
     let tag: String = args.concat().chars().filter(|c| c.is_ascii_alphanumeric()).collect();
     let out = out_dir().join(format!("{}-{tag}.o", src.replace('/', "_")));
     // Unique temporary name: tests run concurrently, in several processes.
-    let tmp = out.with_extension(format!("{}.{:?}.tmp", std::process::id(), std::thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', ""));
+    let tmp = out.with_extension(
+        format!("{}.{:?}.tmp", std::process::id(), std::thread::current().id())
+            .replace(|c: char| !c.is_ascii_alphanumeric() && c != '.', ""),
+    );
     let mut cmd = Command::new("clang");
-    cmd.args(args)
-        .args(["-O2", "-c", "-I/usr/include/x86_64-linux-gnu", "-o"])
-        .arg(&tmp)
-        .arg(src_path(src));
+    cmd.args(args).args(["-O2", "-c", "-I/usr/include/x86_64-linux-gnu", "-o"]).arg(&tmp).arg(src_path(src));
     let output = match cmd.output() {
         Ok(o) => o,
         Err(e) => panic!("cannot run clang ({e}); run `make test`, which installs clang and the BPF headers"),

@@ -18,12 +18,12 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use userbpf_maps::cgroup_array::CGROUP2_SUPER_MAGIC;
 use userbpf_maps::Map;
+use userbpf_maps::cgroup_array::CGROUP2_SUPER_MAGIC;
 use userbpf_vm::HelperRegistry;
 
 use super::maps::map_ref;
-use super::{helper, neg, EINVAL};
+use super::{EINVAL, helper, neg};
 
 const PATH_MAX: usize = 4096;
 

@@ -9,7 +9,7 @@
 use userbpf_vm::HelperRegistry;
 
 use super::stack::{pt_regs, regs_of};
-use super::{helper, neg, read_u64, write_to, EFAULT, EINVAL};
+use super::{EFAULT, EINVAL, helper, neg, read_u64, write_to};
 use crate::context;
 
 const ARG_REGS: [usize; 6] = [pt_regs::DI, pt_regs::SI, pt_regs::DX, pt_regs::CX, pt_regs::R8, pt_regs::R9];

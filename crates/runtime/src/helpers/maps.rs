@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use userbpf_maps::{Map, MapType};
 use userbpf_vm::HelperRegistry;
 
-use super::{helper, EINVAL};
+use super::{EINVAL, helper};
 use crate::context::current_cpu;
 
 /// Most maps a process can register.
@@ -54,7 +54,8 @@ struct IdSlot {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const ENTRY0: Entry = Entry { map: AtomicPtr::new(std::ptr::null_mut()), session: AtomicU64::new(0), id: AtomicU32::new(0) };
+const ENTRY0: Entry =
+    Entry { map: AtomicPtr::new(std::ptr::null_mut()), session: AtomicU64::new(0), id: AtomicU32::new(0) };
 #[allow(clippy::declare_interior_mutable_const)]
 const PTR0: PtrSlot = PtrSlot { ptr: AtomicUsize::new(0), idx: AtomicU32::new(0) };
 #[allow(clippy::declare_interior_mutable_const)]
@@ -73,7 +74,8 @@ fn ptr_hash(p: usize) -> usize {
 
 #[inline(always)]
 fn id_hash(session: u64, id: u32) -> usize {
-    ((session ^ (id as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 51) as usize % TBL
+    ((session ^ (id as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 51) as usize
+        % TBL
 }
 
 /// The session key of a map: a hash of the directory holding its file ("" if unknown).
@@ -197,11 +199,7 @@ pub fn map_ref(addr: u64) -> Option<&'static Map> {
 /// and skip the thread-local read).
 #[inline]
 fn cpu_for(m: &Map) -> u32 {
-    if m.map_type().is_percpu() {
-        current_cpu()
-    } else {
-        0
-    }
+    if m.map_type().is_percpu() { current_cpu() } else { 0 }
 }
 
 /// The registered map of `session` with this id.
@@ -368,4 +366,3 @@ pub(crate) fn register(reg: &mut HelperRegistry) {
     reg.register(helper(89, "map_peek_elem", map_peek_elem));
     reg.register(helper(195, "map_lookup_percpu_elem", map_lookup_percpu_elem));
 }
-

@@ -14,7 +14,7 @@ use userbpf_maps::Map;
 use userbpf_vm::HelperRegistry;
 
 use super::maps::{map_at, registered_maps};
-use super::{helper, readable, EFAULT, EINVAL};
+use super::{EFAULT, EINVAL, helper, readable};
 use crate::context::current_cpu;
 
 /// `long bpf_perf_event_output(ctx, map, flags, data, size)`: a sample on the perf ring of
@@ -57,7 +57,8 @@ fn remember(sample: u64, map: u64) {
     RESERVED.with(|t| {
         // Reuse the slot of an older record at the same address, else the first free one,
         // else the oldest is forgotten (slot 0; the fallback still finds its ring).
-        let slot = t.iter().position(|c| c.get().0 == sample).or_else(|| t.iter().position(|c| c.get().0 == 0)).unwrap_or(0);
+        let slot =
+            t.iter().position(|c| c.get().0 == sample).or_else(|| t.iter().position(|c| c.get().0 == 0)).unwrap_or(0);
         if let Some(c) = t.get(slot) {
             c.set((sample, map));
         }
@@ -72,12 +73,11 @@ fn take_ring(sample: u64) -> Option<&'static userbpf_maps::ringbuf::RingBuf> {
         c.set((0, 0));
         Some(map)
     });
-    if let Some(map) = from_table {
-        if let Some((Map::RingBuf(rb), _)) = map_at(map) {
-            if rb.owns_sample(sample as *const u8) {
-                return Some(rb);
-            }
-        }
+    if let Some(map) = from_table
+        && let Some((Map::RingBuf(rb), _)) = map_at(map)
+        && rb.owns_sample(sample as *const u8)
+    {
+        return Some(rb);
     }
     registered_maps().find_map(|m| match m {
         Map::RingBuf(rb) if rb.owns_sample(sample as *const u8) => Some(rb),
@@ -105,13 +105,7 @@ fn commit(sample: u64, flags: u64, discard: bool) -> u64 {
     if let Some(rb) = take_ring(sample) {
         // SAFETY: `rb` owns the sample address; commit ignores records that are not
         // reserved (a double submit).
-        unsafe {
-            if discard {
-                rb.discard(sample as *mut u8, flags)
-            } else {
-                rb.submit(sample as *mut u8, flags)
-            }
-        }
+        unsafe { if discard { rb.discard(sample as *mut u8, flags) } else { rb.submit(sample as *mut u8, flags) } }
     }
     0
 }

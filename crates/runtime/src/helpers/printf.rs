@@ -46,13 +46,13 @@
 //! returns what the kernel returns (the formatted length). Nothing is allocated: lines are
 //! built in stack buffers.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use userbpf_maps::{Map, MapError};
-use userbpf_vm::{guard, HelperRegistry};
+use userbpf_vm::{HelperRegistry, guard};
 
-use super::{helper, neg, read_from, write_to, EFAULT, EINVAL, TASK_SIZE_MAX};
+use super::{EFAULT, EINVAL, TASK_SIZE_MAX, helper, neg, read_from, write_to};
 use crate::context;
 
 /// Most arguments of `trace_vprintk` and `snprintf` (the kernel's MAX_BPRINTF_VARARGS).
@@ -836,8 +836,14 @@ mod tests {
     fn numbers() {
         let m1 = -1i64 as u64;
         assert_eq!(fmt("%d %i %u %x %X", &[m1, 42, m1, 255, 255]).unwrap(), "-1 42 4294967295 ff FF");
-        assert_eq!(fmt("%ld %lu %llx %lld", &[m1, m1, m1, i64::MIN as u64]).unwrap(), "-1 18446744073709551615 ffffffffffffffff -9223372036854775808");
-        assert_eq!(fmt("[%5d|%-5d|%05d|%+d|% d|%-05d]", &[42, 42, 42, 42, 42, 42]).unwrap(), "[   42|42   |00042|+42| 42|42   ]");
+        assert_eq!(
+            fmt("%ld %lu %llx %lld", &[m1, m1, m1, i64::MIN as u64]).unwrap(),
+            "-1 18446744073709551615 ffffffffffffffff -9223372036854775808"
+        );
+        assert_eq!(
+            fmt("[%5d|%-5d|%05d|%+d|% d|%-05d]", &[42, 42, 42, 42, 42, 42]).unwrap(),
+            "[   42|42   |00042|+42| 42|42   ]"
+        );
         assert_eq!(fmt("[%05d|%+5d|%+05d]", &[-42i64 as u64, 7, 7]).unwrap(), "[-0042|   +7|+0007]");
         assert_eq!(fmt("%+u %+x", &[3, 3]).unwrap(), "3 3");
         assert_eq!(fmt("%2d", &[100]).unwrap(), "100");
@@ -848,10 +854,16 @@ mod tests {
     fn chars_strings_pointers() {
         let s = b"hello\0";
         let p = s.as_ptr() as u64;
-        assert_eq!(fmt("%c%c|%3c|%-3c|", &[b'o' as u64, b'k' as u64, b'x' as u64, b'y' as u64]).unwrap(), "ok|  x|y  |");
+        assert_eq!(
+            fmt("%c%c|%3c|%-3c|", &[b'o' as u64, b'k' as u64, b'x' as u64, b'y' as u64]).unwrap(),
+            "ok|  x|y  |"
+        );
         assert_eq!(fmt("%s|%8s|%-8s|", &[p, p, p]).unwrap(), "hello|   hello|hello   |");
         assert_eq!(fmt("[%s]", &[0]).unwrap(), "[]");
-        assert_eq!(fmt("%p %px %pK", &[0x1234, 0xabc, 0]).unwrap(), "0000000000001234 0000000000000abc 0000000000000000");
+        assert_eq!(
+            fmt("%p %px %pK", &[0x1234, 0xabc, 0]).unwrap(),
+            "0000000000001234 0000000000000abc 0000000000000000"
+        );
         assert_eq!(fmt("%8p|%-8px|", &[0x1234, 0x1234]).unwrap(), "    1234|1234    |");
         assert_eq!(fmt("%ps %pS %pB", &[0x10, 0x20, 0x30]).unwrap(), "0x10 0x20 0x30");
         assert_eq!(fmt("%pks,%pus.", &[p, p]).unwrap(), "hello,hello.");

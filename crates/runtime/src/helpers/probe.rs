@@ -7,9 +7,9 @@
 //! addresses they may not read (`-ERANGE` for user and non-canonical addresses) or on
 //! unmapped ones (`-EFAULT` for the kernel half).
 
-use userbpf_vm::{guard, HelperRegistry};
+use userbpf_vm::{HelperRegistry, guard};
 
-use super::{helper, neg, zero_at, EFAULT, TASK_SIZE_MAX};
+use super::{EFAULT, TASK_SIZE_MAX, helper, neg, zero_at};
 
 /// Lowest address of the kernel half (canonical, 4-level paging).
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
@@ -38,11 +38,7 @@ fn read_kernel(dst: u64, size: u64, src: u64) -> u64 {
         return 0;
     }
     zero_at(dst, size);
-    if allowed {
-        EFAULT
-    } else {
-        neg(libc::ERANGE)
-    }
+    if allowed { EFAULT } else { neg(libc::ERANGE) }
 }
 
 /// `strncpy_from_user_nofault`: bytes copied including the NUL (at most `size - 1` then a
@@ -68,22 +64,14 @@ fn read_kernel_str(dst: u64, size: u64, src: u64) -> u64 {
         return 0;
     }
     zero_at(dst, size);
-    if src >= KERNEL_START {
-        EFAULT
-    } else {
-        neg(libc::ERANGE)
-    }
+    if src >= KERNEL_START { EFAULT } else { neg(libc::ERANGE) }
 }
 
 /// `long bpf_probe_read(dst, size, unsafe_ptr)`: user memory below TASK_SIZE, else kernel
 /// memory (x86-64's non-overlapping address spaces).
 unsafe extern "C" fn probe_read(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     let size = size as u32 as u64;
-    if src < TASK_SIZE_MAX {
-        read_user(dst, size, src)
-    } else {
-        read_kernel(dst, size, src)
-    }
+    if src < TASK_SIZE_MAX { read_user(dst, size, src) } else { read_kernel(dst, size, src) }
 }
 
 /// `long bpf_probe_read_user(dst, size, unsafe_ptr)`.
@@ -99,11 +87,7 @@ unsafe extern "C" fn probe_read_kernel(dst: u64, size: u64, src: u64, _: u64, _:
 /// `long bpf_probe_read_str(dst, size, unsafe_ptr)`.
 unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     let size = size as u32 as u64;
-    if src < TASK_SIZE_MAX {
-        read_user_str(dst, size, src)
-    } else {
-        read_kernel_str(dst, size, src)
-    }
+    if src < TASK_SIZE_MAX { read_user_str(dst, size, src) } else { read_kernel_str(dst, size, src) }
 }
 
 /// `long bpf_probe_read_user_str(dst, size, unsafe_ptr)`.
@@ -127,11 +111,7 @@ unsafe extern "C" fn probe_write_user(dst: u64, src: u64, len: u64, _: u64, _: u
     }
     // SAFETY: the guard tolerates any addresses; writing wherever the program says is this
     // helper's purpose, as in the kernel.
-    if unsafe { guard::copy(dst as *mut u8, src as *const u8, len) } == 0 {
-        0
-    } else {
-        EFAULT
-    }
+    if unsafe { guard::copy(dst as *mut u8, src as *const u8, len) } == 0 { 0 } else { EFAULT }
 }
 
 pub(crate) fn register(reg: &mut HelperRegistry) {

@@ -26,11 +26,11 @@
 //! the run context's registers are used.
 
 use userbpf_maps::stack_trace::PERF_EVENT_MAX_STACK;
-use userbpf_maps::{Map, BPF_F_SKIP_FIELD_MASK, BPF_F_USER_STACK};
+use userbpf_maps::{BPF_F_SKIP_FIELD_MASK, BPF_F_USER_STACK, Map};
 use userbpf_vm::HelperRegistry;
 
 use super::maps::map_at;
-use super::{helper, read_from, read_u64, write_to, zero_at, EFAULT, EINVAL, TASK_SIZE_MAX};
+use super::{EFAULT, EINVAL, TASK_SIZE_MAX, helper, read_from, read_u64, write_to, zero_at};
 use crate::context;
 
 /// `BPF_F_USER_BUILD_ID` of `get_stack`.
@@ -68,11 +68,7 @@ pub mod pt_regs {
 
 /// The `pt_regs` a helper with `ctx` works on.
 pub(crate) fn regs_of(ctx: u64) -> u64 {
-    if ctx != 0 {
-        ctx
-    } else {
-        context::current().map_or(0, |c| c.regs)
-    }
+    if ctx != 0 { ctx } else { context::current().map_or(0, |c| c.regs) }
 }
 
 const MAX_STACK: usize = PERF_EVENT_MAX_STACK as usize;
@@ -130,10 +126,10 @@ pub fn user_stack(regs: u64, ips: &mut [u64; MAX_STACK], max: usize) -> Option<u
     store(ip, &mut n);
     // At `push %rbp` / `endbr64` the caller's return address is at [rsp], not yet in the
     // frame chain (the kernel's heuristic, whatever the probe's offset in the function).
-    if context::current().is_some_and(|c| c.at_func_entry) {
-        if let Some(ret) = read_u64(sp) {
-            store(ret, &mut n);
-        }
+    if context::current().is_some_and(|c| c.at_func_entry)
+        && let Some(ret) = read_u64(sp)
+    {
+        store(ret, &mut n);
     }
     while n < max {
         if fp.checked_add(16).is_none_or(|end| end > TASK_SIZE_MAX) {

@@ -2,9 +2,9 @@
 //! strings are read through the guard in small chunks (`-EFAULT` if they cannot be read,
 //! which the kernel's verifier would have prevented).
 
-use userbpf_vm::{guard, HelperRegistry};
+use userbpf_vm::{HelperRegistry, guard};
 
-use super::{helper, neg, read_from, write_to, EFAULT, EINVAL};
+use super::{EFAULT, EINVAL, helper, neg, read_from, write_to};
 
 const CHUNK: usize = 64;
 
@@ -106,11 +106,7 @@ fn strtoull(buf: u64, buf_len: u64, flags: u64) -> Result<(u64, bool, u64), u64>
     let mut i = 0usize;
     if base == 0 {
         base = if at(0) == b'0' {
-            if at(1).eq_ignore_ascii_case(&b'x') && at(2).is_ascii_hexdigit() {
-                16
-            } else {
-                8
-            }
+            if at(1).eq_ignore_ascii_case(&b'x') && at(2).is_ascii_hexdigit() { 16 } else { 8 }
         } else {
             10
         };

@@ -17,13 +17,13 @@
 //!   child do not produce the same numbers).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use userbpf_vm::HelperRegistry;
 
 use super::time::clock_ns;
-use super::{helper, neg, write_to, zero_at, EINVAL};
+use super::{EINVAL, helper, neg, write_to, zero_at};
 use crate::context;
 
 /// How old a cached comm or credential may get before it is read again.
@@ -54,15 +54,15 @@ fn generation() -> u64 {
 
 #[derive(Clone, Copy)]
 struct Cached<T: Copy> {
-    gen: u64,
+    generation: u64,
     at: u64,
     value: T,
 }
 
 thread_local! {
-    static UID_GID: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
-    static COMM: Cell<Cached<[u8; 16]>> = const { Cell::new(Cached { gen: 0, at: 0, value: [0; 16] }) };
-    static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { gen: 0, at: 0, value: 0 }) };
+    static UID_GID: Cell<Cached<u64>> = const { Cell::new(Cached { generation: 0, at: 0, value: 0 }) };
+    static COMM: Cell<Cached<[u8; 16]>> = const { Cell::new(Cached { generation: 0, at: 0, value: [0; 16] }) };
+    static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { generation: 0, at: 0, value: 0 }) };
 }
 
 /// `tgid << 32 | tid` of the calling thread, cached in the runtime's thread block (reached
@@ -70,26 +70,26 @@ thread_local! {
 /// programs keyed by `tid` call this on every hit).
 #[inline]
 pub fn pid_tgid() -> u64 {
-    let gen = generation();
+    let generation = generation();
     let (cached_gen, value) = context::cached_pid_tgid();
-    if cached_gen == gen {
+    if cached_gen == generation {
         return value;
     }
     // SAFETY: getpid and gettid have no preconditions.
     let (tgid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
     let value = (tgid as u64) << 32 | tid as u64;
-    context::set_cached_pid_tgid(gen, value);
+    context::set_cached_pid_tgid(generation, value);
     value
 }
 
 /// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline).
 #[inline]
 pub fn comm() -> [u8; 16] {
-    let gen = generation();
+    let generation = generation();
     let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
     COMM.with(|c| {
         let v = c.get();
-        if v.gen == gen && now.wrapping_sub(v.at) < REFRESH_NS {
+        if v.generation == generation && now.wrapping_sub(v.at) < REFRESH_NS {
             return v.value;
         }
         let mut name = [0u8; 16];
@@ -99,7 +99,7 @@ pub fn comm() -> [u8; 16] {
             name = [0; 16];
         }
         name[15] = 0;
-        c.set(Cached { gen, at: now, value: name });
+        c.set(Cached { generation, at: now, value: name });
         name
     })
 }
@@ -107,17 +107,17 @@ pub fn comm() -> [u8; 16] {
 /// `gid << 32 | uid` (real ids) of the calling thread.
 #[inline]
 pub fn uid_gid() -> u64 {
-    let gen = generation();
+    let generation = generation();
     let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
     UID_GID.with(|c| {
         let v = c.get();
-        if v.gen == gen && now.wrapping_sub(v.at) < REFRESH_NS {
+        if v.generation == generation && now.wrapping_sub(v.at) < REFRESH_NS {
             return v.value;
         }
         // SAFETY: getuid and getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let value = (gid as u64) << 32 | uid as u64;
-        c.set(Cached { gen, at: now, value });
+        c.set(Cached { generation, at: now, value });
         value
     })
 }
@@ -126,10 +126,10 @@ pub fn uid_gid() -> u64 {
 /// thread and fork generation).
 #[inline]
 pub fn prandom_u64() -> u64 {
-    let gen = generation();
+    let generation = generation();
     RNG.with(|c| {
         let mut v = c.get();
-        if v.gen != gen {
+        if v.generation != generation {
             let mut seed = [0u8; 8];
             // SAFETY: getrandom writes at most 8 bytes to the buffer we own.
             let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), 8, libc::GRND_NONBLOCK) };
@@ -137,7 +137,7 @@ pub fn prandom_u64() -> u64 {
             if n != 8 {
                 s ^= clock_ns(libc::CLOCK_MONOTONIC) ^ pid_tgid().rotate_left(17) ^ (c as *const _ as u64);
             }
-            v = Cached { gen, at: 0, value: s };
+            v = Cached { generation, at: 0, value: s };
         }
         v.value = v.value.wrapping_add(0x9e37_79b9_7f4a_7c15);
         c.set(v);
@@ -213,11 +213,7 @@ fn send(sig: u64, thread: bool) -> u64 {
             libc::kill(tgid, sig as i32)
         }
     };
-    if r == 0 {
-        0
-    } else {
-        neg(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL))
-    }
+    if r == 0 { 0 } else { neg(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)) }
 }
 
 /// `long bpf_send_signal(u32 sig)`: the signal to the current process.

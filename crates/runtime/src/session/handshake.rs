@@ -22,7 +22,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::layout::{self, Layout};
-use super::{start_time, Session};
+use super::{Session, start_time};
 
 // ---- the loader's half ----
 
@@ -34,9 +34,9 @@ pub fn publish(session: &Session) -> Option<u32> {
     if fs::read_dir(l.agents_dir()).map_or(true, |mut d| d.next().is_none()) {
         return None;
     }
-    let gen = session.alloc_id().ok()?;
-    layout::write_atomic(&l.links_gen(), gen.to_string().as_bytes()).ok()?;
-    Some(gen)
+    let generation = session.alloc_id().ok()?;
+    layout::write_atomic(&l.links_gen(), generation.to_string().as_bytes()).ok()?;
+    Some(generation)
 }
 
 /// Publishes a new links generation even when no agent acknowledges yet (one being
@@ -51,10 +51,10 @@ pub fn advance(session: &Session) -> std::io::Result<u32> {
 /// Waits (at most `limit`) until every live agent's acknowledgement file other than
 /// process `skip`'s (the caller's own agent, synced directly) holds at least `gen`. Returns
 /// whether they all did.
-pub fn wait(l: &Layout, gen: u32, skip: u32, limit: Duration) -> bool {
+pub fn wait(l: &Layout, generation: u32, skip: u32, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if pending(l, gen, skip).is_none() {
+        if pending(l, generation, skip).is_none() {
             return true;
         }
         if Instant::now() >= deadline {
@@ -65,7 +65,7 @@ pub fn wait(l: &Layout, gen: u32, skip: u32, limit: Duration) -> bool {
 }
 
 /// The pid of a live agent (not `skip`) that has not acknowledged `gen` yet, if any.
-pub fn pending(l: &Layout, gen: u32, skip: u32) -> Option<u32> {
+pub fn pending(l: &Layout, generation: u32, skip: u32) -> Option<u32> {
     let rd = fs::read_dir(l.agents_dir()).ok()?;
     for e in rd.flatten() {
         let Some((pid, start)) = e.file_name().to_str().and_then(Layout::parse_agent) else { continue };
@@ -73,7 +73,7 @@ pub fn pending(l: &Layout, gen: u32, skip: u32) -> Option<u32> {
             continue; // the caller, or a process that is gone
         }
         let acked = fs::read_to_string(e.path()).ok().and_then(|t| t.trim().parse::<u32>().ok()).unwrap_or(0);
-        if acked < gen {
+        if acked < generation {
             return Some(pid);
         }
     }
@@ -122,9 +122,9 @@ impl Ack {
 
     /// Records that the sync which read generation `gen` (with [`current`], before listing
     /// `links/`) is done.
-    pub fn write(&mut self, gen: u32) -> io::Result<()> {
-        layout::write_atomic(&self.path, gen.to_string().as_bytes())?;
-        self.done = gen;
+    pub fn write(&mut self, generation: u32) -> io::Result<()> {
+        layout::write_atomic(&self.path, generation.to_string().as_bytes())?;
+        self.done = generation;
         Ok(())
     }
 
@@ -173,15 +173,15 @@ mod tests {
         assert_eq!(current(&l), 0);
 
         let mut ack = Ack::create(&l).unwrap();
-        let gen = publish(&s).expect("an agent acknowledges: a generation is published");
-        assert!(gen > 0);
-        assert_eq!(current(&l), gen);
+        let generation = publish(&s).expect("an agent acknowledges: a generation is published");
+        assert!(generation > 0);
+        assert_eq!(current(&l), generation);
         let me = std::process::id();
         // The loader's own agent is skipped.
-        assert!(wait(&l, gen, me, Duration::ZERO));
+        assert!(wait(&l, generation, me, Duration::ZERO));
         // Another loader waits for it: not acknowledged yet.
-        assert_eq!(pending(&l, gen, 0), Some(me));
-        assert!(!wait(&l, gen, 0, Duration::from_millis(20)));
+        assert_eq!(pending(&l, generation, 0), Some(me));
+        assert!(!wait(&l, generation, 0, Duration::from_millis(20)));
 
         // The agent syncs in another thread: reads the generation, acts, acknowledges.
         let agent = std::thread::spawn({
@@ -193,13 +193,13 @@ mod tests {
                 ack
             }
         });
-        assert!(wait(&l, gen, 0, Duration::from_secs(10)), "acknowledged");
+        assert!(wait(&l, generation, 0, Duration::from_secs(10)), "acknowledged");
         let ack = agent.join().unwrap();
-        assert_eq!(ack.done(), gen);
+        assert_eq!(ack.done(), generation);
 
         // A later generation is pending again until acknowledged; a removed file ends the wait.
         let gen2 = publish(&s).unwrap();
-        assert!(gen2 > gen);
+        assert!(gen2 > generation);
         assert_eq!(pending(&l, gen2, 0), Some(me));
         ack.remove();
         assert!(wait(&l, gen2, 0, Duration::ZERO), "no agent left to wait for");

@@ -37,7 +37,6 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-
 /// The paths of one session directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -239,7 +238,9 @@ impl Layout {
     }
     /// Whether file name `name` of `perf/` is a semaphore claim of link `link`.
     pub fn is_claim_of_link(name: &str, link: u32) -> bool {
-        name.strip_prefix("sema-").and_then(|r| r.strip_prefix(link.to_string().as_str())).is_some_and(|r| r.starts_with('.'))
+        name.strip_prefix("sema-")
+            .and_then(|r| r.strip_prefix(link.to_string().as_str()))
+            .is_some_and(|r| r.starts_with('.'))
     }
     /// Whether file name `name` of `perf/` is a semaphore claim for process `pid` started at
     /// `start` (any link).

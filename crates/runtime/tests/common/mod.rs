@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::loader::LoadOptions;
-use userbpf_runtime::{load_object, Engine, LoadedObject, Session};
+use userbpf_runtime::{Engine, LoadedObject, Session, load_object};
 
 /// Compiles tests/bpf/NAME.bpf.c to an object in the target directory; returns its path.
 pub fn compile(name: &str) -> PathBuf {

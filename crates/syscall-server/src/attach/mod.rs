@@ -34,11 +34,11 @@ use std::time::Instant;
 use userbpf_runtime::{LinkRecord, LoadedProgram};
 
 use crate::objects;
-use crate::perf_event::{with_events, Spec};
+use crate::perf_event::{Spec, with_events};
 
 pub use closes::{close_event, closed, closing, watch_closes};
-pub use timer::refresh_timer;
 use sync::sync_agent;
+pub use timer::refresh_timer;
 use timer::start_timer;
 use watchdog::{owned, watchdog_once};
 
@@ -197,7 +197,10 @@ fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
 /// the event is enabled.
 pub fn update_event(id: u32) -> Result<(), i32> {
     let (want, prog) = with_events(|ev| {
-        ev.iter().find(|e| e.id == id).map(|e| (e.enabled && e.prog.is_some(), e.prog.unwrap_or(0))).unwrap_or((false, 0))
+        ev.iter()
+            .find(|e| e.id == id)
+            .map(|e| (e.enabled && e.prog.is_some(), e.prog.unwrap_or(0)))
+            .unwrap_or((false, 0))
     });
     let have = attached(|m| m.contains_key(&Key::Set(id)));
     if want && !have {
@@ -207,13 +210,14 @@ pub fn update_event(id: u32) -> Result<(), i32> {
         if is_link {
             sync_agent();
         }
-    } else if !want && have {
-        if let Some(a) = attached(|m| m.remove(&Key::Set(id))) {
-            let is_link = matches!(a.running, Running::Link(_));
-            stop(a);
-            if is_link {
-                sync_agent();
-            }
+    } else if !want
+        && have
+        && let Some(a) = attached(|m| m.remove(&Key::Set(id)))
+    {
+        let is_link = matches!(a.running, Running::Link(_));
+        stop(a);
+        if is_link {
+            sync_agent();
         }
     }
     Ok(())

@@ -25,7 +25,9 @@ fn address_in(pid: &str, dev: u64, ino: u64, off: u64) -> Option<u64> {
 
 /// Adds `delta` to the u16 counter at `addr` in process `pid`.
 fn add_in(pid: u32, addr: u64, delta: i16) -> bool {
-    let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")) else { return false };
+    let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")) else {
+        return false;
+    };
     let mut b = [0u8; 2];
     if f.seek(SeekFrom::Start(addr)).is_err() || f.read_exact(&mut b).is_err() {
         return false;
@@ -44,7 +46,12 @@ pub fn raise(dir: &Layout, link: u32, path: &str, off: u64, pid: Option<u32>) {
     let pids: Vec<String> = match pid {
         Some(p) => vec![p.to_string()],
         None => std::fs::read_dir("/proc")
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.parse::<u32>().is_ok()).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.parse::<u32>().is_ok())
+                    .collect()
+            })
             .unwrap_or_default(),
     };
     for p in pids {
@@ -80,7 +87,14 @@ pub fn lower(dir: &Layout, link: u32) {
             }
         }
     }
-    let done = crate::server::server().attach.raised.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&link)).unwrap_or_default();
+    let done = crate::server::server()
+        .attach
+        .raised
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&link))
+        .unwrap_or_default();
     let me = std::process::id();
     for (pid, start, addr) in done {
         if pid == me {
@@ -112,10 +126,10 @@ pub fn raise_own(dir: &Layout) {
             continue;
         }
         let Ok(md) = std::fs::metadata(&r.path) else { continue };
-        if let Some(addr) = address_in("self", md.dev(), md.ino(), r.offset) {
-            if claim(dir, r.link, me) {
-                add_own(addr, 1);
-            }
+        if let Some(addr) = address_in("self", md.dev(), md.ino(), r.offset)
+            && claim(dir, r.link, me)
+        {
+            add_own(addr, 1);
         }
     }
 }

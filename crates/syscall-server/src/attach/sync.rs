@@ -16,12 +16,14 @@ use crate::objects;
 pub(super) fn sync_agent() {
     match userbpf_agent::Agent::start() {
         Ok(a) => a.lock().unwrap_or_else(|e| e.into_inner()).sync(),
-        Err(e) => eprintln!("userbpf: the loader's agent did not start ({e}): probes on the loader itself will not run"),
-    }
-    if let Ok(s) = objects::session() {
-        if let Some(gen) = handshake::publish(s) {
-            handshake::wait(s.layout(), gen, std::process::id(), Duration::from_secs(1));
+        Err(e) => {
+            eprintln!("userbpf: the loader's agent did not start ({e}): probes on the loader itself will not run")
         }
+    }
+    if let Ok(s) = objects::session()
+        && let Some(generation) = handshake::publish(s)
+    {
+        handshake::wait(s.layout(), generation, std::process::id(), Duration::from_secs(1));
     }
     nudge_later();
 }

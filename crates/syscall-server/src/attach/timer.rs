@@ -1,14 +1,14 @@
 //! Timers: CPU/task clock events run their program from a timer thread in the loader.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use userbpf_runtime::context::RunContext;
 use userbpf_runtime::{Engine, LoadedProgram};
 
-use super::{attached, io_errno, Running};
+use super::{Running, attached, io_errno};
 use crate::objects;
 use crate::perf_event::Spec;
 
@@ -22,7 +22,8 @@ fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
     let s = objects::session()?;
     let slots = server.slots().map_err(|e| e.errno)?;
     let rec = s.progs().map_err(io_errno)?.into_iter().find(|p| p.id == prog_id).ok_or(libc::EBADF)?;
-    let engine = if std::env::var("USERBPF_INTERPRETER").is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
+    let engine =
+        if std::env::var("USERBPF_INTERPRETER").is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
     let prog = userbpf_runtime::loader::prepare_record(s, &rec, userbpf_runtime::helpers::registry(), engine, slots)
         .map_err(|e| {
             eprintln!("userbpf: program {prog_id}: {e}");
@@ -82,11 +83,11 @@ pub(super) fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Runni
             }
             if Instant::now() < next {
                 // Unparked early: the period may have changed.
-                if let Some(p) = period_of(event) {
-                    if p != period {
-                        next = next - period + p;
-                        period = p;
-                    }
+                if let Some(p) = period_of(event)
+                    && p != period
+                {
+                    next = next - period + p;
+                    period = p;
                 }
                 continue;
             }
@@ -111,10 +112,10 @@ pub(super) fn start_timer(event: u32, prog_id: u32, cookie: u64) -> Result<Runni
 pub fn refresh_timer(id: u32) {
     attached(|m| {
         for a in m.values() {
-            if a.event == id {
-                if let Running::Timer(_, t) = &a.running {
-                    t.unpark();
-                }
+            if a.event == id
+                && let Running::Timer(_, t) = &a.running
+            {
+                t.unpark();
             }
         }
     });

@@ -31,7 +31,11 @@ pub(super) fn watchdog_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let Ok(s) = objects::session() else { return };
-        let Ok(owner) = std::ffi::CString::new(s.layout().perf_owner(std::process::id()).into_os_string().into_encoded_bytes()) else { return };
+        let Ok(owner) =
+            std::ffi::CString::new(s.layout().perf_owner(std::process::id()).into_os_string().into_encoded_bytes())
+        else {
+            return;
+        };
         let loader = std::process::id() as i64;
         // SAFETY: fork; the child runs `watchdog` only, which makes raw system calls on its
         // stack and on `owner` (copied into the child), and never returns.

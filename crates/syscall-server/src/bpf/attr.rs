@@ -323,23 +323,47 @@ plain!(
 
 // The layouts are the uapi's: offsets of libbpf 1.1's linux/bpf.h (x86-64).
 const _: () = {
-    assert!(offset_of!(MapCreate, map_name) == 28 && offset_of!(MapCreate, map_ifindex) == 44 && offset_of!(MapCreate, map_extra) == 64);
+    assert!(
+        offset_of!(MapCreate, map_name) == 28
+            && offset_of!(MapCreate, map_ifindex) == 44
+            && offset_of!(MapCreate, map_extra) == 64
+    );
     assert!(size_of::<MapCreate>() == 72);
     assert!(offset_of!(MapElem, key) == 8 && offset_of!(MapElem, value) == 16 && offset_of!(MapElem, flags) == 24);
     assert!(offset_of!(MapNextKey, next_key) == 16);
-    assert!(offset_of!(MapBatch, count) == 32 && offset_of!(MapBatch, map_fd) == 36 && offset_of!(MapBatch, flags) == 48);
-    assert!(offset_of!(ProgLoad, prog_flags) == 44 && offset_of!(ProgLoad, prog_name) == 48 && offset_of!(ProgLoad, prog_btf_fd) == 72);
-    assert!(offset_of!(ProgLoad, func_info) == 80 && offset_of!(ProgLoad, line_info_cnt) == 104 && offset_of!(ProgLoad, fd_array) == 120);
+    assert!(
+        offset_of!(MapBatch, count) == 32 && offset_of!(MapBatch, map_fd) == 36 && offset_of!(MapBatch, flags) == 48
+    );
+    assert!(
+        offset_of!(ProgLoad, prog_flags) == 44
+            && offset_of!(ProgLoad, prog_name) == 48
+            && offset_of!(ProgLoad, prog_btf_fd) == 72
+    );
+    assert!(
+        offset_of!(ProgLoad, func_info) == 80
+            && offset_of!(ProgLoad, line_info_cnt) == 104
+            && offset_of!(ProgLoad, fd_array) == 120
+    );
     assert!(offset_of!(ProgLoad, log_true_size) == 140 && size_of::<ProgLoad>() == 144);
     assert!(offset_of!(Obj, bpf_fd) == 8 && offset_of!(Obj, path_fd) == 16);
     assert!(offset_of!(ProgAttach, replace_bpf_fd) == 16);
-    assert!(offset_of!(TestRun, data_in) == 16 && offset_of!(TestRun, ctx_in) == 48 && offset_of!(TestRun, batch_size) == 72);
+    assert!(
+        offset_of!(TestRun, data_in) == 16
+            && offset_of!(TestRun, ctx_in) == 48
+            && offset_of!(TestRun, batch_size) == 72
+    );
     assert!(offset_of!(GetId, open_flags) == 8);
     assert!(offset_of!(InfoByFd, info) == 8);
-    assert!(offset_of!(ProgQuery, prog_ids) == 16 && offset_of!(ProgQuery, prog_cnt) == 24 && size_of::<ProgQuery>() == 32);
+    assert!(
+        offset_of!(ProgQuery, prog_ids) == 16 && offset_of!(ProgQuery, prog_cnt) == 24 && size_of::<ProgQuery>() == 32
+    );
     assert!(offset_of!(RawTracepointOpen, prog_fd) == 8);
     assert!(offset_of!(BtfLoad, btf_size) == 16 && offset_of!(BtfLoad, btf_log_true_size) == 28);
-    assert!(offset_of!(TaskFdQuery, buf) == 16 && offset_of!(TaskFdQuery, prog_id) == 24 && offset_of!(TaskFdQuery, probe_addr) == 40);
+    assert!(
+        offset_of!(TaskFdQuery, buf) == 16
+            && offset_of!(TaskFdQuery, prog_id) == 24
+            && offset_of!(TaskFdQuery, probe_addr) == 40
+    );
     assert!(offset_of!(LinkCreate, bpf_cookie) == 16 && size_of::<LinkCreate>() == 64);
     assert!(offset_of!(LinkUpdate, old_prog_fd) == 12);
     assert!(offset_of!(ProgBindMap, flags) == 8);

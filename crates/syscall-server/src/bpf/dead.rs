@@ -18,7 +18,10 @@ enum Val {
     Unknown,
     Const(u64),
     /// A pointer into the value (element 0) of map `idx` of the program's frozen maps.
-    MapValue { idx: usize, off: i64 },
+    MapValue {
+        idx: usize,
+        off: i64,
+    },
 }
 
 type Regs = [Val; 11];
@@ -70,7 +73,13 @@ fn alu(op: u8, a: u64, b: u64, is64: bool) -> Option<u64> {
         BPF_AND => a & b,
         BPF_XOR => a ^ b,
         BPF_LSH => a.checked_shl((b % bits) as u32).unwrap_or(0),
-        BPF_RSH => if is64 { a >> (b % 64) } else { ((a as u32) >> (b % 32)) as u64 },
+        BPF_RSH => {
+            if is64 {
+                a >> (b % 64)
+            } else {
+                ((a as u32) >> (b % 32)) as u64
+            }
+        }
         BPF_MOV => b,
         _ => return None,
     };
@@ -139,10 +148,12 @@ pub fn reachable(insns: &[Insn], frozen: &Frozen) -> Option<Vec<bool>> {
                 let hi = insns.get(pc + 1).map_or(0, |h| h.imm as u32 as u64);
                 r[(i.dst as usize).min(10)] = match i.src {
                     0 => Val::Const((i.imm as u32 as u64) | (hi << 32)),
-                    BPF_PSEUDO_MAP_IDX_VALUE | BPF_PSEUDO_MAP_VALUE => match frozen.maps.iter().position(|(id, _)| *id == i.imm as u32) {
-                        Some(idx) => Val::MapValue { idx, off: hi as u32 as i64 },
-                        None => Val::Unknown,
-                    },
+                    BPF_PSEUDO_MAP_IDX_VALUE | BPF_PSEUDO_MAP_VALUE => {
+                        match frozen.maps.iter().position(|(id, _)| *id == i.imm as u32) {
+                            Some(idx) => Val::MapValue { idx, off: hi as u32 as i64 },
+                            None => Val::Unknown,
+                        }
+                    }
                     _ => Val::Unknown,
                 };
                 push(&mut state, &mut work, next + 1, &r);
@@ -185,13 +196,20 @@ pub fn reachable(insns: &[Insn], frozen: &Frozen) -> Option<Vec<bool>> {
             BPF_ALU | BPF_ALU64 => {
                 let is64 = class == BPF_ALU64;
                 let dst = (i.dst as usize).min(10);
-                let src_val = if i.op & BPF_X != 0 { r[(i.src as usize).min(10)] } else { Val::Const(i.imm as i64 as u64) };
+                let src_val =
+                    if i.op & BPF_X != 0 { r[(i.src as usize).min(10)] } else { Val::Const(i.imm as i64 as u64) };
                 let op = i.op & 0xf0;
                 r[dst] = match (op, r[dst], src_val) {
                     (BPF_MOV, _, v) if is64 && i.off == 0 => v,
-                    (_, Val::Const(a), Val::Const(b)) if i.off == 0 => alu(op, a, b, is64).map_or(Val::Unknown, Val::Const),
-                    (BPF_ADD, Val::MapValue { idx, off }, Val::Const(b)) if is64 => Val::MapValue { idx, off: off.wrapping_add(b as i64) },
-                    (BPF_SUB, Val::MapValue { idx, off }, Val::Const(b)) if is64 => Val::MapValue { idx, off: off.wrapping_sub(b as i64) },
+                    (_, Val::Const(a), Val::Const(b)) if i.off == 0 => {
+                        alu(op, a, b, is64).map_or(Val::Unknown, Val::Const)
+                    }
+                    (BPF_ADD, Val::MapValue { idx, off }, Val::Const(b)) if is64 => {
+                        Val::MapValue { idx, off: off.wrapping_add(b as i64) }
+                    }
+                    (BPF_SUB, Val::MapValue { idx, off }, Val::Const(b)) if is64 => {
+                        Val::MapValue { idx, off: off.wrapping_sub(b as i64) }
+                    }
                     _ => Val::Unknown,
                 };
                 push(&mut state, &mut work, next, &r);

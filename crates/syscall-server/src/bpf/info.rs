@@ -125,7 +125,7 @@ pub struct LinkInfo {
 }
 
 macro_rules! info_struct {
-    ($($t:ty = $size:expr),* $(,)?) => {
+    ($($t:ty = $size:expr_2021),* $(,)?) => {
         $(
             // SAFETY: #[repr(C)] structs of integers and integer arrays.
             unsafe impl Plain for $t {}
@@ -140,11 +140,36 @@ info_struct!(ProgInfo = 232, MapInfo = 88, BtfInfo = 32, LinkInfo = 48);
 
 // The layouts are the uapi's (libbpf 1.1's linux/bpf.h, x86-64).
 const _: () = {
-    assert!(offset_of!(ProgInfo, tag) == 8 && offset_of!(ProgInfo, xlated_prog_insns) == 32 && offset_of!(ProgInfo, map_ids) == 56);
-    assert!(offset_of!(ProgInfo, name) == 64 && offset_of!(ProgInfo, gpl_compatible) == 84 && offset_of!(ProgInfo, btf_id) == 128);
-    assert!(offset_of!(ProgInfo, func_info) == 136 && offset_of!(ProgInfo, line_info) == 152 && offset_of!(ProgInfo, line_info_rec_size) == 172);
-    assert!(offset_of!(ProgInfo, prog_tags) == 184 && offset_of!(ProgInfo, run_time_ns) == 192 && offset_of!(ProgInfo, attach_btf_id) == 224);
-    assert!(offset_of!(MapInfo, name) == 24 && offset_of!(MapInfo, netns_dev) == 48 && offset_of!(MapInfo, btf_id) == 64 && offset_of!(MapInfo, map_extra) == 80);
+    assert!(
+        offset_of!(ProgInfo, tag) == 8
+            && offset_of!(ProgInfo, xlated_prog_insns) == 32
+            && offset_of!(ProgInfo, map_ids) == 56
+    );
+    assert!(
+        offset_of!(ProgInfo, name) == 64
+            && offset_of!(ProgInfo, gpl_compatible) == 84
+            && offset_of!(ProgInfo, btf_id) == 128
+    );
+    assert!(
+        offset_of!(ProgInfo, func_info) == 136
+            && offset_of!(ProgInfo, line_info) == 152
+            && offset_of!(ProgInfo, line_info_rec_size) == 172
+    );
+    assert!(
+        offset_of!(ProgInfo, prog_tags) == 184
+            && offset_of!(ProgInfo, run_time_ns) == 192
+            && offset_of!(ProgInfo, attach_btf_id) == 224
+    );
+    assert!(
+        offset_of!(MapInfo, name) == 24
+            && offset_of!(MapInfo, netns_dev) == 48
+            && offset_of!(MapInfo, btf_id) == 64
+            && offset_of!(MapInfo, map_extra) == 80
+    );
     assert!(offset_of!(BtfInfo, id) == 12 && offset_of!(BtfInfo, name) == 16 && offset_of!(BtfInfo, kernel_btf) == 28);
-    assert!(offset_of!(LinkInfo, prog_id) == 8 && offset_of!(LinkInfo, tp_name) == 16 && offset_of!(LinkInfo, tp_name_len) == 24);
+    assert!(
+        offset_of!(LinkInfo, prog_id) == 8
+            && offset_of!(LinkInfo, tp_name) == 16
+            && offset_of!(LinkInfo, tp_name_len) == 24
+    );
 };

@@ -31,7 +31,9 @@ fn dir() -> Result<PathBuf, i32> {
 /// The kernel's BTF object names, vmlinux first, then the modules in name order.
 fn kernel_names() -> Vec<String> {
     let mut names: Vec<String> = match std::fs::read_dir(SYSFS_BTF) {
-        Ok(rd) => rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')).collect(),
+        Ok(rd) => {
+            rd.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')).collect()
+        }
         Err(_) => Vec::new(),
     };
     names.sort_by(|a, b| (a != "vmlinux", a).cmp(&(b != "vmlinux", b)));

@@ -7,8 +7,10 @@ use std::mem::offset_of;
 use userbpf_runtime::LinkRecord;
 
 use super::attr::{self, end_of};
-use super::prog::{prog_of_fd, BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT};
-use super::{io_errno, read_user_str, write_user, Attr};
+use super::prog::{
+    BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_PERF_EVENT, BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_PROG_TYPE_TRACEPOINT, prog_of_fd,
+};
+use super::{Attr, io_errno, read_user_str, write_user};
 use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
@@ -44,15 +46,19 @@ pub fn create(a: &Attr) -> Result<i64, Error> {
                 return Err(Error::inval(format!("flags {flags:#x} unknown")));
             }
             // The perf event: EBADF for anything but one of ours (as perf_event_get).
-            objects::get_kind(target_fd, Kind::PerfEvent).map_err(|_| Error::new(libc::EBADF, format!("target_fd {target_fd} is not a perf event")))?;
+            objects::get_kind(target_fd, Kind::PerfEvent)
+                .map_err(|_| Error::new(libc::EBADF, format!("target_fd {target_fd} is not a perf event")))?;
             let cookie = at.bpf_cookie;
-            let (id, path) = super::events::perf_attach(target_fd, p.id, cookie).context(|| format!("attaching to perf event fd {target_fd}"))?;
+            let (id, path) = super::events::perf_attach(target_fd, p.id, cookie)
+                .context(|| format!("attaching to perf event fd {target_fd}"))?;
             created().insert(id, p.id);
             Ok(objects::install(Kind::Link, id, &path)? as i64)
         }
         BPF_TRACE_KPROBE_MULTI => {
             if p.prog_type != BPF_PROG_TYPE_KPROBE || p.expected_attach_type != BPF_TRACE_KPROBE_MULTI {
-                return Err(Error::inval("kprobe multi-links are for kprobe programs loaded with expected_attach_type BPF_TRACE_KPROBE_MULTI"));
+                return Err(Error::inval(
+                    "kprobe multi-links are for kprobe programs loaded with expected_attach_type BPF_TRACE_KPROBE_MULTI",
+                ));
             }
             Err(Error::new(libc::EOPNOTSUPP, "kprobe multi-links need the kernel's fprobes"))
         }
@@ -85,7 +91,10 @@ pub fn update(a: &Attr) -> Result<i64, Error> {
 /// none of those types runs here, so every attach type is one this "kernel" lacks (`EINVAL`).
 pub fn prog_attach(a: &Attr, cmd: i32) -> Result<i64, Error> {
     let _: attr::ProgAttach = a.get(end_of!(attr::ProgAttach, replace_bpf_fd))?;
-    Err(Error::inval(format!("{}: cgroup, socket, flow dissector and lirc programs do not run here", super::cmd_name(cmd))))
+    Err(Error::inval(format!(
+        "{}: cgroup, socket, flow dissector and lirc programs do not run here",
+        super::cmd_name(cmd)
+    )))
 }
 
 /// BPF_RAW_TRACEPOINT_OPEN: the system call raw tracepoints the agent serves (`sys_enter`,
@@ -100,13 +109,27 @@ pub fn raw_tracepoint_open(a: &Attr) -> Result<i64, Error> {
     if uname == 0 {
         return Err(Error::inval("no tracepoint name"));
     }
-    let name = read_user_str(uname, 128).map_err(|e| if e == libc::EINVAL { libc::EFAULT } else { e }).context(|| "the tracepoint name")?;
+    let name = read_user_str(uname, 128)
+        .map_err(|e| if e == libc::EINVAL { libc::EFAULT } else { e })
+        .context(|| "the tracepoint name")?;
     let name = String::from_utf8_lossy(&name).into_owned();
     if name != "sys_enter" && name != "sys_exit" {
-        return Err(Error::new(libc::ENOENT, format!("raw tracepoint {name:?}: only sys_enter and sys_exit exist here")));
+        return Err(Error::new(
+            libc::ENOENT,
+            format!("raw tracepoint {name:?}: only sys_enter and sys_exit exist here"),
+        ));
     }
     let session = objects::session()?;
-    let rec = LinkRecord { id: 0, prog_id: p.id, kind: "raw_tracepoint".into(), path: String::new(), func: Some(name), offset: 0, cookie: 0, pid: None };
+    let rec = LinkRecord {
+        id: 0,
+        prog_id: p.id,
+        kind: "raw_tracepoint".into(),
+        path: String::new(),
+        func: Some(name),
+        offset: 0,
+        cookie: 0,
+        pid: None,
+    };
     let rec = session.add_link(rec).map_err(|e| io_errno(&e))?;
     created().insert(rec.id, p.id);
     Ok(objects::install(Kind::Link, rec.id, &session.layout().link(rec.id))? as i64)
@@ -141,13 +164,19 @@ pub fn task_fd_query(a: &Attr) -> Result<i64, Error> {
     const BPF_FD_TYPE_URETPROBE: u32 = 5;
     if obj.kind == Kind::PerfEvent {
         use crate::perf_event::Spec;
-        let found = crate::perf_event::with_events(|evs| evs.iter().find(|e| e.id == obj.id).map(|e| (e.spec.clone(), e.prog, e.bpf_links.clone())));
+        let found = crate::perf_event::with_events(|evs| {
+            evs.iter().find(|e| e.id == obj.id).map(|e| (e.spec.clone(), e.prog, e.bpf_links.clone()))
+        });
         let (spec, prog, links) = found.ok_or(libc::EBADF)?;
         // (The link table is looked up outside the events' lock.)
         let prog = prog.or_else(|| links.iter().find_map(|l| crate::attach::bpf_link_prog(*l))).ok_or(libc::ENOENT)?;
         let (fd_type, name, offset) = match spec {
-            Spec::Uprobe { path, file_offset, retprobe, .. } => (if retprobe { BPF_FD_TYPE_URETPROBE } else { BPF_FD_TYPE_UPROBE }, path, file_offset),
-            Spec::Tracepoint { func, .. } => (BPF_FD_TYPE_TRACEPOINT, func.rsplit('/').next().unwrap_or(&func).to_string(), 0),
+            Spec::Uprobe { path, file_offset, retprobe, .. } => {
+                (if retprobe { BPF_FD_TYPE_URETPROBE } else { BPF_FD_TYPE_UPROBE }, path, file_offset)
+            }
+            Spec::Tracepoint { func, .. } => {
+                (BPF_FD_TYPE_TRACEPOINT, func.rsplit('/').next().unwrap_or(&func).to_string(), 0)
+            }
             _ => return Err(Error::new(libc::EOPNOTSUPP, "a software event's program")),
         };
         a.put_u32(offset_of!(attr::TaskFdQuery, prog_id), prog)?;

@@ -1,15 +1,15 @@
 //! Map commands: MAP_CREATE, the element operations, the batch operations and MAP_FREEZE.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use userbpf_maps::{MapSpec, MapType, ENOTSUPP};
+use userbpf_maps::{ENOTSUPP, MapSpec, MapType};
 use userbpf_runtime::MapRecord;
 
 use std::mem::offset_of;
 
 use super::attr::{self, end_of};
-use super::{io_errno, read_user, state, write_user, Attr, MapEntry};
+use super::{Attr, MapEntry, io_errno, read_user, state, write_user};
 use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
@@ -26,7 +26,11 @@ const BPF_F_INNER_MAP: u32 = 1 << 12;
 /// The kernel's `bpf_obj_name_cpy`: letters, digits, `_` and `.`, at most 15 bytes.
 pub fn check_name(name: &[u8], field_len: usize) -> Result<String, Error> {
     if name.len() >= field_len || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
-        return Err(Error::inval(format!("name {:?}: letters, digits, '_' and '.' only, at most {} bytes", String::from_utf8_lossy(name), field_len - 1)));
+        return Err(Error::inval(format!(
+            "name {:?}: letters, digits, '_' and '.' only, at most {} bytes",
+            String::from_utf8_lossy(name),
+            field_len - 1
+        )));
     }
     Ok(String::from_utf8_lossy(name).into_owned())
 }
@@ -38,10 +42,12 @@ fn map_errno(e: userbpf_maps::MapError) -> i32 {
 /// BPF_MAP_CREATE.
 pub fn create(a: &Attr) -> Result<i64, Error> {
     let at: attr::MapCreate = a.get(end_of!(attr::MapCreate, map_extra))?;
-    let (map_type, key_size, value_size, max_entries, map_flags) = (at.map_type, at.key_size, at.value_size, at.max_entries, at.map_flags);
+    let (map_type, key_size, value_size, max_entries, map_flags) =
+        (at.map_type, at.key_size, at.value_size, at.max_entries, at.map_flags);
     let inner_map_fd = at.inner_map_fd;
     let name = check_name(&attr::c_name(&at.map_name), 16)?;
-    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) = (at.map_ifindex, at.btf_fd, at.btf_key_type_id, at.btf_value_type_id, at.btf_vmlinux_value_type_id);
+    let (ifindex, btf_fd, btf_key, btf_value, btf_vmlinux_value) =
+        (at.map_ifindex, at.btf_fd, at.btf_key_type_id, at.btf_value_type_id, at.btf_vmlinux_value_type_id);
     let map_extra = at.map_extra;
     if ifindex != 0 {
         // Offload to a device: no device here.
@@ -59,8 +65,15 @@ pub fn create(a: &Attr) -> Result<i64, Error> {
     let inner = match map_type {
         MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS => {
             let inner = map_of_fd(inner_map_fd).context(|| format!("inner_map_fd {inner_map_fd}"))?;
-            if matches!(inner.map.map_type(), MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS | MapType::BPF_MAP_TYPE_PROG_ARRAY) {
-                return Err(Error::inval(format!("inner_map_fd {inner_map_fd}: a map of maps or a program array cannot be an inner map")));
+            if matches!(
+                inner.map.map_type(),
+                MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS
+                    | MapType::BPF_MAP_TYPE_HASH_OF_MAPS
+                    | MapType::BPF_MAP_TYPE_PROG_ARRAY
+            ) {
+                return Err(Error::inval(format!(
+                    "inner_map_fd {inner_map_fd}: a map of maps or a program array cannot be an inner map"
+                )));
             }
             let s = inner.map.spec();
             Some((inner.map_type, s.key_size, s.value_size, s.max_entries, inner.map_flags))
@@ -74,13 +87,24 @@ pub fn create(a: &Attr) -> Result<i64, Error> {
         let id = objects::get_kind(btf_fd, Kind::Btf).context(|| format!("btf_fd {btf_fd}"))?.id;
         // The kernel's own BTF cannot describe a map (as the kernel answers).
         if super::kbtf::is_kernel(id) {
-            return Err(Error::new(libc::EACCES, format!("btf_fd {btf_fd} is the kernel's BTF, which cannot describe a map")));
+            return Err(Error::new(
+                libc::EACCES,
+                format!("btf_fd {btf_fd} is the kernel's BTF, which cannot describe a map"),
+            ));
         }
         Some(id)
     } else {
         None
     };
-    let spec = MapSpec { map_type, key_size, value_size, max_entries, map_flags: map_flags & !BPF_F_INNER_MAP, map_extra, name: name.clone() };
+    let spec = MapSpec {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        map_flags: map_flags & !BPF_F_INNER_MAP,
+        map_extra,
+        name: name.clone(),
+    };
     let session = objects::session()?;
     let record = MapRecord {
         id: 0,
@@ -121,7 +145,8 @@ pub fn create(a: &Attr) -> Result<i64, Error> {
 /// A new descriptor of map `id` (ring buffers get the pollable path the mmap module keeps).
 pub fn install_map_fd(id: u32, t: MapType) -> Result<i32, i32> {
     let session = objects::session()?;
-    let path = if t == MapType::BPF_MAP_TYPE_RINGBUF { super::events::ringbuf_fd_path(id)? } else { session.map_path(id) };
+    let path =
+        if t == MapType::BPF_MAP_TYPE_RINGBUF { super::events::ringbuf_fd_path(id)? } else { session.map_path(id) };
     objects::install(Kind::Map, id, &path)
 }
 
@@ -204,7 +229,8 @@ pub fn lookup(a: &Attr) -> Result<i64, Error> {
     let e = map_arg(at.map_fd)?;
     can_read(&e)?;
     let key = read_key(&e, at.key)?;
-    if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY {
+    if is_perf_array(&e) || e.map.map_type() == MapType::BPF_MAP_TYPE_RINGBUF || e.map_type == BPF_MAP_TYPE_CGROUP_ARRAY
+    {
         // fd arrays without a userspace lookup, and rings.
         return Err(Error::new(ENOTSUPP, format!("no lookup from user space in a {:?}", e.map.map_type())));
     }
@@ -267,7 +293,8 @@ pub fn update(a: &Attr) -> Result<i64, Error> {
         }
         let idx = u32::from_ne_bytes(key[..4].try_into().expect("4-byte key"));
         let fd = i32::from_ne_bytes(value[..4].try_into().expect("4-byte value"));
-        super::events::perf_array_update(e.map.id(), idx, fd).context(|| format!("perf event fd {fd} at index {idx}"))?;
+        super::events::perf_array_update(e.map.id(), idx, fd)
+            .context(|| format!("perf event fd {fd} at index {idx}"))?;
         return Ok(0);
     }
     translate_value(&e, &mut value).context(|| "the value's descriptor")?;
@@ -327,7 +354,13 @@ pub fn lookup_and_delete(a: &Attr) -> Result<i64, Error> {
     let flags = at.flags;
     let key = read_key(&e, at.key)?;
     let t = e.map.map_type();
-    let hash = matches!(t, MapType::BPF_MAP_TYPE_HASH | MapType::BPF_MAP_TYPE_PERCPU_HASH | MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH);
+    let hash = matches!(
+        t,
+        MapType::BPF_MAP_TYPE_HASH
+            | MapType::BPF_MAP_TYPE_PERCPU_HASH
+            | MapType::BPF_MAP_TYPE_LRU_HASH
+            | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH
+    );
     if flags & !BPF_F_LOCK != 0 || (flags != 0 && !hash) {
         return Err(Error::inval(format!("flags {flags:#x} unknown for a {t:?}")));
     }
@@ -379,8 +412,14 @@ pub enum Batch {
 fn batch_supported(e: &MapEntry, op: Batch) -> bool {
     use MapType::*;
     match e.map.map_type() {
-        BPF_MAP_TYPE_HASH | BPF_MAP_TYPE_PERCPU_HASH | BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH | BPF_MAP_TYPE_HASH_OF_MAPS => true,
-        BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY | BPF_MAP_TYPE_ARRAY_OF_MAPS => matches!(op, Batch::Lookup | Batch::Update),
+        BPF_MAP_TYPE_HASH
+        | BPF_MAP_TYPE_PERCPU_HASH
+        | BPF_MAP_TYPE_LRU_HASH
+        | BPF_MAP_TYPE_LRU_PERCPU_HASH
+        | BPF_MAP_TYPE_HASH_OF_MAPS => true,
+        BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY | BPF_MAP_TYPE_ARRAY_OF_MAPS => {
+            matches!(op, Batch::Lookup | Batch::Update)
+        }
         BPF_MAP_TYPE_LPM_TRIE => matches!(op, Batch::Lookup | Batch::Update | Batch::Delete),
         _ => false,
     }
@@ -388,7 +427,14 @@ fn batch_supported(e: &MapEntry, op: Batch) -> bool {
 
 fn is_hash(e: &MapEntry) -> bool {
     use MapType::*;
-    matches!(e.map.map_type(), BPF_MAP_TYPE_HASH | BPF_MAP_TYPE_PERCPU_HASH | BPF_MAP_TYPE_LRU_HASH | BPF_MAP_TYPE_LRU_PERCPU_HASH | BPF_MAP_TYPE_HASH_OF_MAPS)
+    matches!(
+        e.map.map_type(),
+        BPF_MAP_TYPE_HASH
+            | BPF_MAP_TYPE_PERCPU_HASH
+            | BPF_MAP_TYPE_LRU_HASH
+            | BPF_MAP_TYPE_LRU_PERCPU_HASH
+            | BPF_MAP_TYPE_HASH_OF_MAPS
+    )
 }
 
 /// BPF_MAP_LOOKUP_BATCH, BPF_MAP_LOOKUP_AND_DELETE_BATCH, BPF_MAP_UPDATE_BATCH and
@@ -466,7 +512,15 @@ pub fn batch(a: &Attr, op: Batch) -> Result<i64, Error> {
 /// Arrays and tries: walk with get_next_key from the key in `in_batch`; `out_batch` gets
 /// the last key returned; `ENOENT` once the walk reaches the end.
 #[allow(clippy::too_many_arguments)]
-fn generic_lookup_batch(a: &Attr, e: &MapEntry, in_batch: u64, out_batch: u64, ukeys: u64, uvalues: u64, max_count: u32) -> Result<i64, i32> {
+fn generic_lookup_batch(
+    a: &Attr,
+    e: &MapEntry,
+    in_batch: u64,
+    out_batch: u64,
+    ukeys: u64,
+    uvalues: u64,
+    max_count: u32,
+) -> Result<i64, i32> {
     let ks = e.map.spec().key_size as usize;
     let vs = e.map.value_buf_size();
     let mut prev: Option<Vec<u8>> = None;
@@ -499,17 +553,26 @@ fn generic_lookup_batch(a: &Attr, e: &MapEntry, in_batch: u64, out_batch: u64, u
         cp += 1;
     }
     a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
-    if cp > 0 {
-        if let Some(p) = &prev {
-            write_user(out_batch, p)?;
-        }
+    if cp > 0
+        && let Some(p) = &prev
+    {
+        write_user(out_batch, p)?;
     }
     res
 }
 
 /// Hash maps: the token is the number of elements, in iteration order, already walked past.
 #[allow(clippy::too_many_arguments)]
-fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch: u64, ukeys: u64, uvalues: u64, max_count: u32) -> Result<i64, i32> {
+fn hash_lookup_batch(
+    a: &Attr,
+    e: &MapEntry,
+    op: Batch,
+    in_batch: u64,
+    out_batch: u64,
+    ukeys: u64,
+    uvalues: u64,
+    max_count: u32,
+) -> Result<i64, i32> {
     let ks = e.map.spec().key_size as usize;
     let vs = e.map.value_buf_size();
     let mut skip = 0u32;
@@ -551,7 +614,11 @@ fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch
     let mut value = vec![0u8; vs];
     let mut cp = 0u32;
     for k in &keys {
-        let r = if op == Batch::LookupAndDelete { e.map.lookup_and_delete_elem(k, &mut value) } else { e.map.lookup_elem(k, &mut value) };
+        let r = if op == Batch::LookupAndDelete {
+            e.map.lookup_and_delete_elem(k, &mut value)
+        } else {
+            e.map.lookup_elem(k, &mut value)
+        };
         match r.map_err(map_errno) {
             Ok(()) => {}
             Err(libc::ENOENT) => continue,
@@ -564,9 +631,5 @@ fn hash_lookup_batch(a: &Attr, e: &MapEntry, op: Batch, in_batch: u64, out_batch
     a.put_u32(offset_of!(attr::MapBatch, count), cp)?;
     let next = if op == Batch::LookupAndDelete { skip } else { skip + cp };
     write_user(out_batch, &next.to_ne_bytes())?;
-    if at_end {
-        Err(libc::ENOENT)
-    } else {
-        Ok(0)
-    }
+    if at_end { Err(libc::ENOENT) } else { Ok(0) }
 }

@@ -27,9 +27,9 @@ use crate::objects;
 use crate::sys;
 
 pub mod attr;
-pub mod info;
 mod dead;
 pub mod events;
+pub mod info;
 pub mod kbtf;
 pub mod link;
 pub mod map;
@@ -117,7 +117,9 @@ impl Attr {
     /// `CHECK_ATTR`.
     pub fn get<T: attr::Plain>(&self, end: usize) -> Result<T, Error> {
         if !self.zero_from(end) {
-            return Err(Error::inval(format!("attribute bytes past offset {end} (the command's last field) are not zero")));
+            return Err(Error::inval(format!(
+                "attribute bytes past offset {end} (the command's last field) are not zero"
+            )));
         }
         Ok(self.view())
     }
@@ -170,7 +172,15 @@ pub(crate) fn read_user(addr: u64, buf: &mut [u8]) -> Result<(), i32> {
     // SAFETY: process_vm_readv writes at most `buf.len()` bytes into `buf` (the local iovec)
     // and only reads the remote range, reporting unmapped addresses as EFAULT.
     let r = unsafe {
-        sys::raw6(libc::SYS_process_vm_readv, libc::getpid() as i64, &local as *const _ as i64, 1, &remote as *const _ as i64, 1, 0)
+        sys::raw6(
+            libc::SYS_process_vm_readv,
+            libc::getpid() as i64,
+            &local as *const _ as i64,
+            1,
+            &remote as *const _ as i64,
+            1,
+            0,
+        )
     };
     if r == buf.len() as i64 {
         Ok(())
@@ -199,7 +209,15 @@ pub(crate) fn write_user(addr: u64, data: &[u8]) -> Result<(), i32> {
     // SAFETY: process_vm_writev reads `data` and writes the remote range of this process,
     // reporting unmapped or unwritable addresses as EFAULT.
     let r = unsafe {
-        sys::raw6(libc::SYS_process_vm_writev, libc::getpid() as i64, &local as *const _ as i64, 1, &remote as *const _ as i64, 1, 0)
+        sys::raw6(
+            libc::SYS_process_vm_writev,
+            libc::getpid() as i64,
+            &local as *const _ as i64,
+            1,
+            &remote as *const _ as i64,
+            1,
+            0,
+        )
     };
     if r == data.len() as i64 {
         Ok(())
@@ -278,7 +296,8 @@ pub unsafe fn bpf(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, i32> {
         // The first attribute words (map/prog type, fd, counts) identify most calls.
         let mut w = [0u8; 8];
         let _ = read_user(attr as u64, &mut w[..(size as usize).min(8)]);
-        let (w0, w1) = (u32::from_ne_bytes(w[..4].try_into().expect("4")), u32::from_ne_bytes(w[4..].try_into().expect("4")));
+        let (w0, w1) =
+            (u32::from_ne_bytes(w[..4].try_into().expect("4")), u32::from_ne_bytes(w[4..].try_into().expect("4")));
         eprintln!("userbpf: bpf({}, {{{w0}, {w1}, ...}}, {size}) = {what}", cmd_name(cmd));
     }
     r.map_err(|e| e.errno)
@@ -294,12 +313,42 @@ pub fn trace_enabled() -> bool {
 /// The uapi name of a command.
 pub fn cmd_name(cmd: i32) -> String {
     const NAMES: [&str; 36] = [
-        "MAP_CREATE", "MAP_LOOKUP_ELEM", "MAP_UPDATE_ELEM", "MAP_DELETE_ELEM", "MAP_GET_NEXT_KEY", "PROG_LOAD", "OBJ_PIN", "OBJ_GET",
-        "PROG_ATTACH", "PROG_DETACH", "PROG_TEST_RUN", "PROG_GET_NEXT_ID", "MAP_GET_NEXT_ID", "PROG_GET_FD_BY_ID", "MAP_GET_FD_BY_ID",
-        "OBJ_GET_INFO_BY_FD", "PROG_QUERY", "RAW_TRACEPOINT_OPEN", "BTF_LOAD", "BTF_GET_FD_BY_ID", "TASK_FD_QUERY",
-        "MAP_LOOKUP_AND_DELETE_ELEM", "MAP_FREEZE", "BTF_GET_NEXT_ID", "MAP_LOOKUP_BATCH", "MAP_LOOKUP_AND_DELETE_BATCH",
-        "MAP_UPDATE_BATCH", "MAP_DELETE_BATCH", "LINK_CREATE", "LINK_UPDATE", "LINK_GET_FD_BY_ID", "LINK_GET_NEXT_ID", "ENABLE_STATS",
-        "ITER_CREATE", "LINK_DETACH", "PROG_BIND_MAP",
+        "MAP_CREATE",
+        "MAP_LOOKUP_ELEM",
+        "MAP_UPDATE_ELEM",
+        "MAP_DELETE_ELEM",
+        "MAP_GET_NEXT_KEY",
+        "PROG_LOAD",
+        "OBJ_PIN",
+        "OBJ_GET",
+        "PROG_ATTACH",
+        "PROG_DETACH",
+        "PROG_TEST_RUN",
+        "PROG_GET_NEXT_ID",
+        "MAP_GET_NEXT_ID",
+        "PROG_GET_FD_BY_ID",
+        "MAP_GET_FD_BY_ID",
+        "OBJ_GET_INFO_BY_FD",
+        "PROG_QUERY",
+        "RAW_TRACEPOINT_OPEN",
+        "BTF_LOAD",
+        "BTF_GET_FD_BY_ID",
+        "TASK_FD_QUERY",
+        "MAP_LOOKUP_AND_DELETE_ELEM",
+        "MAP_FREEZE",
+        "BTF_GET_NEXT_ID",
+        "MAP_LOOKUP_BATCH",
+        "MAP_LOOKUP_AND_DELETE_BATCH",
+        "MAP_UPDATE_BATCH",
+        "MAP_DELETE_BATCH",
+        "LINK_CREATE",
+        "LINK_UPDATE",
+        "LINK_GET_FD_BY_ID",
+        "LINK_GET_NEXT_ID",
+        "ENABLE_STATS",
+        "ITER_CREATE",
+        "LINK_DETACH",
+        "PROG_BIND_MAP",
     ];
     usize::try_from(cmd).ok().and_then(|i| NAMES.get(i)).map_or_else(|| format!("{cmd}"), |n| format!("BPF_{n}"))
 }

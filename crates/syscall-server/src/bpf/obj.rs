@@ -1,16 +1,16 @@
 //! Object commands: BTF_LOAD, OBJ_GET_INFO_BY_FD, the *_GET_NEXT_ID and *_GET_FD_BY_ID
 //! commands, OBJ_PIN, OBJ_GET and ENABLE_STATS.
 
-use std::path::PathBuf;
 use std::mem::offset_of;
+use std::path::PathBuf;
 
 use userbpf_object::Btf;
 
 use super::attr::{self, end_of};
-use super::info::{bytes_of, name16, BtfInfo, InfoStruct, LinkInfo, MapInfo, ProgInfo};
+use super::info::{BtfInfo, InfoStruct, LinkInfo, MapInfo, ProgInfo, bytes_of, name16};
 use super::map::{install_map_fd, map_by_id, map_of_fd};
-use super::prog::{prog_by_id, prog_of_fd, xlated, VLog};
-use super::{io_errno, read_user, read_user_str, write_user, Attr};
+use super::prog::{VLog, prog_by_id, prog_of_fd, xlated};
+use super::{Attr, io_errno, read_user, read_user_str, write_user};
 use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
@@ -21,7 +21,8 @@ const BTF_MAX_SIZE: u32 = 16 * 1024 * 1024;
 /// in the log) and stored in the session.
 pub fn btf_load(a: &Attr) -> Result<i64, Error> {
     let at: attr::BtfLoad = a.get(end_of!(attr::BtfLoad, btf_log_true_size))?;
-    let (ubtf, log_buf, size, log_size, log_level) = (at.btf, at.btf_log_buf, at.btf_size, at.btf_log_size, at.btf_log_level);
+    let (ubtf, log_buf, size, log_size, log_level) =
+        (at.btf, at.btf_log_buf, at.btf_size, at.btf_log_size, at.btf_log_level);
     if size > BTF_MAX_SIZE {
         return Err(Error::new(libc::E2BIG, format!("btf_size {size} is over the kernel's limit of {BTF_MAX_SIZE}")));
     }
@@ -31,8 +32,21 @@ pub fn btf_load(a: &Attr) -> Result<i64, Error> {
     let parsed = Btf::parse(&data);
     if log.on() && data.len() >= 24 {
         let u = |o: usize| u32::from_le_bytes(data[o..o + 4].try_into().expect("4 bytes"));
-        log.line(&format!("magic: 0x{:x}\nversion: {}\nflags: 0x{:x}\nhdr_len: {}", u16::from_le_bytes([data[0], data[1]]), data[2], data[3], u(4)));
-        log.line(&format!("type_off: {}\ntype_len: {}\nstr_off: {}\nstr_len: {}\nbtf_total_size: {}", u(8), u(12), u(16), u(20), data.len()));
+        log.line(&format!(
+            "magic: 0x{:x}\nversion: {}\nflags: 0x{:x}\nhdr_len: {}",
+            u16::from_le_bytes([data[0], data[1]]),
+            data[2],
+            data[3],
+            u(4)
+        ));
+        log.line(&format!(
+            "type_off: {}\ntype_len: {}\nstr_off: {}\nstr_len: {}\nbtf_total_size: {}",
+            u(8),
+            u(12),
+            u(16),
+            u(20),
+            data.len()
+        ));
     }
     let r = match &parsed {
         Ok(btf) => {
@@ -54,7 +68,8 @@ pub fn btf_load(a: &Attr) -> Result<i64, Error> {
     r?;
     lr.context(|| format!("the BTF log ({true_size} bytes) does not fit btf_log_size {log_size}"))?;
     let session = objects::session()?;
-    let id = session.add_btf(&data).map_err(|e| Error::new(io_errno(&e), format!("storing the BTF in the session: {e}")))?;
+    let id =
+        session.add_btf(&data).map_err(|e| Error::new(io_errno(&e), format!("storing the BTF in the session: {e}")))?;
     Ok(objects::install(Kind::Btf, id, &session.layout().btf(id))? as i64)
 }
 
@@ -84,10 +99,17 @@ fn type_line(btf: &Btf, id: u32, t: &userbpf_object::btf::BtfType) -> String {
             }
             s
         }
-        TypeKind::Ptr(r) | TypeKind::Typedef(r) | TypeKind::Volatile(r) | TypeKind::Const(r) | TypeKind::Restrict(r) | TypeKind::TypeTag(r) => {
+        TypeKind::Ptr(r)
+        | TypeKind::Typedef(r)
+        | TypeKind::Volatile(r)
+        | TypeKind::Const(r)
+        | TypeKind::Restrict(r)
+        | TypeKind::TypeTag(r) => {
             format!("{head} type_id={r}")
         }
-        TypeKind::Array(a) => format!("{head} type_id={} index_type_id={} nr_elems={}", a.elem_type, a.index_type, a.nelems),
+        TypeKind::Array(a) => {
+            format!("{head} type_id={} index_type_id={} nr_elems={}", a.elem_type, a.index_type, a.nelems)
+        }
         TypeKind::Float { size } => format!("{head} size={size}"),
         _ => head,
     }
@@ -199,7 +221,11 @@ fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
         if u.func_info_rec_size != 8 {
             return Err(libc::EINVAL);
         }
-        let recs: Vec<u8> = p.func_info.chunks(p.func_info_rec_size.max(1) as usize).flat_map(|c| c[..8.min(c.len())].to_vec()).collect();
+        let recs: Vec<u8> = p
+            .func_info
+            .chunks(p.func_info_rec_size.max(1) as usize)
+            .flat_map(|c| c[..8.min(c.len())].to_vec())
+            .collect();
         copy_array(u.func_info, u.nr_func_info, &recs, 8)?;
     }
     v.func_info_rec_size = 8;
@@ -209,7 +235,11 @@ fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
         if u.line_info_rec_size != 16 {
             return Err(libc::EINVAL);
         }
-        let recs: Vec<u8> = p.line_info.chunks(p.line_info_rec_size.max(1) as usize).flat_map(|c| c[..16.min(c.len())].to_vec()).collect();
+        let recs: Vec<u8> = p
+            .line_info
+            .chunks(p.line_info_rec_size.max(1) as usize)
+            .flat_map(|c| c[..16.min(c.len())].to_vec())
+            .collect();
         copy_array(u.line_info, u.nr_line_info, &recs, 16)?;
     }
     v.line_info_rec_size = 16;
@@ -306,7 +336,10 @@ fn link_info(a: &Attr, id: u32) -> Result<i64, i32> {
         Some(r) => (BPF_LINK_TYPE_PERF_EVENT, r.prog_id),
         // Detached: the kernel keeps the link object (with its program) until its last fd
         // is closed; what we know is in the detached record, if any.
-        None => (BPF_LINK_TYPE_PERF_EVENT, crate::attach::bpf_link_prog(id).or_else(|| super::link::detached_prog(id)).unwrap_or(0)),
+        None => (
+            BPF_LINK_TYPE_PERF_EVENT,
+            crate::attach::bpf_link_prog(id).or_else(|| super::link::detached_prog(id)).unwrap_or(0),
+        ),
     };
     (i.v.r#type, i.v.id, i.v.prog_id) = (ltype, id, prog_id);
     if ltype == BPF_LINK_TYPE_RAW_TRACEPOINT {
@@ -400,11 +433,7 @@ pub fn install_by_id(kind: Kind, id: u32) -> Result<i32, i32> {
 }
 
 fn not_found(e: i32) -> i32 {
-    if e == libc::ENOENT {
-        libc::ENOENT
-    } else {
-        e
-    }
+    if e == libc::ENOENT { libc::ENOENT } else { e }
 }
 
 /// Where pins of path `p` are recorded in the session (one file per pinned path).
@@ -418,13 +447,18 @@ fn pin_file(p: &[u8]) -> Result<PathBuf, i32> {
 /// or `..` components. Others are refused as the kernel refuses a path outside a bpffs
 /// (`EPERM`).
 fn pin_path(a: &Attr) -> Result<Vec<u8>, Error> {
-    let raw = read_user_str(a.view::<attr::Obj>().pathname, 4096).map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e }).context(|| "pathname")?;
+    let raw = read_user_str(a.view::<attr::Obj>().pathname, 4096)
+        .map_err(|e| if e == libc::EINVAL { libc::ENAMETOOLONG } else { e })
+        .context(|| "pathname")?;
     if raw.is_empty() {
         return Err(Error::new(libc::ENOENT, "empty pathname"));
     }
     let norm = normalise(&raw);
     if raw[0] != b'/' || !norm.starts_with(b"sys/fs/bpf/") {
-        return Err(Error::new(libc::EPERM, format!("{}: not under the BPF filesystem (/sys/fs/bpf)", String::from_utf8_lossy(&raw))));
+        return Err(Error::new(
+            libc::EPERM,
+            format!("{}: not under the BPF filesystem (/sys/fs/bpf)", String::from_utf8_lossy(&raw)),
+        ));
     }
     Ok(norm)
 }
@@ -537,7 +571,13 @@ pub fn enable_stats(a: &Attr) -> Result<i64, Error> {
     }
     userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(session.layout().stats()).map_err(|e| io_errno(&e))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(session.layout().stats())
+        .map_err(|e| io_errno(&e))?;
     use std::os::fd::IntoRawFd;
     Ok(f.into_raw_fd() as i64)
 }

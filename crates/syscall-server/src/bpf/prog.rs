@@ -1,19 +1,19 @@
 //! Program commands: PROG_LOAD (checked by the VM's load-time checks, with a verifier-like
 //! log), PROG_TEST_RUN and PROG_BIND_MAP.
 
-use std::sync::{Arc, Mutex, OnceLock};
 use std::mem::offset_of;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use userbpf_isa::helper_names::helper_name;
 use userbpf_isa::*;
-use userbpf_maps::{Map, ENOTSUPP};
+use userbpf_maps::{ENOTSUPP, Map};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::program::MapResolver;
 use userbpf_runtime::{Engine, LoadedProgram, ProgRecord};
 
 use super::attr::{self, end_of};
 use super::map::{check_name, map_by_id, map_of_fd};
-use super::{read_user, read_user_str, state, write_user, Attr};
+use super::{Attr, read_user, read_user_str, state, write_user};
 use crate::error::{Context, Error};
 use crate::objects::{self, Kind};
 
@@ -64,7 +64,10 @@ const GPL_ONLY: &[u32] = &[4, 6, 25, 27, 35, 36, 45, 67, 109, 112, 113, 114, 115
 
 /// The kernel's `license_is_gpl_compatible`.
 fn gpl_compatible(license: &[u8]) -> bool {
-    matches!(license, b"GPL" | b"GPL v2" | b"GPL and additional rights" | b"Dual BSD/GPL" | b"Dual MIT/GPL" | b"Dual MPL/GPL")
+    matches!(
+        license,
+        b"GPL" | b"GPL v2" | b"GPL and additional rights" | b"Dual BSD/GPL" | b"Dual MIT/GPL" | b"Dual MPL/GPL"
+    )
 }
 
 /// What this process knows about a program.
@@ -104,8 +107,16 @@ impl ProgEntry {
                     .filter_map(|&id| map_by_id(id).ok().map(|e| (id, e.map.clone())))
                     .collect();
                 let slots = slots().map_err(|e| format!("CPU slots: {e}"))?;
-                let p = LoadedProgram::prepare(self.id, &self.name, &self.insns, userbpf_runtime::helpers::registry(), &maps.as_slice() as &dyn MapResolver, Engine::Interpreter, slots)
-                    .map_err(|e| e.to_string())?;
+                let p = LoadedProgram::prepare(
+                    self.id,
+                    &self.name,
+                    &self.insns,
+                    userbpf_runtime::helpers::registry(),
+                    &maps.as_slice() as &dyn MapResolver,
+                    Engine::Interpreter,
+                    slots,
+                )
+                .map_err(|e| e.to_string())?;
                 let p = Arc::new(p);
                 userbpf_runtime::program_table::register(p.clone());
                 Ok(p)
@@ -207,7 +218,10 @@ pub fn prog_tag(insns: &[Insn]) -> [u8; 8] {
     let mut pc = 0;
     while pc < v.len() {
         if v[pc].is_lddw() {
-            if matches!(v[pc].src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE) {
+            if matches!(
+                v[pc].src,
+                BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_VALUE | BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_IDX_VALUE
+            ) {
                 v[pc].imm = 0;
                 if pc + 1 < v.len() {
                     v[pc + 1].imm = 0;
@@ -340,7 +354,10 @@ impl Refusal {
             log.line(&l);
         }
         log.line(&self.msg);
-        log.line(&format!("processed {} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0", self.processed));
+        log.line(&format!(
+            "processed {} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0",
+            self.processed
+        ));
     }
 
     /// The error the loader gets: the errno, the log's message as the reason.
@@ -379,7 +396,9 @@ fn check_load_attr(at: &attr::ProgLoad) -> Result<(&'static str, String), Error>
 
 /// The program's license string and its instructions, from the loader's memory.
 fn read_program(at: &attr::ProgLoad) -> Result<(Vec<u8>, Vec<Insn>), Error> {
-    let license = read_user_str(at.license, 128).map_err(|e| if e == libc::EINVAL { libc::EINVAL } else { libc::EFAULT }).context(|| "license")?;
+    let license = read_user_str(at.license, 128)
+        .map_err(|e| if e == libc::EINVAL { libc::EINVAL } else { libc::EFAULT })
+        .context(|| "license")?;
     let mut raw = vec![0u8; at.insn_cnt as usize * 8];
     read_user(at.insns, &mut raw).context(|| format!("insns ({} instructions at {:#x})", at.insn_cnt, at.insns))?;
     let insns = decode(&raw).map_err(|e| Error::inval(format!("insns: {e}")))?;
@@ -399,10 +418,16 @@ struct Checked {
 /// BTF-attached programs (fentry/fexit, freplace) and in-kernel CO-RE relocations: refused.
 fn check_attach_and_relocs(at: &attr::ProgLoad) -> Result<(), Stop> {
     if at.attach_prog_fd != 0 || at.attach_btf_id != 0 {
-        return Err(Stop::refused(libc::EINVAL, "attach_btf_id and attach_prog_fd are for BTF-attached (fentry/freplace) programs, which userbpf does not run"));
+        return Err(Stop::refused(
+            libc::EINVAL,
+            "attach_btf_id and attach_prog_fd are for BTF-attached (fentry/freplace) programs, which userbpf does not run",
+        ));
     }
     if at.core_relo_cnt != 0 {
-        return Err(Stop::refused(libc::EINVAL, "in-kernel CO-RE relocations are not supported; relocate in the loader"));
+        return Err(Stop::refused(
+            libc::EINVAL,
+            "in-kernel CO-RE relocations are not supported; relocate in the loader",
+        ));
     }
     Ok(())
 }
@@ -464,14 +489,24 @@ fn resolve_maps(insns: &mut [Insn], fd_array: u64) -> Result<Vec<(u32, Arc<Map>)
                 Some(i32::from_ne_bytes(b))
             }
             BPF_PSEUDO_BTF_ID => {
-                return Err(Stop::refused_at(pc, pc, libc::EINVAL, "kernel variables (ksyms) do not exist for user-space programs"));
+                return Err(Stop::refused_at(
+                    pc,
+                    pc,
+                    libc::EINVAL,
+                    "kernel variables (ksyms) do not exist for user-space programs",
+                ));
             }
             _ => None,
         };
         if let Some(fd) = fd {
-            let e = map_of_fd(fd).map_err(|errno| Stop::refused(errno, format!("fd {fd} is not pointing to valid bpf_map")))?;
+            let e = map_of_fd(fd)
+                .map_err(|errno| Stop::refused(errno, format!("fd {fd} is not pointing to valid bpf_map")))?;
             let id = e.map.id();
-            insns[pc].src = if matches!(src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) { BPF_PSEUDO_MAP_IDX } else { BPF_PSEUDO_MAP_IDX_VALUE };
+            insns[pc].src = if matches!(src, BPF_PSEUDO_MAP_FD | BPF_PSEUDO_MAP_IDX) {
+                BPF_PSEUDO_MAP_IDX
+            } else {
+                BPF_PSEUDO_MAP_IDX_VALUE
+            };
             insns[pc].imm = id as i32;
             if !maps.iter().any(|(m, _)| *m == id) {
                 maps.push((id, e.map.clone()));
@@ -491,7 +526,8 @@ fn check_calls(insns: &mut [Insn], map_ids: &[u32], gpl: bool) -> Result<(), Sto
     let missing = |i: &Insn| i.op == OP_CALL && i.src == 0 && registry.get(i.imm as u32).is_none();
     let mut live: Option<Vec<bool>> = None;
     let reachable = |insns: &[Insn]| {
-        let entries: Vec<(u32, Arc<super::MapEntry>)> = map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
+        let entries: Vec<(u32, Arc<super::MapEntry>)> =
+            map_ids.iter().filter_map(|&id| map_by_id(id).ok().map(|e| (id, e))).collect();
         super::dead::reachable(insns, &super::dead::Frozen::of(&entries))
     };
     if insns.iter().any(missing) {
@@ -522,21 +558,26 @@ fn check_calls(insns: &mut [Insn], map_ids: &[u32], gpl: bool) -> Result<(), Sto
             return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, msg));
         }
         if !gpl && GPL_ONLY.contains(&id) {
-            return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, "cannot call GPL-restricted function from non-GPL compatible program"));
+            return Err(Stop::refused_at(
+                pc,
+                pc + 1,
+                libc::EINVAL,
+                "cannot call GPL-restricted function from non-GPL compatible program",
+            ));
         }
-        if let Some(t) = r1_map_before(insns, &targets, pc).and_then(|m| map_by_id(m).ok()).map(|e| e.map_type) {
-            if !map_func_compatible(t, id) {
-                // Only where the verifier goes (the walk above was only made if a helper
-                // is missing).
-                if live.is_none() {
-                    live = reachable(insns);
-                }
-                if live.as_ref().is_some_and(|l| !l[pc]) {
-                    continue;
-                }
-                let msg = format!("cannot pass map_type {t} into func bpf_{}#{id}", helper_name(id).unwrap_or("unknown"));
-                return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, msg));
+        if let Some(t) = r1_map_before(insns, &targets, pc).and_then(|m| map_by_id(m).ok()).map(|e| e.map_type)
+            && !map_func_compatible(t, id)
+        {
+            // Only where the verifier goes (the walk above was only made if a helper
+            // is missing).
+            if live.is_none() {
+                live = reachable(insns);
             }
+            if live.as_ref().is_some_and(|l| !l[pc]) {
+                continue;
+            }
+            let msg = format!("cannot pass map_type {t} into func bpf_{}#{id}", helper_name(id).unwrap_or("unknown"));
+            return Err(Stop::refused_at(pc, pc + 1, libc::EINVAL, msg));
         }
     }
     Ok(())
@@ -545,7 +586,15 @@ fn check_calls(insns: &mut [Insn], map_ids: &[u32], gpl: bool) -> Result<(), Sto
 /// The VM's load-time checks, with the runtime's helpers and these maps.
 fn check_in_vm(name: &str, insns: &[Insn], maps: &[(u32, Arc<Map>)]) -> Result<(), Stop> {
     let slots = slots().map_err(|m| Stop::refused(libc::ENOMEM, format!("userbpf: {m}")))?;
-    let prepared = LoadedProgram::prepare(0, name, insns, userbpf_runtime::helpers::registry(), &maps as &dyn MapResolver, Engine::Interpreter, slots);
+    let prepared = LoadedProgram::prepare(
+        0,
+        name,
+        insns,
+        userbpf_runtime::helpers::registry(),
+        &maps as &dyn MapResolver,
+        Engine::Interpreter,
+        slots,
+    );
     let Err(e) = prepared else { return Ok(()) };
     let msg = e.to_string();
     // "instruction N: why" names the instruction: log it as the verifier does.
@@ -593,11 +642,20 @@ fn log_accepted(log: &mut VLog, insns: &[Insn]) {
     // The verifier counts the instructions it walked, an lddw once (bpftrace reads its
     // instruction limit from this line).
     let walked = insns.len() - insns.iter().filter(|i| i.is_lddw()).count();
-    log.line(&format!("processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"));
+    log.line(&format!(
+        "processed {walked} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0"
+    ));
 }
 
 /// Records an accepted program in the session and this process; its new descriptor.
-fn record_prog(at: &attr::ProgLoad, name: String, type_name: &str, license: &[u8], insns: Vec<Insn>, checked: Checked) -> Result<i64, Error> {
+fn record_prog(
+    at: &attr::ProgLoad,
+    name: String,
+    type_name: &str,
+    license: &[u8],
+    insns: Vec<Insn>,
+    checked: Checked,
+) -> Result<i64, Error> {
     let session = objects::session()?;
     let mut sorted_ids = checked.map_ids.clone();
     sorted_ids.sort_unstable();
@@ -612,7 +670,9 @@ fn record_prog(at: &attr::ProgLoad, name: String, type_name: &str, license: &[u8
         object: None,
         license: String::from_utf8_lossy(license).into_owned(),
     };
-    let record = session.add_prog(record).map_err(|e| Error::new(super::io_errno(&e), format!("recording the program in the session: {e}")))?;
+    let record = session
+        .add_prog(record)
+        .map_err(|e| Error::new(super::io_errno(&e), format!("recording the program in the session: {e}")))?;
     let id = record.id;
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -714,8 +774,19 @@ pub fn test_run(a: &Attr) -> Result<i64, Error> {
     const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
     match p.prog_type {
         BPF_PROG_TYPE_RAW_TRACEPOINT => {
-            if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || duration != 0 || batch_size != 0 {
-                return Err(Error::inval("a raw tracepoint program's test run takes ctx_in only (no data, repeat, duration, batch or ctx_out)"));
+            if data_size_in != 0
+                || data_size_out != 0
+                || data_in != 0
+                || data_out != 0
+                || ctx_size_out != 0
+                || ctx_out != 0
+                || repeat != 0
+                || duration != 0
+                || batch_size != 0
+            {
+                return Err(Error::inval(
+                    "a raw tracepoint program's test run takes ctx_in only (no data, repeat, duration, batch or ctx_out)",
+                ));
             }
             if ctx_size_in > 8 * 12 || (ctx_size_in != 0) != (ctx_in != 0) {
                 return Err(Error::inval(format!("ctx_size_in {ctx_size_in}: up to 12 arguments, with ctx_in")));
@@ -734,8 +805,20 @@ pub fn test_run(a: &Attr) -> Result<i64, Error> {
             Ok(0)
         }
         BPF_PROG_TYPE_SYSCALL => {
-            if data_size_in != 0 || data_size_out != 0 || data_in != 0 || data_out != 0 || ctx_size_out != 0 || ctx_out != 0 || repeat != 0 || flags != 0 || cpu != 0 || batch_size != 0 {
-                return Err(Error::inval("a syscall program's test run takes ctx_in only (no data, repeat, flags, cpu, batch or ctx_out)"));
+            if data_size_in != 0
+                || data_size_out != 0
+                || data_in != 0
+                || data_out != 0
+                || ctx_size_out != 0
+                || ctx_out != 0
+                || repeat != 0
+                || flags != 0
+                || cpu != 0
+                || batch_size != 0
+            {
+                return Err(Error::inval(
+                    "a syscall program's test run takes ctx_in only (no data, repeat, flags, cpu, batch or ctx_out)",
+                ));
             }
             if ctx_size_in > u16::MAX as u32 || (ctx_size_in != 0) != (ctx_in != 0) {
                 return Err(Error::inval(format!("ctx_size_in {ctx_size_in}: up to {}, with ctx_in", u16::MAX)));

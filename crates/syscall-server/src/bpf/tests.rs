@@ -37,10 +37,10 @@ fn setup() {
         // Roots of earlier runs (their pinned map keeps their session) whose process is gone.
         for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("userbpf-serve-unit-").and_then(|p| p.parse::<u32>().ok()) {
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
+            if let Some(pid) = name.strip_prefix("userbpf-serve-unit-").and_then(|p| p.parse::<u32>().ok())
+                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            {
+                let _ = std::fs::remove_dir_all(e.path());
             }
         }
         let root = std::env::temp_dir().join(format!("userbpf-serve-unit-{}", std::process::id()));
@@ -117,8 +117,10 @@ fn load(prog_type: u32, insns: &[u64], name: &str) -> (Result<i64, Error>, Strin
     let license = b"GPL\0";
     let mut log = vec![0u8; 4096];
     let mut b = Block::of(|a: &mut attr::ProgLoad| {
-        (a.prog_type, a.insn_cnt, a.insns, a.license) = (prog_type, insns.len() as u32, insns.as_ptr() as u64, license.as_ptr() as u64);
-        (a.log_level, a.log_size, a.log_buf, a.prog_name) = (1, log.len() as u32, log.as_mut_ptr() as u64, name16(name));
+        (a.prog_type, a.insn_cnt, a.insns, a.license) =
+            (prog_type, insns.len() as u32, insns.as_ptr() as u64, license.as_ptr() as u64);
+        (a.log_level, a.log_size, a.log_buf, a.prog_name) =
+            (1, log.len() as u32, log.as_mut_ptr() as u64, name16(name));
     });
     let r = call::<attr::ProgLoad>(BPF_PROG_LOAD, &mut b);
     let text = String::from_utf8_lossy(&log[..log.iter().position(|&c| c == 0).unwrap_or(0)]).into_owned();
@@ -133,7 +135,9 @@ fn raw_tp_prog(ret: i32) -> i64 {
 /// OBJ_GET_INFO_BY_FD with a `len`-byte info buffer.
 fn info(fd: i64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
-    let mut b = Block::of(|a: &mut attr::InfoByFd| (a.bpf_fd, a.info_len, a.info) = (fd as i32, len as u32, buf.as_mut_ptr() as u64));
+    let mut b = Block::of(|a: &mut attr::InfoByFd| {
+        (a.bpf_fd, a.info_len, a.info) = (fd as i32, len as u32, buf.as_mut_ptr() as u64)
+    });
     ok::<attr::InfoByFd>(BPF_OBJ_GET_INFO_BY_FD, &mut b);
     assert_eq!(b.get::<attr::InfoByFd>().info_len as usize, len, "info_len written back");
     buf
@@ -165,17 +169,23 @@ fn element_commands() {
 
     // GET_NEXT_KEY: the first key, then the end.
     let mut next = 0u32;
-    let mut b = Block::of(|a: &mut attr::MapNextKey| (a.map_fd, a.next_key) = (fd as i32, &mut next as *mut u32 as u64));
+    let mut b =
+        Block::of(|a: &mut attr::MapNextKey| (a.map_fd, a.next_key) = (fd as i32, &mut next as *mut u32 as u64));
     assert_eq!(ok::<attr::MapNextKey>(BPF_MAP_GET_NEXT_KEY, &mut b), 0);
     assert_eq!(next, 1);
-    let mut b = Block::of(|a: &mut attr::MapNextKey| (a.map_fd, a.key, a.next_key) = (fd as i32, &k1 as *const u32 as u64, &mut next as *mut u32 as u64));
+    let mut b = Block::of(|a: &mut attr::MapNextKey| {
+        (a.map_fd, a.key, a.next_key) = (fd as i32, &k1 as *const u32 as u64, &mut next as *mut u32 as u64)
+    });
     fails::<attr::MapNextKey>(BPF_MAP_GET_NEXT_KEY, &mut b, libc::ENOENT, "");
 
     // LOOKUP_AND_DELETE, then DELETE of what is gone.
     out = 0;
     assert_eq!(elem(BPF_MAP_LOOKUP_AND_DELETE_ELEM, fd, &k1, &mut out as *mut u64 as u64, 0), Ok(0));
     assert_eq!(out, 10);
-    assert_eq!(elem(BPF_MAP_LOOKUP_ELEM, fd, &k1, &mut out as *mut u64 as u64, 0).map_err(|e| e.errno), Err(libc::ENOENT));
+    assert_eq!(
+        elem(BPF_MAP_LOOKUP_ELEM, fd, &k1, &mut out as *mut u64 as u64, 0).map_err(|e| e.errno),
+        Err(libc::ENOENT)
+    );
     assert_eq!(elem(BPF_MAP_DELETE_ELEM, fd, &k2, 0, 0).map_err(|e| e.errno), Err(libc::ENOENT));
     assert_eq!(elem(BPF_MAP_UPDATE_ELEM, fd, &k2, &v as *const u64 as u64, 0), Ok(0));
     assert_eq!(elem(BPF_MAP_DELETE_ELEM, fd, &k2, 0, 0), Ok(0));
@@ -194,16 +204,20 @@ fn element_commands() {
 
 #[test]
 fn map_create_refusals_say_why() {
-    let mut b = Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries) = (9999, 4, 4, 1));
+    let mut b =
+        Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries) = (9999, 4, 4, 1));
     fails::<attr::MapCreate>(BPF_MAP_CREATE, &mut b, libc::EINVAL, "map_type 9999 unknown");
     let mut b = Block::of(|a: &mut attr::MapCreate| {
         (a.map_type, a.key_size, a.value_size, a.max_entries, a.map_name) = (1, 4, 4, 1, name16("bad-name"));
     });
     fails::<attr::MapCreate>(BPF_MAP_CREATE, &mut b, libc::EINVAL, "name \"bad-name\"");
-    let mut b = Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries, a.map_ifindex) = (1, 4, 4, 1, 3));
+    let mut b = Block::of(|a: &mut attr::MapCreate| {
+        (a.map_type, a.key_size, a.value_size, a.max_entries, a.map_ifindex) = (1, 4, 4, 1, 3)
+    });
     fails::<attr::MapCreate>(BPF_MAP_CREATE, &mut b, libc::EINVAL, "map_ifindex 3");
     // A byte past the command's last field (map_extra ends at 72).
-    let mut b = Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries) = (1, 4, 4, 1));
+    let mut b =
+        Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries) = (1, 4, 4, 1));
     b.0[100] = 1; // past map_extra, within the 104 bytes passed
     assert_eq!(setup_and_serve(BPF_MAP_CREATE, &mut b, 104).map_err(|e| e.errno), Err(libc::EINVAL));
     // Unknown commands.
@@ -223,27 +237,45 @@ fn batch_commands() {
     let values = [10u64, 20, 30];
     let batch = |cmd: i32, keys: u64, values: u64, count: u32, in_batch: u64, out_batch: u64| {
         let mut b = Block::of(|a: &mut attr::MapBatch| {
-            (a.map_fd, a.keys, a.values, a.count, a.in_batch, a.out_batch) = (fd as i32, keys, values, count, in_batch, out_batch);
+            (a.map_fd, a.keys, a.values, a.count, a.in_batch, a.out_batch) =
+                (fd as i32, keys, values, count, in_batch, out_batch);
         });
         (call::<attr::MapBatch>(cmd, &mut b), b.get::<attr::MapBatch>().count)
     };
     let (r, n) = batch(BPF_MAP_UPDATE_BATCH, keys.as_ptr() as u64, values.as_ptr() as u64, 3, 0, 0);
     assert_eq!((r, n), (Ok(0), 3));
     let (mut ks, mut vs, mut token) = ([0u32; 8], [0u64; 8], 0u32);
-    let (r, n) = batch(BPF_MAP_LOOKUP_BATCH, ks.as_mut_ptr() as u64, vs.as_mut_ptr() as u64, 8, 0, &mut token as *mut u32 as u64);
+    let (r, n) = batch(
+        BPF_MAP_LOOKUP_BATCH,
+        ks.as_mut_ptr() as u64,
+        vs.as_mut_ptr() as u64,
+        8,
+        0,
+        &mut token as *mut u32 as u64,
+    );
     // The whole map in one batch: ENOENT says the walk is over, count says what came.
     assert_eq!((r.map_err(|e| e.errno), n), (Err(libc::ENOENT), 3));
     let mut got: Vec<(u32, u64)> = ks[..3].iter().copied().zip(vs[..3].iter().copied()).collect();
     got.sort_unstable();
     assert_eq!(got, vec![(1, 10), (2, 20), (3, 30)]);
-    let (r, n) = batch(BPF_MAP_LOOKUP_AND_DELETE_BATCH, ks.as_mut_ptr() as u64, vs.as_mut_ptr() as u64, 1, 0, &mut token as *mut u32 as u64);
+    let (r, n) = batch(
+        BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+        ks.as_mut_ptr() as u64,
+        vs.as_mut_ptr() as u64,
+        1,
+        0,
+        &mut token as *mut u32 as u64,
+    );
     assert_eq!((r, n), (Ok(0), 1));
     let (r, n) = batch(BPF_MAP_DELETE_BATCH, keys.as_ptr() as u64, 0, 3, 0, 0);
     // One of the three went with LOOKUP_AND_DELETE: the batch stops at it.
     assert_eq!(r.map_err(|e| e.errno), Err(libc::ENOENT));
     assert!(n < 3);
     // Arrays have no DELETE_BATCH (as in the kernel).
-    let mut b = Block::of(|a: &mut attr::MapCreate| (a.map_type, a.key_size, a.value_size, a.max_entries) = (userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY as u32, 4, 8, 4));
+    let mut b = Block::of(|a: &mut attr::MapCreate| {
+        (a.map_type, a.key_size, a.value_size, a.max_entries) =
+            (userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY as u32, 4, 8, 4)
+    });
     let afd = ok::<attr::MapCreate>(BPF_MAP_CREATE, &mut b);
     let mut b = Block::of(|a: &mut attr::MapBatch| (a.map_fd, a.keys, a.count) = (afd as i32, keys.as_ptr() as u64, 1));
     fails::<attr::MapBatch>(BPF_MAP_DELETE_BATCH, &mut b, userbpf_maps::ENOTSUPP, "no Delete batch");
@@ -262,7 +294,12 @@ fn prog_load_logs_and_test_run() {
     assert_eq!(ok::<attr::TestRun>(BPF_PROG_TEST_RUN, &mut b), 0);
     assert_eq!(b.get::<attr::TestRun>().retval, 42);
     let mut b = Block::of(|a: &mut attr::TestRun| (a.prog_fd, a.repeat) = (fd as i32, 5));
-    fails::<attr::TestRun>(BPF_PROG_TEST_RUN, &mut b, libc::EINVAL, "raw tracepoint program's test run takes ctx_in only");
+    fails::<attr::TestRun>(
+        BPF_PROG_TEST_RUN,
+        &mut b,
+        libc::EINVAL,
+        "raw tracepoint program's test run takes ctx_in only",
+    );
 
     // A refusal: the log and the error say the same, at the instruction.
     let call_unknown = 0x85 | (9999u64 << 32);
@@ -308,7 +345,8 @@ fn btf_int() -> Vec<u8> {
 
 fn btf_load(data: &[u8], log: &mut [u8]) -> Result<i64, Error> {
     let mut b = Block::of(|a: &mut attr::BtfLoad| {
-        (a.btf, a.btf_size, a.btf_log_buf, a.btf_log_size, a.btf_log_level) = (data.as_ptr() as u64, data.len() as u32, log.as_mut_ptr() as u64, log.len() as u32, 1);
+        (a.btf, a.btf_size, a.btf_log_buf, a.btf_log_size, a.btf_log_level) =
+            (data.as_ptr() as u64, data.len() as u32, log.as_mut_ptr() as u64, log.len() as u32, 1);
     });
     call::<attr::BtfLoad>(BPF_BTF_LOAD, &mut b)
 }
@@ -349,7 +387,9 @@ fn prog_and_map_ids() {
     let map_id = u32_at(&info(map, 88), 4);
     let prog = raw_tp_prog(0);
     let prog_id = u32_at(&info(prog, 232), 4);
-    for (next_cmd, fd_cmd, id) in [(BPF_MAP_GET_NEXT_ID, BPF_MAP_GET_FD_BY_ID, map_id), (BPF_PROG_GET_NEXT_ID, BPF_PROG_GET_FD_BY_ID, prog_id)] {
+    for (next_cmd, fd_cmd, id) in
+        [(BPF_MAP_GET_NEXT_ID, BPF_MAP_GET_FD_BY_ID, map_id), (BPF_PROG_GET_NEXT_ID, BPF_PROG_GET_FD_BY_ID, prog_id)]
+    {
         let mut b = Block::of(|a: &mut attr::GetId| a.start_id = id - 1);
         ok::<attr::GetId>(next_cmd, &mut b);
         assert_eq!(b.get::<attr::GetId>().next_id, id, "{}", cmd_name(next_cmd));
@@ -400,11 +440,18 @@ fn raw_tracepoint_links() {
     let link = ok::<attr::RawTracepointOpen>(BPF_RAW_TRACEPOINT_OPEN, &mut b);
     let other = b"sched_switch\0";
     let mut b = Block::of(|a: &mut attr::RawTracepointOpen| (a.name, a.prog_fd) = (other.as_ptr() as u64, prog as i32));
-    fails::<attr::RawTracepointOpen>(BPF_RAW_TRACEPOINT_OPEN, &mut b, libc::ENOENT, "\"sched_switch\": only sys_enter and sys_exit");
+    fails::<attr::RawTracepointOpen>(
+        BPF_RAW_TRACEPOINT_OPEN,
+        &mut b,
+        libc::ENOENT,
+        "\"sched_switch\": only sys_enter and sys_exit",
+    );
 
     // TASK_FD_QUERY: program, type and name of the link.
     let mut buf = [0u8; 32];
-    let mut b = Block::of(|a: &mut attr::TaskFdQuery| (a.pid, a.fd, a.buf, a.buf_len) = (std::process::id(), link as i32, buf.as_mut_ptr() as u64, 32));
+    let mut b = Block::of(|a: &mut attr::TaskFdQuery| {
+        (a.pid, a.fd, a.buf, a.buf_len) = (std::process::id(), link as i32, buf.as_mut_ptr() as u64, 32)
+    });
     assert_eq!(ok::<attr::TaskFdQuery>(BPF_TASK_FD_QUERY, &mut b), 0);
     let q = b.get::<attr::TaskFdQuery>();
     assert_eq!((q.prog_id, q.fd_type, q.buf_len), (prog_id, 0, 9));
@@ -442,10 +489,13 @@ fn perf_event_links() {
     pattr[1] = 0; // PERF_COUNT_SW_CPU_CLOCK
     pattr[2] = 1_000_000_000; // sample_period
     // SAFETY: a perf_event_attr of the size it declares.
-    let event = unsafe { crate::perf_event::perf_event_open(pattr.as_ptr().cast(), -1, 0, -1, 0) }.expect("clock event");
+    let event =
+        unsafe { crate::perf_event::perf_event_open(pattr.as_ptr().cast(), -1, 0, -1, 0) }.expect("clock event");
     let (r, log, _) = load(prog::BPF_PROG_TYPE_PERF_EVENT, &program(&[], 0), "clock");
     let prog = r.unwrap_or_else(|e| panic!("{e}\n{log}"));
-    let mut b = Block::of(|a: &mut attr::LinkCreate| (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, event as i32, link::BPF_PERF_EVENT));
+    let mut b = Block::of(|a: &mut attr::LinkCreate| {
+        (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, event as i32, link::BPF_PERF_EVENT)
+    });
     let lfd = ok::<attr::LinkCreate>(BPF_LINK_CREATE, &mut b);
     let i = info(lfd, 48);
     assert_eq!(u32_at(&i, 0), obj::BPF_LINK_TYPE_PERF_EVENT);
@@ -454,11 +504,16 @@ fn perf_event_links() {
     fails::<attr::TaskFdQuery>(BPF_TASK_FD_QUERY, &mut b, libc::EOPNOTSUPP, "software event");
     // Refusals.
     let rtp = raw_tp_prog(0);
-    let mut b = Block::of(|a: &mut attr::LinkCreate| (a.prog_fd, a.target_fd, a.attach_type) = (rtp as i32, event as i32, link::BPF_PERF_EVENT));
+    let mut b = Block::of(|a: &mut attr::LinkCreate| {
+        (a.prog_fd, a.target_fd, a.attach_type) = (rtp as i32, event as i32, link::BPF_PERF_EVENT)
+    });
     fails::<attr::LinkCreate>(BPF_LINK_CREATE, &mut b, libc::EINVAL, "cannot attach to a perf event");
-    let mut b = Block::of(|a: &mut attr::LinkCreate| (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, prog as i32, link::BPF_PERF_EVENT));
+    let mut b = Block::of(|a: &mut attr::LinkCreate| {
+        (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, prog as i32, link::BPF_PERF_EVENT)
+    });
     fails::<attr::LinkCreate>(BPF_LINK_CREATE, &mut b, libc::EBADF, "is not a perf event");
-    let mut b = Block::of(|a: &mut attr::LinkCreate| (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, event as i32, 1));
+    let mut b =
+        Block::of(|a: &mut attr::LinkCreate| (a.prog_fd, a.target_fd, a.attach_type) = (prog as i32, event as i32, 1));
     fails::<attr::LinkCreate>(BPF_LINK_CREATE, &mut b, libc::EINVAL, "attach_type 1");
     crate::attach::remove_bpf_link(u32_at(&i, 4)).unwrap();
     for fd in [rtp, lfd, prog, event] {
@@ -501,7 +556,11 @@ fn perf_event_open_refusals_say_why() {
     let e = open(2, u64::MAX - 1, 0, 0).unwrap_err();
     assert!(e.errno == libc::EOPNOTSUPP && e.reason.contains("only system call tracepoints"), "{e}");
     // A uprobe at an offset beyond its file (the uprobe PMU's type from sysfs).
-    let typ: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type").expect("uprobe PMU").trim().parse().unwrap();
+    let typ: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type")
+        .expect("uprobe PMU")
+        .trim()
+        .parse()
+        .unwrap();
     let file = std::env::temp_dir().join(format!("userbpf-serve-unit-{}-small", std::process::id()));
     std::fs::write(&file, b"12345678").unwrap();
     let path = std::ffi::CString::new(file.to_str().unwrap()).unwrap();

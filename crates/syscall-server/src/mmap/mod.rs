@@ -36,18 +36,18 @@ use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
-use userbpf_maps::perf::PerfEventArray;
 use userbpf_maps::Map;
+use userbpf_maps::perf::PerfEventArray;
 
 use crate::objects::{self, Kind};
 
-pub use perf_rings::{event_closed, event_created, map_created, perf_array_delete, perf_array_update};
-pub use wakeups::{before_wait, ringbuf_fd_path};
-pub(crate) use perf_rings::EventState;
-pub(crate) use wakeups::Watcher;
-use perf_rings::{events, Mapping};
 use crate::perf_event::Spec;
 use crate::sys;
+pub(crate) use perf_rings::EventState;
+use perf_rings::{Mapping, events};
+pub use perf_rings::{event_closed, event_created, map_created, perf_array_delete, perf_array_update};
+pub(crate) use wakeups::Watcher;
+pub use wakeups::{before_wait, ringbuf_fd_path};
 
 pub(super) const PAGE: u64 = 4096;
 
@@ -86,7 +86,15 @@ pub(super) fn open_fifo(path: &Path) -> Result<i32, i32> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
     // SAFETY: a NUL-terminated path.
     let fd = unsafe {
-        sys::raw6(libc::SYS_openat, libc::AT_FDCWD as i64, c.as_ptr() as i64, (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as i64, 0, 0, 0)
+        sys::raw6(
+            libc::SYS_openat,
+            libc::AT_FDCWD as i64,
+            c.as_ptr() as i64,
+            (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as i64,
+            0,
+            0,
+            0,
+        )
     };
     if fd < 0 {
         return Err(-fd as i32);
@@ -123,7 +131,14 @@ pub(super) fn perf_array(m: &Map) -> Result<&PerfEventArray, i32> {
 /// # Safety
 /// As for libc's `mmap`: with `MAP_FIXED` in `flags`, `[addr, addr + len)` is replaced, so
 /// it must be a range the caller may unmap (nothing else of the process lives there).
-pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Option<Result<*mut c_void, i32>> {
+pub unsafe fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: i64,
+) -> Option<Result<*mut c_void, i32>> {
     let (kind, id) = objects::kind_of(fd)?;
     // The descriptors handed to the loader are opened with O_NOATIME; this library's own
     // opens of the same files (the agent mapping a map, Map::open) are not, and are the
@@ -151,24 +166,33 @@ pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32
 unsafe fn raw_mmap(addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: u64) -> Result<usize, i32> {
     // SAFETY: a mapping request the kernel checks; MAP_FIXED only under this function's
     // contract.
-    let r = unsafe { sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off as i64) };
-    if r < 0 {
-        Err(-r as i32)
-    } else {
-        Ok(r as usize)
-    }
+    let r =
+        unsafe { sys::raw6(libc::SYS_mmap, addr as i64, len as i64, prot as i64, flags as i64, fd as i64, off as i64) };
+    if r < 0 { Err(-r as i32) } else { Ok(r as usize) }
 }
 
 /// `mmap` of a perf event's descriptor.
 ///
 /// # Safety
 /// As for [`mmap`].
-unsafe fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
+unsafe fn mmap_event(
+    id: u32,
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    off: i64,
+) -> Result<*mut c_void, i32> {
     if !matches!(crate::perf_event::event_spec(id), Some(Spec::Output { .. })) {
         return Err(libc::EINVAL);
     }
     let pages = (len as u64 / PAGE).saturating_sub(1);
-    if off != 0 || !(len as u64).is_multiple_of(PAGE) || pages == 0 || !pages.is_power_of_two() || flags & libc::MAP_SHARED == 0 {
+    if off != 0
+        || !(len as u64).is_multiple_of(PAGE)
+        || pages == 0
+        || !pages.is_power_of_two()
+        || flags & libc::MAP_SHARED == 0
+    {
         return Err(libc::EINVAL);
     }
     let pages = pages as u32;
@@ -176,7 +200,9 @@ unsafe fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i
     if have != 0 && have != pages {
         return Err(libc::EINVAL); // the kernel: one ring buffer per event, of one size
     }
-    let keep = flags & !(libc::MAP_PRIVATE | libc::MAP_SHARED_VALIDATE) & (libc::MAP_FIXED | libc::MAP_POPULATE | libc::MAP_NORESERVE);
+    let keep = flags
+        & !(libc::MAP_PRIVATE | libc::MAP_SHARED_VALIDATE)
+        & (libc::MAP_FIXED | libc::MAP_POPULATE | libc::MAP_NORESERVE);
     let at = match bound {
         Some((map_id, index)) => {
             let m = map(map_id)?;
@@ -196,7 +222,16 @@ unsafe fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i
         None => {
             // Not stored anywhere yet: an empty ring of its own.
             // SAFETY: the caller's range, under this function's contract.
-            let a = unsafe { raw_mmap(addr as usize, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS | keep, -1, 0)? };
+            let a = unsafe {
+                raw_mmap(
+                    addr as usize,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_ANONYMOUS | keep,
+                    -1,
+                    0,
+                )?
+            };
             // SAFETY: the fresh page we just mapped read-write.
             unsafe {
                 let p = a as *mut u8;
@@ -222,7 +257,14 @@ unsafe fn mmap_event(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i
 ///
 /// # Safety
 /// As for [`mmap`].
-unsafe fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32, off: i64) -> Result<*mut c_void, i32> {
+unsafe fn mmap_map(
+    id: u32,
+    addr: *mut c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    off: i64,
+) -> Result<*mut c_void, i32> {
     if off < 0 || !(off as u64).is_multiple_of(PAGE) || len == 0 {
         return Err(libc::EINVAL);
     }
@@ -235,20 +277,34 @@ unsafe fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32
     let share = if flags & libc::MAP_SHARED != 0 { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
     match &*m {
         Map::RingBuf(rb) => {
-            let segs = rb.file_layout().kernel_mmap_segments(off as u64, len as u64, prot & libc::PROT_WRITE != 0).map_err(|e| e.errno())?;
+            let segs = rb
+                .file_layout()
+                .kernel_mmap_segments(off as u64, len as u64, prot & libc::PROT_WRITE != 0)
+                .map_err(|e| e.errno())?;
             let total: u64 = segs.iter().map(|s| s.1).sum();
             // Reserve the range (or take the loader's), then lay the file's pages over it.
             let base = if keep & libc::MAP_FIXED != 0 {
                 addr as usize
             } else {
                 // SAFETY: without MAP_FIXED: a new range of the kernel's choosing.
-                unsafe { raw_mmap(addr as usize, total as usize, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)? }
+                unsafe {
+                    raw_mmap(
+                        addr as usize,
+                        total as usize,
+                        libc::PROT_NONE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )?
+                }
             };
             let mut at = base;
             for (foff, flen) in segs {
                 // SAFETY: within [base, base + total): the caller's range (MAP_FIXED, under
                 // this function's contract) or the one reserved above.
-                if let Err(e) = unsafe { raw_mmap(at, flen as usize, prot, share | libc::MAP_FIXED | (keep & libc::MAP_POPULATE), fd, foff) } {
+                if let Err(e) = unsafe {
+                    raw_mmap(at, flen as usize, prot, share | libc::MAP_FIXED | (keep & libc::MAP_POPULATE), fd, foff)
+                } {
                     if keep & libc::MAP_FIXED == 0 {
                         // SAFETY: the range we reserved above.
                         unsafe { sys::raw6(libc::SYS_munmap, base as i64, total as i64, 0, 0, 0, 0) };
@@ -271,7 +327,8 @@ unsafe fn mmap_map(id: u32, addr: *mut c_void, len: usize, prot: i32, flags: i32
                 return Err(libc::EPERM);
             }
             // SAFETY: the caller's range, under this function's contract.
-            Ok(unsafe { raw_mmap(addr as usize, len, prot, share | keep, fd, moff as u64 + off as u64)? } as *mut c_void)
+            Ok(unsafe { raw_mmap(addr as usize, len, prot, share | keep, fd, moff as u64 + off as u64)? }
+                as *mut c_void)
         }
     }
 }

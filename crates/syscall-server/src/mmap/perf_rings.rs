@@ -86,10 +86,10 @@ pub fn perf_array_update(map_id: u32, key: u32, event_fd: i32) -> Result<(), i32
         let old = st.bound.replace((map_id, key));
         Ok::<_, i32>((old, st.pages, st.mappings.clone()))
     })?;
-    if let Some((om, oi)) = old {
-        if (om, oi) != (map_id, key) {
-            unwatch_ring(om, oi);
-        }
+    if let Some((om, oi)) = old
+        && (om, oi) != (map_id, key)
+    {
+        unwatch_ring(om, oi);
     }
     // Another event stored at this index is replaced.
     events(|e| {
@@ -110,7 +110,8 @@ pub fn perf_array_update(map_id: u32, key: u32, event_fd: i32) -> Result<(), i32
             let mut f = l.split_whitespace();
             let range = f.next().unwrap_or("");
             let path = f.nth(4).unwrap_or("");
-            range == format!("{:x}-{:x}", mp.addr, mp.addr + mp.len) && (path.starts_with("/dev/zero") || (!maps_dir.is_empty() && path.starts_with(&maps_dir)))
+            range == format!("{:x}-{:x}", mp.addr, mp.addr + mp.len)
+                && (path.starts_with("/dev/zero") || (!maps_dir.is_empty() && path.starts_with(&maps_dir)))
         });
         if !ours {
             continue;
@@ -118,7 +119,15 @@ pub fn perf_array_update(map_id: u32, key: u32, event_fd: i32) -> Result<(), i32
         // SAFETY: replaces the loader's own mapping of the event (same address and length)
         // with the map's ring of the same size.
         let r = unsafe {
-            sys::raw6(libc::SYS_mmap, mp.addr as i64, mp.len as i64, mp.prot as i64, (libc::MAP_SHARED | libc::MAP_FIXED) as i64, fd as i64, off as i64)
+            sys::raw6(
+                libc::SYS_mmap,
+                mp.addr as i64,
+                mp.len as i64,
+                mp.prot as i64,
+                (libc::MAP_SHARED | libc::MAP_FIXED) as i64,
+                fd as i64,
+                off as i64,
+            )
         };
         if r < 0 {
             return Err(-r as i32);

@@ -180,7 +180,13 @@ pub fn before_wait() {
     if state().watched.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let ws: Vec<Arc<Watcher>> = state().watchers.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default();
+    let ws: Vec<Arc<Watcher>> = state()
+        .watchers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default();
     for w in ws {
         let rings: Vec<Arc<WRing>> = w.rings.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut rearm = false;
@@ -188,7 +194,10 @@ pub fn before_wait() {
             if r.signalled.load(Ordering::SeqCst) && !w.has_data(r.index) {
                 let mut buf = [0u8; 64];
                 // SAFETY: reading into a local buffer from our non-blocking FIFO descriptor.
-                while unsafe { sys::raw6(libc::SYS_read, r.fifo as i64, buf.as_mut_ptr() as i64, buf.len() as i64, 0, 0, 0) } > 0 {}
+                while unsafe {
+                    sys::raw6(libc::SYS_read, r.fifo as i64, buf.as_mut_ptr() as i64, buf.len() as i64, 0, 0, 0)
+                } > 0
+                {}
                 r.signalled.store(false, Ordering::SeqCst);
                 rearm = true;
             }

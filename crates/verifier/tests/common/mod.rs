@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::os::fd::{FromRawFd, OwnedFd, AsRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use userbpf_isa::*;
@@ -64,7 +64,8 @@ fn create_map(def: &MapDef) -> Result<OwnedFd, String> {
     put32(&mut a, 8, def.value_size);
     put32(&mut a, 12, max_entries);
     put32(&mut a, 16, def.map_flags);
-    let name: Vec<u8> = def.name.bytes().filter(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.').take(15).collect();
+    let name: Vec<u8> =
+        def.name.bytes().filter(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.').take(15).collect();
     a[28..28 + name.len()].copy_from_slice(&name);
     put64(&mut a, 64, def.map_extra);
     let fd = bpf(BPF_MAP_CREATE, &mut a);
@@ -164,7 +165,8 @@ impl KernelObject {
         let err = std::io::Error::last_os_error();
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
         let text = String::from_utf8_lossy(&log[..end]).to_string();
-        let tail: Vec<&str> = text.lines().rev().filter(|l| !l.starts_with("processed") && !l.trim().is_empty()).take(2).collect();
+        let tail: Vec<&str> =
+            text.lines().rev().filter(|l| !l.starts_with("processed") && !l.trim().is_empty()).take(2).collect();
         Err(format!("{err}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | ")))
     }
 }

@@ -1186,10 +1186,10 @@ impl<'a> Emitter<'a> {
         match insn.code() {
             BPF_JA => {
                 let rel = if is32 { insn.imm as i64 } else { insn.off as i64 };
-                if let Some(t) = self.target(pc, rel) {
-                    if t != pc + 1 {
-                        self.jump(None, Label::Insn(t));
-                    }
+                if let Some(t) = self.target(pc, rel)
+                    && t != pc + 1
+                {
+                    self.jump(None, Label::Insn(t));
                 }
             }
             BPF_CALL if !is32 => self.call(pc, insn),

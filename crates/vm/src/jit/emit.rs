@@ -678,11 +678,7 @@ mod tests {
     ];
 
     fn n(w: bool, r: Reg) -> &'static str {
-        if w {
-            N64[r.0 as usize]
-        } else {
-            N32[r.0 as usize]
-        }
+        if w { N64[r.0 as usize] } else { N32[r.0 as usize] }
     }
 
     fn mem_text(base: Reg, disp: i32) -> String {

@@ -25,11 +25,7 @@ unsafe impl Sync for ExecMemory {}
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions; it only reads a system constant.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
+    if p > 0 { p as usize } else { 4096 }
 }
 
 fn os_error(what: &str) -> VmError {

@@ -45,7 +45,7 @@ use crate::guard::{self, FaultContext, RangeId};
 use crate::run::{self, RunCtx, RunKind};
 use crate::{Program, VmError};
 
-use compile::{Options, Runtime, ABORT_FAULT, ABORT_UNKNOWN_HELPER, NO_PC};
+use compile::{ABORT_FAULT, ABORT_UNKNOWN_HELPER, NO_PC, Options, Runtime};
 use exec::ExecMemory;
 
 /// A program compiled to native code, mapped executable and never writable at once.
@@ -181,7 +181,12 @@ impl JitProgram {
         // SAFETY: `on_fault` is async-signal-safe, and `data` is the address of the boxed
         // FaultMap, which the JitProgram owns and frees only after `drop` removed the range.
         let range = unsafe {
-            guard::add_dynamic_range(code.start as usize, code.end as usize, on_fault, &*faults as *const FaultMap as usize)
+            guard::add_dynamic_range(
+                code.start as usize,
+                code.end as usize,
+                on_fault,
+                &*faults as *const FaultMap as usize,
+            )
         };
         let Some(range) = range else {
             return Err(VmError::Jit(format!(

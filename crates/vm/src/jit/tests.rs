@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use userbpf_isa::*;
 
-use super::compile::Options;
 use super::JitProgram;
+use super::compile::Options;
 use crate::{HelperRegistry, LoadOptions, Program};
 
 fn jit(insns: &[Insn], bmi2: bool) -> JitProgram {
@@ -188,7 +188,7 @@ fn alu_model(insn: Insn, d: u64, s: u64) -> u64 {
                     (true, 16) => (d as u16).swap_bytes() as u64,
                     (true, 32) => (d as u32).swap_bytes() as u64,
                     (true, _) => d.swap_bytes(),
-                }
+                };
             }
             c => panic!("no model for {c:#x}"),
         };

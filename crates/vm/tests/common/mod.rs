@@ -125,11 +125,7 @@ impl Exec {
     pub fn load(insns: &[Insn], helpers: HelperRegistry, jit: bool) -> Exec {
         let opts = LoadOptions { helpers: Arc::new(helpers), allow_callx: true, ..Default::default() };
         let prog = Arc::new(Program::load(insns, &opts, None).unwrap_or_else(|e| panic!("load failed: {e}")));
-        if jit {
-            Exec::Jit(JitProgram::compile(prog).expect("compile"))
-        } else {
-            Exec::Interp(Interpreter::new(prog))
-        }
+        if jit { Exec::Jit(JitProgram::compile(prog).expect("compile")) } else { Exec::Interp(Interpreter::new(prog)) }
     }
 
     pub fn name(&self) -> &'static str {
