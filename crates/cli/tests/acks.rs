@@ -94,18 +94,7 @@ fn agents_acknowledge_link_changes_once_they_are_in_place() {
     assert_eq!(before, 0);
 
     // A link: once both files hold the new generation, work() is patched in both processes.
-    let link = session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    let link = session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "work")).unwrap();
     let generation = publish(&session);
     for f in &files {
         wait_for("the acknowledgement of the new link", &mut || acked(f).is_some_and(|g| g >= generation));

@@ -45,18 +45,7 @@ fn a_running_process_gets_the_sessions_probes() {
     let session = Session::open("attach-a").unwrap();
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("attach"));
     let (prog_id, hits) = load_counter(&session, &obj);
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "work")).unwrap();
     assert_eq!(hits(), 0, "not started under userbpf: nothing runs yet");
 
     let r = attach("attach-a", pid);

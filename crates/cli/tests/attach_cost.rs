@@ -88,19 +88,7 @@ fn starting_and_attaching_cost_a_bounded_number_of_system_calls() {
         (format!("cost-empty-{pid}"), None),
         (
             format!("cost-uprobe-{pid}"),
-            Some((
-                "start_uprobe",
-                LinkRecord {
-                    id: 0,
-                    prog_id: 0,
-                    kind: "uprobe".into(),
-                    path: target.display().to_string(),
-                    func: Some("bench_entry".into()),
-                    offset: 0,
-                    cookie: 0,
-                    pid: None,
-                },
-            )),
+            Some(("start_uprobe", LinkRecord::uprobe(0, target.display().to_string(), "bench_entry"))),
         ),
         (
             format!("cost-syscalls-{pid}"),

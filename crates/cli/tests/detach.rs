@@ -230,18 +230,7 @@ fn attach_detach_cycles_leave_the_process_as_it_was() {
     let session = Session::open("detach-a").unwrap();
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("detach"));
     let (prog_id, hits) = load_counter(&session, &obj);
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "work")).unwrap();
     let before = shape(pid);
     code_as_in_files(pid);
 
@@ -333,18 +322,7 @@ fn a_process_started_under_userbpf_is_detached_too_system_call_dispatch_and_all(
     let session = Session::open("detach-b").unwrap();
     let obj = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("detach-b"));
     let (prog_id, hits) = load_counter(&session, &obj);
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "work")).unwrap();
     // A system call tracepoint: system call dispatch on in every thread of the target.
     let sys =
         userbpf_testutil::compile_bpf(&here("../../../bench/agent/start_syscalls.bpf.c"), &tmp().join("detach-b"));

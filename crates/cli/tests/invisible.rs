@@ -70,18 +70,7 @@ fn setup(case: &str, mode: Mode, probe: (&str, &str)) -> Setup {
     }
     let session = Session::open_in(&shm(), &name).unwrap();
     let (prog_id, hits) = load_counter(&session, &count_object());
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: probe.0.into(),
-            func: Some(probe.1.into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, probe.0, probe.1)).unwrap();
     Setup { name, hits: Some(Box::new(hits)), _session: Some(session) }
 }
 

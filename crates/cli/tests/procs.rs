@@ -168,18 +168,7 @@ fn links_added_after_a_fork_are_attached_in_the_child() {
     });
     assert_eq!(hits(), 0);
     // A link added now: only the child calls work(), and only its own watcher can attach it.
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "work")).unwrap();
     wait_for("hits in the child", &|| hits() > 0);
     std::fs::write(dir.join("stop"), b"").unwrap();
     let status = target.wait().unwrap();

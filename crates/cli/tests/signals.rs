@@ -61,18 +61,7 @@ fn sigchld_read_from_a_signalfd_under_userbpf_start() {
     let session = Session::open(&name).unwrap();
     let (prog_id, hits) = load_counter(&session, &count_object());
     let exe = target();
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("tick".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(prog_id, exe.display().to_string(), "tick")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
         .env("USERBPF_AGENT", agent())
         .env("USERBPF_SESSION", &name)

@@ -34,18 +34,7 @@ fn session_with_printk(name: &str) -> (Session, PathBuf) {
         userbpf_runtime::load_object(&session, userbpf_object::Object::open(&obj).unwrap(), &opts, slots).unwrap();
     let exe = repo("target/examples/workload");
     assert!(exe.exists(), "{} missing: `make build` builds it", exe.display());
-    session
-        .add_link(LinkRecord {
-            id: 0,
-            prog_id: loaded.programs[0].0.id,
-            kind: "uprobe".into(),
-            path: exe.display().to_string(),
-            func: Some("work".into()),
-            offset: 0,
-            cookie: 0,
-            pid: None,
-        })
-        .unwrap();
+    session.add_link(LinkRecord::uprobe(loaded.programs[0].0.id, exe.display().to_string(), "work")).unwrap();
     std::mem::forget(loaded);
     (session, exe)
 }

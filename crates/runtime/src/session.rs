@@ -88,6 +88,23 @@ pub struct LinkRecord {
     pub pid: Option<u32>,
 }
 
+impl LinkRecord {
+    /// A uprobe link of program `prog_id` on function `func` of the binary or library `path`
+    /// (empty: the target's executable), in every process of the session.
+    pub fn uprobe(prog_id: u32, path: impl Into<String>, func: &str) -> LinkRecord {
+        LinkRecord {
+            id: 0,
+            prog_id,
+            kind: "uprobe".into(),
+            path: path.into(),
+            func: Some(func.into()),
+            offset: 0,
+            cookie: 0,
+            pid: None,
+        }
+    }
+}
+
 /// An open session directory.
 pub struct Session {
     name: String,
