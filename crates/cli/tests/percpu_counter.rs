@@ -4,60 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use common::*;
-
-fn run_ok(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e} (run `make test`, which installs clang, bpftool, libbpf-dev)"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// percpu-counter built as the Makefile builds it (clang, `bpftool gen skeleton`, cc against
-/// libbpf), into the test's directory.
-fn percpu_counter() -> PathBuf {
-    let dir = tmp().join("loaders/percpu-counter");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = repo("examples/libbpf");
-    let obj = dir.join("percpu-counter.bpf.o");
-    run_ok(
-        Command::new("clang")
-            .args(userbpf_testutil::BPF_CFLAGS)
-            .arg("-o")
-            .arg(&obj)
-            .arg(src.join("percpu-counter.bpf.c")),
-        "clang percpu-counter.bpf.c",
-    );
-    let skel = Command::new("bpftool")
-        .arg("gen")
-        .arg("skeleton")
-        .arg(&obj)
-        .args(["name", "percpu_counter_bpf"])
-        .output()
-        .expect("bpftool");
-    assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
-    std::fs::write(dir.join("percpu-counter.skel.h"), &skel.stdout).unwrap();
-    let bin = dir.join("percpu-counter");
-    run_ok(
-        Command::new("cc")
-            .args(["-O2", "-g", "-Wall", "-I"])
-            .arg(&dir)
-            .arg("-o")
-            .arg(&bin)
-            .arg(src.join("percpu-counter.c"))
-            .args(["-lbpf", "-lelf", "-lz"]),
-        "cc percpu-counter.c",
-    );
-    bin
-}
 
 /// The summed count and the per-CPU slots the program printed.
 fn counts(out: &str) -> (u64, Vec<u64>) {
@@ -76,7 +23,7 @@ fn counts(out: &str) -> (u64, Vec<u64>) {
 
 #[test]
 fn per_cpu_array_counter_counts_every_call_as_on_the_kernel() {
-    let bin = percpu_counter();
+    let bin = libbpf_example("percpu-counter");
     let bin = bin.to_str().unwrap();
     // tadd(t, i): 4 threads, 50 calls each.
     let probed = vec!["tadd".to_string()];

@@ -676,48 +676,51 @@ fn run_ok(cmd: &mut Command, what: &str) {
     );
 }
 
-/// examples/libbpf/userbpf-demo built as the Makefile builds it (clang, `bpftool gen
-/// skeleton`, cc against libbpf), into the test's directory; once per test binary.
+/// examples/libbpf/userbpf-demo built as the Makefile builds it; once per test binary.
 pub fn libbpf_demo() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dir = tmp().join("loaders/libbpf");
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = repo("examples/libbpf");
-        let obj = dir.join("userbpf-demo.bpf.o");
-        run_ok(
-            Command::new("clang")
-                .args(userbpf_testutil::BPF_CFLAGS)
-                .arg("-o")
-                .arg(&obj)
-                .arg(src.join("userbpf-demo.bpf.c")),
-            "clang userbpf-demo.bpf.c",
-        );
-        let skel = Command::new("bpftool")
-            .arg("gen")
-            .arg("skeleton")
+    ONCE.get_or_init(|| libbpf_example("userbpf-demo")).clone()
+}
+
+/// examples/libbpf/NAME built as the Makefile builds it (clang, `bpftool gen skeleton` named
+/// `NAME_bpf` with dashes as underscores, cc against libbpf), into the test's directory.
+pub fn libbpf_example(name: &str) -> PathBuf {
+    let dir = tmp().join("loaders").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = repo("examples/libbpf");
+    let obj = dir.join(format!("{name}.bpf.o"));
+    run_ok(
+        Command::new("clang")
+            .args(userbpf_testutil::BPF_CFLAGS)
+            .arg("-o")
             .arg(&obj)
-            .args(["name", "userbpf_demo_bpf"])
-            .output()
-            .expect("bpftool");
-        assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
-        std::fs::write(dir.join("userbpf-demo.skel.h"), &skel.stdout).unwrap();
-        let bin = dir.join("userbpf-demo");
-        run_ok(
-            Command::new("cc")
-                .args(["-O2", "-g", "-Wall", "-I"])
-                .arg(&dir)
-                .arg("-I")
-                .arg(&src)
-                .arg("-o")
-                .arg(&bin)
-                .arg(src.join("userbpf-demo.c"))
-                .args(["-lbpf", "-lelf", "-lz"]),
-            "cc userbpf-demo.c",
-        );
-        bin
-    })
-    .clone()
+            .arg(src.join(format!("{name}.bpf.c"))),
+        &format!("clang {name}.bpf.c"),
+    );
+    let skel_name = format!("{}_bpf", name.replace('-', "_"));
+    let skel = Command::new("bpftool")
+        .arg("gen")
+        .arg("skeleton")
+        .arg(&obj)
+        .args(["name", &skel_name])
+        .output()
+        .expect("bpftool");
+    assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
+    std::fs::write(dir.join(format!("{name}.skel.h")), &skel.stdout).unwrap();
+    let bin = dir.join(name);
+    run_ok(
+        Command::new("cc")
+            .args(["-O2", "-g", "-Wall", "-I"])
+            .arg(&dir)
+            .arg("-I")
+            .arg(&src)
+            .arg("-o")
+            .arg(&bin)
+            .arg(src.join(format!("{name}.c")))
+            .args(["-lbpf", "-lelf", "-lz"]),
+        &format!("cc {name}.c"),
+    );
+    bin
 }
 
 /// Lines sorted: for loaders whose events come from per-CPU buffers (libbpf's perf buffer)
