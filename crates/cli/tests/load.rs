@@ -67,3 +67,38 @@ fn libbpf_calls_through_load_match_the_kernel() {
         assert_eq!(String::from_utf8_lossy(&user.stdout), String::from_utf8_lossy(&kernel.stdout), "{section}");
     }
 }
+
+/// A libbpf loader loading a program the verifier refuses: through `userbpf load` it fails
+/// as on the kernel (the same error, -EACCES) and libbpf prints userbpf's verifier log, with
+/// the kernel's reason, from `bpf_attr.log_buf`.
+#[test]
+fn a_refused_program_gives_libbpf_the_verifiers_log() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let dir = tmp().join("load/refused");
+    let obj = userbpf_testutil::compile_bpf(&here.join("bpf/refused_value_oob.bpf.c"), &dir);
+    let ldr =
+        userbpf_testutil::compile_c(&here.join("targets/loaders/load_object.c"), &dir.join("load_object"), &["-lbpf"]);
+    let (ldr, obj) = (ldr.to_str().unwrap(), obj.to_str().unwrap());
+    let reason = "invalid access to map value, value_size=8 off=8 size=8";
+    let log_of = |out: &std::process::Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let start = err.find("-- BEGIN PROG LOAD LOG --").unwrap_or_else(|| panic!("no log printed: {err}"));
+        let end = err.find("-- END PROG LOAD LOG --").unwrap_or_else(|| panic!("log not ended: {err}"));
+        err[start..end].to_string()
+    };
+    let user = load("load-refused", &[ldr, obj]);
+    assert_eq!(user.status.code(), Some(1), "{user:?}");
+    assert_eq!(String::from_utf8_lossy(&user.stdout), "load failed: -13\n");
+    let log = log_of(&user);
+    assert!(log.contains(&format!("\n{reason}\n")), "userbpf's log: {log}");
+    assert!(log.contains("(7b) *(u64 *)(r0 +8) = r1\n"), "the instruction, as the kernel prints it: {log}");
+    assert!(log.contains("call bpf_map_lookup_elem#1"), "the helper, as the kernel names it: {log}");
+    assert!(log.contains("processed "), "the statistics line: {log}");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if userbpf_testutil::require(root, "root, to load the same program into the kernel") {
+        let kernel = Command::new(ldr).arg(obj).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&kernel.stdout), "load failed: -13\n", "{kernel:?}");
+        assert!(log_of(&kernel).contains(&format!("\n{reason}\n")), "the kernel's reason is the same");
+    }
+}

@@ -11,7 +11,8 @@ use userbpf_maps::{Map, MapSpec, MapType};
 use crate::program::MapResolver;
 use crate::session::Session;
 
-fn map_info(spec: &MapSpec) -> MapInfo {
+/// The verifier's description of a map (not frozen, no inner map: the caller adds those).
+pub fn map_info(spec: &MapSpec) -> MapInfo {
     MapInfo {
         name: spec.name.clone(),
         map_type: spec.map_type as u32,
@@ -53,6 +54,26 @@ pub fn enabled() -> bool {
     std::env::var(VERIFY_ENV).map_or(true, |v| v != "0")
 }
 
+/// Warns, on stderr, that program `name` runs unverified (verification is off).
+pub fn warn_unverified(name: &str) {
+    eprintln!(
+        "userbpf: warning: {VERIFY_ENV}=0: program `{name}` runs unverified; a faulty program can crash the process it runs in"
+    );
+}
+
+/// The verifier's program type for a kernel program type's name (`kprobe`, `tracepoint`, ...).
+pub fn prog_type(name: &str) -> Option<ProgType> {
+    Some(match name {
+        "kprobe" => ProgType::Kprobe,
+        "tracepoint" => ProgType::Tracepoint { record_size: None },
+        "raw_tracepoint" => ProgType::RawTracepoint { args: None },
+        "perf_event" => ProgType::PerfEvent,
+        "syscall" => ProgType::Syscall,
+        "socket_filter" => ProgType::SocketFilter,
+        _ => return None,
+    })
+}
+
 /// Verifies program `name` of kernel type `prog_type` (`kprobe`, `tracepoint`,
 /// `raw_tracepoint`), whose map references are ids `maps` resolves. The error names the
 /// instruction and the rule broken (the caller adds the program), followed by the register
@@ -68,19 +89,11 @@ pub fn check(
     inner: &dyn Fn(&Map) -> Option<MapSpec>,
 ) -> Result<(), String> {
     if !enabled() {
-        eprintln!(
-            "userbpf: warning: {VERIFY_ENV}=0: program `{name}` runs unverified; a faulty program can crash the process it runs in"
-        );
+        warn_unverified(name);
         return Ok(());
     }
-    let prog_type = match prog_type {
-        "kprobe" => ProgType::Kprobe,
-        "tracepoint" => ProgType::Tracepoint { record_size: None },
-        "raw_tracepoint" => ProgType::RawTracepoint { args: None },
-        "perf_event" => ProgType::PerfEvent,
-        "syscall" => ProgType::Syscall,
-        "socket_filter" => ProgType::SocketFilter,
-        other => return Err(format!("program `{name}`: programs of type {other} cannot be verified")),
+    let Some(prog_type) = self::prog_type(prog_type) else {
+        return Err(format!("program `{name}`: programs of type {prog_type} cannot be verified"));
     };
     let mut opts = Options::new(prog_type);
     opts.gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(license);

@@ -874,6 +874,11 @@ impl Verifier<'_> {
                     if !matches!(reg.typ, RegType::Stack | RegType::MapKey | RegType::MapValue) {
                         return Err(type_err("fp, pkt, pkt_meta, map_key, map_value"));
                     }
+                    if size == 0 {
+                        // A map without keys (ring buffer, queue) given to a keyed helper:
+                        // the kernel finds the empty key before the map's type.
+                        return Err("invalid zero-sized read".into());
+                    }
                     let access = if arg == Arg::UninitMapValue { Access::Write } else { Access::Read };
                     self.helper_mem(st, pc, regno, size as u64, access, arg == Arg::UninitMapValue)?;
                 }

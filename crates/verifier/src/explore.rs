@@ -313,7 +313,7 @@ impl<'a> Verifier<'a> {
                 let insn = self.insns[pc];
                 if self.log.level > 0 {
                     let next = self.insns.get(pc + 1).copied();
-                    let text = userbpf_isa::disasm::format_insn(insn, next);
+                    let text = log_insn(insn, next);
                     self.log.line(|| format!("{pc}: ({:02x}) {text}", insn.op));
                 }
                 self.touched_slot = None;
@@ -427,6 +427,25 @@ impl<'a> Verifier<'a> {
     }
 }
 
+/// An instruction as the kernel's log prints it (`print_bpf_insn`) where that differs from
+/// llvm-objdump's text: helper and local calls, map loads, memory offsets.
+fn log_insn(insn: Insn, next: Option<Insn>) -> String {
+    if insn.op == OP_CALL && insn.src == 0 {
+        return format!("call {}#{}", crate::helpers::name(insn.imm as u32), insn.imm);
+    }
+    if insn.op == OP_CALL && insn.src == BPF_PSEUDO_CALL {
+        return format!("call pc{:+}", insn.imm);
+    }
+    if insn.is_lddw() && matches!(insn.src, BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_FD) {
+        return format!("r{} = map[id:{}]", insn.dst, insn.imm);
+    }
+    if insn.is_lddw() && matches!(insn.src, BPF_PSEUDO_MAP_IDX_VALUE | BPF_PSEUDO_MAP_VALUE) {
+        let off = next.map_or(0, |n| n.imm);
+        return format!("r{} = map[id:{}][0]+{off}", insn.dst, insn.imm);
+    }
+    userbpf_isa::disasm::format_insn(insn, next).replace(" + ", " +").replace(" - ", " -")
+}
+
 /// What an instruction needs precisely for its results in `need` to be precise (backwards).
 fn reverse(insn: Insn, h: &Hist, need: &mut Precise) {
     let bit = |r: u8| 1u16 << r;
@@ -530,7 +549,7 @@ fn widen(old: &State, cur: &mut State) {
 }
 
 pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
-    let err = |insn: usize, message: String, log: String| VerifyError { insn, message, log };
+    let err = |insn: usize, message: String, log: String| VerifyError { insn, message, log, insns_processed: 0 };
     if let Err(e) = userbpf_isa::validate::check_program(insns) {
         return Err(err(e.index, e.message, String::new()));
     }
@@ -585,7 +604,9 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
                 v.log.line(|| st);
             }
             v.log.line(|| m);
-            Err(err(pc, message, std::mem::take(&mut v.log.text)))
+            let mut e = err(pc, message, std::mem::take(&mut v.log.text));
+            e.insns_processed = v.processed;
+            Err(e)
         }
     }
 }

@@ -104,7 +104,98 @@ pub struct VerifyError {
     pub insn: usize,
     pub message: String,
     pub log: String,
+    /// Instructions processed before the refusal (0 when refused before the walk: encodings,
+    /// jumps, unreachable code, unknown helpers).
+    pub insns_processed: usize,
 }
+
+impl VerifyError {
+    /// The errno the kernel's `bpf(BPF_PROG_LOAD)` returns for this refusal: `E2BIG` for the
+    /// complexity limits, `EINVAL` for malformed programs and the rules the kernel reports
+    /// with it (unknown helpers, unreleased references, jumps, return values), `EACCES`
+    /// for the rest (memory accesses, types, bounds: the kernel's default).
+    pub fn errno(&self) -> i32 {
+        const E2BIG: i32 = 7;
+        const EINVAL: i32 = 22;
+        const EACCES: i32 = 13;
+        const TOO_BIG: &[&str] =
+            &["BPF program is too large", "The sequence of ", "the call stack of ", "too many call"];
+        const INVALID: &[&str] = &[
+            "invalid func",
+            "unknown func",
+            "helper ",
+            "program of this type cannot use helper",
+            "cannot call GPL-restricted",
+            "jump out of range",
+            "jump into the middle",
+            "unreachable insn",
+            "last insn is not",
+            "back-edge",
+            "invalid bpf_ld_imm64",
+            "infinite loop detected",
+            "Unreleased reference",
+            "cannot pass map_type",
+            "invalid BPF_JMP",
+            "BPF_LD_[ABS|IND]",
+            "call to invalid destination",
+            "invalid shift",
+            "div by zero",
+            "At callback return",
+            "At program exit",
+            "tail_call would lead to reference leak",
+            "callx",
+            "calling kernel functions",
+            "ksym",
+            "program has no instructions",
+            "invalid atomic",
+            "BPF_ATOMIC uses invalid",
+            "no direct value access",
+            "string is not zero-terminated",
+            "the inner map of map",
+            "fd ",
+            "unknown opcode",
+            "cannot return stack pointer",
+            "math between",
+            "value ",
+            "invalid indirect access to stack",
+            "invalid",
+        ];
+        let m = self.message.as_str();
+        if self.insns_processed == 0 && !TOO_BIG.iter().any(|p| m.starts_with(p)) {
+            // Refused before the walk: encodings, the control flow graph, unknown helpers.
+            return EINVAL;
+        }
+        if TOO_BIG.iter().any(|p| m.starts_with(p)) {
+            E2BIG
+        } else if m.contains("pointer be out of bounds") {
+            // Pointer arithmetic out of its region (the kernel's sanitize checks).
+            EINVAL
+        } else if m.starts_with('R') && m.contains(" reference has not been acquired")
+            || m.contains("must have zero offset when passed to release func")
+        {
+            EINVAL
+        } else if INVALID.iter().any(|p| m.starts_with(p)) && !EACCES_INVALID.iter().any(|p| m.starts_with(p)) {
+            EINVAL
+        } else {
+            EACCES
+        }
+    }
+}
+
+/// Refusals starting with "invalid" that the kernel gives `EACCES` (memory accesses).
+const EACCES_INVALID: &[&str] = &[
+    "invalid access",
+    "invalid mem access",
+    "invalid read from stack",
+    "invalid indirect read",
+    "invalid variable-offset",
+    "invalid unbounded",
+    "invalid bpf_context access",
+    "invalid size of register",
+    "invalid stack",
+    "invalid write to stack",
+    "invalid zero-sized",
+];
 
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -26,6 +26,7 @@ fn corpus_verdicts_match_the_kernel() {
     assert!(files.len() >= 40, "{} corpus programs", files.len());
     let mut failures = Vec::new();
     let (mut agree, mut total, mut refused) = (0, 0, 0);
+    let (mut errnos, mut same_errno) = (0, 0);
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let expect_ok = name.starts_with("ok_");
@@ -46,9 +47,19 @@ fn corpus_verdicts_match_the_kernel() {
             if v.userbpf.is_err() {
                 refused += 1;
             }
+            // ENOSPC: the kernel's log (4 MiB) overflowed, which hides its errno.
+            if v.kernel_errno.is_some_and(|e| e != libc::ENOSPC) && v.userbpf_errno.is_some() {
+                errnos += 1;
+                if v.kernel_errno == v.userbpf_errno {
+                    same_errno += 1;
+                } else {
+                    failures.push(format!("errno: kernel {:?}, userbpf {:?}: {v}", v.kernel_errno, v.userbpf_errno));
+                }
+            }
         }
     }
     println!("corpus: {agree}/{total} verdicts agree with the kernel ({refused} refused by userbpf)");
+    println!("corpus: {same_errno}/{errnos} refusals get the kernel's errno");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -40,7 +40,7 @@ fn join(a: &Regs, b: &Regs) -> Regs {
 
 /// The frozen read-only maps' values: `(map id, bytes of element 0)`.
 pub struct Frozen {
-    maps: Vec<(u32, Vec<u8>)>,
+    pub maps: Vec<(u32, Vec<u8>)>,
 }
 
 impl Frozen {

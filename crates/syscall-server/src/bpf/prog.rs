@@ -1,5 +1,6 @@
-//! Program commands: PROG_LOAD (checked by the VM's load-time checks, with a verifier-like
-//! log), PROG_TEST_RUN and PROG_BIND_MAP.
+//! Program commands: PROG_LOAD (verified by userbpf's verifier with the kernel's rules, its
+//! log returned in `log_buf` as the kernel returns its own, then the VM's load-time checks),
+//! PROG_TEST_RUN and PROG_BIND_MAP.
 
 use std::mem::offset_of;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -163,6 +164,16 @@ impl VLog {
         self.level != 0
     }
 
+    /// Lines already ending in a newline (the verifier's log).
+    pub fn text(&mut self, s: &str) {
+        if self.on() {
+            self.text.push_str(s);
+            if !s.is_empty() && !s.ends_with('\n') {
+                self.text.push('\n');
+            }
+        }
+    }
+
     pub fn line(&mut self, s: &str) {
         if self.on() {
             self.text.push_str(s);
@@ -323,17 +334,19 @@ struct Refusal {
     msg: String,
     errno: i32,
     processed: usize,
+    /// The verifier's own log of the refusal (it ends with the message).
+    log: Option<String>,
 }
 
 impl Stop {
     /// Refused before the walk reached an instruction.
     fn refused(errno: i32, msg: impl Into<String>) -> Stop {
-        Stop::Refused(Refusal { pc: None, msg: msg.into(), errno, processed: 0 })
+        Stop::Refused(Refusal { pc: None, msg: msg.into(), errno, processed: 0, log: None })
     }
 
     /// Refused at instruction `pc`, `processed` instructions into the walk.
     fn refused_at(pc: usize, processed: usize, errno: i32, msg: impl Into<String>) -> Stop {
-        Stop::Refused(Refusal { pc: Some(pc), msg: msg.into(), errno, processed })
+        Stop::Refused(Refusal { pc: Some(pc), msg: msg.into(), errno, processed, log: None })
     }
 }
 
@@ -347,6 +360,10 @@ impl Refusal {
     /// The refusal in the log: the offending instruction and the reason, then the
     /// verifier's summary line.
     fn log(&self, log: &mut VLog, insns: &[Insn]) {
+        if let Some(text) = &self.log {
+            log.text(text);
+            return;
+        }
         if let Some(pc) = self.pc.filter(|&p| p < insns.len()) {
             // The verifier's walk reached the instruction: its state line, then the instruction.
             log.line("0: R1=ctx() R10=fp0");
@@ -413,6 +430,14 @@ struct Checked {
     line_info: Vec<u8>,
     map_ids: Vec<u32>,
     tag: [u8; 8],
+    /// What the verifier found (None when verification is off).
+    verified: Option<Verified>,
+}
+
+/// An accepted program's verification: the verifier's statistics and log, and its time.
+struct Verified {
+    stats: userbpf_verifier::Stats,
+    usec: u128,
 }
 
 /// BTF-attached programs (fentry/fexit, freplace) and in-kernel CO-RE relocations: refused.
@@ -617,13 +642,118 @@ fn verify(at: &attr::ProgLoad, name: &str, gpl: bool, insns: &mut [Insn]) -> Res
     let maps = resolve_maps(insns, at.fd_array)?;
     let map_ids: Vec<u32> = maps.iter().map(|(id, _)| *id).collect();
     check_calls(insns, &map_ids, gpl)?;
+    let verified = run_verifier(at, name, gpl, insns, &maps)?;
     check_in_vm(name, insns, &maps)?;
-    Ok(Checked { btf_id, func_info, line_info, map_ids, tag })
+    Ok(Checked { btf_id, func_info, line_info, map_ids, tag, verified })
 }
 
-/// The verifier-like log of a successful load.
-fn log_accepted(log: &mut VLog, insns: &[Insn]) {
+/// The verifier's description of map `id` as this process knows it: frozen read-only maps
+/// (`BPF_F_RDONLY_PROG`, then BPF_MAP_FREEZE) give their values as constants, and maps of
+/// maps the template their loader gave.
+fn map_info(id: u32, map: &Map) -> userbpf_verifier::MapInfo {
+    let mut info = userbpf_runtime::verify::map_info(map.spec());
+    let Ok(e) = map_by_id(id) else { return info };
+    if let Some((_, value)) = super::dead::Frozen::of(&[(id, e.clone())]).maps.pop() {
+        info.frozen = Some(value);
+    }
+    if let Some((map_type, key_size, value_size, max_entries, flags)) = e.inner {
+        info.inner = Some(Box::new(userbpf_verifier::MapInfo {
+            name: String::new(),
+            map_type,
+            key_size,
+            value_size,
+            max_entries,
+            readonly: flags & userbpf_maps::BPF_F_RDONLY_PROG != 0,
+            frozen: None,
+            inner: None,
+        }));
+    }
+    info
+}
+
+/// The verifier (crate `userbpf-verifier`, the kernel's rules as for root), as the kernel
+/// runs its own at PROG_LOAD: a refusal carries the verifier's log and the kernel's errno.
+/// `USERBPF_VERIFY=0` skips it, with a warning.
+fn run_verifier(
+    at: &attr::ProgLoad,
+    name: &str,
+    gpl: bool,
+    insns: &[Insn],
+    maps: &[(u32, Arc<Map>)],
+) -> Result<Option<Verified>, Stop> {
+    if !userbpf_runtime::verify::enabled() {
+        userbpf_runtime::verify::warn_unverified(name);
+        return Ok(None);
+    }
+    let type_name = prog_type_name(at.prog_type).unwrap_or("kprobe");
+    let Some(prog_type) = userbpf_runtime::verify::prog_type(type_name) else {
+        return Err(Stop::refused(libc::EINVAL, format!("programs of type {type_name} cannot be verified")));
+    };
+    let mut opts = userbpf_verifier::Options::new(prog_type);
+    opts.gpl_compatible = gpl;
+    opts.maps = maps.iter().map(|(id, m)| (*id, map_info(*id, m))).collect();
+    // At level 1 only a refusal is logged (its paths): verify without a log first, and
+    // again with one if refused (the walk is deterministic).
+    opts.log_level = if at.log_level & BPF_LOG_LEVEL2 != 0 { 2 } else { 0 };
+    let start = std::time::Instant::now();
+    let verdict = userbpf_verifier::verify(insns, &opts);
+    let usec = start.elapsed().as_micros();
+    let verdict = match verdict {
+        Err(_) if at.log_level & (1 | BPF_LOG_LEVEL2) == 1 => {
+            opts.log_level = 1;
+            userbpf_verifier::verify(insns, &opts)
+        }
+        v => v,
+    };
+    match verdict {
+        Ok(stats) => Ok(Some(Verified { stats, usec })),
+        Err(e) => {
+            // The verifier's log ends with the message (without a log level it holds the
+            // register states where the rule was broken, then the message); with only
+            // BPF_LOG_STATS the kernel logs the message alone.
+            let mut text = if at.log_level & (1 | BPF_LOG_LEVEL2) != 0 { e.log.clone() } else { e.message.clone() };
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            if at.log_level & BPF_LOG_STATS != 0 {
+                text.push_str(&format!("verification time {usec} usec\n"));
+            }
+            text.push_str(&stats_line(e.insns_processed, 0));
+            Err(Stop::Refused(Refusal {
+                pc: Some(e.insn),
+                processed: e.insns_processed,
+                log: Some(text),
+                errno: e.errno(),
+                msg: e.message,
+            }))
+        }
+    }
+}
+
+/// The verifier's last log line, as the kernel prints it (bpftrace reads its limit there).
+fn stats_line(processed: usize, states: usize) -> String {
+    format!(
+        "processed {processed} insns (limit {INSN_LIMIT}) max_states_per_insn 0 total_states {states} peak_states {states} mark_read 0"
+    )
+}
+
+/// The log of a successful load: the verifier's, with the kernel's statistics lines.
+fn log_accepted(log: &mut VLog, insns: &[Insn], verified: Option<&Verified>) {
     if !log.on() {
+        return;
+    }
+    if let Some(v) = verified {
+        // As the kernel: the paths' log only at level 2 (at level 1 an accepted program's
+        // log is its statistics); the verifier's own summary line gives way to the kernel's.
+        if log.level & BPF_LOG_LEVEL2 != 0 {
+            let text = v.stats.log.trim_end_matches('\n');
+            log.text(text.rsplit_once('\n').map_or("", |(head, _)| head));
+        }
+        if log.level & BPF_LOG_STATS != 0 {
+            let depth: Vec<String> = v.stats.stack_depth.iter().map(|d| (d.div_ceil(8) * 8).to_string()).collect();
+            log.line(&format!("verification time {} usec\nstack depth {}", v.usec, depth.join("+")));
+        }
+        log.line(&stats_line(v.stats.insns_processed, v.stats.states));
         return;
     }
     if log.level & BPF_LOG_LEVEL2 != 0 {
@@ -713,14 +843,15 @@ pub fn load(a: &Attr) -> Result<i64, Error> {
             Err(r)
         }
         Ok(c) => {
-            log_accepted(&mut log, &insns);
+            log_accepted(&mut log, &insns, c.verified.as_ref());
             Ok(c)
         }
     };
     let (true_size, written) = log.finish();
     let _ = a.put_u32(offset_of!(attr::ProgLoad, log_true_size), true_size);
-    let checked = checked.map_err(|r| r.error())?;
+    // A log that did not fit gives ENOSPC, a refusal's errno included (as the kernel).
     written.context(|| format!("the verifier log ({true_size} bytes) does not fit log_size {}", at.log_size))?;
+    let checked = checked.map_err(|r| r.error())?;
     record_prog(&at, name, type_name, &license, insns, checked)
 }
 

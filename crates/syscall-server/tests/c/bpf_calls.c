@@ -310,6 +310,38 @@ static void progs(void) {
     fd = load(BPF_PROG_TYPE_KPROBE, "bad-name", ret0, 2, NULL, 0, 0);
     printf("prog_bad_name %d\n", fd < 0 ? -errno : 0);
 
+    /* Refusals by the verifier's rules: the kernel's errno and words, the log's limits. */
+    struct bpf_insn uninit_r0[] = { EXIT() };
+    fd = load(BPF_PROG_TYPE_KPROBE, "r0", uninit_r0, 1, log, sizeof(log), 1);
+    printf("prog_uninit_r0 %d log_says_it %d\n", fd < 0 ? -errno : 0, strstr(log, "R0 !read_ok\n") != NULL);
+    int vm = bpf_map_create(BPF_MAP_TYPE_ARRAY, "vm", 4, 8, 1, NULL);
+    struct bpf_insn value_oob[] = {
+        ST_W(10, -4, 0), MOV64_REG(2, 10), ADD64_IMM(2, -4), LD_MAP_FD(1, vm), CALL(BPF_FUNC_map_lookup_elem),
+        INSN(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1, 0), ST_W(0, 8, 7), MOV64_IMM(0, 0), EXIT(),
+    };
+    size_t nv = sizeof(value_oob) / sizeof(value_oob[0]);
+    fd = load(BPF_PROG_TYPE_KPROBE, "oob", value_oob, nv, log, sizeof(log), 1);
+    printf("prog_value_oob %d log_says_it %d log_ends_with_processed %d\n", fd < 0 ? -errno : 0,
+           strstr(log, "invalid access to map value, value_size=8 off=8 size=4\n") != NULL,
+           strstr(log, "\nprocessed ") != NULL && log[strlen(log) - 1] == '\n');
+    fd = load(BPF_PROG_TYPE_KPROBE, "oob", value_oob, nv, NULL, 0, 0);
+    printf("prog_value_oob_no_log %d\n", fd < 0 ? -errno : 0);
+    fd = load(BPF_PROG_TYPE_KPROBE, "oob", value_oob, nv, log, 24, 1);
+    printf("prog_value_oob_log_too_small %d len %zu\n", fd < 0 ? -errno : 0, strlen(log));
+    fd = load(BPF_PROG_TYPE_KPROBE, "oob", value_oob, nv, log, sizeof(log), 2);
+    printf("prog_value_oob_level2 %d log_says_it %d states %d\n", fd < 0 ? -errno : 0,
+           strstr(log, "value_size=8 off=8 size=4\n") != NULL, strstr(log, "R0=map_value") != NULL);
+    value_oob[7] = ST_W(0, 4, 7);
+    fd = load(BPF_PROG_TYPE_KPROBE, "inb", value_oob, nv, log, sizeof(log), 1);
+    printf("prog_value_in_bounds %s\n", fd >= 0 ? "fd" : strerror(errno));
+    close(fd);
+    fd = load(BPF_PROG_TYPE_KPROBE, "inb", value_oob, nv, log, 20, 1);
+    printf("prog_value_in_bounds_log_too_small %d len %zu\n", fd < 0 ? -errno : 0, strlen(log));
+    fd = load(BPF_PROG_TYPE_KPROBE, "inb", value_oob, nv, log, sizeof(log), 4);
+    printf("prog_value_in_bounds_stats %d %d\n", fd >= 0, strstr(log, "verification time ") != NULL && strstr(log, "usec\nstack depth 4\n") != NULL);
+    close(fd);
+    close(vm);
+
     /* A program using a map: map ids in the info, the map looked up. */
     int m = bpf_map_create(BPF_MAP_TYPE_HASH, "pm", 4, 8, 4, NULL);
     struct bpf_insn use_map[] = {

@@ -204,6 +204,10 @@ pub struct Verdicts {
     pub program: String,
     pub kernel: Result<(), String>,
     pub userbpf: Result<(), String>,
+    /// The errno of each refusal (the kernel's from `bpf()`, userbpf's from
+    /// `VerifyError::errno`, what `userbpf load` returns).
+    pub kernel_errno: Option<i32>,
+    pub userbpf_errno: Option<i32>,
 }
 
 impl Verdicts {
@@ -238,8 +242,21 @@ pub fn judge_object(path: &Path, shown: &str) -> Result<Vec<Verdicts>, String> {
     for prog in &obj.programs {
         let Some((_, ptype)) = prog_type(&prog.kind) else { continue };
         let k = kernel.load(prog, &obj.license);
-        let u = userbpf_verifier::verify(&prog.insns, &options(&obj, ptype)).map(|_| ()).map_err(|e| e.to_string());
-        out.push(Verdicts { file: shown.to_string(), program: prog.name.clone(), kernel: k, userbpf: u });
+        let kernel_errno = k.as_ref().err().and_then(|e| {
+            let n = e.split("(os error ").nth(1)?.split(')').next()?;
+            n.parse::<i32>().ok()
+        });
+        let u = userbpf_verifier::verify(&prog.insns, &options(&obj, ptype));
+        let userbpf_errno = u.as_ref().err().map(|e| e.errno());
+        let u = u.map(|_| ()).map_err(|e| e.to_string());
+        out.push(Verdicts {
+            file: shown.to_string(),
+            program: prog.name.clone(),
+            kernel: k,
+            userbpf: u,
+            kernel_errno,
+            userbpf_errno,
+        });
     }
     Ok(out)
 }
