@@ -23,6 +23,10 @@ bpftrace itself insists on euid 0; libbpf tools run as any user. \
 USERBPF_TRACE_BPF=1 prints every served bpf() call and its result; \
 USERBPF_SYSCALL_SERVER names the server library (default: beside this binary).")]
 pub struct LoadArgs {
+    /// Run the programs unverified (for experiments; as USERBPF_VERIFY=0): a faulty program
+    /// can then crash the process it runs in. A warning is printed for every program.
+    #[arg(long)]
+    pub no_verify: bool,
     /// Run the loaded programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,

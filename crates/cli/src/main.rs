@@ -75,6 +75,22 @@ fn main() {
     // thread exists yet.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse_from(conformance_order(std::env::args().collect()));
+    let no_verify = match &cli.command {
+        Command::Run(a) => a.no_verify,
+        Command::Start(a) => a.no_verify,
+        Command::Load(a) => a.no_verify,
+        Command::Prog(prog::ProgCmd::Run(a)) => a.no_verify,
+        _ => false,
+    };
+    if no_verify {
+        // What turns verification off, here and in the processes this one starts (targets,
+        // loaders): every load then warns.
+        // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
+        unsafe { std::env::set_var(userbpf_runtime::verify::VERIFY_ENV, "0") };
+        eprintln!(
+            "userbpf: warning: --no-verify: programs run unverified; a faulty program can crash the process it runs in"
+        );
+    }
     // The tools make sessions of their own unless one is named.
     let named_session = cli.session.clone().or_else(|| std::env::var("USERBPF_SESSION").ok().filter(|s| !s.is_empty()));
     let session = cli.session.unwrap_or_else(userbpf_runtime::Session::default_name);

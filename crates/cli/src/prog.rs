@@ -30,6 +30,10 @@ pub enum ProgCmd {
 pub struct RunArgs {
     /// The object (clang -target bpf -g -O2).
     object: PathBuf,
+    /// Run the programs unverified (for experiments; as USERBPF_VERIFY=0): a faulty program
+    /// can then crash the process it runs in. A warning is printed for every program.
+    #[arg(long)]
+    pub no_verify: bool,
     /// The program (function name); default: the object's first program.
     prog: Option<String>,
     /// Runs.

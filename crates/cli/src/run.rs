@@ -31,6 +31,10 @@ use crate::dump::{Typed, dump_text, hist_lines, is_log2_hist};
 pub struct RunArgs {
     /// The object (clang -target bpf -g -O2).
     object: PathBuf,
+    /// Run the programs unverified (for experiments; as USERBPF_VERIFY=0): a faulty program
+    /// can then crash the process it runs in. A warning is printed for every program.
+    #[arg(long)]
+    pub no_verify: bool,
     /// Run the programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,
@@ -99,6 +103,10 @@ pub(crate) fn target_command(command: &[String], session: &str, interpreter: boo
 
 #[derive(Args)]
 pub struct StartArgs {
+    /// Run the programs unverified (for experiments; as USERBPF_VERIFY=0): a faulty program
+    /// can then crash the process it runs in. A warning is printed for every program.
+    #[arg(long)]
+    pub no_verify: bool,
     /// Run the session's programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,

@@ -102,3 +102,25 @@ fn a_refused_program_gives_libbpf_the_verifiers_log() {
         assert!(log_of(&kernel).contains(&format!("\n{reason}\n")), "the kernel's reason is the same");
     }
 }
+
+/// `userbpf load --no-verify`: the refused program loads, with a warning (for experiments).
+#[test]
+fn no_verify_lets_a_refused_program_load_with_a_warning() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let dir = tmp().join("load/no-verify");
+    let obj = userbpf_testutil::compile_bpf(&here.join("bpf/refused_value_oob.bpf.c"), &dir);
+    let ldr =
+        userbpf_testutil::compile_c(&here.join("targets/loaders/load_object.c"), &dir.join("load_object"), &["-lbpf"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_userbpf"))
+        .env("USERBPF_SYSCALL_SERVER", server())
+        .env("USERBPF_SHM_DIR", tmp())
+        .args(["load", "--session", "load-no-verify", "--no-verify"])
+        .args([ldr.to_str().unwrap(), obj.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "loaded\n");
+    assert!(err.contains("userbpf: warning: --no-verify"), "{err}");
+    assert!(err.contains("USERBPF_VERIFY=0: program `past_the_end` runs unverified"), "{err}");
+}

@@ -77,6 +77,36 @@ fn a_faulting_program_does_not_kill_the_target() {
     assert!(out.contains(&format!("value = {{ .counted = {expected} }}")), "{out}");
 }
 
+/// `--no-verify` turns the verifier off as USERBPF_VERIFY=0 does, for `run` (in userbpf and
+/// in the target's agent) and `prog run`, warning each time; without it the program is refused.
+#[test]
+fn no_verify_runs_a_refused_program_with_a_warning() {
+    let obj = object("crates/cli/tests/bpf/faulty.bpf.c", "faulty-noverify");
+    let target = workload();
+    let (out, err, ok) =
+        userbpf_run(&obj, &["--no-verify", "--attach", "faulty=work"], &[target.to_str().unwrap(), "100"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("userbpf: warning: --no-verify: programs run unverified"), "the command's warning: {err}");
+    assert!(err.contains("USERBPF_VERIFY=0: program `faulty` runs unverified"), "the program's warning: {err}");
+    assert!(out.contains("workload: 100 calls of work()"), "{out}\n{err}");
+    let prog_run = |extra: &[&str]| {
+        std::process::Command::new(common::userbpf())
+            .env("USERBPF_SHM_DIR", common::tmp())
+            .args(["--session", "no-verify-prog-run", "prog", "run"])
+            .args(extra)
+            .arg(&obj)
+            .output()
+            .unwrap()
+    };
+    let refused = prog_run(&[]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("R1 invalid mem access 'scalar'"), "{refused:?}");
+    let unverified = prog_run(&["--no-verify"]);
+    let err = String::from_utf8_lossy(&unverified.stderr);
+    assert!(err.contains("--no-verify: programs run unverified"), "{err}");
+    assert!(err.contains("program `faulty` runs unverified"), "{err}");
+}
+
 #[test]
 fn a_function_that_does_not_exist_is_reported() {
     let obj = object("examples/bpf/funclatency.bpf.c", "missing");
