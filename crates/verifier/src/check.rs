@@ -835,7 +835,7 @@ impl Verifier<'_> {
         let idu = id as u32;
         let Some(proto) = helpers::proto(idu) else {
             return Err(if userbpf_isa::helper_names::helper_name(idu).is_some() {
-                format!("program of this type cannot use helper {}#{id}", helpers::name(idu))
+                format!("helper {} (id {id}) is not supported", helpers::name(idu))
             } else {
                 format!("invalid func unknown#{id}")
             });

@@ -554,18 +554,9 @@ pub fn run(insns: &[Insn], opts: &Options) -> Result<Stats, VerifyError> {
         return Err(err(e.index, e.message, String::new()));
     }
     let cfg = cfg::build(insns).map_err(|(pc, m)| err(pc, m, String::new()))?;
-    // Helpers userbpf does not implement are refused wherever they are called.
-    for (pc, insn) in insns.iter().enumerate() {
-        if insn.op == OP_CALL && insn.src == 0 && crate::helpers::proto(insn.imm as u32).is_none() {
-            let id = insn.imm as u32;
-            let message = if userbpf_isa::helper_names::helper_name(id).is_some() {
-                format!("helper {} (id {id}) is not supported", crate::helpers::name(id))
-            } else {
-                format!("invalid func unknown#{}", insn.imm)
-            };
-            return Err(err(pc, message, String::new()));
-        }
-    }
+    // Helpers userbpf does not implement are refused where the walk reaches them, as the
+    // kernel refuses unknown ones: libbpf's poisoned calls (CO-RE relocations that did not
+    // resolve) behind branches on constants never run, and pass.
     let nfuncs = cfg.funcs.len();
     let mut v = Verifier {
         insns,
