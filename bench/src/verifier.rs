@@ -357,6 +357,21 @@ fn main() {
             progs.extend(programs_of(&o, &format!("libbpf-tools {name}")));
         }
     }
+    // VERIFIER_BENCH_PROFILE=SUBSTRING: only verify (userbpf) the programs whose source and
+    // name contain it, 100 times each, for a profiler.
+    if let Ok(only) = std::env::var("VERIFIER_BENCH_PROFILE") {
+        for p in progs.iter().filter(|p| format!("{} {}", p.source, p.name).contains(&only)) {
+            let mut opts = Options::new(p.prog_type);
+            opts.gpl_compatible = p.gpl;
+            opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+            let t = Instant::now();
+            for _ in 0..100 {
+                let _ = std::hint::black_box(userbpf_verifier::verify(&p.insns, &opts));
+            }
+            println!("{} {}: {:.1?} per verification", p.source, p.name, t.elapsed() / 100);
+        }
+        return;
+    }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "verification time: userbpf's verifier beside the kernel's ({} programs; {tools} libbpf-tools objects), {ROUNDS} rounds, medians; load average {}",

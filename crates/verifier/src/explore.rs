@@ -369,7 +369,7 @@ impl<'a> Verifier<'a> {
                     }
                 }
             }
-            if let Some(next) = work.last() {
+            if let Some(next) = work.last().filter(|_| self.log.level > 0) {
                 let (pc, s) = (next.pc, next.state.describe());
                 self.log.line(|| format!("from {} to {pc}: {s}", "?"));
             }

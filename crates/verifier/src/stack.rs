@@ -67,6 +67,12 @@ impl Stack {
         self.slots.get(i).copied().unwrap_or(Slot::EMPTY)
     }
 
+    /// The slot without copying it (state comparisons read every slot).
+    pub fn slot_ref(&self, i: usize) -> &Slot {
+        static EMPTY: Slot = Slot::EMPTY;
+        self.slots.get(i).unwrap_or(&EMPTY)
+    }
+
     pub fn slot_mut(&mut self, i: usize) -> &mut Slot {
         if self.slots.len() <= i {
             self.slots.resize(i + 1, Slot::EMPTY);
