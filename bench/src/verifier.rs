@@ -3,6 +3,9 @@
 //! /usr/sbin's tools by their skeletons, relocated against the running kernel's BTF) and
 //! bpftrace's (recorded in a session by `userbpf load`, given as `--session NAME`).
 //!
+//! Then what verification buys the map helpers: their cost trusting their key and value
+//! pointers (every program verified) beside distrusting them (verification off).
+//!
 //! Each program is loaded into the kernel (`BPF_PROG_LOAD` with `BPF_LOG_STATS`: the
 //! kernel's own "verification time N usec") and verified by userbpf's verifier in the same
 //! run, alternately, `ROUNDS` times; medians are printed side by side for the programs both
@@ -376,8 +379,87 @@ struct Row {
     userbpf_us: f64,
 }
 
+/// Nanoseconds per call of map helper `id` on `map` with key `key` (and `value`), best of
+/// five runs of 2 million calls.
+fn helper_ns(id: u32, map: &userbpf_maps::Map, key: &[u8], value: &[u8]) -> f64 {
+    let registry = userbpf_runtime::helpers::registry();
+    let f = registry.get(id).expect("map helper").func;
+    let m = map as *const userbpf_maps::Map as u64;
+    let (k, v) = (key.as_ptr() as u64, value.as_ptr() as u64);
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..2_000_000 {
+            // SAFETY: a registered map, a key and value of its sizes.
+            std::hint::black_box(unsafe { f(std::hint::black_box(m), k, v, 0, 0) });
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / 2e6);
+    }
+    best
+}
+
+/// What verification buys the map helpers: their cost trusting key and value pointers (every
+/// program verified) and distrusting them (a program loaded unverified), side by side.
+fn map_helper_costs() {
+    use userbpf_maps::{Map, MapSpec, MapType};
+    let dir = std::env::temp_dir().join(format!("userbpf-verifier-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the maps");
+    let create = |id: u32, name: &str, map_type: MapType, value_size: u32| {
+        let spec = MapSpec {
+            map_type,
+            key_size: 8,
+            value_size,
+            max_entries: 1024,
+            map_flags: 0,
+            map_extra: 0,
+            name: name.into(),
+        };
+        let map = std::sync::Arc::new(Map::create(&dir.join(name), &spec).expect("creating a map"));
+        assert!(userbpf_runtime::helpers::maps::register_map(id, map.clone()));
+        map
+    };
+    let hash = create(900_001, "vb_hash", MapType::BPF_MAP_TYPE_HASH, 8);
+    let big = create(900_002, "vb_hash_big", MapType::BPF_MAP_TYPE_HASH, 256);
+    let key = 7u64.to_ne_bytes();
+    let value = [1u8; 256];
+    for m in [&hash, &big] {
+        // SAFETY: key and value of the map's sizes.
+        unsafe { m.update(key.as_ptr(), value.as_ptr(), 0, 0) }.expect("an element");
+    }
+    let ops: [(&str, u32, &Map); 4] = [
+        ("lookup (hash, 8-byte key, hit)", 1, &hash),
+        ("update (hash, existing key, 8-byte value)", 2, &hash),
+        ("update (hash, existing key, 256-byte value)", 2, &big),
+        ("lookup (hash, missing key)", 1, &hash),
+    ];
+    let missing = 9u64.to_ne_bytes();
+    let trusted: Vec<f64> = ops
+        .iter()
+        .map(|(n, id, m)| helper_ns(*id, m, if n.contains("missing") { &missing } else { &key }, &value))
+        .collect();
+    userbpf_runtime::helpers::maps::distrust_pointers();
+    let distrusted: Vec<f64> = ops
+        .iter()
+        .map(|(n, id, m)| helper_ns(*id, m, if n.contains("missing") { &missing } else { &key }, &value))
+        .collect();
+    println!();
+    println!(
+        "map helpers, pointers trusted (verified programs) and distrusted (verification off; guarded copies), ns per call, best of 5 × 2M:"
+    );
+    println!("| helper call | trusted ns | distrusted ns | distrusted / trusted |");
+    println!("|---|---:|---:|---:|");
+    for (k, (name, _, _)) in ops.iter().enumerate() {
+        println!("| {name} | {:.1} | {:.1} | {:.2}× |", trusted[k], distrusted[k], distrusted[k] / trusted[k]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--map-helpers") {
+        map_helper_costs();
+        return;
+    }
     let mut progs: Vec<Prog> = Vec::new();
     let mut i = 0;
     // `--bpftrace`: bpftrace's programs, recorded through `userbpf load` (the session is
@@ -536,4 +618,5 @@ fn main() {
     for r in refusals.iter().take(40) {
         println!("{r}");
     }
+    map_helper_costs();
 }

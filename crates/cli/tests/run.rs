@@ -107,6 +107,27 @@ fn no_verify_runs_a_refused_program_with_a_warning() {
     assert!(err.contains("program `faulty` runs unverified"), "{err}");
 }
 
+/// Map helpers given garbage key and value pointers: refused by the verifier; run unverified,
+/// the helpers distrust the pointers (lookups give NULL, updates and deletes -EFAULT) and the
+/// target lives (it died of SIGSEGV when they trusted them).
+#[test]
+fn unverified_garbage_map_pointers_do_not_kill_the_target() {
+    let obj = object("crates/cli/tests/bpf/garbage_key.bpf.c", "garbage-key");
+    let target = workload();
+    let (_, err, ok) = userbpf_run(&obj, &["--attach", "garbage_key=work"], &[target.to_str().unwrap(), "10"]);
+    assert!(!ok && err.contains("program `garbage_key`"), "refused by the verifier: {err}");
+    let (out, err, ok) = userbpf_run_env(
+        &obj,
+        &["--attach", "garbage_key=work"],
+        &[target.to_str().unwrap(), "1000"],
+        &[("USERBPF_VERIFY", "0")],
+    );
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("workload: 1000 calls of work()"), "the target ran to the end: {out}\n{err}");
+    assert!(out.contains(".survived = 1000"), "every call went through the helpers: {out}");
+    assert!(out.contains(".found = 0"), "{out}");
+}
+
 #[test]
 fn a_function_that_does_not_exist_is_reported() {
     let obj = object("examples/bpf/funclatency.bpf.c", "missing");

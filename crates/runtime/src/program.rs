@@ -162,8 +162,13 @@ impl Relocator for Resolve<'_> {
     /// type, with the run's CPU slot the helpers would read from the run context. Registered
     /// maps are never unmapped (the registry leaks them), so the functions' argument stays
     /// valid for as long as the program. An unregistered map is left to the helper (which
-    /// refuses it).
+    /// refuses it). Not once a program was loaded unverified (the helpers then distrust
+    /// their pointers, [`crate::helpers::maps::distrust_pointers`]).
     fn direct_call(&self, map_addr: u64, helper_id: u32) -> Option<userbpf_vm::DirectCall> {
+        // The map's own functions trust their key and value: only for verified programs.
+        if !crate::helpers::maps::pointers_trusted() {
+            return None;
+        }
         let (map, _) = crate::helpers::maps::map_at(map_addr)?;
         let ops = map.prog_ops()?;
         let func = match helper_id {

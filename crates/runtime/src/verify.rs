@@ -54,7 +54,8 @@ pub fn enabled() -> bool {
     std::env::var(VERIFY_ENV).map_or(true, |v| v != "0")
 }
 
-/// Warns, on stderr, that program `name` runs unverified (verification is off).
+/// Warns, on stderr, that program `name` runs unverified (verification is off); the caller
+/// also calls [`crate::helpers::maps::distrust_pointers`] if the program runs in this process.
 pub fn warn_unverified(name: &str) {
     eprintln!(
         "userbpf: warning: {VERIFY_ENV}=0: program `{name}` runs unverified; a faulty program can crash the process it runs in"
@@ -90,6 +91,7 @@ pub fn check(
 ) -> Result<(), String> {
     if !enabled() {
         warn_unverified(name);
+        crate::helpers::maps::distrust_pointers();
         return Ok(());
     }
     let Some(prog_type) = self::prog_type(prog_type) else {

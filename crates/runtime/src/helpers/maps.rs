@@ -18,8 +18,9 @@
 //! thread may hold its address at any time and nothing on the hot path could tell when it
 //! stops.
 
+use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use userbpf_maps::{Map, MapType};
@@ -265,14 +266,88 @@ unsafe fn slot_id(p: *const u8) -> u32 {
     }
 }
 
+/// Whether keys and values given to map helpers are trusted: true while every program loaded
+/// into this process was verified (see the module docs of `helpers`).
+static TRUST_POINTERS: AtomicBool = AtomicBool::new(true);
+
+/// From now on, map helpers distrust their key and value pointers (a program was loaded
+/// unverified). For the rest of the process: its programs may already be running.
+pub fn distrust_pointers() {
+    TRUST_POINTERS.store(false, Ordering::Relaxed);
+}
+
+/// Whether map helpers trust their pointers (see [`distrust_pointers`]).
+pub fn pointers_trusted() -> bool {
+    TRUST_POINTERS.load(Ordering::Relaxed)
+}
+
+/// Bytes a distrusted key or value is copied into on the helper's stack; larger ones are
+/// probed page by page and then used in place.
+const COPY_MAX: usize = 512;
+
+/// Whether `len` bytes at `p` can be read (`write`: and written), probing one byte of every
+/// page through the guard (a write probe rewrites the byte with its own value).
+fn probe(p: u64, len: usize, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let Some(end) = p.checked_add(len as u64 - 1) else { return false };
+    let mut at = p;
+    loop {
+        let mut b = 0u8;
+        // SAFETY: the guard's copy recovers a fault at `at` (giving EFAULT); `b` is ours.
+        if unsafe { userbpf_vm::guard::copy(&mut b, at as *const u8, 1) } != 0 {
+            return false;
+        }
+        // SAFETY: as above; writing back the byte just read leaves the memory as it was
+        // (a racing writer could lose one store: the program is unverified).
+        if write && unsafe { userbpf_vm::guard::copy(at as *mut u8, &b, 1) } != 0 {
+            return false;
+        }
+        if at >= end & !4095 {
+            break;
+        }
+        at = (at & !4095) + 4096;
+    }
+    // The last byte (its page may differ from the probed start of a page).
+    let mut b = 0u8;
+    // SAFETY: as above.
+    unsafe { userbpf_vm::guard::copy(&mut b, end as *const u8, 1) == 0 }
+}
+
+/// A key or value the helper may read: `p` itself when pointers are trusted; otherwise a
+/// guarded copy in `buf` (or `p` after probing, when larger than `buf`). `None`: it faults.
+#[inline]
+fn readable(p: u64, len: u32, buf: &mut MaybeUninit<[u8; COPY_MAX]>) -> Option<*const u8> {
+    if pointers_trusted() {
+        return Some(p as *const u8);
+    }
+    distrusted(p, len as usize, buf)
+}
+
+#[cold]
+fn distrusted(p: u64, len: usize, buf: &mut MaybeUninit<[u8; COPY_MAX]>) -> Option<*const u8> {
+    if len > COPY_MAX {
+        return probe(p, len, false).then_some(p as *const u8);
+    }
+    let dst = buf.as_mut_ptr() as *mut u8;
+    // SAFETY: `buf` holds COPY_MAX >= len bytes (written here, read only as those bytes);
+    // the guard recovers faults on `p`.
+    (unsafe { userbpf_vm::guard::copy(dst, p as *const u8, len as u64) } == 0).then_some(dst as *const u8)
+}
+
+const EFAULT: u64 = -(libc::EFAULT as i64) as u64;
+
 /// `void *bpf_map_lookup_elem(map, key)`: the value's address in this process, or NULL. For
 /// arrays and hashes of maps, the inner map's address (NULL if the slot is empty or names no
 /// registered map of the session). Prog arrays: NULL (the kernel forbids the call).
 unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return 0 };
-    // SAFETY: keys are trusted (see the module docs of `helpers`): in valid programs they are
-    // key_size readable bytes of stack or map memory.
-    let p = unsafe { m.lookup(key as *const u8, cpu_for(m)) };
+    let mut buf = MaybeUninit::uninit();
+    let Some(key) = readable(key, m.spec().key_size, &mut buf) else { return 0 };
+    // SAFETY: key_size readable bytes: verified programs' keys are stack or map memory (see
+    // the module docs of `helpers`), others' were copied or probed.
+    let p = unsafe { m.lookup(key, cpu_for(m)) };
     if p.is_null() {
         return 0;
     }
@@ -291,8 +366,11 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 /// `long bpf_map_update_elem(map, key, value, flags)`.
 unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
-    // SAFETY: key and value are trusted (module docs of `helpers`).
-    match unsafe { m.update(key as *const u8, value as *const u8, flags, cpu_for(m)) } {
+    let (mut kbuf, mut vbuf) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+    let Some(key) = readable(key, m.spec().key_size, &mut kbuf) else { return EFAULT };
+    let Some(value) = readable(value, m.spec().value_size, &mut vbuf) else { return EFAULT };
+    // SAFETY: key and value readable (as in `map_lookup_elem`).
+    match unsafe { m.update(key, value, flags, cpu_for(m)) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -301,8 +379,10 @@ unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64,
 /// `long bpf_map_delete_elem(map, key)`.
 unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
-    // SAFETY: the key is trusted (module docs of `helpers`).
-    match unsafe { m.delete(key as *const u8) } {
+    let mut buf = MaybeUninit::uninit();
+    let Some(key) = readable(key, m.spec().key_size, &mut buf) else { return EFAULT };
+    // SAFETY: the key is readable (as in `map_lookup_elem`).
+    match unsafe { m.delete(key) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -311,8 +391,10 @@ unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 /// `long bpf_map_push_elem(map, value, flags)`.
 unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
-    // SAFETY: the value is trusted (module docs of `helpers`).
-    match unsafe { m.push(value as *const u8, flags) } {
+    let mut buf = MaybeUninit::uninit();
+    let Some(value) = readable(value, m.spec().value_size, &mut buf) else { return EFAULT };
+    // SAFETY: the value is readable (as in `map_lookup_elem`).
+    match unsafe { m.push(value, flags) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -321,7 +403,11 @@ unsafe extern "C" fn map_push_elem(map: u64, value: u64, flags: u64, _: u64, _: 
 /// Pop and peek: on an empty queue or stack the kernel zeroes the value.
 fn pop_or_peek(map: u64, value: u64, pop: bool) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
-    // SAFETY: the value buffer is trusted (module docs of `helpers`): value_size bytes.
+    if !pointers_trusted() && !probe(value, m.spec().value_size as usize, true) {
+        return EFAULT;
+    }
+    // SAFETY: value_size writable bytes: verified programs' buffers are stack or map memory,
+    // others' were probed.
     let r = unsafe { if pop { m.pop(value as *mut u8) } else { m.peek(value as *mut u8) } };
     match r {
         Ok(()) => 0,
@@ -353,8 +439,10 @@ unsafe extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64
     if !m.map_type().is_percpu() || cpu >= m.nr_cpus() {
         return 0;
     }
-    // SAFETY: the key is trusted (module docs of `helpers`).
-    unsafe { m.lookup(key as *const u8, cpu) as u64 }
+    let mut buf = MaybeUninit::uninit();
+    let Some(key) = readable(key, m.spec().key_size, &mut buf) else { return 0 };
+    // SAFETY: the key is readable (as in `map_lookup_elem`).
+    unsafe { m.lookup(key, cpu) as u64 }
 }
 
 pub(crate) fn register(reg: &mut HelperRegistry) {

@@ -28,10 +28,14 @@
 //! - map arguments (r1 of map helpers) must be maps registered with
 //!   [`maps::register_map`] (the loader registers every map it creates); anything else is
 //!   refused (`-EINVAL`, or NULL for lookups);
-//! - keys and values given to map helpers are passed to the map code as they are: in valid
-//!   programs they are stack or map memory, and copying them through the guard on every
-//!   map operation would cost more than the operation. (JIT code does not check its own
-//!   accesses either, so this adds no new way for a buggy program to crash the process.)
+//! - keys and values given to map helpers are passed to the map code as they are when every
+//!   program of the process was verified ([`crate::verify`]: the verifier proved them
+//!   `key_size`/`value_size` bytes of stack or map memory, as the kernel's does); once a
+//!   program is loaded unverified (`USERBPF_VERIFY=0`, `--no-verify`), they are distrusted
+//!   for the rest of the process ([`maps::distrust_pointers`]): copied through the guard
+//!   (or, when larger than a stack buffer, every page probed first), a bad address giving
+//!   `-EFAULT` (NULL for lookups), and the JIT's direct calls of hash map operations are
+//!   not made (the helpers are called instead).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

@@ -683,6 +683,8 @@ fn run_verifier(
 ) -> Result<Option<Verified>, Stop> {
     if !userbpf_runtime::verify::enabled() {
         userbpf_runtime::verify::warn_unverified(name);
+        // PROG_TEST_RUN runs it in this process.
+        userbpf_runtime::helpers::maps::distrust_pointers();
         return Ok(None);
     }
     let type_name = prog_type_name(at.prog_type).unwrap_or("kprobe");
