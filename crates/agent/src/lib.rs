@@ -464,6 +464,8 @@ impl Agent {
             if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         detach::before_guard();
         userbpf_vm::guard::install();
+        // A fatal fault outside eBPF code leaves the last program of its thread in the session.
+        userbpf_runtime::crash::arm(session.layout());
         let ack = if ack {
             Ack::create(session.dir())
         } else {

@@ -119,10 +119,44 @@ pub struct StartArgs {
 /// and links come from whoever loads them (another `userbpf` command, a loader), before or
 /// after CMD starts. Exits with CMD's status.
 pub fn start(session: &str, args: StartArgs) -> Result<()> {
-    let status = target_command(&args.command, session, args.interpreter)?
-        .status()
+    // Held while CMD runs, so that a crash report its agent leaves is still there to read.
+    let held = Session::open(session).ok();
+    let mut child = target_command(&args.command, session, args.interpreter)?
+        .spawn()
         .with_context(|| format!("starting {}", args.command[0]))?;
-    std::process::exit(exit_code(&args.command[0], status));
+    let status = child.wait().with_context(|| format!("waiting for {}", args.command[0]))?;
+    let code = exit_code(&args.command[0], status);
+    if let Some(s) = &held {
+        report_crash(s, child.id(), status);
+    }
+    drop(held);
+    std::process::exit(code);
+}
+
+/// After a target died of a signal: what its agent left about the fault (the thread, and the
+/// program running or last run on it), said on stderr.
+pub fn report_crash(session: &Session, pid: u32, status: std::process::ExitStatus) {
+    use std::os::unix::process::ExitStatusExt;
+    if status.signal().is_none() {
+        return;
+    }
+    let Some(c) = userbpf_runtime::crash::take(session.layout(), pid) else { return };
+    let name = session
+        .progs()
+        .ok()
+        .and_then(|ps| ps.into_iter().find(|p| p.id == c.prog))
+        .map(|p| format!("`{}` (id {})", p.name, p.id));
+    let at = format!("{} at {:#x} on thread {}", signal_name(c.sig), c.addr, c.tid);
+    match (name, c.running) {
+        (Some(n), true) => eprintln!("userbpf: the fault ({at}) came while program {n} was running there"),
+        (Some(n), false) => {
+            eprintln!("userbpf: the fault ({at}) came outside eBPF code; the last program that ran on that thread: {n}")
+        }
+        (None, _) if c.prog != 0 => {
+            eprintln!("userbpf: the fault ({at}) came after program id {} ran on that thread", c.prog)
+        }
+        (None, _) => eprintln!("userbpf: the fault ({at}) came on a thread where no eBPF program had run"),
+    }
 }
 
 /// The status to exit with for a command that ended with `status`, as a shell gives it: its
@@ -589,6 +623,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     if !status.success() {
         let code = exit_code(&args.command[0], status);
+        report_crash(&session, child.id(), status);
         // Leave the session first: `exit` skips destructors.
         drop(unpin);
         drop(loaded);

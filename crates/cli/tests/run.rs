@@ -128,6 +128,34 @@ fn unverified_garbage_map_pointers_do_not_kill_the_target() {
     assert!(out.contains(".found = 0"), "{out}");
 }
 
+/// A target dying of a fault in its own code after a program ran on its thread: `userbpf run`
+/// says which signal, exits with 128 + it, and names the last program that ran there (known
+/// for programs whose runs keep a run context: those calling helpers, the only ones whose
+/// faults can happen outside JIT code, where they are contained).
+#[test]
+fn a_target_killed_by_a_fault_is_reported_with_the_last_program_on_its_thread() {
+    let obj = object("crates/cli/tests/bpf/last_prog.bpf.c", "crash-last-prog");
+    let target = userbpf_testutil::compile_c(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/targets/crash_target.c"),
+        &common::tmp().join("crash_target"),
+        &[],
+    );
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_SHM_DIR", common::tmp())
+        .args(["run", obj.to_str().unwrap(), "--attach", "last_prog=work", "--"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 11), "{err}");
+    assert!(err.contains("was killed by signal SIGSEGV (11"), "{err}");
+    assert!(
+        err.contains("userbpf: the fault (SIGSEGV at 0x0 on thread ")
+            && err.contains("came outside eBPF code; the last program that ran on that thread: `last_prog` (id "),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_function_that_does_not_exist_is_reported() {
     let obj = object("examples/bpf/funclatency.bpf.c", "missing");

@@ -181,6 +181,18 @@ pub fn current() -> Option<RunContext> {
     }
 }
 
+/// The program running or last run on this thread (its [`RunContext::prog`], a
+/// `*const LoadedProgram`; null if none ran here through [`enter`]) and whether it is still
+/// running. Async-signal-safe (the crash report reads it in a signal handler): the context
+/// is kept after a run ends, and the block is zero-filled before the first.
+pub fn last_program() -> (*const (), bool) {
+    let r = run_block();
+    // SAFETY: a read of one field of this thread's context cell (all-zero before the first
+    // run: a null pointer), which nothing else references.
+    let prog = unsafe { std::ptr::addr_of!((*(r.ctx.as_ptr() as *const RunContext)).prog).read() };
+    (prog, r.active.get())
+}
+
 /// This thread's cached `tgid << 32 | tid` and the fork generation it was read in (0: never),
 /// from the thread block (no `__tls_get_addr`).
 #[inline(always)]

@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod control;
+pub mod crash;
 pub mod helpers;
 pub mod loader;
 pub mod program;

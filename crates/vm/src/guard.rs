@@ -293,6 +293,17 @@ pub(crate) fn covers(ip: usize) -> bool {
     lookup(ip).is_some()
 }
 
+/// A function called (once) when a fault no range covers reaches the handler: the process
+/// is about to take the previous disposition (usually to die). It must be async-signal-safe.
+static FATAL_HOOK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets the function told of the first fault outside every registered range (its signal and
+/// address), before the previous disposition takes over: called in the signal handler, on
+/// the faulting thread, so it must be async-signal-safe.
+pub fn set_fatal_hook(f: extern "C" fn(libc::c_int, usize)) {
+    FATAL_HOOK.store(f as usize, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Installs the fault handler (once per process). Called by the copy functions themselves;
 /// call it early to keep the first probe hit free of the `sigaction` calls.
 pub fn install() {
@@ -343,7 +354,15 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             }
             None => {}
         }
-        // Not ours: behave as the previous disposition would.
+        // Not ours: say so (the fatal hook, once), then behave as the previous disposition
+        // would.
+        if fault {
+            let hook = FATAL_HOOK.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if hook != 0 {
+                let hook: extern "C" fn(libc::c_int, usize) = std::mem::transmute(hook);
+                hook(sig, (*info).si_addr() as usize);
+            }
+        }
         let old = if sig == libc::SIGBUS {
             (&raw const OLD_BUS).cast::<libc::sigaction>()
         } else {

@@ -194,6 +194,16 @@ impl Layout {
         Some((pid.parse().ok()?, start.parse().ok()?))
     }
 
+    /// `crashes/`.
+    pub fn crashes_dir(&self) -> PathBuf {
+        self.at(&[&"crashes"])
+    }
+    /// `crashes/PID`: what the agent of process PID left when a fault outside eBPF code
+    /// killed it (see `crate::crash`).
+    pub fn crash(&self, pid: u32) -> PathBuf {
+        self.at(&[&"crashes", &pid.to_string()])
+    }
+
     /// `perf/`.
     pub fn perf_dir(&self) -> PathBuf {
         self.at(&[&"perf"])
