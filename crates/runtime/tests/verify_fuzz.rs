@@ -371,7 +371,7 @@ fn verifier_fuzz_mutated_objects_are_refused_with_an_error() {
     let path = common::compile("fuzz_seed");
     let obj = std::fs::read(&path).unwrap();
     let count = env_u64("USERBPF_VERIFY_FUZZ_OBJECTS").unwrap_or(2000);
-    let mut rng = Rng::new(env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x0b1e_c75));
+    let mut rng = Rng::new(env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x00b1_ec75));
     let (mut parsed, mut refused_by_loader, mut verified, mut refused_by_verifier) = (0u64, 0u64, 0u64, 0u64);
     for k in 0..count {
         let mut b = obj.clone();

@@ -165,16 +165,15 @@ impl VerifyError {
             // Refused before the walk: encodings, the control flow graph, unknown helpers.
             return EINVAL;
         }
+        // Pointer arithmetic out of its region (the kernel's sanitize checks) and reference
+        // misuse are EINVAL too.
+        let invalid = m.contains("pointer be out of bounds")
+            || (m.starts_with('R') && m.contains(" reference has not been acquired"))
+            || m.contains("must have zero offset when passed to release func")
+            || (INVALID.iter().any(|p| m.starts_with(p)) && !EACCES_INVALID.iter().any(|p| m.starts_with(p)));
         if TOO_BIG.iter().any(|p| m.starts_with(p)) {
             E2BIG
-        } else if m.contains("pointer be out of bounds") {
-            // Pointer arithmetic out of its region (the kernel's sanitize checks).
-            EINVAL
-        } else if m.starts_with('R') && m.contains(" reference has not been acquired")
-            || m.contains("must have zero offset when passed to release func")
-        {
-            EINVAL
-        } else if INVALID.iter().any(|p| m.starts_with(p)) && !EACCES_INVALID.iter().any(|p| m.starts_with(p)) {
+        } else if invalid {
             EINVAL
         } else {
             EACCES
