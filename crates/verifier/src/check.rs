@@ -1082,11 +1082,13 @@ impl Verifier<'_> {
         if off < -MAX_STACK || off + size > 0 || off % size != 0 {
             return None;
         }
-        // Whether the result may be NULL depends on the key's value.
         let (spi, _) = locate(off);
-        self.demand.add_slot(reg.frame as usize, spi);
         let r = st.frames[reg.frame as usize].stack.read(off, size, false).ok()?;
-        if r.is_scalar() { r.val.const_value() } else { None }
+        let key = if r.is_scalar() { r.val.const_value() } else { None }?;
+        // The result's nullness depends on the key's value: precise, as the kernel's
+        // `get_constant_map_key` marks it (only when the key is a known constant).
+        self.demand.add_slot(reg.frame as usize, spi);
+        Some(key)
     }
 
     /// Memory a helper reads or writes through register `regno`: `size` bytes from the
