@@ -18,6 +18,11 @@
 //! - `DIFF_COUNT=N`: number of cases (default 10000; the validity test runs 2000 by default);
 //! - `DIFF_PRINT=1`: print each program before running it.
 //!
+//! The generator also feeds the verifier (`verifier_judges_mutants_of_generated_programs`):
+//! its programs, mutated into mostly invalid ones, are verified as syscall programs (whose
+//! context is the buffer); the verifier must never panic, and every program it accepts must
+//! run in both executors without an error.
+//!
 //! A mismatch prints the case seed, both outcomes and the program; `DIFF_SEED=<seed>
 //! DIFF_COUNT=1` reproduces it. A crash of JIT code (a signal) prints the seed before the
 //! process dies.
@@ -1548,4 +1553,139 @@ fn register_checker_catches_violations() {
         exit,
     ];
     assert!(check_registers(&prog).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The verifier on generated programs and their mutants
+
+/// A syscall program's context may be up to 64 KiB: the buffer the verified runs get.
+const VERIFIED_MEM: usize = 1 << 16;
+/// The test helpers under ids the verifier knows (a scalar result, arguments unchecked).
+const VERIFIED_MIX: i32 = 7; // bpf_get_prandom_u32
+const VERIFIED_CONST: i32 = 5; // bpf_ktime_get_ns
+
+/// One to three mutations: an operand, an offset, an opcode of the same class, an
+/// instruction dropped, duplicated or swapped with the next.
+fn mutate_program(rng: &mut Rng, insns: &mut Vec<Insn>) {
+    for _ in 0..1 + rng.below(3) {
+        if insns.is_empty() {
+            return;
+        }
+        let at = rng.index(insns.len());
+        match rng.below(8) {
+            0 => insns[at].off = insns[at].off.wrapping_add(rng.pick(&[-8, -4, -1, 1, 4, 8, 64, -64])),
+            1 => insns[at].imm = rng.interesting_i32(),
+            2 => insns[at].dst = rng.below(11) as u8,
+            3 => insns[at].src = rng.below(11) as u8,
+            4 => {
+                let class = insns[at].op & 0x07;
+                insns[at].op = (insns[at].op & 0x0f) | (rng.below(14) as u8) << 4;
+                insns[at].op = (insns[at].op & !0x07) | class;
+            }
+            5 => {
+                insns.remove(at);
+            }
+            6 => insns.insert(at, insns[at]),
+            _ => {
+                if at + 1 < insns.len() {
+                    insns.swap(at, at + 1);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn verifier_judges_mutants_of_generated_programs() {
+    let mut reg = HelperRegistry::new();
+    reg.register(Helper { id: VERIFIED_MIX as u32, name: "test_mix", func: helper_mix, may_exit: false });
+    reg.register(Helper { id: VERIFIED_CONST as u32, name: "test_const", func: helper_const, may_exit: false });
+    let options = LoadOptions { helpers: Arc::new(reg), memory: None, allow_callx: false };
+    let opts = userbpf_verifier::Options::new(userbpf_verifier::ProgType::Syscall);
+    let (seed, count) = seeds(DEFAULT_COUNT);
+    let started = std::time::Instant::now();
+    let (mut accepted, mut refused, mut unmutated_accepted, mut vm_refused) = (0u64, 0u64, 0u64, 0u64);
+    let mut failures = Vec::new();
+    let mut reasons: std::collections::BTreeMap<String, u64> = Default::default();
+    // Accepted programs whose executors also agree on r0 and memory (mutants may store the
+    // buffer's or the stack's address, which differs between the two runs).
+    let mut agree = 0u64;
+    for k in 0..count {
+        let case_seed = seed.wrapping_add(k);
+        let mut case = Case::new(case_seed);
+        for i in case.insns.iter_mut() {
+            if i.op == OP_CALL && i.src == 0 {
+                i.imm = if i.imm == HELPER_MIX as i32 { VERIFIED_MIX } else { VERIFIED_CONST };
+            }
+        }
+        // The harness gives r2 the buffer's length; a syscall program gets only r1.
+        case.insns.insert(0, Insn::new(BPF_ALU64 | BPF_K | BPF_MOV, 2, 0, 0, MEM_LEN as i32));
+        // One case in four unmutated (valid programs the verifier may accept as they are).
+        let mut rng = Rng::new(case_seed ^ 0x5eed);
+        let mutated = !rng.chance(1, 4);
+        if mutated {
+            mutate_program(&mut rng, &mut case.insns);
+        }
+        let verdict =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| userbpf_verifier::verify(&case.insns, &opts)));
+        match verdict {
+            Err(_) => {
+                failures.push(case.report("the verifier panicked"));
+                continue;
+            }
+            Ok(Err(e)) => {
+                refused += 1;
+                if !mutated {
+                    let rule: String = e.message.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect();
+                    *reasons.entry(rule).or_insert(0u64) += 1;
+                }
+                continue;
+            }
+            Ok(Ok(_)) => {
+                accepted += 1;
+                unmutated_accepted += u64::from(!mutated);
+            }
+        }
+        let prog = match Program::load(&case.insns, &options, None) {
+            Ok(p) => Arc::new(p),
+            Err(_) => {
+                // The VM's static checks refuse, wherever it is, what the verifier (as the
+                // kernel) refuses only where a path reaches it: such code never runs.
+                vm_refused += 1;
+                continue;
+            }
+        };
+        let mut mem_i = vec![0u8; VERIFIED_MEM];
+        mem_i[..case.mem.len()].copy_from_slice(&case.mem);
+        let mut mem_j = mem_i.clone();
+        let res_i = Interpreter::new(prog.clone()).run_mem(&mut mem_i);
+        let jit = match JitProgram::compile(prog) {
+            Ok(j) => j,
+            Err(e) => {
+                failures.push(case.report(&format!("the JIT cannot compile an accepted program: {e}")));
+                continue;
+            }
+        };
+        CURRENT_SEED.store(case.seed, Ordering::Relaxed);
+        // SAFETY: the verifier proved every access inside the 64 KiB context or the stack (and
+        // the interpreter, which checks them, ran it first).
+        let res_j = if res_i.is_ok() { unsafe { jit.run_mem(&mut mem_j) } } else { res_i.clone() };
+        if res_i.is_err() || res_j.is_err() {
+            failures.push(case.report(&format!("accepted, but: interpreter {res_i:x?}, jit {res_j:x?}")));
+        } else if res_i == res_j && mem_i == mem_j {
+            agree += 1;
+        }
+        if failures.len() >= 3 {
+            break;
+        }
+    }
+    eprintln!(
+        "verifier on generated programs: {count} cases from seed {seed:#x} in {:.1?}: {refused} refused, {accepted} accepted ({unmutated_accepted} unmutated; {vm_refused} refused by the VM's static checks; {agree} with the same r0 and memory in both executors), every one run without an error; {} failures",
+        started.elapsed(),
+        failures.len()
+    );
+    let mut top: Vec<_> = reasons.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1));
+    eprintln!("  unmutated programs refused, by rule: {:?}", &top[..top.len().min(8)]);
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
