@@ -1685,7 +1685,7 @@ fn verifier_judges_mutants_of_generated_programs() {
         failures.len()
     );
     let mut top: Vec<_> = reasons.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1));
+    top.sort_by_key(|e| std::cmp::Reverse(e.1));
     eprintln!("  unmutated programs refused, by rule: {:?}", &top[..top.len().min(8)]);
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
