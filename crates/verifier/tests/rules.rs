@@ -104,3 +104,21 @@ fn a_scalar_used_as_an_offset_is_precise_where_paths_join() {
     let e = check(p, true).unwrap_err();
     assert_eq!(e, "instruction 21: invalid write to stack R4 off=0 size=8");
 }
+
+/// A map lookup whose stack key is not a known constant does not make the key precise (the
+/// kernel's `get_constant_map_key` marks only constants): the loop's exits, which differ
+/// only in the counter that went into the key, join after the loop instead of each running
+/// the rest of the program.
+#[test]
+fn a_non_constant_map_key_does_not_keep_loop_exits_apart() {
+    let p = "ldxdw %r6, [%r1+112]\nldxdw %r7, [%r1+104]\nmov %r2, 1\n\
+             jeq %r2, 64, +4\nmov %r1, %r6\nrsh %r1, %r2\nadd %r2, 1\njne %r1, 0, -5\n\
+             and %r7, 1\nadd %r2, %r7\nstxw [%r10-4], %r2\nmov %r2, %r10\nadd %r2, -4\nlddw %r1, 0\ncall 1\n\
+             mov %r0, 0\nmov %r3, 1\nmov %r3, 2\nmov %r3, 3\nmov %r3, 4\nmov %r3, 5\nmov %r3, 6\nmov %r3, 7\nexit";
+    let mut insns = assemble(p).unwrap_or_else(|e| panic!("{e:?}"));
+    let ld = insns.iter().position(|i| i.is_lddw()).unwrap();
+    insns[ld].src = userbpf_isa::BPF_PSEUDO_MAP_IDX;
+    let n = verify(&insns, &opts(true)).unwrap_or_else(|e| panic!("{e}")).insns_processed;
+    // 63 iterations of the loop's 5 instructions, and the rest of the program about once.
+    assert!(n < 500, "{n} instructions processed");
+}
