@@ -1,7 +1,10 @@
 //! The verifier on the load path: every program is checked by [`userbpf_verifier`] with the
 //! kernel's rules (as for root: the rules that keep memory safe, without the kernel's
 //! information-leak restrictions for unprivileged users) before the JIT or the interpreter
-//! sees it. `USERBPF_VERIFY=0` turns verification off, with a warning on every load.
+//! sees it. `USERBPF_VERIFY=0` (or `--no-verify`) turns verification off, with a warning on
+//! every load; a process that loads a program unverified makes its map helpers distrust key
+//! and value pointers from then on (`helpers::maps::distrust_pointers`), since nothing
+//! proved them any more.
 
 use userbpf_isa::*;
 use userbpf_verifier::{MapInfo, Options, ProgType};

@@ -22,7 +22,8 @@
 //!
 //! Errors name the instruction and the rule in the kernel's words (`R1 invalid mem access
 //! 'scalar'`, `invalid access to map value, value_size=8 off=8 size=8`, ...), with a log of
-//! the path in the kernel's style when asked for.
+//! the path in the kernel's style when asked for, and the errno the kernel's `BPF_PROG_LOAD`
+//! returns for the same refusal ([`VerifyError::errno`]: `EACCES`, `EINVAL` or `E2BIG`).
 //!
 //! # Rules as root
 //!
