@@ -156,6 +156,23 @@ fn a_target_killed_by_a_fault_is_reported_with_the_last_program_on_its_thread() 
     );
 }
 
+/// `.rodata` is frozen at load (as libbpf freezes it) and its values are constants to the
+/// verifier: code behind a `const volatile` flag that is 0 is never reached, and a program
+/// the kernel accepts for that reason runs here too.
+#[test]
+fn frozen_rodata_values_are_constants_to_the_verifier() {
+    let obj = object("crates/cli/tests/bpf/rodata_gate.bpf.c", "rodata-gate");
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_SHM_DIR", common::tmp())
+        .args(["--session", "rodata-gate", "prog", "run"])
+        .arg(&obj)
+        .output()
+        .unwrap();
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{err}");
+    assert!(stdout.contains("rodata_gate: r0 = 7"), "{stdout}");
+}
+
 #[test]
 fn a_function_that_does_not_exist_is_reported() {
     let obj = object("examples/bpf/funclatency.bpf.c", "missing");

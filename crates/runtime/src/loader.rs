@@ -257,6 +257,12 @@ fn load_object_pinning(
             let mut value = init.clone();
             value.resize(def.value_size as usize, 0);
             map.update_elem(&key, &value, BPF_ANY).map_err(|e| map_err(format!("writing its initial value: {e}")))?;
+            if def.is_readonly() {
+                // As libbpf freezes `.rodata` and `.kconfig`: no system call writes them any
+                // more, and the verifier takes their values as constants.
+                std::fs::write(session.layout().map_frozen(record.id), b"")
+                    .map_err(|e| map_err(format!("freezing it: {e}")))?;
+            }
         }
         let map = Arc::new(map);
         crate::helpers::maps::register_map(record.id, map.clone());
@@ -314,6 +320,7 @@ fn load_object_pinning(
                 .and_then(|d| spec_of(d).ok())
         };
         crate::verify::check(
+            Some(session),
             &spec.name,
             &insns,
             prog_type_name(&spec.kind),
@@ -522,9 +529,15 @@ pub fn prepare_record(
         crate::helpers::maps::register_map(id, map.clone());
         maps.push((id, map));
     }
-    crate::verify::check(&record.name, &insns, &record.prog_type, &record.license, &maps.as_slice(), &|m| {
-        crate::verify::inner_from_slots(session, m)
-    })?;
+    crate::verify::check(
+        Some(session),
+        &record.name,
+        &insns,
+        &record.prog_type,
+        &record.license,
+        &maps.as_slice(),
+        &|m| crate::verify::inner_from_slots(session, m),
+    )?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
 }

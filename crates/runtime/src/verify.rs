@@ -83,8 +83,11 @@ pub fn prog_type(name: &str) -> Option<ProgType> {
 /// instruction and the rule broken (the caller adds the program), followed by the register
 /// states there.
 ///
-/// `inner` gives, for a map of maps (by id), the definition of its inner maps.
+/// `inner` gives, for a map of maps (by id), the definition of its inner maps. Maps of
+/// `session` that are read-only for programs and frozen (`maps/ID.frozen`: `.rodata`,
+/// `.kconfig`, BPF_MAP_FREEZE) give their values as constants, as in the kernel.
 pub fn check(
+    session: Option<&Session>,
     name: &str,
     insns: &[Insn],
     prog_type: &str,
@@ -116,6 +119,15 @@ pub fn check(
                 let mut info = map_info(map.spec());
                 if matches!(map.map_type(), MapType::BPF_MAP_TYPE_ARRAY_OF_MAPS | MapType::BPF_MAP_TYPE_HASH_OF_MAPS) {
                     info.inner = inner(&map).map(|s| Box::new(map_info(&s)));
+                }
+                if info.readonly
+                    && map.map_type() == MapType::BPF_MAP_TYPE_ARRAY
+                    && session.is_some_and(|s| s.layout().map_frozen(id).exists())
+                {
+                    let mut value = vec![0u8; map.value_buf_size()];
+                    if map.lookup_elem(&0u32.to_ne_bytes(), &mut value).is_ok() {
+                        info.frozen = Some(value);
+                    }
                 }
                 opts.maps.insert(id, info);
             }
