@@ -9,7 +9,7 @@
 //!   members/PID.START.N     one file per handle of a process using the session
 //!   maps/ID                 a map (see userbpf-maps)
 //!   maps/ID.json            its MapRecord
-//!   maps/ID.frozen          MAP_FREEZE was called on it
+//!   maps/ID.frozen          MAP_FREEZE was called on it (or the loader froze its .rodata)
 //!   maps/ID.poll            the FIFO a ring buffer's descriptors open (for epoll)
 //!   progs/ID.json           a ProgRecord
 //!   btf/ID                  raw BTF of an object
@@ -25,6 +25,7 @@
 //!   perf/sema-LINK.PID.START  claim: who raised it in process PID
 //!   pins/ENCODED            a pin of the BPF filesystem (`KIND ID`)
 //!   attach/LINK.PID         whether process PID attached LINK (`userbpf run`'s reports)
+//!   crashes/PID             the fault that killed process PID and its thread's last program
 //!   usdt-specs-MAP.lock     serialises writers of a USDT spec map
 //!   trace_pipe              bpf_trace_printk's ring
 //!   cpus                    the CPU slots of the session's processes
