@@ -31,6 +31,8 @@ fn object(name: &str) -> PathBuf {
 }
 
 const ENGINES: [&[&str]; 2] = [&[], &["--interpreter"]];
+/// The functions of `override_target sizes`, one per way the hook probes.
+const FUNCS: [&str; 5] = ["ov_jmp", "ov_pad", "ov_bp", "ov_endbr", "ov_c"];
 
 /// `userbpf run OBJ [ENGINE] --attach A... -- target ARGS`: stdout, asserting success.
 fn run(obj: &Path, engine: &[&str], attach: &[&str], args: &[&str]) -> String {
@@ -56,8 +58,9 @@ fn line_value(out: &str, prefix: &str) -> i64 {
 }
 
 /// ov_jmp (7 bytes: inline jump), ov_pad (4 bytes and padding: a jump into the padding),
-/// ov_bp (4 bytes, no padding: a breakpoint), ov_c (5 bytes): odd arguments skip the function
-/// and return 1000 + x; the other functions of the run are untouched.
+/// ov_bp (4 bytes, no padding: a breakpoint), ov_endbr (endbr64 first, the jump after it),
+/// ov_c (5 bytes): odd arguments skip the function and return 1000 + x; the other functions
+/// of the run are untouched.
 #[test]
 fn entry_overrides_on_functions_of_every_size() {
     let obj = object("override");
@@ -65,9 +68,9 @@ fn entry_overrides_on_functions_of_every_size() {
     let plain: i64 = (0..n).map(|i| 3 * i).sum();
     let overridden: i64 = (0..n).map(|i| if i % 2 == 1 { 1000 + i } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("odd={f}")], &["sizes", &n.to_string()]);
-            for g in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+            for g in FUNCS {
                 let want = if g == f { overridden } else { plain };
                 assert_eq!(line_value(&out, &format!("{g} sum ")), want, "{engine:?} override on {f}: {out}");
             }
@@ -165,7 +168,7 @@ fn return_overrides() {
     let obj = object("override");
     let want: i64 = (0..100i64).map(|i| if (3 * i) % 9 == 0 { 7777 } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("ret9={f}")], &["sizes", "100"]);
             assert_eq!(line_value(&out, &format!("{f} sum ")), want, "{engine:?} {f}: {out}");
         }
@@ -180,7 +183,7 @@ fn return_probes_see_the_override() {
     let n = 100i64;
     let want: i64 = (0..n).map(|i| if i % 2 == 1 { 1000 + i } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("odd={f}"), &format!("ret_count={f}")], &["sizes", &n.to_string()]);
             assert_eq!(line_value(&out, &format!("{f} sum ")), want, "{engine:?} {f}: {out}");
             assert!(

@@ -2,7 +2,7 @@
 // the hook probes differently, a recursive one, libc's fdatasync, threads, and a function a
 // thread is inside of while the probe is attached.
 //
-//   override_target sizes N     ov_jmp, ov_pad, ov_bp, ov_c on 0..N-1: "NAME sum S" lines
+//   override_target sizes N     ov_jmp, ov_pad, ov_bp, ov_endbr, ov_c on 0..N-1: "NAME sum S"
 //   override_target rec N       "rec R" = ov_rec(N) (ov_rec(n) = n ? 1 + ov_rec(n - 1) : 0)
 //   override_target lib         fdatasync of a bad descriptor (999) and of a file: "fdatasync
 //                               bad R errno E", "fdatasync file R"
@@ -15,7 +15,8 @@
 //                               ("c R") until "go", after which ov_slow returns: "slow R"
 //
 // ov_jmp (7 bytes) takes the inline jump, ov_pad (4 bytes, then alignment padding) the jump
-// into the padding, ov_bp (4 bytes, the next function right after it) a breakpoint.
+// into the padding, ov_bp (4 bytes, the next function right after it) a breakpoint; ov_endbr
+// starts with endbr64 (kept in place: the jump goes after it).
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -24,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-long ov_jmp(long x), ov_pad(long x), ov_bp(long x);
+long ov_jmp(long x), ov_pad(long x), ov_bp(long x), ov_endbr(long x);
 
 __asm__(".text\n"
 	".p2align 4\n.globl ov_jmp\n.type ov_jmp,@function\nov_jmp:\n"
@@ -33,7 +34,9 @@ __asm__(".text\n"
 	"  lea (%rdi,%rdi,2), %rax\n  ret\n.size ov_pad,.-ov_pad\n"
 	".p2align 4\n.globl ov_bp\n.type ov_bp,@function\nov_bp:\n"
 	"  lea (%rdi,%rdi,2), %rax\n  ret\n.size ov_bp,.-ov_bp\n"
-	".globl ov_next\n.type ov_next,@function\nov_next:\n  ret\n.size ov_next,.-ov_next\n");
+	".globl ov_next\n.type ov_next,@function\nov_next:\n  ret\n.size ov_next,.-ov_next\n"
+	".p2align 4\n.globl ov_endbr\n.type ov_endbr,@function\nov_endbr:\n"
+	"  endbr64\n  lea (%rdi,%rdi,2), %rax\n  nop\n  ret\n.size ov_endbr,.-ov_endbr\n");
 
 __attribute__((noinline)) long ov_c(long x)
 {
@@ -119,9 +122,9 @@ int main(int argc, char **argv)
 	const char *m = argv[1];
 	long n = argc > 2 ? atol(argv[2]) : 0;
 	if (!strcmp(m, "sizes")) {
-		long (*volatile f[])(long) = {ov_jmp, ov_pad, ov_bp, ov_c};
-		const char *names[] = {"ov_jmp", "ov_pad", "ov_bp", "ov_c"};
-		for (int k = 0; k < 4; k++) {
+		long (*volatile f[])(long) = {ov_jmp, ov_pad, ov_bp, ov_endbr, ov_c};
+		const char *names[] = {"ov_jmp", "ov_pad", "ov_bp", "ov_endbr", "ov_c"};
+		for (int k = 0; k < 5; k++) {
 			long s = 0;
 			for (long i = 0; i < n; i++)
 				s += f[k](i);
