@@ -207,7 +207,8 @@ fn argument_writes() {
 }
 
 /// The same store in a plain uprobe section is refused at load, naming the instruction and
-/// the section that would allow it; so is an override inside a function (the kernel's rule).
+/// the section that would allow it; so is an override inside a function or on a USDT probe
+/// (the kernel's rule: function entries only).
 #[test]
 fn what_is_refused() {
     let obj = object("override_args_refused");
@@ -220,6 +221,15 @@ fn what_is_refused() {
     );
     assert!(err.contains("SEC(\"uprobe.w"), "the hint names the extension: {err}");
 
+    let obj = object("override_usdt");
+    let (_, err, ok) = userbpf_run(&obj, &["--attach", "usdt_ov=ov:here"], &[t.to_str().unwrap(), "usdt", "3"]);
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "program `usdt_ov` calls bpf_override_return, which needs a probe at a function's entry, not USDT probe ov:here"
+        ),
+        "{err}"
+    );
     let obj = object("override");
     let (_, err, ok) = userbpf_run(&obj, &["--attach", "odd=ov_check+4"], &[t.to_str().unwrap(), "check", "3"]);
     assert!(!ok);

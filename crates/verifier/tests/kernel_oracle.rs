@@ -96,6 +96,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("crates/cli/tests/bpf/override.bpf.c", "rec", OVERRIDE),
     ("crates/cli/tests/bpf/override.bpf.c", "sync_bad", OVERRIDE),
     ("crates/cli/tests/bpf/override.bpf.c", "ret9", OVERRIDE),
+    ("crates/cli/tests/bpf/override_usdt.bpf.c", "usdt_ov", OVERRIDE),
     ("crates/cli/tests/bpf/override_load.bpf.c", "ov_add", OVERRIDE),
     (
         "crates/object/tests/bpf/globals.bpf.c",

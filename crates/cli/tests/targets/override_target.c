@@ -7,6 +7,7 @@
 //   override_target lib         fdatasync of a bad descriptor (999) and of a file: "fdatasync
 //                               bad R errno E", "fdatasync file R"
 //   override_target threads T N T threads each summing ov_c(0..N-1): "thread K sum S"
+//   override_target usdt N      the USDT probe ov:here N times: "usdt N"
 //   override_target args N      "args sum S" = sum of ov_args(i, 2 * i) for i in 0..N-1
 //   override_target check N     "check ok C bad B": ov_check(i) (returns i * 3) checks the
 //                               registers the caller keeps across the call and the stack
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/sdt.h>
 
 long ov_jmp(long x), ov_pad(long x), ov_bp(long x), ov_endbr(long x);
 
@@ -156,6 +158,10 @@ int main(int argc, char **argv)
 			pthread_join(th[k], &s);
 			printf("thread %ld sum %ld\n", k, (long)s);
 		}
+	} else if (!strcmp(m, "usdt")) {
+		for (long i = 0; i < n; i++)
+			DTRACE_PROBE1(ov, here, i);
+		printf("usdt %ld\n", n);
 	} else if (!strcmp(m, "args")) {
 		long s = 0;
 		for (long i = 0; i < n; i++)
