@@ -241,9 +241,10 @@ fn what_is_refused() {
     );
 }
 
-/// A thread is inside ov_slow, and another calls ov_c in a loop, when `userbpf attach` puts
-/// the override in: the call in progress finishes as it began (21), the later calls of ov_c
-/// are overridden (1001 for ov_c(1)).
+/// A thread is inside ov_slow, another calls ov_c(3) in a tight loop (in its first bytes while
+/// they are patched), and the main thread calls ov_c(1) on request, when `userbpf attach` puts
+/// the override in: the call in progress finishes as it began (21), every call returns what
+/// the function computes (9) or the override (1003), and once attached ov_c(1) returns 1001.
 #[test]
 fn attached_while_the_function_runs_in_another_thread() {
     use userbpf_runtime::{LinkRecord, Session};
@@ -309,7 +310,10 @@ fn attached_while_the_function_runs_in_another_thread() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     assert!(child.wait().unwrap().success(), "{rest}");
-    assert_eq!(rest, "slow 21\n", "the call in progress ran to its end");
+    assert_eq!(
+        rest, "slow 21\nspin bad 0 overridden some\n",
+        "the call in progress ran to its end; the thread calling ov_c in a loop while it was patched got 9, then 1003"
+    );
 }
 
 /// A libbpf loader through `userbpf load`: bpf_override_return in a SEC("uprobe") program and

@@ -13,7 +13,9 @@
 //                               registers the caller keeps across the call and the stack
 //   override_target wait        a thread enters ov_slow (which waits for "go" on stdin) and
 //                               prints "inside"; main then calls ov_c(1) once per line read
-//                               ("c R") until "go", after which ov_slow returns: "slow R"
+//                               ("c R") until "go", after which ov_slow returns: "slow R";
+//                               meanwhile a third thread calls ov_c(3) in a tight loop:
+//                               "spin bad B overridden some|none"
 //
 // ov_jmp (7 bytes) takes the inline jump, ov_pad (4 bytes, then alignment padding) the jump
 // into the padding, ov_bp (4 bytes, the next function right after it) a breakpoint; ov_endbr
@@ -117,6 +119,26 @@ static void *slow_thread(void *arg)
 	return (void *)ov_slow(7);
 }
 
+// Calls ov_c(3) in a tight loop until released: a thread in the middle of the function's first
+// bytes while they are patched. Counts results that are neither 9 (the function ran) nor 1003
+// (overridden by the tests' `odd`).
+static volatile int spin_stop;
+static long spin_calls, spin_bad, spin_overridden;
+
+static void *spin_thread(void *arg)
+{
+	long (*volatile f)(long) = ov_c;
+	while (!spin_stop) {
+		long r = f(3);
+		spin_calls++;
+		if (r == 1003)
+			spin_overridden++;
+		else if (r != 9)
+			spin_bad++;
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2)
@@ -179,8 +201,9 @@ int main(int argc, char **argv)
 		}
 		printf("check ok %ld bad %ld sum %ld\n", ok, bad, sum);
 	} else if (!strcmp(m, "wait")) {
-		pthread_t th;
+		pthread_t th, spin;
 		pthread_create(&th, NULL, slow_thread, NULL);
+		pthread_create(&spin, NULL, spin_thread, NULL);
 		char line[64];
 		while (fgets(line, sizeof line, stdin)) {
 			if (!strncmp(line, "go", 2))
@@ -189,9 +212,12 @@ int main(int argc, char **argv)
 			fflush(stdout);
 		}
 		slow_release = 1;
+		spin_stop = 1;
 		void *r;
 		pthread_join(th, &r);
+		pthread_join(spin, NULL);
 		printf("slow %ld\n", (long)r);
+		printf("spin bad %ld overridden %s\n", spin_bad, spin_overridden > 0 && spin_calls > spin_overridden ? "some" : "none");
 	} else {
 		return 2;
 	}
