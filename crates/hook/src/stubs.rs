@@ -10,9 +10,11 @@
 //!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
 //!                jc planted               ; (function entries) CF: a return probe was planted
 //!                jmp relocated
-//! planted:       lea rsp,[rsp+8]          ; drop the return address (in the shadow stack)
+//! planted:       jo ret_now               ; CF and OF: the function is skipped (an override)
+//!                lea rsp,[rsp+8]          ; drop the return address (in the shadow stack)
 //!                call relocated           ; the landing's address takes its slot
 //! landing:       jmp [rip+ret_tramp]      ; the function returned here
+//! ret_now:       ret                      ; to the caller (predicted)
 //! relocated:     <displaced instructions, relocated>
 //!                jmp target+len
 //! common_entry:  lea rsp,[rsp-168]        ; struct pt_regs at rsp, ret addr at +168, Site* at +176
@@ -27,7 +29,8 @@
 //!                mode 0: restore GPRs (+flags when full) ; lea rsp,[rsp+168] ; ret
 //!                        (back into the site stub: predicted by the return-stack buffer)
 //!                mode 2: [rsp+176] = rax ; restore (flags when full +) GPRs ; lea rsp,[rsp+176] ; ret 128
-//!                        (a handler changed ip)
+//!                        (a handler changed ip; light stubs, when the code there is a bare
+//!                        `ret`: restore GPRs, CF and OF set, ret into the site stub's ret_now)
 //!                mode 1: restore (flags when full +) GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
 //!                        return to the caller with the handler-set ax)
 //! ```
