@@ -18,6 +18,11 @@
 //! link, naming the function and offset), and the helper, should it run at another place,
 //! changes nothing and returns `-EINVAL`.
 //!
+//! A run that does not happen overrides nothing: a hit skipped as recursion (a probed function
+//! reached from inside a program's helper, or from a signal handler interrupting a run) or for
+//! want of a CPU slot (every slot held for `context::SLOT_WAIT_LIMIT_NS`) runs the function, as
+//! the kernel's missed kprobes do.
+//!
 //! # Overriding at a function's return
 //!
 //! In a uretprobe program the helper replaces the return value (`pt_regs.ax`) the caller
