@@ -78,6 +78,7 @@ bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin verifier-bench -- --bpftrace $(wildcard target/bpf/*.bpf.o) $(wildcard target/tools/*.bpf.o) $(wildcard target/libbpf/*.bpf.o)
 	USERBPF_VERIFY_FUZZ_COUNT=1000000 USERBPF_VERIFY_FUZZ_OBJECTS=100000 $(CARGO) test --release --locked -p userbpf-runtime --test verify_fuzz -- --nocapture
 	python3 bench/uprobe/bench.py
+	python3 bench/override/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py

@@ -28,7 +28,11 @@
 //! scope; neither its calls of probed functions (malloc...) nor its system calls are seen.
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
-//! allocates, locks or makes a system call. Errors are printed once per link to the program's
+//! allocates, locks or makes a system call. The program may change what the process does
+//! there: `bpf_override_return` (the function skipped, or its return value replaced) and, in
+//! `uprobe.w` programs, argument registers; a program calling `bpf_override_return` is
+//! attached only at a function's entry or return (the kernel's rule), never inside a function
+//! or at a USDT probe. Errors are printed once per link to the program's
 //! stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
 //! is also reported to the session (`userbpf_runtime::loader::report_attach`), where
@@ -747,6 +751,7 @@ impl Agent {
             }
         };
         let prog = self.program(link.prog_id)?;
+        overrides_at_entry(&prog, kind, &resolved, &target_spec(link))?;
         let entry = kind == ProbeKind::Entry && at_func_entry(resolved.addr);
         let data: *mut Attached = detach::leak(Box::new(Attached {
             prog,
@@ -765,6 +770,28 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
+}
+
+/// A program calling `bpf_override_return` is attached, as the kernel attaches one, only at a
+/// function's entry (an entry probe: the function is skipped) or return (a return probe: its
+/// value replaced); anywhere else the override would have no function to skip.
+fn overrides_at_entry(
+    prog: &LoadedProgram,
+    kind: ProbeKind,
+    resolved: &symbols::Resolved,
+    spec: &str,
+) -> Result<(), String> {
+    if kind == ProbeKind::Entry
+        && resolved.addr != resolved.func_start
+        && prog.calls_helper(userbpf_runtime::helpers::overrides::OVERRIDE_RETURN)
+    {
+        return Err(format!(
+            "program `{}` calls bpf_override_return, which needs a probe at a function's entry; {spec} is {} bytes into its function",
+            prog.name,
+            resolved.addr - resolved.func_start
+        ));
+    }
+    Ok(())
 }
 
 /// The inode of directory `dir` (0: none).

@@ -10,9 +10,11 @@
 //!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
 //!                jc planted               ; (function entries) CF: a return probe was planted
 //!                jmp relocated
-//! planted:       lea rsp,[rsp+8]          ; drop the return address (in the shadow stack)
+//! planted:       jo ret_now               ; CF and OF: the function is skipped (an override)
+//!                lea rsp,[rsp+8]          ; drop the return address (in the shadow stack)
 //!                call relocated           ; the landing's address takes its slot
 //! landing:       jmp [rip+ret_tramp]      ; the function returned here
+//! ret_now:       ret                      ; to the caller (predicted)
 //! relocated:     <displaced instructions, relocated>
 //!                jmp target+len
 //! common_entry:  lea rsp,[rsp-168]        ; struct pt_regs at rsp, ret addr at +168, Site* at +176
@@ -26,9 +28,10 @@
 //!                restore FP state ; rsp = rbx
 //!                mode 0: restore GPRs (+flags when full) ; lea rsp,[rsp+168] ; ret
 //!                        (back into the site stub: predicted by the return-stack buffer)
-//!                mode 2: [rsp+176] = rax ; restore flags+GPRs ; lea rsp,[rsp+176] ; ret 128
-//!                        (a handler changed ip)
-//!                mode 1: restore flags+GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
+//!                mode 2: [rsp+176] = rax ; restore (flags when full +) GPRs ; lea rsp,[rsp+176] ; ret 128
+//!                        (a handler changed ip; light stubs, when the code there is a bare
+//!                        `ret`: restore GPRs, CF and OF set, ret into the site stub's ret_now)
+//!                mode 1: restore (flags when full +) GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
 //!                        return to the caller with the handler-set ax)
 //! ```
 //! The light stub first tries the lean path (`lean_entry_path`: the site's only probe has
@@ -201,10 +204,6 @@ fn restore_gprs_f(a: &mut CodeAssembler, flags: bool) -> Result<(), IcedError> {
         a.mov(r, qword_ptr(rsp + off))?;
     }
     Ok(())
-}
-
-fn restore_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    restore_gprs_f(a, true)
 }
 
 const XMMS: [AsmRegisterXmm; 8] = [xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7];
@@ -428,23 +427,51 @@ pub(crate) fn common_entry(ip: u64, fp: FpSave, kind: SaveKind, dispatch: u64) -
         a.clc()?;
     }
     a.ret()?; // back into the site stub
+    let mut tail = a.create_label();
     if kind != SaveKind::Full {
         a.set_label(&mut planted)?;
+        // CF set, OF clear (0 + 1; see `return_now_if_ret`, which enters at `tail` with 0x7f).
+        a.mov(byte_ptr(rsp + ORIG_AX_OFF), 0)?;
+        a.set_label(&mut tail)?;
         restore_gprs_f(&mut a, false)?;
+        a.add(byte_ptr(rsp + ORIG_AX_OFF), 1)?;
         a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
         a.stc()?;
         a.ret()?;
     }
+    // A changed ip or a skipped function: at a function entry (the light stubs) the status
+    // flags are dead and DF is clear, as after the function's own return, so no popfq.
     a.set_label(&mut redirect)?;
+    if kind != SaveKind::Full {
+        return_now_if_ret(&mut a, tail)?;
+    }
     a.mov(qword_ptr(rsp + (PT_REGS_SIZE + 8)), r12)?;
-    restore_gprs(&mut a)?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
     a.ret_1(128)?; // pops the target (rsp = orig-128), then skips the red zone
     a.set_label(&mut skip)?;
-    restore_gprs(&mut a)?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + ENTRY_FRAME as i32))?;
     a.ret()?;
     a.assemble(ip)
+}
+
+/// The light stubs' resume at a changed ip (r12; rsp = pt_regs) when the code there is a bare
+/// `ret`, as `bpf_override_return` leaves it (the kernel's `just_return_func`): returning to
+/// the caller from the site stub instead makes both returns the ones the return-stack buffer
+/// predicts, where `ret 128` to the `ret` is mispredicted (measured: about a quarter of an
+/// overridden call). It goes to `tail` (the `planted` path's) with 0x7f in pt_regs' orig_ax
+/// byte (dead scratch by then), which the tail's byte add turns into OF: CF and OF set send
+/// the site stub's `planted` path straight to a `ret`. Every other return into the site stub
+/// with CF set has OF clear. Anything else falls through.
+fn return_now_if_ret(a: &mut CodeAssembler, tail: CodeLabel) -> Result<(), IcedError> {
+    let mut other = a.create_label();
+    a.cmp(byte_ptr(r12), 0xC3)?;
+    a.jne(other)?;
+    a.mov(byte_ptr(rsp + ORIG_AX_OFF), 0x7f)?;
+    a.jmp(tail)?;
+    a.set_label(&mut other)?;
+    Ok(())
 }
 
 /// The start of the light entry stub (function entries, where the status flags are dead): a
@@ -536,8 +563,10 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.pop(rdx)?;
     a.pop(rcx)?;
     a.pop(rax)?;
-    // Back into the site stub, which calls the relocated code (CF set): that call puts the
-    // stub's return landing where the return address was.
+    // Back into the site stub, which calls the relocated code (CF set, OF clear: see
+    // `return_now_if_ret`): that call puts the stub's return landing where the return
+    // address was.
+    a.test(rsp, rsp)?;
     a.stc()?;
     a.ret()?;
     a.set_label(&mut slow_guarded)?;
@@ -866,7 +895,8 @@ fn lean_entry_path(
     lean_rcu_exit(a)?;
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
     a.cmp(r12, qword_ptr(r15 + site_addr))?;
-    a.jne(*redirect)?;
+    let changed = a.create_label();
+    a.jne(changed)?;
     a.cmp(byte_ptr(r15 + has_ret), 0)?;
     // Neither the loads nor lea change the flags of that comparison.
     restore_gprs_f(a, false)?;
@@ -881,8 +911,29 @@ fn lean_entry_path(
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.jmp(*saved)?;
+    lean_ip_changed(a, changed, saved, redirect)?;
     // Not lean: the return-only path (which falls through to the general one) follows.
     a.set_label(ret_only)?;
+    Ok(())
+}
+
+/// The lean handler changed `regs.ip` (rsp = pt_regs, r15 = Site*, r12 = the new ip): resume
+/// there (`redirect`), unless the site has return probes, which must still see the frame
+/// return (a `bpf_override_return` resumes at a bare `ret`): then the general path
+/// (`saved`), told by the tagged Site* (bit 1) that the entry handlers ran and `regs.ip` is
+/// theirs, plants the return trampoline before resuming at `regs.ip`.
+fn lean_ip_changed(
+    a: &mut CodeAssembler,
+    mut changed: CodeLabel,
+    saved: &CodeLabel,
+    redirect: &CodeLabel,
+) -> Result<(), IcedError> {
+    let has_ret = std::mem::offset_of!(crate::Site, has_ret) as i32;
+    a.set_label(&mut changed)?;
+    a.cmp(byte_ptr(r15 + has_ret), 0)?;
+    a.je(*redirect)?;
+    a.or(qword_ptr(rsp + (PT_REGS_SIZE + 8)), 2)?;
+    a.jmp(*saved)?;
     Ok(())
 }
 
@@ -1021,11 +1072,16 @@ pub(crate) fn site_stub(
     }
     a.jmp(reloc)?;
     if ret_tramp.is_some() {
+        let mut ret_now = a.create_label();
         a.set_label(&mut planted)?;
+        // CF and OF: the function is skipped (see `return_now_if_ret`).
+        a.jo(ret_now)?;
         a.lea(rsp, ptr(rsp + 8))?;
         a.call(reloc)?;
         // The landing: the function returned here.
         a.jmp(qword_ptr(tramp_l))?;
+        a.set_label(&mut ret_now)?;
+        a.ret()?;
     }
     a.int3()?;
     a.set_label(&mut site_l)?;

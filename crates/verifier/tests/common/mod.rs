@@ -195,7 +195,7 @@ pub fn map_info(m: &MapDef) -> MapInfo {
 pub fn options(obj: &Object, ptype: ProgType) -> Options {
     let gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(&obj.license);
     let maps = obj.maps.iter().enumerate().map(|(i, m)| (i as u32, map_info(m))).collect::<BTreeMap<_, _>>();
-    Options { prog_type: ptype, maps, privileged: true, gpl_compatible, log_level: 0 }
+    Options { prog_type: ptype, maps, privileged: true, gpl_compatible, writable_args: false, log_level: 0 }
 }
 
 /// One program judged by both verifiers.
@@ -246,7 +246,10 @@ pub fn judge_object(path: &Path, shown: &str) -> Result<Vec<Verdicts>, String> {
             let n = e.split("(os error ").nth(1)?.split(')').next()?;
             n.parse::<i32>().ok()
         });
-        let u = userbpf_verifier::verify(&prog.insns, &options(&obj, ptype));
+        let mut opts = options(&obj, ptype);
+        // userbpf's SEC("uprobe.w") (argument writes), as the runtime verifies it.
+        opts.writable_args = userbpf_object::section::writable_args(&prog.section);
+        let u = userbpf_verifier::verify(&prog.insns, &opts);
         let userbpf_errno = u.as_ref().err().map(|e| e.errno());
         let u = u.map(|_| ()).map_err(|e| e.to_string());
         out.push(Verdicts {
