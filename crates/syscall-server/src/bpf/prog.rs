@@ -699,6 +699,8 @@ fn run_verifier(
     };
     let mut opts = userbpf_verifier::Options::new(prog_type);
     opts.gpl_compatible = gpl;
+    // userbpf's writable-arguments flag (SEC("uprobe.w") through libbpf): the opt-in for pt_regs stores.
+    opts.writable_args = at.prog_flags & userbpf_runtime::helpers::overrides::BPF_F_USERBPF_WRITABLE_ARGS != 0;
     opts.maps = maps.iter().map(|(id, m)| (*id, map_info(*id, m))).collect();
     // At level 1 only a refusal is logged (its paths): verify without a log first, and
     // again with one if refused (the walk is deterministic).
