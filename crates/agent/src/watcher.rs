@@ -452,6 +452,13 @@ pub(crate) extern "C" fn agent_init() {
     if std::env::var_os("USERBPF_SESSION").is_none() {
         return;
     }
+    // Preloaded only: a process that merely inherited USERBPF_SESSION (started from a shell
+    // of a session) and gets the agent by `userbpf attach` loads it with dlopen, whose lock
+    // the agent's thread would wait for while this constructor waits for that thread; the
+    // injector starts it (`userbpf_agent_attach`).
+    if !preloaded() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         // The agent's work on the program's main thread: no probe fires for it.
         let _ours = userbpf_hook::ours();
@@ -472,6 +479,22 @@ pub(crate) extern "C" fn agent_init() {
             }
         }
     });
+}
+
+/// Whether this library is one `LD_PRELOAD` names (by file name).
+fn preloaded() -> bool {
+    let Some(pre) = std::env::var_os("LD_PRELOAD") else { return false };
+    // SAFETY: Dl_info is pointers only, for which null is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads the address of a function of this library and writes `info`.
+    if unsafe { libc::dladdr(agent_init as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr's dli_fname is a NUL-terminated path owned by the dynamic linker.
+    let me = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let name = |p: &[u8]| p.rsplit(|b| *b == b'/').next().map(<[u8]>::to_vec).unwrap_or_default();
+    let mine = name(me);
+    pre.as_encoded_bytes().split(|b| *b == b':' || *b == b' ').any(|p| !p.is_empty() && name(p) == mine)
 }
 
 /// The entry point of `userbpf attach` (called by the injector, see the userbpf-inject crate,

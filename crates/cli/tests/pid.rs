@@ -1,0 +1,241 @@
+//! Loaders naming a running process that was started without userbpf: `bpftrace -p PID` and a
+//! libbpf program attaching its uprobe with a pid, through the kernel and through `userbpf
+//! load`, one after the other on the same running target; the same counts, and after each
+//! loader exits the process's code is byte-for-byte its files' (no probe, no agent thread
+//! left when userbpf injected the agent for the loader). The target is busy (three workers
+//! calling the probed function, a thread always spinning, two threads blocked in `read()`
+//! that must see no `EINTR`); it is a private copy, so the kernel's uprobes touch no other
+//! process.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+mod procmem;
+use common::{Proc, Via, here, interrupt, libbpf_example, loader_command, target_command, tmp, userbpf};
+use procmem::{agent_threads, code_as_in_files, patched};
+
+/// The busy target (detach_target.c), compiled for each test into a directory of its own.
+fn target(name: &str) -> PathBuf {
+    let dir = tmp().join("pid").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    userbpf_testutil::compile_c(&here("targets/detach_target.c"), &dir.join("busy"), &["-pthread"])
+}
+
+struct Target {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+    pid: u32,
+}
+
+impl Target {
+    fn start(mut cmd: Command) -> Target {
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "{line}");
+        // Under `userbpf start` the pid is the target's (userbpf execs it in place).
+        let pid = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        Target { child, stdin, out, pid }
+    }
+
+    /// Each of the 3 workers calls work() `n` times; returns when all are done.
+    fn go(&mut self, n: u64) {
+        self.stdin.write_all(format!("go {n}\nwait\n").as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "done");
+    }
+
+    /// Ends the target; asserts the threads blocked in read() never saw EINTR.
+    fn quit(mut self) {
+        self.stdin.write_all(b"quit\n").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert!(self.child.wait().unwrap().success());
+        assert!(line.ends_with(" eintr 0 0\n"), "{line}");
+    }
+}
+
+/// Waits until a probe is in place in the target's copy of `exe` and the loader reached its
+/// event loop (bpftrace prints "Attaching N probes..." before it attaches them).
+fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str) {
+    loader.wait_for(marker, "attaching");
+    let start = Instant::now();
+    while !patched(pid, exe) {
+        assert!(!loader.exited(), "{} exited before its probe was in place\n{}", loader.name, loader.describe());
+        assert!(start.elapsed() < common::STEP, "no probe in process {pid} within a step\n{}", loader.describe());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The probes after the first: the loader is done attaching once it waits in its loop.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let sc = std::fs::read_to_string(format!("/proc/{}/syscall", loader.pid())).unwrap_or_default();
+        if matches!(sc.split_whitespace().next(), Some("232" | "281" | "7" | "271" | "35" | "230" | "34")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The value of map line `@name: N` in bpftrace's output.
+fn bt_value(out: &str, name: &str) -> u64 {
+    let key = format!("@{name}: ");
+    out.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("no {key} in {out:?}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+fn session(test: &str) -> String {
+    format!("t{}-{test}", std::process::id())
+}
+
+/// The process after a loader that named it exited: its code is its files', no agent thread
+/// runs, and it is in no session.
+fn as_before(pid: u32) {
+    code_as_in_files(pid);
+    assert!(!patched(pid, Path::new("/nonexistent")));
+    assert_eq!(agent_threads(pid), 0, "an agent thread is left in process {pid}");
+}
+
+#[test]
+fn bpftrace_dash_p_counts_on_a_process_started_without_userbpf_as_the_kernel_does() {
+    if !userbpf_testutil::require(have("bpftrace"), "bpftrace") {
+        return;
+    }
+    let exe = target("bpftrace");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let script =
+        format!("uprobe:{e}:work {{ @calls = count(); }} uretprobe:{e}:work {{ @rets = count(); }}", e = exe.display());
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    // The kernel, then userbpf twice (the second finds the agent's library loaded and starts it
+    // in place), then the kernel again: all on the same running process.
+    for (round, via) in [Via::Kernel, Via::Userbpf, Via::Userbpf, Via::Kernel].into_iter().enumerate() {
+        let s = session("bt");
+        let mut l = Proc::spawn(
+            &format!("bpftrace -p ({via:?}, round {round})"),
+            loader_command(via, &s, &["bpftrace", "-p", &pid, "-e", &script]),
+        );
+        wait_probed(&mut l, t.pid, &exe, "Attaching 2 probes");
+        if via == Via::Userbpf {
+            assert_eq!(agent_threads(t.pid), 1, "the agent runs in the target while bpftrace traces it");
+        }
+        t.go(1000);
+        interrupt(&mut l);
+        let st = l.wait_exit("after SIGINT");
+        assert!(st.success(), "{}", l.describe());
+        let out = l.stdout();
+        assert_eq!((bt_value(&out, "calls"), bt_value(&out, "rets")), (3000, 3000), "{via:?} round {round}\n{out}");
+        // Gone with the loader: every probe, and the agent userbpf injected for it.
+        as_before(t.pid);
+        assert_eq!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count(), threads);
+        // Nothing counts any more.
+        t.go(100);
+    }
+    t.quit();
+}
+
+#[test]
+fn a_libbpf_program_attached_with_a_pid_counts_that_process_only() {
+    if !userbpf_testutil::require(have("bpftool"), "bpftool") {
+        return;
+    }
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("libbpf");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    for via in [Via::Kernel, Via::Userbpf] {
+        let s = session(&format!("lb-{via:?}").to_lowercase());
+        // Another process running the same file: under `userbpf start` in the loader's session
+        // (where a pid -1 link would count it), or plain for the kernel (where it would too).
+        let mut other = Target::start(target_command(via, &s, &[exe.to_str().unwrap()]));
+        let mut l = Proc::spawn(
+            &format!("percpu-counter with pid ({via:?})"),
+            loader_command(via, &s, &[counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]),
+        );
+        wait_probed(&mut l, t.pid, &exe, "attached to");
+        t.go(700);
+        other.go(500);
+        l.signal(libc::SIGINT);
+        let st = l.wait_exit("after SIGINT");
+        assert!(st.success(), "{}", l.describe());
+        let out = l.stdout();
+        assert!(out.contains("\ncount 2100\n"), "{via:?}: {out}");
+        as_before(t.pid);
+        other.quit();
+    }
+    t.quit();
+}
+
+#[test]
+fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
+    // SAFETY: geteuid has no preconditions.
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (to run the test's processes as nobody)") {
+        return;
+    }
+    if !userbpf_testutil::require(have("bpftool"), "bpftool") {
+        return;
+    }
+    let nobody = 65534;
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("nobody");
+    let shm = tmp().join("pid-shm-any-user");
+    std::fs::create_dir_all(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let as_nobody = |c: &mut Command| {
+        std::os::unix::process::CommandExt::uid(c, nobody);
+        std::os::unix::process::CommandExt::gid(c, nobody);
+        c.env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("nobody"));
+    };
+    // The target inherits USERBPF_SESSION (as from a shell of the session) without the agent
+    // preloaded: the injected agent must not start in its constructor, under dlopen's lock.
+    let mut tc = Command::new(&exe);
+    as_nobody(&mut tc);
+    let mut t = Target::start(tc);
+    let pid = t.pid.to_string();
+
+    // `userbpf attach` and `userbpf detach` as nobody.
+    let mut a = Command::new(userbpf());
+    a.args(["attach", &pid]);
+    as_nobody(&mut a);
+    let o = a.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(agent_threads(t.pid), 1);
+    let mut d = Command::new(userbpf());
+    d.args(["detach", &pid]);
+    as_nobody(&mut d);
+    let o = d.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    as_before(t.pid);
+
+    // A libbpf loader naming the process, as nobody: the agent injected, exact counts, then
+    // detached at the loader's exit.
+    let mut lc = Command::new(userbpf());
+    lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
+    as_nobody(&mut lc);
+    let mut l = Proc::spawn("percpu-counter as nobody", lc);
+    wait_probed(&mut l, t.pid, &exe, "attached to");
+    t.go(400);
+    l.signal(libc::SIGINT);
+    let st = l.wait_exit("after SIGINT");
+    assert!(st.success(), "{}", l.describe());
+    assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
+    as_before(t.pid);
+    t.quit();
+}
