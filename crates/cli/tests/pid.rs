@@ -1,4 +1,5 @@
-//! Loaders naming a running process that was started without userbpf: `bpftrace -p PID` and a
+//! Loaders naming a running process that was started without userbpf: `bpftrace -p PID` (uprobe,
+//! uretprobe and USDT) and a
 //! libbpf program attaching its uprobe with a pid, through the kernel and through `userbpf
 //! load`, one after the other on the same running target; the same counts, and after each
 //! loader exits the process's code is byte-for-byte its files' (no probe, no agent thread
@@ -22,7 +23,7 @@ fn target(name: &str) -> PathBuf {
     let dir = tmp().join("pid").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    userbpf_testutil::compile_c(&here("targets/detach_target.c"), &dir.join("busy"), &["-pthread"])
+    userbpf_testutil::compile_c(&here("targets/detach_target.c"), &dir.join("busy"), &["-pthread", "-DWITH_USDT"])
 }
 
 struct Target {
@@ -52,6 +53,15 @@ impl Target {
         let mut line = String::new();
         self.out.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "done");
+    }
+
+    /// Forks a child that calls work() until killed; returns its pid.
+    fn fork(&mut self) -> u32 {
+        self.stdin.write_all(b"fork\n").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.strip_prefix("child ").unwrap_or_else(|| panic!("{line}")).trim().parse().unwrap()
     }
 
     /// Ends the target; asserts the threads blocked in read() never saw EINTR.
@@ -121,8 +131,11 @@ fn bpftrace_dash_p_counts_on_a_process_started_without_userbpf_as_the_kernel_doe
     let exe = target("bpftrace");
     let mut t = Target::start(Command::new(&exe));
     let pid = t.pid.to_string();
-    let script =
-        format!("uprobe:{e}:work {{ @calls = count(); }} uretprobe:{e}:work {{ @rets = count(); }}", e = exe.display());
+    let script = format!(
+        "uprobe:{e}:work {{ @calls = count(); }} uretprobe:{e}:work {{ @rets = count(); }} \
+         usdt:{e}:busy:tick {{ @ticks = count(); @sum = sum(arg0); }}",
+        e = exe.display()
+    );
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
     // The kernel, then userbpf twice (the second finds the agent's library loaded and starts it
     // in place), then the kernel again: all on the same running process.
@@ -132,7 +145,7 @@ fn bpftrace_dash_p_counts_on_a_process_started_without_userbpf_as_the_kernel_doe
             &format!("bpftrace -p ({via:?}, round {round})"),
             loader_command(via, &s, &["bpftrace", "-p", &pid, "-e", &script]),
         );
-        wait_probed(&mut l, t.pid, &exe, "Attaching 2 probes");
+        wait_probed(&mut l, t.pid, &exe, "Attaching 3 probes");
         if via == Via::Userbpf {
             assert_eq!(agent_threads(t.pid), 1, "the agent runs in the target while bpftrace traces it");
         }
@@ -141,7 +154,9 @@ fn bpftrace_dash_p_counts_on_a_process_started_without_userbpf_as_the_kernel_doe
         let st = l.wait_exit("after SIGINT");
         assert!(st.success(), "{}", l.describe());
         let out = l.stdout();
-        assert_eq!((bt_value(&out, "calls"), bt_value(&out, "rets")), (3000, 3000), "{via:?} round {round}\n{out}");
+        // bpftrace passes the pid for its USDT probe and -1 for the uprobes: all count here.
+        let values = ["calls", "rets", "ticks", "sum"].map(|m| bt_value(&out, m));
+        assert_eq!(values, [3000, 3000, 3000, 3 * 999 * 1000 / 2], "{via:?} round {round}\n{out}");
         // Gone with the loader: every probe, and the agent userbpf injected for it.
         as_before(t.pid);
         assert_eq!(std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count(), threads);
@@ -237,5 +252,84 @@ fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
     assert!(st.success(), "{}", l.describe());
     assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
     as_before(t.pid);
+    t.quit();
+}
+
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < common::STEP, "not within a step: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_killed_loader_leaves_the_process_running_and_its_watchdog_detaches_it() {
+    if !userbpf_testutil::require(have("bpftrace"), "bpftrace") {
+        return;
+    }
+    let exe = target("killed");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let s = session("killed");
+    let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
+    let mut l =
+        Proc::spawn("bpftrace -p (killed)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    t.go(100);
+    l.signal(libc::SIGKILL);
+    l.wait_exit("SIGKILL");
+    // The target runs on, and the loader's watchdog takes the agent out.
+    t.go(100);
+    wait_until("the agent detached after the loader was killed", || agent_threads(t.pid) == 0);
+    as_before(t.pid);
+    let o = Command::new(userbpf()).args(["detach", &pid]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to detach"), "{}", String::from_utf8_lossy(&o.stderr));
+    // A later loader injects it again.
+    let mut l =
+        Proc::spawn("bpftrace -p (after)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    t.go(200);
+    interrupt(&mut l);
+    assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
+    assert_eq!(bt_value(&l.stdout(), "calls"), 600);
+    as_before(t.pid);
+    t.quit();
+}
+
+#[test]
+fn a_child_forked_while_attached_is_detached_with_its_parent() {
+    if !userbpf_testutil::require(have("bpftrace"), "bpftrace") {
+        return;
+    }
+    let exe = target("fork");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let s = session("fork");
+    let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
+    let mut l =
+        Proc::spawn("bpftrace -p (fork)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    let child = t.fork();
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of the test's own forked target child.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+    let _kill = Kill(child);
+    // The child has the agent (forked with it) and keeps the probe (bpftrace's -1 uprobe, as
+    // the kernel's fires in the child too).
+    wait_until("the child's agent thread", || agent_threads(child) == 1);
+    assert!(patched(child, &exe));
+    interrupt(&mut l);
+    assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
+    assert!(bt_value(&l.stdout(), "calls") > 0);
+    // Both detached with the loader's exit.
+    as_before(t.pid);
+    wait_until("the child detached", || agent_threads(child) == 0);
+    code_as_in_files(child);
     t.quit();
 }

@@ -164,7 +164,7 @@ fn is_member(l: &Layout, pid: u32, start: u64) -> bool {
 
 /// The `userbpf` binary: `$USERBPF_BIN`, else `userbpf` beside this library (or one level up,
 /// as in a cargo target directory's `deps/`).
-fn userbpf_bin() -> Result<PathBuf, Error> {
+pub(super) fn userbpf_bin() -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os(BIN_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
@@ -211,11 +211,18 @@ fn userbpf(args: &[&str]) -> Result<(), String> {
         }
     }
     let _ours = userbpf_hook::ours();
-    let out = cmd.output().map_err(|e| format!("running {}: {e}", bin.display()))?;
-    if out.status.success() {
+    let mut child = cmd.spawn().map_err(|e| format!("running {}: {e}", bin.display()))?;
+    // Its stderr read to the end, then waited for: blocking reads, no poll (a loader's
+    // thread waiting in poll looks as if it were in its event loop).
+    let mut err = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_end(&mut e, &mut err);
+    }
+    let status = child.wait().map_err(|e| format!("waiting for {}: {e}", bin.display()))?;
+    if status.success() {
         return Ok(());
     }
-    let text = String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&err);
     let text = text.trim();
     Err(text.strip_prefix("userbpf: ").unwrap_or(text).to_string())
 }
