@@ -4,7 +4,9 @@
 //! `userbpf_agent_attach` is) only asks: it sets [`REQUESTED`] and wakes the agent's thread
 //! (a touch of the acknowledgement file it watches), then returns, so the borrowed thread is
 //! paused for microseconds and never waits for a thread (it may itself have been stopped
-//! inside a trampoline). The agent's thread then, in its own descriptor table ([`run`]):
+//! inside a trampoline). The agent's thread then waits until the injector has let the borrowed
+//! thread go (patching signals every thread running user code and waits for each, and a thread
+//! in a ptrace stop answers only once released), and, in its own descriptor table ([`run`]):
 //! 1. detaches every link (probes removed, USDT semaphores it raised lowered, system call
 //!    tracepoints' raw probes removed), stops acknowledging link changes (its
 //!    `agents/PID.START` file goes, so loaders stop waiting for it) and leaves the session
@@ -166,6 +168,7 @@ pub unsafe extern "C" fn userbpf_agent_detach(_arg: *const std::ffi::c_char) -> 
         if crate::AGENT.get().is_none() || is_detached() || watcher::agent_tid() == 0 {
             return 1;
         }
+        watcher::note_borrowed();
         REQUESTED.store(true, Ordering::SeqCst);
         // A thread serving requests only (no watch) sees the flag within its 20 ms sleep.
         watcher::kick();
@@ -178,6 +181,9 @@ pub unsafe extern "C" fn userbpf_agent_detach(_arg: *const std::ffi::c_char) -> 
 /// printed on the program's stderr; the rest goes on.
 pub(crate) fn run(a: &'static Mutex<Agent>) {
     let _ours = userbpf_hook::ours();
+    // The probes come out once the injector let its borrowed thread go (see
+    // `watcher::wait_borrowed_released`).
+    watcher::wait_borrowed_released();
     {
         let mut g = lock(a);
         g.leave_session();

@@ -526,7 +526,11 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         }
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
+        note_borrowed();
         let start = move || {
+            // No patching (and its signals to every thread) while the injector still holds
+            // this thread stopped.
+            wait_borrowed_released();
             Session::open_in(&root, &name)
                 .map_err(|e| format!("opening session {name}: {e}"))
                 .and_then(|s| Agent::start_in(s, true))
@@ -539,6 +543,42 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         if started.is_ok() { 0 } else { -1 }
     })
     .unwrap_or(-1)
+}
+
+/// The thread the injector borrowed for `userbpf_agent_attach` or `userbpf_agent_detach`
+/// (0: none).
+static BORROWED: AtomicI32 = AtomicI32::new(0);
+
+/// Called on the injector's borrowed thread: remembers it (see [`wait_borrowed_released`]).
+pub(crate) fn note_borrowed() {
+    // SAFETY: gettid has no preconditions.
+    BORROWED.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+}
+
+/// On the agent's thread, before it patches code (its first sync at an attach, the probes'
+/// removal at a detach): waits until the injector has let the borrowed thread go (its
+/// `TracerPid` is 0 again; at most 2 s). Patching signals every thread running user code and
+/// waits for each (bounded); a thread held in a ptrace stop answers only once released, and
+/// under load the injector's last steps (its `dlclose` call, the registers put back) can take
+/// long enough to make each such wait run to its timeout.
+pub(crate) fn wait_borrowed_released() {
+    let tid = BORROWED.swap(0, Ordering::SeqCst);
+    if tid == 0 {
+        return;
+    }
+    let path = format!("/proc/self/task/{tid}/status");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let Ok(status) = std::fs::read_to_string(&path) else { return };
+        let traced = status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .is_some_and(|v| v.trim().parse::<i32>().is_ok_and(|p| p != 0));
+        if !traced {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 /// The forked child's agent thread (see `fork`): descriptors of its own, a membership of its
