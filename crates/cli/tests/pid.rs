@@ -333,3 +333,47 @@ fn a_child_forked_while_attached_is_detached_with_its_parent() {
     code_as_in_files(child);
     t.quit();
 }
+
+#[test]
+fn load_running_applies_a_pid_minus_one_link_to_the_users_running_processes_mapping_the_file() {
+    if !userbpf_testutil::require(have("bpftool"), "bpftool") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("running");
+    let mut a = Target::start(Command::new(&exe));
+    let mut b = Target::start(Command::new(&exe));
+    // Another user's process mapping the file is left alone.
+    let mut other = root.then(|| {
+        let mut c = Command::new(&exe);
+        std::os::unix::process::CommandExt::uid(&mut c, 65534);
+        std::os::unix::process::CommandExt::gid(&mut c, 65534);
+        Target::start(c)
+    });
+    let s = session("running");
+    let mut cmd = Command::new(userbpf());
+    cmd.args(["load", "--running", counter.to_str().unwrap(), exe.to_str().unwrap(), "work"]);
+    cmd.env("USERBPF_SESSION", &s).env("USERBPF_SHM_DIR", tmp());
+    let mut l = Proc::spawn("percpu-counter --running", cmd);
+    wait_probed(&mut l, a.pid, &exe, "attached to");
+    assert!(patched(b.pid, &exe), "the second process has the probe too");
+    a.go(100);
+    b.go(200);
+    if let Some(o) = other.as_mut() {
+        o.go(300);
+        assert_eq!(agent_threads(o.pid), 0);
+        assert!(!patched(o.pid, &exe));
+    }
+    l.signal(libc::SIGINT);
+    assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
+    assert!(l.stdout().contains("\ncount 900\n"), "{}", l.stdout());
+    as_before(a.pid);
+    as_before(b.pid);
+    a.quit();
+    b.quit();
+    if let Some(o) = other {
+        o.quit();
+    }
+}
