@@ -119,10 +119,8 @@ fn bpftrace_pid(command: &[String]) -> Option<u32> {
             "--" => return None,
             "-p" => return it.next()?.parse().ok(),
             // Options taking a value: the value is not an option.
-            "-e" | "-c" | "-o" | "-I" | "--include" | "-B" | "-f" | "--usdt-file-activation" => {
-                if a != "--usdt-file-activation" {
-                    it.next();
-                }
+            "-e" | "-c" | "-o" | "-I" | "--include" | "-B" | "-f" => {
+                it.next();
             }
             _ => {
                 if let Some(p) = a.strip_prefix("-p").and_then(|v| v.parse().ok()) {

@@ -75,17 +75,34 @@ impl Target {
     }
 }
 
-/// Waits until a probe is in place in the target's copy of `exe` and the loader reached its
-/// event loop (bpftrace prints "Attaching N probes..." before it attaches them).
-fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str) {
+/// Waits until a probe is in place in the target's copy of `exe` and the loader is done
+/// attaching: through userbpf, `links` (the session's directory, how many links) are all in
+/// the session and the target's agent acknowledged them (a loader waiting for that sleeps, which
+/// would look like its event loop); through the kernel, the loader waits in its event loop
+/// (bpftrace prints "Attaching N probes..." before it attaches them).
+fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str, links: Option<(PathBuf, usize)>) {
     loader.wait_for(marker, "attaching");
     let start = Instant::now();
-    while !patched(pid, exe) {
-        assert!(!loader.exited(), "{} exited before its probe was in place\n{}", loader.name, loader.describe());
-        assert!(start.elapsed() < common::STEP, "no probe in process {pid} within a step\n{}", loader.describe());
+    let done = || {
+        if !patched(pid, exe) {
+            return false;
+        }
+        let Some((dir, n)) = &links else { return true };
+        let l = userbpf_runtime::session::Layout::new(dir.clone());
+        let made = std::fs::read_dir(l.links_dir())
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".json")).count())
+            .unwrap_or(0);
+        use userbpf_runtime::session::handshake;
+        made == *n && handshake::acked_by(&l, pid).is_some_and(|a| a >= handshake::current(&l))
+    };
+    while !done() {
+        assert!(!loader.exited(), "{} exited before its probes were in place\n{}", loader.name, loader.describe());
+        assert!(start.elapsed() < common::STEP, "no probes in process {pid} within a step\n{}", loader.describe());
         std::thread::sleep(Duration::from_millis(10));
     }
-    // The probes after the first: the loader is done attaching once it waits in its loop.
+    if links.is_some() {
+        return;
+    }
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
         let sc = std::fs::read_to_string(format!("/proc/{}/syscall", loader.pid())).unwrap_or_default();
@@ -94,6 +111,13 @@ fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The directory of session `name` in the tests' USERBPF_SHM_DIR, with `n` links expected.
+fn links_of(name: &str, n: usize) -> Option<(PathBuf, usize)> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    Some((tmp().join(format!("userbpf-{uid}-{name}")), n))
 }
 
 /// The value of map line `@name: N` in bpftrace's output.
@@ -145,7 +169,7 @@ fn bpftrace_dash_p_counts_on_a_process_started_without_userbpf_as_the_kernel_doe
             &format!("bpftrace -p ({via:?}, round {round})"),
             loader_command(via, &s, &["bpftrace", "-p", &pid, "-e", &script]),
         );
-        wait_probed(&mut l, t.pid, &exe, "Attaching 3 probes");
+        wait_probed(&mut l, t.pid, &exe, "Attaching 3 probes", if via == Via::Kernel { None } else { links_of(&s, 3) });
         if via == Via::Userbpf {
             assert_eq!(agent_threads(t.pid), 1, "the agent runs in the target while bpftrace traces it");
         }
@@ -184,7 +208,7 @@ fn a_libbpf_program_attached_with_a_pid_counts_that_process_only() {
             &format!("percpu-counter with pid ({via:?})"),
             loader_command(via, &s, &[counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]),
         );
-        wait_probed(&mut l, t.pid, &exe, "attached to");
+        wait_probed(&mut l, t.pid, &exe, "attached to", None);
         t.go(700);
         other.go(500);
         l.signal(libc::SIGINT);
@@ -245,7 +269,7 @@ fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
     lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
     as_nobody(&mut lc);
     let mut l = Proc::spawn("percpu-counter as nobody", lc);
-    wait_probed(&mut l, t.pid, &exe, "attached to");
+    wait_probed(&mut l, t.pid, &exe, "attached to", None);
     t.go(400);
     l.signal(libc::SIGINT);
     let st = l.wait_exit("after SIGINT");
@@ -275,7 +299,7 @@ fn a_killed_loader_leaves_the_process_running_and_its_watchdog_detaches_it() {
     let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
     let mut l =
         Proc::spawn("bpftrace -p (killed)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
-    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe", links_of(&s, 1));
     t.go(100);
     l.signal(libc::SIGKILL);
     l.wait_exit("SIGKILL");
@@ -289,7 +313,7 @@ fn a_killed_loader_leaves_the_process_running_and_its_watchdog_detaches_it() {
     // A later loader injects it again.
     let mut l =
         Proc::spawn("bpftrace -p (after)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
-    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe", links_of(&s, 1));
     t.go(200);
     interrupt(&mut l);
     assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
@@ -310,7 +334,7 @@ fn a_child_forked_while_attached_is_detached_with_its_parent() {
     let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
     let mut l =
         Proc::spawn("bpftrace -p (fork)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
-    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe");
+    wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe", links_of(&s, 1));
     let child = t.fork();
     struct Kill(u32);
     impl Drop for Kill {
@@ -357,7 +381,7 @@ fn load_running_applies_a_pid_minus_one_link_to_the_users_running_processes_mapp
     cmd.args(["load", "--running", counter.to_str().unwrap(), exe.to_str().unwrap(), "work"]);
     cmd.env("USERBPF_SESSION", &s).env("USERBPF_SHM_DIR", tmp());
     let mut l = Proc::spawn("percpu-counter --running", cmd);
-    wait_probed(&mut l, a.pid, &exe, "attached to");
+    wait_probed(&mut l, a.pid, &exe, "attached to", None);
     assert!(patched(b.pid, &exe), "the second process has the probe too");
     a.go(100);
     b.go(200);
