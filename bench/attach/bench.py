@@ -12,6 +12,9 @@ the longest pause of any worker:
 - userbpf attach: `userbpf attach PID` into a session whose link (held by
   `userbpf run count.bpf.o -- sleep`) counts work(); the injector's own report of the borrowed
   thread's pause is printed too;
+- userbpf load bpftrace -p: `userbpf load bpftrace -p PID -e 'uprobe:TARGET:work { @c = count(); }'`
+  in a session of its own: the loader injects the agent into the target (started without
+  userbpf); a second window measures the pause of the detach when the loader exits (SIGINT);
 - kernel: `bpftrace -e 'uprobe:TARGET:work { @c = count(); }'` on the kernel, on the target's
   private binary.
 

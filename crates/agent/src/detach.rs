@@ -26,6 +26,9 @@
 //! 4. ends: its private descriptor table, and every descriptor of the agent in it, goes with
 //!    it. `userbpf detach` waits for the thread to be gone.
 //!
+//! `USERBPF_TRACE_DETACH=1` in the process's environment prints (on its stderr) how long each
+//! step took, from the request on.
+//!
 //! The library itself stays mapped: a thread may still be about to return through its code
 //! (a handler's last instructions after the engine's wait, the loader notification's stub
 //! entered just before it was taken out), and `dlclose` of a Rust library with thread-local

@@ -6,7 +6,11 @@
 //! `userbpf detach PID`: the agent taken out again (see the agent's `detach` module): the
 //! process's own `dlopen(RTLD_NOLOAD)` finds the agent it loaded (or that `userbpf start`
 //! preloaded), `userbpf_agent_detach` there asks the agent's thread to remove every probe,
-//! give the signals back and end; this command waits until that thread is gone.
+//! give the signals back and end; this command waits until that thread is gone. Children the
+//! process forked while attached (they carry the agent, not preloaded) are detached after it.
+//! `userbpf detach --unused` detaches the processes loaders injected the agent into
+//! (`bpftrace -p PID` through `userbpf load`) whose links are all gone: a killed loader's
+//! watchdog runs it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -17,7 +17,10 @@
 //! SET_BPF programs and `LINK_CREATE` links); [`sync`] makes a change of links take effect in
 //! every agent before the call returns; [`watchdog`] removes the links of a loader that died
 //! without exiting; [`timer`] runs clock events' programs; [`closes`] sees the last close
-//! of an event's or link's descriptor; [`semaphores`] raises USDT semaphores.
+//! of an event's or link's descriptor; [`semaphores`] raises USDT semaphores; [`targets`]
+//! makes a running process a link names (`pid = PID`, `userbpf load --pid`/bpftrace's `-p`,
+//! `--running`) a member of the session, injecting the agent, and detaches it when the last
+//! link for it goes.
 
 mod closes;
 pub mod semaphores;
