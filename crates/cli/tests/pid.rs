@@ -401,3 +401,29 @@ fn load_running_applies_a_pid_minus_one_link_to_the_users_running_processes_mapp
         o.quit();
     }
 }
+
+#[test]
+fn a_pid_that_names_no_process_is_refused_as_the_kernel_refuses_it() {
+    if !userbpf_testutil::require(have("bpftool"), "bpftool") {
+        return;
+    }
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("esrch");
+    // A pid above the kernel's pid_max names no process.
+    let pid = "4194304";
+    let mut said = Vec::new();
+    for via in [Via::Kernel, Via::Userbpf] {
+        let mut l = Proc::spawn(
+            &format!("percpu-counter with no such pid ({via:?})"),
+            loader_command(via, &session("esrch"), &[counter.to_str().unwrap(), exe.to_str().unwrap(), "work", pid]),
+        );
+        let st = l.wait_exit("its refusal");
+        assert!(!st.success(), "{}", l.describe());
+        let err = l.stderr();
+        let line =
+            err.lines().find(|l| l.contains("attaching the uprobe")).unwrap_or_else(|| panic!("{err}")).to_string();
+        said.push(line);
+    }
+    assert!(said[0].ends_with("No such process"), "{said:?}");
+    assert_eq!(said[0], said[1]);
+}
