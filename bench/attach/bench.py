@@ -29,7 +29,8 @@ the last (growth between the two), the time of each command (median, 99th percen
 longest pause of a worker over all the cycles.
 
 Environment: PBENCH_ROUNDS (default 7), PBENCH_WORKERS (worker threads, default 2),
-PBENCH_WINDOW (seconds after the attach, default 0.3), USERBPF (the CLI, default
+PBENCH_WINDOW (seconds after the attach, default 0.3), PBENCH_NICE (the targets' niceness,
+default 0; e.g. -10 as root on a shared, busy machine), USERBPF (the CLI, default
 target/release/userbpf, with libuserbpf_agent.so beside it).
 """
 
@@ -49,6 +50,10 @@ USERBPF = os.path.abspath(os.environ.get("USERBPF", os.path.join(ROOT, "target",
 ROUNDS = max(1, int(os.environ.get("PBENCH_ROUNDS", "7")))
 WORKERS = max(1, int(os.environ.get("PBENCH_WORKERS", "2")))
 WINDOW = float(os.environ.get("PBENCH_WINDOW", "0.3"))
+# The target's niceness (root may give a negative one): on a machine shared with other jobs, the
+# workers' scheduling noise otherwise hides the pauses the attach itself causes. Every round's
+# target gets the same.
+NICE = int(os.environ.get("PBENCH_NICE", "0"))
 problems = []
 
 
@@ -63,7 +68,9 @@ class Target:
     """A running pause_target, spoken to through its stdin and stdout."""
 
     def __init__(self, exe):
-        self.p = subprocess.Popen([exe, str(WORKERS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        nice = (lambda: os.nice(NICE)) if NICE else None
+        self.p = subprocess.Popen([exe, str(WORKERS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                  preexec_fn=nice)
         line = self.p.stdout.readline()
         if not line.startswith("ready"):
             raise RuntimeError(f"the target did not start: {line!r}")
@@ -365,7 +372,8 @@ def main():
                 end_group(p)
     load = os.getloadavg()[0]
     print()
-    print(f"Attach pause ({time.strftime('%Y-%m-%d')}, {cpu}, {os.cpu_count()} CPUs, load {load:.2f}): a target with "
+    niced = f", the target at nice {NICE}" if NICE else ""
+    print(f"Attach pause ({time.strftime('%Y-%m-%d')}, {cpu}, {os.cpu_count()} CPUs, load {load:.2f}{niced}): a target with "
           f"{WORKERS} busy worker threads calling work() and its main thread blocked in read(); the longest time between "
           f"two iterations of any worker, from just before the attach to {WINDOW:.1f} s after it, {ROUNDS} rounds:")
     print()

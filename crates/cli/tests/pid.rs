@@ -427,3 +427,36 @@ fn a_pid_that_names_no_process_is_refused_as_the_kernel_refuses_it() {
     assert!(said[0].ends_with("No such process"), "{said:?}");
     assert_eq!(said[0], said[1]);
 }
+
+#[test]
+fn two_loaders_share_an_injected_process_and_the_last_one_detaches_it() {
+    if !userbpf_testutil::require(have("bpftrace") && have("bpftool"), "bpftrace and bpftool") {
+        return;
+    }
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("shared");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let s = session("shared");
+    let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
+    let mut a =
+        Proc::spawn("bpftrace -p (first)", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script]));
+    wait_probed(&mut a, t.pid, &exe, "Attaching 1 probe", links_of(&s, 1));
+    let mut b = Proc::spawn(
+        "percpu-counter with pid (second)",
+        loader_command(Via::Userbpf, &s, &[counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]),
+    );
+    wait_probed(&mut b, t.pid, &exe, "attached to", None);
+    t.go(100);
+    interrupt(&mut a);
+    assert!(a.wait_exit("SIGINT").success(), "{}", a.describe());
+    assert_eq!(bt_value(&a.stdout(), "calls"), 300);
+    // The second loader still uses the process: it stays attached.
+    assert_eq!(agent_threads(t.pid), 1);
+    t.go(100);
+    b.signal(libc::SIGINT);
+    assert!(b.wait_exit("SIGINT").success(), "{}", b.describe());
+    assert!(b.stdout().contains("\ncount 600\n"), "{}", b.stdout());
+    as_before(t.pid);
+    t.quit();
+}

@@ -344,8 +344,11 @@ fn release_procs(l: &Layout, procs: &[Proc], link: Option<u32>) {
         if userbpf_runtime::session::start_time(p.pid) != Some(p.start) {
             continue; // gone (or its pid reused)
         }
-        if let Err(why) = userbpf(&["detach", &p.pid.to_string()]) {
-            eprintln!("userbpf: detaching from process {}: {why}", p.pid);
+        match userbpf(&["detach", &p.pid.to_string()]) {
+            // Detached meanwhile by hand (`userbpf detach PID`): nothing left to do.
+            Err(why) if why.contains("nothing to detach") => {}
+            Err(why) => eprintln!("userbpf: detaching from process {}: {why}", p.pid),
+            Ok(()) => {}
         }
     }
 }
