@@ -460,3 +460,24 @@ fn two_loaders_share_an_injected_process_and_the_last_one_detaches_it() {
     as_before(t.pid);
     t.quit();
 }
+
+#[test]
+fn a_process_of_another_session_is_refused_with_that_sessions_name() {
+    if !userbpf_testutil::require(have("bpftool"), "bpftool") {
+        return;
+    }
+    let counter = libbpf_example("percpu-counter");
+    let exe = target("othersession");
+    let (mine, theirs) = (session("os-mine"), session("os-theirs"));
+    let t = Target::start(target_command(Via::Userbpf, &theirs, &[exe.to_str().unwrap()]));
+    let pid = t.pid.to_string();
+    let mut l = Proc::spawn(
+        "percpu-counter with the pid of another session's process",
+        loader_command(Via::Userbpf, &mine, &[counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]),
+    );
+    assert!(!l.wait_exit("its refusal").success(), "{}", l.describe());
+    let err = l.stderr();
+    assert!(err.contains(&format!("process {pid} runs the userbpf agent in session {theirs}")), "{err}");
+    assert!(err.contains("Device or resource busy"), "{err}");
+    t.quit();
+}

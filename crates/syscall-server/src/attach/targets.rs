@@ -162,6 +162,18 @@ fn is_member(l: &Layout, pid: u32, start: u64) -> bool {
         .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
 }
 
+/// The session of this user that process `pid` (started at `start`) is a member of, if any.
+fn session_of(pid: u32, start: u64) -> Option<String> {
+    let prefix = Layout::dir_name_prefix();
+    let member = Layout::member_prefix(pid, start);
+    std::fs::read_dir(Session::root()).ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_str()?.strip_prefix(&prefix)?.to_string();
+        let l = Layout::new(e.path());
+        let rd = std::fs::read_dir(l.members_dir()).ok()?;
+        rd.flatten().any(|m| m.file_name().to_string_lossy().starts_with(&member)).then_some(name)
+    })
+}
+
 /// The `userbpf` binary: `$USERBPF_BIN`, else `userbpf` beside this library (or one level up,
 /// as in a cargo target directory's `deps/`).
 pub(super) fn userbpf_bin() -> Result<PathBuf, Error> {
@@ -283,6 +295,15 @@ fn ensure_member(s: &Session, pid: u32) -> Result<Option<Proc>, Error> {
         // It may have joined meanwhile (a process starting under `userbpf start`).
         if is_member(l, pid, start) {
             return Ok(marker.exists().then_some(Proc { pid, start }));
+        }
+        if let Some(other) = session_of(pid, start) {
+            return Err(Error::new(
+                libc::EBUSY,
+                format!(
+                    "process {pid} runs the userbpf agent in session {other}, not {}: run the loader in that session (--session {other})",
+                    s.name()
+                ),
+            ));
         }
         return Err(Error::new(libc::EPERM, format!("cannot attach to process {pid}: {why}")));
     }
