@@ -592,7 +592,10 @@ pub(crate) fn child_thread() {
     let dir = lock(cell).session.layout().links_dir();
     let mut fd = watch_links(&dir, true);
     let mut a = lock(cell);
-    match Session::open(a.session.name()) {
+    // The parent's session, in the directory it is in (an injected agent's may not be the
+    // default one: `userbpf attach` names it).
+    let root = a.session.dir().parent().map(std::path::Path::to_path_buf).unwrap_or_else(Session::root);
+    match Session::open_in(&root, a.session.name()) {
         Ok(s) => {
             // The copy of the parent's handle would leave with the parent's membership.
             std::mem::forget(std::mem::replace(&mut a.session, s));

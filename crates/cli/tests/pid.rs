@@ -276,6 +276,17 @@ fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
     assert!(st.success(), "{}", l.describe());
     assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
     as_before(t.pid);
+
+    // Root's loader cannot bring nobody's process into root's session (the agent runs as
+    // nobody): refused at once, with the reason, nothing injected.
+    let mut lc = Command::new(userbpf());
+    lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
+    lc.env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("root"));
+    let mut l = Proc::spawn("percpu-counter as root on nobody's process", lc);
+    assert!(!l.wait_exit("its refusal").success());
+    assert!(l.stderr().contains(&format!("process {pid} runs as uid {nobody}")), "{}", l.stderr());
+    assert_eq!(agent_threads(t.pid), 0);
+    as_before(t.pid);
     t.quit();
 }
 

@@ -162,6 +162,12 @@ fn is_member(l: &Layout, pid: u32, start: u64) -> bool {
         .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
 }
 
+/// The effective uid of process `pid` (`/proc/PID/status`).
+fn effective_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The session of this user that process `pid` (started at `start`) is a member of, if any.
 fn session_of(pid: u32, start: u64) -> Option<String> {
     let prefix = Layout::dir_name_prefix();
@@ -289,6 +295,18 @@ fn ensure_member(s: &Session, pid: u32) -> Result<Option<Proc>, Error> {
     let marker = l.injected(pid, start);
     if is_member(l, pid, start) {
         return Ok(marker.exists().then_some(Proc { pid, start }));
+    }
+    // The agent runs with the process's credentials and opens the session's files (this
+    // user's, mode 0600): another user's process cannot join (not even for root's loader).
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if let Some(uid) = effective_uid(pid).filter(|u| *u != me) {
+        return Err(Error::new(
+            libc::EPERM,
+            format!(
+                "process {pid} runs as uid {uid}: the agent injected there could not open the session of uid {me}; run the loader as uid {uid} (`userbpf load` needs no root for libbpf loaders)"
+            ),
+        ));
     }
     let pid_s = pid.to_string();
     if let Err(why) = userbpf(&["--session", s.name(), "attach", &pid_s]) {
