@@ -17,6 +17,9 @@ the longest pause of any worker:
   userbpf); a second window measures the pause of the detach when the loader exits (SIGINT);
 - kernel: `bpftrace -e 'uprobe:TARGET:work { @c = count(); }'` on the kernel, on the target's
   private binary.
+For the two bpftrace rounds the window starts at bpftrace's "Attaching N probes..." line
+(printed once its program is compiled, before it attaches): bpftrace's compile keeps a CPU
+busy for a while, which on a small machine preempts the workers whatever attaches.
 
 Prints one Markdown table: median and maximum (over the rounds) of the longest pause, the
 attach command's wall time, and whether the probe counted. The issue's target: userbpf's
@@ -192,6 +195,9 @@ def round_loader_p(exe, shm):
         if not line.startswith("Attaching"):
             problem("userbpf load bpftrace -p did not attach", line + bt.stderr.read())
             return None
+        # bpftrace compiled its program (busy CPUs preempt the workers): the window starts at
+        # its "Attaching" line, printed before it attaches, as in the kernel's round.
+        t.reset()
         deadline = time.monotonic() + 30
         while not agent_thread(t.pid) and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -238,6 +244,8 @@ def round_kernel(exe):
         if not line.startswith("Attaching"):
             problem("bpftrace on the kernel did not attach", line + bt.stderr.read())
             return None
+        # The window starts once bpftrace compiled its program (see round_loader_p).
+        t.reset()
         time.sleep(WINDOW)
         gap, calls = t.report()
         # bpftrace may miss a SIGINT that comes early: send it again until it ends.
