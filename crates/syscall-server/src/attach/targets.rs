@@ -186,7 +186,7 @@ pub(super) fn userbpf_bin() -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os(BIN_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let mut info: libc::Dl_info = unsafe_zeroed_dl_info();
+    let mut info: libc::Dl_info = zeroed_dl_info();
     // SAFETY: dladdr reads the address of a function of this library and writes `info`.
     let ok = unsafe { libc::dladdr(userbpf_bin as *const libc::c_void, &mut info) } != 0;
     if ok && !info.dli_fname.is_null() {
@@ -203,7 +203,7 @@ pub(super) fn userbpf_bin() -> Result<PathBuf, Error> {
     Err(Error::new(libc::ENOENT, format!("the userbpf binary was not found (set {BIN_ENV})")))
 }
 
-fn unsafe_zeroed_dl_info() -> libc::Dl_info {
+fn zeroed_dl_info() -> libc::Dl_info {
     // SAFETY: Dl_info is pointers only, for which null is a valid value.
     unsafe { std::mem::zeroed() }
 }
