@@ -1,8 +1,8 @@
 // User space of percpu-counter: loads the skeleton, attaches its uprobe to BINARY:FUNCTION in
-// every process, and at SIGINT/SIGTERM prints the calls counted, summed over the per-CPU
+// every process (or in process PID only), and at SIGINT/SIGTERM prints the calls counted, summed over the per-CPU
 // slots (`count N`), then each CPU's slot (`cpu I N`).
 //
-//   percpu-counter BINARY FUNCTION
+//   percpu-counter BINARY FUNCTION [PID]
 //
 // Runs unmodified on the kernel or under `userbpf load` (targets under `userbpf start`); the
 // loader benchmark (bench/loader/bench.py) counts fio's td_io_queue calls with it.
@@ -29,12 +29,14 @@ int main(int argc, char **argv)
 	LIBBPF_OPTS(bpf_uprobe_opts, uo);
 	unsigned long long *vals = NULL, sum = 0;
 	unsigned int key = 0;
-	int ncpus, err = 1;
+	int ncpus, err = 1, pid = -1;
 
-	if (argc != 3) {
-		fprintf(stderr, "usage: %s BINARY FUNCTION\n", argv[0]);
+	if (argc != 3 && argc != 4) {
+		fprintf(stderr, "usage: %s BINARY FUNCTION [PID]\n", argv[0]);
 		return 2;
 	}
+	if (argc == 4)
+		pid = atoi(argv[3]);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
@@ -51,7 +53,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	uo.func_name = argv[2];
-	skel->links.count_call = bpf_program__attach_uprobe_opts(skel->progs.count_call, -1, argv[1], 0, &uo);
+	skel->links.count_call = bpf_program__attach_uprobe_opts(skel->progs.count_call, pid, argv[1], 0, &uo);
 	if (!skel->links.count_call) {
 		fprintf(stderr, "percpu-counter: attaching the uprobe to %s:%s: %s\n", argv[1], argv[2], strerror(errno));
 		goto out;

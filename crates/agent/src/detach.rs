@@ -4,7 +4,9 @@
 //! `userbpf_agent_attach` is) only asks: it sets [`REQUESTED`] and wakes the agent's thread
 //! (a touch of the acknowledgement file it watches), then returns, so the borrowed thread is
 //! paused for microseconds and never waits for a thread (it may itself have been stopped
-//! inside a trampoline). The agent's thread then, in its own descriptor table ([`run`]):
+//! inside a trampoline). The agent's thread then waits until the injector has let the borrowed
+//! thread go (patching signals every thread running user code and waits for each, and a thread
+//! in a ptrace stop answers only once released), and, in its own descriptor table ([`run`]):
 //! 1. detaches every link (probes removed, USDT semaphores it raised lowered, system call
 //!    tracepoints' raw probes removed), stops acknowledging link changes (its
 //!    `agents/PID.START` file goes, so loaders stop waiting for it) and leaves the session
@@ -24,6 +26,9 @@
 //! 4. ends: its private descriptor table, and every descriptor of the agent in it, goes with
 //!    it. `userbpf detach` waits for the thread to be gone.
 //!
+//! `USERBPF_TRACE_DETACH=1` in the process's environment prints (on its stderr) how long each
+//! step took, from the request on.
+//!
 //! The library itself stays mapped: a thread may still be about to return through its code
 //! (a handler's last instructions after the engine's wait, the loader notification's stub
 //! entered just before it was taken out), and `dlclose` of a Rust library with thread-local
@@ -38,6 +43,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{Agent, lock, watcher};
+
+/// When the detach was asked for (CLOCK_MONOTONIC ns), for `USERBPF_TRACE_DETACH`.
+static REQUESTED_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn monotonic_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, a pointer to our local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// A detach was asked for: the agent's thread runs [`run`] and ends.
 static REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -166,6 +182,8 @@ pub unsafe extern "C" fn userbpf_agent_detach(_arg: *const std::ffi::c_char) -> 
         if crate::AGENT.get().is_none() || is_detached() || watcher::agent_tid() == 0 {
             return 1;
         }
+        watcher::note_borrowed();
+        REQUESTED_AT.store(monotonic_ns(), Ordering::SeqCst);
         REQUESTED.store(true, Ordering::SeqCst);
         // A thread serving requests only (no watch) sees the flag within its 20 ms sleep.
         watcher::kick();
@@ -178,14 +196,31 @@ pub unsafe extern "C" fn userbpf_agent_detach(_arg: *const std::ffi::c_char) -> 
 /// printed on the program's stderr; the rest goes on.
 pub(crate) fn run(a: &'static Mutex<Agent>) {
     let _ours = userbpf_hook::ours();
+    // `USERBPF_TRACE_DETACH=1` in the process's environment: how long each step took.
+    let trace = std::env::var_os("USERBPF_TRACE_DETACH").is_some_and(|v| v == "1");
+    let t0 = std::time::Instant::now();
+    let woken = monotonic_ns().saturating_sub(REQUESTED_AT.load(Ordering::SeqCst));
+    let mut steps: Vec<(&str, std::time::Duration)> = Vec::new();
+    let step = |name, steps: &mut Vec<_>| {
+        if trace {
+            steps.push((name, t0.elapsed()));
+        }
+    };
+    // The probes come out once the injector let its borrowed thread go (see
+    // `watcher::wait_borrowed_released`).
+    watcher::wait_borrowed_released();
+    step("borrowed thread released", &mut steps);
     {
         let mut g = lock(a);
+        step("agent locked", &mut steps);
         g.leave_session();
     }
+    step("links detached, session left", &mut steps);
     DETACHED.store(true, Ordering::SeqCst);
     if let Err(e) = userbpf_hook::release() {
         watcher::log(&format!("detach: {e}"));
     }
+    step("hook engine released", &mut steps);
     // No handler runs any more: what they used can go, then the programs (maps unmapped).
     let leaked = std::mem::take(&mut *LEAKED.lock().unwrap_or_else(|e| e.into_inner()));
     for r in leaked {
@@ -194,4 +229,10 @@ pub(crate) fn run(a: &'static Mutex<Agent>) {
     }
     release_guard();
     crate::creds::uninstall();
+    step("handlers' data freed, signals given back", &mut steps);
+    if trace {
+        let text: Vec<String> = steps.iter().map(|(n, d)| format!("{n} at {:.1} ms", d.as_secs_f64() * 1e3)).collect();
+        let woken = woken as f64 / 1e6;
+        watcher::log(&format!("detach: started {woken:.1} ms after the request; {}", text.join(", ")));
+    }
 }

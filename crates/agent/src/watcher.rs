@@ -452,6 +452,13 @@ pub(crate) extern "C" fn agent_init() {
     if std::env::var_os("USERBPF_SESSION").is_none() {
         return;
     }
+    // Preloaded only: a process that merely inherited USERBPF_SESSION (started from a shell
+    // of a session) and gets the agent by `userbpf attach` loads it with dlopen, whose lock
+    // the agent's thread would wait for while this constructor waits for that thread; the
+    // injector starts it (`userbpf_agent_attach`).
+    if !preloaded() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         // The agent's work on the program's main thread: no probe fires for it.
         let _ours = userbpf_hook::ours();
@@ -472,6 +479,22 @@ pub(crate) extern "C" fn agent_init() {
             }
         }
     });
+}
+
+/// Whether this library is one `LD_PRELOAD` names (by file name).
+fn preloaded() -> bool {
+    let Some(pre) = std::env::var_os("LD_PRELOAD") else { return false };
+    // SAFETY: Dl_info is pointers only, for which null is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads the address of a function of this library and writes `info`.
+    if unsafe { libc::dladdr(agent_init as *const libc::c_void, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr's dli_fname is a NUL-terminated path owned by the dynamic linker.
+    let me = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let name = |p: &[u8]| p.rsplit(|b| *b == b'/').next().map(<[u8]>::to_vec).unwrap_or_default();
+    let mine = name(me);
+    pre.as_encoded_bytes().split(|b| *b == b':' || *b == b' ').any(|p| !p.is_empty() && name(p) == mine)
 }
 
 /// The entry point of `userbpf attach` (called by the injector, see the userbpf-inject crate,
@@ -503,7 +526,11 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         }
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
         let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
+        note_borrowed();
         let start = move || {
+            // No patching (and its signals to every thread) while the injector still holds
+            // this thread stopped.
+            wait_borrowed_released();
             Session::open_in(&root, &name)
                 .map_err(|e| format!("opening session {name}: {e}"))
                 .and_then(|s| Agent::start_in(s, true))
@@ -518,6 +545,42 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
     .unwrap_or(-1)
 }
 
+/// The thread the injector borrowed for `userbpf_agent_attach` or `userbpf_agent_detach`
+/// (0: none).
+static BORROWED: AtomicI32 = AtomicI32::new(0);
+
+/// Called on the injector's borrowed thread: remembers it (see [`wait_borrowed_released`]).
+pub(crate) fn note_borrowed() {
+    // SAFETY: gettid has no preconditions.
+    BORROWED.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+}
+
+/// On the agent's thread, before it patches code (its first sync at an attach, the probes'
+/// removal at a detach): waits until the injector has let the borrowed thread go (its
+/// `TracerPid` is 0 again; at most 2 s). Patching signals every thread running user code and
+/// waits for each (bounded); a thread held in a ptrace stop answers only once released, and
+/// under load the injector's last steps (its `dlclose` call, the registers put back) can take
+/// long enough to make each such wait run to its timeout.
+pub(crate) fn wait_borrowed_released() {
+    let tid = BORROWED.swap(0, Ordering::SeqCst);
+    if tid == 0 {
+        return;
+    }
+    let path = format!("/proc/self/task/{tid}/status");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let Ok(status) = std::fs::read_to_string(&path) else { return };
+        let traced = status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .is_some_and(|v| v.trim().parse::<i32>().is_ok_and(|p| p != 0));
+        if !traced {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 /// The forked child's agent thread (see `fork`): descriptors of its own, a membership of its
 /// own, links for another pid detached, then the parent's job.
 pub(crate) fn child_thread() {
@@ -529,7 +592,10 @@ pub(crate) fn child_thread() {
     let dir = lock(cell).session.layout().links_dir();
     let mut fd = watch_links(&dir, true);
     let mut a = lock(cell);
-    match Session::open(a.session.name()) {
+    // The parent's session, in the directory it is in (an injected agent's may not be the
+    // default one: `userbpf attach` names it).
+    let root = a.session.dir().parent().map(std::path::Path::to_path_buf).unwrap_or_else(Session::root);
+    match Session::open_in(&root, a.session.name()) {
         Ok(s) => {
             // The copy of the parent's handle would leave with the parent's membership.
             std::mem::forget(std::mem::replace(&mut a.session, s));

@@ -6,7 +6,11 @@
 //! `userbpf detach PID`: the agent taken out again (see the agent's `detach` module): the
 //! process's own `dlopen(RTLD_NOLOAD)` finds the agent it loaded (or that `userbpf start`
 //! preloaded), `userbpf_agent_detach` there asks the agent's thread to remove every probe,
-//! give the signals back and end; this command waits until that thread is gone.
+//! give the signals back and end; this command waits until that thread is gone. Children the
+//! process forked while attached (they carry the agent, not preloaded) are detached after it.
+//! `userbpf detach --unused` detaches the processes loaders injected the agent into
+//! (`bpftrace -p PID` through `userbpf load`) whose links are all gone: a killed loader's
+//! watchdog runs it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -101,8 +105,14 @@ fn is_member(members: &Path, pid: i32) -> bool {
 
 #[derive(Args)]
 pub struct DetachArgs {
-    /// The process to detach from.
-    pid: i32,
+    /// The process to detach from (and its children forked while it was attached).
+    #[arg(required_unless_present = "unused")]
+    pid: Option<i32>,
+    /// Instead of one process: every process that loaders of the session (`userbpf load
+    /// bpftrace -p PID`) injected the agent into and whose links are all gone (a loader killed
+    /// before it could detach them; its watchdog runs this).
+    #[arg(long, conflicts_with = "pid")]
+    unused: bool,
 }
 
 /// The agent's thread in process `pid` (named `userbpf-agent`), if any.
@@ -113,8 +123,103 @@ fn agent_thread(pid: i32) -> Option<i32> {
     })
 }
 
-pub fn detach(args: DetachArgs) -> Result<()> {
-    let pid = args.pid;
+pub fn detach(session: &str, args: DetachArgs) -> Result<()> {
+    if args.unused {
+        return detach_unused(session);
+    }
+    let pid = args.pid.context("no process given")?;
+    // Children forked while the process was attached carry the agent too (the same library,
+    // not preloaded): they follow it, as the kernel's uprobes leave every process at once.
+    let children = forked_children(pid);
+    println!("{}", detach_one(pid)?);
+    for c in children {
+        match detach_one(c) {
+            Ok(line) => println!("{line} (a child of process {pid})"),
+            Err(e) => eprintln!("userbpf: {e:#} (a child of process {pid})"),
+        }
+    }
+    Ok(())
+}
+
+/// The descendants of process `pid` running the agent without having it preloaded (forked
+/// from an attached process), children before their own children.
+fn forked_children(pid: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            if let Some(pp) = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok()) {
+                parent_of.push((p, pp));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(parent) = next.pop() {
+        for &(p, pp) in &parent_of {
+            if pp != parent || out.contains(&p) {
+                continue;
+            }
+            next.push(p);
+            let environ = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            let preloaded = environ
+                .split(|b| *b == 0)
+                .any(|v| v.starts_with(b"LD_PRELOAD=") && v.windows(16).any(|w| w == b"libuserbpf_agent"));
+            if !preloaded && agent_thread(p).is_some() {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// `userbpf detach --unused`: the processes loaders injected (`perf/injected-PID.START`)
+/// whose links are all gone are detached, their lists removed.
+fn detach_unused(session: &str) -> Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let l = userbpf_runtime::session::Layout::new(Session::dir_of(session));
+    let Ok(rd) = std::fs::read_dir(l.perf_dir()) else { return Ok(()) };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(l.injected_lock())
+        .with_context(|| format!("opening {}", l.injected_lock().display()))?;
+    // SAFETY: flock on the descriptor we own (released when it closes).
+    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            bail!("flock {}: {e}", l.injected_lock().display());
+        }
+    }
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((pid, start)) = name
+            .strip_prefix("injected-")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        let ids = std::fs::read_to_string(e.path()).unwrap_or_default();
+        if ids.lines().filter_map(|w| w.trim().parse::<u32>().ok()).any(|id| l.link(id).exists()) {
+            continue;
+        }
+        let _ = std::fs::remove_file(e.path());
+        if userbpf_runtime::session::start_time(pid) != Some(start) {
+            continue;
+        }
+        match detach_one(pid as i32) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("userbpf: {e:#}"),
+        }
+    }
+    Ok(())
+}
+
+/// Detaches process `pid`: the line `detach` prints.
+fn detach_one(pid: i32) -> Result<String> {
     let agent = crate::run::agent_path()?;
     let started = Instant::now();
     let done = match userbpf_inject::call_loaded(pid, &agent, "userbpf_agent_detach", b"") {
@@ -141,12 +246,11 @@ pub fn detach(args: DetachArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(2));
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    println!(
+    Ok(format!(
         "detached from process {pid} ({}): thread {} paused {:.2} ms, probes removed in {:.1} ms",
         comm.trim(),
         done.tid,
         done.pause.as_secs_f64() * 1e3,
         started.elapsed().as_secs_f64() * 1e3
-    );
-    Ok(())
+    ))
 }

@@ -13,12 +13,22 @@ use clap::Args;
 /// The agent's switch to the interpreter (`userbpf_agent::INTERPRETER_ENV`).
 const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";
 
+/// `userbpf load --running` (`userbpf_syscall_server::attach::targets::RUNNING_ENV`).
+const RUNNING_ENV: &str = "USERBPF_LOAD_RUNNING";
+/// `userbpf load --pid` (`userbpf_syscall_server::attach::targets::PIDS_ENV`).
+const PIDS_ENV: &str = "USERBPF_LOAD_PIDS";
+/// The binary the loader runs to attach and detach processes
+/// (`userbpf_syscall_server::attach::targets::BIN_ENV`).
+const BIN_ENV: &str = "USERBPF_BIN";
+
 /// Environment variable naming the server library (default: beside the `userbpf` binary).
 pub const SERVER_ENV: &str = "USERBPF_SYSCALL_SERVER";
 
 #[derive(Args)]
 #[command(after_help = "The loader's bpf(), perf_event_open, ioctl and mmap calls are served in the session; \
-programs for other processes run in those started with `userbpf start` in the same session. \
+programs for other processes run in those started with `userbpf start` in the same session, \
+and in a running process a loader names (`bpftrace -p PID`: the agent is injected, and taken out again when \
+the loader's last link for it goes). \
 bpftrace itself insists on euid 0; libbpf tools run as any user. \
 USERBPF_TRACE_BPF=1 prints every served bpf() call and its result; \
 USERBPF_SYSCALL_SERVER names the server library (default: beside this binary).")]
@@ -30,6 +40,17 @@ pub struct LoadArgs {
     /// Run the loaded programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,
+    /// Links for every process (`pid = -1`) also go into the running processes of this user
+    /// that map the probed file, the agent injected as `userbpf attach` does (the kernel's
+    /// meaning of -1); they are detached again when the link goes.
+    #[arg(long)]
+    running: bool,
+    /// Links for every process (`pid = -1`) on a file this running process maps also go into
+    /// it, the agent injected as `userbpf attach` does, and taken out when the loader's last
+    /// link goes (repeatable). bpftrace's own `-p PID` counts as this option: bpftrace 0.17
+    /// opens its uprobes with pid -1.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
     /// The loader to run, and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
@@ -66,7 +87,53 @@ pub fn loader_command(session: &str, args: &LoadArgs) -> Result<Command> {
     if args.interpreter {
         cmd.env(INTERPRETER_ENV, "1");
     }
+    if args.running {
+        cmd.env(RUNNING_ENV, "1");
+    }
+    let mut pids = args.pids.clone();
+    pids.extend(bpftrace_pid(&args.command));
+    if !pids.is_empty() {
+        for p in &pids {
+            if !std::path::Path::new(&format!("/proc/{p}")).exists() {
+                bail!("process {p} does not exist");
+            }
+        }
+        let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+        cmd.env(PIDS_ENV, list.join(","));
+    }
+    // The loader injects the agent into processes its links name (`bpftrace -p PID`), and
+    // detaches them, by running this binary.
+    if let Ok(exe) = std::env::current_exe() {
+        cmd.env(BIN_ENV, exe);
+    }
     Ok(cmd)
+}
+
+/// The process bpftrace's `-p PID` (or `-pPID`) names, when the loader is bpftrace: it opens
+/// its uprobes with pid -1 (as the kernel sees them too), so the server learns the process
+/// from here.
+fn bpftrace_pid(command: &[String]) -> Option<u32> {
+    let name = std::path::Path::new(command.first()?).file_name()?.to_string_lossy().into_owned();
+    if !name.starts_with("bpftrace") {
+        return None;
+    }
+    let mut it = command[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--" => return None,
+            "-p" => return it.next()?.parse().ok(),
+            // Options taking a value: the value is not an option.
+            "-e" | "-c" | "-o" | "-I" | "--include" | "-B" | "-f" => {
+                it.next();
+            }
+            _ => {
+                if let Some(p) = a.strip_prefix("-p").and_then(|v| v.parse().ok()) {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `userbpf load`: execs the loader in place of this process.
@@ -75,4 +142,22 @@ pub fn load(session: &str, args: LoadArgs) -> Result<()> {
     drop(userbpf_runtime::Session::open(session).with_context(|| format!("session {session:?}"))?);
     let err = loader_command(session, &args)?.exec();
     bail!("cannot run {}: {err}", args.command[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn bpftraces_pid_option_is_found() {
+        assert_eq!(bpftrace_pid(&v(&["bpftrace", "-p", "42", "-e", "uprobe:x:y {}"])), Some(42));
+        assert_eq!(bpftrace_pid(&v(&["/usr/bin/bpftrace", "-e", "uprobe:x:y {}", "-p42"])), Some(42));
+        assert_eq!(bpftrace_pid(&v(&["bpftrace", "-e", "-p", "x.bt"])), None);
+        assert_eq!(bpftrace_pid(&v(&["bpftrace", "-c", "./t -p 5", "-e", "x"])), None);
+        assert_eq!(bpftrace_pid(&v(&["./tool", "-p", "42"])), None);
+    }
 }

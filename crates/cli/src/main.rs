@@ -105,7 +105,7 @@ fn main() {
         Command::Start(args) => run::start(&session, args),
         Command::Load(args) => load::load(&session, args),
         Command::Attach(args) => attach::run(&session, args),
-        Command::Detach(args) => attach::detach(args),
+        Command::Detach(args) => attach::detach(&session, args),
         Command::Prog(cmd) => prog::run(&session, cmd),
         Command::Map(cmd) => map::run(&session, cmd),
         Command::Session(cmd) => session::run(cmd),

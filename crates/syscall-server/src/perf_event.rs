@@ -185,6 +185,24 @@ fn tracepoint_name(id: u64) -> Option<String> {
     .cloned()
 }
 
+/// The process (thread group) of task `tid`, as the kernel's uprobe filter takes the event's
+/// task's whole process: `ESRCH` when there is none, `EACCES` for another user's process
+/// unless the loader is root (the kernel asks for ptrace access).
+fn process_of(tid: u32) -> Result<u32, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .map_err(|_| Error::new(libc::ESRCH, format!("process {tid} does not exist")))?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse::<u32>().ok())
+    };
+    let tgid = field("Tgid:").unwrap_or(tid);
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me != 0 && field("Uid:").is_some_and(|uid| uid != me) {
+        return Err(Error::new(libc::EACCES, format!("process {tid} belongs to another user")));
+    }
+    Ok(tgid)
+}
+
 /// Makes a path absolute as the loader meant it (`/proc/self/exe` is the loader itself).
 fn absolute(path: &str) -> String {
     if (path == "/proc/self/exe" || path == format!("/proc/{}/exe", std::process::id()))
@@ -284,7 +302,7 @@ pub unsafe fn open_event(
     } else if pid == 0 {
         Some(std::process::id())
     } else if pid > 0 {
-        Some(pid as u32)
+        Some(process_of(pid as u32)?)
     } else {
         return Err(Error::inval(format!("pid {pid}")));
     };

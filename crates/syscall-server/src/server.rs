@@ -60,6 +60,7 @@ static SERVER: Server = Server {
         last_change: Mutex::new(None),
         changed: Condvar::new(),
         closing: Mutex::new(()),
+        targets: Mutex::new(None),
     },
 };
 

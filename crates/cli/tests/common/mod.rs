@@ -192,7 +192,7 @@ impl Proc {
         self.status.is_some()
     }
 
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let pid = self.pid();
         // Where a process that is still there sits, for the failures where it hangs.
         let state = std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -3,14 +3,21 @@
 // thread blocks in read() on a pipe nobody writes to; both count EINTR. A spinning thread
 // calls other() without end (a thread always running, never probed). Three workers wait for
 // a command: "go N" has each call work() N times, then the main thread prints "done"; "wait"
-// makes it print "done" only after the last "go" finished; "quit" prints the calls and the
-// EINTR counts and exits.
+// makes it print "done" only after the last "go" finished; "fork" forks a child that calls
+// work() every 200 µs until killed and prints "child PID"; "quit" prints the calls and the
+// EINTR counts and exits. Built with -DWITH_USDT, each call of work() by a worker is followed
+// by a USDT probe (busy:tick, its argument the loop index).
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef WITH_USDT
+#include <sys/sdt.h>
+#else
+#define DTRACE_PROBE1(p, n, a) ((void)(a))
+#endif
 
 #define WORKERS 3
 
@@ -48,8 +55,10 @@ static void *worker(void *arg)
 		seen = round_no;
 		long n = todo;
 		pthread_mutex_unlock(&mu);
-		for (long i = 0; i < n; i++)
+		for (long i = 0; i < n; i++) {
 			local += work(i);
+			DTRACE_PROBE1(busy, tick, i);
+		}
 		pthread_mutex_lock(&mu);
 		calls += n;
 		sum += local;
@@ -121,6 +130,16 @@ int main(void)
 			} else if (!strcmp(line, "wait")) {
 				wait_round();
 				printf("done\n");
+				fflush(stdout);
+			} else if (!strcmp(line, "fork")) {
+				/* A child that calls work() until it is killed. */
+				pid_t c = fork();
+				if (c == 0)
+					for (long i = 0;; i++) {
+						work(i);
+						usleep(200);
+					}
+				printf("child %d\n", (int)c);
 				fflush(stdout);
 			} else if (!strcmp(line, "quit")) {
 				wait_round();

@@ -21,6 +21,8 @@
 //!   perf/ID                 a loader's perf event (a FIFO its descriptors open)
 //!   perf/link-ID            a LINK_CREATE(BPF_PERF_EVENT) link's descriptor file
 //!   perf/owner-PID          the record paths of the links a loader owns (its watchdog's list)
+//!   perf/injected-PID.START a running process loaders injected the agent into: their link ids
+//!   perf/injected.lock      held while loaders inject or detach such a process
 //!   perf/sema-LINK          a USDT semaphore a link raises (SemaphoreRecord)
 //!   perf/sema-LINK.PID.START  claim: who raised it in process PID
 //!   pins/ENCODED            a pin of the BPF filesystem (`KIND ID`)
@@ -234,6 +236,16 @@ impl Layout {
     /// `perf/owner-PID`: the links loader `pid` owns.
     pub fn perf_owner(&self, pid: u32) -> PathBuf {
         self.at(&[&"perf", &format!("owner-{pid}")])
+    }
+    /// `perf/injected.lock`: held (flock) while loaders inject the agent into a running
+    /// process, or take it out, for links naming it (`bpftrace -p`).
+    pub fn injected_lock(&self) -> PathBuf {
+        self.at(&[&"perf", &"injected.lock"])
+    }
+    /// `perf/injected-PID.START`: process `pid` got the agent from a loader, for the links
+    /// listed (one id a line); the last of them gone, it is detached.
+    pub fn injected(&self, pid: u32, start: u64) -> PathBuf {
+        self.at(&[&"perf", &format!("injected-{pid}.{start}")])
     }
     /// `perf/sema-LINK`: the semaphore record of a link.
     pub fn semaphore(&self, link: u32) -> PathBuf {

@@ -17,11 +17,15 @@
 //! SET_BPF programs and `LINK_CREATE` links); [`sync`] makes a change of links take effect in
 //! every agent before the call returns; [`watchdog`] removes the links of a loader that died
 //! without exiting; [`timer`] runs clock events' programs; [`closes`] sees the last close
-//! of an event's or link's descriptor; [`semaphores`] raises USDT semaphores.
+//! of an event's or link's descriptor; [`semaphores`] raises USDT semaphores; [`targets`]
+//! makes a running process a link names (`pid = PID`, `userbpf load --pid`/bpftrace's `-p`,
+//! `--running`) a member of the session, injecting the agent, and detaches it when the last
+//! link for it goes.
 
 mod closes;
 pub mod semaphores;
 mod sync;
+pub mod targets;
 mod timer;
 mod watchdog;
 
@@ -61,6 +65,8 @@ pub(crate) struct State {
     pub(crate) changed: Condvar,
     /// Held while a close is looked at: one at a time ([`closes`]).
     pub(crate) closing: Mutex<()>,
+    /// Running processes the loader's links hold a place in, by link id ([`targets`]).
+    pub(crate) targets: Mutex<Option<HashMap<u32, Vec<targets::Proc>>>>,
 }
 
 fn state() -> &'static State {
@@ -149,6 +155,8 @@ fn stop(a: Attachment) {
                 semaphores::lower(s.layout(), id);
             }
             owned(|v| v.retain(|l| *l != id));
+            // Processes injected for the link and used by no other go back as they were.
+            targets::release(id);
         }
         Running::Timer(flag, thread) => {
             flag.store(true, Ordering::SeqCst);
@@ -171,19 +179,32 @@ fn start(event: u32, prog: u32, cookie: u64) -> Result<Running, i32> {
         pid,
     };
     let mut sema = None;
-    let rec = match spec {
+    let (rec, procs) = match spec {
         Spec::Uprobe { path, func, offset, retprobe, pid, ref_ctr_offset, .. } => {
             if ref_ctr_offset != 0 {
                 sema = Some((path.clone(), ref_ctr_offset, pid));
             }
-            record(if retprobe { "uretprobe" } else { "uprobe" }, path, func, offset, pid)
+            let procs = targets::wanted(pid, Some(&path));
+            (record(if retprobe { "uretprobe" } else { "uprobe" }, path, func, offset, pid), procs)
         }
-        Spec::Tracepoint { func, pid } => record("tracepoint", String::new(), Some(func), 0, pid),
+        Spec::Tracepoint { func, pid } => {
+            (record("tracepoint", String::new(), Some(func), 0, pid), targets::wanted(pid, None))
+        }
         Spec::Clock { .. } => return start_timer(event, prog, cookie),
         Spec::Output { .. } => return Err(libc::EINVAL),
     };
     let s = objects::session()?;
-    let rec = s.add_link(rec).map_err(io_errno)?;
+    // A process the link names (`pid`, `userbpf load --pid`; with `--running`, the running
+    // processes mapping the file) becomes a member first, the agent injected if needed.
+    let prepared = targets::prepare(s, &procs.0, &procs.1).map_err(|e| e.errno)?;
+    let rec = match s.add_link(rec) {
+        Ok(r) => r,
+        Err(e) => {
+            targets::abort(prepared);
+            return Err(io_errno(e));
+        }
+    };
+    targets::commit(prepared, rec.id);
     if let Some((path, off, pid)) = sema {
         semaphores::raise(s.layout(), rec.id, &path, off, pid);
     }

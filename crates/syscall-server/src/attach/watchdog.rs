@@ -1,6 +1,8 @@
 //! Links of a loader that dies without exiting (SIGKILL, a crash): the loader keeps the list
 //! of the links it owns in the session (`perf/owner-PID`), and a watchdog process removes
-//! them when the loader is gone.
+//! them when the loader is gone, then (when loaders injected the agent into running
+//! processes) runs `userbpf detach --unused`, so a process injected for the dead loader's
+//! links is left as it was.
 
 use std::sync::Once;
 
@@ -37,21 +39,65 @@ pub(super) fn watchdog_once() {
             return;
         };
         let loader = std::process::id() as i64;
+        let then = Detacher::new(s);
         // SAFETY: fork; the child runs `watchdog` only, which makes raw system calls on its
-        // stack and on `owner` (copied into the child), and never returns.
+        // stack and on `owner` and `then` (copied into the child), and never returns.
         let pid = unsafe { crate::sys::raw6(libc::SYS_fork, 0, 0, 0, 0, 0, 0) };
         if pid == 0 {
             // SAFETY: in the child, as above.
-            unsafe { watchdog(loader, owner.as_ptr()) }
+            unsafe { watchdog(loader, owner.as_ptr(), then.as_ref()) }
         }
+        // The parent keeps its copy for as long as it runs (nothing to free in a loop).
+        std::mem::forget(then);
     });
+}
+
+/// What the watchdog runs once the loader's links are gone, if loaders injected the agent
+/// into running processes in the session (`perf/injected.lock` exists): `userbpf --session S
+/// detach --unused`, which detaches those whose links are all gone (see
+/// [`super::targets`]). Everything the `execve` needs is made before the fork.
+pub(super) struct Detacher {
+    lock: std::ffi::CString,
+    bin: std::ffi::CString,
+    _strings: Vec<std::ffi::CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+impl Detacher {
+    fn new(s: &userbpf_runtime::Session) -> Option<Detacher> {
+        use std::ffi::CString;
+        let bin = super::targets::userbpf_bin().ok()?;
+        let bin = CString::new(bin.into_os_string().into_encoded_bytes()).ok()?;
+        let lock = CString::new(s.layout().injected_lock().into_os_string().into_encoded_bytes()).ok()?;
+        let args = ["userbpf", "--session", s.name(), "detach", "--unused"];
+        let args: Vec<CString> = args.iter().filter_map(|a| CString::new(*a).ok()).collect();
+        // The loader's environment (USERBPF_SHM_DIR, ...) without this library preloaded.
+        let env: Vec<CString> = std::env::vars_os()
+            .filter(|(k, _)| k != "LD_PRELOAD" && k != "USERBPF_LOADER_PID")
+            .filter_map(|(k, v)| {
+                let mut e = k.into_encoded_bytes();
+                e.push(b'=');
+                e.extend(v.into_encoded_bytes());
+                CString::new(e).ok()
+            })
+            .collect();
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let mut strings = args;
+        strings.extend(env);
+        Some(Detacher { lock, bin, _strings: strings, argv, envp })
+    }
 }
 
 /// The watchdog's body (see [`watchdog_once`]).
 ///
 /// # Safety
-/// Only in the forked child; `owner` is a NUL-terminated path.
-unsafe fn watchdog(loader: i64, owner: *const libc::c_char) -> ! {
+/// Only in the forked child; `owner` is a NUL-terminated path; `then`'s pointers point into
+/// its own strings.
+unsafe fn watchdog(loader: i64, owner: *const libc::c_char, then: Option<&Detacher>) -> ! {
     use crate::sys::raw6;
     // SAFETY: (whole body) raw system calls with pointers to this frame's buffers and to the
     // NUL-terminated `owner`.
@@ -93,6 +139,12 @@ unsafe fn watchdog(loader: i64, owner: *const libc::c_char) -> ! {
             }
         }
         raw6(libc::SYS_unlink, owner as i64, 0, 0, 0, 0, 0);
+        if let Some(d) = then
+            && raw6(libc::SYS_access, d.lock.as_ptr() as i64, libc::F_OK as i64, 0, 0, 0, 0) == 0
+        {
+            // The agents saw their links go; what loaders injected and nothing uses goes too.
+            raw6(libc::SYS_execve, d.bin.as_ptr() as i64, d.argv.as_ptr() as i64, d.envp.as_ptr() as i64, 0, 0, 0);
+        }
         raw6(libc::SYS_exit_group, 0, 0, 0, 0, 0, 0);
     }
     #[allow(clippy::empty_loop)]
