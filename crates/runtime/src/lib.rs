@@ -4,6 +4,7 @@
 pub mod context;
 pub mod control;
 pub mod helpers;
+pub mod kernel_map;
 pub mod loader;
 pub mod program;
 pub mod program_table;
