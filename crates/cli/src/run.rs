@@ -497,7 +497,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     if let Some(k) = kernel.as_mut() {
-        k.attach().map_err(|e| anyhow::anyhow!("{}: {e}", args.object.display()))?;
+        for note in k.attach().map_err(|e| anyhow::anyhow!("{}: {e}", args.object.display()))? {
+            eprintln!("userbpf: {note}");
+        }
     }
     if made.is_empty() && kernel.is_none() {
         bail!("{}: no program to attach (give targets with --attach PROG=FUNC)", args.object.display());

@@ -241,7 +241,24 @@ impl KernelObject {
                         if warnings.is_empty() { String::new() } else { format!("\nlibbpf:\n{}", warnings.trim_end()) }
                     ),
                 ),
-                None => err(None, format!("libbpf could not load the kernel programs ({errno}):\n{}", warnings.trim_end())),
+                // Refused before the verifier ran (no log): libbpf's warnings name the program.
+                None => {
+                    let prog = warnings
+                        .split("prog '")
+                        .nth(1)
+                        .and_then(|r| r.split_once('\''))
+                        .map(|(n, _)| n.to_string())
+                        .filter(|n| this.programs.iter().any(|(p, _)| p == n));
+                    let section = prog
+                        .as_ref()
+                        .and_then(|n| this.programs.iter().find(|(p, _)| p == n))
+                        .map(|(_, s)| format!("(section {s}) "))
+                        .unwrap_or_default();
+                    err(
+                        prog,
+                        format!("{section}the kernel refused to load it ({errno}), before its verifier ran\nlibbpf:\n{}", warnings.trim_end()),
+                    )
+                }
             });
         }
         Ok(this)
@@ -276,7 +293,11 @@ impl KernelObject {
     }
 
     /// Attaches every kernel program as libbpf's auto-attach does. Stops at the first refusal.
-    pub fn attach(&mut self) -> Result<(), KernelError> {
+    /// A program libbpf cannot attach by itself (`perf_event`, bare `kprobe`, `xdp`, ...:
+    /// `EOPNOTSUPP`) stays loaded and unattached, as a skeleton's attach leaves it; the
+    /// returned notes say which.
+    pub fn attach(&mut self) -> Result<Vec<String>, KernelError> {
+        let mut notes = Vec::new();
         let _ = take_warnings();
         for (prog, name) in self.all_programs() {
             // SAFETY: a program of the loaded object.
@@ -289,6 +310,12 @@ impl KernelObject {
                 let e = std::io::Error::last_os_error();
                 let section = self.programs.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).unwrap_or_default();
                 let w = take_warnings();
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    notes.push(format!(
+                        "kernel program `{name}` (section {section}) is loaded, not attached: libbpf cannot attach this section by itself"
+                    ));
+                    continue;
+                }
                 return Err(KernelError {
                     program: Some(name),
                     message: format!(
@@ -299,7 +326,7 @@ impl KernelObject {
             }
             self.links.push(link);
         }
-        Ok(())
+        Ok(notes)
     }
 
     /// Detaches every program (the object stays loaded: its maps can still be read).
