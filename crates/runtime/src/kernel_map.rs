@@ -54,11 +54,19 @@ pub struct KernelMapInfo {
     pub name: [u8; 16],
 }
 
+/// `bpf()` through the `syscall` instruction itself: in a loader under `userbpf load`,
+/// libc's `syscall` is the syscall server's, which would answer instead of the kernel.
 fn sys_bpf(cmd: libc::c_long, attr: &mut [u64]) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a writable buffer of the given size, laid out as the command's part of
-    // `union bpf_attr` (callers fill it); the kernel reads at most that many bytes.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), std::mem::size_of_val(attr)) };
-    if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
+    let r: i64;
+    // SAFETY: the x86-64 Linux system call convention (number in rax, arguments in rdi, rsi,
+    // rdx; rcx and r11 clobbered). `attr` is a writable buffer of the given size, laid out as
+    // the command's part of `union bpf_attr` (callers fill it); the kernel reads and writes
+    // at most that many bytes, and the pointers inside point to live buffers.
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") libc::SYS_bpf => r, in("rdi") cmd, in("rsi") attr.as_mut_ptr(),
+             in("rdx") std::mem::size_of_val(attr), lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    if r < 0 { Err(std::io::Error::from_raw_os_error(-r as i32)) } else { Ok(r) }
 }
 
 /// A descriptor of kernel map `id` (`BPF_MAP_GET_FD_BY_ID`).
@@ -87,13 +95,14 @@ pub fn shareable_by_mmap(map_type: u32) -> bool {
 }
 
 /// Maps the values of kernel map `backing` over `map`'s values in this process. `map` is a
-/// session array created `BPF_F_MMAPABLE` with the kernel map's geometry (checked); read-only
+/// session array with the kernel map's geometry (checked; the kernel's is `BPF_F_MMAPABLE`,
+/// the session's has the same layout with or without the flag); read-only
 /// for programs (`BPF_F_RDONLY_PROG`, a frozen `.rodata`) maps it read-only, as the kernel
 /// allows only that for a frozen map.
 pub fn map_kernel_values(map: &Map, backing: KernelBacking) -> Result<(), String> {
     let kid = backing.kernel_id;
-    let (Some(off), Some(len)) = (map.mmapable_offset(), map.mmapable_len()) else {
-        return Err(format!("map {} is not a BPF_F_MMAPABLE array: its values cannot be the kernel's", map.spec().name));
+    let Some((off, len)) = map.values_region() else {
+        return Err(format!("map {} is not an array: its values cannot be the kernel's", map.spec().name));
     };
     let fd = map_fd_by_id(kid).map_err(|e| format!("opening kernel map id {kid} (BPF_MAP_GET_FD_BY_ID): {e}"))?;
     let info = map_info(&fd).map_err(|e| format!("reading kernel map id {kid}'s info: {e}"))?;

@@ -34,6 +34,7 @@ pub mod kbtf;
 pub mod link;
 pub mod map;
 pub mod obj;
+pub mod passthrough;
 pub mod prog;
 #[cfg(test)]
 mod tests;
@@ -356,6 +357,17 @@ pub fn cmd_name(cmd: i32) -> String {
 /// Serves one command: the call's return value, or the error and why.
 pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
     let a = Attr::read(attr as u64, size as usize).context(|| format!("attr ({size} bytes at {attr:p})"))?;
+    // The kernel's objects and program kinds go to the kernel (passthrough).
+    if let Some(r) = passthrough::forward(cmd, &a) {
+        return r;
+    }
+    if cmd == BPF_PROG_LOAD {
+        let r = prog::load(&a);
+        return match r {
+            Err(e) => passthrough::prog_load_refused(&a).map_or(Err(e), Ok),
+            ok => ok,
+        };
+    }
     match cmd {
         BPF_MAP_CREATE => map::create(&a),
         BPF_MAP_LOOKUP_ELEM => map::lookup(&a),
