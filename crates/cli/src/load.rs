@@ -26,6 +26,10 @@ pub struct LoadArgs {
     /// Run the loaded programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,
+    /// Which side runs system call tracepoints: the processes started with `userbpf start`
+    /// (their own calls) or the kernel (every process's calls, as without userbpf).
+    #[arg(long, value_enum, default_value = "process")]
+    syscalls: crate::kernel_side::SyscallSide,
     /// The loader to run, and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
@@ -61,6 +65,9 @@ pub fn loader_command(session: &str, args: &LoadArgs) -> Result<Command> {
         .env("USERBPF_LOADER_PID", std::process::id().to_string());
     if args.interpreter {
         cmd.env(INTERPRETER_ENV, "1");
+    }
+    if args.syscalls == crate::kernel_side::SyscallSide::Kernel {
+        cmd.env("USERBPF_SYSCALLS", "kernel");
     }
     Ok(cmd)
 }

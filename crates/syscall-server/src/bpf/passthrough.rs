@@ -226,8 +226,10 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
         }
     }
     if e.frozen.load(std::sync::atomic::Ordering::Acquire) {
-        let mut el = attr::MapElem { map_fd: kfd.as_raw_fd(), ..Default::default() };
-        bpf_on(super::BPF_MAP_FREEZE, &mut el).context(|| format!("freezing map {} in the kernel", spec.name))?;
+        // Only `map_fd`, as libbpf passes it.
+        let mut fd = kfd.as_raw_fd();
+        raw_bpf(super::BPF_MAP_FREEZE, (&raw mut fd).cast(), 4)
+            .context(|| format!("freezing map {} in the kernel", spec.name))?;
     }
     let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
     if array {
@@ -279,15 +281,18 @@ fn loader_fds_of(path: &std::path::Path) -> Vec<i32> {
         .collect()
 }
 
-/// A user-space program (of this loader, or recorded in the session) that uses map `id`.
+/// A user-space program that uses map `id`: a uprobe/USDT program (type kprobe: the kernel
+/// has no kprobes here to give it), or one attached in the processes (a link in the session).
+/// Tracepoint programs not attached yet may still go to the kernel: they do not count.
 fn user_programs_of(id: u32) -> Option<String> {
-    let st = super::state();
-    if let Some(p) = st.progs.values().find(|p| p.map_ids.lock().unwrap_or_else(|e| e.into_inner()).contains(&id)) {
-        return Some(p.name.clone());
-    }
-    drop(st);
     let session = objects::session().ok()?;
-    session.progs().ok()?.into_iter().find(|r| r.map_ids.contains(&id)).map(|r| r.name)
+    let linked: Vec<u32> = session.links().ok()?.into_iter().map(|l| l.prog_id).collect();
+    session
+        .progs()
+        .ok()?
+        .into_iter()
+        .find(|r| r.map_ids.contains(&id) && (r.prog_type == "kprobe" || linked.contains(&r.id)))
+        .map(|r| r.name)
 }
 
 /// The instructions with session map references (`BPF_PSEUDO_MAP_IDX[_VALUE]`, imm = id)
