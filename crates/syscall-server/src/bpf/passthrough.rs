@@ -334,8 +334,9 @@ fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>
 }
 
 /// Whether a PROG_LOAD goes to the kernel from the start: a type the runtime does not run.
+/// (The kernel's types end at `BPF_PROG_TYPE_NETFILTER`, 32; others are refused here.)
 pub fn is_kernel_type(prog_type: u32) -> bool {
-    prog_type_name(prog_type).is_none()
+    prog_type_name(prog_type).is_none() && (1..=32).contains(&prog_type)
 }
 
 /// PROG_LOAD of a kernel program type: the kernel's answer (descriptor, log, errno).
@@ -503,10 +504,13 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
             if served || at.name == 0 {
                 return None;
             }
+            let tp = String::from_utf8_lossy(&name).into_owned();
             Some(with_kernel_prog(at.prog_fd, |kfd| {
                 let mut k = at;
                 k.prog_fd = kfd;
-                bpf_on(cmd, &mut k)
+                bpf_on(cmd, &mut k).map_err(|e| {
+                    Error::new(e.errno, format!("raw tracepoint {tp:?} in the kernel: {}", std::io::Error::from_raw_os_error(e.errno)))
+                })
             }))
         }
         super::BPF_PROG_LOAD => {
