@@ -203,12 +203,11 @@ fn main() {
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"))
     };
-    println!(
-        "kernel-map-bench: {ITERS} iterations per run, median of {REPS} (load average {})",
-        load.join(" ")
-    );
+    println!("kernel-map-bench: {ITERS} iterations per run, median of {REPS} (load average {})", load.join(" "));
     println!();
-    println!("| access from a user-space program (JIT) | session array ns/iter | kernel array, mapped ns/iter | mapped / session |");
+    println!(
+        "| access from a user-space program (JIT) | session array ns/iter | kernel array, mapped ns/iter | mapped / session |"
+    );
     println!("|---|---:|---:|---:|");
     let empty = time_prog(&prog("empty", 1, Op::Empty));
     println!("| empty loop of the same shape | {empty:.2} | {empty:.2} | 1.00 |");

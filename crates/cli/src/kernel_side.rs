@@ -249,7 +249,9 @@ pub fn load_kernel(
     })
     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     for name in &plan.shared {
-        let Some(lm) = loaded.map(name) else { bail!("{}: map `{name}` was not created in the session", path.display()) };
+        let Some(lm) = loaded.map(name) else {
+            bail!("{}: map `{name}` was not created in the session", path.display())
+        };
         let Some(fd) = k.map_fd(name) else {
             bail!("{}: libbpf did not create map `{name}` in the kernel", path.display())
         };
@@ -268,11 +270,7 @@ pub fn load_kernel(
 
 /// Copies the maps only kernel programs use into their session twins, through `bpf()`, so
 /// that `run` prints them with the rest.
-pub fn read_back(
-    k: &userbpf_kernel::KernelObject,
-    plan: &Plan,
-    loaded: &userbpf_runtime::LoadedObject,
-) -> Result<()> {
+pub fn read_back(k: &userbpf_kernel::KernelObject, plan: &Plan, loaded: &userbpf_runtime::LoadedObject) -> Result<()> {
     for name in &plan.kernel_maps {
         if plan.shared.contains(name) {
             continue;
@@ -306,8 +304,14 @@ mod tests {
         let raw = |n: &str| ProgramKind::RawTracepoint { name: n.into() };
         assert_eq!(default_side(&raw("sched_switch"), SyscallSide::Process), Side::Kernel);
         assert_eq!(default_side(&raw("sys_enter"), SyscallSide::Process), Side::Process);
-        assert_eq!(default_side(&ProgramKind::KernelOnly { kind: "kprobe".into() }, SyscallSide::Process), Side::Kernel);
-        assert_eq!(default_side(&ProgramKind::Uprobe { retprobe: false, target: None }, SyscallSide::Kernel), Side::Process);
+        assert_eq!(
+            default_side(&ProgramKind::KernelOnly { kind: "kprobe".into() }, SyscallSide::Process),
+            Side::Kernel
+        );
+        assert_eq!(
+            default_side(&ProgramKind::Uprobe { retprobe: false, target: None }, SyscallSide::Kernel),
+            Side::Process
+        );
     }
 
     #[test]

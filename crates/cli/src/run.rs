@@ -2,9 +2,16 @@
 //! their sections point, streams trace_printk lines and ring buffer events while it runs, and
 //! prints the maps when it exits.
 //!
+//! Each program runs where it belongs (`crate::kernel_side`): uprobes, USDT probes and system
+//! call tracepoints in the command's processes, the kernel's kinds (other tracepoints, raw
+//! and BTF tracepoints, kprobes, fentry, perf events) loaded and attached in the kernel by
+//! libbpf before the command starts, arrays used by both sides shared (the kernel's values
+//! mapped into the processes), maps only kernel programs use read back at the end.
+//!
 //! A program that cannot be attached is an error, as a failed attach is for a libbpf tool:
-//! a kind `run` does not attach (a tracepoint other than a system call's, an unknown
-//! section) or a target file that is missing or lacks the function or probe refuses to start
+//! the kernel's refusal (its verifier's log, its attach error), a kind `run` does not attach
+//! in a process (an unknown section, a kernel kind forced there with `--side`) or a target
+//! file that is missing or lacks the function or probe refuses to start
 //! CMD; a failure the agent inside CMD reports (see `userbpf_runtime::loader::report_attach`)
 //! stops CMD with SIGTERM; a target without a path that the command's executable lacks and
 //! no process of the command attached fails at exit. `run` then exits 1 naming the program,
@@ -288,10 +295,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     {
         not_load.push(p);
     }
-    let plan = crate::kernel_side::plan(
-        &mut object,
-        &Selection { syscalls: args.syscalls, sides: &args.sides, not_load },
-    )?;
+    let plan =
+        crate::kernel_side::plan(&mut object, &Selection { syscalls: args.syscalls, sides: &args.sides, not_load })?;
     for a in &args.attach {
         if let Some((p, _)) = a.split_once('=')
             && plan.kernel.iter().any(|k| k == p)

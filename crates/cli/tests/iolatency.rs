@@ -36,7 +36,9 @@ impl Drop for Loop {
 fn ok() -> bool {
     // SAFETY: geteuid has no arguments and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    let have = |c: &str| Command::new("sh").args(["-c", &format!("command -v {c}")]).output().is_ok_and(|o| o.status.success());
+    let have = |c: &str| {
+        Command::new("sh").args(["-c", &format!("command -v {c}")]).output().is_ok_and(|o| o.status.success())
+    };
     userbpf_testutil::require(
         root && have("losetup") && have("fio") && std::path::Path::new("/sys/kernel/tracing/events/block").exists(),
         "root, losetup, fio and the block tracepoints",

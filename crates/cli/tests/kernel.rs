@@ -181,18 +181,27 @@ fn the_kernels_refusals_are_passed_on() {
     // The verifier's refusal: its log, naming the instruction.
     let (_, err, ok) = run(&["oob_value"]);
     assert!(!ok);
-    assert!(err.contains("kernel program `oob_value`: (section tracepoint/task/task_rename) the kernel refused it"), "{err}");
+    assert!(
+        err.contains("kernel program `oob_value`: (section tracepoint/task/task_rename) the kernel refused it"),
+        "{err}"
+    );
     assert!(err.contains("the kernel verifier's log:"), "{err}");
     assert!(err.contains("invalid access to map value, value_size=8 off=8 size=8"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     // fentry: refused by this kernel before its verifier runs.
     let (_, err, ok) = run(&["fentry_prog"]);
     assert!(!ok);
-    assert!(err.contains("kernel program `fentry_prog`: (section fentry/do_nanosleep) the kernel refused to load it"), "{err}");
+    assert!(
+        err.contains("kernel program `fentry_prog`: (section fentry/do_nanosleep) the kernel refused to load it"),
+        "{err}"
+    );
     // kprobe: loads, but this kernel has no kprobes to attach to.
     let (_, err, ok) = run(&["kprobe_prog"]);
     assert!(!ok);
-    assert!(err.contains("kernel program `kprobe_prog`: (section kprobe/do_nanosleep) the kernel refused to attach it"), "{err}");
+    assert!(
+        err.contains("kernel program `kprobe_prog`: (section kprobe/do_nanosleep) the kernel refused to attach it"),
+        "{err}"
+    );
     // tp_btf and raw_tp: loaded and attached.
     for p in ["btf_prog", "raw_prog"] {
         let (out, err, ok) = run(&[p]);

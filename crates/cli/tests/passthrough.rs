@@ -196,7 +196,8 @@ fn a_libbpf_loader_mixing_a_uprobe_and_a_tracepoint_runs_each_half_where_it_belo
     // `userbpf start` in the loader's session), task_rename in the kernel.
     let ubpf = userbpf();
     let u = ubpf.to_str().unwrap();
-    let via = run(true, &[], &[k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD", u, "start", r, "100"], |_| {});
+    let via =
+        run(true, &[], &[k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD", u, "start", r, "100"], |_| {});
     let (out, err) = (String::from_utf8_lossy(&via.stdout), String::from_utf8_lossy(&via.stderr));
     assert!(via.status.success(), "{out}\n{err}");
     let want = map_lines(&String::from_utf8_lossy(&direct.stdout));

@@ -256,7 +256,10 @@ impl KernelObject {
                         .unwrap_or_default();
                     err(
                         prog,
-                        format!("{section}the kernel refused to load it ({errno}), before its verifier ran\nlibbpf:\n{}", warnings.trim_end()),
+                        format!(
+                            "{section}the kernel refused to load it ({errno}), before its verifier ran\nlibbpf:\n{}",
+                            warnings.trim_end()
+                        ),
                     )
                 }
             });
@@ -308,7 +311,8 @@ impl KernelObject {
             let link = unsafe { bpf_program__attach(prog) };
             if link.is_null() {
                 let e = std::io::Error::last_os_error();
-                let section = self.programs.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).unwrap_or_default();
+                let section =
+                    self.programs.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).unwrap_or_default();
                 let w = take_warnings();
                 if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                     notes.push(format!(

@@ -114,7 +114,13 @@ pub fn map_kernel_values(map: &Map, backing: KernelBacking) -> Result<(), String
     {
         return Err(format!(
             "kernel map id {kid} (type {}, value_size {}, max_entries {}, flags {:#x}) does not match map {} (value_size {}, max_entries {}): not an mmapable array of the same geometry",
-            info.map_type, info.value_size, info.max_entries, info.map_flags, spec.name, spec.value_size, spec.max_entries
+            info.map_type,
+            info.value_size,
+            info.max_entries,
+            info.map_flags,
+            spec.name,
+            spec.value_size,
+            spec.max_entries
         ));
     }
     let prot = if info.map_flags & BPF_F_RDONLY_PROG != 0 || spec.map_flags & BPF_F_RDONLY_PROG != 0 {

@@ -123,11 +123,8 @@ fn kernel_map_id(fd: i32) -> Option<u32> {
         rest: [u32; 20],
     }
     let mut info = Info::default();
-    let mut at = attr::InfoByFd {
-        bpf_fd: fd,
-        info_len: std::mem::size_of::<Info>() as u32,
-        info: (&raw mut info) as u64,
-    };
+    let mut at =
+        attr::InfoByFd { bpf_fd: fd, info_len: std::mem::size_of::<Info>() as u32, info: (&raw mut info) as u64 };
     bpf_on(super::BPF_OBJ_GET_INFO_BY_FD, &mut at).ok()?;
     Some(info.id)
 }
@@ -182,7 +179,10 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
         }
     }
     if e.inner.is_some() {
-        return Err(Error::new(libc::EOPNOTSUPP, format!("map {}: maps of maps are not passed to the kernel", spec.name)));
+        return Err(Error::new(
+            libc::EOPNOTSUPP,
+            format!("map {}: maps of maps are not passed to the kernel", spec.name),
+        ));
     }
     let btf_fd = kernel_btf(st, e.btf_id)?;
     let mut name = [0u8; 16];
@@ -202,7 +202,8 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
         map_extra: e.map_extra,
         ..Default::default()
     };
-    let kfd = owned(bpf_on(super::BPF_MAP_CREATE, &mut at).context(|| format!("creating map {} in the kernel", spec.name))?);
+    let kfd =
+        owned(bpf_on(super::BPF_MAP_CREATE, &mut at).context(|| format!("creating map {} in the kernel", spec.name))?);
     // The contents so far (initial values, a frozen .rodata).
     if iterable(spec.map_type) {
         let ks = spec.key_size as usize;
@@ -220,7 +221,8 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
                     value: value.as_ptr() as u64,
                     flags: 0,
                 };
-                bpf_on(super::BPF_MAP_UPDATE_ELEM, &mut el).context(|| format!("copying map {} into the kernel", spec.name))?;
+                bpf_on(super::BPF_MAP_UPDATE_ELEM, &mut el)
+                    .context(|| format!("copying map {} into the kernel", spec.name))?;
             }
             key = Some(next);
         }
@@ -509,7 +511,10 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
                 let mut k = at;
                 k.prog_fd = kfd;
                 bpf_on(cmd, &mut k).map_err(|e| {
-                    Error::new(e.errno, format!("raw tracepoint {tp:?} in the kernel: {}", std::io::Error::from_raw_os_error(e.errno)))
+                    Error::new(
+                        e.errno,
+                        format!("raw tracepoint {tp:?} in the kernel: {}", std::io::Error::from_raw_os_error(e.errno)),
+                    )
                 })
             }))
         }
@@ -529,9 +534,14 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
 fn with_kernel_prog(prog_fd: i32, f: impl FnOnce(i32) -> Result<i64, Error>) -> Result<i64, Error> {
     let o = objects::get_kind(prog_fd, Kind::Prog).map_err(|e| Error::new(e, format!("prog_fd {prog_fd}")))?;
     let p = super::prog::prog_by_id(o.id).map_err(|e| Error::new(e, format!("program {}", o.id)))?;
-    if !matches!(p.prog_type, BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_RAW_TRACEPOINT | super::prog::BPF_PROG_TYPE_PERF_EVENT)
-    {
-        return Err(Error::inval(format!("program `{}` (type {}) cannot attach to a kernel event", p.name, p.prog_type)));
+    if !matches!(
+        p.prog_type,
+        BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_RAW_TRACEPOINT | super::prog::BPF_PROG_TYPE_PERF_EVENT
+    ) {
+        return Err(Error::inval(format!(
+            "program `{}` (type {}) cannot attach to a kernel event",
+            p.name, p.prog_type
+        )));
     }
     let kfd = kernel_prog(&p)?;
     f(kfd)
