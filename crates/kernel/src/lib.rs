@@ -373,3 +373,19 @@ impl Drop for KernelObject {
         unsafe { bpf_object__close(self.obj) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_names_as_libbpf_truncates_them() {
+        assert!(same_map_name("counts", "counts"));
+        assert!(same_map_name("kernel_shared.bss", "kernel_s.bss"));
+        assert!(same_map_name("obj.data.foo", "obj.data.foo"));
+        assert!(same_map_name("iolatency.rodata", "iolatenc.rodata"));
+        assert!(!same_map_name("kernel_shared.bss", "kernel_s.data"));
+        assert!(!same_map_name("counts", "count"));
+        assert!(!same_map_name("counts", "x.counts"));
+    }
+}
