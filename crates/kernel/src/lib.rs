@@ -190,7 +190,7 @@ impl KernelObject {
         let mut this = KernelObject { obj, links: Vec::new(), programs: Vec::new(), _logs: Vec::new() };
         let mut found = Vec::new();
         for (prog, name) in this.all_programs() {
-            let load = spec.programs.iter().any(|p| *p == name);
+            let load = spec.programs.contains(&name);
             // SAFETY: `prog` is a program of the open object.
             unsafe { bpf_program__set_autoload(prog, load) };
             if load {

@@ -364,7 +364,7 @@ pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
     if cmd == BPF_PROG_LOAD {
         let r = prog::load(&a);
         return match r {
-            Err(e) => passthrough::prog_load_refused(&a).map_or(Err(e), Ok),
+            Err(e) => passthrough::prog_load_refused(&a).ok_or(e),
             ok => ok,
         };
     }
