@@ -81,6 +81,7 @@ conformance: build
 bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
+	$(CARGO) run --release --locked -p userbpf-bench --bin kernel-map-bench
 	python3 bench/uprobe/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
