@@ -204,3 +204,27 @@ fn a_libbpf_loader_mixing_a_uprobe_and_a_tracepoint_runs_each_half_where_it_belo
     assert!(want.contains(&"counts 1 100".to_string()), "{want:?}");
     assert_eq!(map_lines(&out), want, "{err}");
 }
+
+#[test]
+fn a_ring_buffer_written_by_a_kernel_program_is_read_as_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_ringbuf.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let rbref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/ringbuf_ref.c"),
+        &tmp().join("ringbuf_ref"),
+        &["-lbpf"],
+    );
+    let argv = [rbref.to_str().unwrap(), obj.to_str().unwrap(), renamer.to_str().unwrap(), "50"];
+    let want: Vec<String> = (1..=50).map(|i| format!("ubpfk{i}")).collect();
+    for via in [false, true] {
+        let o = run(via, &[], &argv, |_| {});
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "userbpf: {via}: {out}\n{err}");
+        let got: Vec<String> = out.lines().filter(|l| l.starts_with("ubpfk")).map(|l| l.to_string()).collect();
+        assert_eq!(got, want, "userbpf: {via}: {out}\n{err}");
+    }
+}

@@ -243,9 +243,16 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
     if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
         st.kernel_outputs = true;
     }
-    // Every descriptor of the loader that names the session map now names the kernel's.
-    if let Ok(path) = std::fs::canonicalize(objects::session()?.map_path(id)) {
-        for fd in loader_fds_of(&path) {
+    // Every descriptor of the loader that names the session map (its file, or for a ring
+    // buffer its poll FIFO) now names the kernel's.
+    let session = objects::session()?;
+    let paths: Vec<std::path::PathBuf> = [session.map_path(id), session.layout().map_poll(id)]
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    let own = e.map.shm().fd().as_raw_fd();
+    for path in &paths {
+        for fd in loader_fds_of(path).into_iter().filter(|&fd| fd != own) {
             // SAFETY: dup3 only changes descriptor `fd` of this process, which referred to
             // the session map's file: it now refers to the kernel map instead.
             unsafe { sys::raw6(libc::SYS_dup3, kfd.as_raw_fd() as i64, fd as i64, libc::O_CLOEXEC as i64, 0, 0, 0) };
@@ -272,13 +279,20 @@ fn iterable(t: MapType) -> bool {
     )
 }
 
-/// Descriptors of this process open on `path`.
+/// The loader's descriptors open on `path`: those `objects::install` handed out (opened
+/// `O_NOATIME`), not the ones this library holds itself (its maps' own mappings, the ring
+/// buffers' wakers).
 fn loader_fds_of(path: &std::path::Path) -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     rd.flatten()
         .filter_map(|e| {
             let fd: i32 = e.file_name().to_str()?.parse().ok()?;
-            (std::fs::read_link(e.path()).ok()?.as_path() == path).then_some(fd)
+            if std::fs::read_link(e.path()).ok()?.as_path() != path {
+                return None;
+            }
+            // SAFETY: F_GETFL has no memory arguments.
+            let flags = unsafe { sys::raw6(libc::SYS_fcntl, fd as i64, libc::F_GETFL as i64, 0, 0, 0, 0) };
+            (flags >= 0 && flags & libc::O_NOATIME as i64 != 0).then_some(fd)
         })
         .collect()
 }
