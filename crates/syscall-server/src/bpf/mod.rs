@@ -6,7 +6,10 @@
 //! - [`obj`]: BTF_LOAD, OBJ_GET_INFO_BY_FD, the *_GET_FD_BY_ID and *_GET_NEXT_ID commands,
 //!   OBJ_PIN and OBJ_GET;
 //! - [`kbtf`]: the kernel's own BTF objects (vmlinux, modules), listed and read as on the kernel;
-//! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN.
+//! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN;
+//! - [`passthrough`]: the kernel's program kinds handed to the kernel, the session maps they
+//!   use turned into kernel maps, and every command on a kernel object passed on (checked
+//!   first, in [`serve`]).
 //!
 //! The attributes are read as the command's `#[repr(C)]` struct of [`attr`]. A failed command
 //! returns an [`Error`]: the errno the loader gets and the reason, which `USERBPF_TRACE_BPF`
