@@ -150,3 +150,72 @@ pub fn map_kernel_values(map: &Map, backing: KernelBacking) -> Result<(), String
     // The mapping keeps the kernel map alive; the descriptor is closed here.
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use userbpf_maps::MapSpec;
+
+    #[test]
+    fn backing_records_round_trip() {
+        let b = KernelBacking { kernel_id: 4242 };
+        assert_eq!(KernelBacking::parse(&b.to_text()), Some(b));
+        assert_eq!(KernelBacking::parse("map 3"), None);
+        assert_eq!(KernelBacking::parse("kernel x"), None);
+    }
+
+    /// A kernel array (BPF_MAP_CREATE, BPF_F_MMAPABLE) of `max` 8-byte values: its id.
+    fn kernel_array(value_size: u32, max: u32, flags: u32) -> (OwnedFd, u32) {
+        let mut attr = [0u64; 9];
+        attr[0] = MapType::BPF_MAP_TYPE_ARRAY as u64 | (4u64 << 32);
+        attr[1] = value_size as u64 | ((max as u64) << 32);
+        attr[2] = flags as u64;
+        let fd = sys_bpf(0, &mut attr).expect("BPF_MAP_CREATE");
+        // SAFETY: a new descriptor the kernel returned.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let id = map_info(&fd).expect("info").id;
+        (fd, id)
+    }
+
+    #[test]
+    fn the_kernels_values_are_the_maps_and_a_mismatch_is_refused() {
+        // SAFETY: geteuid has no arguments.
+        if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root for kernel maps") {
+            return;
+        }
+        let dir = userbpf_testutil::TmpDir::new("kernel-map");
+        let spec = MapSpec {
+            map_type: MapType::BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: 8,
+            max_entries: 600,
+            map_flags: 0,
+            map_extra: 0,
+            name: "shared".into(),
+        };
+        let map = Map::create(&dir.path("shared"), &spec).unwrap();
+        let (kfd, kid) = kernel_array(8, 600, BPF_F_MMAPABLE);
+        map_kernel_values(&map, KernelBacking { kernel_id: kid }).unwrap();
+        // Written here, read by the kernel; written by the kernel, read here.
+        map.update_elem(&599u32.to_ne_bytes(), &77u64.to_ne_bytes(), 0).unwrap();
+        let (key, mut value) = (599u32, 0u64);
+        let mut attr = [kfd.as_raw_fd() as u64, (&raw const key) as u64, (&raw mut value) as u64, 0];
+        sys_bpf(1, &mut attr).unwrap();
+        assert_eq!(value, 77);
+        let (key, value) = (3u32, 5u64);
+        let mut attr = [kfd.as_raw_fd() as u64, (&raw const key) as u64, (&raw const value) as u64, 0];
+        sys_bpf(2, &mut attr).unwrap();
+        let mut out = [0u8; 8];
+        map.lookup_elem(&3u32.to_ne_bytes(), &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 5);
+        // Another geometry, or an array the kernel cannot map: refused, saying why.
+        let other = Map::create(&dir.path("other"), &MapSpec { max_entries: 10, name: "other".into(), ..spec.clone() })
+            .unwrap();
+        let e = map_kernel_values(&other, KernelBacking { kernel_id: kid }).unwrap_err();
+        assert!(e.contains("does not match map other"), "{e}");
+        let (_f, plain) = kernel_array(8, 600, 0);
+        let third = Map::create(&dir.path("third"), &MapSpec { name: "third".into(), ..spec.clone() }).unwrap();
+        let e = map_kernel_values(&third, KernelBacking { kernel_id: plain }).unwrap_err();
+        assert!(e.contains("flags 0x0) does not match map third"), "{e}");
+    }
+}
