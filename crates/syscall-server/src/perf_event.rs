@@ -331,7 +331,8 @@ pub unsafe fn open_event(
             ref_ctr_offset: config >> 32,
         }
     } else if kprobe_pmu().is_some_and(|t| t == typ) {
-        return Err(Error::new(libc::EOPNOTSUPP, "kprobes are the kernel's: no kernel functions run here"));
+        // Kernel functions: the kernel's event (kernel passthrough loads the program there).
+        return kernel();
     } else if typ == PERF_TYPE_TRACEPOINT {
         // Tracepoints only the kernel has (kernel passthrough): the kernel's event.
         if crate::bpf::passthrough::syscalls_in_kernel() || tracepoint_name(config).is_none() {

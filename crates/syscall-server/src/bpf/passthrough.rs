@@ -12,7 +12,9 @@
 //! is `USERBPF_SYSCALLS=kernel`) opens the kernel's event, and attaching a program of ours to
 //! a kernel event (LINK_CREATE, `PERF_EVENT_IOC_SET_BPF`) or RAW_TRACEPOINT_OPEN of a name
 //! other than `sys_enter`/`sys_exit` loads the program into the kernel then (its verifier's
-//! refusal is then the attach's error). A tracepoint or raw tracepoint program the runtime
+//! refusal is then the attach's error). Kprobe programs attached to a kernel's kprobe event
+//! (kernels with kprobes; this library's uprobe events stay its own) go the same way. A
+//! tracepoint or raw tracepoint program the runtime
 //! refuses (a helper it lacks) but the kernel accepts is the kernel's from its load.
 //!
 //! **Maps** (loaders create maps before the programs that use them). A session map becomes a
@@ -66,6 +68,8 @@ struct State {
     progs: HashMap<u32, OwnedFd>,
     /// A perf event array is the kernel's: BPF output events are opened in the kernel.
     kernel_outputs: bool,
+    /// The program of ours being loaded into the kernel (not a user-space user of its maps).
+    loading: Option<u32>,
 }
 
 fn state() -> MutexGuard<'static, State> {
@@ -167,7 +171,8 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
     let array = spec.map_type == MapType::BPF_MAP_TYPE_ARRAY;
     if !array {
         // Used by a user-space program too? Its memory cannot be shared.
-        if let Some(p) = user_programs_of(id) {
+        let kernel_progs: Vec<u32> = st.progs.keys().copied().chain(st.loading).collect();
+        if let Some(p) = user_programs_of(id, &kernel_progs) {
             return Err(Error::new(
                 libc::EOPNOTSUPP,
                 format!(
@@ -297,17 +302,22 @@ fn loader_fds_of(path: &std::path::Path) -> Vec<i32> {
         .collect()
 }
 
-/// A user-space program that uses map `id`: a uprobe/USDT program (type kprobe: the kernel
-/// has no kprobes here to give it), or one attached in the processes (a link in the session).
-/// Tracepoint programs not attached yet may still go to the kernel: they do not count.
-fn user_programs_of(id: u32) -> Option<String> {
+/// A user-space program that uses map `id`: a uprobe/USDT program (type kprobe, not one of
+/// `kernel_progs`, the programs of ours in the kernel), or one attached in the processes (a
+/// link in the session). Tracepoint programs not attached yet may still go to the kernel:
+/// they do not count.
+fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
     let session = objects::session().ok()?;
     let linked: Vec<u32> = session.links().ok()?.into_iter().map(|l| l.prog_id).collect();
     session
         .progs()
         .ok()?
         .into_iter()
-        .find(|r| r.map_ids.contains(&id) && (r.prog_type == "kprobe" || linked.contains(&r.id)))
+        .find(|r| {
+            r.map_ids.contains(&id)
+                && !kernel_progs.contains(&r.id)
+                && (r.prog_type == "kprobe" || linked.contains(&r.id))
+        })
         .map(|r| r.name)
 }
 
@@ -405,7 +415,10 @@ fn kernel_prog(p: &ProgEntry) -> Result<i32, Error> {
     if let Some(fd) = st.progs.get(&p.id) {
         return Ok(fd.as_raw_fd());
     }
-    let insns = kernel_insns(&mut st, &p.insns, true)?;
+    st.loading = Some(p.id);
+    let insns = kernel_insns(&mut st, &p.insns, true);
+    st.loading = None;
+    let insns = insns?;
     let bytes = encode(&insns);
     let btf_fd = kernel_btf(&mut st, p.btf_id)?;
     let license: &[u8] = if p.gpl { b"GPL\0" } else { b"Proprietary\0" };
@@ -550,7 +563,10 @@ fn with_kernel_prog(prog_fd: i32, f: impl FnOnce(i32) -> Result<i64, Error>) -> 
     let p = super::prog::prog_by_id(o.id).map_err(|e| Error::new(e, format!("program {}", o.id)))?;
     if !matches!(
         p.prog_type,
-        BPF_PROG_TYPE_TRACEPOINT | BPF_PROG_TYPE_RAW_TRACEPOINT | super::prog::BPF_PROG_TYPE_PERF_EVENT
+        BPF_PROG_TYPE_TRACEPOINT
+            | BPF_PROG_TYPE_RAW_TRACEPOINT
+            | super::prog::BPF_PROG_TYPE_PERF_EVENT
+            | super::prog::BPF_PROG_TYPE_KPROBE
     ) {
         return Err(Error::inval(format!(
             "program `{}` (type {}) cannot attach to a kernel event",
