@@ -9,8 +9,9 @@
 //!   price of every access to a kernel map that cannot be mapped.
 //!
 //! Each program loops N times (N in the context); ns per iteration, median of 9 timed runs
-//! after a warm-up, the empty loop of the same shape printed beside them. Needs root (kernel
-//! maps). Reports, never fails on timing.
+//! after a warm-up, the session and kernel programs run alternately, the empty loop of the
+//! same shape printed beside them. Needs root (kernel maps). Reports, never fails on timing;
+//! on a busy machine run it a few times and read the lowest rows.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -105,15 +106,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn time_prog(p: &LoadedProgram) -> f64 {
+/// ns per iteration of one run of `p`.
+fn once(p: &LoadedProgram) -> f64 {
     let mut ctx = [ITERS, 0, 0, 0];
-    let mut once = || {
-        let t = Instant::now();
-        p.run(ctx.as_mut_ptr().cast(), 32, RunContext::default()).expect("run");
-        t.elapsed().as_nanos() as f64 / ITERS as f64
-    };
-    once();
-    median((0..REPS).map(|_| once()).collect())
+    let t = Instant::now();
+    p.run(ctx.as_mut_ptr().cast(), 32, RunContext::default()).expect("run");
+    t.elapsed().as_nanos() as f64 / ITERS as f64
+}
+
+fn time_prog(p: &LoadedProgram) -> f64 {
+    once(p);
+    median((0..REPS).map(|_| once(p)).collect())
+}
+
+/// Medians of `a` and `b` run alternately (so that the machine's noise falls on both).
+fn time_pair(a: &LoadedProgram, b: &LoadedProgram) -> (f64, f64) {
+    once(a);
+    once(b);
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..REPS {
+        ta.push(once(a));
+        tb.push(once(b));
+    }
+    (median(ta), median(tb))
 }
 
 fn sys_bpf(cmd: libc::c_long, attr: &mut [u64; 9]) -> std::io::Result<libc::c_long> {
@@ -216,8 +231,7 @@ fn main() {
         ("lookup + atomic add (lock xadd)", Op::LookupXadd),
         ("update (helper, BPF_ANY)", Op::Update),
     ] {
-        let a = time_prog(&prog(what, 1, op));
-        let b = time_prog(&prog(what, 2, op));
+        let (a, b) = time_pair(&prog(what, 1, op), &prog(what, 2, op));
         println!("| {what} | {a:.2} | {b:.2} | {:.2} |", b / a);
     }
     // The kernel saw the atomic adds: read one element back through bpf().
