@@ -26,9 +26,6 @@ pub struct Args {
     /// read/write family and sync calls, and fio's `td_io_queue` for fio.
     #[arg(short = 'f', long = "func", value_name = "BIN:FUNC")]
     funcs: Vec<String>,
-    /// Print milliseconds instead of microseconds.
-    #[arg(short = 'm', long = "milliseconds")]
-    millis: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -91,21 +88,11 @@ fn print_log2(vals: &[u64], unit: &str) {
     }
 }
 
-fn print(h: &Hists, before: &Hists, names: &[String], millis: bool) {
-    let unit = if millis { "msecs" } else { "usecs" };
+fn print(h: &Hists, before: &Hists, names: &[String]) {
+    let unit = "usecs";
     let diff = |k: &(u32, u32, u32), v: &Vec<u64>| -> Vec<u64> {
         let b = before.get(k);
-        let mut d: Vec<u64> =
-            v.iter().enumerate().map(|(i, &c)| c - b.and_then(|b| b.get(i)).copied().unwrap_or(0)).collect();
-        if millis {
-            // Slots of microseconds to slots of milliseconds (2^10 us ~ 1 ms).
-            let mut m = vec![0u64; d.len().saturating_sub(10).max(1)];
-            for (i, c) in d.iter().enumerate() {
-                m[i.saturating_sub(10)] += c;
-            }
-            d = m;
-        }
-        d
+        v.iter().enumerate().map(|(i, &c)| c - b.and_then(|b| b.get(i)).copied().unwrap_or(0)).collect()
     };
     let mut any = false;
     // Per function, then the kernel's totals.
@@ -195,7 +182,7 @@ pub fn run(args: Args) -> Result<()> {
                 if args.common.timestamp {
                     println!("{}", time_of_day());
                 }
-                print(&now, last, &names, args.millis);
+                print(&now, last, &names);
                 *last = now;
                 Ok(())
             },
@@ -209,7 +196,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.common.interval.is_some() && args.common.timestamp {
         println!("{}", time_of_day());
     }
-    print(&now, &last, &names, args.millis);
+    print(&now, &last, &names);
     if let Some(code) = code {
         drop(tracer);
         std::process::exit(code);
