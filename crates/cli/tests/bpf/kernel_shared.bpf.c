@@ -23,8 +23,12 @@ struct {
 	__type(value, __u64);
 } by_digit SEC(".maps");
 
-/* .bss, shared too: the last argument the uprobe saw, written in the process. */
+/* .bss, shared too: the last argument the uprobe saw (written in the process), the renames
+ * the kernel counted (a global variable written by the kernel program, read by the uprobe:
+ * `seen_in_bss`). */
 __u64 last_observed;
+__u64 kernel_renames;
+__u64 seen_in_bss;
 
 struct task_rename_args {
 	__u64 common;
@@ -47,6 +51,7 @@ int on_rename(struct task_rename_args *ctx)
 	v = bpf_map_lookup_elem(&counts, &k);
 	if (v)
 		__sync_fetch_and_add(v, 1);
+	__sync_fetch_and_add(&kernel_renames, 1);
 	k = (__u32)c[5];
 	v = bpf_map_lookup_elem(&by_digit, &k);
 	if (v)
@@ -75,6 +80,8 @@ int BPF_KPROBE(observe_hit, long i)
 	__u64 *hits = bpf_map_lookup_elem(&counts, &k);
 	if (hits)
 		__sync_fetch_and_add(hits, 1);
+	if (kernel_renames == (__u64)i)
+		seen_in_bss++;
 	last_observed = i;
 	return 0;
 }
