@@ -107,10 +107,7 @@ fn a_tracepoint_and_a_uprobe_sharing_an_array_count_as_under_libbpf() {
             assert_eq!(got.get(k), Some(v), "{k:?} with --syscalls {syscalls}: {out}");
         }
         // .bss is shared too: the kernel's count of renames, seen by the uprobe as it grew.
-        assert!(
-            out.contains("value = { .kernel_renames = 200, .last_observed = 200, .seen_in_bss = 200 }"),
-            "{out}"
-        );
+        assert!(out.contains("value = { .kernel_renames = 200, .last_observed = 200, .seen_in_bss = 200 }"), "{out}");
     }
 }
 
