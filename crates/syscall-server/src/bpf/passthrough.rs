@@ -134,13 +134,17 @@ fn kernel_map_id(fd: i32) -> Option<u32> {
 }
 
 /// The session map a converted kernel map descriptor stands for (so that programs of ours
-/// loaded later still reach the session's map).
+/// loaded later still reach the session's map): arrays only, whose values the session map
+/// shares; another kind's session copy no longer holds the map's contents, so a user-space
+/// program cannot use it (the loader gets `EBADF` for it, as for a descriptor that is no map
+/// of ours).
 pub fn session_map_of(fd: i32) -> Option<u32> {
     if kernel_kind(fd).as_deref() != Some("bpf-map") {
         return None;
     }
     let kid = kernel_map_id(fd)?;
-    state().by_kernel_id.get(&kid).copied()
+    let id = state().by_kernel_id.get(&kid).copied()?;
+    objects::session().ok()?.kernel_backing(id).is_some().then_some(id)
 }
 
 /// The kernel's copy of session BTF `id` (0: none).
