@@ -9,7 +9,8 @@ BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux
 # libbpf programs with a skeleton (`bpftool gen skeleton`, generated into target/libbpf).
 LIBBPF_EXAMPLES := $(patsubst examples/libbpf/%.bpf.c,target/libbpf/%,$(wildcard examples/libbpf/*.bpf.c))
 # The eBPF side of `userbpf tool NAME` (tools/NAME.bpf.c), found by the CLI in target/tools.
-TOOLS := $(patsubst tools/%.bpf.c,target/tools/%.bpf.o,$(wildcard tools/*.bpf.c)) target/tools/aiobench
+TOOLS := $(patsubst tools/%.bpf.c,target/tools/%.bpf.o,$(wildcard tools/*.bpf.c)) target/tools/aiobench \
+	target/tools/iolatency.bpf.o
 EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard examples/bpf/*.bpf.c)) \
 	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
 	$(LIBBPF_EXAMPLES) $(TOOLS)
@@ -32,6 +33,11 @@ target/bpf/%.bpf.o: examples/bpf/%.bpf.c
 	clang $(BPF_CFLAGS) -c -o $@ $<
 
 target/tools/%.bpf.o: tools/%.bpf.c
+	@mkdir -p $(dir $@)
+	clang $(BPF_CFLAGS) -c -o $@ $<
+
+# iolatency's object is also an example (examples/bpf/iolatency.bpf.c).
+target/tools/iolatency.bpf.o: examples/bpf/iolatency.bpf.c
 	@mkdir -p $(dir $@)
 	clang $(BPF_CFLAGS) -c -o $@ $<
 
@@ -77,6 +83,7 @@ bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin verifier-bench -- --bpftrace $(wildcard target/bpf/*.bpf.o) $(wildcard target/tools/*.bpf.o) $(wildcard target/libbpf/*.bpf.o)
 	USERBPF_VERIFY_FUZZ_COUNT=1000000 USERBPF_VERIFY_FUZZ_OBJECTS=100000 $(CARGO) test --release --locked -p userbpf-runtime --test verify_fuzz -- --nocapture
+	$(CARGO) run --release --locked -p userbpf-bench --bin kernel-map-bench
 	python3 bench/uprobe/bench.py
 	python3 bench/override/bench.py
 	python3 bench/loader/bench.py

@@ -65,6 +65,18 @@ echo "== userbpf tool: funclatency, calls and trace on examples/targets/workload
 "$u" tool trace 'target/examples/workload:work (arg1 > 4092) "n=%d", arg1' 'r:target/examples/workload:work (retval < 2) "ret %ld", retval' -- target/examples/workload 10000
 
 echo
+echo "== userbpf tool iolatency: block I/O latency per user function (uprobes in fio, block tracepoints in the kernel), fio with direct I/O on a loop device"
+if [ "$(id -u)" = 0 ] && command -v losetup > /dev/null && command -v fio > /dev/null; then
+    truncate -s 64M "$d/iolatency.img"
+    loopdev=$(losetup --direct-io=on -f --show "$d/iolatency.img")
+    "$u" tool iolatency -- fio --name=demo --filename="$loopdev" --direct=1 --rw=randrw --bs=4k --size=8m \
+        --ioengine=psync --fdatasync=32 --output=/dev/null | grep -v ' : 0 *|'
+    losetup -d "$loopdev"
+else
+    echo "(skipped: needs root, losetup and fio)"
+fi
+
+echo
 echo "== userbpf export: the maps of a session as Prometheus metrics (a scrape of /metrics)"
 s="demo-export-$$"
 "$u" --session "$s" export --listen 127.0.0.1:0 > "$d/export.out" &

@@ -51,6 +51,10 @@ pub struct LoadArgs {
     /// opens its uprobes with pid -1.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
+    /// Which side runs system call tracepoints: the processes started with `userbpf start`
+    /// (their own calls) or the kernel (every process's calls, as without userbpf).
+    #[arg(long, value_enum, default_value = "process")]
+    syscalls: crate::kernel_side::SyscallSide,
     /// The loader to run, and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
@@ -105,6 +109,9 @@ pub fn loader_command(session: &str, args: &LoadArgs) -> Result<Command> {
     // detaches them, by running this binary.
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(BIN_ENV, exe);
+    }
+    if args.syscalls == crate::kernel_side::SyscallSide::Kernel {
+        cmd.env("USERBPF_SYSCALLS", "kernel");
     }
     Ok(cmd)
 }

@@ -4,6 +4,7 @@ mod attach;
 mod dump;
 mod exec;
 mod export;
+mod kernel_side;
 mod load;
 mod map;
 mod prog;

@@ -31,14 +31,17 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
             for r in s.maps()? {
                 let Ok(m) = s.open_map(r.id) else { continue };
                 let spec = m.spec().clone();
-                rows.push(json!({"id": r.id, "name": r.name, "type": spec.map_type.name(), "key_size": spec.key_size, "value_size": spec.value_size, "max_entries": spec.max_entries, "flags": spec.map_flags, "object": r.object}));
+                // Values that are a kernel map's (shared with kernel programs): its kernel id.
+                let kernel_id = s.kernel_backing(r.id).map(|b| b.kernel_id);
+                rows.push(json!({"id": r.id, "name": r.name, "type": spec.map_type.name(), "key_size": spec.key_size, "value_size": spec.value_size, "max_entries": spec.max_entries, "flags": spec.map_flags, "object": r.object, "kernel_id": kernel_id}));
             }
             if as_json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 for r in rows {
+                    let kernel = r["kernel_id"].as_u64().map(|k| format!("  kernel map id {k}")).unwrap_or_default();
                     println!(
-                        "{}: {}  name {}  key {}B  value {}B  max_entries {}  flags {:#x}",
+                        "{}: {}  name {}  key {}B  value {}B  max_entries {}  flags {:#x}{kernel}",
                         r["id"],
                         r["type"].as_str().unwrap_or(""),
                         r["name"].as_str().unwrap_or(""),

@@ -2,9 +2,16 @@
 //! their sections point, streams trace_printk lines and ring buffer events while it runs, and
 //! prints the maps when it exits.
 //!
+//! Each program runs where it belongs (`crate::kernel_side`): uprobes, USDT probes and system
+//! call tracepoints in the command's processes, the kernel's kinds (other tracepoints, raw
+//! and BTF tracepoints, kprobes, fentry, perf events) loaded and attached in the kernel by
+//! libbpf before the command starts, arrays used by both sides shared (the kernel's values
+//! mapped into the processes), maps only kernel programs use read back at the end.
+//!
 //! A program that cannot be attached is an error, as a failed attach is for a libbpf tool:
-//! a kind `run` does not attach (a tracepoint other than a system call's, an unknown
-//! section) or a target file that is missing or lacks the function or probe refuses to start
+//! the kernel's refusal (its verifier's log, its attach error), a kind `run` does not attach
+//! in a process (an unknown section, a kernel kind forced there with `--side`) or a target
+//! file that is missing or lacks the function or probe refuses to start
 //! CMD; a failure the agent inside CMD reports (see `userbpf_runtime::loader::report_attach`)
 //! stops CMD with SIGTERM; a target without a path that the command's executable lacks and
 //! no process of the command attached fails at exit. `run` then exits 1 naming the program,
@@ -26,6 +33,7 @@ use userbpf_runtime::loader::LoadOptions;
 use userbpf_runtime::{Engine, LinkRecord, Session, load_object};
 
 use crate::dump::{Typed, dump_text, hist_lines, is_log2_hist};
+use crate::kernel_side::{Selection, SyscallSide};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -49,6 +57,18 @@ pub struct RunArgs {
     /// exits non-zero when the agent in the command reports a failure.
     #[arg(long)]
     allow_partial: bool,
+    /// Which side runs system call tracepoints: the traced processes (their own calls,
+    /// through Syscall User Dispatch) or the kernel (every process's calls).
+    #[arg(long, value_enum, default_value = "process")]
+    syscalls: SyscallSide,
+    /// Run PROG on one side whatever its kind: `PROG=kernel` or `PROG=process` (PROG may be a
+    /// glob; the last match wins).
+    #[arg(long = "side", value_name = "PROG=SIDE")]
+    sides: Vec<String>,
+    /// Leave programs whose name matches the glob unloaded (also `USERBPF_NOT_LOAD_PATTERN`,
+    /// as bpftime's `BPFTIME_NOT_LOAD_PATTERN`).
+    #[arg(long = "not-load", value_name = "PATTERN")]
+    not_load: Vec<String>,
     /// The command to start, and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -310,13 +330,30 @@ fn describe_target(kind: &str, path: &str, func: Option<&str>, offset: u64) -> S
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let object = Object::open(&args.object)?;
+    let mut object = Object::open(&args.object)?;
+    let mut not_load = args.not_load.clone();
+    if let Ok(p) = std::env::var("USERBPF_NOT_LOAD_PATTERN")
+        && !p.is_empty()
+    {
+        not_load.push(p);
+    }
+    let plan =
+        crate::kernel_side::plan(&mut object, &Selection { syscalls: args.syscalls, sides: &args.sides, not_load })?;
+    for a in &args.attach {
+        if let Some((p, _)) = a.split_once('=')
+            && plan.kernel.iter().any(|k| k == p)
+        {
+            bail!("--attach {a}: program `{p}` runs in the kernel, where it attaches at its section's target");
+        }
+    }
     let session_name = format!("run-{}", std::process::id());
     let session = Session::open(&session_name)?;
     let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
-    let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
+    let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: Some(&plan.process) };
     let loaded = load_object(&session, object, &opts, slots)?;
+    // The kernel half: loaded by libbpf, its shared arrays mapped over the session's.
+    let mut kernel = crate::kernel_side::load_kernel(&args.object, &plan, &session, &loaded)?;
     // This session is the run's own: nobody could reuse what it pinned (LIBBPF_PIN_BY_NAME),
     // and a pin would keep it after everyone left. Unpinned however `run` ends.
     let unpin = Unpin(&session, &loaded);
@@ -506,7 +543,12 @@ pub fn run(args: RunArgs) -> Result<()> {
             eprintln!("userbpf: {u}; carrying on (--allow-partial)");
         }
     }
-    if made.is_empty() {
+    if let Some(k) = kernel.as_mut() {
+        for note in k.attach().map_err(|e| anyhow::anyhow!("{}: {e}", args.object.display()))? {
+            eprintln!("userbpf: {note}");
+        }
+    }
+    if made.is_empty() && kernel.is_none() {
         bail!("{}: no program to attach (give targets with --attach PROG=FUNC)", args.object.display());
     }
 
@@ -570,6 +612,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         let _ = w.join();
     }
     let status = child.wait().with_context(|| format!("waiting for {}", args.command[0]))?;
+
+    // The kernel programs stop with the command; the maps only they use are read back.
+    if let Some(k) = kernel.as_mut() {
+        k.detach();
+        crate::kernel_side::read_back(k, &plan, &loaded)?;
+    }
+    drop(kernel);
 
     // Maps at exit, as bpftrace prints its own.
     let btf = loaded.object.btf.as_ref();

@@ -71,7 +71,10 @@ fn a_static_prog_array_tail_calls_in_a_target() {
 fn a_kind_run_cannot_attach_stops_it_before_the_command_starts() {
     let obj = object("tp_refused");
     let target = workload();
-    let (out, err, ok) = userbpf_run(&obj, &[], &[target.to_str().unwrap(), "10"]);
+    // sched_switch runs in the kernel by default (tests/kernel.rs); forced into the process,
+    // where there is no such event, it cannot be attached.
+    let side = ["--side", "on_switch=process"];
+    let (out, err, ok) = userbpf_run(&obj, &side, &[target.to_str().unwrap(), "10"]);
     assert!(!ok, "{out}\n{err}");
     assert!(
         err.contains(
@@ -82,7 +85,7 @@ fn a_kind_run_cannot_attach_stops_it_before_the_command_starts() {
     assert!(err.contains("--allow-partial"), "{err}");
     assert!(!out.contains("workload:"), "the command did not start: {out}");
     // --allow-partial: the command runs with what could be attached.
-    let (out, err, ok) = userbpf_run(&obj, &["--allow-partial"], &[target.to_str().unwrap(), "10"]);
+    let (out, err, ok) = userbpf_run(&obj, &["--allow-partial", side[0], side[1]], &[target.to_str().unwrap(), "10"]);
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("workload: 10 calls"), "{out}");
     assert!(

@@ -136,6 +136,12 @@ impl ArrayMap {
         &self.base
     }
 
+    /// A plain array's values: file offset and length in whole pages (whatever its flags).
+    pub(crate) fn values_region(&self) -> Option<(usize, usize)> {
+        (self.kind == Kind::Plain)
+            .then(|| (DATA_OFF, round_up(self.max as u64 * self.stride as u64, PAGE_SIZE as u64) as usize))
+    }
+
     pub(crate) fn mmapable(&self) -> Option<(usize, usize)> {
         (self.base.spec.map_flags & BPF_F_MMAPABLE != 0)
             .then(|| (DATA_OFF, round_up(self.max as u64 * self.stride as u64, PAGE_SIZE as u64) as usize))

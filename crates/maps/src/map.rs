@@ -331,6 +331,15 @@ impl Map {
             _ => None,
         }
     }
+    /// For a plain ARRAY (with or without BPF_F_MMAPABLE): the file offset of its values and
+    /// their length in whole pages, laid out as the kernel's mmapable array (values of
+    /// `round_up(value_size, 8)` bytes from a page boundary).
+    pub fn values_region(&self) -> Option<(usize, usize)> {
+        match self {
+            Map::Array(m) => m.values_region(),
+            _ => None,
+        }
+    }
     /// Length in bytes (whole pages) of the mmapable part, see [`Map::mmapable_offset`].
     pub fn mmapable_len(&self) -> Option<usize> {
         match self {

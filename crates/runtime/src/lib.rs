@@ -5,6 +5,7 @@ pub mod context;
 pub mod control;
 pub mod crash;
 pub mod helpers;
+pub mod kernel_map;
 pub mod loader;
 pub mod program;
 pub mod program_table;

@@ -276,12 +276,38 @@ impl Session {
         self.layout.map(id)
     }
 
+    /// Opens map `id`. A map whose values are a kernel map's (`maps/ID.kernel`, see
+    /// [`crate::kernel_map`]) gets the kernel's values mapped over its own.
     pub fn open_map(&self, id: u32) -> Result<Map, SessionError> {
         let path = self.map_path(id);
         if !path.exists() {
             return Err(SessionError::NotFound(format!("map {id}")));
         }
-        Ok(Map::open(&path)?)
+        let map = Map::open(&path)?;
+        if let Some(backing) = self.kernel_backing(id) {
+            crate::kernel_map::map_kernel_values(&map, backing)
+                .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: {e}"))))?;
+        }
+        Ok(map)
+    }
+
+    /// The kernel map behind map `id`, if its values are a kernel map's.
+    pub fn kernel_backing(&self, id: u32) -> Option<crate::kernel_map::KernelBacking> {
+        crate::kernel_map::KernelBacking::parse(&fs::read_to_string(self.layout.map_kernel(id)).ok()?)
+    }
+
+    /// Makes kernel map `backing` the values of map `id` (`map`, open in this process): maps
+    /// them here, then records it so every process opening the map does the same.
+    pub fn set_kernel_backing(
+        &self,
+        id: u32,
+        map: &Map,
+        backing: crate::kernel_map::KernelBacking,
+    ) -> Result<(), SessionError> {
+        crate::kernel_map::map_kernel_values(map, backing)
+            .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: {e}"))))?;
+        write_atomic(&self.layout.map_kernel(id), backing.to_text().as_bytes())?;
+        Ok(())
     }
 
     /// Records of every map, by id.

@@ -349,8 +349,13 @@ pub unsafe fn open_event(
             ref_ctr_offset: config >> 32,
         }
     } else if kprobe_pmu().is_some_and(|t| t == typ) {
-        return Err(Error::new(libc::EOPNOTSUPP, "kprobes are the kernel's: no kernel functions run here"));
+        // Kernel functions: the kernel's event (kernel passthrough loads the program there).
+        return kernel();
     } else if typ == PERF_TYPE_TRACEPOINT {
+        // Tracepoints only the kernel has (kernel passthrough): the kernel's event.
+        if crate::bpf::passthrough::syscalls_in_kernel() || tracepoint_name(config).is_none() {
+            return kernel();
+        }
         match tracepoint_name(config) {
             Some(func) => Spec::Tracepoint { func, pid: pid_opt },
             None => {
@@ -361,6 +366,10 @@ pub unsafe fn open_event(
             }
         }
     } else if typ == PERF_TYPE_SOFTWARE && config == PERF_COUNT_SW_BPF_OUTPUT {
+        // Perf buffers of kernel perf event arrays are the kernel's (kernel passthrough).
+        if crate::bpf::passthrough::kernel_outputs() {
+            return kernel();
+        }
         Spec::Output { cpu }
     } else if typ == PERF_TYPE_SOFTWARE && (config == PERF_COUNT_SW_CPU_CLOCK || config == PERF_COUNT_SW_TASK_CLOCK) {
         let freq = aflags & FLAG_FREQ != 0;
@@ -408,7 +417,10 @@ pub unsafe fn open_event(
 /// As for libc's `ioctl`: for `PERF_EVENT_IOC_ID` `arg` points to a writable `u64`, for
 /// `PERF_EVENT_IOC_PERIOD` to a readable one.
 pub unsafe fn ioctl(fd: i32, req: libc::c_ulong, arg: libc::c_ulong) -> Option<Result<i64, i32>> {
-    let (kind, id) = objects::kind_of(fd)?;
+    let Some((kind, id)) = objects::kind_of(fd) else {
+        // One of our programs on a kernel event (kernel passthrough).
+        return crate::bpf::passthrough::ioctl(fd, req, arg);
+    };
     if kind != Kind::PerfEvent {
         return Some(Err(libc::ENOTTY));
     }

@@ -18,6 +18,7 @@
 mod aiocost;
 mod calls;
 mod funclatency;
+mod iolatency;
 mod trace;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +47,10 @@ pub enum ToolCmd {
     /// One line per call or return, with arguments, return values and a filter (BCC's trace):
     /// `'BIN:FUNC (arg1 > 10) "n=%d", arg1'`, `'r:BIN:FUNC "ret %d", retval'`.
     Trace(trace::Args),
+    /// Block I/O latency histograms per user function, device and operation: uprobes on the
+    /// application's I/O functions mark the thread, the kernel's block tracepoints time the
+    /// requests (examples/bpf/iolatency.bpf.c).
+    Iolatency(iolatency::Args),
     /// What each async-I/O interface costs (io_uring, native aio, POSIX aio), phase by phase,
     /// from the bundled benchmark's USDT probes, through userbpf and through the kernel.
     Aiocost(aiocost::Args),
@@ -62,6 +67,7 @@ pub fn run(session: Option<String>, cmd: ToolCmd) -> Result<()> {
         ToolCmd::Calls(a) => calls::run(a),
         ToolCmd::Trace(a) => trace::run(a),
         ToolCmd::Aiocost(a) => aiocost::run(a),
+        ToolCmd::Iolatency(a) => iolatency::run(a),
     }
 }
 
@@ -298,6 +304,8 @@ pub struct Tracer {
     finished: bool,
     /// Where the command's stdout goes (default: the tool's).
     pub stdout: Option<std::process::Stdio>,
+    /// The object's kernel half (programs only the kernel runs: `crate::kernel_side`).
+    kernel: Option<userbpf_kernel::KernelObject>,
 }
 
 /// How tracing ended.
@@ -318,7 +326,16 @@ impl Tracer {
     /// Opens the session for `target` and loads tool `tool`'s object into it.
     pub fn new(tool: &str, target: Target, interpreter: bool) -> Result<Tracer> {
         let object_path = object_path(tool)?;
-        let object = Object::open(&object_path)?;
+        let mut object = Object::open(&object_path)?;
+        // Each program where it belongs: the kernel's kinds to the kernel.
+        let plan = crate::kernel_side::plan(
+            &mut object,
+            &crate::kernel_side::Selection {
+                syscalls: crate::kernel_side::SyscallSide::Process,
+                sides: &[],
+                not_load: Vec::new(),
+            },
+        )?;
         let (name, has_agent) = match &target {
             Target::Command(_) => {
                 (named_session().unwrap_or_else(|| format!("tool-{tool}-{}", std::process::id())), false)
@@ -353,11 +370,36 @@ impl Tracer {
         }
         let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
         let engine = if interpreter { Engine::Interpreter } else { Engine::Jit };
-        let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: None };
+        let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: Some(&plan.process) };
         let loaded = load_object(&session, object, &opts, slots)
             .with_context(|| format!("loading {}", object_path.display()))?;
+        let mut kernel = crate::kernel_side::load_kernel(&object_path, &plan, &session, &loaded)?;
+        if let Some(k) = kernel.as_mut() {
+            for note in k.attach().map_err(|e| anyhow::anyhow!("{}: {e}", object_path.display()))? {
+                eprintln!("userbpf: {note}");
+            }
+        }
         catch_interrupts();
-        Ok(Tracer { session, loaded, target, interpreter, links: Vec::new(), has_agent, finished: false, stdout: None })
+        Ok(Tracer {
+            session,
+            loaded,
+            target,
+            interpreter,
+            links: Vec::new(),
+            has_agent,
+            finished: false,
+            stdout: None,
+            kernel,
+        })
+    }
+
+    /// The entries of map `name` of the object's kernel half, read through `bpf()`.
+    pub fn kernel_map_entries(&self, name: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let k = self.kernel.as_ref().context("the tool's object has no kernel programs")?;
+        let fd = k.map_fd(name).with_context(|| format!("the kernel has no map `{name}` of the tool's object"))?;
+        let m = self.map(name)?;
+        userbpf_kernel::sys::entries(fd, m.spec().key_size as usize, m.value_buf_size())
+            .with_context(|| format!("reading kernel map `{name}`"))
     }
 
     /// The object's map `name`.
@@ -463,6 +505,9 @@ impl Tracer {
         }
         for (id, _) in self.links.drain(..) {
             let _ = self.session.remove_link(id);
+        }
+        if let Some(k) = self.kernel.as_mut() {
+            k.detach();
         }
         if let Target::Pid(pid) = self.target
             && let Ok(generation) = publish_links_gen(&self.session)

@@ -1,4 +1,5 @@
-// Tracepoints a process cannot have: a scheduler event (refused by `run`). A system call
+// Tracepoints a process cannot have: a scheduler event (the kernel's under `run`; refused when
+// forced into the process). A system call
 // whose libc function is not a plain wrapper (clone) is attached (seen through system call
 // dispatch), and getppid still counts.
 #include <linux/bpf.h>

@@ -134,6 +134,11 @@ impl Layout {
     pub fn map_frozen(&self, id: u32) -> PathBuf {
         self.at(&[&"maps", &format!("{id}.frozen")])
     }
+    /// `maps/ID.kernel`: the kernel map whose values this map's values are
+    /// (`crate::kernel_map`), `kernel ID`.
+    pub fn map_kernel(&self, id: u32) -> PathBuf {
+        self.at(&[&"maps", &format!("{id}.kernel")])
+    }
     /// `maps/ID.poll`: a ring buffer's FIFO.
     pub fn map_poll(&self, id: u32) -> PathBuf {
         self.at(&[&"maps", &format!("{id}.poll")])

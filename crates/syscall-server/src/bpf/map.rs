@@ -177,7 +177,11 @@ pub fn map_by_id(id: u32) -> Result<Arc<MapEntry>, i32> {
 
 /// The map `fd` refers to (`EBADF`, or `EINVAL` for another kind of descriptor).
 pub fn map_of_fd(fd: i32) -> Result<Arc<MapEntry>, i32> {
-    let obj = objects::get_kind(fd, Kind::Map)?;
+    let obj = match objects::get_kind(fd, Kind::Map) {
+        Ok(o) => o,
+        // A session map whose descriptor became the kernel's (kernel passthrough).
+        Err(e) => return super::passthrough::session_map_of(fd).map_or(Err(e), map_by_id),
+    };
     map_by_id(obj.id)
 }
 

@@ -6,7 +6,10 @@
 //! - [`obj`]: BTF_LOAD, OBJ_GET_INFO_BY_FD, the *_GET_FD_BY_ID and *_GET_NEXT_ID commands,
 //!   OBJ_PIN and OBJ_GET;
 //! - [`kbtf`]: the kernel's own BTF objects (vmlinux, modules), listed and read as on the kernel;
-//! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN.
+//! - [`link`]: LINK_CREATE, LINK_DETACH, LINK_UPDATE, PROG_ATTACH/PROG_DETACH, RAW_TRACEPOINT_OPEN;
+//! - [`passthrough`]: the kernel's program kinds handed to the kernel, the session maps they
+//!   use turned into kernel maps, and every command on a kernel object passed on (checked
+//!   first, in [`serve`]).
 //!
 //! The attributes are read as the command's `#[repr(C)]` struct of [`attr`]. A failed command
 //! returns an [`Error`]: the errno the loader gets and the reason, which `USERBPF_TRACE_BPF`
@@ -34,6 +37,7 @@ pub mod kbtf;
 pub mod link;
 pub mod map;
 pub mod obj;
+pub mod passthrough;
 pub mod prog;
 #[cfg(test)]
 mod tests;
@@ -356,6 +360,17 @@ pub fn cmd_name(cmd: i32) -> String {
 /// Serves one command: the call's return value, or the error and why.
 pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
     let a = Attr::read(attr as u64, size as usize).context(|| format!("attr ({size} bytes at {attr:p})"))?;
+    // The kernel's objects and program kinds go to the kernel (passthrough).
+    if let Some(r) = passthrough::forward(cmd, &a) {
+        return r;
+    }
+    if cmd == BPF_PROG_LOAD {
+        let r = prog::load(&a);
+        return match r {
+            Err(e) => passthrough::prog_load_refused(&a).ok_or(e),
+            ok => ok,
+        };
+    }
     match cmd {
         BPF_MAP_CREATE => map::create(&a),
         BPF_MAP_LOOKUP_ELEM => map::lookup(&a),

@@ -1,0 +1,230 @@
+//! `userbpf load` passing the kernel's program kinds to the kernel: Debian's libbpf-tools
+//! (biolatency, runqlat, biosnoop, opensnoop) give the output they give without userbpf, and
+//! a libbpf loader mixing a uprobe and a tracepoint that share maps runs each half where it
+//! belongs, with the same maps as when the kernel runs both.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+mod common;
+use common::{repo, userbpf};
+
+fn tmp() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("passthrough")
+}
+
+/// One at a time: the tools trace the whole machine, and the kernel counts every process's
+/// renames to "ubpfk*".
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tools_ok(tools: &[&str]) -> bool {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    userbpf_testutil::require(
+        root && tools.iter().all(|t| Path::new("/usr/sbin").join(t).exists()),
+        &format!("root and libbpf-tools' {} (apt install libbpf-tools)", tools.join(", ")),
+    )
+}
+
+/// `argv` directly, or through `userbpf load` (extra options first) in a session of its own
+/// (`userbpf load` execs the loader: the child's pid is the loader's); `during` runs with the
+/// pid while it runs.
+fn run(via_userbpf: bool, load_opts: &[&str], argv: &[&str], during: impl FnOnce(u32)) -> Output {
+    let mut c = if via_userbpf {
+        let mut c = Command::new(userbpf());
+        c.arg("load").args(load_opts).args(argv);
+        c.env("USERBPF_SESSION", format!("pt-{}", std::process::id())).env("USERBPF_SHM_DIR", tmp());
+        c
+    } else {
+        let mut c = Command::new(argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    std::fs::create_dir_all(tmp()).unwrap();
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    during(child.id());
+    child.wait_with_output().unwrap()
+}
+
+/// Block I/O on the root disk while a tool runs: direct writes and reads of a file.
+fn disk_io() {
+    std::thread::sleep(Duration::from_millis(1500));
+    let f = tmp().join("io.dat");
+    for _ in 0..3 {
+        let ok = Command::new("dd")
+            .args(["if=/dev/zero", &format!("of={}", f.display()), "bs=4k", "count=256", "oflag=direct", "status=none"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let ok = Command::new("dd")
+            .args([&format!("if={}", f.display()), "of=/dev/null", "bs=4k", "iflag=direct", "status=none"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+}
+
+/// A log2 histogram as libbpf-tools print it: the header, the bucket lines' shape, the total.
+fn histogram(out: &str) -> (Vec<String>, u64) {
+    let mut shape = Vec::new();
+    let mut total = 0;
+    for l in out.lines() {
+        if let Some((range, rest)) = l.split_once(':') {
+            let (range, rest) = (range.trim(), rest.trim());
+            if range.contains("->") {
+                let count: u64 = rest.split_whitespace().next().unwrap().parse().unwrap();
+                total += count;
+                shape.push("BUCKET".to_string());
+                continue;
+            }
+        }
+        if !l.trim().is_empty() {
+            shape.push(l.trim().to_string());
+        }
+    }
+    shape.dedup();
+    (shape, total)
+}
+
+#[test]
+fn biolatency_and_runqlat_print_what_they_print_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&["biolatency", "runqlat"]) {
+        return;
+    }
+    for (tool, io) in [("biolatency", true), ("runqlat", false)] {
+        let argv = [format!("/usr/sbin/{tool}"), "3".into(), "1".into()];
+        let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+        let mut outs = Vec::new();
+        for via in [false, true] {
+            let o = run(via, &[], &argv, |_| {
+                if io {
+                    disk_io()
+                }
+            });
+            let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            assert!(o.status.success(), "{tool} (userbpf: {via}): {out}\n{err}");
+            let (shape, total) = histogram(&out);
+            assert!(total > 0, "{tool} (userbpf: {via}) counted nothing: {out}");
+            outs.push((shape, out.into_owned()));
+        }
+        assert_eq!(outs[0].0, outs[1].0, "{tool}: the kernel's\n{}\nthrough userbpf\n{}", outs[0].1, outs[1].1);
+    }
+}
+
+#[test]
+fn biosnoop_fails_as_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&["biosnoop"]) {
+        return;
+    }
+    // This kernel refuses biosnoop's fentry program: the same refusal through userbpf.
+    let direct = run(false, &[], &["/usr/sbin/biosnoop"], |_| {});
+    let via = run(true, &[], &["/usr/sbin/biosnoop"], |_| {});
+    let norm = |o: &Output| {
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .filter(|l| !l.contains("BTF_LOAD"))
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(direct.status.code(), via.status.code());
+    assert_eq!(norm(&direct), norm(&via));
+    assert!(norm(&via).iter().any(|l| l.contains("blk_account_io_start")), "{:?}", norm(&via));
+}
+
+#[test]
+fn opensnoop_with_kernel_syscalls_sees_every_process() {
+    let _s = serial();
+    if !tools_ok(&["opensnoop"]) {
+        return;
+    }
+    let probe = tmp().join("opensnoop-probe-file");
+    std::fs::create_dir_all(tmp()).unwrap();
+    std::fs::write(&probe, "x").unwrap();
+    for via in [false, true] {
+        let o = run(via, &["--syscalls", "kernel"], &["/usr/sbin/opensnoop", "-n", "cat"], |pid| {
+            std::thread::sleep(Duration::from_millis(2000));
+            for _ in 0..3 {
+                Command::new("cat").arg(&probe).stdout(Stdio::null()).status().unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            // opensnoop ends on SIGINT.
+            // SAFETY: kill has no memory arguments; `pid` is our child, not yet reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        });
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with("PID    COMM              FD ERR PATH"), "userbpf: {via}: {out}");
+        let seen = out.lines().filter(|l| l.contains(" cat ") && l.ends_with(probe.to_str().unwrap())).count();
+        assert_eq!(seen, 3, "userbpf: {via}: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// The "MAP KEY VALUE" lines of the reference loader.
+fn map_lines(out: &str) -> Vec<String> {
+    let mut v: Vec<String> = out.lines().filter(|l| !l.starts_with("renamer:")).map(|l| l.to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_libbpf_loader_mixing_a_uprobe_and_a_tracepoint_runs_each_half_where_it_belongs() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
+    // The kernel runs everything (the uprobe a kernel uprobe on this test's own binary).
+    let direct = Command::new(k).args([o, "observe_hit", r, "observe", r, "100"]).output().unwrap();
+    assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
+    // Through userbpf: the uprobe and the system call tracepoint in the target (started with
+    // `userbpf start` in the loader's session), task_rename in the kernel.
+    let ubpf = userbpf();
+    let u = ubpf.to_str().unwrap();
+    let via =
+        run(true, &[], &[k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD", u, "start", r, "100"], |_| {});
+    let (out, err) = (String::from_utf8_lossy(&via.stdout), String::from_utf8_lossy(&via.stderr));
+    assert!(via.status.success(), "{out}\n{err}");
+    let want = map_lines(&String::from_utf8_lossy(&direct.stdout));
+    assert!(want.contains(&"counts 1 100".to_string()), "{want:?}");
+    assert_eq!(map_lines(&out), want, "{err}");
+}
+
+#[test]
+fn a_ring_buffer_written_by_a_kernel_program_is_read_as_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_ringbuf.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let rbref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/ringbuf_ref.c"),
+        &tmp().join("ringbuf_ref"),
+        &["-lbpf"],
+    );
+    let argv = [rbref.to_str().unwrap(), obj.to_str().unwrap(), renamer.to_str().unwrap(), "50"];
+    let want: Vec<String> = (1..=50).map(|i| format!("ubpfk{i}")).collect();
+    for via in [false, true] {
+        let o = run(via, &[], &argv, |_| {});
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "userbpf: {via}: {out}\n{err}");
+        let got: Vec<String> = out.lines().filter(|l| l.starts_with("ubpfk")).map(|l| l.to_string()).collect();
+        assert_eq!(got, want, "userbpf: {via}: {out}\n{err}");
+    }
+}
