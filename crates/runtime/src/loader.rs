@@ -321,11 +321,13 @@ fn load_object_pinning(
         };
         crate::verify::check(
             Some(session),
-            &spec.name,
-            &insns,
-            prog_type_name(&spec.kind),
-            &spec.section,
-            &object.license,
+            &crate::verify::Candidate {
+                name: &spec.name,
+                insns: &insns,
+                prog_type: prog_type_name(&spec.kind),
+                section: &spec.section,
+                license: &object.license,
+            },
             &resolver.as_slice(),
             &inner,
         )
@@ -532,11 +534,13 @@ pub fn prepare_record(
     }
     crate::verify::check(
         Some(session),
-        &record.name,
-        &insns,
-        &record.prog_type,
-        &record.section,
-        &record.license,
+        &crate::verify::Candidate {
+            name: &record.name,
+            insns: &insns,
+            prog_type: &record.prog_type,
+            section: &record.section,
+            license: &record.license,
+        },
         &maps.as_slice(),
         &|m| crate::verify::inner_from_slots(session, m),
     )?;

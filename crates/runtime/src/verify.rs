@@ -78,6 +78,21 @@ pub fn prog_type(name: &str) -> Option<ProgType> {
     })
 }
 
+/// A program as the loaders hold it, before verification.
+#[derive(Clone, Copy)]
+pub struct Candidate<'a> {
+    /// The program's name, for messages.
+    pub name: &'a str,
+    /// Its instructions, map references already rewritten to ids.
+    pub insns: &'a [Insn],
+    /// Its kernel type (`kprobe`, `tracepoint`, `raw_tracepoint`, ...).
+    pub prog_type: &'a str,
+    /// Its ELF section (`uprobe.w/...` opts in to argument writes).
+    pub section: &'a str,
+    /// The object's license (GPL-only helpers).
+    pub license: &'a str,
+}
+
 /// Verifies program `name` of kernel type `prog_type` (`kprobe`, `tracepoint`,
 /// `raw_tracepoint`) from section `section` (a `uprobe.w` section may write the argument
 /// registers of its context: [`userbpf_object::section::writable_args`]), whose map
@@ -90,14 +105,11 @@ pub fn prog_type(name: &str) -> Option<ProgType> {
 /// `.kconfig`, BPF_MAP_FREEZE) give their values as constants, as in the kernel.
 pub fn check(
     session: Option<&Session>,
-    name: &str,
-    insns: &[Insn],
-    prog_type: &str,
-    section: &str,
-    license: &str,
+    program: &Candidate<'_>,
     maps: &dyn MapResolver,
     inner: &dyn Fn(&Map) -> Option<MapSpec>,
 ) -> Result<(), String> {
+    let Candidate { name, insns, prog_type, section, license } = *program;
     if !enabled() {
         warn_unverified(name);
         crate::helpers::maps::distrust_pointers();
