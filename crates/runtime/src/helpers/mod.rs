@@ -6,13 +6,15 @@
 //! (`probe_read*`, `probe_write_user`), [`printf`] (`trace_printk`, `trace_vprintk`,
 //! `snprintf` and the trace sink), [`output`] (perf event and ring buffer output),
 //! [`stack`] (`get_stackid`, `get_stack`), [`func`] (function ip, cookie, arguments, return
-//! value), [`string`] (`strncmp`, `strtol`, `strtoul`) and [`cgroup`] (cgroup v2 ids and
-//! `current_task_under_cgroup`, which make system calls).
+//! value), [`string`] (`strncmp`, `strtol`, `strtoul`), [`cgroup`] (cgroup v2 ids and
+//! `current_task_under_cgroup`, which make system calls) and [`io_uring`] (userbpf's own
+//! helpers, above the kernel's ids: writes and fsyncs through a ring per thread).
 //!
 //! # Rules every helper follows
 //!
 //! - They run on the hot path of a probe hit: no allocation, no lock that can block, and no
-//!   system call unless the helper's nature needs one (`send_signal`); per-thread caches
+//!   system call unless the helper's nature needs one (`send_signal`, submitting to and
+//!   waiting on io_uring; a thread's ring is set up by its first such call); per-thread caches
 //!   (pid, comm, credentials, random state) live in thread-locals.
 //! - They never panic (a panic across `extern "C"` aborts the process).
 //! - Errors are the kernel's, as a negative errno in the u64 return value.
@@ -42,6 +44,7 @@ use userbpf_vm::{Helper, HelperFn, HelperRegistry};
 
 pub mod cgroup;
 pub mod func;
+pub mod io_uring;
 pub mod maps;
 pub mod output;
 pub mod printf;
@@ -72,6 +75,7 @@ pub fn register_all(reg: &mut HelperRegistry) {
     func::register(reg);
     string::register(reg);
     cgroup::register(reg);
+    io_uring::register(reg);
     crate::control::register(reg);
 }
 

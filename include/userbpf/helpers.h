@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * userbpf's extensions for eBPF C programs, beside libbpf's <bpf/bpf_helpers.h>:
+ *
+ *     #include <bpf/bpf_helpers.h>
+ *     #include <userbpf/helpers.h>
+ *
+ * (`make install` puts this file in $(PREFIX)/include/userbpf/; the Makefile builds the
+ * bundled examples with -Iinclude.)
+ *
+ * Helpers with ids from USERBPF_HELPER_BASE, above the kernel's helper range, exist only in
+ * userbpf: a program calling one is refused by the kernel's verifier, and userbpf refuses
+ * to hand such a program to the kernel. bpf_override_return (the kernel's helper 58) is
+ * declared by libbpf (<bpf/bpf_helper_defs.h>); in userbpf it works in uprobe and uretprobe
+ * programs on any function (see the README).
+ *
+ * io_uring helpers: each thread that calls one gets its own ring (32 entries), set up by its
+ * first call. Submissions return 0 once the kernel has the operation, or a negative errno
+ * (-EBUSY: 32 operations in flight on this thread; -E2BIG; -EFAULT; the ring setup's error).
+ * The operation's own result (-EBADF, -EIO, ...) comes from bpf_io_uring_wait. A thread
+ * waits only for its own operations; a thread that exits waits for its operations first.
+ */
+#ifndef __USERBPF_HELPERS_H
+#define __USERBPF_HELPERS_H
+
+#define USERBPF_HELPER_BASE 1000
+
+/* The largest write bpf_io_uring_write accepts, in bytes. */
+#define USERBPF_IO_URING_MAX_WRITE (64 * 1024)
+
+/*
+ * bpf_io_uring_write
+ *
+ *	Submits a write of *len* bytes from *buf* to *fd* at *offset* (-1: at the file
+ *	position, as write(2)). *buf* may be the program's memory or the target's (a probed
+ *	function's argument): the helper copies the data, so it may change once the call
+ *	returns. A write shorter than *len* reports -EIO at its wait.
+ *
+ * Returns
+ *	0 once submitted, or a negative errno (-EFAULT: *buf* unreadable; -E2BIG: *len* above
+ *	USERBPF_IO_URING_MAX_WRITE; -EBUSY: the ring is full).
+ */
+static long (* const bpf_io_uring_write)(int fd, const void *buf, __u32 len, __s64 offset) = (void *) 1000;
+
+/*
+ * bpf_io_uring_fsync
+ *
+ *	Submits an fsync(2) of *fd*.
+ *
+ * Returns
+ *	0 once submitted, or a negative errno.
+ */
+static long (* const bpf_io_uring_fsync)(int fd) = (void *) 1001;
+
+/*
+ * bpf_io_uring_fdatasync
+ *
+ *	Submits an fdatasync(2) of *fd*: the data, and only the metadata needed to read it back.
+ *
+ * Returns
+ *	0 once submitted, or a negative errno.
+ */
+static long (* const bpf_io_uring_fdatasync)(int fd) = (void *) 1002;
+
+/*
+ * bpf_io_uring_wait
+ *
+ *	Waits until *nr* of the calling thread's submitted operations have completed (in
+ *	completion order) and reaps them. *nr* = 0 returns at once.
+ *
+ * Returns
+ *	0 if they all succeeded, else the negative errno of the first that failed; -EINVAL if
+ *	fewer than *nr* operations are in flight on this thread.
+ */
+static long (* const bpf_io_uring_wait)(__u32 nr) = (void *) 1003;
+
+#endif /* __USERBPF_HELPERS_H */
