@@ -81,6 +81,7 @@ bench: build
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py
+	python3 bench/redis/bench.py
 
 # The header of userbpf's helpers for eBPF C programs (#include <userbpf/helpers.h>).
 install:

@@ -745,6 +745,7 @@ impl Agent {
             }
         };
         let prog = self.program(link.prog_id)?;
+        overrides_at_entry(&prog, kind, &resolved, &target_spec(link))?;
         let entry = kind == ProbeKind::Entry && at_func_entry(resolved.addr);
         let data: *mut Attached = detach::leak(Box::new(Attached {
             prog,
@@ -763,6 +764,28 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
+}
+
+/// A program calling `bpf_override_return` is attached, as the kernel attaches one, only at a
+/// function's entry (an entry probe: the function is skipped) or return (a return probe: its
+/// value replaced); anywhere else the override would have no function to skip.
+fn overrides_at_entry(
+    prog: &LoadedProgram,
+    kind: ProbeKind,
+    resolved: &symbols::Resolved,
+    spec: &str,
+) -> Result<(), String> {
+    if kind == ProbeKind::Entry
+        && resolved.addr != resolved.func_start
+        && prog.calls_helper(userbpf_runtime::helpers::overrides::OVERRIDE_RETURN)
+    {
+        return Err(format!(
+            "program `{}` calls bpf_override_return, which needs a probe at a function's entry; {spec} is {:#x} bytes into its function",
+            prog.name,
+            resolved.addr - resolved.func_start
+        ));
+    }
+    Ok(())
 }
 
 /// The inode of directory `dir` (0: none).

@@ -149,6 +149,13 @@ pub fn has_probe(obj: &userbpf_hook::symbols::MappedObject, link: &LinkRecord) -
 pub fn attach(session: &Session, link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLink, String> {
     let probe = link.func.as_deref().unwrap_or("");
     let (provider, name) = probe.split_once(':').ok_or(format!("USDT link without PROVIDER:NAME (`{probe}`)"))?;
+    if prog.calls_helper(userbpf_runtime::helpers::overrides::OVERRIDE_RETURN) {
+        // As the kernel: the override needs a probe at a function's entry.
+        return Err(format!(
+            "program `{}` calls bpf_override_return, which needs a probe at a function's entry, not USDT probe {provider}:{name}",
+            prog.name
+        ));
+    }
     let sites = notes::locate(&link.path, provider, name)?;
     let specs = spec_map(session, link.prog_id)?;
     // Check every site before attaching any.

@@ -753,13 +753,17 @@ struct Resume {
 /// (except the first hit of a thread, see `thread`).
 unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Resume {
     // A Site* with its low bit set comes from the lean entry path (stubs::lean_entry_path):
-    // the entry handler already ran, only the return trampoline is left to plant.
-    let entry_done = site as usize & 1 != 0;
-    let site = (site as usize & !1) as *const Site;
+    // the entry handler already ran, only the return trampoline is left to plant. Bit 1: the
+    // same, and the handler changed `regs.ip` (stubs::lean_ip_changed), kept as it left it.
+    let entry_done = site as usize & 3 != 0;
+    let keep_ip = site as usize & 2 != 0;
+    let site = (site as usize & !3) as *const Site;
     // SAFETY: site is the leaked Site embedded in the stub; regs points at the
     // pt_regs the stub built on this thread's stack.
     let (site, regs) = unsafe { (&*site, &mut *regs) };
-    regs.ip = site.addr as u64;
+    if !keep_ip {
+        regs.ip = site.addr as u64;
+    }
     regs.sp = (regs as *mut PtRegs as usize + stubs::ENTRY_FRAME) as u64;
     regs.cs = 0x33;
     regs.ss = 0x2b;
@@ -812,38 +816,51 @@ unsafe extern "C" fn entry_dispatch(site: *const Site, regs: *mut PtRegs) -> Res
         thread::read_unlock(st, idx);
     }
     let mut res = normal;
-    if skip && site.is_entry {
-        res = Resume { target: 0, mode: 1 };
-    } else if regs.ip != site.addr as u64 {
-        res = Resume { target: regs.ip, mode: 2 };
-    } else if has_ret && site.is_entry {
-        // Dead frames (longjmp'd over) sit at or below the new frame: drop them.
-        while stm.top > 0 && stm.entries[stm.top - 1].sp <= sp {
-            stm.top -= 1;
-            SHADOW_STALE.fetch_add(1, Relaxed);
+    let redirected = (skip && site.is_entry) || regs.ip != site.addr as u64;
+    if redirected {
+        // The function is skipped (an override: resumed at a bare `ret`) or replaced by
+        // other code: its return probes still fire when its frame returns, as the kernel's
+        // kretprobes do after an override (the return address is the trampoline's).
+        if has_ret && site.is_entry && regs.sp == sp && push_shadow(stm, site, sp) {
+            // SAFETY: at a function entry [sp] is the return address pushed by the caller's
+            // call, on this thread's stack; the return trampoline restores the original.
+            unsafe { (sp as *mut u64).write(RET_TRAMP.load(Relaxed) as u64) };
         }
-        if stm.top >= SHADOW_CAPACITY {
-            SHADOW_FULL.fetch_add(1, Relaxed);
+        res = if skip && site.is_entry { Resume { target: 0, mode: 1 } } else { Resume { target: regs.ip, mode: 2 } };
+    } else if has_ret && site.is_entry && push_shadow(stm, site, sp) {
+        if CALL_PLANTING.load(Relaxed) {
+            // The site stub calls the relocated code (mode 3), which puts its return
+            // landing in that slot.
+            res = Resume { target: site.relocated as u64, mode: 3 };
         } else {
-            let slot = sp as *mut u64;
-            // SAFETY: at a function entry [sp] is the return address pushed by
-            // the caller's call, on this thread's stack.
-            let ra = unsafe { slot.read() };
-            stm.entries[stm.top] =
-                thread::ShadowEntry { ret: ra, site: site as *const Site as usize, func_ip: site.addr as u64, sp };
-            stm.top += 1;
-            if CALL_PLANTING.load(Relaxed) {
-                // The site stub calls the relocated code (mode 3), which puts its return
-                // landing in that slot.
-                res = Resume { target: site.relocated as u64, mode: 3 };
-            } else {
-                // SAFETY: same slot; the return trampoline restores the original.
-                unsafe { slot.write(RET_TRAMP.load(Relaxed) as u64) };
-            }
+            // SAFETY: as above.
+            unsafe { (sp as *mut u64).write(RET_TRAMP.load(Relaxed) as u64) };
         }
     }
     stm.in_handler = 0;
     res
+}
+
+/// Pushes the shadow-stack entry of a function entered with `sp` (its return address at
+/// `[sp]`); false when the shadow stack is full (the return probes of this call are lost and
+/// counted).
+fn push_shadow(stm: &mut thread::ThreadState, site: &Site, sp: u64) -> bool {
+    // Dead frames (longjmp'd over) sit at or below the new frame: drop them.
+    while stm.top > 0 && stm.entries[stm.top - 1].sp <= sp {
+        stm.top -= 1;
+        SHADOW_STALE.fetch_add(1, Relaxed);
+    }
+    if stm.top >= SHADOW_CAPACITY {
+        SHADOW_FULL.fetch_add(1, Relaxed);
+        return false;
+    }
+    // SAFETY: at a function entry [sp] is the return address pushed by the caller's call, on
+    // this thread's stack.
+    let ra = unsafe { (sp as *const u64).read() };
+    stm.entries[stm.top] =
+        thread::ShadowEntry { ret: ra, site: site as *const Site as usize, func_ip: site.addr as u64, sp };
+    stm.top += 1;
+    true
 }
 
 #[cold]

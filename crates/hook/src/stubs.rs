@@ -866,7 +866,8 @@ fn lean_entry_path(
     lean_rcu_exit(a)?;
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
     a.cmp(r12, qword_ptr(r15 + site_addr))?;
-    a.jne(*redirect)?;
+    let changed = a.create_label();
+    a.jne(changed)?;
     a.cmp(byte_ptr(r15 + has_ret), 0)?;
     // Neither the loads nor lea change the flags of that comparison.
     restore_gprs_f(a, false)?;
@@ -881,8 +882,29 @@ fn lean_entry_path(
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
     a.jmp(*saved)?;
+    lean_ip_changed(a, changed, saved, redirect)?;
     // Not lean: the return-only path (which falls through to the general one) follows.
     a.set_label(ret_only)?;
+    Ok(())
+}
+
+/// The lean handler changed `regs.ip` (rsp = pt_regs, r15 = Site*, r12 = the new ip): resume
+/// there (`redirect`), unless the site has return probes, which must still see the frame
+/// return (a `bpf_override_return` resumes at a bare `ret`): then the general path
+/// (`saved`), told by the tagged Site* (bit 1) that the entry handlers ran and `regs.ip` is
+/// theirs, plants the return trampoline before resuming at `regs.ip`.
+fn lean_ip_changed(
+    a: &mut CodeAssembler,
+    mut changed: CodeLabel,
+    saved: &CodeLabel,
+    redirect: &CodeLabel,
+) -> Result<(), IcedError> {
+    let has_ret = std::mem::offset_of!(crate::Site, has_ret) as i32;
+    a.set_label(&mut changed)?;
+    a.cmp(byte_ptr(r15 + has_ret), 0)?;
+    a.je(*redirect)?;
+    a.or(qword_ptr(rsp + (PT_REGS_SIZE + 8)), 2)?;
+    a.jmp(*saved)?;
     Ok(())
 }
 

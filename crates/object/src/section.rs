@@ -81,6 +81,9 @@ const DEFS: &[(&str, Class, bool)] = {
         ("kprobe+", Kernel, false),
         ("uprobe+", Uprobe { ret: false }, false),
         ("uprobe.s+", Uprobe { ret: false }, true),
+        // userbpf's extension: a uprobe that may write the argument registers (see
+        // `writable_args`); not in libbpf's table.
+        ("uprobe.w+", Uprobe { ret: false }, false),
         ("kretprobe+", Kernel, false),
         ("uretprobe+", Uprobe { ret: true }, false),
         ("uretprobe.s+", Uprobe { ret: true }, true),
@@ -201,6 +204,15 @@ fn def_matches(def: &str, name: &str) -> bool {
     name == def
 }
 
+/// Whether a section is a userbpf `uprobe.w` section (`SEC("uprobe.w/PATH:FUNC")`): a
+/// uprobe program that may store into the argument registers of its `struct pt_regs`, a
+/// userbpf extension spelled as libbpf spells writable raw tracepoints (`raw_tp.w`). A
+/// leading `?` is ignored. libbpf does not know the section: a libbpf loader registers it
+/// (`include/userbpf/libbpf.h`), which asks `userbpf load` for it with a `prog_flags` bit.
+pub fn writable_args(section: &str) -> bool {
+    def_matches("uprobe.w+", section.strip_prefix('?').unwrap_or(section))
+}
+
 /// The result of classifying a section name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionClass {
@@ -290,6 +302,23 @@ mod tests {
 
     fn k(name: &str) -> ProgramKind {
         classify(name).unwrap().kind
+    }
+
+    #[test]
+    fn writable_uprobes() {
+        assert_eq!(
+            k("uprobe.w/./a.out:f"),
+            ProgramKind::Uprobe {
+                retprobe: false,
+                target: Some(UprobeTarget { path: "./a.out".into(), func: Some("f".into()), offset: 0 })
+            }
+        );
+        assert!(writable_args("uprobe.w/./a.out:f"));
+        assert!(writable_args("?uprobe.w"));
+        assert!(!writable_args("uprobe/./a.out:f"));
+        assert!(!writable_args("uprobe.wx/a:f"));
+        assert!(!writable_args("uretprobe.w/a:f"));
+        assert_eq!(k("uretprobe.w/a:f"), ProgramKind::Unknown);
     }
 
     #[test]

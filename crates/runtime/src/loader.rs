@@ -319,6 +319,7 @@ fn load_object_pinning(
             &spec.name,
             &insns,
             prog_type_name(&spec.kind),
+            &spec.section,
             &object.license,
             &resolver.as_slice(),
             &inner,
@@ -543,9 +544,15 @@ pub fn prepare_record(
         crate::helpers::maps::register_map(id, map.clone());
         maps.push((id, map));
     }
-    crate::verify::check(&record.name, &insns, &record.prog_type, &record.license, &maps.as_slice(), &|m| {
-        crate::verify::inner_from_slots(session, m)
-    })?;
+    crate::verify::check(
+        &record.name,
+        &insns,
+        &record.prog_type,
+        &record.section,
+        &record.license,
+        &maps.as_slice(),
+        &|m| crate::verify::inner_from_slots(session, m),
+    )?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
 }

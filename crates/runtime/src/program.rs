@@ -230,6 +230,11 @@ impl LoadedProgram {
         })
     }
 
+    /// Whether the program calls helper `id` (bpf-to-bpf callees included).
+    pub fn calls_helper(&self, id: u32) -> bool {
+        self.program().insns().iter().any(|i| i.op == OP_CALL && i.src == 0 && i.imm as u32 == id)
+    }
+
     pub fn engine(&self) -> Engine {
         if self.jit.is_some() { Engine::Jit } else { Engine::Interpreter }
     }

@@ -54,7 +54,9 @@ pub fn enabled() -> bool {
 }
 
 /// Verifies program `name` of kernel type `prog_type` (`kprobe`, `tracepoint`,
-/// `raw_tracepoint`), whose map references are ids `maps` resolves. The error names the
+/// `raw_tracepoint`) from section `section` (a `uprobe.w` section may write the argument
+/// registers of its context: [`userbpf_object::section::writable_args`]), whose map
+/// references are ids `maps` resolves. The error names the
 /// instruction and the rule broken (the caller adds the program), followed by the register
 /// states there.
 ///
@@ -63,6 +65,7 @@ pub fn check(
     name: &str,
     insns: &[Insn],
     prog_type: &str,
+    section: &str,
     license: &str,
     maps: &dyn MapResolver,
     inner: &dyn Fn(&Map) -> Option<MapSpec>,
@@ -84,6 +87,7 @@ pub fn check(
     };
     let mut opts = Options::new(prog_type);
     opts.gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(license);
+    opts.writable_args = userbpf_object::section::writable_args(section);
     let mut pc = 0;
     while pc < insns.len() {
         let insn = insns[pc];

@@ -415,8 +415,13 @@ impl Verifier<'_> {
                         reg.off as i64 + reg.val.var.value as i64
                     ));
                 }
-                if !self.opts.prog_type.ctx_access_ok(off, size, write) {
+                let arg_write =
+                    write && crate::overrides::arg_write_ok(self.opts.prog_type, self.opts.writable_args, off, size);
+                if !arg_write && !self.opts.prog_type.ctx_access_ok(off, size, write) {
                     return Err(format!("invalid bpf_context access off={off} size={size}"));
+                }
+                if arg_write && value.is_some_and(|v| v.is_pointer()) {
+                    return Err(format!("R{regno} leaks addr into ctx"));
                 }
                 Ok(Some(Reg::scalar(Scalar::unknown_bytes(size as u32))))
             }
@@ -840,6 +845,7 @@ impl Verifier<'_> {
                 format!("invalid func unknown#{id}")
             });
         };
+        crate::overrides::helper_allowed(self.opts.prog_type, idu)?;
         if !self.opts.gpl_compatible && helpers::GPL_ONLY.contains(&idu) {
             return Err("cannot call GPL-restricted function from non-GPL compatible program".into());
         }

@@ -89,6 +89,7 @@ static PROTOS: &[Proto] = &[
     p(36, [Anything, RD, ConstSize, N, N], Ret::Integer),      // probe_write_user
     p(37, [ConstMapPtr, Anything, N, N, N], Ret::Integer),     // current_task_under_cgroup
     p(45, [WR_UNINIT, ConstSizeOrZero, Anything, N, N], Ret::Integer), // probe_read_str
+    p(58, [Ctx, Anything, N, N, N], Ret::Integer),             // override_return
     p(67, [Ctx, WR_UNINIT, ConstSizeOrZero, Anything, N], Ret::Integer), // get_stack
     p(80, [N; 5], Ret::Integer),                               // get_current_cgroup_id
     p(87, [ConstMapPtr, MapValue, Anything, N, N], Ret::Integer), // map_push_elem
@@ -135,8 +136,9 @@ static PROTOS: &[Proto] = &[
 
 /// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their
 /// `bpf_func_proto`).
-pub const GPL_ONLY: &[u32] =
-    &[4, 6, 22, 25, 27, 35, 36, 45, 55, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191];
+pub const GPL_ONLY: &[u32] = &[
+    4, 6, 22, 25, 27, 35, 36, 45, 55, 58, 67, 112, 113, 114, 115, 158, 165, 169, 170, 171, 172, 173, 175, 176, 177, 191,
+];
 
 /// The kernel's `license_is_gpl_compatible`.
 pub fn license_is_gpl_compatible(license: &str) -> bool {

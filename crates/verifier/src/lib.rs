@@ -14,6 +14,7 @@
 //!   unknown, zero and uninitialised bytes).
 //! - [`ctx`]: program types and the context each may read.
 //! - [`helpers`]: helper prototypes (argument and return types, map compatibility).
+//! - [`overrides`]: userbpf's uprobe extensions (`bpf_override_return`, argument writes).
 //! - [`cfg`]: the static checks (jump targets, unreachable code, subprograms) and the
 //!   liveness and prune points the walk uses.
 //! - [`state`]: the verifier state (frames, references) and when one state subsumes another.
@@ -39,6 +40,7 @@ pub mod check;
 pub mod ctx;
 pub mod explore;
 pub mod helpers;
+pub mod overrides;
 pub mod reg;
 pub mod scalar;
 pub mod stack;
@@ -86,6 +88,9 @@ pub struct Options {
     pub privileged: bool,
     /// The program's license is GPL-compatible (else GPL-only helpers are refused).
     pub gpl_compatible: bool,
+    /// A uprobe program that may store into its argument registers (userbpf's `uprobe.w`
+    /// extension, see [`overrides`]).
+    pub writable_args: bool,
     /// 0: no log; 1: the instructions of each path and the state where paths start; 2: the
     /// state after every instruction.
     pub log_level: u32,
@@ -93,7 +98,14 @@ pub struct Options {
 
 impl Options {
     pub fn new(prog_type: ProgType) -> Options {
-        Options { prog_type, maps: BTreeMap::new(), privileged: true, gpl_compatible: true, log_level: 0 }
+        Options {
+            prog_type,
+            maps: BTreeMap::new(),
+            privileged: true,
+            gpl_compatible: true,
+            writable_args: false,
+            log_level: 0,
+        }
     }
 }
 

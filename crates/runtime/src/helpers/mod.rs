@@ -6,7 +6,8 @@
 //! (`probe_read*`, `probe_write_user`), [`printf`] (`trace_printk`, `trace_vprintk`,
 //! `snprintf` and the trace sink), [`output`] (perf event and ring buffer output),
 //! [`stack`] (`get_stackid`, `get_stack`), [`func`] (function ip, cookie, arguments, return
-//! value), [`string`] (`strncmp`, `strtol`, `strtoul`), [`cgroup`] (cgroup v2 ids and
+//! value), [`overrides`] (`override_return`, and the argument writes of `uprobe.w`
+//! programs), [`string`] (`strncmp`, `strtol`, `strtoul`), [`cgroup`] (cgroup v2 ids and
 //! `current_task_under_cgroup`, which make system calls) and [`io_uring`] (userbpf's own
 //! helpers, above the kernel's ids: writes and fsyncs through a ring per thread).
 //!
@@ -47,6 +48,9 @@ pub mod func;
 pub mod io_uring;
 pub mod maps;
 pub mod output;
+// `override` is a reserved word.
+#[path = "override.rs"]
+pub mod overrides;
 pub mod printf;
 pub mod probe;
 pub mod stack;
@@ -71,6 +75,7 @@ pub fn register_all(reg: &mut HelperRegistry) {
     probe::register(reg);
     printf::register(reg);
     output::register(reg);
+    overrides::register(reg);
     stack::register(reg);
     func::register(reg);
     string::register(reg);
