@@ -430,6 +430,33 @@ mod tests {
     }
 
     #[test]
+    fn threads_use_their_own_rings_concurrently() {
+        let (path, f) = temp_file("threads");
+        let fd = f.as_raw_fd() as u64;
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                s.spawn(move || {
+                    let data = [b'a' + t as u8; 64];
+                    for i in 0..200u64 {
+                        let at = (i * 4 + t) * 64;
+                        assert_eq!(call(io_uring_write, [fd, data.as_ptr() as u64, 64, at]), 0);
+                        assert_eq!(call(io_uring_fdatasync, [fd, 0, 0, 0]), 0);
+                        // Only this thread's two operations are waited for.
+                        assert_eq!(wait(2), 0, "thread {t} round {i}");
+                        assert_eq!(wait(1), E(libc::EINVAL));
+                    }
+                });
+            }
+        });
+        let got = std::fs::read(&path).unwrap();
+        assert_eq!(got.len(), 800 * 64);
+        for (n, chunk) in got.chunks(64).enumerate() {
+            assert!(chunk.iter().all(|&c| c == b'a' + (n % 4) as u8), "chunk {n}");
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn a_forked_child_gets_its_own_ring() {
         let (path, f) = temp_file("fork");
         let fd = f.as_raw_fd() as u64;
