@@ -780,7 +780,7 @@ fn overrides_at_entry(
         && prog.calls_helper(userbpf_runtime::helpers::overrides::OVERRIDE_RETURN)
     {
         return Err(format!(
-            "program `{}` calls bpf_override_return, which needs a probe at a function's entry; {spec} is {:#x} bytes into its function",
+            "program `{}` calls bpf_override_return, which needs a probe at a function's entry; {spec} is {} bytes into its function",
             prog.name,
             resolved.addr - resolved.func_start
         ));

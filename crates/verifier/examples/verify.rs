@@ -55,7 +55,14 @@ fn main() {
             _ => continue,
         };
         let gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(&obj.license);
-        let opts = Options { prog_type, maps: maps.clone(), privileged: true, gpl_compatible, log_level: level };
+        let opts = Options {
+            prog_type,
+            maps: maps.clone(),
+            privileged: true,
+            gpl_compatible,
+            writable_args: userbpf_object::section::writable_args(&p.section),
+            log_level: level,
+        };
         match verify(&p.insns, &opts) {
             Ok(s) => {
                 print!("{}", s.log);

@@ -418,7 +418,9 @@ impl Verifier<'_> {
                 let arg_write =
                     write && crate::overrides::arg_write_ok(self.opts.prog_type, self.opts.writable_args, off, size);
                 if !arg_write && !self.opts.prog_type.ctx_access_ok(off, size, write) {
-                    return Err(format!("invalid bpf_context access off={off} size={size}"));
+                    let hint =
+                        if write { crate::overrides::ctx_write_hint(self.opts.prog_type, off, size) } else { "" };
+                    return Err(format!("invalid bpf_context access off={off} size={size}{hint}"));
                 }
                 if arg_write && value.is_some_and(|v| v.is_pointer()) {
                     return Err(format!("R{regno} leaks addr into ctx"));

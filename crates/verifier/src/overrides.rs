@@ -40,6 +40,17 @@ pub fn arg_write_ok(prog_type: ProgType, writable_args: bool, off: i64, size: i6
         && ARG_REG_OFFSETS.iter().any(|&r| off >= r && off + size <= r + 8)
 }
 
+/// What to add to the refusal of a context store: where a kprobe-type program stores into
+/// an argument register without [`Options::writable_args`](crate::Options), the userbpf
+/// section that allows it.
+pub fn ctx_write_hint(prog_type: ProgType, off: i64, size: i64) -> &'static str {
+    if arg_write_ok(prog_type, true, off, size) {
+        " (argument registers may be written only by SEC(\"uprobe.w/...\") programs, a userbpf extension)"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

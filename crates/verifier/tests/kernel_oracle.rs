@@ -81,7 +81,16 @@ fn project_sources() -> Vec<PathBuf> {
 }
 
 /// Differences that remain, with the reason (file, program, why).
+/// userbpf's `bpf_override_return` for uprobes (issue 11).
+const OVERRIDE: &str = "bpf_override_return in a uprobe program: userbpf runs it (the function is skipped); a kernel built without CONFIG_BPF_KPROBE_OVERRIDE, as this one, refuses the helper at load, and one with it allows it only on kprobes of error-injectable kernel functions, never on uprobes";
+
 const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
+    ("crates/cli/tests/bpf/override.bpf.c", "odd", OVERRIDE),
+    ("crates/cli/tests/bpf/override.bpf.c", "first", OVERRIDE),
+    ("crates/cli/tests/bpf/override.bpf.c", "second", OVERRIDE),
+    ("crates/cli/tests/bpf/override.bpf.c", "rec", OVERRIDE),
+    ("crates/cli/tests/bpf/override.bpf.c", "sync_bad", OVERRIDE),
+    ("crates/cli/tests/bpf/override.bpf.c", "ret9", OVERRIDE),
     (
         "crates/object/tests/bpf/globals.bpf.c",
         "prog_three",

@@ -373,7 +373,13 @@ fn check_load_attr(at: &attr::ProgLoad) -> Result<(&'static str, String), Error>
     // Flags the kernel knows: strict/any alignment, test_rnd_hi32, test_state_freq,
     // sleepable, xdp_has_frags, test_reg_invariants.
     const KNOWN_FLAGS: u32 = 1 | 2 | 4 | 8 | 16 | 32 | 128;
-    if at.prog_flags & !KNOWN_FLAGS != 0 {
+    let writable_args = userbpf_runtime::helpers::overrides::BPF_F_USERBPF_WRITABLE_ARGS;
+    if at.prog_flags & writable_args != 0 && at.prog_type != BPF_PROG_TYPE_KPROBE {
+        return Err(Error::inval(format!(
+            "prog_flags {writable_args:#x} (userbpf's writable arguments) is for uprobe programs only"
+        )));
+    }
+    if at.prog_flags & !(KNOWN_FLAGS | writable_args) != 0 {
         return Err(Error::inval(format!("prog_flags {:#x} unknown", at.prog_flags & !KNOWN_FLAGS)));
     }
     let Some(type_name) = prog_type_name(at.prog_type) else {
@@ -647,6 +653,15 @@ fn log_accepted(log: &mut VLog, insns: &[Insn]) {
     ));
 }
 
+/// The section name a loaded program is recorded with: libbpf does not pass its section, so
+/// none, but for a uprobe program loaded with userbpf's writable-arguments flag (what
+/// `include/userbpf/libbpf.h` sets for `SEC("uprobe.w/...")`), which is recorded as
+/// `uprobe.w`: its argument writes are then verified as `userbpf run` verifies that section's.
+fn section_of(at: &attr::ProgLoad) -> String {
+    use userbpf_runtime::helpers::overrides::{BPF_F_USERBPF_WRITABLE_ARGS, WRITABLE_ARGS_SECTION};
+    if at.prog_flags & BPF_F_USERBPF_WRITABLE_ARGS != 0 { WRITABLE_ARGS_SECTION.to_string() } else { String::new() }
+}
+
 /// Records an accepted program in the session and this process; its new descriptor.
 fn record_prog(
     at: &attr::ProgLoad,
@@ -662,7 +677,7 @@ fn record_prog(
     let record = ProgRecord {
         id: 0,
         name: name.clone(),
-        section: String::new(),
+        section: section_of(at),
         prog_type: type_name.to_string(),
         insns_hex: encode(&insns).iter().map(|b| format!("{b:02x}")).collect(),
         map_ids: sorted_ids,
