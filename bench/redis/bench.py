@@ -11,7 +11,7 @@ printed beside its baseline's rate. The fdatasync latency of that disk (the cost
 pays per batch) and the load average before and after are printed too. It reports; it never
 fails on a rate.
 
-Environment: RBENCH_ROUNDS (default 3), RBENCH_REQUESTS (N, default 200000), USERBPF (the
+Environment: RBENCH_ROUNDS (default 3), RBENCH_REQUESTS (N, default 100000), USERBPF (the
 CLI, default target/release/userbpf, with libuserbpf_agent.so beside it).
 """
 
@@ -31,7 +31,7 @@ USERBPF = os.path.abspath(os.environ.get("USERBPF", os.path.join(ROOT, "target",
 AGENT = os.path.join(os.path.dirname(USERBPF), "libuserbpf_agent.so")
 OBJECT = os.path.join(ROOT, "target", "bpf", "redis-fsync.bpf.o")
 ROUNDS = max(1, int(os.environ.get("RBENCH_ROUNDS", "3")))
-REQUESTS = max(1000, int(os.environ.get("RBENCH_REQUESTS", "200000")))
+REQUESTS = max(1000, int(os.environ.get("RBENCH_REQUESTS", "100000")))
 CLIENTS = 16
 CONFIGS = ["always", "everysec", "patched"]
 NAME = {

@@ -10,9 +10,16 @@
  *
  * Helpers with ids from USERBPF_HELPER_BASE, above the kernel's helper range, exist only in
  * userbpf: a program calling one is refused by the kernel's verifier, and userbpf refuses
- * to hand such a program to the kernel. bpf_override_return (the kernel's helper 58) is
- * declared by libbpf (<bpf/bpf_helper_defs.h>); in userbpf it works in uprobe and uretprobe
- * programs on any function (see the README).
+ * to hand such a program to the kernel.
+ *
+ * Overrides (the kernel's own helper and context, userbpf's rules):
+ * - bpf_override_return(ctx, value) (helper 58, declared by libbpf's <bpf/bpf_helper_defs.h>)
+ *   works in uprobe programs on any user-space function: the function does not run and its
+ *   caller gets *value*; in uretprobe programs it replaces the return value.
+ * - Argument writes: a program in a section spelled SEC("uprobe.w/PATH:FUNC") (or
+ *   SEC("uprobe.w") attached with --attach) may store into the argument registers of its
+ *   context (PT_REGS_PARM1(ctx) = ...), and the function runs with the new values. Elsewhere
+ *   such stores are refused at load, as the kernel refuses them.
  *
  * io_uring helpers: each thread that calls one gets its own ring (32 entries), set up by its
  * first call. Submissions return 0 once the kernel has the operation, or a negative errno
