@@ -1,8 +1,10 @@
 //! The redis hot patch (examples/bpf/redis-fsync.bpf.c) end to end, on Debian's redis
 //! (installed by `make test`): redis-server with `appendfsync always` under `userbpf run`, its
 //! AOF fdatasyncs handed to io_uring with group commit (bpf_override_return skips libc's
-//! fdatasync); several clients write distinct keys concurrently, then a clean SHUTDOWN; a
-//! plain redis-server started on the same directory must then hold every acknowledged write.
+//! fdatasync); several clients write distinct keys concurrently (redis makes no fdatasync
+//! system call meanwhile, as the kernel counts them: `perf stat` on its tracepoint), then a
+//! clean SHUTDOWN; a plain redis-server started on the same directory must then hold every
+//! acknowledged write.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -101,8 +103,8 @@ fn aof_holds_every_acknowledged_write_after_a_clean_shutdown_interpreter() {
 /// shut down cleanly, then replayed by a plain redis.
 fn patched_redis(tag: &str, extra: &[&str]) {
     if !userbpf_testutil::require(
-        have("redis-server") && have("redis-cli"),
-        "redis-server and redis-cli (Debian's redis-server, redis-tools)",
+        have("redis-server") && have("redis-cli") && have("perf"),
+        "redis-server and redis-cli (Debian's redis-server, redis-tools), perf (linux-perf)",
     ) {
         return;
     }
@@ -124,6 +126,23 @@ fn patched_redis(tag: &str, extra: &[&str]) {
     let mut server = Proc::spawn("userbpf run redis-server", cmd);
     wait_ready(&sock, &mut server);
 
+    // The kernel counts redis's own fdatasync and io_uring_enter system calls meanwhile.
+    let info = cli(&sock, &["info", "server"], "");
+    let pid = info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:"))
+        .unwrap_or_else(|| panic!("no process_id in INFO: {info}"))
+        .to_string();
+    let perf = Command::new("perf")
+        .args(["stat", "-x,", "-e", "syscalls:sys_enter_fdatasync", "-e", "syscalls:sys_enter_io_uring_enter", "-p"])
+        .arg(&pid)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("perf");
+    // perf attaches while the clients start; their writes last much longer than that.
+    std::thread::sleep(Duration::from_millis(300));
+
     // Concurrent clients, each writing its own keys one request at a time: every reply is an
     // acknowledgement redis gave after its AOF fdatasync returned.
     let acks: Vec<usize> = std::thread::scope(|s| {
@@ -140,6 +159,17 @@ fn patched_redis(tag: &str, extra: &[&str]) {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(acks, vec![KEYS; CLIENTS], "every SET acknowledged");
+    // SAFETY: kill(2) on perf, our child, not yet reaped.
+    unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+    let perf = perf.wait_with_output().unwrap();
+    let counts = String::from_utf8_lossy(&perf.stderr).into_owned();
+    let syscalls = |event: &str| -> u64 {
+        let line = counts.lines().find(|l| l.contains(event)).unwrap_or_else(|| panic!("perf: no {event}: {counts}"));
+        line.split(',').next().unwrap().parse().unwrap_or_else(|_| panic!("perf: {line}"))
+    };
+    // libc's fdatasync never ran: bpf_override_return skipped it; io_uring did the work.
+    assert_eq!(syscalls("sys_enter_fdatasync"), 0, "fdatasync system calls while clients wrote\n{counts}");
+    assert!(syscalls("sys_enter_io_uring_enter") > 0, "io_uring_enter system calls\n{counts}");
 
     // A clean shutdown: redis flushes and fsyncs its AOF, exits; `run` prints the counters.
     cli(&sock, &["shutdown"], "");
