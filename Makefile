@@ -78,6 +78,7 @@ bench: build
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	python3 bench/uprobe/bench.py
+	python3 bench/override/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py

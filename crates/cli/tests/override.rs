@@ -298,3 +298,69 @@ fn attached_while_the_function_runs_in_another_thread() {
     assert!(child.wait().unwrap().success(), "{rest}");
     assert_eq!(rest, "slow 21\n", "the call in progress ran to its end");
 }
+
+/// A libbpf loader through `userbpf load`: bpf_override_return in a SEC("uprobe") program and
+/// an argument write in a SEC("uprobe.w") one (registered with libbpf by
+/// include/userbpf/libbpf.h, which asks for it with a prog_flags bit), auto-attached, on
+/// bt_target run under `userbpf start`: its workload's sum moves by exactly what they change.
+#[test]
+fn through_a_libbpf_loader() {
+    use common::{Proc, Via, loader_command, parse_ready, private_copy, target_command, wait_attached};
+    let dir = tmp().join("loader");
+    let target = private_copy(&common::bt_target(), &dir);
+    let tpath = target.to_str().unwrap().to_string();
+    let obj = dir.join("override_load.bpf.o");
+    let st = Command::new("clang")
+        .args(userbpf_testutil::BPF_CFLAGS)
+        .arg(format!("-DTARGET=\"{tpath}\""))
+        .arg("-o")
+        .arg(&obj)
+        .arg(here("bpf/override_load.bpf.c"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "clang override_load.bpf.c");
+    let loader = dir.join("override_loader");
+    let st = Command::new("cc")
+        .args(["-O2", "-g", "-Wall", "-Werror", "-I"])
+        .arg(common::repo("include"))
+        .arg("-o")
+        .arg(&loader)
+        .arg(here("targets/loaders/override_loader.c"))
+        .args(["-lbpf", "-lelf", "-lz"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "cc override_loader.c");
+    // The workload's sum without programs.
+    let base = Command::new(&target).arg("--now").output().unwrap();
+    let base = String::from_utf8_lossy(&base.stdout).into_owned();
+    let base: i64 =
+        base.trim().strip_prefix("target: sum ").and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{base}"));
+
+    let session = format!("override-loader-{}", std::process::id());
+    let mut l = Proc::spawn(
+        "override_loader",
+        loader_command(Via::Userbpf, &session, &[loader.to_str().unwrap(), obj.to_str().unwrap()]),
+    );
+    l.wait_for("attached\n", "attaching");
+    let mut t = Proc::spawn("bt_target", target_command(Via::Userbpf, &session, &[&tpath]));
+    t.wait_for("\nend\n", "its ready lines");
+    let ready = parse_ready(&t.stdout());
+    wait_attached(&mut t, &ready, &["add".to_string(), "six".to_string()], &mut l);
+    t.send("go\n");
+    t.wait_for("done ", "the end of its workload");
+    t.wait_for("\n", "its sum");
+    common::interrupt(&mut l);
+    assert!(l.wait_exit("after SIGINT").success(), "{}\n{}", l.stdout(), l.stderr());
+    t.close_stdin();
+    assert!(t.wait_exit("once its stdin closed").success());
+    common::remove_session(&session);
+    let out = t.stdout();
+    let done: i64 = out
+        .lines()
+        .find_map(|x| x.strip_prefix("done "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    // add(105, 5): 110 -> 1000000; six(a, ...) x 12: a + 1, so 100000 more each.
+    assert_eq!(done - base, (1_000_000 - 110) + 12 * 100_000, "target: {out}\nloader: {}{}", l.stdout(), l.stderr());
+    assert!(l.stdout().contains("add_hits 30 six_hits 12\n"), "{}", l.stdout());
+}

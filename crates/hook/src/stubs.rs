@@ -26,9 +26,9 @@
 //!                restore FP state ; rsp = rbx
 //!                mode 0: restore GPRs (+flags when full) ; lea rsp,[rsp+168] ; ret
 //!                        (back into the site stub: predicted by the return-stack buffer)
-//!                mode 2: [rsp+176] = rax ; restore flags+GPRs ; lea rsp,[rsp+176] ; ret 128
+//!                mode 2: [rsp+176] = rax ; restore (flags when full +) GPRs ; lea rsp,[rsp+176] ; ret 128
 //!                        (a handler changed ip)
-//!                mode 1: restore flags+GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
+//!                mode 1: restore (flags when full +) GPRs ; lea rsp,[rsp+312] ; ret   (skip the function:
 //!                        return to the caller with the handler-set ax)
 //! ```
 //! The light stub first tries the lean path (`lean_entry_path`: the site's only probe has
@@ -201,10 +201,6 @@ fn restore_gprs_f(a: &mut CodeAssembler, flags: bool) -> Result<(), IcedError> {
         a.mov(r, qword_ptr(rsp + off))?;
     }
     Ok(())
-}
-
-fn restore_gprs(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    restore_gprs_f(a, true)
 }
 
 const XMMS: [AsmRegisterXmm; 8] = [xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7];
@@ -435,13 +431,15 @@ pub(crate) fn common_entry(ip: u64, fp: FpSave, kind: SaveKind, dispatch: u64) -
         a.stc()?;
         a.ret()?;
     }
+    // A changed ip or a skipped function: at a function entry (the light stubs) the status
+    // flags are dead and DF is clear, as after the function's own return, so no popfq.
     a.set_label(&mut redirect)?;
     a.mov(qword_ptr(rsp + (PT_REGS_SIZE + 8)), r12)?;
-    restore_gprs(&mut a)?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8)))?;
     a.ret_1(128)?; // pops the target (rsp = orig-128), then skips the red zone
     a.set_label(&mut skip)?;
-    restore_gprs(&mut a)?;
+    restore_gprs_f(&mut a, kind == SaveKind::Full)?;
     a.lea(rsp, ptr(rsp + ENTRY_FRAME as i32))?;
     a.ret()?;
     a.assemble(ip)
