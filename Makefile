@@ -84,9 +84,11 @@ bench: build
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
 
-# The header of userbpf's helpers for eBPF C programs (#include <userbpf/helpers.h>).
+# userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
+# extensions), <userbpf/libbpf.h> for libbpf loaders.
 install:
-	install -D -m 0644 include/userbpf/helpers.h $(DESTDIR)$(PREFIX)/include/userbpf/helpers.h
+	install -d $(DESTDIR)$(PREFIX)/include/userbpf
+	install -m 0644 include/userbpf/*.h $(DESTDIR)$(PREFIX)/include/userbpf/
 
 demo: build
 	@scripts/demo.sh

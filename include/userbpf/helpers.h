@@ -19,7 +19,8 @@
  * - Argument writes: a program in a section spelled SEC("uprobe.w/PATH:FUNC") (or
  *   SEC("uprobe.w") attached with --attach) may store into the argument registers of its
  *   context (PT_REGS_PARM1(ctx) = ...), and the function runs with the new values. Elsewhere
- *   such stores are refused at load, as the kernel refuses them.
+ *   such stores are refused at load, as the kernel refuses them. libbpf loaders register
+ *   the section with <userbpf/libbpf.h>.
  *
  * io_uring helpers: each thread that calls one gets its own ring (32 entries), set up by its
  * first call. Submissions return 0 once the kernel has the operation, or a negative errno
