@@ -82,4 +82,16 @@ static long (* const bpf_io_uring_fdatasync)(int fd) = (void *) 1002;
  */
 static long (* const bpf_io_uring_wait)(__u32 nr) = (void *) 1003;
 
+/*
+ * bpf_io_uring_wait_timeout
+ *
+ *	As bpf_io_uring_wait, giving up after *timeout_ns* nanoseconds. The operations that
+ *	completed by then are reaped (with *nr* = 1: none was, and it is still in flight). A
+ *	timeout of 0 only reaps what has already completed.
+ *
+ * Returns
+ *	As bpf_io_uring_wait, or -ETIME if fewer than *nr* completed in time.
+ */
+static long (* const bpf_io_uring_wait_timeout)(__u32 nr, __u64 timeout_ns) = (void *) 1004;
+
 #endif /* __USERBPF_HELPERS_H */

@@ -229,11 +229,12 @@ pub const MAX_HELPER_ID: u32 = NAMES.len() as u32 - 1;
 pub const USERBPF_HELPER_BASE: u32 = 1000;
 
 /// userbpf's helpers, indexed by `id - USERBPF_HELPER_BASE`, without the `bpf_` prefix.
-static USERBPF_NAMES: [&str; 4] = [
-    "io_uring_write",     // 1000
-    "io_uring_fsync",     // 1001
-    "io_uring_fdatasync", // 1002
-    "io_uring_wait",      // 1003
+static USERBPF_NAMES: [&str; 5] = [
+    "io_uring_write",        // 1000
+    "io_uring_fsync",        // 1001
+    "io_uring_fdatasync",    // 1002
+    "io_uring_wait",         // 1003
+    "io_uring_wait_timeout", // 1004
 ];
 
 /// The highest id of userbpf's own helpers.
@@ -301,9 +302,13 @@ mod tests {
 
     #[test]
     fn userbpf_helpers() {
-        for (id, name) in
-            [(1000, "io_uring_write"), (1001, "io_uring_fsync"), (1002, "io_uring_fdatasync"), (1003, "io_uring_wait")]
-        {
+        for (id, name) in [
+            (1000, "io_uring_write"),
+            (1001, "io_uring_fsync"),
+            (1002, "io_uring_fdatasync"),
+            (1003, "io_uring_wait"),
+            (1004, "io_uring_wait_timeout"),
+        ] {
             assert!(is_userbpf_helper(id));
             assert_eq!(helper_name(id), Some(name), "id {id}");
             assert_eq!(helper_id(&format!("bpf_{name}")), Some(id), "{name}");

@@ -1,6 +1,6 @@
 //! userbpf's io_uring helpers, for hot patches that hand a target's I/O to io_uring:
-//! `bpf_io_uring_write`, `bpf_io_uring_fsync`, `bpf_io_uring_fdatasync` and
-//! `bpf_io_uring_wait` (ids from [`USERBPF_HELPER_BASE`], declared for C programs in
+//! `bpf_io_uring_write`, `bpf_io_uring_fsync`, `bpf_io_uring_fdatasync`, `bpf_io_uring_wait`
+//! and `bpf_io_uring_wait_timeout` (ids from [`USERBPF_HELPER_BASE`], declared for C programs in
 //! `include/userbpf/helpers.h`). The kernel has no such helpers: a program run by the kernel
 //! may not call them (see `crate::loader::check_kernel_helpers`).
 //!
@@ -23,8 +23,9 @@
 //!   `bpf_io_uring_wait` (`-EBADF` for a descriptor that is not open, `-EIO`, ...). A write
 //!   that wrote less than it was given reports `-EIO`.
 //! - A thread that exits first waits for its operations (their buffers stay valid until the
-//!   kernel is done with them), then closes its ring; `exit()` runs the calling thread's
-//!   destructors, so this covers the main thread too.
+//!   kernel is done with them), at most 5 s (a write into a pipe nobody reads never
+//!   completes: it is then cancelled, its buffer left mapped), then closes its ring; `exit()`
+//!   runs the calling thread's destructors, so this covers the main thread too.
 //! - After `fork`, the child does not share its parent's ring: ring and buffers are mapped
 //!   `MADV_DONTFORK`, and a thread of the child starts a ring of its own (the parent's
 //!   operations are the parent's to wait for).
@@ -46,11 +47,16 @@ pub const IO_URING_FSYNC: u32 = USERBPF_HELPER_BASE + 1;
 pub const IO_URING_FDATASYNC: u32 = USERBPF_HELPER_BASE + 2;
 /// `bpf_io_uring_wait(nr)`.
 pub const IO_URING_WAIT: u32 = USERBPF_HELPER_BASE + 3;
+/// `bpf_io_uring_wait_timeout(nr, timeout_ns)`.
+pub const IO_URING_WAIT_TIMEOUT: u32 = USERBPF_HELPER_BASE + 4;
 
 /// Entries of each thread's ring, and the most operations a thread may have in flight.
 pub const DEPTH: u32 = 32;
 /// The largest write one call may submit (its data is copied into one slot).
 pub const MAX_WRITE: u32 = 64 << 10;
+
+/// How long a thread's exit waits for its operations.
+const EXIT_WAIT_NS: u64 = 5_000_000_000;
 
 /// `user_data` of an entry: the slot (+1, 0 for none) in bits 32..40, and for a write its
 /// length in bits 0..32 and [`UD_WRITE`].
@@ -144,6 +150,12 @@ impl Ring {
     /// Waits until `nr` operations completed and reaps them: 0, or the first failure's
     /// negative errno.
     fn wait(&mut self, nr: u32) -> u64 {
+        self.wait_until(nr, None)
+    }
+
+    /// [`Ring::wait`], giving up at `deadline` (CLOCK_MONOTONIC ns) with `-ETIME`; what
+    /// completed by then is reaped.
+    fn wait_until(&mut self, nr: u32, deadline: Option<u64>) -> u64 {
         if nr > self.inflight {
             return EINVAL;
         }
@@ -173,7 +185,25 @@ impl Ring {
             if got == nr {
                 break;
             }
-            match self.ring.submit_and_wait((nr - got) as usize) {
+            let want = (nr - got) as usize;
+            let entered = match deadline {
+                None => self.ring.submit_and_wait(want),
+                Some(deadline) => {
+                    let now = super::time::clock_ns(libc::CLOCK_MONOTONIC);
+                    if now >= deadline {
+                        return neg(libc::ETIME);
+                    }
+                    let left = deadline - now;
+                    let ts = types::Timespec::new().sec(left / 1_000_000_000).nsec((left % 1_000_000_000) as u32);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    match self.ring.submitter().submit_with_args(want, &args) {
+                        // Reap what arrived in time; the loop then returns -ETIME.
+                        Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(0),
+                        r => r,
+                    }
+                }
+            };
+            match entered {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) => return neg(errno_of(&e)),
@@ -194,10 +224,13 @@ impl Drop for Ring {
             unsafe { libc::close(std::os::fd::AsRawFd::as_raw_fd(&*self.ring)) };
             return;
         }
-        // The kernel may still read writes' slots: wait for everything in flight.
+        // The kernel may still read writes' slots: wait for everything in flight, at most
+        // EXIT_WAIT_NS (a write into a pipe nobody reads never completes). What is still in
+        // flight then is cancelled by the ring's release, and its slots are left mapped.
+        let deadline = super::time::clock_ns(libc::CLOCK_MONOTONIC).saturating_add(EXIT_WAIT_NS);
         while self.inflight > 0 {
             let before = self.inflight;
-            self.wait(before);
+            self.wait_until(before, Some(deadline));
             if self.inflight == before {
                 break;
             }
@@ -306,11 +339,24 @@ unsafe extern "C" fn io_uring_wait(nr: u64, _: u64, _: u64, _: u64, _: u64) -> u
     with_ring(|r| r.wait(nr))
 }
 
+/// `long bpf_io_uring_wait_timeout(__u32 nr, __u64 timeout_ns)`: as `bpf_io_uring_wait`,
+/// giving up after `timeout_ns` nanoseconds with `-ETIME`; the operations that completed by
+/// then are reaped (with `nr` = 1: none was). A timeout of 0 only reaps what has completed.
+unsafe extern "C" fn io_uring_wait_timeout(nr: u64, timeout_ns: u64, _: u64, _: u64, _: u64) -> u64 {
+    let Ok(nr) = u32::try_from(nr) else { return EINVAL };
+    if nr == 0 {
+        return 0;
+    }
+    let deadline = super::time::clock_ns(libc::CLOCK_MONOTONIC).saturating_add(timeout_ns);
+    with_ring(|r| r.wait_until(nr, Some(deadline)))
+}
+
 pub(crate) fn register(reg: &mut HelperRegistry) {
     reg.register(helper(IO_URING_WRITE, "io_uring_write", io_uring_write));
     reg.register(helper(IO_URING_FSYNC, "io_uring_fsync", io_uring_fsync));
     reg.register(helper(IO_URING_FDATASYNC, "io_uring_fdatasync", io_uring_fdatasync));
     reg.register(helper(IO_URING_WAIT, "io_uring_wait", io_uring_wait));
+    reg.register(helper(IO_URING_WAIT_TIMEOUT, "io_uring_wait_timeout", io_uring_wait_timeout));
 }
 
 #[cfg(test)]
@@ -409,6 +455,38 @@ mod tests {
     }
 
     #[test]
+    fn waits_with_a_timeout() {
+        let wait_t = |nr: u64, ns: u64| call(io_uring_wait_timeout, [nr, ns, 0, 0]);
+        assert_eq!(wait_t(1, 1_000_000), E(libc::EINVAL));
+        assert_eq!(wait_t(0, 0), 0);
+        // A read of a pipe nobody writes to never completes: the wait times out, and the
+        // operation stays in flight.
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe(2) fills the two descriptors of the array we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let mut buf = [0u8; 8];
+        let read = opcode::Read::new(types::Fd(fds[0]), buf.as_mut_ptr(), 8).build().user_data(0);
+        assert_eq!(with_ring(|r| r.submit(read)), 0);
+        let t = std::time::Instant::now();
+        assert_eq!(wait_t(1, 20_000_000), E(libc::ETIME));
+        assert!(t.elapsed() >= std::time::Duration::from_millis(20), "{:?}", t.elapsed());
+        assert_eq!(wait_t(1, 0), E(libc::ETIME));
+        // A completed fsync beside it is reaped in time; the read is still in flight.
+        let (path, f) = temp_file("timeout");
+        assert_eq!(call(io_uring_fdatasync, [f.as_raw_fd() as u64, 0, 0, 0]), 0);
+        assert_eq!(wait_t(1, 10_000_000_000), 0);
+        assert_eq!(wait_t(2, 0), E(libc::EINVAL));
+        // The write end closed: the read completes (0 bytes) and the wait returns.
+        // SAFETY: closing the pipe's write end, which we own.
+        unsafe { libc::close(fds[1]) };
+        assert_eq!(wait_t(1, 10_000_000_000), 0);
+        assert_eq!(wait(1), E(libc::EINVAL));
+        // SAFETY: closing the pipe's read end, which we own.
+        unsafe { libc::close(fds[0]) };
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn a_thread_that_exits_waits_for_its_writes() {
         let (path, f) = temp_file("exit");
         let fd = f.as_raw_fd() as u64;
@@ -454,6 +532,29 @@ mod tests {
             assert!(chunk.iter().all(|&c| c == b'a' + (n % 4) as u8), "chunk {n}");
         }
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_thread_exits_even_if_a_write_never_completes() {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe(2) fills the two descriptors of the array we own.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let w = fds[1] as u64;
+        let t = std::time::Instant::now();
+        std::thread::spawn(move || {
+            // Fill the pipe (64 KiB), then one more write that blocks in the kernel.
+            let data = vec![0u8; MAX_WRITE as usize];
+            assert_eq!(call(io_uring_write, [w, data.as_ptr() as u64, MAX_WRITE as u64, u64::MAX]), 0);
+            assert_eq!(wait(1), 0);
+            assert_eq!(call(io_uring_write, [w, data.as_ptr() as u64, 1, u64::MAX]), 0);
+        })
+        .join()
+        .unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(30), "{:?}", t.elapsed());
+        for fd in fds {
+            // SAFETY: closing the pipe's descriptors, which we own.
+            unsafe { libc::close(fd) };
+        }
     }
 
     #[test]
