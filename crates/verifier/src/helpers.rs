@@ -132,6 +132,7 @@ static PROTOS: &[Proto] = &[
     p(1001, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_fsync
     p(1002, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_fdatasync
     p(1003, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_wait
+    p(1004, [Anything, Anything, N, N, N], Ret::Integer),               // io_uring_wait_timeout
 ];
 
 /// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their

@@ -196,6 +196,13 @@ mod tests {
     }
 
     #[test]
+    fn the_verifier_knows_every_helper() {
+        for h in registry().iter() {
+            assert!(userbpf_verifier::helpers::proto(h.id).is_some(), "no prototype for bpf_{} (id {})", h.name, h.id);
+        }
+    }
+
+    #[test]
     fn guarded_access() {
         let mut buf = [1u8; 300];
         assert!(zero_at(buf.as_mut_ptr() as u64, 300));
