@@ -11,15 +11,6 @@
 // second's worth. A failed fdatasync is reported to redis at its next fdatasync (-1), and
 // redis stops, as it does when a plain fdatasync fails under `always`.
 //
-// Batches: redis replies to a batch, then polls for new requests (epoll_wait). Right then
-// the batch's fdatasync has just been submitted, and the clients just answered have not sent
-// their next requests yet: polling at once would read a batch without them, and clients
-// would alternate between two half batches, one fdatasync each. So before its main thread
-// polls, the in-flight fdatasync gets up to grace_ns to complete (it would be waited for at
-// the next fdatasync anyway): the clients' next requests arrive meanwhile. On a fast disk
-// the fdatasync completes within the grace and the wait is that short; on a slow one redis
-// polls after grace_ns, and processing the next batch overlaps the rest of the fdatasync.
-//
 // Only the fdatasync called inside redis's flushAppendOnlyFile() is patched (a uprobe and a
 // uretprobe mark the thread inside it): the fsyncs of the AOF manifest, of RDB files and the
 // one redis makes at shutdown (after flushing the AOF a last time) stay synchronous, so a
@@ -37,27 +28,17 @@
 __u32 flushing_tid;
 // An io_uring fdatasync submitted and not yet waited for.
 __u32 in_flight;
-// A previous fdatasync failed: redis's next fdatasync returns -1.
-__u32 failure;
-// redis's main thread (the one that calls flushAppendOnlyFile).
-__u32 main_tid;
-
-// How long redis's poll for new requests waits for the in-flight fdatasync.
-#define GRACE_NS 100000
-#define ETIME 62
 
 // Counters, printed by `userbpf run` when redis exits.
 __u64 patched;   // fdatasyncs handed to io_uring
 __u64 waited;    // ... that first waited for the previous one
-__u64 reaped;    // fdatasyncs completed before redis polled for new requests
-__u64 failed;    // fdatasyncs that failed (reported to redis as -1)
+__u64 failed;    // previous fdatasyncs that failed (reported to redis as -1)
 __u64 fallback;  // submissions refused: the real fdatasync ran instead
 
 SEC("uprobe//usr/bin/redis-server:flushAppendOnlyFile")
 int BPF_KPROBE(flush_enter)
 {
 	flushing_tid = (__u32)bpf_get_current_pid_tgid();
-	main_tid = flushing_tid;
 	return 0;
 }
 
@@ -79,15 +60,12 @@ int BPF_KPROBE(fdatasync_enter, int fd)
 	if (in_flight) {
 		in_flight = 0;
 		waited++;
-		if (bpf_io_uring_wait(1) < 0) {
+		err = bpf_io_uring_wait(1);
+		if (err < 0) {
 			failed++;
-			failure = 1;
+			bpf_override_return(ctx, -1);
+			return 0;
 		}
-	}
-	if (failure) {
-		// The previous fdatasync failed: so does this one, and redis stops.
-		bpf_override_return(ctx, -1);
-		return 0;
 	}
 	err = bpf_io_uring_fdatasync(fd);
 	if (err < 0) {
@@ -97,25 +75,6 @@ int BPF_KPROBE(fdatasync_enter, int fd)
 	in_flight = 1;
 	patched++;
 	bpf_override_return(ctx, 0);
-	return 0;
-}
-
-SEC("uprobe/libc.so.6:epoll_wait")
-int BPF_KPROBE(poll_enter)
-{
-	long err;
-
-	if (!in_flight || (__u32)bpf_get_current_pid_tgid() != main_tid)
-		return 0;
-	err = bpf_io_uring_wait_timeout(1, GRACE_NS);
-	if (err == -ETIME)
-		return 0; // still in flight: the next fdatasync waits for it
-	in_flight = 0;
-	reaped++;
-	if (err < 0) {
-		failed++;
-		failure = 1;
-	}
 	return 0;
 }
 
