@@ -89,6 +89,7 @@ const USERBPF_HELPERS: &str = "userbpf's own helpers (io_uring, ids from 1000) e
 
 const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("examples/bpf/redis-fsync.bpf.c", "fdatasync_enter", USERBPF_HELPERS),
+    ("crates/cli/tests/bpf/io_uring_target.bpf.c", "probe", USERBPF_HELPERS),
     ("crates/runtime/tests/bpf/io_uring.bpf.c", "write_and_sync", USERBPF_HELPERS),
     ("crates/runtime/tests/bpf/io_uring.bpf.c", "fsync_fd", USERBPF_HELPERS),
     ("crates/runtime/tests/bpf/io_uring.bpf.c", "wait_idle", USERBPF_HELPERS),
