@@ -28,7 +28,11 @@
 //! scope; neither its calls of probed functions (malloc...) nor its system calls are seen.
 //!
 //! A probe hit runs the program on the hook's `struct pt_regs`; nothing on that path
-//! allocates, locks or makes a system call. Errors are printed once per link to the program's
+//! allocates, locks or makes a system call. The program may change what the process does
+//! there: `bpf_override_return` (the function skipped, or its return value replaced) and, in
+//! `uprobe.w` programs, argument registers; a program calling `bpf_override_return` is
+//! attached only at a function's entry or return (the kernel's rule), never inside a function
+//! or at a USDT probe. Errors are printed once per link to the program's
 //! stderr,
 //! prefixed `userbpf-agent:`, and the target runs on without the probe; each link's outcome
 //! is also reported to the session (`userbpf_runtime::loader::report_attach`), where

@@ -31,6 +31,8 @@ fn object(name: &str) -> PathBuf {
 }
 
 const ENGINES: [&[&str]; 2] = [&[], &["--interpreter"]];
+/// The functions of `override_target sizes`, one per way the hook probes.
+const FUNCS: [&str; 5] = ["ov_jmp", "ov_pad", "ov_bp", "ov_endbr", "ov_c"];
 
 /// `userbpf run OBJ [ENGINE] --attach A... -- target ARGS`: stdout, asserting success.
 fn run(obj: &Path, engine: &[&str], attach: &[&str], args: &[&str]) -> String {
@@ -56,8 +58,9 @@ fn line_value(out: &str, prefix: &str) -> i64 {
 }
 
 /// ov_jmp (7 bytes: inline jump), ov_pad (4 bytes and padding: a jump into the padding),
-/// ov_bp (4 bytes, no padding: a breakpoint), ov_c (5 bytes): odd arguments skip the function
-/// and return 1000 + x; the other functions of the run are untouched.
+/// ov_bp (4 bytes, no padding: a breakpoint), ov_endbr (endbr64 first, the jump after it),
+/// ov_c (5 bytes): odd arguments skip the function and return 1000 + x; the other functions
+/// of the run are untouched.
 #[test]
 fn entry_overrides_on_functions_of_every_size() {
     let obj = object("override");
@@ -65,9 +68,9 @@ fn entry_overrides_on_functions_of_every_size() {
     let plain: i64 = (0..n).map(|i| 3 * i).sum();
     let overridden: i64 = (0..n).map(|i| if i % 2 == 1 { 1000 + i } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("odd={f}")], &["sizes", &n.to_string()]);
-            for g in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+            for g in FUNCS {
                 let want = if g == f { overridden } else { plain };
                 assert_eq!(line_value(&out, &format!("{g} sum ")), want, "{engine:?} override on {f}: {out}");
             }
@@ -165,7 +168,7 @@ fn return_overrides() {
     let obj = object("override");
     let want: i64 = (0..100i64).map(|i| if (3 * i) % 9 == 0 { 7777 } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("ret9={f}")], &["sizes", "100"]);
             assert_eq!(line_value(&out, &format!("{f} sum ")), want, "{engine:?} {f}: {out}");
         }
@@ -180,7 +183,7 @@ fn return_probes_see_the_override() {
     let n = 100i64;
     let want: i64 = (0..n).map(|i| if i % 2 == 1 { 1000 + i } else { 3 * i }).sum();
     for engine in ENGINES {
-        for f in ["ov_jmp", "ov_pad", "ov_bp", "ov_c"] {
+        for f in FUNCS {
             let out = run(&obj, engine, &[&format!("odd={f}"), &format!("ret_count={f}")], &["sizes", &n.to_string()]);
             assert_eq!(line_value(&out, &format!("{f} sum ")), want, "{engine:?} {f}: {out}");
             assert!(
@@ -204,7 +207,8 @@ fn argument_writes() {
 }
 
 /// The same store in a plain uprobe section is refused at load, naming the instruction and
-/// the section that would allow it; so is an override inside a function (the kernel's rule).
+/// the section that would allow it; so is an override inside a function or on a USDT probe
+/// (the kernel's rule: function entries only).
 #[test]
 fn what_is_refused() {
     let obj = object("override_args_refused");
@@ -217,6 +221,15 @@ fn what_is_refused() {
     );
     assert!(err.contains("SEC(\"uprobe.w"), "the hint names the extension: {err}");
 
+    let obj = object("override_usdt");
+    let (_, err, ok) = userbpf_run(&obj, &["--attach", "usdt_ov=ov:here"], &[t.to_str().unwrap(), "usdt", "3"]);
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "program `usdt_ov` calls bpf_override_return, which needs a probe at a function's entry, not USDT probe ov:here"
+        ),
+        "{err}"
+    );
     let obj = object("override");
     let (_, err, ok) = userbpf_run(&obj, &["--attach", "odd=ov_check+4"], &[t.to_str().unwrap(), "check", "3"]);
     assert!(!ok);
@@ -228,9 +241,10 @@ fn what_is_refused() {
     );
 }
 
-/// A thread is inside ov_slow, and another calls ov_c in a loop, when `userbpf attach` puts
-/// the override in: the call in progress finishes as it began (21), the later calls of ov_c
-/// are overridden (1001 for ov_c(1)).
+/// A thread is inside ov_slow, another calls ov_c(3) in a tight loop (in its first bytes while
+/// they are patched), and the main thread calls ov_c(1) on request, when `userbpf attach` puts
+/// the override in: the call in progress finishes as it began (21), every call returns what
+/// the function computes (9) or the override (1003), and once attached ov_c(1) returns 1001.
 #[test]
 fn attached_while_the_function_runs_in_another_thread() {
     use userbpf_runtime::{LinkRecord, Session};
@@ -296,7 +310,10 @@ fn attached_while_the_function_runs_in_another_thread() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     assert!(child.wait().unwrap().success(), "{rest}");
-    assert_eq!(rest, "slow 21\n", "the call in progress ran to its end");
+    assert_eq!(
+        rest, "slow 21\nspin bad 0 overridden some\n",
+        "the call in progress ran to its end; the thread calling ov_c in a loop while it was patched got 9, then 1003"
+    );
 }
 
 /// A libbpf loader through `userbpf load`: bpf_override_return in a SEC("uprobe") program and

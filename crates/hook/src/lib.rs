@@ -20,7 +20,10 @@
 //!   address (`ip` = that address, `sp` = the rsp there). They may change
 //!   registers (written back), change `ip` (execution resumes there), or
 //!   return [`HOOK_SKIP`] at a function entry: the function is not run and
-//!   returns to its caller with `ax` (override-return).
+//!   returns to its caller with `ax` (override-return; `bpf_override_return` instead
+//!   points `ip` at a bare `ret`, as the kernel does). Either way, at a function entry the
+//!   site's return probes still fire when the frame returns (they see the overridden `ax`),
+//!   as the kernel's kretprobes do after an override.
 //! * Return handlers ([`ProbeKind::Return`], function entries only) see the
 //!   registers at the function's return (`ax` = return value, `ip` = the
 //!   return address, `sp` = the caller's rsp after the return).

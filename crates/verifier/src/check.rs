@@ -423,7 +423,8 @@ impl Verifier<'_> {
                     return Err(format!("invalid bpf_context access off={off} size={size}{hint}"));
                 }
                 if arg_write && value.is_some_and(|v| v.is_pointer()) {
-                    return Err(format!("R{regno} leaks addr into ctx"));
+                    // The value's register: the source of the BPF_STX at `pc`.
+                    return Err(format!("R{} leaks addr into ctx", self.insns[pc].src));
                 }
                 Ok(Some(Reg::scalar(Scalar::unknown_bytes(size as u32))))
             }

@@ -2,20 +2,24 @@
 // the hook probes differently, a recursive one, libc's fdatasync, threads, and a function a
 // thread is inside of while the probe is attached.
 //
-//   override_target sizes N     ov_jmp, ov_pad, ov_bp, ov_c on 0..N-1: "NAME sum S" lines
+//   override_target sizes N     ov_jmp, ov_pad, ov_bp, ov_endbr, ov_c on 0..N-1: "NAME sum S"
 //   override_target rec N       "rec R" = ov_rec(N) (ov_rec(n) = n ? 1 + ov_rec(n - 1) : 0)
 //   override_target lib         fdatasync of a bad descriptor (999) and of a file: "fdatasync
 //                               bad R errno E", "fdatasync file R"
 //   override_target threads T N T threads each summing ov_c(0..N-1): "thread K sum S"
+//   override_target usdt N      the USDT probe ov:here N times: "usdt N"
 //   override_target args N      "args sum S" = sum of ov_args(i, 2 * i) for i in 0..N-1
 //   override_target check N     "check ok C bad B": ov_check(i) (returns i * 3) checks the
 //                               registers the caller keeps across the call and the stack
 //   override_target wait        a thread enters ov_slow (which waits for "go" on stdin) and
 //                               prints "inside"; main then calls ov_c(1) once per line read
-//                               ("c R") until "go", after which ov_slow returns: "slow R"
+//                               ("c R") until "go", after which ov_slow returns: "slow R";
+//                               meanwhile a third thread calls ov_c(3) in a tight loop:
+//                               "spin bad B overridden some|none"
 //
 // ov_jmp (7 bytes) takes the inline jump, ov_pad (4 bytes, then alignment padding) the jump
-// into the padding, ov_bp (4 bytes, the next function right after it) a breakpoint.
+// into the padding, ov_bp (4 bytes, the next function right after it) a breakpoint; ov_endbr
+// starts with endbr64 (kept in place: the jump goes after it).
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -23,8 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/sdt.h>
 
-long ov_jmp(long x), ov_pad(long x), ov_bp(long x);
+long ov_jmp(long x), ov_pad(long x), ov_bp(long x), ov_endbr(long x);
 
 __asm__(".text\n"
 	".p2align 4\n.globl ov_jmp\n.type ov_jmp,@function\nov_jmp:\n"
@@ -33,7 +38,9 @@ __asm__(".text\n"
 	"  lea (%rdi,%rdi,2), %rax\n  ret\n.size ov_pad,.-ov_pad\n"
 	".p2align 4\n.globl ov_bp\n.type ov_bp,@function\nov_bp:\n"
 	"  lea (%rdi,%rdi,2), %rax\n  ret\n.size ov_bp,.-ov_bp\n"
-	".globl ov_next\n.type ov_next,@function\nov_next:\n  ret\n.size ov_next,.-ov_next\n");
+	".globl ov_next\n.type ov_next,@function\nov_next:\n  ret\n.size ov_next,.-ov_next\n"
+	".p2align 4\n.globl ov_endbr\n.type ov_endbr,@function\nov_endbr:\n"
+	"  endbr64\n  lea (%rdi,%rdi,2), %rax\n  nop\n  ret\n.size ov_endbr,.-ov_endbr\n");
 
 __attribute__((noinline)) long ov_c(long x)
 {
@@ -112,6 +119,26 @@ static void *slow_thread(void *arg)
 	return (void *)ov_slow(7);
 }
 
+// Calls ov_c(3) in a tight loop until released: a thread in the middle of the function's first
+// bytes while they are patched. Counts results that are neither 9 (the function ran) nor 1003
+// (overridden by the tests' `odd`).
+static volatile int spin_stop;
+static long spin_calls, spin_bad, spin_overridden;
+
+static void *spin_thread(void *arg)
+{
+	long (*volatile f)(long) = ov_c;
+	while (!spin_stop) {
+		long r = f(3);
+		spin_calls++;
+		if (r == 1003)
+			spin_overridden++;
+		else if (r != 9)
+			spin_bad++;
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2)
@@ -119,9 +146,9 @@ int main(int argc, char **argv)
 	const char *m = argv[1];
 	long n = argc > 2 ? atol(argv[2]) : 0;
 	if (!strcmp(m, "sizes")) {
-		long (*volatile f[])(long) = {ov_jmp, ov_pad, ov_bp, ov_c};
-		const char *names[] = {"ov_jmp", "ov_pad", "ov_bp", "ov_c"};
-		for (int k = 0; k < 4; k++) {
+		long (*volatile f[])(long) = {ov_jmp, ov_pad, ov_bp, ov_endbr, ov_c};
+		const char *names[] = {"ov_jmp", "ov_pad", "ov_bp", "ov_endbr", "ov_c"};
+		for (int k = 0; k < 5; k++) {
 			long s = 0;
 			for (long i = 0; i < n; i++)
 				s += f[k](i);
@@ -153,6 +180,10 @@ int main(int argc, char **argv)
 			pthread_join(th[k], &s);
 			printf("thread %ld sum %ld\n", k, (long)s);
 		}
+	} else if (!strcmp(m, "usdt")) {
+		for (long i = 0; i < n; i++)
+			DTRACE_PROBE1(ov, here, i);
+		printf("usdt %ld\n", n);
 	} else if (!strcmp(m, "args")) {
 		long s = 0;
 		for (long i = 0; i < n; i++)
@@ -170,8 +201,9 @@ int main(int argc, char **argv)
 		}
 		printf("check ok %ld bad %ld sum %ld\n", ok, bad, sum);
 	} else if (!strcmp(m, "wait")) {
-		pthread_t th;
+		pthread_t th, spin;
 		pthread_create(&th, NULL, slow_thread, NULL);
+		pthread_create(&spin, NULL, spin_thread, NULL);
 		char line[64];
 		while (fgets(line, sizeof line, stdin)) {
 			if (!strncmp(line, "go", 2))
@@ -180,9 +212,12 @@ int main(int argc, char **argv)
 			fflush(stdout);
 		}
 		slow_release = 1;
+		spin_stop = 1;
 		void *r;
 		pthread_join(th, &r);
+		pthread_join(spin, NULL);
 		printf("slow %ld\n", (long)r);
+		printf("spin bad %ld overridden %s\n", spin_bad, spin_overridden > 0 && spin_calls > spin_overridden ? "some" : "none");
 	} else {
 		return 2;
 	}

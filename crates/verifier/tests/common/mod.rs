@@ -238,7 +238,10 @@ pub fn judge_object(path: &Path, shown: &str) -> Result<Vec<Verdicts>, String> {
     for prog in &obj.programs {
         let Some((_, ptype)) = prog_type(&prog.kind) else { continue };
         let k = kernel.load(prog, &obj.license);
-        let u = userbpf_verifier::verify(&prog.insns, &options(&obj, ptype)).map(|_| ()).map_err(|e| e.to_string());
+        let mut opts = options(&obj, ptype);
+        // userbpf's SEC("uprobe.w") (argument writes), as the runtime verifies it.
+        opts.writable_args = userbpf_object::section::writable_args(&prog.section);
+        let u = userbpf_verifier::verify(&prog.insns, &opts).map(|_| ()).map_err(|e| e.to_string());
         out.push(Verdicts { file: shown.to_string(), program: prog.name.clone(), kernel: k, userbpf: u });
     }
     Ok(out)
