@@ -6,9 +6,9 @@
 // At most one fdatasync is in flight: redis's next fdatasync first waits for the previous one
 // to complete, then submits its own and returns at once (bpf_override_return: libc's
 // fdatasync does not run). redis replies to a batch's clients right after its fdatasync
-// returns, so a crash (of redis, the machine or its power) loses at most the writes
-// acknowledged since the last completed fdatasync: one batch. `everysec` loses up to a
-// second's worth. A failed fdatasync is reported to redis at its next fdatasync (-1), and
+// returns, so a crash of the machine (or a power loss) loses at most the writes acknowledged
+// since the last completed fdatasync: one batch. `everysec` loses up to a second's worth. A
+// crash of redis alone loses nothing acknowledged: the data is in the page cache. A failed fdatasync is reported to redis at its next fdatasync (-1), and
 // redis stops, as it does when a plain fdatasync fails under `always`.
 //
 // Only the fdatasync called inside redis's flushAppendOnlyFile() is patched (a uprobe and a
