@@ -140,8 +140,23 @@ fn patched_redis(tag: &str, extra: &[&str]) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("perf");
-    // perf attaches while the clients start; their writes last much longer than that.
-    std::thread::sleep(Duration::from_millis(300));
+    // perf is counting once it holds both events for every thread of redis.
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    let start = Instant::now();
+    loop {
+        let events = std::fs::read_dir(format!("/proc/{}/fd", perf.id()))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("perf_event")))
+                    .count()
+            })
+            .unwrap_or(0);
+        if events >= 2 * threads {
+            break;
+        }
+        assert!(start.elapsed() < common::STEP, "perf did not attach to redis ({events} events, {threads} threads)");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Concurrent clients, each writing its own keys one request at a time: every reply is an
     // acknowledgement redis gave after its AOF fdatasync returned.
