@@ -31,6 +31,8 @@
 #ifndef __USERBPF_HELPERS_H
 #define __USERBPF_HELPERS_H
 
+#include <linux/types.h>
+
 #define USERBPF_HELPER_BASE 1000
 
 /* The largest write bpf_io_uring_write accepts, in bytes. */
