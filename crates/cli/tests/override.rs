@@ -319,7 +319,8 @@ fn attached_while_the_function_runs_in_another_thread() {
 /// A libbpf loader through `userbpf load`: bpf_override_return in a SEC("uprobe") program and
 /// an argument write in a SEC("uprobe.w") one (registered with libbpf by
 /// include/userbpf/libbpf.h, which asks for it with a prog_flags bit), auto-attached, on
-/// bt_target run under `userbpf start`: its workload's sum moves by exactly what they change.
+/// bt_target run under `userbpf start` (JIT, then interpreter): its workload's sum moves by
+/// exactly what they change.
 #[test]
 fn through_a_libbpf_loader() {
     use common::{Proc, Via, loader_command, parse_ready, private_copy, target_command, wait_attached};
@@ -353,31 +354,42 @@ fn through_a_libbpf_loader() {
     let base: i64 =
         base.trim().strip_prefix("target: sum ").and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{base}"));
 
-    let session = format!("override-loader-{}", std::process::id());
-    let mut l = Proc::spawn(
-        "override_loader",
-        loader_command(Via::Userbpf, &session, &[loader.to_str().unwrap(), obj.to_str().unwrap()]),
-    );
-    l.wait_for("attached\n", "attaching");
-    let mut t = Proc::spawn("bt_target", target_command(Via::Userbpf, &session, &[&tpath]));
-    t.wait_for("\nend\n", "its ready lines");
-    let ready = parse_ready(&t.stdout());
-    wait_attached(&mut t, &ready, &["add".to_string(), "six".to_string()], &mut l);
-    t.send("go\n");
-    t.wait_for("done ", "the end of its workload");
-    t.wait_for("\n", "its sum");
-    common::interrupt(&mut l);
-    assert!(l.wait_exit("after SIGINT").success(), "{}\n{}", l.stdout(), l.stderr());
-    t.close_stdin();
-    assert!(t.wait_exit("once its stdin closed").success());
-    common::remove_session(&session);
-    let out = t.stdout();
-    let done: i64 = out
-        .lines()
-        .find_map(|x| x.strip_prefix("done "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{out}"));
-    // add(105, 5): 110 -> 1000000; six(a, ...) x 12: a + 1, so 100000 more each.
-    assert_eq!(done - base, (1_000_000 - 110) + 12 * 100_000, "target: {out}\nloader: {}{}", l.stdout(), l.stderr());
-    assert!(l.stdout().contains("add_hits 30 six_hits 12\n"), "{}", l.stdout());
+    for interpreter in [false, true] {
+        let session = format!("override-loader-{}-{interpreter}", std::process::id());
+        let mut l = Proc::spawn(
+            "override_loader",
+            loader_command(Via::Userbpf, &session, &[loader.to_str().unwrap(), obj.to_str().unwrap()]),
+        );
+        l.wait_for("attached\n", "attaching");
+        let mut cmd = target_command(Via::Userbpf, &session, &[&tpath]);
+        if interpreter {
+            cmd.env("USERBPF_INTERPRETER", "1");
+        }
+        let mut t = Proc::spawn("bt_target", cmd);
+        t.wait_for("\nend\n", "its ready lines");
+        let ready = parse_ready(&t.stdout());
+        wait_attached(&mut t, &ready, &["add".to_string(), "six".to_string()], &mut l);
+        t.send("go\n");
+        t.wait_for("done ", "the end of its workload");
+        common::interrupt(&mut l);
+        assert!(l.wait_exit("after SIGINT").success(), "{}\n{}", l.stdout(), l.stderr());
+        t.close_stdin();
+        assert!(t.wait_exit("once its stdin closed").success());
+        common::remove_session(&session);
+        let out = t.stdout();
+        let done: i64 = out
+            .lines()
+            .find_map(|x| x.strip_prefix("done "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        // add(105, 5): 110 -> 1000000; six(a, ...) x 12: a + 1, so 100000 more each.
+        assert_eq!(
+            done - base,
+            (1_000_000 - 110) + 12 * 100_000,
+            "interpreter {interpreter}: target: {out}\nloader: {}{}",
+            l.stdout(),
+            l.stderr()
+        );
+        assert!(l.stdout().contains("add_hits 30 six_hits 12\n"), "interpreter {interpreter}: {}", l.stdout());
+    }
 }

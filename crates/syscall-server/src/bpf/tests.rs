@@ -570,3 +570,38 @@ fn perf_event_open_refusals_say_why() {
     assert_eq!((e.errno, e.reason.as_ref()), (libc::EINVAL, "a uprobe without a path (config1)"));
     std::fs::remove_file(&file).unwrap();
 }
+
+/// userbpf's writable-arguments flag (`include/userbpf/libbpf.h` sets it for SEC("uprobe.w")):
+/// a kprobe program loaded with it is recorded with section `uprobe.w`, which the agent's
+/// verifier takes as the opt-in; other program types are refused with it.
+#[test]
+fn writable_args_flag_marks_uprobe_programs() {
+    use userbpf_runtime::helpers::overrides::BPF_F_USERBPF_WRITABLE_ARGS;
+    let license = b"GPL\0";
+    let insns = program(&[], 0);
+    let load_flags = |prog_type: u32, flags: u32| {
+        let mut b = Block::of(|a: &mut attr::ProgLoad| {
+            (a.prog_type, a.insn_cnt, a.insns, a.license) =
+                (prog_type, insns.len() as u32, insns.as_ptr() as u64, license.as_ptr() as u64);
+            (a.prog_flags, a.prog_name) = (flags, name16("w"));
+        });
+        call::<attr::ProgLoad>(BPF_PROG_LOAD, &mut b)
+    };
+    let section = |fd: i64| {
+        let id = objects::get_kind(fd as i32, objects::Kind::Prog).unwrap().id;
+        objects::session().unwrap().progs().unwrap().into_iter().find(|p| p.id == id).unwrap().section
+    };
+    let fd = load_flags(prog::BPF_PROG_TYPE_KPROBE, BPF_F_USERBPF_WRITABLE_ARGS).unwrap();
+    assert_eq!(section(fd), "uprobe.w");
+    close(fd);
+    let fd = load_flags(prog::BPF_PROG_TYPE_KPROBE, 0).unwrap();
+    assert_eq!(section(fd), "");
+    close(fd);
+    let e = load_flags(prog::BPF_PROG_TYPE_RAW_TRACEPOINT, BPF_F_USERBPF_WRITABLE_ARGS).unwrap_err();
+    assert_eq!(
+        (e.errno, e.reason.as_ref()),
+        (libc::EINVAL, "prog_flags 0x40000000 (userbpf's writable arguments) is for uprobe programs only")
+    );
+    let e = load_flags(prog::BPF_PROG_TYPE_KPROBE, 1 << 29).unwrap_err();
+    assert_eq!((e.errno, e.reason.as_ref()), (libc::EINVAL, "prog_flags 0x20000000 unknown"));
+}
