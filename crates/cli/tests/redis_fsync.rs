@@ -46,6 +46,18 @@ fn cli(sock: &Path, args: &[&str], input: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Shuts down whatever redis listens on the socket when dropped: a failing test kills
+/// `userbpf run`, and its redis-server child would be left running.
+struct ShutdownOnDrop(PathBuf);
+
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = Command::new("redis-cli").arg("-s").arg(&self.0).args(["shutdown", "nosave"]).output();
+        }
+    }
+}
+
 /// Waits until redis answers PING on `sock`.
 fn wait_ready(sock: &Path, server: &mut Proc) {
     let start = Instant::now();
@@ -113,6 +125,7 @@ fn patched_redis(tag: &str, extra: &[&str]) {
     std::fs::create_dir_all(&dir).unwrap();
     // In /tmp: a socket's path must fit in 108 bytes, wherever the build directory is.
     let sock = std::env::temp_dir().join(format!("userbpf-redis-{tag}-{}.sock", std::process::id()));
+    let _cleanup = ShutdownOnDrop(sock.clone());
 
     let mut cmd = Command::new(userbpf());
     cmd.env("USERBPF_AGENT", agent())
