@@ -5,7 +5,9 @@ CARGO ?= cargo
 USERBPF := target/release/userbpf
 
 # eBPF C examples, compiled by clang into the build directory (never committed).
-BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu
+# include/ holds <userbpf/helpers.h> (userbpf's own helpers), which `make install` installs.
+BPF_CFLAGS := -target bpf -g -O2 -D__TARGET_ARCH_x86 -I/usr/include/x86_64-linux-gnu -Iinclude
+PREFIX ?= /usr/local
 # libbpf programs with a skeleton (`bpftool gen skeleton`, generated into target/libbpf).
 LIBBPF_EXAMPLES := $(patsubst examples/libbpf/%.bpf.c,target/libbpf/%,$(wildcard examples/libbpf/*.bpf.c))
 # The eBPF side of `userbpf tool NAME` (tools/NAME.bpf.c), found by the CLI in target/tools.
@@ -15,7 +17,7 @@ EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard exampl
 	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
 	$(LIBBPF_EXAMPLES) $(TOOLS)
 
-.PHONY: all deps build test lint unit conformance bench demo clean examples
+.PHONY: all deps build test lint unit conformance bench demo clean examples install
 
 all: build
 
@@ -28,7 +30,7 @@ build: deps
 
 examples: $(EXAMPLES)
 
-target/bpf/%.bpf.o: examples/bpf/%.bpf.c
+target/bpf/%.bpf.o: examples/bpf/%.bpf.c include/userbpf/helpers.h
 	@mkdir -p $(dir $@)
 	clang $(BPF_CFLAGS) -c -o $@ $<
 
@@ -89,6 +91,13 @@ bench: build
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py
+	python3 bench/redis/bench.py
+
+# userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
+# extensions), <userbpf/libbpf.h> for libbpf loaders.
+install:
+	install -d $(DESTDIR)$(PREFIX)/include/userbpf
+	install -m 0644 include/userbpf/*.h $(DESTDIR)$(PREFIX)/include/userbpf/
 
 demo: build
 	@scripts/demo.sh

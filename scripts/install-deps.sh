@@ -21,6 +21,9 @@ want strace strace
 want bpftrace bpftrace
 # The exporter's test (`userbpf export`) checks a real scrape with Prometheus's own parser.
 want promtool prometheus
+# The redis hot patch's test and benchmark (examples/bpf/redis-fsync.bpf.c, bench/redis).
+want redis-server redis-server
+want redis-benchmark redis-tools
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 # `userbpf tool aiocost`'s benchmark (tools/aiocost/aiobench.c) reads through io_uring and libaio.

@@ -1,6 +1,7 @@
 //! The kernel's helper function ids and names: `enum bpf_func_id` from
 //! `include/uapi/linux/bpf.h` (the `___BPF_FUNC_MAPPER` list, which the kernel has frozen:
-//! new kernel functions are kfuncs, which have no fixed ids).
+//! new kernel functions are kfuncs, which have no fixed ids), followed by userbpf's own
+//! helpers, whose ids start at [`USERBPF_HELPER_BASE`], far above the kernel's range.
 
 /// Helper names indexed by id, without the `bpf_` prefix. Id 0 (`unspec`) is not a helper
 /// but is listed, as the kernel lists it.
@@ -222,14 +223,43 @@ static NAMES: [&str; 212] = [
 /// The highest helper id the kernel defines.
 pub const MAX_HELPER_ID: u32 = NAMES.len() as u32 - 1;
 
-/// The kernel's name of helper `id`, without the `bpf_` prefix (`1` -> `"map_lookup_elem"`).
+/// The first id of userbpf's own helpers (declared for C programs in
+/// `include/userbpf/helpers.h`). They exist only in user space: a program run by the kernel
+/// may not call them.
+pub const USERBPF_HELPER_BASE: u32 = 1000;
+
+/// userbpf's helpers, indexed by `id - USERBPF_HELPER_BASE`, without the `bpf_` prefix.
+static USERBPF_NAMES: [&str; 5] = [
+    "io_uring_write",        // 1000
+    "io_uring_fsync",        // 1001
+    "io_uring_fdatasync",    // 1002
+    "io_uring_wait",         // 1003
+    "io_uring_wait_timeout", // 1004
+];
+
+/// The highest id of userbpf's own helpers.
+pub const MAX_USERBPF_HELPER_ID: u32 = USERBPF_HELPER_BASE + USERBPF_NAMES.len() as u32 - 1;
+
+/// Whether `id` is one of userbpf's own helpers (not the kernel's).
+pub fn is_userbpf_helper(id: u32) -> bool {
+    (USERBPF_HELPER_BASE..=MAX_USERBPF_HELPER_ID).contains(&id)
+}
+
+/// The name of helper `id`, without the `bpf_` prefix (`1` -> `"map_lookup_elem"`): the
+/// kernel's, or userbpf's own above [`USERBPF_HELPER_BASE`].
 pub fn helper_name(id: u32) -> Option<&'static str> {
+    if is_userbpf_helper(id) {
+        return Some(USERBPF_NAMES[(id - USERBPF_HELPER_BASE) as usize]);
+    }
     NAMES.get(usize::try_from(id).ok()?).copied()
 }
 
 /// The id of the helper called `name`, with or without the `bpf_` prefix.
 pub fn helper_id(name: &str) -> Option<u32> {
     let name = name.strip_prefix("bpf_").unwrap_or(name);
+    if let Some(i) = USERBPF_NAMES.iter().position(|&n| n == name) {
+        return Some(USERBPF_HELPER_BASE + i as u32);
+    }
     NAMES.iter().position(|&n| n == name).and_then(|i| u32::try_from(i).ok())
 }
 
@@ -262,14 +292,32 @@ mod tests {
         assert_eq!(MAX_HELPER_ID, 211);
         assert_eq!(helper_name(MAX_HELPER_ID + 1), None);
         assert_eq!(helper_name(u32::MAX), None);
+        assert_eq!(helper_name(USERBPF_HELPER_BASE - 1), None);
+        assert_eq!(helper_name(MAX_USERBPF_HELPER_ID + 1), None);
+        assert!(!is_userbpf_helper(58));
         assert_eq!(helper_id("no_such_helper"), None);
         assert_eq!(helper_id("bpf_"), None);
         assert_eq!(helper_id(""), None);
     }
 
     #[test]
+    fn userbpf_helpers() {
+        for (id, name) in [
+            (1000, "io_uring_write"),
+            (1001, "io_uring_fsync"),
+            (1002, "io_uring_fdatasync"),
+            (1003, "io_uring_wait"),
+            (1004, "io_uring_wait_timeout"),
+        ] {
+            assert!(is_userbpf_helper(id));
+            assert_eq!(helper_name(id), Some(name), "id {id}");
+            assert_eq!(helper_id(&format!("bpf_{name}")), Some(id), "{name}");
+        }
+    }
+
+    #[test]
     fn ids_and_names_round_trip() {
-        for id in 0..=MAX_HELPER_ID {
+        for id in (0..=MAX_HELPER_ID).chain(USERBPF_HELPER_BASE..=MAX_USERBPF_HELPER_ID) {
             let name = helper_name(id).unwrap();
             assert_eq!(helper_id(name), Some(id));
         }

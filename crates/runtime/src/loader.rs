@@ -9,7 +9,8 @@
 //! Refused as the kernel refuses them, naming the map or program: kernel-only program kinds,
 //! map types or flags userbpf lacks, `numa_node` not online (with `BPF_F_NUMA_NODE`), a pinned
 //! map that does not match its definition, a prog-array slot naming a program left unloaded,
-//! and GPL-only helpers called by a program whose license is not GPL-compatible.
+//! GPL-only helpers called by a program whose license is not GPL-compatible, and userbpf's own
+//! helpers in a program the kernel would run ([`check_kernel_helpers`]).
 
 use std::sync::Arc;
 
@@ -307,6 +308,7 @@ fn load_object_pinning(
             why,
         };
         if let ProgramKind::KernelOnly { kind } = &spec.kind {
+            check_kernel_helpers(&spec.insns).map_err(perr)?;
             return Err(perr(format!(
                 "{kind} programs run only in the kernel; userbpf runs user-space programs (uprobe, uretprobe, usdt, syscall tracepoints) and cannot hand this one to the kernel yet"
             )));
@@ -443,6 +445,25 @@ const GPL_ONLY_HELPERS: &[u32] =
 /// The kernel's `license_is_gpl_compatible`.
 fn license_is_gpl_compatible(license: &str) -> bool {
     matches!(license, "GPL" | "GPL v2" | "GPL and additional rights" | "Dual BSD/GPL" | "Dual MIT/GPL" | "Dual MPL/GPL")
+}
+
+/// For a program the kernel is to run: refuses calls to userbpf's own helpers (ids from
+/// [`userbpf_isa::helper_names::USERBPF_HELPER_BASE`], the io_uring helpers), which exist
+/// only in user space, naming the first one and its instruction.
+pub fn check_kernel_helpers(insns: &[Insn]) -> Result<(), String> {
+    let mut pc = 0;
+    while pc < insns.len() {
+        let insn = &insns[pc];
+        let id = insn.imm as u32;
+        if insn.op == OP_CALL && insn.src == 0 && userbpf_isa::helper_names::is_userbpf_helper(id) {
+            let name = userbpf_isa::helper_names::helper_name(id).unwrap_or("unknown");
+            return Err(format!(
+                "instruction {pc}: helper bpf_{name} (id {id}) is a userbpf helper and runs only in user space; the kernel cannot run this program"
+            ));
+        }
+        pc += if insn.is_lddw() { 2 } else { 1 };
+    }
+    Ok(())
 }
 
 /// The verifier's license check: a program whose license is not GPL-compatible may not call

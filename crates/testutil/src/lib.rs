@@ -143,7 +143,13 @@ pub fn require(ok: bool, what: &str) -> bool {
 pub const BPF_CFLAGS: [&str; 7] =
     ["-target", "bpf", "-g", "-O2", "-c", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu"];
 
-/// Compiles `src` into `out_dir` (created if needed); returns the object's path.
+/// The project's headers for eBPF C (`include/`, holding `<userbpf/helpers.h>`).
+pub fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include")
+}
+
+/// Compiles `src` into `out_dir` (created if needed), with the project's headers
+/// ([`include_dir`]) on the include path; returns the object's path.
 ///
 /// # Panics
 /// If clang is missing or fails: tests need it (`make test` installs it).
@@ -153,6 +159,7 @@ pub fn compile_bpf(src: &Path, out_dir: &Path) -> PathBuf {
     let out = out_dir.join(format!("{stem}.o"));
     let status = Command::new("clang")
         .args(BPF_CFLAGS)
+        .arg(format!("-I{}", include_dir().display()))
         .arg("-o")
         .arg(&out)
         .arg(src)

@@ -126,6 +126,13 @@ static PROTOS: &[Proto] = &[
     p(184, [Ctx, LongOut, N, N, N], Ret::Integer),             // get_func_ret
     p(185, [Ctx, N, N, N, N], Ret::Integer),                   // get_func_arg_cnt
     p(195, [ConstMapPtr, MapKey, Anything, N, N], Ret::MapValueOrNull), // map_lookup_percpu_elem
+    // userbpf's own helpers (ids from 1000, user space only). A write's buffer may be the
+    // target's memory, not the program's: the helper copies it through the fault guard.
+    p(1000, [Anything, Anything, Anything, Anything, N], Ret::Integer), // io_uring_write
+    p(1001, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_fsync
+    p(1002, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_fdatasync
+    p(1003, [Anything, N, N, N, N], Ret::Integer),                      // io_uring_wait
+    p(1004, [Anything, Anything, N, N, N], Ret::Integer),               // io_uring_wait_timeout
 ];
 
 /// Helpers the kernel lets only GPL-compatible programs call (`gpl_only` in their

@@ -7,13 +7,15 @@
 //! `snprintf` and the trace sink), [`output`] (perf event and ring buffer output),
 //! [`stack`] (`get_stackid`, `get_stack`), [`func`] (function ip, cookie, arguments, return
 //! value), [`overrides`] (`override_return`, and the argument writes of `uprobe.w`
-//! programs), [`string`] (`strncmp`, `strtol`, `strtoul`) and [`cgroup`] (cgroup v2 ids and
-//! `current_task_under_cgroup`, which make system calls).
+//! programs), [`string`] (`strncmp`, `strtol`, `strtoul`), [`cgroup`] (cgroup v2 ids and
+//! `current_task_under_cgroup`, which make system calls) and [`io_uring`] (userbpf's own
+//! helpers, above the kernel's ids: writes and fsyncs through a ring per thread).
 //!
 //! # Rules every helper follows
 //!
 //! - They run on the hot path of a probe hit: no allocation, no lock that can block, and no
-//!   system call unless the helper's nature needs one (`send_signal`); per-thread caches
+//!   system call unless the helper's nature needs one (`send_signal`, submitting to and
+//!   waiting on io_uring; a thread's ring is set up by its first such call); per-thread caches
 //!   (pid, comm, credentials, random state) live in thread-locals.
 //! - They never panic (a panic across `extern "C"` aborts the process).
 //! - Errors are the kernel's, as a negative errno in the u64 return value.
@@ -47,6 +49,7 @@ use userbpf_vm::{Helper, HelperFn, HelperRegistry};
 
 pub mod cgroup;
 pub mod func;
+pub mod io_uring;
 pub mod maps;
 pub mod output;
 // `override` is a reserved word.
@@ -81,6 +84,7 @@ pub fn register_all(reg: &mut HelperRegistry) {
     func::register(reg);
     string::register(reg);
     cgroup::register(reg);
+    io_uring::register(reg);
     crate::control::register(reg);
 }
 
@@ -193,6 +197,13 @@ mod tests {
             n += 1;
         }
         assert!(n >= 45, "{n} helpers");
+    }
+
+    #[test]
+    fn the_verifier_knows_every_helper() {
+        for h in registry().iter() {
+            assert!(userbpf_verifier::helpers::proto(h.id).is_some(), "no prototype for bpf_{} (id {})", h.name, h.id);
+        }
     }
 
     #[test]

@@ -52,6 +52,12 @@ fn generation() -> u64 {
     FORK_GEN.load(Ordering::Relaxed)
 }
 
+/// The process's fork generation: different in a child of `fork` from its parent's.
+#[inline]
+pub(crate) fn fork_generation() -> u64 {
+    generation()
+}
+
 #[derive(Clone, Copy)]
 struct Cached<T: Copy> {
     generation: u64,
