@@ -179,7 +179,12 @@ pub fn plan(object: &mut Object, sel: &Selection<'_>) -> Result<Plan> {
             .map_or_else(|| default_side(&p.kind, sel.syscalls), |(_, s)| *s);
         match side {
             Side::Process => plan.process.push(p.name.clone()),
-            Side::Kernel => plan.kernel.push(p.name.clone()),
+            Side::Kernel => {
+                // userbpf's own helpers (io_uring) run only in user space.
+                userbpf_runtime::loader::check_kernel_helpers(&p.insns)
+                    .map_err(|e| anyhow::anyhow!("{}: program `{}` runs in the kernel: {e}", object.file, p.name))?;
+                plan.kernel.push(p.name.clone())
+            }
         }
         sides.push(Some(side));
     }

@@ -36,3 +36,17 @@ fn failing_operations_give_negative_errnos_in_a_target() {
         assert_eq!(counter(&out, "other"), 0, "{engine:?}: {out}");
     }
 }
+
+#[test]
+fn a_kernel_program_calling_an_io_uring_helper_is_refused_with_its_name() {
+    let obj = userbpf_testutil::compile_bpf(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bpf/io_uring_kernel.bpf.c"),
+        &tmp().join("io_uring/bpf"),
+    );
+    let (out, err, ok) = userbpf_run(&obj, &[], &["true"]);
+    assert!(!ok, "a tracepoint the kernel runs may not call userbpf's helpers: {out}\n{err}");
+    assert!(
+        err.contains("program `on_rename` runs in the kernel") && err.contains("bpf_io_uring_fdatasync (id 1002)"),
+        "the refusal names the program and the helper: {err}"
+    );
+}

@@ -329,6 +329,9 @@ fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
 /// or the loader's descriptors (`BPF_PSEUDO_MAP_FD`/`_VALUE`) turned into kernel map
 /// descriptors.
 fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>, Error> {
+    // userbpf's own helpers (io_uring) exist only in user space: name the one the kernel
+    // would call `unknown#ID`.
+    userbpf_runtime::loader::check_kernel_helpers(insns).map_err(Error::inval)?;
     let mut out = insns.to_vec();
     let mut i = 0;
     while i < out.len() {
