@@ -189,6 +189,24 @@ pub(crate) fn cached_pid_tgid() -> (u64, u64) {
     (r.pid_tgid_gen.get(), r.pid_tgid.get())
 }
 
+/// The offsets from the thread pointer of the thread block's cached fork generation and
+/// `tgid << 32 | tid` (the same in every thread: static TLS), for generated code reading them.
+pub(crate) fn pid_tgid_tls_offsets() -> (i64, i64) {
+    let block = thread_run() as usize as i64 - thread_pointer() as i64;
+    (
+        block + std::mem::offset_of!(ThreadRun, pid_tgid_gen) as i64,
+        block + std::mem::offset_of!(ThreadRun, pid_tgid) as i64,
+    )
+}
+
+/// The thread pointer (`fs:[0]`, the TCB's self pointer).
+fn thread_pointer() -> usize {
+    let fs0: usize;
+    // SAFETY: reads the thread pointer (the TCB's self pointer at fs:[0]).
+    unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) fs0, options(nostack, readonly, preserves_flags)) };
+    fs0
+}
+
 /// Caches `value` as this thread's `tgid << 32 | tid` for fork generation `gen`.
 pub(crate) fn set_cached_pid_tgid(generation: u64, value: u64) {
     let r = run_block();

@@ -57,6 +57,8 @@ impl MemoryPolicy for ProgramMaps {
 struct Resolve<'a> {
     maps: &'a dyn MapResolver,
     found: std::cell::RefCell<Vec<(Arc<Map>, bool)>>,
+    /// The program's `get_current_pid_tgid` (helper 14), if it has one.
+    pid_tgid: Option<userbpf_vm::HelperFn>,
 }
 
 impl Relocator for Resolve<'_> {
@@ -172,7 +174,32 @@ impl Relocator for Resolve<'_> {
             3 => ops.delete,
             _ => return None,
         };
-        Some(userbpf_vm::DirectCall { func: func as usize as u64, arg: ops.arg })
+        // Per-CPU hash lookups and updates: the memo's hits inline (see
+        // `userbpf_maps::hash::MemoLayout`, whose contract `HashMemo` restates).
+        let memo = matches!(helper_id, 1 | 2).then(|| map.memo_layout()).flatten().map(|m| userbpf_vm::HashMemo {
+            map: m.map,
+            thread_words: m.thread_words,
+            n_elems: m.n_elems,
+            elems: m.elems,
+            elem_size: m.elem_size,
+            state: m.state,
+            linked: m.linked,
+            lock: m.lock,
+            key: m.key,
+            key_size: m.key_size,
+            pcpu: m.pcpu,
+            pcpu_stride: m.pcpu_stride,
+            value_size: m.value_size,
+        });
+        Some(userbpf_vm::DirectCall { func: func as usize as u64, arg: ops.arg, memo })
+    }
+
+    /// `get_current_pid_tgid`'s per-thread cache, read inline (bpftrace's `tid` and `pid`).
+    fn cached_helper(&self, helper_id: u32) -> Option<userbpf_vm::CachedHelper> {
+        match helper_id {
+            14 => crate::helpers::task::pid_tgid_cache(self.pid_tgid?),
+            _ => None,
+        }
     }
 }
 
@@ -209,7 +236,7 @@ impl LoadedProgram {
         engine: Engine,
         slots: Arc<CpuSlots>,
     ) -> Result<LoadedProgram, PrepareError> {
-        let resolve = Resolve { maps, found: Default::default() };
+        let resolve = Resolve { maps, found: Default::default(), pid_tgid: helpers.get(14).map(|h| h.func) };
         // The policy needs the maps the relocation finds; load once to find them, then build
         // the program with the policy (loading is cheap next to compiling).
         Program::load(insns, &LoadOptions { helpers: helpers.clone(), ..Default::default() }, Some(&resolve))?;
@@ -272,6 +299,13 @@ impl LoadedProgram {
             return None;
         }
         Some((j.claim_entry_address()?, self.slots.claim_desc()))
+    }
+
+    /// Whether runs through [`claim_entry`](Self::claim_entry) may call out (direct map calls
+    /// on a memo miss, `get_current_pid_tgid` refilling its cache: see
+    /// `JitProgram::claim_calls_out`): the caller then holds its recursion guard around them.
+    pub fn claim_calls_out(&self) -> bool {
+        self.jit.as_ref().is_some_and(|j| j.claim_calls_out())
     }
 
     /// [`run`](Self::run) through `entry` (this program's [`context_entry`](Self::context_entry)),
