@@ -687,8 +687,16 @@ mod tests {
         let resolver: &[(u32, Arc<Map>)] = &maps;
         let insns = keyed_sum();
         let load = |engine| {
-            LoadedProgram::prepare(1, "t", &insns, helpers.clone(), &resolver as &dyn MapResolver, engine, slots.clone())
-                .unwrap()
+            LoadedProgram::prepare(
+                1,
+                "t",
+                &insns,
+                helpers.clone(),
+                &resolver as &dyn MapResolver,
+                engine,
+                slots.clone(),
+            )
+            .unwrap()
         };
         let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
         let direct = jit.program().direct_calls();
@@ -724,7 +732,8 @@ mod tests {
                 let mut record = [0u64; 3];
                 let mut vout = [0u8; 256];
                 // SAFETY: the program's claiming entry, its slots' claim and a 16-byte context.
-                let r = unsafe { call_with_vectors(entry, ctx.as_mut_ptr() as u64, &claim, &mut record, &vin, &mut vout) };
+                let r =
+                    unsafe { call_with_vectors(entry, ctx.as_mut_ptr() as u64, &claim, &mut record, &vin, &mut vout) };
                 assert_eq!(vout, vin, "step {i}: vector registers 0-7 changed by the run");
                 if record[0] == userbpf_vm::jit::CLAIM_RETRY {
                     jit.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap().unwrap()
@@ -755,5 +764,4 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
-
 }

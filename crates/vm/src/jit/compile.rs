@@ -86,6 +86,32 @@
 //! fast entry). The helper would find the map by address in the registry, dispatch on its
 //! type and key size and read the run's CPU from thread-local state on every call.
 //!
+//! # Per-CPU hash memo hits and cached helpers, inline
+//!
+//! A direct lookup or update of a per-CPU hash map whose keys are 1, 2, 4 or 8 bytes
+//! ([`crate::program::HashMemo`]) first tries the thread's lookup memo inline: the memo (in
+//! the maps crate's static TLS words) names this map and the key, its element is linked and
+//! holds the key: a lookup's result is the element's value for the run's CPU; an update
+//! (`BPF_ANY`/`BPF_EXIST`, values of whole words up to 64 bytes) takes the element's lock with
+//! one compare-and-swap, checks again, stores the value and gives the lock back, as the maps
+//! crate's own fast path does. Anything else (a miss, a held lock, other flags) makes the
+//! direct call. bpftrace's `@x[tid] = count()`, `sum()` and `hist()` repeat one key per thread,
+//! so their lookups and updates are these few instructions. A helper whose result the thread
+//! caches ([`crate::program::CachedHelper`]: `get_current_pid_tgid`) is read inline while the
+//! cache's fork generation is current, and called otherwise.
+//!
+//! # Calls out of claimed runs
+//!
+//! A program whose only calls are those (direct map calls, cached helpers) reads nothing of
+//! the run context, so it gets the claiming entry too (`Output::calls_out`). A probe's stub
+//! calls that entry without saving any vector register (it only holds the recursion guard:
+//! the calls may reach probed functions), so from such a run the calls go through
+//! `preserve.rs`'s thunk, which keeps vector registers 0-7 (the ones live at a function's
+//! entry or return) around them; runs from the other entries (whose callers saved the vector
+//! state) call directly. The run's entry is told by its slot word at `[r12+16]`, set only by
+//! the claiming entry. Faults: the key and the value are read before the element's lock is
+//! taken, so a bad pointer aborts the run with no lock held.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
