@@ -762,6 +762,62 @@ mod tests {
         for (k, v) in &model {
             assert_eq!(total(*k), Some(*v), "key {k}");
         }
+
+        // A key pointer that faults in the inline memo check (the program takes it from its
+        // context): the claimed run ends with the fault at the call, its CPU slot and the
+        // thread's run given back (the next claimed run goes ahead), no lock left held.
+        let bad = vec![
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0),
+            Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 2, 6, 0, 0),
+            Insn::new(OP_LDDW, 1, BPF_PSEUDO_MAP_IDX, 0, 1),
+            Insn::new(0, 0, 0, 0, 0),
+            Insn::new(OP_CALL, 0, 0, 0, 1),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 0),
+            Insn::new(OP_EXIT, 0, 0, 0, 0),
+        ];
+        let bad = LoadedProgram::prepare(
+            2,
+            "bad",
+            &bad,
+            helpers.clone(),
+            &resolver as &dyn MapResolver,
+            Engine::Jit,
+            slots.clone(),
+        )
+        .unwrap();
+        let (bad_entry, bad_claim) = bad.claim_entry().expect("a claiming entry");
+        type Claiming = unsafe extern "C" fn(u64, *const userbpf_vm::jit::SlotClaim, *mut [u64; 3]) -> u64;
+        // SAFETY: the program's claiming entry, of this signature.
+        let bad_fn = unsafe { std::mem::transmute::<usize, Claiming>(bad_entry) };
+        let mut faults = 0;
+        for k in 0..20u64 {
+            let mut ctx = [if k % 2 == 0 { 8 } else { &k as *const u64 as u64 }, 0];
+            let mut record = [0u64; 3];
+            // SAFETY: as above; the program reads its key at ctx[0] (a fault is contained).
+            unsafe { bad_fn(ctx.as_mut_ptr() as u64, &bad_claim, &mut record) };
+            if record[0] == userbpf_vm::jit::CLAIM_RETRY {
+                continue;
+            }
+            if k % 2 == 0 {
+                assert_eq!(record[..2], [2, 4], "a fault at the call (instruction 4)");
+                faults += 1;
+            } else {
+                assert_eq!(record[0], 0, "{record:?}");
+            }
+            assert!(crate::context::current().is_none(), "the run was given back");
+        }
+        assert!(faults >= 5, "{faults} faulting runs were claimed");
+        // The element locks are free: an update through the claimed entry still writes.
+        let mut ctx = [5u64, 1];
+        let before = total(5).unwrap_or(0);
+        let mut record = [0u64; 3];
+        let mut vout = [0u8; 256];
+        // SAFETY: as above.
+        unsafe { call_with_vectors(entry, ctx.as_mut_ptr() as u64, &claim, &mut record, &vin, &mut vout) };
+        if record[0] == userbpf_vm::jit::CLAIM_RETRY {
+            jit.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap();
+        }
+        assert_eq!(total(5), Some(before + 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
