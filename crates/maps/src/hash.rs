@@ -1095,7 +1095,7 @@ impl HashMap {
         if !self.percpu || self.lru || self.ids || !matches!(self.ks, 1 | 2 | 4 | 8) {
             return None;
         }
-        if self.vs % 8 != 0 || self.vs > 64 {
+        if !self.vs.is_multiple_of(8) || self.vs > 64 {
             return None;
         }
         let elem_size = u32::try_from(self.elem_size).ok().filter(|&s| s <= i32::MAX as u32)?;

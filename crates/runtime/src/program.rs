@@ -572,9 +572,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// bpftrace's keyed `count()`/`sum()` in one program: `v = lookup(&key); n = (v ? *v : 0)
-    /// + inc; r9 = update(&key, &n, BPF_ANY); r0 = r9 ? r9 : bpf_get_current_pid_tgid()`, the
-    /// key and the increment read from the context (two u64s).
+    /// bpftrace's keyed `count()`/`sum()` in one program: `v = lookup(&key);
+    /// n = (v ? *v : 0) + inc; r9 = update(&key, &n, BPF_ANY);
+    /// r0 = r9 ? r9 : bpf_get_current_pid_tgid()`, the key and the increment read from the
+    /// context (two u64s).
     fn keyed_sum() -> Vec<Insn> {
         vec![
             Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0),

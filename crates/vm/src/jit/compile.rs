@@ -1415,7 +1415,7 @@ impl<'a> Emitter<'a> {
         let memo = d.memo.filter(|m| matches!(m.key_size, 1 | 2 | 4 | 8));
         let inline = match (memo, helper) {
             (Some(m), 1) => Some((m, false)),
-            (Some(m), 2) if m.value_size % 8 == 0 && m.value_size <= 64 => Some((m, true)),
+            (Some(m), 2) if m.value_size.is_multiple_of(8) && m.value_size <= 64 => Some((m, true)),
             _ => None,
         };
         let Some((m, update)) = inline else {
