@@ -241,8 +241,9 @@ impl JitProgram {
         self.fast_entry.map(|off| self.mem.addr() + off)
     }
 
-    /// Address of the claiming entry, for programs that call no helper (inlined lookups aside),
-    /// no `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
+    /// Address of the claiming entry, for programs that call no helper (inlined lookups, direct
+    /// map calls and cached helpers aside, see [`claim_calls_out`](Self::claim_calls_out)), no
+    /// `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
     /// SlotClaim, abort: *mut [u64; 3]) -> u64`. It claims the slot of the CPU the thread runs
     /// on, as the runtime's runs do (a compare-and-swap of the slot's word from 0 to the
     /// thread's id), when restartable sequences are registered, the thread's id is known, no
