@@ -70,7 +70,10 @@
 //! up, compute, then update it) writes the memo's element in place without hashing and
 //! searching again, after the same checks under the element's lock as an update found by
 //! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
-//! sends the lookup or update the general way.
+//! sends the lookup or update the general way. For per-CPU maps with keys of 1, 2, 4 or 8
+//! bytes, [`HashMap::memo_layout`] tells the JIT where the memo and the elements are, and it
+//! does these hits inline (the same checks, the same element lock), calling [`ProgOps`] only
+//! on a miss.
 //!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
 //! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
