@@ -289,8 +289,9 @@ impl LoadedProgram {
 
     /// The claiming entry of a JIT'd program whose runs need a CPU slot but call no helper
     /// (per-CPU array lookups, inlined; or direct per-CPU hash operations and a cached
-    /// `get_current_pid_tgid`, which need no run context: see [`claim_calls_out`](Self::claim_calls_out)), with what it needs to claim the slot itself (see
-    /// `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
+    /// `get_current_pid_tgid`, which need no run context: see
+    /// [`claim_calls_out`](Self::claim_calls_out)), with what it needs to claim the slot
+    /// itself (see `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
     /// stores `userbpf_vm::jit::CLAIM_RETRY` in `record[0]` when the caller must [`run`](Self::run)
     /// the program instead. Runs it makes are not counted in statistics (callers take `run`
     /// while [`stats_gate`] is set). None for other programs.
