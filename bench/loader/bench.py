@@ -98,8 +98,12 @@ def problem(what, detail=""):
 
 
 def fio_cmd(out):
+    # --clocksource=cpu: left to itself fio picks the TSC or clock_gettime at start-up (its
+    # TSC check fails now and then under load), and on this VM clock_gettime costs fio ~55 ns
+    # more per I/O, probed or not: the choice, not the probe, made shares wander by 25-30%.
     return [FIO, "--name=lbench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
-            f"--runtime={RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
+            f"--runtime={RUNTIME}", "--time_based", "--numjobs=1", "--clocksource=cpu",
+            "--output-format=json", f"--output={out}"]
 
 
 def read_fio(out, what):

@@ -54,6 +54,7 @@ const ID_PERCPU: u32 = 4;
 const ID_CNT_ARRAY: u32 = 5;
 const ID_CNT_PERCPU: u32 = 6;
 const ID_RINGBUF: u32 = 7;
+const ID_CNT_PCPU_HASH: u32 = 8;
 
 const FN_LOOKUP: i32 = 1;
 const FN_UPDATE: i32 = 2;
@@ -209,25 +210,46 @@ enum Inc {
     Plain,
     /// `__sync_fetch_and_add(v, 1)`: BPF_STX | BPF_ATOMIC | BPF_DW, imm BPF_ADD.
     Atomic,
+    /// bpftrace's keyed `count()` on a per-CPU hash (an 8-byte key): `n = v ? *v + 1 : 1;
+    /// bpf_map_update_elem(map, &key, &n, BPF_ANY)` (the JIT does the thread's memo hits of
+    /// both inline).
+    Keyed,
 }
 
 /// N times: `v = bpf_map_lookup_elem(map, &zero); if (v) inc(*v)`. Returns the NULL count.
 /// `empty`: neither the lookup nor the increment (the bare loop).
 fn counter_loop(map: u32, inc: Inc, empty: bool) -> Vec<Insn> {
+    if inc == Inc::Keyed {
+        return keyed_counter_loop(map, empty);
+    }
     let mut a = Asm::default();
     a.ldx(BPF_DW, 6, 1, 0).mov_k(7, 0).mov_k(8, 0).st(BPF_W, 10, -4, 0);
     a.label("top");
     a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -4);
     if !empty {
         a.call(FN_LOOKUP).j_k(BPF_JNE, 0, 0, "found").alu_k(BPF_ADD, 8, 1).ja("next").label("found");
-        match inc {
-            Inc::Plain => {
-                a.ldx(BPF_DW, 1, 0, 0).alu_k(BPF_ADD, 1, 1).stx(BPF_DW, 0, 1, 0);
-            }
-            Inc::Atomic => {
-                a.mov_k(1, 1).i(Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 0, 1, 0, BPF_ADD as i32));
-            }
+        if inc == Inc::Atomic {
+            a.mov_k(1, 1).i(Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 0, 1, 0, BPF_ADD as i32));
+        } else {
+            a.ldx(BPF_DW, 1, 0, 0).alu_k(BPF_ADD, 1, 1).stx(BPF_DW, 0, 1, 0);
         }
+    }
+    a.label("next").alu_k(BPF_ADD, 7, 1).j_x(BPF_JNE, 7, 6, "top").mov_x(0, 8).exit();
+    a.finish()
+}
+
+/// N times bpftrace's keyed `count()` of key 0 (see [`Inc::Keyed`]). Returns the failed
+/// updates. `empty`: the bare loop.
+fn keyed_counter_loop(map: u32, empty: bool) -> Vec<Insn> {
+    let mut a = Asm::default();
+    a.ldx(BPF_DW, 6, 1, 0).mov_k(7, 0).mov_k(8, 0).st(BPF_DW, 10, -8, 0);
+    a.label("top");
+    if !empty {
+        a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -8).call(FN_LOOKUP);
+        a.mov_k(1, 1).j_k(BPF_JEQ, 0, 0, "upd").ldx(BPF_DW, 1, 0, 0).alu_k(BPF_ADD, 1, 1);
+        a.label("upd").stx(BPF_DW, 10, 1, -16);
+        a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -8).mov_x(3, 10).alu_k(BPF_ADD, 3, -16).mov_k(4, 0);
+        a.call(FN_UPDATE).j_k(BPF_JEQ, 0, 0, "next").alu_k(BPF_ADD, 8, 1);
     }
     a.label("next").alu_k(BPF_ADD, 7, 1).j_x(BPF_JNE, 7, 6, "top").mov_x(0, 8).exit();
     a.finish()
@@ -710,13 +732,14 @@ fn counter(env: &mut Env, name: &'static str, map: &Map, id: u32, inc: Inc) -> C
     let n = calibrate(&prog, [0; 4]);
     // Zero the counter(s) now: every run from here on is counted.
     let zeros = vec![0u8; map.value_buf_size()];
-    map.update_elem(&0u32.to_ne_bytes(), &zeros, BPF_ANY).expect("zeroing the counter");
+    let key = vec![0u8; map.spec().key_size as usize];
+    map.update_elem(&key, &zeros, BPF_ANY).expect("zeroing the counter");
     let one = measure(&prog, &empty, 1, n, &|_| [0; 4]);
     let two = measure(&prog, &empty, 2, n, &|_| [0; 4]);
     // Runs of `prog` that were not skipped (the empty loop does not increment).
     let runs = one.prog_runs + two.prog_runs;
     let mut buf = vec![0u8; map.value_buf_size()];
-    map.lookup_elem(&0u32.to_ne_bytes(), &mut buf).expect("reading the counter");
+    map.lookup_elem(&key, &mut buf).expect("reading the counter");
     let counted: u64 = buf.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).sum();
     Counter { name, one, two, expected: runs * n, counted }
 }
@@ -862,6 +885,7 @@ fn main() {
     let _percpu = env.create(ID_PERCPU, "percpu_array", MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, ARRAY_MAX);
     let cnt_array = env.create(ID_CNT_ARRAY, "cnt_array", MapType::BPF_MAP_TYPE_ARRAY, 4, 8, 1);
     let cnt_percpu = env.create(ID_CNT_PERCPU, "cnt_percpu", MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1);
+    let cnt_pcpu_hash = env.create(ID_CNT_PCPU_HASH, "cnt_pcpu_hash", MapType::BPF_MAP_TYPE_PERCPU_HASH, 8, 8, 1024);
     let ringbuf = env.create(ID_RINGBUF, "ringbuf", MapType::BPF_MAP_TYPE_RINGBUF, 0, 0, 1 << 20);
     for m in [&hash, &lru] {
         for k in 0..HASH_KEYS {
@@ -958,6 +982,13 @@ fn main() {
         counter(&mut env, "percpu_array, *v += 1", &cnt_percpu, ID_CNT_PERCPU, Inc::Plain),
         counter(&mut env, "array, *v += 1", &cnt_array, ID_CNT_ARRAY, Inc::Plain),
         counter(&mut env, "array, __sync_fetch_and_add", &cnt_array, ID_CNT_ARRAY, Inc::Atomic),
+        counter(
+            &mut env,
+            "percpu_hash, bpftrace's @x[key] = count() (lookup + update)",
+            &cnt_pcpu_hash,
+            ID_CNT_PCPU_HASH,
+            Inc::Keyed,
+        ),
     ];
 
     let mut rb_results = Vec::new();
@@ -1025,7 +1056,7 @@ fn main() {
     println!("| `Map::lookup` hash, 1k hot keys | {} |", fmt_ns(p.hash_lookup_hot));
 
     println!();
-    println!("## Counters: lookup of key 0 + increment, N per run");
+    println!("## Counters: lookup of key 0 + increment (the keyed one: + update), N per run");
     println!();
     println!("| counter | 1 thread ns/inc | 2 threads ns/inc | increments expected | counted | lost |");
     println!("|---|---:|---:|---:|---:|---|");

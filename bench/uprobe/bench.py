@@ -6,7 +6,8 @@ jump, jump into the padding, breakpoint) on a short function beside the kernel's
 same function; the hit of counting programs that use helpers and per-CPU maps (bpftrace's
 count(), @x[tid] = count(), sum(arg0) and hist(arg0), unmodified, through the kernel and
 through `userbpf load`; a libbpf per-CPU array counter through the kernel and `userbpf run`);
-then fio's IOPS with a counting probe on td_io_queue (an array counter, and a per-CPU one).
+then fio's IOPS with a counting probe on td_io_queue (an array counter, and a per-CPU one),
+beside the CPU time fio's thread spends per I/O (steady where the IOPS follow the load).
 
 Builds its C pieces (target, libbenchlib.so, kload, the count-*.bpf.o objects) into
 target/ubench/, measures, prints Markdown tables and whether the targets are met. It reports;
@@ -325,8 +326,13 @@ def method_table():
 
 
 def fio_cmd(out):
+    # --clocksource=cpu: fio otherwise picks its clock at start-up, the TSC (rdtsc, ~150 ns of
+    # fio's own work per I/O here) or clock_gettime when its TSC check fails (~205 ns per
+    # I/O on this VM), a choice that changed from run to run under load and moved the IOPS
+    # of probed and unprobed runs alike by 25-30%. Pinned, every run reads the same clock.
     return [FIO_COPY, "--name=ubench", "--ioengine=null", "--rw=randread", "--bs=4k", "--size=1g",
-            f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--output-format=json", f"--output={out}"]
+            f"--runtime={FIO_RUNTIME}", "--time_based", "--numjobs=1", "--clocksource=cpu",
+            "--output-format=json", f"--output={out}"]
 
 
 # fio configurations: (engine, probe mode); the per-CPU counter (count.bpf.c -DPERCPU) beside
@@ -359,6 +365,15 @@ def fio_run(config):
         problem(f"{what}: no fio result ({e})", stdout[-1000:] + stderr[-1000:])
         return None
     res = {"iops": job["iops"], "ios": job.get("total_ios", 0)}
+    # The CPU time fio's job got per I/O (its usr + sys share of the job's runtime): what the
+    # probe adds to each I/O, unlike the IOPS unmoved by time spent waiting for a CPU on a
+    # busy machine (the IOPS of the same configuration move by a factor of two under load).
+    try:
+        j = json.load(open(out))["jobs"][0]
+        if res["ios"]:
+            res["cpu_ns"] = (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1e6 / res["ios"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        pass
     if engine != "none":
         agent_messages(stderr, what)
         hits = (kernel_hits(stderr) if engine == "kernel" else userbpf_hits(stdout)).get(0)
@@ -385,6 +400,7 @@ def fio_table():
     # Rounds alternate the probes, so a burst of load on the machine hits them alike; the
     # best round of each is kept.
     res = {c: None for c in FIO_CONFIGS}
+    cpu = {c: [] for c in FIO_CONFIGS}
     failed = set()
     for _ in range(FIO_ROUNDS):
         for c in FIO_CONFIGS:
@@ -394,22 +410,38 @@ def fio_table():
             if r is None:
                 failed.add(c)
                 res[c] = None
-            elif res[c] is None or r["iops"] > res[c]["iops"]:
+                continue
+            if r.get("cpu_ns") is not None:
+                cpu[c].append(r["cpu_ns"])
+            if res[c] is None or r["iops"] > res[c]["iops"]:
                 res[c] = r
+    import statistics
+    cpu_med = {c: (statistics.median(v) if v and c not in failed else None) for c, v in cpu.items()}
     print()
     print(f"### fio --ioengine=null --rw=randread --bs=4k, one job, best of {FIO_ROUNDS} runs of {FIO_RUNTIME} s; a counting uprobe on td_io_queue")
     print()
-    print("| probe | IOPS | share of unprobed | td_io_queue hits |")
-    print("|---|---:|---:|---:|")
+    print("| probe | IOPS | share of unprobed | fio CPU ns per I/O (median) | added ns per I/O | share by CPU time | td_io_queue hits |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     none = res[("none", None)]
     base = none["iops"] if none else None
+    base_cpu = cpu_med[("none", None)]
     for c in FIO_CONFIGS:
         r = res[c]
         share = f"{100 * r['iops'] / base:.1f}%" if (r and base) else "–"
         iops = f"{r['iops']:,.0f}" if r else "failed"
         hits = f"{r['hits']:,}" if r and r.get("hits") is not None else "–"
-        print(f"| {fio_name(c)} | {iops} | {share} | {hits} |")
+        ns = cpu_med[c]
+        ns_s = f"{ns:.1f}" if ns is not None else "–"
+        added = f"{ns - base_cpu:+.1f}" if (ns is not None and base_cpu) else "–"
+        by_cpu = f"{100 * base_cpu / ns:.1f}%" if (ns and base_cpu) else "–"
+        print(f"| {fio_name(c)} | {iops} | {share} | {ns_s} | {added} | {by_cpu} | {hits} |")
+    print()
+    print("The share by CPU time is the unprobed CPU ns per I/O over the probed one (medians over the "
+          "rounds): what the probe costs fio's thread, steady where the IOPS follow the machine's load.")
     shares = {(e if m != "percpu" else f"{e}-percpu"): (100 * r["iops"] / base if (r and base) else None) for (e, m), r in res.items()}
+    for (e, m) in FIO_CONFIGS:
+        ns = cpu_med[(e, m)]
+        shares[(e if m != "percpu" else f"{e}-percpu") + "-cpu"] = 100 * base_cpu / ns if (ns and base_cpu) else None
     return shares
 
 
@@ -591,9 +623,9 @@ def main():
     if fio:
         pct = lambda v: f"{v:.1f}%" if v is not None else "failed"
         s = fio.get("jit")
-        verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
+        verdict(s is not None and s >= 90, f"fio under userbpf (JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (by CPU time {pct(fio.get('jit-cpu'))}; interpreter {pct(fio.get('interp'))}, kernel uprobe {pct(fio.get('kernel'))})")
         s = fio.get("jit-percpu")
-        verdict(s is not None and s >= 90, f"fio under a per-CPU counting program (userbpf JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (kernel uprobe {pct(fio.get('kernel-percpu'))})")
+        verdict(s is not None and s >= 90, f"fio under a per-CPU counting program (userbpf JIT) ≥ 90% of its unprobed IOPS: {pct(s)} (by CPU time {pct(fio.get('jit-percpu-cpu'))}; kernel uprobe {pct(fio.get('kernel-percpu'))})")
     for name, h in counting.items():
         verdict(h is not None and h <= 15, f"{name}: hit ≤ 15 ns: {fmt_ns(h)} ns")
     print()

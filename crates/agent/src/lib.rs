@@ -302,9 +302,13 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
 /// * a program calling no helper (`LoadedProgram::native_entry`): its native entry itself.
 ///   Such a run reads nothing of the run context `on_hit` sets up, claims no CPU slot, calls
 ///   nothing and cannot panic.
-/// * a program calling no helper but using per-CPU arrays (`LoadedProgram::claim_entry`): its
-///   claiming entry, which claims the CPU slot itself (no call) or, when it cannot, makes the
-///   hit take the general path (`CLAIM_RETRY`, see `userbpf_hook::LeanHandler`).
+/// * a program calling no helper but using per-CPU arrays, or whose only calls are direct map
+///   calls and `get_current_pid_tgid` (`LoadedProgram::claim_entry`): its claiming entry,
+///   which claims the CPU slot itself (no call) or, when it cannot, makes the hit take the
+///   general path (`CLAIM_RETRY`, see `userbpf_hook::LeanHandler`). Per-CPU hash lookups and
+///   updates whose thread memo hits and a cached `get_current_pid_tgid` are inline; their
+///   misses call out through the JIT's vector-preserving thunk, with the stub holding the
+///   recursion guard (`LEAN_GUARD_ONLY`).
 /// * any other ([`LoadedProgram::context_entry`]): [`lean_run`], which does what `on_hit`
 ///   does in a few instructions (`calls_out`: the stub keeps the live vector registers and
 ///   holds the recursion guard).
@@ -319,7 +323,10 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
         let claim: &'static userbpf_vm::jit::SlotClaim = detach::leak(Box::new(claim));
-        (f, claim as *const userbpf_vm::jit::SlotClaim as u64, 0)
+        // Calls out of the run (memo misses, cache refills) keep the vector registers
+        // themselves; the stub holds the recursion guard around them.
+        let calls_out = if a.prog.claim_calls_out() { userbpf_hook::LEAN_GUARD_ONLY } else { 0 };
+        (f, claim as *const userbpf_vm::jit::SlotClaim as u64, calls_out)
     } else if let Some(entry) = a.prog.context_entry() {
         let run: &'static LeanRun = detach::leak(Box::new(LeanRun { a, entry }));
         (lean_run as *const () as usize, run as *const LeanRun as u64, 1)

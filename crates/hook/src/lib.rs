@@ -160,7 +160,9 @@ pub type Handler = unsafe extern "C" fn(data: *mut c_void, regs: *mut PtRegs) ->
 /// still leave MXCSR, the x87 control word and the x87 stack as it found them (compiled Rust
 /// does not change them), and it may clobber every other vector and opmask register, which
 /// the System V ABI makes dead at function entries and returns (see `stubs::FpSave` for that
-/// assumption and its opt-out, under which no lean path is used).
+/// assumption and its opt-out, under which no lean path is used). With `calls_out ==`
+/// [`LEAN_GUARD_ONLY`] the stub holds the recursion guard but keeps no vector register: the
+/// handler keeps 0-7 itself around whatever it calls.
 #[repr(C)]
 #[derive(Debug)]
 pub struct LeanHandler {
@@ -181,6 +183,13 @@ unsafe impl Send for LeanHandler {}
 
 /// What a [`LeanHandler`] stores in `record[0]` to hand the hit to the general path (all ones).
 pub const LEAN_RETRY: u64 = u64::MAX;
+
+/// [`LeanHandler::calls_out`] of a handler that may call out (compiled code that may reach
+/// probed functions: the stub holds the recursion guard around it) but keeps the vector
+/// registers 0-7 itself around its calls (and touches no other vector, x87 or MXCSR state
+/// outside them), so the stub saves none: the JIT's claiming entry of a program whose calls
+/// go through `userbpf_vm`'s preserving thunk.
+pub const LEAN_GUARD_ONLY: u64 = 2;
 
 /// Identifies one attached handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -349,7 +358,10 @@ fn init_inner() -> Result<Globals, String> {
     } else {
         (stubs::SaveKind::Light(8), stubs::SaveKind::Light(2))
     };
-    let page = thread::raw_mmap(4096) as usize;
+    // Two pages: the light entry stub's lean paths (plain, calling out, guard only) and the
+    // full stub together pass one.
+    const STUBS_LEN: usize = 8192;
+    let page = thread::raw_mmap(STUBS_LEN) as usize;
     if page == 0 {
         return Err("mmap of the shared stubs failed".into());
     }
@@ -361,10 +373,10 @@ fn init_inner() -> Result<Globals, String> {
     let light = stubs::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
     let ret_at = light_at + align(light.len());
     let ret = stubs::ret_tramp(ret_at as u64, fp, ret_kind, ret_dispatch as *const () as usize as u64).map_err(e)?;
-    if ret_at + ret.len() > page + 4096 {
-        return Err("shared stubs do not fit in a page".into());
+    if ret_at + ret.len() > page + STUBS_LEN {
+        return Err("shared stubs do not fit in their pages".into());
     }
-    patch::seal_page(page, &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)])?;
+    patch::seal_pages(page, STUBS_LEN, &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)])?;
     RET_TRAMP.store(ret_at, SeqCst);
     CALL_PLANTING.store(!full_only, SeqCst);
     let mut key: libc::pthread_key_t = 0;

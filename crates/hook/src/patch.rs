@@ -287,16 +287,21 @@ fn free_gap(maps: &str, target: usize) -> Option<(usize, usize)> {
 
 /// Copies `code` into the fresh RW page at `page` (from [`alloc_near`]) and makes it RX.
 pub(crate) fn seal_page(page: usize, code_at: &[(usize, &[u8])]) -> Result<(), String> {
+    seal_pages(page, PAGE, code_at)
+}
+
+/// [`seal_page`] for `len` bytes (whole pages) at `page`.
+pub(crate) fn seal_pages(page: usize, len: usize, code_at: &[(usize, &[u8])]) -> Result<(), String> {
     for (off, bytes) in code_at {
-        if off + bytes.len() > PAGE {
-            return Err("trampoline does not fit in a page".into());
+        if off + bytes.len() > len {
+            return Err("trampoline does not fit in its pages".into());
         }
-        // SAFETY: page is a private RW page of PAGE bytes mapped by alloc_near
-        // and not yet executable or shared; the range was checked above.
+        // SAFETY: page is a private RW mapping of len bytes (alloc_near, or the shared
+        // stubs' raw_mmap) not yet executable or shared; the range was checked above.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (page + off) as *mut u8, bytes.len()) };
     }
-    // SAFETY: page is ours; W^X: it becomes RX and is never written again.
-    if unsafe { libc::mprotect(page as *mut libc::c_void, PAGE, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+    // SAFETY: the pages are ours; W^X: they become RX and are never written again.
+    if unsafe { libc::mprotect(page as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
         return Err(format!("mprotect(RX) failed: {}", std::io::Error::last_os_error()));
     }
     Ok(())

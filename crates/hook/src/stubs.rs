@@ -37,7 +37,7 @@
 //! The light stub first tries the lean path (`lean_entry_path`: the site's only probe has
 //! a `LeanHandler`, called directly with no FP save inside an RCU section; a handler that
 //! calls out gets the live vector registers kept, `lean_call_out`, and the recursion guard
-//! held) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
+//! held; one that keeps the vector registers itself, `LEAN_GUARD_ONLY`, the guard alone) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
 //! lean path too (`lean_ret_path`). A lean handler may hand the hit to the general path
 //! (`LEAN_RETRY`).
 //!
@@ -786,13 +786,19 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
     Ok(())
 }
 
-/// [`lean_call`] or [`lean_call_out`], as the lean handler at r14 says (`calls_out`).
+/// [`lean_call`] or [`lean_call_out`], as the lean handler at r14 says (`calls_out`: 0 or
+/// [`crate::LEAN_GUARD_ONLY`], the handler keeps the vector registers; else the stub keeps
+/// them). The caller holds the recursion guard.
 fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) -> Result<(), IcedError> {
     let calls_out = std::mem::offset_of!(crate::LeanHandler, calls_out) as i32;
     let mut out = a.create_label();
+    let mut plain = a.create_label();
     let mut done = a.create_label();
     a.cmp(qword_ptr(r14 + calls_out), 0)?;
+    a.je(plain)?;
+    a.cmp(qword_ptr(r14 + calls_out), crate::LEAN_GUARD_ONLY as i32)?;
     a.jne(out)?;
+    a.set_label(&mut plain)?;
     lean_call(a, retry)?;
     a.jmp(done)?;
     a.set_label(&mut out)?;
@@ -883,12 +889,26 @@ fn lean_entry_path(
     a.cmp(dword_ptr(rsi + in_handler), 0)?;
     a.jne(unlock_general)?;
     a.mov(dword_ptr(rsi + in_handler), 1)?;
+    // A handler that keeps the vector registers itself (`LEAN_GUARD_ONLY`): the guard alone.
+    let mut guarded = a.create_label();
+    let mut guarded_retry = a.create_label();
+    a.cmp(qword_ptr(r14 + calls_out), crate::LEAN_GUARD_ONLY as i32)?;
+    a.je(guarded)?;
     lean_call_out(a, fp, 8)?;
     // (The loads and stores keep lean_call_out's flags: ZF = go to the general path.)
     a.mov(rsi, qword_ptr(r12 + t.state))?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.je(unlock_general)?;
     a.jmp(called)?;
+    a.set_label(&mut guarded)?;
+    lean_call(a, guarded_retry)?;
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.jmp(called)?;
+    a.set_label(&mut guarded_retry)?;
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.jmp(unlock_general)?;
     a.set_label(&mut plain)?;
     lean_call(a, unlock_general)?;
     a.set_label(&mut called)?;

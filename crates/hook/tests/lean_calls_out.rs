@@ -315,3 +315,97 @@ fn lean_retry_from_a_handler_that_does_not_call_out() {
         detach(id).unwrap();
     }
 }
+
+/// A guard-only handler (`LEAN_GUARD_ONLY`, the JIT's claiming entry calling out through its
+/// own vector-keeping thunk): no vector register touched by it.
+unsafe extern "C" fn guard_only(_regs: *mut PtRegs, arg: u64, record: *mut [u64; 3]) -> u64 {
+    // SAFETY: the test passes a leaked Rec; `record` is the stub's.
+    let rec = unsafe { &*(arg as *const Rec) };
+    rec.hits.fetch_add(1, SeqCst);
+    if rec.retry.load(SeqCst) != 0 {
+        // SAFETY: the stub's three-word record.
+        unsafe { (*record)[0] = LEAN_RETRY };
+        return 0;
+    }
+    // SAFETY: plain function (probed: its hit must run nothing, the guard being held).
+    rec.inner.store(unsafe { t_co_inner(black_box(10)) }, SeqCst);
+    0
+}
+
+/// `LEAN_GUARD_ONLY` at entries and returns: the stub holds the recursion guard around the
+/// handler (a probed function it calls runs no handler and counts as missed, and fires again
+/// once the handler is done), `LEAN_RETRY` still hands hits to the general path, and the
+/// caller's vector registers come back as they were (the handler touches none).
+#[test]
+fn guard_only_handlers_run_with_the_recursion_guard_held() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let inner_general = leak(AtomicU64::new(0));
+    let inner = attach(
+        t_co_inner as *const () as usize,
+        ProbeKind::Entry,
+        general,
+        inner_general as *const AtomicU64 as *mut c_void,
+    )
+    .unwrap();
+    let avx = std::arch::is_x86_feature_detected!("avx2");
+    for (f, kind) in [
+        (t_co_store_ymm as *const () as usize, ProbeKind::Entry),
+        (t_co_plain as *const () as usize, ProbeKind::Return),
+    ] {
+        let rec: &'static Rec = leak(Rec::default());
+        let gate: &'static AtomicU8 = leak(AtomicU8::new(0));
+        let failures: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let lean = leak(LeanHandler {
+            func: guard_only as *const () as usize,
+            arg: rec as *const Rec as u64,
+            gate: gate.as_ptr(),
+            failures,
+            calls_out: LEAN_GUARD_ONLY,
+        });
+        let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
+        let id =
+            attach_lean(f, kind, general, general_hits as *const AtomicU64 as *mut c_void, None, Some(lean)).unwrap();
+        let missed0 = stats().missed_recursion;
+        let before = inner_general.load(SeqCst);
+        let input: [u8; 256] = std::array::from_fn(|i| (i * 11 + 5) as u8);
+        for i in 0..100u64 {
+            if kind == ProbeKind::Entry {
+                if avx {
+                    assert_eq!(&call_ymm(&input)[..], &input[..], "{kind:?}: ymm0-7 as the caller set them");
+                } else {
+                    // SAFETY: plain function, unprobed.
+                    unsafe { t_co_store_ymm(black_box([0u8; 256]).as_mut_ptr()) };
+                }
+            } else {
+                // SAFETY: plain function.
+                assert_eq!(unsafe { t_co_plain(black_box(i)) }, 2 * i, "{kind:?}");
+            }
+        }
+        let (lean_hits, general_n) = (rec.hits.load(SeqCst), general_hits.load(SeqCst));
+        assert_eq!(lean_hits + general_n, 100, "{kind:?}");
+        assert!(lean_hits >= 99, "{kind:?}: lean {lean_hits} general {general_n}");
+        assert_eq!(rec.inner.load(SeqCst), 15, "{kind:?}");
+        assert_eq!(inner_general.load(SeqCst), before, "{kind:?}: no handler ran inside the handler");
+        assert!(stats().missed_recursion - missed0 >= lean_hits, "{kind:?}: nested hits counted as missed");
+        // SAFETY: plain function: outside the handler the inner probe fires.
+        assert_eq!(unsafe { t_co_inner(1) }, 6);
+        assert_eq!(inner_general.load(SeqCst), before + 1, "{kind:?}");
+        // LEAN_RETRY: the general path, with the guard given back.
+        rec.retry.store(1, SeqCst);
+        let g0 = general_hits.load(SeqCst);
+        if kind == ProbeKind::Return {
+            // SAFETY: plain function.
+            assert_eq!(unsafe { t_co_plain(black_box(3)) }, 6);
+        } else {
+            // SAFETY: plain function, 256-byte buffer.
+            unsafe { t_co_store_ymm([0u8; 256].as_mut_ptr()) };
+        }
+        assert_eq!(general_hits.load(SeqCst), g0 + 1, "{kind:?}: LEAN_RETRY ran the general handler");
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_co_inner(1) }, 6);
+        assert_eq!(inner_general.load(SeqCst), before + 2, "{kind:?}: the guard was given back");
+        assert_eq!(failures.load(SeqCst), 0, "{kind:?}");
+        detach(id).unwrap();
+    }
+    detach(inner).unwrap();
+}

@@ -70,7 +70,10 @@
 //! up, compute, then update it) writes the memo's element in place without hashing and
 //! searching again, after the same checks under the element's lock as an update found by
 //! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
-//! sends the lookup or update the general way.
+//! sends the lookup or update the general way. For per-CPU maps with keys of 1, 2, 4 or 8
+//! bytes, [`HashMap::memo_layout`] tells the JIT where the memo and the elements are, and it
+//! does these hits inline (the same checks, the same element lock), calling [`ProgOps`] only
+//! on a miss.
 //!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
 //! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
@@ -1084,6 +1087,39 @@ impl HashMap {
         Some(ProgOps { arg: self as *const HashMap as u64, lookup, update: prog_update, delete: prog_delete })
     }
 
+    /// Where generated code finds what a program's lookup and update of an existing key
+    /// through the thread's lookup memo read and write (see the module docs), so that the JIT
+    /// can do the memo's hit inline and call [`ProgOps`] only when it misses: per-CPU hash
+    /// maps (not LRU: their lookups mark elements used) whose keys are 1, 2, 4 or 8 bytes
+    /// (the memo's key word is then the whole key, zero-padded, and so is the element's
+    /// stored key word) and whose values are whole 8-byte words, at most 64 bytes. None for
+    /// other maps.
+    pub fn memo_layout(&self) -> Option<MemoLayout> {
+        if !self.percpu || self.lru || self.ids || !matches!(self.ks, 1 | 2 | 4 | 8) {
+            return None;
+        }
+        if !self.vs.is_multiple_of(8) || self.vs > 64 {
+            return None;
+        }
+        let elem_size = u32::try_from(self.elem_size).ok().filter(|&s| s <= i32::MAX as u32)?;
+        let pcpu_stride = u32::try_from(self.pcpu_stride).ok().filter(|&s| s <= i32::MAX as u32)?;
+        Some(MemoLayout {
+            map: self as *const HashMap as u64,
+            thread_words: crate::sync::thread_words_tls_offset(),
+            n_elems: self.n_elems,
+            elems: self.elems as u64,
+            elem_size,
+            state: E_STATE as u32,
+            linked: LINKED,
+            lock: E_LOCK as u32,
+            key: E_KEY as u32,
+            key_size: self.ks as u32,
+            pcpu: self.pcpu as u64,
+            pcpu_stride,
+            value_size: self.vs as u32,
+        })
+    }
+
     // ---- syscall side ----
 
     pub(crate) fn lookup_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
@@ -1236,6 +1272,41 @@ pub struct ProgOps {
     pub lookup: ProgOp,
     pub update: ProgOp,
     pub delete: ProgOp,
+}
+
+/// What a program's lookup or update of an existing key reads and writes when the thread's
+/// lookup memo names the key's element (see [`HashMap::memo_layout`]):
+///
+/// - the thread's words at `thread_words` from the thread pointer: +0 its id (u32, 0: not
+///   read yet), +4 the memo's element index (u32), +8 the memo's map (u64, compared with
+///   `map`), +16 the memo's key word (u64: the key's `key_size` bytes, zero-padded);
+/// - element `i < n_elems` at `elems + i * elem_size`: its state byte at `+state` (`linked`:
+///   in its chain), its lock word at `+lock` (u32: 0 or the holder's thread id; an update
+///   takes it with one compare-and-swap, and gives up when it is held), its key word at
+///   `+key` (u64, zero-padded);
+/// - its value for CPU slot `c` at `pcpu + c * pcpu_stride + i * value_size`.
+///
+/// A lookup hit: the memo's map and key word are the map's and the key's, `i < n_elems`,
+/// the element linked and holding the key word: the value's address. An update hit (flags
+/// `BPF_ANY` or `BPF_EXIST`): the same checks, the element's lock taken (the thread's id
+/// known), the checks again under it, the value's words stored, the lock given back (a
+/// release store of 0), result 0. Anything else: [`ProgOps`]' function, which does the
+/// same and more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoLayout {
+    pub map: u64,
+    pub thread_words: i64,
+    pub n_elems: u32,
+    pub elems: u64,
+    pub elem_size: u32,
+    pub state: u32,
+    pub linked: u8,
+    pub lock: u32,
+    pub key: u32,
+    pub key_size: u32,
+    pub pcpu: u64,
+    pub pcpu_stride: u32,
+    pub value_size: u32,
 }
 
 /// [`ProgOps::lookup`] for key size `N` (0: any).

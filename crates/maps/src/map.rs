@@ -512,6 +512,15 @@ impl Map {
         }
     }
 
+    /// Where generated code finds a per-CPU hash map's memo hits (see
+    /// [`crate::hash::HashMap::memo_layout`]).
+    pub fn memo_layout(&self) -> Option<crate::hash::MemoLayout> {
+        match self {
+            Map::Hash(m) => m.memo_layout(),
+            _ => None,
+        }
+    }
+
     /// `bpf_map_delete_elem` from a program.
     ///
     /// # Safety

@@ -85,6 +85,17 @@ fn thread_words() -> *mut u8 {
     p as *mut u8
 }
 
+/// The offset of this thread's words (see above) from the thread pointer (`fs:[0]`): the same
+/// in every thread (static TLS), for generated code that reads the lookup memo and the
+/// thread's id itself (`HashMap::memo_layout`). Layout: +0 tid (u32, 0: not read yet), +4
+/// memo element index (u32), +8 memo map (u64), +16 memo key word (u64).
+pub fn thread_words_tls_offset() -> i64 {
+    let fs0: usize;
+    // SAFETY: reads the thread pointer (the TCB's self pointer at fs:[0]).
+    unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) fs0, options(nostack, readonly, preserves_flags)) };
+    thread_words() as usize as i64 - fs0 as i64
+}
+
 #[inline(always)]
 fn tid_word() -> *mut u32 {
     thread_words().cast()

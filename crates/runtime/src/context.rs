@@ -9,9 +9,19 @@
 //!
 //! The CPU is the `cpu_id` of the thread's restartable-sequences area, which glibc registers
 //! for every thread (`__rseq_offset`): a load, no system call. The claim is the only atomic
-//! read-modify-write of a run (about 2 ns of a probe hit here, measured with `perf`); JIT'd
-//! programs that call no helper make the same claim in generated code (the JIT's claiming
-//! entry, described by [`CpuSlots::claim_desc`]), and defer to [`enter`] when they cannot.
+//! read-modify-write of a run; JIT'd programs that call no helper (or only per-CPU hash
+//! lookups and updates and `get_current_pid_tgid`, which need no run context) make the same
+//! claim in generated code (the JIT's claiming entry, described by [`CpuSlots::claim_desc`]),
+//! and defer to [`enter`] when they cannot. Measured on this project's 2-core EPYC VM
+//! (2026-11-25), the compare-and-swap is not what a hit costs: the same builds with the
+//! `lock` prefix removed from the claim and from the hash element lock (unsound, for the
+//! measurement only) ran bpftrace's `count()` and `@x[1] = count()` at the same speed
+//! (15.1/14.9 and 18.3/18.4 ns a call), so no rseq-based claim was built (its argument: a
+//! claim inside an rseq critical section is atomic only against claims made on the same CPU;
+//! a run whose CPU's slot is held takes another CPU's slot, and that claim would race with
+//! the slot's own CPU's plain claims unless every process of the session registered for
+//! `MEMBARRIER_CMD_GLOBAL_EXPEDITED` and remote claims issued that barrier between publishing
+//! their claim and checking the home claim, Dekker-style).
 //!
 //! **Why a compare-and-swap.** Reading `cpu_id` and using that CPU's values without a claim
 //! would lose updates: a thread preempted between loading a per-CPU counter and storing it
@@ -199,6 +209,24 @@ pub fn last_program() -> (*const (), bool) {
 pub(crate) fn cached_pid_tgid() -> (u64, u64) {
     let r = run_block();
     (r.pid_tgid_gen.get(), r.pid_tgid.get())
+}
+
+/// The offsets from the thread pointer of the thread block's cached fork generation and
+/// `tgid << 32 | tid` (the same in every thread: static TLS), for generated code reading them.
+pub(crate) fn pid_tgid_tls_offsets() -> (i64, i64) {
+    let block = thread_run() as usize as i64 - thread_pointer() as i64;
+    (
+        block + std::mem::offset_of!(ThreadRun, pid_tgid_gen) as i64,
+        block + std::mem::offset_of!(ThreadRun, pid_tgid) as i64,
+    )
+}
+
+/// The thread pointer (`fs:[0]`, the TCB's self pointer).
+fn thread_pointer() -> usize {
+    let fs0: usize;
+    // SAFETY: reads the thread pointer (the TCB's self pointer at fs:[0]).
+    unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) fs0, options(nostack, readonly, preserves_flags)) };
+    fs0
 }
 
 /// Caches `value` as this thread's `tgid << 32 | tid` for fork generation `gen`.

@@ -57,6 +57,8 @@ impl MemoryPolicy for ProgramMaps {
 struct Resolve<'a> {
     maps: &'a dyn MapResolver,
     found: std::cell::RefCell<Vec<(Arc<Map>, bool)>>,
+    /// The program's `get_current_pid_tgid` (helper 14), if it has one.
+    pid_tgid: Option<userbpf_vm::HelperFn>,
 }
 
 impl Relocator for Resolve<'_> {
@@ -177,7 +179,32 @@ impl Relocator for Resolve<'_> {
             3 => ops.delete,
             _ => return None,
         };
-        Some(userbpf_vm::DirectCall { func: func as usize as u64, arg: ops.arg })
+        // Per-CPU hash lookups and updates: the memo's hits inline (see
+        // `userbpf_maps::hash::MemoLayout`, whose contract `HashMemo` restates).
+        let memo = matches!(helper_id, 1 | 2).then(|| map.memo_layout()).flatten().map(|m| userbpf_vm::HashMemo {
+            map: m.map,
+            thread_words: m.thread_words,
+            n_elems: m.n_elems,
+            elems: m.elems,
+            elem_size: m.elem_size,
+            state: m.state,
+            linked: m.linked,
+            lock: m.lock,
+            key: m.key,
+            key_size: m.key_size,
+            pcpu: m.pcpu,
+            pcpu_stride: m.pcpu_stride,
+            value_size: m.value_size,
+        });
+        Some(userbpf_vm::DirectCall { func: func as usize as u64, arg: ops.arg, memo })
+    }
+
+    /// `get_current_pid_tgid`'s per-thread cache, read inline (bpftrace's `tid` and `pid`).
+    fn cached_helper(&self, helper_id: u32) -> Option<userbpf_vm::CachedHelper> {
+        match helper_id {
+            14 => crate::helpers::task::pid_tgid_cache(self.pid_tgid?),
+            _ => None,
+        }
     }
 }
 
@@ -214,7 +241,7 @@ impl LoadedProgram {
         engine: Engine,
         slots: Arc<CpuSlots>,
     ) -> Result<LoadedProgram, PrepareError> {
-        let resolve = Resolve { maps, found: Default::default() };
+        let resolve = Resolve { maps, found: Default::default(), pid_tgid: helpers.get(14).map(|h| h.func) };
         // The policy needs the maps the relocation finds; load once to find them, then build
         // the program with the policy (loading is cheap next to compiling).
         Program::load(insns, &LoadOptions { helpers: helpers.clone(), ..Default::default() }, Some(&resolve))?;
@@ -271,8 +298,10 @@ impl LoadedProgram {
     }
 
     /// The claiming entry of a JIT'd program whose runs need a CPU slot but call no helper
-    /// (per-CPU array lookups, inlined), with what it needs to claim the slot itself (see
-    /// `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
+    /// (per-CPU array lookups, inlined; or direct per-CPU hash operations and a cached
+    /// `get_current_pid_tgid`, which need no run context: see
+    /// [`claim_calls_out`](Self::claim_calls_out)), with what it needs to claim the slot
+    /// itself (see `JitProgram::claim_entry_address`): `extern "C" fn(ctx, claim, record) -> u64`, which
     /// stores `userbpf_vm::jit::CLAIM_RETRY` in `record[0]` when the caller must [`run`](Self::run)
     /// the program instead. Runs it makes are not counted in statistics (callers take `run`
     /// while [`stats_gate`] is set). None for other programs.
@@ -282,6 +311,13 @@ impl LoadedProgram {
             return None;
         }
         Some((j.claim_entry_address()?, self.slots.claim_desc()))
+    }
+
+    /// Whether runs through [`claim_entry`](Self::claim_entry) may call out (direct map calls
+    /// on a memo miss, `get_current_pid_tgid` refilling its cache: see
+    /// `JitProgram::claim_calls_out`): the caller then holds its recursion guard around them.
+    pub fn claim_calls_out(&self) -> bool {
+        self.jit.as_ref().is_some_and(|j| j.claim_calls_out())
     }
 
     /// [`run`](Self::run) through `entry` (this program's [`context_entry`](Self::context_entry)),
@@ -545,6 +581,256 @@ mod tests {
                 }
             }
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// bpftrace's keyed `count()`/`sum()` in one program: `v = lookup(&key);
+    /// n = (v ? *v : 0) + inc; r9 = update(&key, &n, BPF_ANY);
+    /// r0 = r9 ? r9 : bpf_get_current_pid_tgid()`, the key and the increment read from the
+    /// context (two u64s).
+    fn keyed_sum() -> Vec<Insn> {
+        vec![
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0),
+            Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 7, 6, 0, 0),
+            Insn::new(BPF_STX | BPF_MEM | BPF_DW, 10, 7, -8, 0),
+            Insn::new(OP_LDDW, 1, BPF_PSEUDO_MAP_IDX, 0, 1),
+            Insn::new(0, 0, 0, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 2, 10, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 2, 0, 0, -8),
+            Insn::new(OP_CALL, 0, 0, 0, 1),
+            Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 8, 6, 8, 0),
+            Insn::new(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2, 0),
+            Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 1, 0, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_ADD | BPF_X, 8, 1, 0, 0),
+            Insn::new(BPF_STX | BPF_MEM | BPF_DW, 10, 8, -16, 0),
+            Insn::new(OP_LDDW, 1, BPF_PSEUDO_MAP_IDX, 0, 1),
+            Insn::new(0, 0, 0, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 2, 10, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 2, 0, 0, -8),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 3, 10, 0, 0),
+            Insn::new(BPF_ALU64 | BPF_ADD | BPF_K, 3, 0, 0, -16),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 4, 0, 0, 0),
+            Insn::new(OP_CALL, 0, 0, 0, 2),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 9, 0, 0, 0),
+            Insn::new(OP_CALL, 0, 0, 0, 14),
+            Insn::new(BPF_JMP | BPF_JEQ | BPF_K, 9, 0, 1, 0),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 0, 9, 0, 0),
+            Insn::new(OP_EXIT, 0, 0, 0, 0),
+        ]
+    }
+
+    /// Calls a claiming entry `f(r1, claim, record)` with vector registers 0-7 (ymm, or xmm
+    /// without AVX) loaded from `vin`, and stores them into `vout` after the call.
+    ///
+    /// # Safety
+    /// `f` is a claiming entry and `r1` a context it may read.
+    unsafe fn call_with_vectors(
+        f: usize,
+        r1: u64,
+        claim: *const userbpf_vm::jit::SlotClaim,
+        record: *mut [u64; 3],
+        vin: &[u8; 256],
+        vout: &mut [u8; 256],
+    ) -> u64 {
+        let r: u64;
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: loads and stores of the two 256-byte buffers (r12, r13: callee-saved, so
+            // kept by the call); the call is to a C function of this signature, on a stack
+            // aligned for calls (no `nostack`); every register the C ABI lets it clobber is
+            // declared clobbered.
+            unsafe {
+                std::arch::asm!(
+                    "vmovdqu ymm0, [r12]", "vmovdqu ymm1, [r12 + 32]", "vmovdqu ymm2, [r12 + 64]",
+                    "vmovdqu ymm3, [r12 + 96]", "vmovdqu ymm4, [r12 + 128]", "vmovdqu ymm5, [r12 + 160]",
+                    "vmovdqu ymm6, [r12 + 192]", "vmovdqu ymm7, [r12 + 224]",
+                    "call {f}",
+                    "vmovdqu [r13], ymm0", "vmovdqu [r13 + 32], ymm1", "vmovdqu [r13 + 64], ymm2",
+                    "vmovdqu [r13 + 96], ymm3", "vmovdqu [r13 + 128], ymm4", "vmovdqu [r13 + 160], ymm5",
+                    "vmovdqu [r13 + 192], ymm6", "vmovdqu [r13 + 224], ymm7",
+                    "vzeroupper",
+                    f = in(reg) f,
+                    in("rdi") r1, in("rsi") claim, in("rdx") record,
+                    in("r12") vin.as_ptr(), in("r13") vout.as_mut_ptr(),
+                    lateout("rax") r,
+                    clobber_abi("C"),
+                )
+            };
+        } else {
+            // SAFETY: as above, with the xmm registers (16 bytes each).
+            unsafe {
+                std::arch::asm!(
+                    "movdqu xmm0, [r12]", "movdqu xmm1, [r12 + 32]", "movdqu xmm2, [r12 + 64]",
+                    "movdqu xmm3, [r12 + 96]", "movdqu xmm4, [r12 + 128]", "movdqu xmm5, [r12 + 160]",
+                    "movdqu xmm6, [r12 + 192]", "movdqu xmm7, [r12 + 224]",
+                    "call {f}",
+                    "movdqu [r13], xmm0", "movdqu [r13 + 32], xmm1", "movdqu [r13 + 64], xmm2",
+                    "movdqu [r13 + 96], xmm3", "movdqu [r13 + 128], xmm4", "movdqu [r13 + 160], xmm5",
+                    "movdqu [r13 + 192], xmm6", "movdqu [r13 + 224], xmm7",
+                    f = in(reg) f,
+                    in("rdi") r1, in("rsi") claim, in("rdx") record,
+                    in("r12") vin.as_ptr(), in("r13") vout.as_mut_ptr(),
+                    lateout("rax") r,
+                    clobber_abi("C"),
+                )
+            };
+            for k in 0..8 {
+                vout[32 * k + 16..32 * k + 32].copy_from_slice(&vin[32 * k + 16..32 * k + 32]);
+            }
+        }
+        r
+    }
+
+    /// A per-CPU hash program calling only lookup, update and `get_current_pid_tgid` runs
+    /// through the claiming entry (memo hits and the pid cache inline; misses, inserts and
+    /// refills call out through the vector-keeping thunk): its sums agree with a model and
+    /// with the interpreter's, across keys changing, deletes from the syscall side and an
+    /// element reused for another key, and vector registers 0-7 come back as they were.
+    #[test]
+    fn keyed_percpu_hash_runs_claimed_with_inline_memo_hits() {
+        let dir = std::env::temp_dir().join(format!("userbpf-memo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let helpers = crate::helpers::registry();
+        let slots = Arc::new(CpuSlots::private().unwrap());
+        let spec = MapSpec { key_size: 8, value_size: 8, ..spec(MapType::BPF_MAP_TYPE_PERCPU_HASH, 8, 64) };
+        let m = Arc::new(Map::create(&dir.join("h"), &spec).unwrap());
+        m.set_id(1);
+        assert!(crate::helpers::register_map(1, m.clone()));
+        let maps = [(1u32, m.clone())];
+        let resolver: &[(u32, Arc<Map>)] = &maps;
+        let insns = keyed_sum();
+        let load = |engine| {
+            LoadedProgram::prepare(
+                1,
+                "t",
+                &insns,
+                helpers.clone(),
+                &resolver as &dyn MapResolver,
+                engine,
+                slots.clone(),
+            )
+            .unwrap()
+        };
+        let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
+        let direct = jit.program().direct_calls();
+        assert_eq!(direct.len(), 2);
+        assert!(direct.iter().all(|(_, d)| d.memo.is_some()), "{direct:?}");
+        assert!(jit.program().cached_helper_at(insns.len() - 4).is_some());
+        let (entry, claim) = jit.claim_entry().expect("a claiming entry");
+        assert!(jit.claim_calls_out());
+        // SAFETY: getpid and gettid have no preconditions.
+        let me = unsafe { (libc::getpid() as u64) << 32 | libc::gettid() as u64 };
+        let total = |key: u64| {
+            let mut v = vec![0u8; m.value_buf_size()];
+            match m.lookup_elem(&key.to_ne_bytes(), &mut v) {
+                Ok(()) => Some(v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).sum::<u64>()),
+                Err(_) => None,
+            }
+        };
+        let mut model = std::collections::HashMap::<u64, u64>::new();
+        let vin: [u8; 256] = std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(1));
+        let mut claimed = 0;
+        // Keys repeated (memo hits), changing (misses), deleted from the syscall side, and a
+        // key inserted into the element a deleted one left (its memo must not match).
+        let steps: Vec<(u64, u64, bool)> = (0..400u64)
+            .map(|i| {
+                let key = [5, 5, 5, 9, 9, 5, 1000 + i % 7, 5][(i % 8) as usize];
+                (key, i + 1, i % 50 == 49)
+            })
+            .collect();
+        for (i, &(key, inc, delete_after)) in steps.iter().enumerate() {
+            let mut ctx = [key, inc];
+            let engine_jit = i % 3 != 2;
+            let r0 = if engine_jit {
+                let mut record = [0u64; 3];
+                let mut vout = [0u8; 256];
+                // SAFETY: the program's claiming entry, its slots' claim and a 16-byte context.
+                let r =
+                    unsafe { call_with_vectors(entry, ctx.as_mut_ptr() as u64, &claim, &mut record, &vin, &mut vout) };
+                assert_eq!(vout, vin, "step {i}: vector registers 0-7 changed by the run");
+                if record[0] == userbpf_vm::jit::CLAIM_RETRY {
+                    jit.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap().unwrap()
+                } else {
+                    assert_eq!(record[0], 0, "step {i}: {record:?}");
+                    claimed += 1;
+                    r
+                }
+            } else {
+                interp.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap().unwrap()
+            };
+            assert_eq!(r0, me, "step {i}: r0 (an update failing gives -errno)");
+            *model.entry(key).or_default() += inc;
+            assert_eq!(total(key), model.get(&key).copied(), "step {i}: key {key}");
+            if delete_after {
+                m.delete_elem(&key.to_ne_bytes()).unwrap();
+                model.remove(&key);
+                // Another key takes the freed element (the free list is LIFO per CPU).
+                let other = 77_000 + i as u64;
+                let mut ctx = [other, 3];
+                jit.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap();
+                model.insert(other, 3);
+            }
+        }
+        assert!(claimed > 200, "only {claimed} runs were claimed");
+        for (k, v) in &model {
+            assert_eq!(total(*k), Some(*v), "key {k}");
+        }
+
+        // A key pointer that faults in the inline memo check (the program takes it from its
+        // context): the claimed run ends with the fault at the call, its CPU slot and the
+        // thread's run given back (the next claimed run goes ahead), no lock left held.
+        let bad = vec![
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0),
+            Insn::new(BPF_LDX | BPF_MEM | BPF_DW, 2, 6, 0, 0),
+            Insn::new(OP_LDDW, 1, BPF_PSEUDO_MAP_IDX, 0, 1),
+            Insn::new(0, 0, 0, 0, 0),
+            Insn::new(OP_CALL, 0, 0, 0, 1),
+            Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, 0),
+            Insn::new(OP_EXIT, 0, 0, 0, 0),
+        ];
+        let bad = LoadedProgram::prepare(
+            2,
+            "bad",
+            &bad,
+            helpers.clone(),
+            &resolver as &dyn MapResolver,
+            Engine::Jit,
+            slots.clone(),
+        )
+        .unwrap();
+        let (bad_entry, bad_claim) = bad.claim_entry().expect("a claiming entry");
+        type Claiming = unsafe extern "C" fn(u64, *const userbpf_vm::jit::SlotClaim, *mut [u64; 3]) -> u64;
+        // SAFETY: the program's claiming entry, of this signature.
+        let bad_fn = unsafe { std::mem::transmute::<usize, Claiming>(bad_entry) };
+        let mut faults = 0;
+        for k in 0..20u64 {
+            let mut ctx = [if k % 2 == 0 { 8 } else { &k as *const u64 as u64 }, 0];
+            let mut record = [0u64; 3];
+            // SAFETY: as above; the program reads its key at ctx[0] (a fault is contained).
+            unsafe { bad_fn(ctx.as_mut_ptr() as u64, &bad_claim, &mut record) };
+            if record[0] == userbpf_vm::jit::CLAIM_RETRY {
+                continue;
+            }
+            if k % 2 == 0 {
+                assert_eq!(record[..2], [2, 4], "a fault at the call (instruction 4)");
+                faults += 1;
+            } else {
+                assert_eq!(record[0], 0, "{record:?}");
+            }
+            assert!(crate::context::current().is_none(), "the run was given back");
+        }
+        assert!(faults >= 5, "{faults} faulting runs were claimed");
+        // The element locks are free: an update through the claimed entry still writes.
+        let mut ctx = [5u64, 1];
+        let before = total(5).unwrap_or(0);
+        let mut record = [0u64; 3];
+        let mut vout = [0u8; 256];
+        // SAFETY: as above.
+        unsafe { call_with_vectors(entry, ctx.as_mut_ptr() as u64, &claim, &mut record, &vin, &mut vout) };
+        if record[0] == userbpf_vm::jit::CLAIM_RETRY {
+            jit.run(ctx.as_mut_ptr().cast(), 16, RunContext::default()).unwrap();
+        }
+        assert_eq!(total(5), Some(before + 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -29,5 +29,8 @@ pub use helpers::{Helper, HelperFn, HelperRegistry};
 pub use interp::Interpreter;
 pub use jit::JitProgram;
 pub use memory::{MemoryPolicy, Region};
-pub use program::{DirectCall, InlineArray, LoadError, LoadOptions, MAX_CALL_FRAMES, Program, Relocator, STACK_SIZE};
+pub use program::{
+    CachedHelper, DirectCall, HashMemo, InlineArray, LoadError, LoadOptions, MAX_CALL_FRAMES, Program, Relocator,
+    STACK_SIZE,
+};
 pub use run::request_exit;

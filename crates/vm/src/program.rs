@@ -73,6 +73,15 @@ pub trait Relocator {
         let _ = (map_addr, helper_id);
         None
     }
+
+    /// Whether helper `helper_id` returns a per-thread cached word the JIT may read inline
+    /// (see [`CachedHelper`]): returning `Some` promises that, while the process's generation
+    /// equals the thread's cached one, the helper returns the cached value and does nothing
+    /// else, and that the helper reads nothing of the run's state. The default inlines none.
+    fn cached_helper(&self, helper_id: u32) -> Option<CachedHelper> {
+        let _ = helper_id;
+        None
+    }
 }
 
 /// A map operation the JIT calls directly (see [`Relocator::direct_call`]): the helper's
@@ -84,6 +93,48 @@ pub struct DirectCall {
     /// Address of an `unsafe extern "C" fn(arg, r2, r3, r4, cpu) -> u64`.
     pub func: u64,
     pub arg: u64,
+    /// For lookups and updates of a per-CPU hash map: where the JIT finds the thread's
+    /// lookup memo and the map's elements, to do a memo hit inline and call `func` only on a
+    /// miss (see [`HashMemo`]). None: always call `func`.
+    pub memo: Option<HashMemo>,
+}
+
+/// A per-CPU hash map's lookup memo as generated code reads it (the maps crate's
+/// `MemoLayout`, whose documentation is the contract): the thread's words at `thread_words`
+/// from the thread pointer (+0 thread id u32, +4 element index u32, +8 map u64, +16 key word
+/// u64), element `i` at `elems + i * elem_size` (state byte at `+state`, `linked` when in its
+/// chain; lock word at `+lock`; key word at `+key`), its value for CPU slot `c` at `pcpu + c *
+/// pcpu_stride + i * value_size`. Keys of `key_size` 1, 2, 4 or 8 bytes; values of
+/// `value_size` a multiple of 8, at most 64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashMemo {
+    pub map: u64,
+    pub thread_words: i64,
+    pub n_elems: u32,
+    pub elems: u64,
+    pub elem_size: u32,
+    pub state: u32,
+    pub linked: u8,
+    pub lock: u32,
+    pub key: u32,
+    pub key_size: u32,
+    pub pcpu: u64,
+    pub pcpu_stride: u32,
+    pub value_size: u32,
+}
+
+/// A helper whose result is a word the calling thread caches in its static TLS, valid while
+/// a process-wide generation (bumped after a fork) equals the one cached beside it (see
+/// [`Relocator::cached_helper`]): the JIT reads the cache inline and calls the helper only
+/// when the generations differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedHelper {
+    /// Address of the process's current generation (a u64, never 0).
+    pub generation: u64,
+    /// Offsets from the thread pointer of the thread's cached generation (u64, 0: none) and
+    /// of the cached result (u64).
+    pub tls_generation: i64,
+    pub tls_value: i64,
 }
 
 /// Most bytes of an update the JIT inlines (see [`Relocator::inline_update`]).
@@ -156,6 +207,8 @@ pub struct Program {
     /// The `call 1`, `call 2` and `call 3` sites whose map the JIT calls directly (not
     /// inlined), ascending.
     pub(crate) direct_calls: Vec<(usize, DirectCall)>,
+    /// The helper call sites whose cached result the JIT reads inline, ascending.
+    pub(crate) cached_helpers: Vec<(usize, CachedHelper)>,
 }
 
 impl std::fmt::Debug for Program {
@@ -353,6 +406,18 @@ impl Program {
             }
             _ => (Vec::new(), Vec::new(), Vec::new()),
         };
+        let mut cached_helpers = Vec::new();
+        if let Some(r) = relocator {
+            for pc in 0..n {
+                let insn = insns[pc];
+                if second_half[pc] || insn.op != OP_CALL || insn.src != 0 {
+                    continue;
+                }
+                if let Some(c) = r.cached_helper(insn.imm as u32).filter(|c| c.generation != 0) {
+                    cached_helpers.push((pc, c));
+                }
+            }
+        }
         Ok(Program {
             insns,
             helpers: options.helpers.clone(),
@@ -362,6 +427,7 @@ impl Program {
             inline_lookups,
             inline_updates,
             direct_calls,
+            cached_helpers,
         })
     }
 
@@ -379,6 +445,12 @@ impl Program {
     /// [`Relocator::direct_call`]).
     pub fn direct_call_at(&self, pc: usize) -> Option<DirectCall> {
         self.direct_calls.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.direct_calls[i].1)
+    }
+
+    /// The cached helper read inline at the `call` at `pc`, if it is one (see
+    /// [`Relocator::cached_helper`]).
+    pub fn cached_helper_at(&self, pc: usize) -> Option<CachedHelper> {
+        self.cached_helpers.binary_search_by_key(&pc, |&(p, _)| p).ok().map(|i| self.cached_helpers[i].1)
     }
 
     /// Every map helper call the JIT makes directly: `(pc of the call, call)`, ascending.

@@ -88,7 +88,7 @@ impl Relocator for Maps<'_> {
             3 => d3,
             _ => return None,
         };
-        Some(DirectCall { func: func as usize as u64, arg: m.arg })
+        Some(DirectCall { func: func as usize as u64, arg: m.arg, memo: None })
     }
 }
 

@@ -159,6 +159,19 @@ unsafe extern "C" fn get_current_pid_tgid(_: u64, _: u64, _: u64, _: u64, _: u64
     pid_tgid()
 }
 
+/// Where the JIT reads `get_current_pid_tgid`'s per-thread cache inline (see
+/// `userbpf_vm::CachedHelper`), when `f` is this module's helper (a registry may replace it):
+/// the fork generation and the thread block's cached generation and value. Installs the fork
+/// hook first, so that a forked child's inherited cache is stale from its first read.
+pub(crate) fn pid_tgid_cache(f: userbpf_vm::HelperFn) -> Option<userbpf_vm::CachedHelper> {
+    if f as usize != get_current_pid_tgid as userbpf_vm::HelperFn as usize {
+        return None;
+    }
+    init();
+    let (tls_generation, tls_value) = context::pid_tgid_tls_offsets();
+    Some(userbpf_vm::CachedHelper { generation: FORK_GEN.as_ptr() as u64, tls_generation, tls_value })
+}
+
 /// `u64 bpf_get_current_uid_gid(void)`.
 unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     uid_gid()

@@ -86,6 +86,32 @@
 //! fast entry). The helper would find the map by address in the registry, dispatch on its
 //! type and key size and read the run's CPU from thread-local state on every call.
 //!
+//! # Per-CPU hash memo hits and cached helpers, inline
+//!
+//! A direct lookup or update of a per-CPU hash map whose keys are 1, 2, 4 or 8 bytes
+//! ([`crate::program::HashMemo`]) first tries the thread's lookup memo inline: the memo (in
+//! the maps crate's static TLS words) names this map and the key, its element is linked and
+//! holds the key: a lookup's result is the element's value for the run's CPU; an update
+//! (`BPF_ANY`/`BPF_EXIST`, values of whole words up to 64 bytes) takes the element's lock with
+//! one compare-and-swap, checks again, stores the value and gives the lock back, as the maps
+//! crate's own fast path does. Anything else (a miss, a held lock, other flags) makes the
+//! direct call. bpftrace's `@x[tid] = count()`, `sum()` and `hist()` repeat one key per thread,
+//! so their lookups and updates are these few instructions. A helper whose result the thread
+//! caches ([`crate::program::CachedHelper`]: `get_current_pid_tgid`) is read inline while the
+//! cache's fork generation is current, and called otherwise.
+//!
+//! # Calls out of claimed runs
+//!
+//! A program whose only calls are those (direct map calls, cached helpers) reads nothing of
+//! the run context, so it gets the claiming entry too (`Output::calls_out`). A probe's stub
+//! calls that entry without saving any vector register (it only holds the recursion guard:
+//! the calls may reach probed functions), so from such a run the calls go through
+//! `preserve.rs`'s thunk, which keeps vector registers 0-7 (the ones live at a function's
+//! entry or return) around them; runs from the other entries (whose callers saved the vector
+//! state) call directly. The run's entry is told by its slot word at `[r12+16]`, set only by
+//! the claiming entry. Faults: the key and the value are read before the element's lock is
+//! taken, so a bad pointer aborts the run with no lock held.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
@@ -118,6 +144,8 @@ pub(crate) struct Runtime {
     pub abort_fn: u64,
     /// `extern "C" fn(r0) -> (r0, end)`: after a helper that may end the run.
     pub after_helper_fn: u64,
+    /// `preserve.rs`'s thunk: calls r11 keeping vector registers 0-7.
+    pub preserving_call: u64,
 }
 
 /// Layout passes before the last, freezing one.
@@ -198,8 +226,13 @@ pub(crate) struct Output {
     /// thread runs on (restartable sequences' `cpu_id`) with one compare-and-swap, marks the
     /// thread's run in progress, runs with r2..r5 = 0 and gives both back. When it cannot
     /// (no rseq, the thread's id not known yet, a run in progress, the slot held) it runs
-    /// nothing and stores [`CLAIM_RETRY`] in `abort[0]`.
+    /// nothing and stores [`CLAIM_RETRY`] in `abort[0]`. Programs whose only calls are direct
+    /// map calls and cached helpers have one too (see `calls_out`).
     pub claim_entry: Option<usize>,
+    /// The code may call out of the run without needing its run context: direct map calls
+    /// (on a memo miss, when the memo is inlined) and cached helpers' refills. Called from a
+    /// claimed run, they go through the preserving thunk (see "Calls out of claimed runs").
+    pub calls_out: bool,
     /// `(offset, pc)`, ascending by offset: the code from `offset` up to the next entry's is
     /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
     /// (entries, abort path, epilogue) belongs to no instruction.
@@ -277,10 +310,11 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             if e.needs_run_state && e.percpu_inline {
                 return Err("internal error: a per-CPU lookup is inlined in a program that needs run state".into());
             }
-            let needs_context = e.calls_helpers || e.percpu_inline;
+            let needs_context = e.calls_helpers || e.percpu_inline || e.calls_out;
             let cpu_entry = labels[e.label_index(Label::CpuEntry)];
             let claim_entry =
                 (!e.needs_run_state && !e.calls_helpers).then(|| labels[e.label_index(Label::ClaimEntry)]);
+            let calls_out = e.calls_out;
             let pc_map = pc_map(prog, &frames, labels)?;
             return Ok(Output {
                 code: e.a.into_code(),
@@ -290,6 +324,7 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
                 needs_context,
                 cpu_entry,
                 claim_entry,
+                calls_out,
                 pc_map,
             });
         }
@@ -392,6 +427,8 @@ struct Emitter<'a> {
     needs_run_state: bool,
     /// The code calls a helper (see [`Output::needs_context`]).
     calls_helpers: bool,
+    /// The code calls out without needing the run context (see [`Output::calls_out`]).
+    calls_out: bool,
     /// The code inlines a per-CPU lookup or makes a direct map call (both read the run's CPU
     /// slot at `[r12+8]`).
     percpu_inline: bool,
@@ -426,6 +463,7 @@ impl<'a> Emitter<'a> {
             inexact: false,
             needs_run_state: false,
             calls_helpers: false,
+            calls_out: false,
             percpu_inline: false,
         }
     }
@@ -1242,12 +1280,15 @@ impl<'a> Emitter<'a> {
                     return self.inline_array_update(a);
                 }
                 if let Some(d) = self.prog.direct_call_at(pc) {
-                    return self.direct_map_call(d);
+                    return self.direct_map_call(d, insn.imm);
                 }
                 let id = insn.imm as u32;
                 let Some(h) = self.prog.helpers().get(id) else {
                     return self.fail(format!("instruction {pc}: call to unknown helper id {id}"));
                 };
+                if let Some(c) = self.prog.cached_helper_at(pc).filter(|_| !h.may_exit) {
+                    return self.cached_helper(c, h.func as usize as u64);
+                }
                 // r1..r5 are already the argument registers; the result lands in rax = r0.
                 // Only helpers marked `may_exit` end runs (`end_if_requested` marks the run
                 // state as needed); the others need the run context of the caller.
@@ -1364,13 +1405,177 @@ impl<'a> Emitter<'a> {
     /// [`Program::direct_call_at`]): r1 = the function's argument in place of the map, r5 =
     /// the run's CPU slot (`[r12+8]`, kept by the fast entry, as for inlined per-CPU
     /// lookups); r2..r4 are the helper's.
-    fn direct_map_call(&mut self, d: crate::program::DirectCall) {
-        self.calls_helpers = true;
+    ///
+    /// With a memo ([`crate::program::HashMemo`], lookups and updates of per-CPU hash maps):
+    /// the memo's hit is done inline (`memo_lookup`, `memo_update`), the call only made when it
+    /// misses. The call is made as [`out_call`](Self::out_call) makes it.
+    fn direct_map_call(&mut self, d: crate::program::DirectCall, helper: i32) {
+        self.calls_out = true;
         self.percpu_inline = true;
+        let memo = d.memo.filter(|m| matches!(m.key_size, 1 | 2 | 4 | 8));
+        let inline = match (memo, helper) {
+            (Some(m), 1) => Some((m, false)),
+            (Some(m), 2) if m.value_size.is_multiple_of(8) && m.value_size <= 64 => Some((m, true)),
+            _ => None,
+        };
+        let Some((m, update)) = inline else {
+            self.a.mov_imm(reg(1), d.arg);
+            self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
+            self.out_call(d.func);
+            return;
+        };
+        // The miss first (a short jump over it), so that the hit's checks reach it with short
+        // jumps backwards; r2..r4 are intact on every way there.
+        let hit = self.a.jump_fwd(None);
+        let miss = self.a.pos();
         self.a.mov_imm(reg(1), d.arg);
         self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
-        self.a.mov_imm(Reg::RAX, d.func);
+        self.out_call(d.func);
+        let done = self.a.jump_fwd32(None);
+        self.a.bind(hit);
+        if update {
+            self.memo_update(m, miss);
+        } else {
+            self.memo_lookup(m, miss);
+        }
+        self.a.bind32(done);
+    }
+
+    /// The memo checks both inline forms share: the thread's memo names this map and the key
+    /// word of the key at r2, its element is in range, linked and holds that key word. Leaves
+    /// r11 = the thread words' TLS offset, r9 = the key word, r10 = the element, rdi = the
+    /// element index times the value size; jumps back to `miss` otherwise. Uses rax, r8.
+    fn memo_check(&mut self, m: crate::program::HashMemo, miss: usize) {
+        let off = |o: u32| o as i32;
+        self.a.mov_imm(Reg::R11, m.thread_words as u64);
+        self.a.mov_imm(Reg::RAX, m.map);
+        self.a.fs();
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 8), Reg::RAX);
+        self.a.jcc_back(Cond::Ne, miss);
+        // The key word: the key's bytes, zero-extended (a fault reading the key is this
+        // instruction's, as for any load).
+        let w = match m.key_size {
+            1 => Width::B,
+            2 => Width::H,
+            4 => Width::W,
+            _ => Width::Dw,
+        };
+        self.a.load(w, Reg::R9, Mem::base(reg(2), 0));
+        self.a.fs();
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 16), Reg::R9);
+        self.a.jcc_back(Cond::Ne, miss);
+        self.a.fs();
+        self.a.load(Width::W, Reg::R10, Mem::base(Reg::R11, 4));
+        self.a.alu_ri(Alu::Cmp, false, Reg::R10, m.n_elems as i32);
+        self.a.jcc_back(Cond::Ae, miss);
+        self.a.imul_rri(true, Reg::RDI, Reg::R10, m.value_size as i32);
+        self.a.imul_rri(true, Reg::R10, Reg::R10, m.elem_size as i32);
+        self.a.mov_imm(Reg::RAX, m.elems);
+        self.a.alu_rr(Alu::Add, true, Reg::R10, Reg::RAX);
+        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
+        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        self.a.jcc_back(Cond::Ne, miss);
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
+        self.a.jcc_back(Cond::Ne, miss);
+    }
+
+    /// rax = the value of the element at r10 for the run's CPU slot (rdi = its index times
+    /// the value size). Uses r8.
+    fn memo_value(&mut self, m: crate::program::HashMemo) {
+        self.a.mov_imm(Reg::RAX, m.pcpu);
+        self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::RDI);
+        self.a.load(Width::Dw, Reg::R8, Mem::base(Reg::R12, 8));
+        self.a.imul_rri(true, Reg::R8, Reg::R8, m.pcpu_stride as i32);
+        self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R8);
+    }
+
+    /// A per-CPU hash lookup's memo hit, inline: r0 = the value's address for the run's CPU.
+    fn memo_lookup(&mut self, m: crate::program::HashMemo, miss: usize) {
+        self.memo_check(m, miss);
+        self.memo_value(m);
+    }
+
+    /// A per-CPU hash update's memo hit, inline (flags `BPF_ANY` or `BPF_EXIST`, r4): the
+    /// element's lock taken with one compare-and-swap from 0 to the thread's id (unknown yet,
+    /// or the lock held: the miss), the checks again under it, the value (r3) stored word by
+    /// word into the run's CPU's slot, the lock given back, r0 = 0. What the maps crate's
+    /// `update_memo_fast` does.
+    fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize) {
+        let off = |o: u32| o as i32;
+        // Flags 0 or 2 only.
+        self.a.test_ri(true, reg(4), !2);
+        self.a.jcc_back(Cond::Ne, miss);
+        self.memo_check(m, miss);
+        // The value's first and last words read before the lock is taken: a bad value pointer
+        // faults here (this instruction's abort), never while the element's lock is held.
+        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
+        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        // The thread's id (0: not read yet).
+        self.a.fs();
+        self.a.load(Width::W, Reg::R8, Mem::base(Reg::R11, 0));
+        self.a.test_rr(false, Reg::R8, Reg::R8);
+        self.a.jcc_back(Cond::E, miss);
+        self.a.zero(Reg::RAX);
+        self.a.lock();
+        self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
+        self.a.jcc_back(Cond::Ne, miss);
+        // Under the lock: still linked, still the key (else unlock and take the miss).
+        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
+        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        let gone = self.a.jump_fwd32(Some(Cond::Ne));
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
+        let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
+        self.memo_value(m);
+        for o in (0..m.value_size as i32).step_by(8) {
+            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
+            self.a.store(Width::Dw, Mem::base(Reg::RAX, o), Reg::R8);
+        }
+        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
+        self.a.zero(Reg::RAX);
+        let done = self.a.jump_fwd(None);
+        self.a.bind32(gone);
+        self.a.bind32(gone2);
+        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
+        self.a.jmp_back(miss);
+        self.a.bind(done);
+    }
+
+    /// A helper whose result the thread caches (see [`crate::program::CachedHelper`]): the
+    /// cache read inline while its generation is the process's, else the helper called (as
+    /// [`out_call`](Self::out_call) calls).
+    fn cached_helper(&mut self, c: crate::program::CachedHelper, func: u64) {
+        self.calls_out = true;
+        self.a.mov_imm(Reg::RAX, c.generation);
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::RAX, 0));
+        self.a.mov_imm(Reg::R11, c.tls_generation as u64);
+        self.a.fs();
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 0), Reg::RAX);
+        let refill = self.a.jump_fwd(Some(Cond::Ne));
+        self.a.mov_imm(Reg::R11, c.tls_value as u64);
+        self.a.fs();
+        self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, 0));
+        let done = self.a.jump_fwd(None);
+        self.a.bind(refill);
+        self.out_call(func);
+        self.a.bind(done);
+    }
+
+    /// A call out of the run to `func` (arguments in r1..r5) that needs nothing of the run
+    /// context: from a run the claiming entry started (its slot word at `[r12+16]` is set),
+    /// through the preserving thunk, which keeps vector registers 0-7 (the probe's stub saved
+    /// none); from any other entry, directly (their callers keep the vector state).
+    fn out_call(&mut self, func: u64) {
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::R12, 16));
+        self.a.test_rr(true, Reg::R11, Reg::R11);
+        let plain = self.a.jump_fwd(Some(Cond::E));
+        self.a.mov_imm(Reg::R11, func);
+        self.a.mov_imm(Reg::RAX, self.rt.preserving_call);
         self.a.call_r(Reg::RAX);
+        let done = self.a.jump_fwd(None);
+        self.a.bind(plain);
+        self.a.mov_imm(Reg::RAX, func);
+        self.a.call_r(Reg::RAX);
+        self.a.bind(done);
     }
 
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of

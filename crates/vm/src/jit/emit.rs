@@ -137,6 +137,10 @@ enum Bytes {
 #[must_use]
 pub(crate) struct ShortFixup(usize);
 
+/// A forward long jump waiting for its target: the position of its rel32.
+#[must_use]
+pub(crate) struct LongFixup(usize);
+
 /// The output buffer and the encoder.
 #[derive(Default)]
 pub(crate) struct Asm {
@@ -599,15 +603,43 @@ impl Asm {
         }
     }
 
-    /// A backward `jcc rel8` to `target`, a position already emitted.
+    /// A backward `jcc` to `target`, a position already emitted: rel8 when it reaches, else
+    /// rel32 (the choice depends only on code emitted before, so it is the same in every pass).
     pub fn jcc_back(&mut self, cc: Cond, target: usize) {
         let disp = target as i64 - (self.pos() as i64 + 2);
         if fits_i8(disp) {
             self.jcc_rel8(cc, disp as i8);
         } else {
-            self.overflow = true;
-            self.jcc_rel8(cc, 0);
+            let disp = target as i64 - (self.pos() as i64 + 6);
+            self.jcc_rel32(cc, disp as i32);
         }
+    }
+
+    /// A backward `jmp` to `target`, as [`jcc_back`](Self::jcc_back).
+    pub fn jmp_back(&mut self, target: usize) {
+        let disp = target as i64 - (self.pos() as i64 + 2);
+        if fits_i8(disp) {
+            self.jmp_rel8(disp as i8);
+        } else {
+            let disp = target as i64 - (self.pos() as i64 + 5);
+            self.jmp_rel32(disp as i32);
+        }
+    }
+
+    /// A forward `jmp rel32` (or `jcc rel32`) to a label bound later with
+    /// [`bind32`](Self::bind32), for code too long for a short jump.
+    pub fn jump_fwd32(&mut self, cc: Option<Cond>) -> LongFixup {
+        match cc {
+            Some(cc) => self.jcc_rel32(cc, 0),
+            None => self.jmp_rel32(0),
+        }
+        LongFixup(self.pos() - 4)
+    }
+
+    /// Binds a forward long jump to the current position.
+    pub fn bind32(&mut self, f: LongFixup) {
+        let disp = (self.pos() as i64 - (f.0 as i64 + 4)) as i32;
+        self.buf[f.0..f.0 + 4].copy_from_slice(&disp.to_le_bytes());
     }
 }
 

@@ -38,6 +38,7 @@
 mod compile;
 mod emit;
 mod exec;
+mod preserve;
 
 use std::sync::Arc;
 
@@ -65,6 +66,8 @@ pub struct JitProgram {
     cpu_entry: usize,
     /// Offset of the claiming entry (`Output::claim_entry`).
     claim_entry: Option<usize>,
+    /// The claiming entry's runs may call out (`Output::calls_out`).
+    calls_out: bool,
     /// Read by the fault handler through the registered range; boxed so that its address
     /// stays put when the `JitProgram` moves.
     _faults: Box<FaultMap>,
@@ -167,6 +170,7 @@ impl JitProgram {
         let rt = Runtime {
             abort_fn: record_abort as extern "C" fn(u64, u64, u64) as usize as u64,
             after_helper_fn: run::jit_after_helper as extern "C" fn(u64) -> run::AfterHelper as usize as u64,
+            preserving_call: preserve::address(),
         };
         let out = compile::compile(&prog, opts, rt).map_err(VmError::Jit)?;
         let mem = ExecMemory::new(&out.code)?;
@@ -202,6 +206,7 @@ impl JitProgram {
             needs_context: out.needs_context,
             cpu_entry: out.cpu_entry,
             claim_entry: out.claim_entry,
+            calls_out: out.calls_out,
             _faults: faults,
             range: Some(range),
         })
@@ -236,8 +241,9 @@ impl JitProgram {
         self.fast_entry.map(|off| self.mem.addr() + off)
     }
 
-    /// Address of the claiming entry, for programs that call no helper (inlined lookups aside),
-    /// no `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
+    /// Address of the claiming entry, for programs that call no helper (inlined lookups, direct
+    /// map calls and cached helpers aside, see [`claim_calls_out`](Self::claim_calls_out)), no
+    /// `callx` and no callback (None otherwise): an `extern "C" fn(r1: u64, claim: *const
     /// SlotClaim, abort: *mut [u64; 3]) -> u64`. It claims the slot of the CPU the thread runs
     /// on, as the runtime's runs do (a compare-and-swap of the slot's word from 0 to the
     /// thread's id), when restartable sequences are registered, the thread's id is known, no
@@ -246,11 +252,21 @@ impl JitProgram {
     /// mark and frees the slot (also after an abort). Otherwise it runs nothing and stores
     /// [`CLAIM_RETRY`] in `abort[0]`: the caller runs the program its general way. Like the
     /// fast entry, it follows the C convention for the general-purpose registers, touches no
-    /// vector, x87 or MXCSR state and calls nothing. Valid while `self` lives; the same
-    /// safety contract as [`run`](Self::run) applies; `claim` must describe the slots and
+    /// vector, x87 or MXCSR state and calls nothing, unless
+    /// [`claim_calls_out`](Self::claim_calls_out) says it may. Valid while `self` lives; the
+    /// same safety contract as [`run`](Self::run) applies; `claim` must describe the slots and
     /// thread-local words the caller's own runs use.
     pub fn claim_entry_address(&self) -> Option<usize> {
         self.claim_entry.map(|off| self.mem.addr() + off)
+    }
+
+    /// Whether a run through the claiming entry may call out (a direct map call on a memo
+    /// miss, a helper refilling its cache): compiled code that may reach probed functions,
+    /// so the caller must hold its recursion guard around the run (vector registers 0-7 are
+    /// kept by the calls themselves, see `preserve.rs`). Such calls read nothing of the run
+    /// context and never end the run.
+    pub fn claim_calls_out(&self) -> bool {
+        self.calls_out
     }
 
     /// Whether runs call helpers or inline per-CPU lookups (see

@@ -558,7 +558,7 @@ fn the_pc_map_covers_every_instruction_in_order() {
     p.push(EXIT);
     let opts = LoadOptions { helpers: Arc::new(HelperRegistry::new()), ..Default::default() };
     let prog = Program::load(&p, &opts, None).unwrap();
-    let rt = super::compile::Runtime { abort_fn: 0, after_helper_fn: 0 };
+    let rt = super::compile::Runtime { abort_fn: 0, after_helper_fn: 0, preserving_call: 0 };
     let out = super::compile::compile(&prog, Options::detect(), rt).unwrap();
     let pcs: Vec<u32> = out.pc_map.iter().map(|&(_, pc)| pc).collect();
     let none = super::compile::NO_PC;
