@@ -105,6 +105,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("crates/cli/tests/bpf/override_args.bpf.c", "args", WRITABLE_ARGS),
     ("crates/cli/tests/bpf/override_load.bpf.c", "w_six", WRITABLE_ARGS),
     ("examples/bpf/redis-fsync.bpf.c", "fdatasync_enter", USERBPF_HELPERS),
+    ("crates/cli/tests/bpf/io_uring_kernel.bpf.c", "on_rename", USERBPF_HELPERS),
     ("crates/cli/tests/bpf/io_uring_target.bpf.c", "probe", USERBPF_HELPERS),
     ("crates/runtime/tests/bpf/io_uring.bpf.c", "write_and_sync", USERBPF_HELPERS),
     ("crates/runtime/tests/bpf/io_uring.bpf.c", "fsync_fd", USERBPF_HELPERS),
