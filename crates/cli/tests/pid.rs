@@ -77,9 +77,11 @@ impl Target {
 
 /// Waits until a probe is in place in the target's copy of `exe` and the loader is done
 /// attaching: through userbpf, `links` (the session's directory, how many links) are all in
-/// the session and the target's agent acknowledged them (a loader waiting for that sleeps, which
-/// would look like its event loop); through the kernel, the loader waits in its event loop
-/// (bpftrace prints "Attaching N probes..." before it attaches them).
+/// the session and the target's agent acknowledged a links generation published after the
+/// newest of them (a loader waiting for that sleeps, which would look like its event loop;
+/// the link's file alone is written before its generation, while the target may be syncing
+/// for an older one); through the kernel, the loader waits in its event loop (bpftrace prints
+/// "Attaching N probes..." before it attaches them).
 fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str, links: Option<(PathBuf, usize)>) {
     loader.wait_for(marker, "attaching");
     let start = Instant::now();
@@ -89,11 +91,17 @@ fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str, links: Opt
         }
         let Some((dir, n)) = &links else { return true };
         let l = userbpf_runtime::session::Layout::new(dir.clone());
-        let made = std::fs::read_dir(l.links_dir())
-            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".json")).count())
-            .unwrap_or(0);
+        let ids: Vec<u32> = std::fs::read_dir(l.links_dir())
+            .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse().ok()).collect())
+            .unwrap_or_default();
+        // A link's file is written before the loader publishes the generation that covers it
+        // (generations and link ids are drawn from the session's one id counter): an
+        // acknowledgement of a generation older than the newest link says nothing about it.
         use userbpf_runtime::session::handshake;
-        made == *n && handshake::acked_by(&l, pid).is_some_and(|a| a >= handshake::current(&l))
+        let generation = handshake::current(&l);
+        ids.len() == *n
+            && ids.iter().all(|&id| id < generation)
+            && handshake::acked_by(&l, pid).is_some_and(|a| a >= generation)
     };
     while !done() {
         assert!(!loader.exited(), "{} exited before its probes were in place\n{}", loader.name, loader.describe());
