@@ -7,6 +7,10 @@
 //! calling the probed function, a thread always spinning, two threads blocked in `read()`
 //! that must see no `EINTR`); it is a private copy, so the kernel's uprobes touch no other
 //! process.
+//!
+//! An agent detached from a process keeps its programs for a later attach in the same
+//! session: after the session was wiped (its ids given out again) a new loader's program with
+//! an old one's id is the new program, not the kept one.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -498,5 +502,73 @@ fn a_process_of_another_session_is_refused_with_that_sessions_name() {
     let err = l.stderr();
     assert!(err.contains(&format!("process {pid} runs the userbpf agent in session {theirs}")), "{err}");
     assert!(err.contains("Device or resource busy"), "{err}");
+    t.quit();
+}
+
+#[test]
+fn a_process_attached_again_in_a_wiped_session_runs_the_new_loaders_programs() {
+    if !userbpf_testutil::require(have("bpftrace"), "bpftrace") {
+        return;
+    }
+    let exe = target("wiped");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let s = session("wiped");
+    let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
+    // Sessions of a directory of their own: another test's `userbpf` command would reap this
+    // one (no live member) between its members' deaths and the open below.
+    let root = tmp().join("pid-shm-wiped");
+    std::fs::create_dir_all(&root).unwrap();
+    let own_root = |mut c: Command| {
+        c.env("USERBPF_SHM_DIR", &root);
+        c
+    };
+    let links = links_of(&s, 1).map(|(d, n)| (root.join(d.file_name().unwrap()), n));
+    let dir = links.clone().unwrap().0;
+    let ino = || std::fs::metadata(&dir).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    // Members killed without leaving (`userbpf start` and its command) keep the session's
+    // directory once the loader and the target left it.
+    let mut member = Target::start(own_root(target_command(Via::Userbpf, &s, &[exe.to_str().unwrap()])));
+    let mut held = None;
+    let mut first = None;
+    let mut round0 = None;
+    for (round, n) in [(0, 100), (1, 200)] {
+        let mut l = Proc::spawn(
+            &format!("bpftrace -p (round {round})"),
+            own_root(loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script])),
+        );
+        wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe", links.clone());
+        assert_eq!(*first.get_or_insert(ino()), ino(), "the session's directory was made anew: nothing tested");
+        let mut progs: Vec<String> = std::fs::read_dir(dir.join("progs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        progs.sort();
+        // The premise: the same ids as round 0 (else nothing is tested).
+        assert_eq!(*round0.get_or_insert(progs.clone()), progs, "round {round}: the program ids do not line up");
+        t.go(n);
+        interrupt(&mut l);
+        assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
+        assert_eq!(bt_value(&l.stdout(), "calls"), 3 * n, "round {round}");
+        as_before(t.pid);
+        if round == 0 {
+            // `userbpf start` (a member while its command runs) first, then the command.
+            member.child.kill().unwrap();
+            member.child.wait().unwrap();
+            // SAFETY: kill(2) of the test's own target process (the child `userbpf start` ran).
+            unsafe { libc::kill(member.pid as i32, libc::SIGKILL) };
+            wait_until("the member killed", || !Path::new(&format!("/proc/{}", member.pid)).exists());
+            // Opened again with no live member, the session is wiped in place: the same
+            // directory, its ids given out from 1 again, so the next loader's program gets the
+            // id the previous one had (which the agent, detached with its programs kept, knows).
+            let h = userbpf_runtime::Session::open_in(&root, &s).unwrap();
+            // In round 0 one id was given out before the loader's first (with the member
+            // started): one here too, so that the ids line up (checked above).
+            h.alloc_id().unwrap();
+            held = Some(h);
+        }
+    }
+    drop(held);
     t.quit();
 }
