@@ -22,7 +22,9 @@
 //!    back as they were before the agent. The programs, their maps and the CPU slots stay
 //!    mapped (the runtime keeps every program and map it prepared until the process exits:
 //!    `userbpf_runtime::program_table`, `helpers::maps`); a later attach to the same
-//!    session takes them up again, so attach/detach cycles map nothing new;
+//!    session takes them up again, so attach/detach cycles map nothing new (while the session
+//!    lives on: a program only while its record is the same file, the slots while the `cpus`
+//!    file is, as a wiped or re-made session gives its ids out again);
 //! 4. ends: its private descriptor table, and every descriptor of the agent in it, goes with
 //!    it. `userbpf detach` waits for the thread to be gone.
 //!

@@ -105,7 +105,11 @@ pub struct Agent {
     /// The CPU slots (taken by a start after a detach).
     slots: Option<Arc<CpuSlots>>,
     engine: Engine,
-    programs: HashMap<u32, Arc<LoadedProgram>>,
+    /// Programs prepared, by id, with the identity of the record each was prepared from (see
+    /// [`FileStamp`]): a program kept across a detach is used again only for that record.
+    programs: HashMap<u32, (Arc<LoadedProgram>, Option<FileStamp>)>,
+    /// The identity of the session's `cpus` file the slots map (see [`FileStamp`]).
+    cpus_stamp: Option<FileStamp>,
     /// Attached links: their probes (none when attaching failed, so it is reported once).
     links: HashMap<u32, AttachedLink>,
     /// This process's acknowledgement file, when it has a watcher (see [`Ack`]).
@@ -116,6 +120,27 @@ pub struct Agent {
     /// The session's program records, read once per sync (a sync attaching N links of N
     /// programs reads them once, not N times).
     prog_records: Option<Vec<userbpf_runtime::ProgRecord>>,
+}
+
+/// Which file a path names, and which version of it: its inode and its modification time
+/// (records are written once, to a temporary file renamed into place) or, for a file made once
+/// and changed in place (the CPU slots), its birth time. A session's life can end while its
+/// directory stays (a session whose members are all gone is wiped when it is opened again:
+/// its ids start again at 1) or the directory can be removed and made anew (its inode number
+/// reused by the file system): the id of a program, and the directory's inode, then name
+/// something else than they did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    ino: u64,
+    time: Option<std::time::SystemTime>,
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path, birth: bool) -> Option<FileStamp> {
+        let m = std::fs::metadata(path).ok()?;
+        let time = if birth { m.created().or_else(|_| m.modified()) } else { m.modified() };
+        Some(FileStamp { ino: std::os::unix::fs::MetadataExt::ino(&m), time: time.ok() })
+    }
 }
 
 /// A USDT semaphore this agent raised for a loader's link: at `addr`, file offset `off` of
@@ -457,11 +482,15 @@ impl Agent {
         // anew under its name): its programs and CPU slots are taken up again, as the
         // runtime keeps programs and maps mapped until the process exits (see
         // `userbpf_runtime::program_table`): nothing is mapped twice.
+        // Which session life, though, is only known per file: programs are checked against
+        // their records when used again (`program`), the slots against the `cpus` file.
         let session_ino = dir_inode(session.dir());
+        let cpus_now = FileStamp::of(&session.layout().cpus(), true);
         let kept = AGENT.get().map(|c| {
             let mut g = lock(c);
             if g.session_ino == session_ino && session_ino != 0 && g.session.name() == session.name() {
-                (std::mem::take(&mut g.programs), g.slots.take())
+                let slots = g.slots.take().filter(|_| cpus_now.is_some() && g.cpus_stamp == cpus_now);
+                (std::mem::take(&mut g.programs), slots)
             } else {
                 (HashMap::new(), None)
             }
@@ -471,6 +500,7 @@ impl Agent {
             Some(s) => s,
             None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
         };
+        let cpus_stamp = FileStamp::of(&session.layout().cpus(), true);
         let engine =
             if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         detach::before_guard();
@@ -492,6 +522,7 @@ impl Agent {
             session,
             session_ino,
             slots: Some(slots),
+            cpus_stamp,
             engine,
             programs,
             links: HashMap::new(),
@@ -685,8 +716,15 @@ impl Agent {
     }
 
     fn program(&mut self, id: u32) -> Result<Arc<LoadedProgram>, String> {
-        if let Some(p) = self.programs.get(&id) {
-            return Ok(p.clone());
+        let layout = self.session.layout().clone();
+        let stamp = |id: u32| FileStamp::of(&layout.prog(id), false);
+        if let Some((p, was)) = self.programs.get(&id) {
+            // Kept across a detach: the same program only while its record is the same file
+            // (the session may have been wiped or made anew since, its ids given out again).
+            if was.is_some() && *was == stamp(id) {
+                return Ok(p.clone());
+            }
+            self.programs.remove(&id);
         }
         if self.prog_records.is_none() {
             self.prog_records = Some(self.session.progs().map_err(|e| e.to_string())?);
@@ -700,12 +738,12 @@ impl Agent {
             .ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
         userbpf_runtime::program_table::register(prog.clone());
-        self.programs.insert(id, prog.clone());
+        self.programs.insert(id, (prog.clone(), stamp(id)));
         // The programs it may tail-call (statically initialised prog arrays included).
         for (tid, t) in
             userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)?
         {
-            self.programs.insert(tid, t);
+            self.programs.insert(tid, (t, stamp(tid)));
         }
         Ok(prog)
     }

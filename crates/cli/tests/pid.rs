@@ -7,6 +7,10 @@
 //! calling the probed function, a thread always spinning, two threads blocked in `read()`
 //! that must see no `EINTR`); it is a private copy, so the kernel's uprobes touch no other
 //! process.
+//!
+//! An agent detached from a process keeps its programs for a later attach in the same
+//! session: after the session was wiped (its ids given out again) a new loader's program with
+//! an old one's id is the new program, not the kept one.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -77,9 +81,11 @@ impl Target {
 
 /// Waits until a probe is in place in the target's copy of `exe` and the loader is done
 /// attaching: through userbpf, `links` (the session's directory, how many links) are all in
-/// the session and the target's agent acknowledged them (a loader waiting for that sleeps, which
-/// would look like its event loop); through the kernel, the loader waits in its event loop
-/// (bpftrace prints "Attaching N probes..." before it attaches them).
+/// the session and the target's agent acknowledged a links generation published after the
+/// newest of them (a loader waiting for that sleeps, which would look like its event loop;
+/// the link's file alone is written before its generation, while the target may be syncing
+/// for an older one); through the kernel, the loader waits in its event loop (bpftrace prints
+/// "Attaching N probes..." before it attaches them).
 fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str, links: Option<(PathBuf, usize)>) {
     loader.wait_for(marker, "attaching");
     let start = Instant::now();
@@ -89,11 +95,17 @@ fn wait_probed(loader: &mut Proc, pid: u32, exe: &Path, marker: &str, links: Opt
         }
         let Some((dir, n)) = &links else { return true };
         let l = userbpf_runtime::session::Layout::new(dir.clone());
-        let made = std::fs::read_dir(l.links_dir())
-            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".json")).count())
-            .unwrap_or(0);
+        let ids: Vec<u32> = std::fs::read_dir(l.links_dir())
+            .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse().ok()).collect())
+            .unwrap_or_default();
+        // A link's file is written before the loader publishes the generation that covers it
+        // (generations and link ids are drawn from the session's one id counter): an
+        // acknowledgement of a generation older than the newest link says nothing about it.
         use userbpf_runtime::session::handshake;
-        made == *n && handshake::acked_by(&l, pid).is_some_and(|a| a >= handshake::current(&l))
+        let generation = handshake::current(&l);
+        ids.len() == *n
+            && ids.iter().all(|&id| id < generation)
+            && handshake::acked_by(&l, pid).is_some_and(|a| a >= generation)
     };
     while !done() {
         assert!(!loader.exited(), "{} exited before its probes were in place\n{}", loader.name, loader.describe());
@@ -490,5 +502,73 @@ fn a_process_of_another_session_is_refused_with_that_sessions_name() {
     let err = l.stderr();
     assert!(err.contains(&format!("process {pid} runs the userbpf agent in session {theirs}")), "{err}");
     assert!(err.contains("Device or resource busy"), "{err}");
+    t.quit();
+}
+
+#[test]
+fn a_process_attached_again_in_a_wiped_session_runs_the_new_loaders_programs() {
+    if !userbpf_testutil::require(have("bpftrace"), "bpftrace") {
+        return;
+    }
+    let exe = target("wiped");
+    let mut t = Target::start(Command::new(&exe));
+    let pid = t.pid.to_string();
+    let s = session("wiped");
+    let script = format!("uprobe:{}:work {{ @calls = count(); }}", exe.display());
+    // Sessions of a directory of their own: another test's `userbpf` command would reap this
+    // one (no live member) between its members' deaths and the open below.
+    let root = tmp().join("pid-shm-wiped");
+    std::fs::create_dir_all(&root).unwrap();
+    let own_root = |mut c: Command| {
+        c.env("USERBPF_SHM_DIR", &root);
+        c
+    };
+    let links = links_of(&s, 1).map(|(d, n)| (root.join(d.file_name().unwrap()), n));
+    let dir = links.clone().unwrap().0;
+    let ino = || std::fs::metadata(&dir).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    // Members killed without leaving (`userbpf start` and its command) keep the session's
+    // directory once the loader and the target left it.
+    let mut member = Target::start(own_root(target_command(Via::Userbpf, &s, &[exe.to_str().unwrap()])));
+    let mut held = None;
+    let mut first = None;
+    let mut round0 = None;
+    for (round, n) in [(0, 100), (1, 200)] {
+        let mut l = Proc::spawn(
+            &format!("bpftrace -p (round {round})"),
+            own_root(loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", &script])),
+        );
+        wait_probed(&mut l, t.pid, &exe, "Attaching 1 probe", links.clone());
+        assert_eq!(*first.get_or_insert(ino()), ino(), "the session's directory was made anew: nothing tested");
+        let mut progs: Vec<String> = std::fs::read_dir(dir.join("progs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        progs.sort();
+        // The premise: the same ids as round 0 (else nothing is tested).
+        assert_eq!(*round0.get_or_insert(progs.clone()), progs, "round {round}: the program ids do not line up");
+        t.go(n);
+        interrupt(&mut l);
+        assert!(l.wait_exit("SIGINT").success(), "{}", l.describe());
+        assert_eq!(bt_value(&l.stdout(), "calls"), 3 * n, "round {round}");
+        as_before(t.pid);
+        if round == 0 {
+            // `userbpf start` (a member while its command runs) first, then the command.
+            member.child.kill().unwrap();
+            member.child.wait().unwrap();
+            // SAFETY: kill(2) of the test's own target process (the child `userbpf start` ran).
+            unsafe { libc::kill(member.pid as i32, libc::SIGKILL) };
+            wait_until("the member killed", || !Path::new(&format!("/proc/{}", member.pid)).exists());
+            // Opened again with no live member, the session is wiped in place: the same
+            // directory, its ids given out from 1 again, so the next loader's program gets the
+            // id the previous one had (which the agent, detached with its programs kept, knows).
+            let h = userbpf_runtime::Session::open_in(&root, &s).unwrap();
+            // In round 0 one id was given out before the loader's first (with the member
+            // started): one here too, so that the ids line up (checked above).
+            h.alloc_id().unwrap();
+            held = Some(h);
+        }
+    }
+    drop(held);
     t.quit();
 }

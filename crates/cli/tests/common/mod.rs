@@ -686,9 +686,19 @@ pub fn libbpf_demo() -> PathBuf {
 /// `NAME_bpf` with dashes as underscores, cc against libbpf), into the test's directory.
 pub fn libbpf_example(name: &str) -> PathBuf {
     let dir = tmp().join("loaders").join(name);
-    std::fs::create_dir_all(&dir).unwrap();
+    // Tests running in parallel build the same example: each builds in a directory of its
+    // own and renames the results into place (a reader, or a test executing the loader,
+    // never sees a file another build is writing: the linker's output is not executable
+    // until it is complete, and exec(2) of it meanwhile fails with EACCES).
+    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let work = dir.join(format!(
+        ".build-{}-{}",
+        std::process::id(),
+        BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&work).unwrap();
     let src = repo("examples/libbpf");
-    let obj = dir.join(format!("{name}.bpf.o"));
+    let obj = work.join(format!("{name}.bpf.o"));
     run_ok(
         Command::new("clang")
             .args(userbpf_testutil::BPF_CFLAGS)
@@ -706,21 +716,25 @@ pub fn libbpf_example(name: &str) -> PathBuf {
         .output()
         .expect("bpftool");
     assert!(skel.status.success(), "bpftool gen skeleton: {}", String::from_utf8_lossy(&skel.stderr));
-    std::fs::write(dir.join(format!("{name}.skel.h")), &skel.stdout).unwrap();
-    let bin = dir.join(name);
+    std::fs::write(work.join(format!("{name}.skel.h")), &skel.stdout).unwrap();
+    let built = work.join(name);
     run_ok(
         Command::new("cc")
             .args(["-O2", "-g", "-Wall", "-I"])
-            .arg(&dir)
+            .arg(&work)
             .arg("-I")
             .arg(&src)
             .arg("-o")
-            .arg(&bin)
+            .arg(&built)
             .arg(src.join(format!("{name}.c")))
             .args(["-lbpf", "-lelf", "-lz"]),
         &format!("cc {name}.c"),
     );
-    bin
+    for f in [format!("{name}.bpf.o"), format!("{name}.skel.h"), name.to_string()] {
+        std::fs::rename(work.join(&f), dir.join(&f)).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    dir.join(name)
 }
 
 /// Lines sorted: for loaders whose events come from per-CPU buffers (libbpf's perf buffer)
