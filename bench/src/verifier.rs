@@ -283,7 +283,12 @@ const BPFTRACE_SCRIPTS: &[&str] = &[
 /// process, so that the programs it recorded stay), interrupting it once it has attached.
 fn capture_bpftrace(name: &str) -> Option<userbpf_runtime::Session> {
     let session = userbpf_runtime::Session::open(name).ok()?;
-    let userbpf = std::env::current_exe().ok()?.with_file_name("userbpf");
+    // target/release/verifier-bench, or target/release/deps/verifier-HASH under `cargo test`.
+    let mut dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let userbpf = dir.join("userbpf");
     // The bundled target (target/examples/workload, built by `make build`): its `work()`.
     let workload = userbpf.parent()?.parent()?.join("examples/workload");
     for script in BPFTRACE_SCRIPTS {
@@ -619,4 +624,71 @@ fn main() {
         println!("{r}");
     }
     map_helper_costs();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel as the oracle for programs nobody here wrote: every program of Debian's
+    /// libbpf-tools (the objects embedded in /usr/sbin, relocated against the running kernel's
+    /// BTF) and the programs bpftrace 0.17 generates (recorded through `userbpf load`), each
+    /// given to the kernel's verifier and to userbpf's in this run: the same verdict.
+    #[test]
+    fn libbpf_tools_and_bpftrace_programs_get_the_kernels_verdict() {
+        let root = euid() == 0;
+        if !userbpf_testutil::require(root, "root, to load programs into the kernel") {
+            return;
+        }
+        let target = std::fs::read("/sys/kernel/btf/vmlinux").ok().and_then(|b| userbpf_object::Btf::parse(&b).ok());
+        let mut progs = Vec::new();
+        let mut tools = 0;
+        for (name, bytes) in embedded_objects("/usr/sbin") {
+            if let Ok(o) = Object::parse_with(&bytes, &format!("{name}.bpf.o"), target.as_ref()) {
+                tools += 1;
+                progs.extend(programs_of(&o, &format!("libbpf-tools {name}")));
+            }
+        }
+        if !userbpf_testutil::require(tools >= 20, "Debian's libbpf-tools in /usr/sbin") {
+            return;
+        }
+        let name = format!("verifier-oracle-{}", std::process::id());
+        let held = capture_bpftrace(&name);
+        let recorded = session_programs(&name);
+        assert!(
+            held.is_some() && recorded.len() >= BPFTRACE_SCRIPTS.len(),
+            "bpftrace's programs recorded: {}",
+            recorded.len()
+        );
+        progs.extend(recorded);
+        let (mut judged, mut differ) = (0, Vec::new());
+        for p in &progs {
+            let fds: Result<Vec<OwnedFd>, String> = p.maps.iter().map(|m| m.create()).collect();
+            let Ok(fds) = fds else { continue };
+            let btf = p.btf.as_ref().and_then(|b| load_btf(b));
+            let mut opts = Options::new(p.prog_type);
+            opts.gpl_compatible = p.gpl;
+            opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+            let ours = userbpf_verifier::verify(&p.insns, &opts);
+            let theirs = kernel_load(p, &fds, btf.as_ref());
+            judged += 1;
+            if ours.is_ok() != theirs.is_ok() {
+                differ.push(format!(
+                    "{} {}: kernel {}, userbpf {}",
+                    p.source,
+                    p.name,
+                    theirs.err().unwrap_or_else(|| "accepts".into()),
+                    ours.err().map_or_else(|| "accepts".into(), |e| e.to_string())
+                ));
+            }
+        }
+        println!("{judged} programs judged ({tools} libbpf-tools objects, bpftrace's)");
+        assert!(judged >= 100, "only {judged} programs judged");
+        assert!(differ.is_empty(), "{} verdicts differ:\n{}", differ.len(), differ.join("\n"));
+    }
+
+    fn euid() -> u32 {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() }
+    }
 }
