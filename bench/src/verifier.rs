@@ -321,6 +321,22 @@ fn capture_bpftrace(name: &str) -> Option<userbpf_runtime::Session> {
     Some(session)
 }
 
+/// userbpf's verifier options for `p`: its type, license and maps.
+fn options_of(p: &Prog) -> Options {
+    let mut opts = Options::new(p.prog_type);
+    opts.gpl_compatible = p.gpl;
+    opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+    opts
+}
+
+/// What both verifiers need for `p`: its maps created in the kernel, its BTF loaded there,
+/// and userbpf's options (`None` when the kernel refuses one of its maps).
+fn prepared(p: &Prog) -> Option<(Vec<OwnedFd>, Option<OwnedFd>, Options)> {
+    let fds: Vec<OwnedFd> = p.maps.iter().map(|m| m.create()).collect::<Result<_, String>>().ok()?;
+    let btf = p.btf.as_ref().and_then(|b| load_btf(b));
+    Some((fds, btf, options_of(p)))
+}
+
 /// The kernel's verdict and its own verification time (µs), and the instructions processed.
 fn kernel_load(p: &Prog, fds: &[OwnedFd], btf: Option<&OwnedFd>) -> Result<(u64, u64), String> {
     let mut insns = p.insns.clone();
@@ -506,9 +522,7 @@ fn main() {
     // name contain it, 100 times each, for a profiler.
     if let Ok(only) = std::env::var("VERIFIER_BENCH_PROFILE") {
         for p in progs.iter().filter(|p| format!("{} {}", p.source, p.name).contains(&only)) {
-            let mut opts = Options::new(p.prog_type);
-            opts.gpl_compatible = p.gpl;
-            opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+            let opts = options_of(p);
             let t = Instant::now();
             for _ in 0..100 {
                 let _ = std::hint::black_box(userbpf_verifier::verify(&p.insns, &opts));
@@ -527,12 +541,7 @@ fn main() {
     let (mut both, mut kernel_only, mut userbpf_only, mut neither) = (0, 0, 0, 0);
     let mut refusals: Vec<String> = Vec::new();
     for p in &progs {
-        let fds: Result<Vec<OwnedFd>, String> = p.maps.iter().map(|m| m.create()).collect();
-        let Ok(fds) = fds else { continue };
-        let btf = p.btf.as_ref().and_then(|b| load_btf(b));
-        let mut opts = Options::new(p.prog_type);
-        opts.gpl_compatible = p.gpl;
-        opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+        let Some((fds, btf, opts)) = prepared(p) else { continue };
         let ours = userbpf_verifier::verify(&p.insns, &opts);
         let theirs = kernel_load(p, &fds, btf.as_ref());
         match (&ours, &theirs) {
@@ -663,12 +672,7 @@ mod tests {
         progs.extend(recorded);
         let (mut judged, mut differ) = (0, Vec::new());
         for p in &progs {
-            let fds: Result<Vec<OwnedFd>, String> = p.maps.iter().map(|m| m.create()).collect();
-            let Ok(fds) = fds else { continue };
-            let btf = p.btf.as_ref().and_then(|b| load_btf(b));
-            let mut opts = Options::new(p.prog_type);
-            opts.gpl_compatible = p.gpl;
-            opts.maps = p.maps.iter().enumerate().map(|(k, m)| (k as u32, m.info())).collect();
+            let Some((fds, btf, opts)) = prepared(p) else { continue };
             let ours = userbpf_verifier::verify(&p.insns, &opts);
             let theirs = kernel_load(p, &fds, btf.as_ref());
             judged += 1;
