@@ -109,38 +109,26 @@ fn dd_writes_are_libc_writes_and_fio_ios_are_td_io_queue() {
     assert_eq!(count(&t, "all requests (the kernel's totals)", dev.name(), "write"), Some(300), "{out}");
 
     // fio's psync engine: td_io_queue calls pwrite64; the outer function keeps the requests.
-    let out = iolatency(&[
-        "--",
+    let filename = format!("--filename={}", dev.0);
+    let fio = [
         "fio",
         "--name=t",
-        &format!("--filename={}", dev.0),
+        filename.as_str(),
         "--direct=1",
         "--rw=randwrite",
         "--bs=4k",
         "--size=1m",
         "--ioengine=psync",
         "--output=/dev/null",
-    ]);
+    ];
+    let out = iolatency(&[&["--"][..], &fio[..]].concat());
     let t = totals(&out);
     assert_eq!(count(&t, "function fio:td_io_queue", dev.name(), "write"), Some(256), "{out}");
     assert_eq!(count(&t, "function libc:pwrite64", dev.name(), "write"), None, "{out}");
     assert_eq!(count(&t, "all requests (the kernel's totals)", dev.name(), "write"), Some(256), "{out}");
 
     // -f picks the functions: only pwrite64 now.
-    let out = iolatency(&[
-        "-f",
-        "c:pwrite64",
-        "--",
-        "fio",
-        "--name=t",
-        &format!("--filename={}", dev.0),
-        "--direct=1",
-        "--rw=randwrite",
-        "--bs=4k",
-        "--size=1m",
-        "--ioengine=psync",
-        "--output=/dev/null",
-    ]);
+    let out = iolatency(&[&["-f", "c:pwrite64", "--"][..], &fio[..]].concat());
     let t = totals(&out);
     assert_eq!(count(&t, "function c:pwrite64", dev.name(), "write"), Some(256), "{out}");
 }
