@@ -1,6 +1,8 @@
 //! Printing maps: every key and value, laid out by their BTF types when the map has them
 //! (structs, arrays, char arrays as strings, enums by name), per-CPU values CPU by CPU; raw
-//! hex bytes otherwise. Text for people, JSON (`--json`, bpftool's shape) for scripts.
+//! hex bytes otherwise. Text for people, JSON (`--json`, bpftool's shape) for scripts, and
+//! for log2 histogram maps ([`is_log2_hist`]) bpftrace's bars, as text or (`--svg`, drawn by
+//! crate `userbpf-plot`) as a chart.
 
 use serde_json::{Value as Json, json};
 use userbpf_maps::{Map, MapType};
@@ -140,6 +142,19 @@ fn slot_bound(k: u32) -> String {
         v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
         v => v.to_string(),
     }
+}
+
+/// The counts of a log2 histogram map ([`is_log2_hist`]) by slot, per-CPU slots summed.
+pub fn log2_counts(map: &Map) -> Vec<u64> {
+    let mut slots = Vec::new();
+    for (k, v) in entries(map) {
+        let slot = u32::from_ne_bytes([k[0], k[1], k[2], k[3]]) as usize;
+        if slots.len() <= slot {
+            slots.resize(slot + 1, 0);
+        }
+        slots[slot] += v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]))).sum::<u64>();
+    }
+    slots
 }
 
 /// Draws a log2 histogram map the way bpftrace prints `hist()`: one line per slot from the

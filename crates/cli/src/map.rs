@@ -1,4 +1,6 @@
-//! `userbpf map list` and `userbpf map dump`.
+//! `userbpf map list` and `userbpf map dump` (text, `--json`, and `--svg FILE` for histograms).
+
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
@@ -6,7 +8,7 @@ use serde_json::json;
 use userbpf_object::Btf;
 use userbpf_runtime::Session;
 
-use crate::dump::{Typed, dump_json, dump_text};
+use crate::dump::{Typed, dump_json, dump_text, is_log2_hist, log2_counts};
 
 #[derive(Subcommand)]
 pub enum MapCmd {
@@ -20,6 +22,11 @@ pub enum MapCmd {
         map: String,
         #[arg(long)]
         json: bool,
+        /// Also draw the map as a chart into FILE (SVG): for log2 histogram maps (an array or
+        /// per-CPU array of 8-byte counters with `hist` in its name), a bar per non-empty slot
+        /// labelled with its range, per-CPU counts summed.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -54,7 +61,7 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
             }
             Ok(())
         }
-        MapCmd::Dump { map, json: as_json } => {
+        MapCmd::Dump { map, json: as_json, svg } => {
             let records = s.maps()?;
             let rec = match map.parse::<u32>() {
                 Ok(id) => records.iter().find(|r| r.id == id),
@@ -67,12 +74,31 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
                 None => None,
             };
             let t = Typed { btf: btf.as_ref(), key_type: rec.key_type_id, value_type: rec.value_type_id };
+            if let Some(path) = &svg {
+                if !is_log2_hist(&m) {
+                    bail!(
+                        "--svg: map `{}` is not a log2 histogram (an array or per-CPU array of 8-byte counters with `hist` in its name); only histograms are drawn",
+                        rec.name
+                    );
+                }
+                userbpf_plot::check_writable(path)?;
+            }
             if as_json {
                 println!("{}", serde_json::to_string_pretty(&dump_json(&m, &t))?);
             } else {
                 for line in dump_text(&m, &t) {
                     println!("{line}");
                 }
+            }
+            if let Some(path) = &svg {
+                let slots = log2_counts(&m);
+                let hist = userbpf_plot::Log2Hist {
+                    title: format!("map {}: {} values", rec.name, slots.iter().sum::<u64>()),
+                    unit: "value".into(),
+                    slots,
+                };
+                userbpf_plot::write_svg(path, &[userbpf_plot::Chart::Hist(hist)])?;
+                eprintln!("userbpf: histogram of map {} written to {}", rec.name, path.display());
             }
             Ok(())
         }

@@ -2,7 +2,8 @@
 //! funccount), the top N by count; with `-i`, the counts of each interval. One uprobe per
 //! function, counting into a per-CPU array slot named by the link's cookie
 //! (tools/calls.bpf.c): no lock and no lost update on the hot path. The counts only grow;
-//! each interval prints the difference from the last.
+//! each interval prints the difference from the last. `--svg FILE` draws the top N of the
+//! whole run as a bar chart at the end (crate `userbpf-plot`).
 
 use anyhow::Result;
 
@@ -16,6 +17,9 @@ pub struct Args {
     /// Show the N most called functions.
     #[arg(short = 'n', long = "top", default_value_t = 10)]
     top: usize,
+    /// At the end, draw the N most called functions of the whole run into FILE (SVG bars).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<std::path::PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -36,6 +40,9 @@ fn counts(t: &Tracer, n: usize) -> Result<Vec<u64>> {
 
 pub fn run(args: Args) -> Result<()> {
     let target = Target::from(&args.common)?;
+    if let Some(path) = &args.svg {
+        userbpf_plot::check_writable(path)?;
+    }
     let (bin, pattern) = split_spec(&args.spec)?;
     let path = resolve_bin(bin, target.pid())?;
     let funcs = match_functions(&path, pattern)?;
@@ -50,7 +57,8 @@ pub fn run(args: Args) -> Result<()> {
         if funcs.len() == 1 { "" } else { "s" },
         args.spec
     );
-    let print = |now: &[u64], before: &[u64]| {
+    // The functions called since `before`, most called first.
+    let ranked = |now: &[u64], before: &[u64]| {
         let mut rows: Vec<(u64, &str)> = now
             .iter()
             .enumerate()
@@ -58,6 +66,10 @@ pub fn run(args: Args) -> Result<()> {
             .filter(|&(c, _)| c > 0)
             .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+        rows
+    };
+    let print = |now: &[u64], before: &[u64]| {
+        let rows = ranked(now, before);
         println!("{:<40} {:>12}", "FUNC", "COUNT");
         for (c, name) in rows.iter().take(args.top) {
             println!("{name:<40} {c:>12}");
@@ -96,6 +108,30 @@ pub fn run(args: Args) -> Result<()> {
         println!("{}", time_of_day());
     }
     print(&now, &last);
+    if let Some(path) = &args.svg {
+        let rows = ranked(&now, &[]);
+        let top = &rows[..rows.len().min(args.top)];
+        let more = rows.len() - top.len();
+        let chart = userbpf_plot::Bars {
+            title: format!(
+                "calls {}: top {} of {} function{} called{}",
+                args.spec.rsplit('/').next().unwrap_or(&args.spec),
+                top.len(),
+                rows.len(),
+                if rows.len() == 1 { "" } else { "s" },
+                if more > 0 { " (-n shows more)" } else { "" }
+            ),
+            unit: "calls".into(),
+            categories: top.iter().map(|(_, n)| n.to_string()).collect(),
+            series: vec![userbpf_plot::Series {
+                name: "calls".into(),
+                values: top.iter().map(|&(c, _)| Some(c as f64)).collect(),
+            }],
+            log: Some(false),
+        };
+        userbpf_plot::write_svg(path, &[userbpf_plot::Chart::Bars(chart)])?;
+        eprintln!("userbpf: top {} functions written to {}", top.len(), path.display());
+    }
     if let Some(code) = code {
         drop(tracer);
         std::process::exit(code);

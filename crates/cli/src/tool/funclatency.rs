@@ -5,7 +5,8 @@
 //! and the unit (ns, `-u` us, `-m` ms), so one object serves every mode (tools/funclatency.bpf.c):
 //! arrays (lookups inlined by the JIT) unless keyed by process or thread (hash maps).
 //! The maps only grow: each interval prints the difference from the last one, so no count
-//! is lost between a read and a clear.
+//! is lost between a read and a clear. `--svg FILE` draws the histograms of the whole run
+//! (not only the last interval) at the end, one chart each (crate `userbpf-plot`).
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,10 @@ pub struct Args {
     /// One histogram per thread.
     #[arg(long = "tids", visible_alias = "tid-hist")]
     tids: bool,
+    /// At the end, draw the histograms of the whole run into FILE (SVG, one chart per
+    /// histogram, stacked in that order).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<std::path::PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -127,6 +132,9 @@ fn diff(now: &Snapshot, before: &Snapshot) -> Snapshot {
 
 pub fn run(args: Args) -> Result<()> {
     let target = Target::from(&args.common)?;
+    if let Some(path) = &args.svg {
+        userbpf_plot::check_writable(path)?;
+    }
     let (bin, pattern) = split_spec(&args.spec)?;
     let path = resolve_bin(bin, target.pid())?;
     let funcs = match_functions(&path, pattern)?;
@@ -162,21 +170,20 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let who = if args.pids { "pid" } else { "tid" };
+    let header = |func: u32, pid: u32| {
+        let mut labels = Vec::new();
+        if args.per_function {
+            labels.push(funcs.get(func as usize).map_or_else(|| format!("function {func}"), |f| f.name.clone()));
+        }
+        if args.pids || args.tids {
+            labels.push(format!("{who} {pid}"));
+        }
+        if labels.is_empty() { format!("@{unit}") } else { format!("@{unit}[{}]", labels.join(", ")) }
+    };
     let print = |snap: &Snapshot| {
         for ((func, pid), h) in snap {
-            let mut labels = Vec::new();
-            if args.per_function {
-                labels.push(funcs.get(*func as usize).map_or_else(|| format!("function {func}"), |f| f.name.clone()));
-            }
-            if args.pids || args.tids {
-                labels.push(format!("{who} {pid}"));
-            }
             println!();
-            if labels.is_empty() {
-                println!("@{unit}:");
-            } else {
-                println!("@{unit}[{}]:", labels.join(", "));
-            }
+            println!("{}:", header(*func, *pid));
             let counts: Vec<(u32, u64)> = h.slots.iter().enumerate().map(|(s, &c)| (s as u32, c)).collect();
             for line in hist_lines_of(&counts) {
                 println!("{line}");
@@ -216,6 +223,31 @@ pub fn run(args: Args) -> Result<()> {
         println!("\n(no calls)");
     }
     print(&shown);
+    if let Some(path) = &args.svg {
+        let charts: Vec<userbpf_plot::Chart> = now
+            .iter()
+            .map(|((func, pid), h)| {
+                let avg = h.sum.checked_div(h.count).unwrap_or(0);
+                userbpf_plot::Chart::Hist(userbpf_plot::Log2Hist {
+                    title: format!(
+                        "{} {}: {} calls, avg {avg} {unit}",
+                        args.spec.rsplit('/').next().unwrap_or(&args.spec),
+                        header(*func, *pid),
+                        h.count
+                    ),
+                    unit: unit.to_string(),
+                    slots: h.slots.to_vec(),
+                })
+            })
+            .collect();
+        userbpf_plot::write_svg(path, &charts)?;
+        eprintln!(
+            "userbpf: {} histogram{} written to {}",
+            charts.len(),
+            if charts.len() == 1 { "" } else { "s" },
+            path.display()
+        );
+    }
     let unmatched = tracer.loaded.maps.iter().find(|m| m.def.name.ends_with(".bss")).map(|m| {
         let mut v = vec![0u8; m.map.value_buf_size()];
         let _ = m.map.lookup_elem(&0u32.to_ne_bytes(), &mut v);

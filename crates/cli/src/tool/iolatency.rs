@@ -11,7 +11,9 @@
 //! `fsync`, `fdatasync`, and fio's `td_io_queue` when the command is fio. The outermost probed
 //! function on a thread keeps the mark (fio's `td_io_queue` calling `pwrite64`:
 //! `td_io_queue`). Requests issued by no probed function (the kernel's own writeback, a loop
-//! device's worker) count only in the kernel's totals.
+//! device's worker) count only in the kernel's totals. `--svg FILE` draws the histograms of
+//! the whole run at the end, one chart each, the functions' then the kernel's totals (crate
+//! `userbpf-plot`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,6 +28,10 @@ pub struct Args {
     /// read/write family and sync calls, and fio's `td_io_queue` for fio.
     #[arg(short = 'f', long = "func", value_name = "BIN:FUNC")]
     funcs: Vec<String>,
+    /// At the end, draw the histograms of the whole run into FILE (SVG, one chart per
+    /// function, disk and operation, then the kernel's totals).
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -88,14 +94,14 @@ fn print_log2(vals: &[u64], unit: &str) {
     }
 }
 
-fn print(h: &Hists, before: &Hists, names: &[String]) {
-    let unit = "usecs";
+/// The histograms with requests since `before`, per function then the kernel's totals:
+/// (header, slot counts).
+fn since(h: &Hists, before: &Hists, names: &[String]) -> Vec<(String, Vec<u64>)> {
     let diff = |k: &(u32, u32, u32), v: &Vec<u64>| -> Vec<u64> {
         let b = before.get(k);
         v.iter().enumerate().map(|(i, &c)| c - b.and_then(|b| b.get(i)).copied().unwrap_or(0)).collect()
     };
-    let mut any = false;
-    // Per function, then the kernel's totals.
+    let mut out = Vec::new();
     for kernel in [false, true] {
         for (k, v) in h.iter().filter(|(k, _)| (k.0 == KERNEL_TOTAL) == kernel) {
             let d = diff(k, v);
@@ -103,21 +109,30 @@ fn print(h: &Hists, before: &Hists, names: &[String]) {
             if total == 0 {
                 continue;
             }
-            any = true;
             let who = if kernel {
                 "all requests (the kernel's totals)".to_string()
             } else {
                 names.get(k.0 as usize - 1).map_or_else(|| format!("function #{}", k.0), |n| format!("function {n}"))
             };
-            println!();
-            println!("{who}, disk = {}, op = {}: {total} requests", dev_name(k.1), op_name(k.2));
-            print_log2(&d, unit);
+            out.push((format!("{who}, disk = {}, op = {}: {total} requests", dev_name(k.1), op_name(k.2)), d));
         }
     }
-    if !any {
+    out
+}
+
+fn print(h: &Hists, before: &Hists, names: &[String]) {
+    let hists = since(h, before, names);
+    for (header, d) in &hists {
+        println!();
+        println!("{header}");
+        print_log2(d, UNIT);
+    }
+    if hists.is_empty() {
         println!("(no block requests completed)");
     }
 }
+
+const UNIT: &str = "usecs";
 
 /// The functions to probe: `(path, function, display name)`.
 fn functions(args: &Args, target: &Target) -> Result<Vec<(PathBuf, Func, String)>> {
@@ -153,6 +168,9 @@ fn functions(args: &Args, target: &Target) -> Result<Vec<(PathBuf, Func, String)
 
 pub fn run(args: Args) -> Result<()> {
     let target = Target::from(&args.common)?;
+    if let Some(path) = &args.svg {
+        userbpf_plot::check_writable(path)?;
+    }
     let funcs = functions(&args, &target)?;
     let mut tracer = Tracer::new("iolatency", target, args.common.interpreter)?;
     // Cookie i + 1 names function i (0: unmarked).
@@ -197,6 +215,19 @@ pub fn run(args: Args) -> Result<()> {
         println!("{}", time_of_day());
     }
     print(&now, &last, &names);
+    if let Some(path) = &args.svg {
+        let charts: Vec<userbpf_plot::Chart> = since(&now, &BTreeMap::new(), &names)
+            .into_iter()
+            .map(|(title, slots)| userbpf_plot::Chart::Hist(userbpf_plot::Log2Hist { title, unit: UNIT.into(), slots }))
+            .collect();
+        userbpf_plot::write_svg(path, &charts)?;
+        eprintln!(
+            "userbpf: {} histogram{} written to {}",
+            charts.len(),
+            if charts.len() == 1 { "" } else { "s" },
+            path.display()
+        );
+    }
     if let Some(code) = code {
         drop(tracer);
         std::process::exit(code);
