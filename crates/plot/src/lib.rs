@@ -450,7 +450,8 @@ mod tests {
         let doc = svg(&[Chart::Hist(h)]).unwrap();
         assert_eq!(rects_of(&doc, &series_fill(0)), 3);
         let xml = roxmltree::Document::parse(&doc).unwrap();
-        let texts: Vec<&str> = xml.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::trim).collect();
+        let texts: Vec<&str> =
+            xml.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::trim).collect();
         for want in ["f", "[8, 16)", "[16, 32)", "[32, 64)", "[64, 128)", "[128, 256)", "nsecs", "count", "120"] {
             assert!(texts.contains(&want), "no text {want:?} in {texts:?}");
         }
