@@ -70,18 +70,23 @@ fn svg_file(name: &str) -> PathBuf {
     p
 }
 
+/// A panel: its title, its bars, its other texts.
+type Panel = (String, usize, Vec<String>);
+
 /// A chart file's panels in document order: (title, bars, the other texts of the panel, top
 /// to bottom as drawn).
 /// A panel starts at a text for which `is_title` holds; bars are `<rect>`s filled with the
 /// first series colour.
-fn panels(path: &Path, is_title: impl Fn(&str) -> bool) -> Vec<(String, usize, Vec<String>)> {
+fn panels(path: &Path, is_title: impl Fn(&str) -> bool) -> Vec<Panel> {
     let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let xml = roxmltree::Document::parse(&doc).unwrap_or_else(|e| panic!("{} is not XML: {e}\n{doc}", path.display()));
     let root = xml.root_element();
     assert_eq!(root.tag_name().name(), "svg", "{doc}");
     assert_eq!(root.tag_name().namespace(), Some("http://www.w3.org/2000/svg"), "{doc}");
     let fill = series_fill(0);
-    let mut out: Vec<(String, usize, Vec<(f64, String)>)> = Vec::new();
+    // Texts with their y, sorted once the panel is complete.
+    type Drawn = (String, usize, Vec<(f64, String)>);
+    let mut out: Vec<Drawn> = Vec::new();
     for n in xml.descendants() {
         if n.has_tag_name("text") {
             let t = n.text().unwrap_or("").trim().to_string();
