@@ -1,5 +1,6 @@
 # userbpf: `make demo` runs the main job on bundled examples; `make test` installs what is
-# missing, builds and runs every test; `make bench` prints the benchmark tables.
+# missing, builds and runs every test; `make bench` prints the benchmark tables and draws
+# them as SVG charts into target/bench.
 
 CARGO ?= cargo
 USERBPF := target/release/userbpf
@@ -17,7 +18,7 @@ EXAMPLES := $(patsubst examples/bpf/%.bpf.c,target/bpf/%.bpf.o,$(wildcard exampl
 	$(patsubst examples/targets/%.c,target/examples/%,$(wildcard examples/targets/*.c)) \
 	$(LIBBPF_EXAMPLES) $(TOOLS)
 
-.PHONY: all deps build test lint unit conformance bench demo clean examples install
+.PHONY: all deps build test lint unit conformance bench bench-tables demo clean examples install
 
 all: build
 
@@ -80,7 +81,17 @@ unit:
 conformance: build
 	scripts/conformance.sh $(USERBPF)
 
+# `make bench` prints the tables and keeps what it printed in target/bench/bench.md; then
+# bench-plot (bench/src/plot.rs) draws every table into target/bench/NN-*.svg, listed with
+# their titles in target/bench/charts.md (also when a benchmark failed: the tables so far).
+BENCH_DIR := target/bench
+
 bench: build
+	@mkdir -p $(BENCH_DIR)
+	@PYTHONUNBUFFERED=1 bash -o pipefail -c '$(MAKE) --no-print-directory bench-tables | tee $(BENCH_DIR)/bench.md'; rc=$$?; \
+	$(CARGO) run --release --locked -q -p userbpf-bench --bin bench-plot -- $(BENCH_DIR)/bench.md $(BENCH_DIR); exit $$rc
+
+bench-tables:
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin verifier-bench -- --bpftrace $(wildcard target/bpf/*.bpf.o) $(wildcard target/tools/*.bpf.o) $(wildcard target/libbpf/*.bpf.o)
@@ -101,6 +112,7 @@ install:
 
 demo: build
 	@scripts/demo.sh
+	@echo "== userbpf tool funclatency --svg: the histogram as a chart"; $(USERBPF) tool funclatency --svg target/funclatency.svg target/examples/workload:work -- target/examples/workload 20000 | tail -1
 
 clean:
 	$(CARGO) clean

@@ -33,13 +33,17 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// The fills of the series' bars, in order (histogram bars: the first); tests count the
 /// `<rect>` elements of these colours.
-pub const SERIES_COLORS: [RGBColor; 6] = [
+pub const SERIES_COLORS: [RGBColor; 10] = [
     RGBColor(0x3B, 0x6E, 0xA8),
     RGBColor(0xE0, 0x7B, 0x39),
     RGBColor(0x4C, 0x9A, 0x5A),
     RGBColor(0xB8, 0x4A, 0x62),
     RGBColor(0x7A, 0x5C, 0xA8),
     RGBColor(0x8C, 0x7A, 0x4A),
+    RGBColor(0xD0, 0x6E, 0xB0),
+    RGBColor(0x6E, 0x6E, 0x6E),
+    RGBColor(0xA8, 0xA0, 0x2E),
+    RGBColor(0x2E, 0xA8, 0xB0),
 ];
 
 /// The SVG `fill` value of series `i`'s bars (`#RRGGBB`, as plotters writes it).
@@ -149,6 +153,23 @@ impl Bars {
         self.series.iter().flat_map(|s| s.values.iter()).filter(|v| v.is_some_and(|v| !log || v > 0.0)).count()
     }
 
+    /// The legend's layout below the chart: (entries per line, entry width, lines); no
+    /// legend for a single series.
+    fn legend_layout(&self) -> (usize, u32, usize) {
+        if self.series.len() < 2 {
+            return (0, 0, 0);
+        }
+        let chars = self.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(1) as u32;
+        let entry = (chars * 7 + 34).min(WIDTH - 40);
+        let per_line = ((WIDTH - 40) / entry).max(1) as usize;
+        (per_line, entry, self.series.len().div_ceil(per_line))
+    }
+
+    fn legend_height(&self) -> u32 {
+        let (_, _, lines) = self.legend_layout();
+        if lines == 0 { 0 } else { 20 * lines as u32 + 12 }
+    }
+
     fn is_log(&self) -> bool {
         if let Some(l) = self.log {
             return l;
@@ -165,8 +186,7 @@ impl Chart {
             Chart::Hist(h) => 110 + 24 * (h.shown().len().max(1) as u32),
             Chart::Bars(b) => {
                 let per_group = 16 * b.series.len().max(1) as u32 + 12;
-                let legend = if b.series.len() > 1 { 22 * b.series.len() as u32 } else { 0 };
-                110 + per_group * b.categories.len().max(1) as u32 + legend
+                110 + per_group * b.categories.len().max(1) as u32 + b.legend_height()
             }
         }
     }
@@ -193,7 +213,7 @@ pub fn format_value(v: f64) -> String {
     // Thousands separators in the integer part.
     let (sign, rest) = s.strip_prefix('-').map_or(("", s.as_str()), |r| ("-", r));
     let (int, frac) = rest.split_once('.').map_or((rest, None), |(i, f)| (i, Some(f)));
-    if int.len() <= 4 || rest.contains('e') {
+    if int.len() <= 3 || rest.contains('e') {
         return s;
     }
     let mut out = String::new();
@@ -333,7 +353,19 @@ fn draw_hist(area: &DrawingArea<SVGBackend<'_>, Shift>, h: &Log2Hist) -> Result<
     Ok(())
 }
 
-fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()> {
+fn draw_bars(panel: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()> {
+    let (_, h) = panel.dim_in_pixel();
+    let (area, legend) = panel.split_vertically(h.saturating_sub(b.legend_height()));
+    // The legend under the chart, never over its bars: a swatch and the series' name each.
+    let (per_line, entry, _) = b.legend_layout();
+    for (j, series) in b.series.iter().enumerate().filter(|_| per_line > 0) {
+        let (x, y) = (20 + (j % per_line) as i32 * entry as i32, 6 + (j / per_line) as i32 * 20);
+        let color = SERIES_COLORS[j % SERIES_COLORS.len()];
+        legend.draw(&Rectangle::new([(x, y + 3), (x + 14, y + 13)], color.filled())).map_err(err)?;
+        let style = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+        legend.draw(&Text::new(series.name.clone(), (x + 20, y + 8), style)).map_err(err)?;
+    }
+    let area = &area;
     let log = b.is_log();
     let n = b.categories.len().max(1);
     let s = b.series.len().max(1);
@@ -391,30 +423,15 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()> 
             .filter_map(|(i, v)| v.filter(|&v| !log || v > 0.0).map(|v| (i, v)))
             .collect();
         let top = |i: usize| n as f64 - i as f64 - 0.1 - slot * j as f64;
-        let drawn = chart
+        chart
             .draw_series(bars.iter().map(|&(i, v)| {
                 Rectangle::new([(base, top(i) - slot * 0.08), (map(v), top(i) - slot * 0.92)], color.filled())
             }))
             .map_err(err)?;
-        if s > 1 {
-            drawn
-                .label(series.name.as_str())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
-        }
         chart
             .draw_series(bars.iter().map(|&(i, v)| {
                 Text::new(format!(" {}", format_value(v)), (map(v).max(base), top(i) - slot / 2.0), style.clone())
             }))
-            .map_err(err)?;
-    }
-    if s > 1 {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font((FONT, 12))
-            .draw()
             .map_err(err)?;
     }
     Ok(())
@@ -495,7 +512,8 @@ mod tests {
 
     #[test]
     fn values_formatted_for_labels() {
-        assert_eq!(format_value(9332.0), "9332");
+        assert_eq!(format_value(9332.0), "9,332");
+        assert_eq!(format_value(932.0), "932");
         assert_eq!(format_value(18014029.0), "18,014,029");
         assert_eq!(format_value(11.63), "11.6");
         assert_eq!(format_value(0.068), "0.07");
