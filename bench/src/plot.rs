@@ -46,16 +46,23 @@ fn is_separator(line: &str) -> bool {
 fn tables(text: &str) -> Vec<Table> {
     let lines: Vec<&str> = text.lines().collect();
     let (mut section, mut heading) = (String::new(), String::new());
+    // The text above a table (see below), and whether a table came already under this heading.
+    let (mut para, mut para_open, mut seen) = (String::new(), false, false);
     let mut out = Vec::new();
     let mut i = 0;
     while i < lines.len() {
         let l = lines[i].trim();
         if let Some(h) = l.strip_prefix("### ") {
             heading = h.trim().to_string();
+            (para, seen) = (String::new(), false);
         } else if let Some(h) = l.strip_prefix("## ") {
             section = h.trim().to_string();
             heading = section.clone();
+            (para, seen) = (String::new(), false);
         } else if l.starts_with('|') && i + 1 < lines.len() && is_separator(lines[i + 1]) {
+            // A second table under one heading is named by the text just above it.
+            let title = if seen && !para.is_empty() { para.clone() } else { heading.clone() };
+            (para, seen) = (String::new(), true);
             let header = cells(l);
             let mut rows = Vec::new();
             i += 2;
@@ -65,8 +72,18 @@ fn tables(text: &str) -> Vec<Table> {
                 rows.push(r);
                 i += 1;
             }
-            out.push(Table { heading: heading.clone(), section: section.clone(), header, rows });
+            out.push(Table { heading: title, section: section.clone(), header, rows });
+            para_open = false;
             continue;
+        } else if l.is_empty() {
+            para_open = false;
+        } else {
+            // The last line above the table that starts a sentence (a paragraph's first, or
+            // one after a line ending a sentence), up to its first colon or parenthesis.
+            if !para_open || lines[i - 1].trim_end().ends_with('.') {
+                para = l.split([':', '(']).next().unwrap_or(l).trim().trim_end_matches('.').to_string();
+            }
+            para_open = true;
         }
         i += 1;
     }
@@ -99,8 +116,19 @@ fn number(cell: &str) -> Option<Option<(f64, Kind)>> {
 }
 
 /// Words of a header that make its column a count rather than a cost.
-const COUNT_WORDS: &[&str] =
-    &["instructions", "hits", "calls", "expected", "counted", "runs", "requests", "entries", "keys", "programs", "events"];
+const COUNT_WORDS: &[&str] = &[
+    "instructions",
+    "hits",
+    "calls",
+    "expected",
+    "counted",
+    "runs",
+    "requests",
+    "entries",
+    "keys",
+    "programs",
+    "events",
+];
 
 /// The unit a header or heading names: `ns/op`, `ns`, `ns per call`, `IOPS`, ...
 fn unit_of(text: &str) -> Option<String> {
@@ -167,6 +195,12 @@ fn charts(t: &Table) -> Vec<Chart> {
     panels(t, &numeric)
         .into_iter()
         .map(|(unit, cols)| {
+            // One series has no legend: the axis names its column.
+            let unit = match cols.as_slice() {
+                [c] if t.header[*c].contains(unit.as_str()) => t.header[*c].clone(),
+                [c] => format!("{} — {unit}", t.header[*c]),
+                _ => unit,
+            };
             let series = cols
                 .iter()
                 .map(|&c| Series {
@@ -196,6 +230,7 @@ fn run(input: &Path, dir: &Path) -> anyhow::Result<Vec<(PathBuf, String)>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
     let mut index = String::from("# `make bench` charts\n\n");
+    let mut last_section = String::new();
     for (n, t) in tables(&text).iter().enumerate() {
         let c = charts(t);
         if c.is_empty() {
@@ -204,9 +239,10 @@ fn run(input: &Path, dir: &Path) -> anyhow::Result<Vec<(PathBuf, String)>> {
         let path = dir.join(format!("{:02}-{}.svg", n + 1, slug(&t.heading)));
         userbpf_plot::write_svg(&path, &c)?;
         let name = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-        if !t.section.is_empty() && t.section != t.heading {
+        if !t.section.is_empty() && t.section != t.heading && t.section != last_section {
             index.push_str(&format!("## {}\n\n", t.section));
         }
+        last_section = t.section.clone();
         index.push_str(&format!("### {}\n\n![{}]({name})\n\n", t.heading, t.heading.replace(['[', ']'], "")));
         written.push((path, t.heading.clone()));
     }
@@ -245,6 +281,12 @@ mod tests {
 |---|---|---:|---:|---:|---:|---:|---:|\n\
 | bench_fn (executable) | uprobe | 1.4 | 9,332 | 11.6 | 9,331 | 10.2 | 916.0× |\n\
 | bench_fn (executable) | uretprobe | 1.4 | 9,661 | 17.1 | 9,660 | 15.7 | 614.1× |\n\n\
+Hit = probed minus unprobed.\n\
+Wall-clock ns per call of the same runs (includes waiting\n\
+on a busy machine):\n\n\
+| function | probe | kernel |\n\
+|---|---|---:|\n\
+| bench_fn | uprobe | 9,400 |\n\n\
 Some text | not a table\n\n\
 ## userbpf maps\n\n\
 | map type | operation | 1 thread ns/op | 2 threads ns/op | 2 threads / 1 thread | hits | notes |\n\
@@ -261,18 +303,24 @@ Some text | not a table\n\n\
 
     #[test]
     fn tables_with_their_headings() {
-        let t = tables(TEXT);
-        assert_eq!(t.len(), 2);
+        let mut t = tables(TEXT);
+        assert_eq!(t.len(), 3);
         assert!(t[0].heading.starts_with("Probe hit cost"));
         assert_eq!(t[0].section, "uprobe benchmark: 2026-11-25");
         assert_eq!(t[0].rows.len(), 2);
+        // A second table under the same heading: named by the paragraph above it.
+        let second = t.remove(1);
+        assert_eq!(second.heading, "Wall-clock ns per call of the same runs");
+        let c = charts(&second);
+        assert_eq!(bars(&c[0]).unit, "kernel — ns per call");
         assert_eq!(t[1].heading, "userbpf maps");
         assert_eq!(t[1].rows[1][3], "n/a");
     }
 
     #[test]
     fn panels_by_unit_ratio_and_count() {
-        let t = tables(TEXT);
+        let mut t = tables(TEXT);
+        t.remove(1);
         let c = charts(&t[0]);
         assert_eq!(c.len(), 2);
         let (costs, ratios) = (bars(&c[0]), bars(&c[1]));
@@ -281,12 +329,12 @@ Some text | not a table\n\n\
         let names: Vec<&str> = costs.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["no probe", "kernel", "userbpf JIT", "kernel hit", "JIT hit"]);
         assert_eq!(costs.series[1].values, [Some(9332.0), Some(9661.0)]);
-        assert_eq!(ratios.unit, "ratio (×)");
+        assert_eq!(ratios.unit, "kernel hit / JIT hit — ratio (×)");
         assert_eq!(ratios.series[0].values, [Some(916.0), Some(614.1)]);
 
         let c = charts(&t[1]);
         let units: Vec<&str> = c.iter().map(|c| bars(c).unit.as_str()).collect();
-        assert_eq!(units, ["ns/op", "ratio (×)", "count"]);
+        assert_eq!(units, ["ns/op", "2 threads / 1 thread — ratio (×)", "hits — count"]);
         assert_eq!(bars(&c[0]).series[1].values, [Some(27.18), None]);
         assert_eq!(bars(&c[1]).series[0].values, [Some(1.60), None]);
         // The notes column (text) is neither a label nor a series.
@@ -301,7 +349,10 @@ Some text | not a table\n\n\
         std::fs::write(&input, TEXT).unwrap();
         let w = run(&input, &dir).unwrap();
         let names: Vec<String> = w.iter().map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        assert_eq!(names, ["01-probe-hit-cost-a-noinline-function.svg", "02-userbpf-maps.svg"]);
+        assert_eq!(
+            names,
+            ["01-probe-hit-cost-a-noinline-function.svg", "02-wall-clock-ns-per-call-of.svg", "03-userbpf-maps.svg"]
+        );
         let index = std::fs::read_to_string(dir.join("charts.md")).unwrap();
         assert!(index.contains("](01-probe-hit-cost-a-noinline-function.svg)"), "{index}");
         assert!(std::fs::read_to_string(&w[0].0).unwrap().contains("<svg"));
