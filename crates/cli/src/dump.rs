@@ -1,8 +1,10 @@
 //! Printing maps: every key and value, laid out by their BTF types when the map has them
 //! (structs, arrays, char arrays as strings, enums by name), per-CPU values CPU by CPU; raw
 //! hex bytes otherwise. Text for people, JSON (`--json`, bpftool's shape) for scripts, and
-//! for log2 histogram maps ([`is_log2_hist`]) bpftrace's bars, as text or (`--svg`, drawn by
-//! crate `userbpf-plot`) as a chart.
+//! for log2 histogram maps bpftrace's bars, as text or (`--svg`, drawn by crate
+//! `userbpf-plot`) as charts: [`hist_layout`] recognises the arrays of counters named `*hist*`
+//! and, from BTF, maps of one histogram per key (a value struct with a `slots` array, as
+//! libbpf-tools keep them; a key struct with a `slot` member).
 
 use serde_json::{Value as Json, json};
 use userbpf_maps::{Map, MapType};
@@ -142,6 +144,135 @@ fn slot_bound(k: u32) -> String {
         v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
         v => v.to_string(),
     }
+}
+
+/// How a map holds log2 histograms (slot k: values in [2^k, 2^(k+1)), slot 0: 0 and 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum HistLayout {
+    /// [`is_log2_hist`]: the whole map is one histogram, keyed by slot.
+    Array,
+    /// The value is a struct with an integer array member `slots` (libbpf-tools' `struct
+    /// hist`): one histogram per key. `offset`/`elem` in bytes, `n` slots.
+    ValueSlots { offset: usize, elem: usize, n: usize },
+    /// The key is a struct with an integer member `slot` and the value an integer (a keyed
+    /// `hist()`, iolatency's `hist_key`): one histogram per key without its slot.
+    KeySlot { offset: usize, size: usize },
+}
+
+fn int_size(btf: &Btf, id: u32) -> Option<usize> {
+    let t = btf.resolve(id).ok()?;
+    t.int().map(|i| i.size as usize).filter(|s| matches!(s, 1 | 2 | 4 | 8))
+}
+
+fn le_uint(b: &[u8]) -> u64 {
+    let mut x = [0u8; 8];
+    x[..b.len().min(8)].copy_from_slice(&b[..b.len().min(8)]);
+    u64::from_ne_bytes(x)
+}
+
+/// Whether (and how) a map holds log2 histograms, from its shape and BTF.
+pub fn hist_layout(map: &Map, t: &Typed<'_>) -> Option<HistLayout> {
+    if is_log2_hist(map) {
+        return Some(HistLayout::Array);
+    }
+    if !iterable(map) {
+        return None;
+    }
+    let btf = t.btf?;
+    let spec = map.spec();
+    if let Some(vt) = t.value_type
+        && let Some((m, bits)) = btf.find_member(vt, "slots")
+        && bits % 8 == 0
+        && m.bitfield_size == 0
+        && let Some(a) = btf.resolve(m.type_id).ok().and_then(|x| x.array())
+        && let Some(elem) = int_size(btf, a.elem_type)
+        && (bits / 8) as usize + elem * a.nelems as usize <= spec.value_size as usize
+        && a.nelems > 0
+    {
+        return Some(HistLayout::ValueSlots { offset: (bits / 8) as usize, elem, n: a.nelems as usize });
+    }
+    if let Some(kt) = t.key_type
+        && let Some((m, bits)) = btf.find_member(kt, "slot")
+        && bits % 8 == 0
+        && m.bitfield_size == 0
+        && let Some(size) = int_size(btf, m.type_id)
+        && (bits / 8) as usize + size <= spec.key_size as usize
+        && matches!(spec.value_size, 4 | 8)
+    {
+        return Some(HistLayout::KeySlot { offset: (bits / 8) as usize, size });
+    }
+    None
+}
+
+/// The histograms of a map laid out as `layout`: (title, counts by slot), per-CPU counts
+/// summed, in the order of the keys' bytes. Titles: the key as text (for [`HistLayout::KeySlot`], its members
+/// other than `slot`); empty for [`HistLayout::Array`].
+pub fn histograms(map: &Map, t: &Typed<'_>, layout: HistLayout) -> Vec<(String, Vec<u64>)> {
+    let percpu = map.map_type().is_percpu();
+    let values = |v: &[u8]| if percpu { per_cpu(map, v) } else { vec![v[..map.spec().value_size as usize].to_vec()] };
+    let mut out: Vec<(String, Vec<u64>)> = Vec::new();
+    match layout {
+        HistLayout::Array => out.push((String::new(), log2_counts(map))),
+        HistLayout::ValueSlots { offset, elem, n } => {
+            let mut all = entries(map);
+            all.sort();
+            for (k, v) in all {
+                let mut slots = vec![0u64; n];
+                for v in values(&v) {
+                    for (i, c) in slots.iter_mut().enumerate() {
+                        *c += le_uint(&v[offset + i * elem..offset + (i + 1) * elem]);
+                    }
+                }
+                out.push((text(t, t.key_type, &k), slots));
+            }
+        }
+        HistLayout::KeySlot { offset, size } => {
+            let btf = t.btf;
+            let key_type = t.key_type;
+            let mut by_key: Vec<(Vec<u8>, Vec<u64>)> = Vec::new();
+            for (k, v) in entries(map) {
+                let slot = le_uint(&k[offset..offset + size]) as usize;
+                if slot >= 128 {
+                    continue; // not a log2 slot of a 64-bit value
+                }
+                let mut rest = k.clone();
+                rest[offset..offset + size].fill(0);
+                let count: u64 = values(&v).iter().map(|v| le_uint(v)).sum();
+                let i = match by_key.iter().position(|(r, _)| *r == rest) {
+                    Some(i) => i,
+                    None => {
+                        by_key.push((rest.clone(), Vec::new()));
+                        by_key.len() - 1
+                    }
+                };
+                let slots = &mut by_key[i].1;
+                if slots.len() <= slot {
+                    slots.resize(slot + 1, 0);
+                }
+                slots[slot] += count;
+            }
+            by_key.sort();
+            for (rest, slots) in by_key {
+                // The key's members but the slot, as `{ .func = 1, .dev = 7 }`.
+                let members: Vec<String> = match (btf, key_type) {
+                    (Some(btf), Some(kt)) => btf
+                        .members(kt)
+                        .iter()
+                        .filter(|m| btf.name_of(m.name_off) != "slot" && m.bit_offset % 8 == 0)
+                        .filter_map(|m| {
+                            let off = (m.bit_offset / 8) as usize;
+                            let size = btf.resolve_size(m.type_id).ok()? as usize;
+                            let v = format_value(btf, m.type_id, rest.get(off..off + size)?).ok()?;
+                            Some(format!(".{} = {v}", btf.name_of(m.name_off)))
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                out.push((format!("{{ {} }}", members.join(", ")), slots));
+            }
+        }
+    }
+    out
 }
 
 /// The counts of a log2 histogram map ([`is_log2_hist`]) by slot, per-CPU slots summed.

@@ -8,7 +8,7 @@ use serde_json::json;
 use userbpf_object::Btf;
 use userbpf_runtime::Session;
 
-use crate::dump::{Typed, dump_json, dump_text, is_log2_hist, log2_counts};
+use crate::dump::{Typed, dump_json, dump_text, hist_layout, histograms};
 
 #[derive(Subcommand)]
 pub enum MapCmd {
@@ -22,9 +22,11 @@ pub enum MapCmd {
         map: String,
         #[arg(long)]
         json: bool,
-        /// Also draw the map as a chart into FILE (SVG): for log2 histogram maps (an array or
-        /// per-CPU array of 8-byte counters with `hist` in its name), a bar per non-empty slot
-        /// labelled with its range, per-CPU counts summed.
+        /// Also draw the map's log2 histograms into FILE (SVG, one chart per histogram, stacked):
+        /// an array of 8-byte counters named `*hist*` is one; a map whose BTF value is a
+        /// struct with a `slots` array (libbpf-tools), or whose BTF key is a struct with a
+        /// `slot` member, holds one per key. A bar per non-empty slot, labelled with its
+        /// range; per-CPU counts summed.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
     },
@@ -74,15 +76,19 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
                 None => None,
             };
             let t = Typed { btf: btf.as_ref(), key_type: rec.key_type_id, value_type: rec.value_type_id };
-            if let Some(path) = &svg {
-                if !is_log2_hist(&m) {
-                    bail!(
-                        "--svg: map `{}` is not a log2 histogram (an array or per-CPU array of 8-byte counters with `hist` in its name); only histograms are drawn",
-                        rec.name
-                    );
+            let layout = match &svg {
+                Some(path) => {
+                    let Some(layout) = hist_layout(&m, &t) else {
+                        bail!(
+                            "--svg: map `{}` holds no log2 histogram (drawn: arrays of 8-byte counters named `*hist*`, maps whose BTF value is a struct with a `slots` array or whose BTF key is a struct with a `slot` member)",
+                            rec.name
+                        );
+                    };
+                    userbpf_plot::check_writable(path)?;
+                    Some((path, layout))
                 }
-                userbpf_plot::check_writable(path)?;
-            }
+                None => None,
+            };
             if as_json {
                 println!("{}", serde_json::to_string_pretty(&dump_json(&m, &t))?);
             } else {
@@ -90,15 +96,27 @@ pub fn run(session: &str, cmd: MapCmd) -> Result<()> {
                     println!("{line}");
                 }
             }
-            if let Some(path) = &svg {
-                let slots = log2_counts(&m);
-                let hist = userbpf_plot::Log2Hist {
-                    title: format!("map {}: {} values", rec.name, slots.iter().sum::<u64>()),
-                    unit: "value".into(),
-                    slots,
-                };
-                userbpf_plot::write_svg(path, &[userbpf_plot::Chart::Hist(hist)])?;
-                eprintln!("userbpf: histogram of map {} written to {}", rec.name, path.display());
+            if let Some((path, layout)) = layout {
+                let charts: Vec<userbpf_plot::Chart> = histograms(&m, &t, layout)
+                    .into_iter()
+                    .map(|(key, slots)| {
+                        let total: u64 = slots.iter().sum();
+                        let key = if key.is_empty() { String::new() } else { format!(" {key}") };
+                        userbpf_plot::Chart::Hist(userbpf_plot::Log2Hist {
+                            title: format!("map {}{key}: {total} values", rec.name),
+                            unit: "value".into(),
+                            slots,
+                        })
+                    })
+                    .collect();
+                userbpf_plot::write_svg(path, &charts)?;
+                eprintln!(
+                    "userbpf: {} histogram{} of map {} written to {}",
+                    charts.len(),
+                    if charts.len() == 1 { "" } else { "s" },
+                    rec.name,
+                    path.display()
+                );
             }
             Ok(())
         }

@@ -1,5 +1,6 @@
 //! `--svg FILE`: the charts are valid SVG (parsed as XML) with one bar per non-empty bucket,
-//! panel by panel: `map dump --svg` of a histogram map holding known counts,
+//! panel by panel: `map dump --svg` of histogram maps holding known counts (an array, and
+//! one histogram per key: libbpf-tools' `slots` values, a `slot` member in the key),
 //! `tool funclatency --svg` and `tool calls --svg` on the target with known calls
 //! (tests/targets/tool_target.c: per round of N, tt_alpha N times, tt_beta 2N, tt_gamma 3N,
 //! tt_greet N), `tool iolatency --svg` on a loop device; a path that cannot be written and a
@@ -188,7 +189,8 @@ fn a_path_that_cannot_be_written_fails_before_tracing() {
 #[test]
 fn map_dump_draws_a_known_histogram_map() {
     let dir = shm_dir();
-    // SAFETY: (of the environment change) only this test of this binary opens sessions in-process.
+    // SAFETY: (of the environment change) the tests of this binary that open sessions
+    // in-process all set the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", &dir) };
     let session = userbpf_runtime::Session::open("plots-held").unwrap();
     let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
@@ -247,7 +249,7 @@ fn map_dump_draws_a_known_histogram_map() {
     assert!(!out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
-        "userbpf: --svg: map `slowest` is not a log2 histogram (an array or per-CPU array of 8-byte counters with `hist` in its name); only histograms are drawn"
+        "userbpf: --svg: map `slowest` holds no log2 histogram (drawn: arrays of 8-byte counters named `*hist*`, maps whose BTF value is a struct with a `slots` array or whose BTF key is a struct with a `slot` member)"
     );
     let out = dump(&["hist", "--svg", "/nonexistent-dir/h.svg"]);
     assert!(!out.status.success());
@@ -255,6 +257,84 @@ fn map_dump_draws_a_known_histogram_map() {
         String::from_utf8_lossy(&out.stderr).trim(),
         "userbpf: cannot write SVG file /nonexistent-dir/h.svg: No such file or directory (os error 2)"
     );
+    drop(loaded);
+    drop(session);
+}
+
+#[test]
+fn map_dump_draws_one_histogram_per_key() {
+    let dir = shm_dir();
+    // SAFETY: (of the environment change) the tests of this binary that open sessions
+    // in-process all set the same value.
+    unsafe { std::env::set_var("USERBPF_SHM_DIR", &dir) };
+    let session = userbpf_runtime::Session::open("plots-keyed").unwrap();
+    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
+    let obj = userbpf_testutil::compile_bpf(&here("bpf/hists.bpf.c"), &tmp().join("plots-bpf"));
+    let object = userbpf_object::Object::open(&obj).unwrap();
+    let opts = userbpf_runtime::loader::LoadOptions {
+        engine: userbpf_runtime::Engine::Jit,
+        helpers: userbpf_runtime::helpers::registry(),
+        only: None,
+    };
+    let loaded = userbpf_runtime::load_object(&session, object, &opts, slots).unwrap();
+    // libbpf-tools' layout: disk 7 reads in slots 2 and 5, disk 7 writes in slot 9.
+    let hists = &loaded.map("hists").unwrap().map;
+    let put = |dev: u32, op: u32, counts: &[(usize, u32)]| {
+        let mut key = Vec::new();
+        key.extend_from_slice(&dev.to_ne_bytes());
+        key.extend_from_slice(&op.to_ne_bytes());
+        let mut v = vec![0u8; hists.value_buf_size()];
+        for &(slot, c) in counts {
+            v[slot * 4..slot * 4 + 4].copy_from_slice(&c.to_ne_bytes());
+        }
+        hists.update_elem(&key, &v, 0).unwrap();
+    };
+    put(7, 1, &[(2, 3), (5, 4)]);
+    put(7, 2, &[(9, 6)]);
+    // A keyed hist(): function 1 in slots 0, 1 and 3; function 2 in slot 4 (per-CPU, summed).
+    let lat = &loaded.map("lat").unwrap().map;
+    let cpus = lat.nr_cpus() as usize;
+    for (func, slot, count) in [(1u32, 0u32, 2u64), (1, 1, 1), (1, 3, 5), (2, 4, 9)] {
+        let mut key = Vec::new();
+        key.extend_from_slice(&func.to_ne_bytes());
+        key.extend_from_slice(&slot.to_ne_bytes());
+        let mut v = vec![0u8; lat.value_buf_size()];
+        // 1 on the first CPU, the rest on the last.
+        if cpus > 1 {
+            let last = v.len() / cpus * (cpus - 1);
+            v[..8].copy_from_slice(&1u64.to_ne_bytes());
+            v[last..last + 8].copy_from_slice(&(count - 1).to_ne_bytes());
+        } else {
+            v[..8].copy_from_slice(&count.to_ne_bytes());
+        }
+        lat.update_elem(&key, &v, 0).unwrap();
+    }
+    let dump = |map: &str, file: &Path| {
+        let args = ["--session", "plots-keyed", "map", "dump", map, "--svg", file.to_str().unwrap()];
+        let out = Command::new(userbpf()).env("USERBPF_SHM_DIR", &dir).args(args).output().unwrap();
+        ok(&args, out)
+    };
+
+    let file = svg_file("hists.svg");
+    dump("hists", &file);
+    let svg = panels(&file, |s| s.starts_with("map "));
+    let got: Vec<(&str, usize)> = svg.iter().map(|(t, b, _)| (t.as_str(), *b)).collect();
+    assert_eq!(
+        got,
+        [
+            ("map hists { .dev = 7, .op = OP_READ }: 7 values", 2),
+            ("map hists { .dev = 7, .op = OP_WRITE }: 6 values", 1)
+        ]
+    );
+    assert!(svg[1].2.iter().any(|l| l == "[512, 1K)"), "{:?}", svg[1].2);
+
+    let file = svg_file("lat.svg");
+    dump("lat", &file);
+    let svg = panels(&file, |s| s.starts_with("map "));
+    let got: Vec<(&str, usize)> = svg.iter().map(|(t, b, _)| (t.as_str(), *b)).collect();
+    assert_eq!(got, [("map lat { .func = 1 }: 8 values", 3), ("map lat { .func = 2 }: 9 values", 1)]);
+    let rows: Vec<&str> = svg[0].2.iter().map(String::as_str).filter(|l| l.starts_with('[')).collect();
+    assert_eq!(rows, ["[0, 2)", "[2, 4)", "[4, 8)", "[8, 16)"]);
     drop(loaded);
     drop(session);
 }
