@@ -3,7 +3,8 @@
 //! keeps that text in target/bench/bench.md and this program draws every table of it into
 //! DIR/NN-SLUG.svg (crate `userbpf-plot`: grouped horizontal bars, a logarithmic axis when
 //! the values span more than 50×, e.g. the kernel's uprobe beside userbpf's), then writes
-//! DIR/charts.md, the list of charts with their titles, as Markdown image links.
+//! DIR/charts.md, the list of charts with their titles, as Markdown image links. The NN-*.svg
+//! files of an earlier run are removed first.
 //!
 //! How a table becomes a chart:
 //! - each row is a group of bars, labelled with the text cells before the first number
@@ -228,6 +229,14 @@ fn run(input: &Path, dir: &Path) -> anyhow::Result<Vec<(PathBuf, String)>> {
     use anyhow::Context;
     let text = std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Charts of an earlier run (NN-*.svg) go, so that the directory holds this run's only.
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let b = name.as_bytes();
+        if name.ends_with(".svg") && b.len() > 3 && b[0].is_ascii_digit() && b[1].is_ascii_digit() && b[2] == b'-' {
+            std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
+        }
+    }
     let mut written = Vec::new();
     let mut index = String::from("# `make bench` charts\n\n");
     let mut last_section = String::new();
@@ -259,7 +268,8 @@ fn main() {
     }
     match run(Path::new(&args[0]), Path::new(&args[1])) {
         Ok(w) => {
-            println!("## Charts: {} SVG files in {} (index: charts.md)", w.len(), args[1]);
+            let s = if w.len() == 1 { "" } else { "s" };
+            println!("## Charts: {} SVG file{s} in {} (index: charts.md)", w.len(), args[1]);
             for (p, title) in w {
                 println!("- {}: {title}", p.display());
             }
@@ -347,7 +357,10 @@ Some text | not a table\n\n\
         let input = dir.join("bench.md");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&input, TEXT).unwrap();
+        std::fs::write(dir.join("09-stale.svg"), "old").unwrap();
+        std::fs::write(dir.join("keep.svg"), "mine").unwrap();
         let w = run(&input, &dir).unwrap();
+        assert!(!dir.join("09-stale.svg").exists() && dir.join("keep.svg").exists());
         let names: Vec<String> = w.iter().map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
         assert_eq!(
             names,
