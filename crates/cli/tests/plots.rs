@@ -3,7 +3,8 @@
 //! one histogram per key: libbpf-tools' `slots` values, a `slot` member in the key),
 //! `tool funclatency --svg` and `tool calls --svg` on the target with known calls
 //! (tests/targets/tool_target.c: per round of N, tt_alpha N times, tt_beta 2N, tt_gamma 3N,
-//! tt_greet N), `tool iolatency --svg` on a loop device; a path that cannot be written and a
+//! tt_greet N), `tool iolatency --svg` on a loop device, `tool aiocost --svg`'s times and
+//! shares for the three interfaces; a path that cannot be written and a
 //! map that is not a histogram are clear errors, before any tracing.
 
 mod common;
@@ -26,9 +27,10 @@ fn tools_dir() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         let dir = tmp().join("plots-objects");
-        for t in ["funclatency", "calls"] {
+        for t in ["funclatency", "calls", "aiocost"] {
             userbpf_testutil::compile_bpf(&repo(&format!("tools/{t}.bpf.c")), &dir);
         }
+        userbpf_testutil::compile_c(&repo("tools/aiocost/aiobench.c"), &dir.join("aiobench"), &["-luring", "-laio"]);
         userbpf_testutil::compile_bpf(&repo("examples/bpf/iolatency.bpf.c"), &dir);
         dir
     })
@@ -76,15 +78,15 @@ type Panel = (String, usize, Vec<String>);
 
 /// A chart file's panels in document order: (title, bars, the other texts of the panel, top
 /// to bottom as drawn).
-/// A panel starts at a text for which `is_title` holds; bars are `<rect>`s filled with the
-/// first series colour.
+/// A panel starts at a text for which `is_title` holds; bars are `<rect>`s filled with a
+/// series colour (a legend's swatches too: one per series when there are several).
 fn panels(path: &Path, is_title: impl Fn(&str) -> bool) -> Vec<Panel> {
     let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let xml = roxmltree::Document::parse(&doc).unwrap_or_else(|e| panic!("{} is not XML: {e}\n{doc}", path.display()));
     let root = xml.root_element();
     assert_eq!(root.tag_name().name(), "svg", "{doc}");
     assert_eq!(root.tag_name().namespace(), Some("http://www.w3.org/2000/svg"), "{doc}");
-    let fill = series_fill(0);
+    let fills: Vec<String> = (0..userbpf_plot::SERIES_COLORS.len()).map(series_fill).collect();
     // Texts with their y, sorted once the panel is complete.
     type Drawn = (String, usize, Vec<(f64, String)>);
     let mut out: Vec<Drawn> = Vec::new();
@@ -97,7 +99,7 @@ fn panels(path: &Path, is_title: impl Fn(&str) -> bool) -> Vec<Panel> {
             } else if let Some(p) = out.last_mut() {
                 p.2.push((y, t));
             }
-        } else if n.has_tag_name("rect") && n.attribute("fill") == Some(fill.as_str()) {
+        } else if n.has_tag_name("rect") && n.attribute("fill").is_some_and(|f| fills.iter().any(|x| x == f)) {
             let p = out.last_mut().unwrap_or_else(|| panic!("a bar before any title in {doc}"));
             p.1 += 1;
         }
@@ -170,9 +172,10 @@ fn calls_draws_the_top_functions_with_their_counts() {
 fn a_path_that_cannot_be_written_fails_before_tracing() {
     let t = target().display().to_string();
     let spec = format!("{t}:tt_alpha");
-    for name in ["funclatency", "calls", "iolatency"] {
+    for name in ["funclatency", "calls", "iolatency", "aiocost"] {
         let args: Vec<&str> = match name {
             "iolatency" => vec![name, "--svg", "/nonexistent-dir/x.svg", "--", &t, "1"],
+            "aiocost" => vec![name, "--svg", "/nonexistent-dir/x.svg", "--no-kernel"],
             _ => vec![name, "--svg", "/nonexistent-dir/x.svg", &spec, "--", &t, "1"],
         };
         let out = tool(&args);
@@ -182,7 +185,8 @@ fn a_path_that_cannot_be_written_fails_before_tracing() {
             err.contains("userbpf: cannot write SVG file /nonexistent-dir/x.svg: No such file or directory"),
             "{args:?}: {err}"
         );
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("Tracing"), "{args:?} traced before failing");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("Tracing") && !stdout.contains("aiocost:"), "{args:?} ran before failing: {stdout}");
     }
 }
 
@@ -337,6 +341,50 @@ fn map_dump_draws_one_histogram_per_key() {
     assert_eq!(rows, ["[0, 2)", "[2, 4)", "[4, 8)", "[8, 16)"]);
     drop(loaded);
     drop(session);
+}
+
+#[test]
+fn aiocost_draws_times_and_shares_per_interface() {
+    // The file on the test's directory (a disk file system: O_DIRECT).
+    let data = tmp().join("plots/aiocost.dat");
+    let file = svg_file("aiocost.svg");
+    let args = [
+        "aiocost",
+        "-n",
+        "8",
+        "-b",
+        "4",
+        "--size-mb",
+        "4",
+        "--rounds",
+        "1",
+        "--no-kernel",
+        "--file",
+        data.to_str().unwrap(),
+        "--svg",
+        file.to_str().unwrap(),
+    ];
+    let out = ok(&args, tool(&args));
+    let svg = panels(&file, |s| s.starts_with("aiocost: "));
+    let titles: Vec<&str> = svg.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(
+        titles,
+        [
+            "aiocost: the benchmark's own time per iteration, median of 1 run",
+            "aiocost: each phase's share of an iteration, through userbpf and the kernel"
+        ],
+        "{out}"
+    );
+    // Times: 3 interfaces, untraced and userbpf (+ 2 legend swatches).
+    assert_eq!(svg[0].1, 3 * 2 + 2, "{out}");
+    for want in ["io_uring", "native aio", "posix aio", "untraced", "userbpf", "us per iteration"] {
+        assert!(svg[0].2.iter().any(|l| l == want), "no {want:?} in {:?}", svg[0].2);
+    }
+    // Shares: io_uring's submit, poll, clear; the aio interfaces' submit and poll (+ 3 swatches).
+    assert_eq!(svg[1].1, 3 + 2 + 2 + 3, "{out}");
+    for want in ["io_uring · userbpf", "native aio · userbpf", "posix aio · userbpf", "submit", "poll", "clear"] {
+        assert!(svg[1].2.iter().any(|l| l == want), "no {want:?} in {:?}", svg[1].2);
+    }
 }
 
 /// A loop device over a file of the test's own, with direct I/O; detached when dropped.

@@ -356,7 +356,9 @@ fn draw_hist(area: &DrawingArea<SVGBackend<'_>, Shift>, h: &Log2Hist) -> Result<
 fn draw_bars(panel: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()> {
     let (_, h) = panel.dim_in_pixel();
     let (area, legend) = panel.split_vertically(h.saturating_sub(b.legend_height()));
-    // The legend under the chart, never over its bars: a swatch and the series' name each.
+    draw_bars_chart(&area, b)?;
+    // The legend under the chart, never over its bars (and after them in the file): a swatch
+    // and the series' name each.
     let (per_line, entry, _) = b.legend_layout();
     for (j, series) in b.series.iter().enumerate().filter(|_| per_line > 0) {
         let (x, y) = (20 + (j % per_line) as i32 * entry as i32, 6 + (j / per_line) as i32 * 20);
@@ -365,7 +367,10 @@ fn draw_bars(panel: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()>
         let style = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
         legend.draw(&Text::new(series.name.clone(), (x + 20, y + 8), style)).map_err(err)?;
     }
-    let area = &area;
+    Ok(())
+}
+
+fn draw_bars_chart(area: &DrawingArea<SVGBackend<'_>, Shift>, b: &Bars) -> Result<()> {
     let log = b.is_log();
     let n = b.categories.len().max(1);
     let s = b.series.len().max(1);

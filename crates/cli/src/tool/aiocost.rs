@@ -10,7 +10,8 @@
 //! interface, the mean time of an iteration over every round and each phase's share of it
 //! (the shares add up to at most 1: the phases partition the iteration); then the medians of
 //! the benchmark's own time per iteration in each kind of run, so that what each tracer adds
-//! shows (on a disk whose times wander, only beyond that noise).
+//! shows (on a disk whose times wander, only beyond that noise). `--svg FILE` draws both as
+//! charts (crate `userbpf-plot`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,6 +49,11 @@ pub struct Args {
     /// Run the programs in the interpreter instead of the JIT.
     #[arg(long)]
     interpreter: bool,
+    /// At the end, draw the results into FILE (SVG): the benchmark's own time per iteration
+    /// untraced, through userbpf and through the kernel, per interface; then each phase's
+    /// share of an iteration per interface and tracer.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 const IFACES: [&str; 3] = ["io_uring", "native aio", "posix aio"];
@@ -241,6 +247,9 @@ pub fn run(a: Args) -> Result<()> {
             bail!("--interfaces: `{i}` is not one of io_uring, libaio, posix");
         }
     }
+    if let Some(path) = &a.svg {
+        userbpf_plot::check_writable(path)?;
+    }
     let bench = std::fs::canonicalize(tool_file("aiobench")?)?;
     let file = if a.file.is_absolute() { a.file.clone() } else { std::env::current_dir()?.join(&a.file) };
     let args = bench_args(&a, &file);
@@ -304,5 +313,62 @@ pub fn run(a: Args) -> Result<()> {
         let k = if kernel_error.is_none() { rel(median(kern_own.get(&i)), b) } else { String::new() };
         println!("{name:<12} {b:>10.1} {:>18} {k:>18}", rel(median(ours_own.get(&i)), b));
     }
+    if let Some(path) = &a.svg {
+        let kernel = kernel_error.is_none();
+        let charts = charts(a.rounds.max(1), &[&base, &ours_own, &kern_own], &ours, kernel.then_some(&kern));
+        userbpf_plot::write_svg(path, &charts)?;
+        eprintln!("userbpf: {} charts written to {}", charts.len(), path.display());
+    }
     Ok(())
+}
+
+/// `--svg`'s charts: the benchmark's own medians per interface (untraced, userbpf, kernel),
+/// then the phases' shares per interface and tracer.
+fn charts(rounds: u32, own: &[&Own; 3], ours: &Costs, kern: Option<&Costs>) -> Vec<userbpf_plot::Chart> {
+    use userbpf_plot::{Bars, Chart, Series};
+    let ifaces: Vec<usize> = (0..IFACES.len()).filter(|i| own[0].contains_key(i)).collect();
+    let runs = ["untraced", "userbpf", "kernel"];
+    let series = (0..if kern.is_some() { 3 } else { 2 })
+        .map(|r| Series { name: runs[r].to_string(), values: ifaces.iter().map(|i| median(own[r].get(i))).collect() })
+        .collect();
+    let times = Bars {
+        title: format!(
+            "aiocost: the benchmark's own time per iteration, median of {rounds} run{}",
+            if rounds == 1 { "" } else { "s" }
+        ),
+        unit: "us per iteration".into(),
+        categories: ifaces.iter().map(|&i| IFACES[i].to_string()).collect(),
+        series,
+        log: Some(false),
+    };
+    let mut rows: Vec<(String, &Costs, usize)> = Vec::new();
+    for &i in &ifaces {
+        rows.push((format!("{} · userbpf", IFACES[i]), ours, i));
+        if let Some(k) = kern {
+            rows.push((format!("{} · kernel", IFACES[i]), k, i));
+        }
+    }
+    let rows: Vec<_> =
+        rows.into_iter().filter(|(_, c, i)| c.get(&(i * 4 + ITER)).is_some_and(|&(ns, _)| ns > 0)).collect();
+    let shares = Bars {
+        title: "aiocost: each phase's share of an iteration, through userbpf and the kernel".into(),
+        unit: "% of the iteration".into(),
+        categories: rows.iter().map(|r| r.0.clone()).collect(),
+        series: PHASES
+            .iter()
+            .enumerate()
+            .map(|(p, name)| Series {
+                name: name.to_string(),
+                values: rows
+                    .iter()
+                    .map(|(_, c, i)| {
+                        let iter_ns = c[&(i * 4 + ITER)].0 as f64;
+                        c.get(&(i * 4 + p)).filter(|&&(_, n)| n > 0).map(|&(ns, _)| ns as f64 / iter_ns * 100.0)
+                    })
+                    .collect(),
+            })
+            .collect(),
+        log: Some(false),
+    };
+    vec![Chart::Bars(times), Chart::Bars(shares)]
 }
