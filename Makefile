@@ -84,11 +84,13 @@ conformance: build
 # `make bench` prints the tables and keeps what it printed in target/bench/bench.md; then
 # bench-plot (bench/src/plot.rs) draws every table into target/bench/NN-*.svg, listed with
 # their titles in target/bench/charts.md (also when a benchmark failed: the tables so far).
+# `make`, not $(MAKE): `make -n bench` then only prints this line (the flags still pass
+# through MAKEFLAGS).
 BENCH_DIR := target/bench
 
 bench: build
 	@mkdir -p $(BENCH_DIR)
-	@PYTHONUNBUFFERED=1 bash -o pipefail -c '$(MAKE) --no-print-directory bench-tables | tee $(BENCH_DIR)/bench.md'; rc=$$?; \
+	@PYTHONUNBUFFERED=1 bash -o pipefail -c 'make --no-print-directory bench-tables | tee $(BENCH_DIR)/bench.md'; rc=$$?; \
 	$(CARGO) run --release --locked -q -p userbpf-bench --bin bench-plot -- $(BENCH_DIR)/bench.md $(BENCH_DIR); exit $$rc
 
 bench-tables:
