@@ -92,6 +92,7 @@ bench: build
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
+	python3 bench/sslsniff/bench.py
 
 # userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
 # extensions), <userbpf/libbpf.h> for libbpf loaders.
