@@ -426,12 +426,13 @@ class Sslsniff:
 
     def stop_raw(self):
         # SIGINT, repeated: one that lands while the tool's Python is inside its perf buffer
-        # callback is swallowed by ctypes ("Exception ignored"), and the tool polls on.
+        # callback is swallowed by ctypes ("Exception ignored"), and the tool polls on. Not
+        # too soon: a second one would interrupt BCC's detaching at exit.
         deadline = time.time() + 60
         while self.proc.poll() is None and time.time() < deadline:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(timeout=2)
+                self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 pass
         if self.proc.poll() is None:
