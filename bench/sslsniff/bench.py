@@ -240,6 +240,15 @@ http {{
     return conf
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid` (0 once it is gone)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def children(pid):
     try:
         return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
@@ -344,8 +353,7 @@ class Nginx:
 
     def cpu_seconds(self):
         """The worker's user + system CPU time."""
-        fields = open(f"/proc/{self.worker}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.worker)
 
     def stop(self):
         """Stops nginx (fast shutdown: the access log's buffer is written) and returns its
@@ -423,6 +431,12 @@ class Sslsniff:
             canary.wait()
         # The perf buffers are opened just after the attach calls.
         time.sleep(1)
+        # The tool's own process: `userbpf load` runs it as its child.
+        self.tool = next((c for c in children(self.proc.pid) if "sslsniff" in open(f"/proc/{c}/cmdline").read()),
+                         self.proc.pid)
+
+    def cpu_seconds(self):
+        return cpu_seconds(self.tool)
 
     def stop_raw(self):
         # SIGINT, repeated: one that lands while the tool's Python is inside its perf buffer
@@ -560,9 +574,10 @@ def timed(s, config, workdir):
         nginx = Nginx(s, workdir, session)
         if sniff:
             wait_probed(nginx.worker, s, "nginx's worker")
-        cpu0 = nginx.cpu_seconds()
+        cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
         rate = wrk(nginx.port)
         cpu = nginx.cpu_seconds() - cpu0
+        tool_cpu = 100 * (sniff.cpu_seconds() - tool0) / (time.time() - wall0) if sniff else None
         if sniff:
             sniff.drain(nginx)
     except RuntimeError as e:
@@ -574,7 +589,7 @@ def timed(s, config, workdir):
         return None
     got = sniff.stop() if sniff else {}
     reqs, _, _ = nginx.stop()
-    res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None}
+    res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None, "tool_cpu": tool_cpu}
     if sniff:
         res.update(got)
         if got["stderr"]:
@@ -585,7 +600,7 @@ def timed(s, config, workdir):
             problem(f"{CONFIGS[config]}: sslsniff printed {got['reads'] + got['writes']} events and lost {got['lost']}, "
                     f"for {reqs} requests nginx logged (2 events each)")
     log(f"{CONFIGS[config]}: {rate:,.0f} requests/s, {reqs} requests, nginx {res['cpu_us'] or 0:.1f} µs CPU a request"
-        + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}" if sniff else ""))
+        + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}, its CPU {tool_cpu:.0f}%" if sniff else ""))
     return res
 
 
@@ -631,34 +646,42 @@ def main():
         print("Each share against the mean of the untraced runs just before and after it.")
         print()
         print("| nginx | requests/s | untraced requests/s | share of untraced | nginx CPU µs a request (untraced) | "
-              "added a request (SSL_read + SSL_write) | share per nginx CPU-second | sslsniff printed / lost |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+              "added a request (SSL_read + SSL_write) | share per nginx CPU-second | sslsniff printed / lost | sslsniff's CPU |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         if untraced:
             rates = [x["rate"] for x in untraced]
             print(f"| {CONFIGS['none']} ({len(untraced)} runs) | {statistics.median(rates):,.0f} | "
                   f"{min(rates):,.0f} – {max(rates):,.0f} | 100% | "
-                  f"{statistics.median(x['cpu_us'] for x in untraced):.1f} | – | 100% | – |")
-        shares = {}
+                  f"{statistics.median(x['cpu_us'] for x in untraced):.1f} | – | 100% | – | – |")
+        shares, cpu_shares = {}, {}
         for c in traced:
             if not pairs[c]:
-                print(f"| {CONFIGS[c]} | failed | | | | | | |")
+                print(f"| {CONFIGS[c]} | failed | | | | | | | |")
                 continue
             rate = statistics.median(r["rate"] for r, _, _ in pairs[c])
             base = statistics.median(b for _, b, _ in pairs[c])
-            shares[c] = statistics.median(100 * r["rate"] / b for r, b, _ in pairs[c])
+            each = [100 * r["rate"] / b for r, b, _ in pairs[c]]
+            shares[c] = statistics.median(each)
             cpu_us = statistics.median(r["cpu_us"] for r, _, _ in pairs[c])
             cpu_base = statistics.median(cb for _, _, cb in pairs[c])
             added = statistics.median(r["cpu_us"] - cb for r, _, cb in pairs[c])
             cpu_share = statistics.median(100 * cb / r["cpu_us"] for r, _, cb in pairs[c])
+            cpu_shares[c] = cpu_share
+            tool_cpu = statistics.median(r["tool_cpu"] for r, _, _ in pairs[c])
             printed = statistics.median(r["reads"] + r["writes"] for r, _, _ in pairs[c])
             lost = statistics.median(r["lost"] for r, _, _ in pairs[c])
-            print(f"| {CONFIGS[c]} | {rate:,.0f} | {base:,.0f} | {shares[c]:.1f}% | {cpu_us:.1f} ({cpu_base:.1f}) | "
-                  f"{added:.2f} µs | {cpu_share:.1f}% | {printed:,.0f} / {lost:,.0f} |")
+            print(f"| {CONFIGS[c]} | {rate:,.0f} | {base:,.0f} | {shares[c]:.1f}% ({min(each):.0f}–{max(each):.0f}%) | "
+                  f"{cpu_us:.1f} ({cpu_base:.1f}) | {added:.2f} µs | {cpu_share:.1f}% | {printed:,.0f} / {lost:,.0f} | "
+                  f"{tool_cpu:.0f}% of a CPU |")
         print()
         if "userbpf" in shares:
             print(f"- {'met' if shares['userbpf'] >= TARGET else 'NOT met'}: nginx traced by sslsniff-bpfcc through "
                   f"userbpf keeps ≥ {TARGET:.0f}% of its untraced requests/s: {shares['userbpf']:.1f}%"
                   + (f" (the kernel: {shares['kernel']:.1f}%)" if "kernel" in shares else ""))
+            print(f"- {'met' if cpu_shares['userbpf'] >= TARGET else 'NOT met'}: the same per second of nginx's CPU "
+                  f"(what the probes cost the traced process, less moved by other work and by the tool's own Python "
+                  f"taking a CPU): {cpu_shares['userbpf']:.1f}%"
+                  + (f" (the kernel: {cpu_shares['kernel']:.1f}%)" if "kernel" in cpu_shares else ""))
     if problems:
         print()
         print("### Problems")
