@@ -264,10 +264,14 @@ def cpu_seconds(pid):
 
 
 def children(pid):
-    try:
-        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except OSError:
-        return []
+    """Process `pid`'s children (forked by any of its threads)."""
+    kids = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            kids += [int(c) for c in open(task).read().split()]
+        except OSError:
+            pass
+    return kids
 
 
 def code_bytes(pid, lib, offsets):
@@ -445,9 +449,9 @@ class Sslsniff:
             canary.wait()
         # The perf buffers are opened just after the attach calls.
         time.sleep(1)
-        # The tool's own process: `userbpf load` runs it as its child.
-        self.tool = next((c for c in children(self.proc.pid) if "sslsniff" in open(f"/proc/{c}/cmdline").read()),
-                         self.proc.pid)
+        # The tool's own process: `userbpf load` becomes it (exec), and it may have forked
+        # helpers of the same name.
+        self.tool = self.proc.pid
 
     def cpu_seconds(self):
         return cpu_seconds(self.tool)
