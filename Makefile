@@ -73,8 +73,9 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
+# BCC's tools (crates/cli/tests/bcc.rs) compile against the kernel headers the script sets up.
 unit:
-	$(CARGO) test --release --locked --workspace
+	BCC_KERNEL_SOURCE="$${BCC_KERNEL_SOURCE:-$$(scripts/bcc-kernel-source.sh)}" $(CARGO) test --release --locked --workspace
 
 # The bpf_conformance suite through `userbpf exec`, JIT and interpreter (when ../shared is there).
 conformance: build
