@@ -24,15 +24,12 @@ want promtool prometheus
 # The redis hot patch's test and benchmark (examples/bpf/redis-fsync.bpf.c, bench/redis).
 want redis-server redis-server
 want redis-benchmark redis-tools
-# The sslsniff benchmark (bench/sslsniff): BCC's sslsniff on nginx serving HTTPS to wrk; BCC
-# compiles against Debian's kernel headers (of another version than the running kernel's).
+# The sslsniff benchmark (bench/sslsniff): BCC's sslsniff on nginx serving HTTPS to wrk (BCC
+# and the kernel headers: below).
 want nginx nginx
 want wrk wrk
 want openssl openssl
 want curl curl
-want sslsniff-bpfcc bpfcc-tools
-[ -f /usr/lib/python3/dist-packages/bcc/__init__.py ] || need+=(python3-bpfcc)
-compgen -G "/usr/src/linux-headers-*-amd64" >/dev/null || need+=(linux-headers-amd64)
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 # BCC's Python tools, compared through the kernel and `userbpf load` (crates/cli/tests/bcc.rs),

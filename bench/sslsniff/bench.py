@@ -40,12 +40,13 @@ sslsniff is told `-o -g -n --extra-lib openssl:COPY`): a kernel uprobe on the sy
 would plant its breakpoint in every process mapping it. wrk and curl use the system's libssl
 and are never traced.
 
-BCC compiles its programs against kernel headers. BCC_KERNEL_SOURCE is used when set; otherwise
-a tree merging Debian's linux-headers-*-common and -amd64 is built in SBENCH_DIR/kheaders, with
-include/linux/minmax.h wrapped: the 6.1 stable headers' min()/max() carry a compile-time type
-check that BCC's front-end refuses inside sslsniff's program ("cannot call non-static helper
-function"; upstream BCC changed sslsniff itself, bcc#5241), so the wrapper redefines them as
-plain statement expressions, as older kernels had them.
+BCC compiles its programs against kernel headers: those of BCC_KERNEL_SOURCE when set, else of
+scripts/bcc-kernel-source.sh (Debian's linux-headers of another version, merged), seen through
+a tree of symbolic links in SBENCH_DIR/kheaders with include/linux/minmax.h wrapped: the 6.1
+stable headers' min()/max() carry a compile-time type check that BCC's front-end refuses inside
+sslsniff's program ("cannot call non-static helper function"; upstream BCC changed sslsniff
+itself, bcc#5241), on the kernel as through userbpf, so the wrapper redefines them as plain
+statement expressions, as older kernels had them.
 
 It reports; it never fails on timing. Problems met on the way (a tool that does not start, a
 capture that does not add up) are printed verbatim; with SBENCH_ONLY=check they make the exit
@@ -146,38 +147,36 @@ def symbol_offsets(lib, names):
 
 
 def kernel_source():
-    """BCC_KERNEL_SOURCE: the environment's, else a merged Debian headers tree (see the module
-    documentation)."""
-    if os.environ.get("BCC_KERNEL_SOURCE"):
-        return os.environ["BCC_KERNEL_SOURCE"]
-    arch = sorted(glob.glob("/usr/src/linux-headers-*-amd64"))
-    if not arch:
-        sys.exit("sslsniff-bench: no /usr/src/linux-headers-*-amd64 (Debian's linux-headers-amd64; "
-                 "scripts/install-deps.sh installs it), and BCC_KERNEL_SOURCE is not set")
-    arch = arch[-1]
-    common = arch[: -len("-amd64")] + "-common"
-    if not os.path.isdir(common):
-        sys.exit(f"sslsniff-bench: {common} is missing (it comes with {os.path.basename(arch)})")
+    """BCC_KERNEL_SOURCE for sslsniff: the header tree of the environment's BCC_KERNEL_SOURCE or
+    of scripts/bcc-kernel-source.sh, seen through SBENCH_DIR/kheaders (symbolic links) with
+    include/linux/minmax.h wrapped (see the module documentation)."""
+    base = os.environ.get("BCC_KERNEL_SOURCE")
+    if not base:
+        r = subprocess.run([os.path.join(ROOT, "scripts", "bcc-kernel-source.sh")], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"sslsniff-bench: no kernel headers for BCC: {r.stderr.strip()}")
+        base = r.stdout.strip()
+    base = os.path.realpath(base)
+    minmax = os.path.realpath(os.path.join(base, "include", "linux", "minmax.h"))
+    if not os.path.exists(minmax):
+        sys.exit(f"sslsniff-bench: {base} has no include/linux/minmax.h: not a kernel header tree")
     tree = os.path.join(BUILD, "kheaders")
     stamp = os.path.join(tree, ".sbench-from")
-    if os.path.exists(stamp) and open(stamp).read() == arch:
+    if os.path.exists(stamp) and open(stamp).read() == base:
         return tree
     shutil.rmtree(tree, ignore_errors=True)
     os.makedirs(tree)
-    # Symbolic links to every file of -common, then of -amd64 over them (the kernel's own split).
-    for src in (common, arch):
-        subprocess.run(["cp", "-as", "--remove-destination", src + "/.", tree + "/"], check=True)
-    minmax = os.path.join(tree, "include", "linux", "minmax.h")
-    original = os.path.realpath(minmax)
-    os.unlink(minmax)
-    with open(minmax, "w") as f:
-        f.write(f'/* The kernel\'s minmax.h, with min() and max() as BCC can compile them (see bench/sslsniff/bench.py). */\n'
-                f'#include "{original}"\n'
+    subprocess.run(["cp", "-as", base + "/.", tree + "/"], check=True)
+    wrapped = os.path.join(tree, "include", "linux", "minmax.h")
+    os.unlink(wrapped)
+    with open(wrapped, "w") as f:
+        f.write("/* The kernel's minmax.h, with min() and max() as BCC can compile them (see bench/sslsniff/bench.py). */\n"
+                f'#include "{minmax}"\n'
                 "#undef min\n#undef max\n"
                 "#define min(x, y) ({ typeof(x) __sb_x = (x); typeof(y) __sb_y = (y); __sb_x < __sb_y ? __sb_x : __sb_y; })\n"
                 "#define max(x, y) ({ typeof(x) __sb_x = (x); typeof(y) __sb_y = (y); __sb_x > __sb_y ? __sb_x : __sb_y; })\n")
     with open(stamp, "w") as f:
-        f.write(arch)
+        f.write(base)
     return tree
 
 
