@@ -402,6 +402,9 @@ class Nginx:
 
 # ---- sslsniff ----
 
+# poll, epoll_wait, ppoll, epoll_pwait, epoll_pwait2 (x86-64 system call numbers, as
+# /proc/PID/syscall gives them).
+POLLS = {"7", "232", "271", "281", "441"}
 EVENT = re.compile(r"^(READ/RECV|WRITE/SEND) +[0-9.]+ +\S+ +\d+ +(\d+)", re.M)
 LOST = re.compile(r"^Possibly lost (\d+) samples", re.M)
 
@@ -446,11 +449,24 @@ class Sslsniff:
                     pass
             canary.kill()
             canary.wait()
-        # The perf buffers are opened just after the attach calls.
-        time.sleep(1)
         # The tool's own process: `userbpf load` becomes it (exec), and it may have forked
         # helpers of the same name.
         self.tool = self.proc.pid
+        # The perf buffers are opened after the attach calls: a sample sent before its CPU's
+        # buffer is open is dropped without a trace (the kernel's -ENOENT), so wait until the
+        # tool's main thread sits in its event loop's poll.
+        deadline = time.time() + TIMEOUT
+        while self.proc.poll() is None:
+            try:
+                nr = open(f"/proc/{self.tool}/syscall").read().split()[0]
+            except (OSError, IndexError):
+                nr = ""
+            if nr in POLLS:
+                break
+            if time.time() > deadline:
+                err = self.stop_raw()
+                raise RuntimeError(f"sslsniff never reached its poll loop: {err[-2000:]}")
+            time.sleep(0.05)
 
     def cpu_seconds(self):
         return cpu_seconds(self.tool)
