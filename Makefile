@@ -74,8 +74,9 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
+# BCC's tools (crates/cli/tests/bcc.rs) compile against the kernel headers the script sets up.
 unit:
-	$(CARGO) test --release --locked --workspace
+	BCC_KERNEL_SOURCE="$${BCC_KERNEL_SOURCE:-$$(scripts/bcc-kernel-source.sh)}" $(CARGO) test --release --locked --workspace
 
 # The bpf_conformance suite through `userbpf exec`, JIT and interpreter (when ../shared is there).
 conformance: build
@@ -105,6 +106,7 @@ bench-tables:
 	python3 bench/agent/bench.py
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
+	python3 bench/sslsniff/bench.py
 
 # userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
 # extensions), <userbpf/libbpf.h> for libbpf loaders.

@@ -24,8 +24,20 @@ want promtool prometheus
 # The redis hot patch's test and benchmark (examples/bpf/redis-fsync.bpf.c, bench/redis).
 want redis-server redis-server
 want redis-benchmark redis-tools
+# The sslsniff benchmark (bench/sslsniff): BCC's sslsniff on nginx serving HTTPS to wrk (BCC
+# and the kernel headers: below).
+want nginx nginx
+want wrk wrk
+want openssl openssl
+want curl curl
 [ -x /usr/sbin/funclatency ] && [ -x /usr/sbin/bashreadline ] && [ -x /usr/sbin/gethostlatency ] || need+=(libbpf-tools)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+# BCC's Python tools, compared through the kernel and `userbpf load` (crates/cli/tests/bcc.rs),
+# and kernel headers for their run-time compiler (another version than the running kernel's:
+# scripts/bcc-kernel-source.sh makes a tree of them for BCC_KERNEL_SOURCE).
+want funclatency-bpfcc bpfcc-tools
+[ -f /usr/lib/python3/dist-packages/bcc/__init__.py ] || need+=(python3-bpfcc)
+ls -d /usr/src/linux-headers-*/include/generated >/dev/null 2>&1 || need+=(linux-headers-amd64)
 # `userbpf tool aiocost`'s benchmark (tools/aiocost/aiobench.c) reads through io_uring and libaio.
 [ -f /usr/include/liburing.h ] || need+=(liburing-dev)
 [ -f /usr/include/libaio.h ] || need+=(libaio-dev)

@@ -337,7 +337,18 @@ pub unsafe fn open_event(
         }
         let (func, offset) = match symbolize_file_offset(&path, config2).context(|| format!("uprobe {path}"))? {
             Some((f, d)) => (Some(f), d),
-            None => (None, config2),
+            // No function symbol covers it (a USDT site in a stripped function, say): the
+            // link takes the address its segment maps it at (a link without a function names
+            // an address in the file). File offset and address differ in most executables
+            // (e.g. non-PIE ones loaded at 0x400000).
+            None => match userbpf_elf::symbols::offset_to_vaddr(Path::new(&path), config2) {
+                Some(va) => (None, va),
+                None => {
+                    return Err(Error::inval(format!(
+                        "uprobe {path}: offset {config2:#x} is in none of its loadable segments (not code)"
+                    )));
+                }
+            },
         };
         Spec::Uprobe {
             path,
