@@ -142,6 +142,23 @@ fn aof_holds_every_acknowledged_write_after_a_clean_shutdown_interpreter() {
     patched_redis("interp", &["--interpreter"]);
 }
 
+/// CLIENTS concurrent clients, each writing KEYS keys `PREFIX{client}:{i}` one request at a
+/// time: every reply is an acknowledgement. The number each got.
+fn write_keys(sock: &Path, prefix: &str) -> Vec<usize> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                s.spawn(move || {
+                    let input: String =
+                        (0..KEYS).map(|i| format!("SET {prefix}{c}:{i} v{c}:{i}:{}\n", i * 7919 % 10007)).collect();
+                    cli(sock, &[], &input).lines().filter(|l| *l == "OK").count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// redis under `userbpf run [EXTRA] redis-fsync.bpf.o`, written to by concurrent clients,
 /// shut down cleanly, then replayed by a plain redis.
 fn patched_redis(tag: &str, extra: &[&str]) {
@@ -197,19 +214,7 @@ fn patched_redis(tag: &str, extra: &[&str]) {
 
     // Concurrent clients, each writing its own keys one request at a time: every reply is an
     // acknowledgement.
-    let acks: Vec<usize> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..CLIENTS)
-            .map(|c| {
-                let sock = sock.clone();
-                s.spawn(move || {
-                    let input: String =
-                        (0..KEYS).map(|i| format!("SET k{c}:{i} v{c}:{i}:{}\n", i * 7919 % 10007)).collect();
-                    cli(&sock, &[], &input).lines().filter(|l| *l == "OK").count()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let acks = write_keys(&sock, "k");
     assert_eq!(acks, vec![KEYS; CLIENTS], "every SET acknowledged");
     common::interrupt(&mut watch);
     watch.wait_exit("bpftrace");
@@ -229,6 +234,26 @@ fn patched_redis(tag: &str, extra: &[&str]) {
     assert_eq!(count("overlapping"), 0, "an fsync submitted while another was in flight\n{seen}");
     assert_eq!(count("early"), 0, "replies sent before their AOF write's fsync was submitted\n{seen}");
 
+    // More writes while redis rewrites its AOF again and again (BGREWRITEAOF: a new AOF
+    // descriptor each time, the old one fsynced and closed by a redis thread), which the
+    // example drains before: nothing fails, nothing acknowledged is lost.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (acks, rewrites) = std::thread::scope(|s| {
+        let rewriter = s.spawn(|| {
+            let mut started = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                started += cli(&sock, &["bgrewriteaof"], "").contains("started") as usize;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            started
+        });
+        let acks = write_keys(&sock, "r");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (acks, rewriter.join().unwrap())
+    });
+    assert_eq!(acks, vec![KEYS; CLIENTS], "every SET acknowledged during the rewrites");
+    assert!(rewrites > 0, "no AOF rewrite started");
+
     // A clean shutdown: redis flushes and fsyncs its AOF, exits; `run` prints the counters.
     cli(&sock, &["shutdown"], "");
     let status = server.wait_exit("redis SHUTDOWN");
@@ -247,12 +272,12 @@ fn patched_redis(tag: &str, extra: &[&str]) {
     cmd.args(redis_args(&dir, &sock));
     let mut plain = Proc::spawn("redis-server", cmd);
     wait_ready(&sock, &mut plain);
-    assert_eq!(cli(&sock, &["dbsize"], "").trim(), (CLIENTS * KEYS).to_string());
-    for c in 0..CLIENTS {
-        let input: String = (0..KEYS).map(|i| format!("GET k{c}:{i}\n")).collect();
+    assert_eq!(cli(&sock, &["dbsize"], "").trim(), (2 * CLIENTS * KEYS).to_string());
+    for (c, p) in (0..CLIENTS).flat_map(|c| [(c, "k"), (c, "r")]) {
+        let input: String = (0..KEYS).map(|i| format!("GET {p}{c}:{i}\n")).collect();
         let got: Vec<String> = cli(&sock, &[], &input).lines().map(String::from).collect();
         let want: Vec<String> = (0..KEYS).map(|i| format!("v{c}:{i}:{}", i * 7919 % 10007)).collect();
-        assert_eq!(got, want, "client {c}'s keys after replaying the AOF");
+        assert_eq!(got, want, "client {c}'s keys {p}* after replaying the AOF");
     }
     cli(&sock, &["shutdown", "nosave"], "");
     plain.wait_exit("plain redis SHUTDOWN");
