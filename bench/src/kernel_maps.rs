@@ -187,7 +187,7 @@ fn main() {
     let karray = kernel_map(MapType::BPF_MAP_TYPE_ARRAY as u32, BPF_F_MMAPABLE);
     let khash = kernel_map(MapType::BPF_MAP_TYPE_HASH as u32, 0);
     let kid = map_info(&karray).expect("kernel map info").id;
-    userbpf_runtime::kernel_map::map_kernel_values(&backed, KernelBacking { kernel_id: kid })
+    userbpf_runtime::kernel_map::map_kernel_values(&dir, &backed, KernelBacking { kernel_id: kid, holder: 0 })
         .expect("mapping the kernel array's values");
     for m in [&shm, &backed] {
         for k in 0..MAX {

@@ -170,7 +170,7 @@ fn the_kernels_refusals_are_passed_on() {
         return;
     }
     let obj = object("crates/cli/tests/bpf/kernel_refused.bpf.c");
-    let progs = ["oob_value", "fentry_prog", "kprobe_prog", "btf_prog", "raw_prog", "shared_hash", "hash_user"];
+    let progs = ["oob_value", "fentry_prog", "kprobe_prog", "btf_prog", "raw_prog", "shared_queue", "queue_user"];
     let only = |keep: &[&str]| -> Vec<String> {
         progs.iter().filter(|p| !keep.contains(p)).flat_map(|p| ["--not-load".to_string(), p.to_string()]).collect()
     };
@@ -209,11 +209,11 @@ fn the_kernels_refusals_are_passed_on() {
         assert!(ok, "{p}: {err}");
         assert!(out.contains("@m:"), "{out}");
     }
-    // A hash used by both sides cannot be mapped: refused, naming the map and the programs.
-    let (_, err, ok) = run(&["shared_hash", "hash_user"]);
+    // A queue used by both sides cannot be shared: refused, naming the map and the programs.
+    let (_, err, ok) = run(&["shared_queue", "queue_user"]);
     assert!(!ok);
     assert!(
-        err.contains("map `h` (hash) is used by kernel program `shared_hash` and by user-space program `hash_user`"),
+        err.contains("map `q` (queue) is used by kernel program `shared_queue` and by user-space program `queue_user`, and cannot be shared"),
         "{err}"
     );
 }

@@ -24,8 +24,13 @@
 //! session map is replaced (`dup3`) by the kernel map's, so from then on the loader's element
 //! operations, `mmap`, `poll` and `epoll` on it are the kernel's own. An array's session map
 //! gets the kernel's values mapped over its own (`userbpf_runtime::kernel_map`), so user-space
-//! programs (in targets' agents) share it without a system call; a map of another kind used
-//! by user-space programs too is refused (its memory cannot be shared). Once a perf event
+//! programs (in targets' agents) share it without a system call; a hash, LRU hash, per-CPU
+//! map or LPM trie is reached by them through `bpf()` (`userbpf_maps::kernel`), which needs
+//! the processes to open it as the kernel's from the start: one that user-space programs
+//! attached before the first kernel program used it is refused, as is a kind that cannot be
+//! shared (ring and perf buffers, queues, maps of maps). The loader holds the kernel maps and
+//! serves their descriptors to the session's processes (`kernel_map::provide`), so processes
+//! without CAP_SYS_ADMIN open them too. Once a perf event
 //! array is the kernel's, `PERF_COUNT_SW_BPF_OUTPUT` events are opened in the kernel, so perf
 //! buffers written by kernel programs are read as on the kernel; ring buffers are maps and
 //! need nothing more.
@@ -36,7 +41,7 @@
 
 use std::collections::HashMap;
 use std::mem::offset_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 
 use userbpf_isa::*;
@@ -134,10 +139,10 @@ fn kernel_map_id(fd: i32) -> Option<u32> {
 }
 
 /// The session map a converted kernel map descriptor stands for (so that programs of ours
-/// loaded later still reach the session's map): arrays only, whose values the session map
-/// shares; another kind's session copy no longer holds the map's contents, so a user-space
-/// program cannot use it (the loader gets `EBADF` for it, as for a descriptor that is no map
-/// of ours).
+/// loaded later still reach the session's map, which processes open as the kernel's): kinds
+/// that can be shared (`userbpf_runtime::kernel_map::shareable`); another kind's session copy
+/// no longer holds the map's contents, so a user-space program cannot use it (the loader gets
+/// `EBADF` for it, as for a descriptor that is no map of ours).
 pub fn session_map_of(fd: i32) -> Option<u32> {
     if kernel_kind(fd).as_deref() != Some("bpf-map") {
         return None;
@@ -173,15 +178,27 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
     let e = map_by_id(id).map_err(|e| Error::new(e, format!("map {id}")))?;
     let spec = e.map.spec().clone();
     let array = spec.map_type == MapType::BPF_MAP_TYPE_ARRAY;
-    if !array {
-        // Used by a user-space program too? Its memory cannot be shared.
-        let kernel_progs: Vec<u32> = st.progs.keys().copied().chain(st.loading).collect();
-        if let Some(p) = user_programs_of(id, &kernel_progs) {
+    // Used by a user-space program too: it must be a kind the processes can share.
+    let kernel_progs: Vec<u32> = st.progs.keys().copied().chain(st.loading).collect();
+    if let Some(p) = user_programs_of(id, &kernel_progs, false) {
+        if let Err(why) = userbpf_runtime::kernel_map::shareable(spec.map_type as u32) {
             return Err(Error::new(
                 libc::EOPNOTSUPP,
                 format!(
-                    "map {} ({}) is used by user-space program `{p}` and by a kernel program: only arrays can be shared with the kernel",
+                    "map {} ({}) is used by user-space program `{p}` and by a kernel program, and cannot be shared: {why}",
                     spec.name,
+                    spec.map_type.name()
+                ),
+            ));
+        }
+        // Processes running the program already opened the session's copy.
+        if !array && let Some(p) = user_programs_of(id, &kernel_progs, true) {
+            return Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "map {} ({}) is used by user-space program `{p}`, attached before a kernel program used the map: attach the kernel programs first (a {} is shared through bpf(), which processes must know from the start)",
+                    spec.name,
+                    spec.map_type.name(),
                     spec.map_type.name()
                 ),
             ));
@@ -243,10 +260,10 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
             .context(|| format!("freezing map {} in the kernel", spec.name))?;
     }
     let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
-    if array {
+    if userbpf_runtime::kernel_map::shareable(spec.map_type as u32).is_ok() {
         let session = objects::session()?;
         session
-            .set_kernel_backing(id, &e.map, userbpf_runtime::kernel_map::KernelBacking { kernel_id: kid })
+            .set_kernel_backing(id, &e.map, kid, kfd.as_fd())
             .map_err(|err| Error::new(libc::EIO, format!("sharing map {} with the kernel: {err}", spec.name)))?;
     }
     if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
@@ -309,8 +326,8 @@ fn loader_fds_of(path: &std::path::Path) -> Vec<i32> {
 /// A user-space program that uses map `id`: a uprobe/USDT program (type kprobe, not one of
 /// `kernel_progs`, the programs of ours in the kernel), or one attached in the processes (a
 /// link in the session). Tracepoint programs not attached yet may still go to the kernel:
-/// they do not count.
-fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
+/// they do not count. `linked_only`: only programs attached in the processes.
+fn user_programs_of(id: u32, kernel_progs: &[u32], linked_only: bool) -> Option<String> {
     let session = objects::session().ok()?;
     let linked: Vec<u32> = session.links().ok()?.into_iter().map(|l| l.prog_id).collect();
     session
@@ -320,7 +337,7 @@ fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
         .find(|r| {
             r.map_ids.contains(&id)
                 && !kernel_progs.contains(&r.id)
-                && (r.prog_type == "kprobe" || linked.contains(&r.id))
+                && (!linked_only && r.prog_type == "kprobe" || linked.contains(&r.id))
         })
         .map(|r| r.name)
 }
