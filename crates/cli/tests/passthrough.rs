@@ -228,3 +228,97 @@ fn a_ring_buffer_written_by_a_kernel_program_is_read_as_on_the_kernel() {
         assert_eq!(got, want, "userbpf: {via}: {out}\n{err}");
     }
 }
+
+/// Hash, LRU hash, per-CPU hash and per-CPU array shared by a kernel tracepoint and a uprobe,
+/// through an unmodified libbpf loader: the uprobe in the target reaches them through bpf(),
+/// and every number equals the kernel's alone.
+#[test]
+fn a_libbpf_loader_sharing_hash_maps_between_a_tracepoint_and_a_uprobe_counts_as_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared_hash.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
+    let direct = Command::new(k).args([o, "observe_hit", r, "observe", r, "100"]).output().unwrap();
+    assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
+    let want = map_lines(&String::from_utf8_lossy(&direct.stdout));
+    for l in ["hits 0 100", "hits 1 100", "hits 2 100", "hits 5 100", "lru 1 100", "pc 1 100", "pca 1 100"] {
+        assert!(want.contains(&l.to_string()), "{l}: {want:?}");
+    }
+    let u = userbpf();
+    let u = u.to_str().unwrap();
+    let via =
+        run(true, &[], &[k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD", u, "start", r, "100"], |_| {});
+    let (out, err) = (String::from_utf8_lossy(&via.stdout), String::from_utf8_lossy(&via.stderr));
+    assert!(via.status.success(), "{out}\n{err}");
+    assert_eq!(map_lines(&out), want, "{err}");
+}
+
+/// `userbpf load --side` and `--not-load` (and `USERBPF_NOT_LOAD_PATTERN`): the system call
+/// tracepoint forced into the kernel counts a process outside the session; a program left out
+/// does nothing while the loader carries on; a kernel-only event refuses a program forced to
+/// the processes.
+#[test]
+fn load_selects_programs_and_sides() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
+    let u = userbpf();
+    let u = u.to_str().unwrap();
+    let lines = |opts: &[&str], env: &[(&str, &str)], in_session: bool| {
+        let mut argv = vec![k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD"];
+        if in_session {
+            argv.extend([u, "start"]);
+        }
+        argv.extend([r, "60"]);
+        let mut c = Command::new(u);
+        c.arg("load").args(opts).args(&argv).envs(env.iter().copied());
+        c.env("USERBPF_SESSION", format!("pt-{}", std::process::id())).env("USERBPF_SHM_DIR", tmp());
+        let o = c.output().unwrap();
+        let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+        (o.status.success(), map_lines(&out), err)
+    };
+    // The renamer outside the session: only the kernel's programs see it. The system call
+    // tracepoint counts it (counts[3]) only when forced into the kernel.
+    let (ok, got, err) = lines(&[], &[], false);
+    assert!(ok, "{err}");
+    assert!(got.contains(&"counts 0 60".to_string()) && got.contains(&"counts 3 0".to_string()), "{got:?}\n{err}");
+    let (ok, got, err) = lines(&["--side", "on_prct*=kernel"], &[], false);
+    assert!(ok, "{err}");
+    assert!(got.contains(&"counts 0 60".to_string()) && got.contains(&"counts 3 60".to_string()), "{got:?}\n{err}");
+    // In the session, with the kernel's task_rename program left out (empty): no kernel
+    // count, no by_digit entry; the uprobe and the system call tracepoint still count.
+    for (opts, env) in [(&["--not-load", "on_rename"][..], &[][..]), (&[][..], &[("USERBPF_NOT_LOAD_PATTERN", "on_ren*")][..])] {
+        let (ok, got, err) = lines(opts, env, true);
+        assert!(ok, "{err}");
+        for l in ["counts 0 0", "counts 2 60", "counts 3 60"] {
+            assert!(got.contains(&l.to_string()), "{l}: {got:?}\n{err}");
+        }
+        assert!(!got.iter().any(|l| l.starts_with("by_digit")), "{got:?}");
+    }
+    // task_rename exists only in the kernel: the attach fails (EINVAL, our reason in the trace
+    // of served calls).
+    let (ok, _, err) = lines(&["--side", "on_rename=process"], &[("USERBPF_TRACE_BPF", "1")], true);
+    assert!(!ok);
+    assert!(err.contains("failed to attach to tracepoint 'task/task_rename': Invalid argument"), "{err}");
+    assert!(
+        err.contains("program `on_rename` is forced to the processes (--side), but its event exists only in the kernel"),
+        "{err}"
+    );
+}

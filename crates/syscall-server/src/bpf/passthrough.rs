@@ -35,6 +35,17 @@
 //! buffers written by kernel programs are read as on the kernel; ring buffers are maps and
 //! need nothing more.
 //!
+//! **Selecting programs** (`userbpf load --not-load GLOB`, `--side GLOB=kernel|process`; the
+//! environment's `USERBPF_NOT_LOAD_PATTERN` and `USERBPF_SIDES`), by the name the loader gives
+//! at PROG_LOAD (libbpf: the function's name, cut to 15 characters). A program left out is
+//! loaded as an empty program (`r0 = 0; exit`, without its BTF function and line records), so
+//! the loader carries on and its attachments succeed, but it does nothing. A tracepoint or raw
+//! tracepoint program forced to the kernel is loaded there at PROG_LOAD (its verifier's log
+//! in the loader's buffer); attached to a system call tracepoint event this library serves,
+//! it is attached to the kernel's event instead (every process's calls, as in the kernel). A
+//! program of a kind only the kernel runs cannot be forced to the processes (`EINVAL`, saying
+//! so), nor can a tracepoint program attached to an event only the kernel has.
+//!
 //! **Descriptors.** The loader's descriptors of kernel objects are the kernel's: every
 //! command whose object descriptor is not one of ours but a kernel BPF object or perf event
 //! is passed to the kernel unchanged.
@@ -57,6 +68,10 @@ use crate::sys;
 
 /// `USERBPF_SYSCALLS=kernel`: system call tracepoints run in the kernel.
 pub const SYSCALLS_ENV: &str = "USERBPF_SYSCALLS";
+/// `USERBPF_NOT_LOAD_PATTERN=GLOB[,GLOB...]` (`userbpf load --not-load`): programs left out.
+pub const NOT_LOAD_ENV: &str = "USERBPF_NOT_LOAD_PATTERN";
+/// `USERBPF_SIDES=GLOB=kernel|process[,...]` (`userbpf load --side`): a program's side forced.
+pub const SIDES_ENV: &str = "USERBPF_SIDES";
 
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
@@ -86,6 +101,74 @@ fn state() -> MutexGuard<'static, State> {
 pub fn syscalls_in_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var(SYSCALLS_ENV).is_ok_and(|v| v == "kernel"))
+}
+
+/// The programs `--not-load` leaves out and the sides `--side` forces (see the module docs).
+struct Selection {
+    not_load: Vec<String>,
+    /// (glob, to the kernel), the last match wins.
+    sides: Vec<(String, bool)>,
+}
+
+fn selection() -> &'static Selection {
+    static SEL: std::sync::OnceLock<Selection> = std::sync::OnceLock::new();
+    SEL.get_or_init(|| {
+        let list = |v: &str| -> Vec<String> {
+            std::env::var(v).unwrap_or_default().split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()
+        };
+        let sides = list(SIDES_ENV)
+            .into_iter()
+            .filter_map(|s| {
+                let (p, side) = s.rsplit_once('=')?;
+                Some((p.to_string(), side == "kernel"))
+            })
+            .collect();
+        Selection { not_load: list(NOT_LOAD_ENV), sides }
+    })
+}
+
+fn glob(pattern: &str, name: &str) -> bool {
+    let (Ok(p), Ok(n)) = (std::ffi::CString::new(pattern), std::ffi::CString::new(name)) else { return false };
+    // SAFETY: both are NUL-terminated strings; fnmatch only reads them.
+    unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
+}
+
+/// The side `--side` forces on program `name` (`Some(true)`: the kernel).
+fn forced_side(name: &str) -> Option<bool> {
+    selection().sides.iter().rev().find(|(p, _)| glob(p, name)).map(|(_, k)| *k)
+}
+
+fn prog_name_of(at: &attr::ProgLoad) -> String {
+    let end = at.prog_name.iter().position(|&b| b == 0).unwrap_or(16);
+    String::from_utf8_lossy(&at.prog_name[..end]).into_owned()
+}
+
+/// PROG_LOAD of a program `--not-load` leaves out: the same load with an empty program.
+fn load_empty(a: &Attr) -> Result<i64, Error> {
+    static EMPTY: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095]; // r0 = 0; exit
+    let mut at: attr::ProgLoad = a.view();
+    at.insns = EMPTY.as_ptr() as u64;
+    at.insn_cnt = 2;
+    at.func_info = 0;
+    at.func_info_cnt = 0;
+    at.func_info_rec_size = 0;
+    at.line_info = 0;
+    at.line_info_cnt = 0;
+    at.line_info_rec_size = 0;
+    at.core_relo_cnt = 0;
+    at.core_relos = 0;
+    at.core_relo_rec_size = 0;
+    let mut b = Attr { bytes: a.bytes, user: a.user, size: a.size };
+    let len = std::mem::size_of::<attr::ProgLoad>().min(super::ATTR_SIZE);
+    // SAFETY: ProgLoad is plain data of `len` bytes.
+    let src = unsafe { std::slice::from_raw_parts((&raw const at).cast::<u8>(), len) };
+    b.bytes[..len].copy_from_slice(src);
+    if is_kernel_type(at.prog_type) {
+        // Built from `b.bytes` (the caller's block only gets log_true_size back).
+        prog_load(&b)
+    } else {
+        super::prog::load(&b)
+    }
 }
 
 /// Whether BPF output perf events go to the kernel (a kernel perf event array exists).
@@ -535,6 +618,15 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
             let at: attr::LinkCreate = a.view();
             let target = kernel_kind(at.target_fd);
             if kernel_kind(at.prog_fd).is_some() {
+                if let Some(o) = objects::get(at.target_fd).filter(|o| o.kind == Kind::PerfEvent) {
+                    // A program forced to the kernel on a system call tracepoint we serve: the
+                    // kernel's event instead.
+                    return Some(kernel_event_of(o.id).and_then(|ev| {
+                        let mut k = at;
+                        k.target_fd = ev.as_raw_fd();
+                        bpf_on(cmd, &mut k)
+                    }));
+                }
                 return Some(raw_bpf(cmd, a.user as *mut u8, a.size));
             }
             if target.as_deref() == Some("[perf_event]") {
@@ -570,7 +662,23 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
             }))
         }
         super::BPF_PROG_LOAD => {
-            let t = u32::from_ne_bytes(a.bytes[0..4].try_into().expect("4 bytes"));
+            let at: attr::ProgLoad = a.view();
+            let t = at.prog_type;
+            let name = prog_name_of(&at);
+            if selection().not_load.iter().any(|p| glob(p, &name)) {
+                return Some(load_empty(a));
+            }
+            match forced_side(&name) {
+                Some(false) if is_kernel_type(t) => {
+                    return Some(Err(Error::inval(format!(
+                        "program `{name}` is forced to the processes (--side), but programs of type {t} run only in the kernel"
+                    ))));
+                }
+                Some(true) if t == BPF_PROG_TYPE_TRACEPOINT || t == BPF_PROG_TYPE_RAW_TRACEPOINT => {
+                    return Some(prog_load(a));
+                }
+                _ => {}
+            }
             is_kernel_type(t).then(|| prog_load(a))
         }
         _ => {
@@ -579,6 +687,35 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
                 .then(|| raw_bpf(cmd, a.user as *mut u8, a.size))
         }
     }
+}
+
+/// The kernel's tracepoint event for our served event `id` (a system call tracepoint): the
+/// same tracepoint, process (or every process, on CPU 0 as libbpf opens it).
+fn kernel_event_of(id: u32) -> Result<OwnedFd, Error> {
+    let Some(crate::perf_event::Spec::Tracepoint { func, pid }) = crate::perf_event::event_spec(id) else {
+        return Err(Error::inval(format!("perf event {id}: a kernel program attaches only to tracepoint events here")));
+    };
+    let tp_id: u64 = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(format!("{r}/{func}/id")).ok()?.trim().parse().ok())
+        .ok_or_else(|| Error::new(libc::ENOENT, format!("tracepoint {func}: no id in tracefs")))?;
+    // struct perf_event_attr: type, size, config, sample_period, ...
+    let mut pattr = [0u64; 16];
+    pattr[0] = 2 /* PERF_TYPE_TRACEPOINT */ | (128u64 << 32);
+    pattr[1] = tp_id;
+    pattr[2] = 1;
+    let (p, cpu) = match pid {
+        Some(p) => (p as i64, -1i64),
+        None => (-1, 0),
+    };
+    // SAFETY: perf_event_open reads the 128-byte attribute we own.
+    let fd = unsafe {
+        sys::raw6(libc::SYS_perf_event_open, pattr.as_mut_ptr() as i64, p, cpu, -1, 8 /* PERF_FLAG_FD_CLOEXEC */, 0)
+    };
+    if fd < 0 {
+        return Err(Error::new(-fd as i32, format!("opening tracepoint {func} in the kernel")));
+    }
+    Ok(owned(fd))
 }
 
 /// Runs `f` with the kernel copy of our program `prog_fd`.
@@ -595,6 +732,12 @@ fn with_kernel_prog(prog_fd: i32, f: impl FnOnce(i32) -> Result<i64, Error>) -> 
         return Err(Error::inval(format!(
             "program `{}` (type {}) cannot attach to a kernel event",
             p.name, p.prog_type
+        )));
+    }
+    if forced_side(&p.name) == Some(false) {
+        return Err(Error::inval(format!(
+            "program `{}` is forced to the processes (--side), but its event exists only in the kernel",
+            p.name
         )));
     }
     let kfd = kernel_prog(&p)?;
