@@ -322,3 +322,29 @@ fn load_selects_programs_and_sides() {
         "{err}"
     );
 }
+
+/// A tracepoint program the kernel's verifier refuses fails at BPF_PROG_LOAD through `userbpf
+/// load` as on the kernel, with the kernel's log in the loader's buffer (libbpf prints it),
+/// even with userbpf's own verifier off (where the runtime would have accepted it and the
+/// kernel would have refused it only at attach).
+#[test]
+fn a_tracepoint_program_the_kernel_refuses_fails_at_load_with_its_log() {
+    let _s = serial();
+    if !tools_ok(&[]) {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_verdict.bpf.c"), &tmp().join("bpf"));
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    let argv = [kref.to_str().unwrap(), obj.to_str().unwrap(), "none", "/bin/true", "none", "true"];
+    for (via, opts) in [(false, &[][..]), (true, &[][..]), (true, &["--no-verify"][..])] {
+        let o = run(via, opts, &argv, |_| {});
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{via} {opts:?}: {err}");
+        assert!(err.contains("kernel_ref: loading"), "refused at load, not at attach: {via} {opts:?}: {err}");
+        assert!(err.contains("invalid access to map value, value_size=8 off=8 size=8"), "{via} {opts:?}: {err}");
+    }
+}

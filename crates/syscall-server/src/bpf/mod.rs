@@ -365,6 +365,8 @@ pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
         return r;
     }
     if cmd == BPF_PROG_LOAD {
+        // A tracepoint program the kernel refuses fails here, with the kernel's log.
+        passthrough::kernel_verdict(&a)?;
         let r = prog::load(&a);
         return match r {
             Err(e) => passthrough::prog_load_refused(&a).ok_or(e),

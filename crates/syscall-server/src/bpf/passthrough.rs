@@ -293,6 +293,43 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
             format!("map {}: maps of maps are not passed to the kernel", spec.name),
         ));
     }
+    let kfd = create_like(st, &e)?;
+    let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
+    if userbpf_runtime::kernel_map::shareable(spec.map_type as u32).is_ok() {
+        let session = objects::session()?;
+        session
+            .set_kernel_backing(id, &e.map, kid, kfd.as_fd())
+            .map_err(|err| Error::new(libc::EIO, format!("sharing map {} with the kernel: {err}", spec.name)))?;
+    }
+    if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
+        st.kernel_outputs = true;
+    }
+    // Every descriptor of the loader that names the session map (its file, or for a ring
+    // buffer its poll FIFO) now names the kernel's.
+    let session = objects::session()?;
+    let paths: Vec<std::path::PathBuf> = [session.map_path(id), session.layout().map_poll(id)]
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    let own = e.map.shm().fd().as_raw_fd();
+    for path in &paths {
+        for fd in loader_fds_of(path).into_iter().filter(|&fd| fd != own) {
+            // SAFETY: dup3 only changes descriptor `fd` of this process, which referred to
+            // the session map's file: it now refers to the kernel map instead.
+            unsafe { sys::raw6(libc::SYS_dup3, kfd.as_raw_fd() as i64, fd as i64, libc::O_CLOEXEC as i64, 0, 0, 0) };
+        }
+    }
+    let raw = kfd.as_raw_fd();
+    st.by_kernel_id.insert(kid, id);
+    st.maps.insert(id, (kfd, kid));
+    Ok(raw)
+}
+
+/// A kernel map with the attributes of session map `e` (arrays `BPF_F_MMAPABLE`), holding its
+/// contents (a frozen map frozen).
+fn create_like(st: &mut State, e: &super::MapEntry) -> Result<OwnedFd, Error> {
+    let spec = e.map.spec().clone();
+    let array = spec.map_type == MapType::BPF_MAP_TYPE_ARRAY;
     let btf_fd = kernel_btf(st, e.btf_id)?;
     let mut name = [0u8; 16];
     for (d, s) in name.iter_mut().zip(spec.name.bytes().take(15)) {
@@ -342,35 +379,7 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
         raw_bpf(super::BPF_MAP_FREEZE, (&raw mut fd).cast(), 4)
             .context(|| format!("freezing map {} in the kernel", spec.name))?;
     }
-    let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
-    if userbpf_runtime::kernel_map::shareable(spec.map_type as u32).is_ok() {
-        let session = objects::session()?;
-        session
-            .set_kernel_backing(id, &e.map, kid, kfd.as_fd())
-            .map_err(|err| Error::new(libc::EIO, format!("sharing map {} with the kernel: {err}", spec.name)))?;
-    }
-    if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
-        st.kernel_outputs = true;
-    }
-    // Every descriptor of the loader that names the session map (its file, or for a ring
-    // buffer its poll FIFO) now names the kernel's.
-    let session = objects::session()?;
-    let paths: Vec<std::path::PathBuf> = [session.map_path(id), session.layout().map_poll(id)]
-        .iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .collect();
-    let own = e.map.shm().fd().as_raw_fd();
-    for path in &paths {
-        for fd in loader_fds_of(path).into_iter().filter(|&fd| fd != own) {
-            // SAFETY: dup3 only changes descriptor `fd` of this process, which referred to
-            // the session map's file: it now refers to the kernel map instead.
-            unsafe { sys::raw6(libc::SYS_dup3, kfd.as_raw_fd() as i64, fd as i64, libc::O_CLOEXEC as i64, 0, 0, 0) };
-        }
-    }
-    let raw = kfd.as_raw_fd();
-    st.by_kernel_id.insert(kid, id);
-    st.maps.insert(id, (kfd, kid));
-    Ok(raw)
+    Ok(kfd)
 }
 
 /// Map types whose elements `get_next_key`/`lookup` reach (copied into the kernel's map).
@@ -428,7 +437,12 @@ fn user_programs_of(id: u32, kernel_progs: &[u32], linked_only: bool) -> Option<
 /// The instructions with session map references (`BPF_PSEUDO_MAP_IDX[_VALUE]`, imm = id)
 /// or the loader's descriptors (`BPF_PSEUDO_MAP_FD`/`_VALUE`) turned into kernel map
 /// descriptors.
-fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>, Error> {
+fn kernel_insns(
+    st: &mut State,
+    insns: &[Insn],
+    by_id: bool,
+    mut trial: Option<&mut Vec<OwnedFd>>,
+) -> Result<Vec<Insn>, Error> {
     // userbpf's own helpers (io_uring) exist only in user space: name the one the kernel
     // would call `unknown#ID`.
     userbpf_runtime::loader::check_kernel_helpers(insns).map_err(Error::inval)?;
@@ -451,7 +465,21 @@ fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>
                 _ => None,
             };
             if let Some(id) = id {
-                out[i].imm = kernel_map(st, id).context(|| format!("instruction {i}"))?;
+                out[i].imm = match trial.as_deref_mut() {
+                    // A trial load: the kernel map if there is one already, else a temporary
+                    // copy (the session map stays ours).
+                    Some(temps) => match st.maps.get(&id) {
+                        Some((fd, _)) => fd.as_raw_fd(),
+                        None => {
+                            let e = map_by_id(id).map_err(|e| Error::new(e, format!("instruction {i}: map {id}")))?;
+                            let fd = create_like(st, &e).context(|| format!("instruction {i}"))?;
+                            let raw = fd.as_raw_fd();
+                            temps.push(fd);
+                            raw
+                        }
+                    },
+                    None => kernel_map(st, id).context(|| format!("instruction {i}"))?,
+                };
                 out[i].src = if matches!(src, BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_FD) {
                     BPF_PSEUDO_MAP_FD
                 } else {
@@ -474,6 +502,12 @@ pub fn is_kernel_type(prog_type: u32) -> bool {
 
 /// PROG_LOAD of a kernel program type: the kernel's answer (descriptor, log, errno).
 pub fn prog_load(a: &Attr) -> Result<i64, Error> {
+    prog_load_in(a, None)
+}
+
+/// [`prog_load`]; `trial`: with temporary kernel copies of the session maps it uses (kept in
+/// `trial` for the caller to close), leaving the session maps ours.
+fn prog_load_in(a: &Attr, mut trial: Option<&mut Vec<OwnedFd>>) -> Result<i64, Error> {
     let mut at: attr::ProgLoad = a.view();
     let n = at.insn_cnt as usize;
     if n == 0 || n > 1_000_000 {
@@ -483,11 +517,14 @@ pub fn prog_load(a: &Attr) -> Result<i64, Error> {
     read_user(at.insns, &mut bytes).context(|| "insns")?;
     let insns = decode(&bytes).map_err(|e| Error::inval(format!("insns: {e}")))?;
     let mut st = state();
-    let insns = kernel_insns(&mut st, &insns, false)?;
+    // A trial that cannot copy what the program uses cannot judge it (EOPNOTSUPP).
+    let is_trial = trial.is_some();
+    let unjudged = |e: Error| if is_trial { Error::new(libc::EOPNOTSUPP, e.to_string()) } else { e };
+    let insns = kernel_insns(&mut st, &insns, false, trial.as_deref_mut()).map_err(unjudged)?;
     let bytes = encode(&insns);
     at.insns = bytes.as_ptr() as u64;
     if let Some(o) = objects::get(at.prog_btf_fd).filter(|o| o.kind == Kind::Btf) {
-        at.prog_btf_fd = kernel_btf(&mut st, o.id)?;
+        at.prog_btf_fd = kernel_btf(&mut st, o.id).map_err(unjudged)?;
     }
     if at.attach_prog_fd != 0 && objects::get(at.attach_prog_fd as i32).is_some_and(|o| o.kind == Kind::Btf) {
         // The kernel's own BTF served by us: vmlinux is 0 for the kernel.
@@ -523,7 +560,7 @@ fn kernel_prog(p: &ProgEntry) -> Result<i32, Error> {
         return Ok(fd.as_raw_fd());
     }
     st.loading = Some(p.id);
-    let insns = kernel_insns(&mut st, &p.insns, true);
+    let insns = kernel_insns(&mut st, &p.insns, true, None);
     st.loading = None;
     let insns = insns?;
     let bytes = encode(&insns);
@@ -742,6 +779,46 @@ fn with_kernel_prog(prog_fd: i32, f: impl FnOnce(i32) -> Result<i64, Error>) -> 
     }
     let kfd = kernel_prog(&p)?;
     f(kfd)
+}
+
+/// PROG_LOAD of a tracepoint or raw tracepoint program (not forced to the processes): the
+/// kernel verifies it too, as it would load it without userbpf, so that its refusal comes at
+/// PROG_LOAD with the kernel's log in the loader's buffer (the program may go to the kernel
+/// only when attached). A trial load, with temporary kernel copies of the session maps it
+/// uses; `Err`: the kernel's refusal. Programs calling userbpf's own helpers (which run only
+/// in the processes) are not tried.
+pub fn kernel_verdict(a: &Attr) -> Result<(), Error> {
+    let at: attr::ProgLoad = a.view();
+    if at.prog_type != BPF_PROG_TYPE_TRACEPOINT && at.prog_type != BPF_PROG_TYPE_RAW_TRACEPOINT {
+        return Ok(());
+    }
+    if forced_side(&prog_name_of(&at)) == Some(false) {
+        return Ok(());
+    }
+    let n = at.insn_cnt as usize;
+    if n == 0 || n > 1_000_000 {
+        return Ok(());
+    }
+    let mut bytes = vec![0u8; n * 8];
+    if read_user(at.insns, &mut bytes).is_err() {
+        return Ok(());
+    }
+    let Ok(insns) = decode(&bytes) else { return Ok(()) };
+    if userbpf_runtime::loader::check_kernel_helpers(&insns).is_err() {
+        return Ok(());
+    }
+    let mut temps = Vec::new();
+    let r = prog_load_in(a, Some(&mut temps));
+    drop(temps);
+    match r {
+        Ok(fd) => {
+            drop(owned(fd));
+            Ok(())
+        }
+        // A map the kernel cannot copy (maps of maps, ...): the load decides later.
+        Err(e) if e.errno == libc::EOPNOTSUPP => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A PROG_LOAD of a tracepoint or raw tracepoint program the runtime refused: the kernel's
