@@ -348,3 +348,75 @@ fn a_tracepoint_program_the_kernel_refuses_fails_at_load_with_its_log() {
         assert!(err.contains("invalid access to map value, value_size=8 off=8 size=8"), "{via} {opts:?}: {err}");
     }
 }
+
+/// A loop device over a file of the test's own, with direct I/O; detached when dropped.
+struct Loop(String);
+
+impl Loop {
+    fn new(name: &str) -> Loop {
+        let img = tmp().join(format!("passthrough-{name}.img"));
+        std::fs::create_dir_all(tmp()).unwrap();
+        std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+        let out = Command::new("losetup").args(["--direct-io=on", "-f", "--show"]).arg(&img).output().unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// biolatency on a loop device of the test's own, during a fixed number of direct writes:
+/// its histogram counts exactly those requests, on the kernel and through `userbpf load`.
+#[test]
+fn biolatency_counts_every_direct_write_on_a_loop_device_as_on_the_kernel() {
+    let _s = serial();
+    if !tools_ok(&["biolatency"])
+        || !userbpf_testutil::require(
+            Command::new("sh").args(["-c", "command -v losetup"]).output().is_ok_and(|o| o.status.success()),
+            "losetup",
+        )
+    {
+        return;
+    }
+    let dev = Loop::new("biolatency");
+    let disk = dev.0.trim_start_matches("/dev/").to_string();
+    // Whatever udev reads of a new device, before the tool starts.
+    let _ = Command::new("udevadm").arg("settle").status();
+    std::thread::sleep(Duration::from_millis(500));
+    let n = 150;
+    for via in [false, true] {
+        let o = run(via, &[], &["/usr/sbin/biolatency", "-d", &disk], |pid| {
+            // Attached: its two kernel links (request issued, completed) exist.
+            let links = || {
+                std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
+                    d.flatten()
+                        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("bpf_link")))
+                        .count()
+                })
+            };
+            for _ in 0..600 {
+                if links() >= 2 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(links() >= 2, "biolatency (userbpf: {via}) did not attach");
+            let ok = Command::new("dd")
+                .args(["if=/dev/zero", &format!("of={}", dev.0), "bs=4k", &format!("count={n}"), "oflag=direct", "status=none"])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok);
+            // SAFETY: kill sends SIGINT to the tool (or the loader that is it), our child.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        });
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "biolatency (userbpf: {via}): {out}\n{err}");
+        let (_, total) = histogram(&out);
+        assert_eq!(total, n, "biolatency -d {disk} (userbpf: {via}) counts every write: {out}\n{err}");
+    }
+}
