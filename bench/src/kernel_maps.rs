@@ -225,7 +225,10 @@ fn bpf_kinds(dir: &std::path::Path, slots: &Arc<CpuSlots>) {
         }
         let (sid, kid) = (id, id + 1);
         id += 2;
-        assert!(helpers::register_map(sid, session.clone()) && helpers::register_map(kid, kernel.clone()), "registry full");
+        assert!(
+            helpers::register_map(sid, session.clone()) && helpers::register_map(kid, kernel.clone()),
+            "registry full"
+        );
         let resolver: Vec<(u32, Arc<Map>)> = vec![(sid, session.clone()), (kid, kernel.clone())];
         let prog = |map: u32, op: Op| {
             LoadedProgram::prepare(

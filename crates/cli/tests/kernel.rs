@@ -169,26 +169,50 @@ fn a_target_without_privileges_shares_the_kernels_maps() {
     std::fs::create_dir_all(&shm).unwrap();
     std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
     let renamer = built("crates/cli/tests/targets/renamer.c", "renamer", &[]);
-    for (src, n) in [("crates/cli/tests/bpf/kernel_shared.bpf.c", 60u64), ("crates/cli/tests/bpf/kernel_shared_hash.bpf.c", 60)] {
+    for (src, n) in
+        [("crates/cli/tests/bpf/kernel_shared.bpf.c", 60u64), ("crates/cli/tests/bpf/kernel_shared_hash.bpf.c", 60)]
+    {
         let obj = object(src);
         let caps = "+bpf,+perfmon,+dac_read_search";
         let out = Command::new("/usr/bin/setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", &format!("--inh-caps={caps}"), &format!("--ambient-caps={caps}"), "--"])
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                &format!("--inh-caps={caps}"),
+                &format!("--ambient-caps={caps}"),
+                "--",
+            ])
             .arg(common::userbpf())
             .env("USERBPF_AGENT", common::agent())
             .env("USERBPF_SHM_DIR", &shm)
             .arg("run")
             .arg(&obj)
-            .args(["--attach", "observe_hit=observe", "--", "/usr/bin/setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--", "/bin/sh", "-c"])
+            .args([
+                "--attach",
+                "observe_hit=observe",
+                "--",
+                "/usr/bin/setpriv",
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
             .arg(format!("grep -E '^(Uid|CapEff)' /proc/self/status; exec {} {n}", renamer.display()))
             .output()
             .unwrap();
         let (out, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.contains("CapEff:\t0000000000000000") && out.contains("Uid:\t65534"), "the target is unprivileged: {out}");
+        assert!(
+            out.contains("CapEff:\t0000000000000000") && out.contains("Uid:\t65534"),
+            "the target is unprivileged: {out}"
+        );
         assert!(out.contains(&format!("renamer: {n} renames")), "{src}: {out}{err}");
         let got = dumped(&out);
         if src.contains("hash") {
-            for (map, key) in [("hits", 0), ("hits", 1), ("hits", 2), ("hits", 3), ("hits", 5), ("lru", 1), ("pc", 1), ("pca", 1)] {
+            for (map, key) in
+                [("hits", 0), ("hits", 1), ("hits", 2), ("hits", 3), ("hits", 5), ("lru", 1), ("pc", 1), ("pca", 1)]
+            {
                 assert_eq!(got.get(&(map.to_string(), key)), Some(&n), "{map}[{key}]: {out}{err}");
             }
         } else {

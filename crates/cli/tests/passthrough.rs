@@ -291,7 +291,8 @@ fn load_selects_programs_and_sides() {
         c.arg("load").args(opts).args(&argv).envs(env.iter().copied());
         c.env("USERBPF_SESSION", format!("pt-{}", std::process::id())).env("USERBPF_SHM_DIR", tmp());
         let o = c.output().unwrap();
-        let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+        let (out, err) =
+            (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
         (o.status.success(), map_lines(&out), err)
     };
     // The renamer outside the session: only the kernel's programs see it. The system call
@@ -304,7 +305,9 @@ fn load_selects_programs_and_sides() {
     assert!(got.contains(&"counts 0 60".to_string()) && got.contains(&"counts 3 60".to_string()), "{got:?}\n{err}");
     // In the session, with the kernel's task_rename program left out (empty): no kernel
     // count, no by_digit entry; the uprobe and the system call tracepoint still count.
-    for (opts, env) in [(&["--not-load", "on_rename"][..], &[][..]), (&[][..], &[("USERBPF_NOT_LOAD_PATTERN", "on_ren*")][..])] {
+    for (opts, env) in
+        [(&["--not-load", "on_rename"][..], &[][..]), (&[][..], &[("USERBPF_NOT_LOAD_PATTERN", "on_ren*")][..])]
+    {
         let (ok, got, err) = lines(opts, env, true);
         assert!(ok, "{err}");
         for l in ["counts 0 0", "counts 2 60", "counts 3 60"] {
@@ -318,7 +321,9 @@ fn load_selects_programs_and_sides() {
     assert!(!ok);
     assert!(err.contains("failed to attach to tracepoint 'task/task_rename': Invalid argument"), "{err}");
     assert!(
-        err.contains("program `on_rename` is forced to the processes (--side), but its event exists only in the kernel"),
+        err.contains(
+            "program `on_rename` is forced to the processes (--side), but its event exists only in the kernel"
+        ),
         "{err}"
     );
 }
@@ -394,7 +399,9 @@ fn biolatency_counts_every_direct_write_on_a_loop_device_as_on_the_kernel() {
             let links = || {
                 std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| {
                     d.flatten()
-                        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("bpf_link")))
+                        .filter(|e| {
+                            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("bpf_link"))
+                        })
                         .count()
                 })
             };
@@ -406,7 +413,14 @@ fn biolatency_counts_every_direct_write_on_a_loop_device_as_on_the_kernel() {
             }
             assert!(links() >= 2, "biolatency (userbpf: {via}) did not attach");
             let ok = Command::new("dd")
-                .args(["if=/dev/zero", &format!("of={}", dev.0), "bs=4k", &format!("count={n}"), "oflag=direct", "status=none"])
+                .args([
+                    "if=/dev/zero",
+                    &format!("of={}", dev.0),
+                    "bs=4k",
+                    &format!("count={n}"),
+                    "oflag=direct",
+                    "status=none",
+                ])
                 .status()
                 .unwrap()
                 .success();

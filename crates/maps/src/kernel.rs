@@ -278,7 +278,10 @@ impl KernelMap {
         sys_bpf(BPF_MAP_GET_NEXT_KEY, &mut [self.raw(), k, next_out.as_mut_ptr() as u64, 0])
     }
     pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], value_out: &mut [u8]) -> Result<(), MapError> {
-        sys_bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut [self.raw(), key.as_ptr() as u64, value_out.as_mut_ptr() as u64, 0])
+        sys_bpf(
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            &mut [self.raw(), key.as_ptr() as u64, value_out.as_mut_ptr() as u64, 0],
+        )
     }
 
     // ---- program side ----
@@ -338,7 +341,14 @@ impl KernelMap {
     /// # Safety
     /// `key` readable for `key_size` bytes, `value` for `value_size` bytes; the caller's run
     /// holds CPU slot `slot`.
-    pub unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, slot: u32, cpu: u32) -> Result<(), MapError> {
+    pub unsafe fn update(
+        &self,
+        key: *const u8,
+        value: *const u8,
+        flags: u64,
+        slot: u32,
+        cpu: u32,
+    ) -> Result<(), MapError> {
         let (ks, vs) = (self.key_size(), self.value_size());
         // SAFETY: the caller's contract.
         let key = unsafe { std::slice::from_raw_parts(key, ks) };

@@ -461,11 +461,13 @@ mod tests {
         // Another geometry, or an array the kernel cannot map: refused, saying why.
         let other = Map::create(&dir.path("other"), &MapSpec { max_entries: 10, name: "other".into(), ..spec.clone() })
             .unwrap();
-        let e = map_kernel_values(dir.path("").as_path(), &other, KernelBacking { kernel_id: kid, holder: 0 }).unwrap_err();
+        let e =
+            map_kernel_values(dir.path("").as_path(), &other, KernelBacking { kernel_id: kid, holder: 0 }).unwrap_err();
         assert!(e.contains("does not match map other"), "{e}");
         let (_f, plain) = kernel_array(8, 600, 0);
         let third = Map::create(&dir.path("third"), &MapSpec { name: "third".into(), ..spec.clone() }).unwrap();
-        let e = map_kernel_values(dir.path("").as_path(), &third, KernelBacking { kernel_id: plain, holder: 0 }).unwrap_err();
+        let e = map_kernel_values(dir.path("").as_path(), &third, KernelBacking { kernel_id: plain, holder: 0 })
+            .unwrap_err();
         assert!(e.contains("flags 0x0) does not match map third"), "{e}");
     }
 }

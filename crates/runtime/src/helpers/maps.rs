@@ -72,7 +72,8 @@ static WRITER: Mutex<()> = Mutex::new(());
 const MAX_KERNEL_MAPS: usize = 256;
 /// The registered kernel maps reached through `bpf()` ([`Map::Kernel`]): the runs' held values
 /// are written back to them ([`write_back_kernel_values`]).
-static KERNEL_MAPS: [AtomicPtr<Map>; MAX_KERNEL_MAPS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_KERNEL_MAPS];
+static KERNEL_MAPS: [AtomicPtr<Map>; MAX_KERNEL_MAPS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_KERNEL_MAPS];
 static KERNEL_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// The end of a run that looked up values of kernel maps reached through `bpf()`, holding CPU

@@ -507,7 +507,7 @@ pub fn prog_load(a: &Attr) -> Result<i64, Error> {
 
 /// [`prog_load`]; `trial`: with temporary kernel copies of the session maps it uses (kept in
 /// `trial` for the caller to close), leaving the session maps ours.
-fn prog_load_in(a: &Attr, mut trial: Option<&mut Vec<OwnedFd>>) -> Result<i64, Error> {
+fn prog_load_in(a: &Attr, trial: Option<&mut Vec<OwnedFd>>) -> Result<i64, Error> {
     let mut at: attr::ProgLoad = a.view();
     let n = at.insn_cnt as usize;
     if n == 0 || n > 1_000_000 {
@@ -520,7 +520,7 @@ fn prog_load_in(a: &Attr, mut trial: Option<&mut Vec<OwnedFd>>) -> Result<i64, E
     // A trial that cannot copy what the program uses cannot judge it (EOPNOTSUPP).
     let is_trial = trial.is_some();
     let unjudged = |e: Error| if is_trial { Error::new(libc::EOPNOTSUPP, e.to_string()) } else { e };
-    let insns = kernel_insns(&mut st, &insns, false, trial.as_deref_mut()).map_err(unjudged)?;
+    let insns = kernel_insns(&mut st, &insns, false, trial).map_err(unjudged)?;
     let bytes = encode(&insns);
     at.insns = bytes.as_ptr() as u64;
     if let Some(o) = objects::get(at.prog_btf_fd).filter(|o| o.kind == Kind::Btf) {
@@ -747,7 +747,15 @@ fn kernel_event_of(id: u32) -> Result<OwnedFd, Error> {
     };
     // SAFETY: perf_event_open reads the 128-byte attribute we own.
     let fd = unsafe {
-        sys::raw6(libc::SYS_perf_event_open, pattr.as_mut_ptr() as i64, p, cpu, -1, 8 /* PERF_FLAG_FD_CLOEXEC */, 0)
+        sys::raw6(
+            libc::SYS_perf_event_open,
+            pattr.as_mut_ptr() as i64,
+            p,
+            cpu,
+            -1,
+            8, /* PERF_FLAG_FD_CLOEXEC */
+            0,
+        )
     };
     if fd < 0 {
         return Err(Error::new(-fd as i32, format!("opening tracepoint {func} in the kernel")));
