@@ -11,8 +11,10 @@
 //! a tracepoint other than a system call's (every tracepoint with `--syscalls kernel`, that
 //! is `USERBPF_SYSCALLS=kernel`) opens the kernel's event, and attaching a program of ours to
 //! a kernel event (LINK_CREATE, `PERF_EVENT_IOC_SET_BPF`) or RAW_TRACEPOINT_OPEN of a name
-//! other than `sys_enter`/`sys_exit` loads the program into the kernel then (its verifier's
-//! refusal is then the attach's error). Kprobe programs attached to a kernel's kprobe event
+//! other than `sys_enter`/`sys_exit` loads the program into the kernel then. The kernel verifies
+//! every tracepoint and raw tracepoint program at its PROG_LOAD already ([`kernel_verdict`]: a
+//! trial load with temporary copies of its maps), so its refusal, with its log, is the
+//! PROG_LOAD's answer, as without userbpf. Kprobe programs attached to a kernel's kprobe event
 //! (kernels with kprobes; this library's uprobe events stay its own) go the same way. A
 //! tracepoint or raw tracepoint program the runtime
 //! refuses (a helper it lacks) but the kernel accepts is the kernel's from its load.
