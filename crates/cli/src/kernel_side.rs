@@ -17,10 +17,10 @@
 //! an array is created `BPF_F_MMAPABLE` and its values mapped into every process of the
 //! session (`userbpf_runtime::kernel_map`), so user-space programs read, write and update it
 //! atomically with no system call and see the kernel programs' writes as they happen. Hash,
-//! LRU hash, per-CPU kinds and LPM tries cannot be mapped: user-space programs reach them with
+//! LRU hash and per-CPU kinds cannot be mapped: user-space programs reach them with
 //! a `bpf()` call per operation (`userbpf_maps::kernel`: values looked up are copies written
-//! back when the run ends). Other kinds (ring and perf buffers, queues, maps of maps) are
-//! refused when shared, naming the map and the programs.
+//! back when the run ends). Other kinds (ring and perf buffers, queues, LPM tries, maps of
+//! maps) are refused when shared, naming the map and the programs.
 //! `.rodata` and `.kconfig` are constants: each side keeps its own copy.
 
 use std::collections::BTreeSet;

@@ -1,5 +1,5 @@
 //! [`KernelMap`]: a session map whose contents are a kernel map that cannot be mapped into the
-//! process (hash, LRU hash, per-CPU kinds, LPM trie, ...: the kernel lets user space map only
+//! process (hash, LRU hash, per-CPU hash and array: the kernel lets user space map only
 //! `BPF_F_MMAPABLE` arrays, which the runtime maps directly instead). Every operation is a
 //! `bpf()` call on the kernel map's descriptor: what a user-space program does to a map it
 //! shares with kernel programs costs a system call (about 1 µs, see the README), where a
@@ -24,6 +24,9 @@
 //!   flags and the kernel's errno. A buffer of a key updated or deleted in the same run is
 //!   no longer written back (in the kernel a hash update replaces the element: the old
 //!   pointer's writes are lost); an array's is refreshed (arrays are updated in place).
+//!
+//! - LRU hashes: a lookup through `bpf()` does not mark the element used, as a program's lookup
+//!   does in the kernel, so the kernel may evict an element only user-space programs look up.
 //!
 //! A run holds its CPU slot alone (see the runtime's `context`), so a slot's buffers are used
 //! by one thread at a time: no lock. No allocation on these paths (the buffers are allocated

@@ -6,7 +6,7 @@
 //! `userbpf_maps::array` layout): the JIT's inlined lookups, the helpers, atomics and the CLI's
 //! dumps then read and write the kernel's memory with no system call, and see the kernel
 //! programs' writes as they happen. The kinds the kernel does not let user space map (hash,
-//! LRU hash, per-CPU hash and array, LPM trie) are opened as [`Map::Kernel`]: every operation
+//! LRU hash, per-CPU hash and array) are opened as [`Map::Kernel`]: every operation
 //! is a `bpf()` call on the kernel map's descriptor (`userbpf_maps::kernel` gives the
 //! semantics). [`shareable`] says which kinds can be shared at all.
 //!
@@ -77,8 +77,10 @@ pub fn shareable(map_type: u32) -> Result<(), &'static str> {
         | BPF_MAP_TYPE_PERCPU_HASH
         | BPF_MAP_TYPE_LRU_HASH
         | BPF_MAP_TYPE_LRU_PERCPU_HASH
-        | BPF_MAP_TYPE_PERCPU_ARRAY
-        | BPF_MAP_TYPE_LPM_TRIE => Ok(()),
+        | BPF_MAP_TYPE_PERCPU_ARRAY => Ok(()),
+        BPF_MAP_TYPE_LPM_TRIE => Err(
+            "a lookup's value belongs to the longest matching prefix, which bpf() does not name, so a program's writes through it could not be written back",
+        ),
         BPF_MAP_TYPE_RINGBUF | BPF_MAP_TYPE_PERF_EVENT_ARRAY => Err(
             "user-space programs cannot write into the kernel's buffer (keep its writers on one side; the loader reads a kernel buffer as usual)",
         ),

@@ -26,11 +26,11 @@
 //! session map is replaced (`dup3`) by the kernel map's, so from then on the loader's element
 //! operations, `mmap`, `poll` and `epoll` on it are the kernel's own. An array's session map
 //! gets the kernel's values mapped over its own (`userbpf_runtime::kernel_map`), so user-space
-//! programs (in targets' agents) share it without a system call; a hash, LRU hash, per-CPU
-//! map or LPM trie is reached by them through `bpf()` (`userbpf_maps::kernel`), which needs
+//! programs (in targets' agents) share it without a system call; a hash, LRU hash or per-CPU
+//! map is reached by them through `bpf()` (`userbpf_maps::kernel`), which needs
 //! the processes to open it as the kernel's from the start: one that user-space programs
 //! attached before the first kernel program used it is refused, as is a kind that cannot be
-//! shared (ring and perf buffers, queues, maps of maps). The loader holds the kernel maps and
+//! shared (ring and perf buffers, queues, LPM tries, maps of maps). The loader holds the kernel maps and
 //! serves their descriptors to the session's processes (`kernel_map::provide`), so processes
 //! without CAP_SYS_ADMIN open them too. Once a perf event
 //! array is the kernel's, `PERF_COUNT_SW_BPF_OUTPUT` events are opened in the kernel, so perf
