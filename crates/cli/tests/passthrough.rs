@@ -434,3 +434,56 @@ fn biolatency_counts_every_direct_write_on_a_loop_device_as_on_the_kernel() {
         assert_eq!(total, n, "biolatency -d {disk} (userbpf: {via}) counts every write: {out}\n{err}");
     }
 }
+
+/// The loader as nobody with only the capabilities its kernel programs need (CAP_BPF,
+/// CAP_PERFMON, CAP_DAC_READ_SEARCH for tracefs), its target as nobody without any: the target
+/// gets the shared maps' descriptors from the loader (no CAP_SYS_ADMIN to open them by id),
+/// and the numbers are the kernel's.
+#[test]
+fn an_unprivileged_target_of_a_loader_shares_its_kernel_maps() {
+    let _s = serial();
+    if !tools_ok(&[])
+        || !userbpf_testutil::require(std::path::Path::new("/usr/bin/setpriv").exists(), "setpriv (util-linux)")
+    {
+        return;
+    }
+    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared_hash.bpf.c"), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    let shm = tmp().join("nobody-shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
+    let direct = Command::new(k).args([o, "observe_hit", r, "observe", r, "80"]).output().unwrap();
+    assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
+    let want = map_lines(&String::from_utf8_lossy(&direct.stdout));
+    let u = userbpf();
+    let caps = "+bpf,+perfmon,+dac_read_search";
+    let out = Command::new("/usr/bin/setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &format!("--inh-caps={caps}"),
+            &format!("--ambient-caps={caps}"),
+            "--",
+        ])
+        .arg(&u)
+        .env("USERBPF_SHM_DIR", &shm)
+        .env("USERBPF_SESSION", format!("pt-nobody-{}", std::process::id()))
+        .args(["load", k, o, "observe_hit", r, "observe", "env", "-u", "LD_PRELOAD", "/usr/bin/setpriv"])
+        .args(["--inh-caps=-all", "--ambient-caps=-all", "--", "/bin/sh", "-c"])
+        .arg(format!("grep -E '^(Uid|CapEff)' /proc/self/status; exec {} start {r} 80", u.display()))
+        .output()
+        .unwrap();
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{err}");
+    assert!(stdout.contains("CapEff:\t0000000000000000") && stdout.contains("Uid:\t65534"), "{stdout}");
+    let got: Vec<String> =
+        map_lines(&stdout).into_iter().filter(|l| !l.starts_with("Uid") && !l.starts_with("CapEff")).collect();
+    assert_eq!(got, want, "{err}");
+}
