@@ -6,7 +6,12 @@
 //!   `userbpf run` does for arrays used on both sides): lookups (inlined by the JIT), atomic
 //!   adds on the looked-up value, updates (the helper), from JIT-compiled programs;
 //! - `bpf()` from user space on kernel maps (an array and a hash): lookups and updates, the
-//!   price of every access to a kernel map that cannot be mapped.
+//!   price of every access to a kernel map that cannot be mapped;
+//! - the kinds shared through `bpf()` (`userbpf_maps::kernel`: hash, LRU hash, per-CPU hash,
+//!   LRU per-CPU hash, per-CPU array) against the session map of the same kind, one operation
+//!   per run as a probe makes it (lookup and load; lookup and atomic add, written back at the
+//!   run's end; update), from JIT-compiled programs: ns per run, the run's entry and exit
+//!   included, the empty program's run beside them.
 //!
 //! Each program loops N times (N in the context); ns per iteration, median of 9 timed runs
 //! after a warm-up, the session and kernel programs run alternately, the empty loop of the
@@ -168,6 +173,96 @@ fn time_sys(fd: &OwnedFd, cmd: libc::c_long) -> f64 {
     median((0..REPS).map(|_| once()).collect())
 }
 
+/// ns per run of `p` making one operation (ctx n = 1), median of REPS batches of `runs`.
+fn per_run(p: &LoadedProgram, runs: u64) -> f64 {
+    let batch = || {
+        let mut ctx = [1u64, 0, 0, 0];
+        let t = Instant::now();
+        for _ in 0..runs {
+            p.run(ctx.as_mut_ptr().cast(), 32, RunContext::default()).expect("run");
+        }
+        t.elapsed().as_nanos() as f64 / runs as f64
+    };
+    batch();
+    median((0..REPS).map(|_| batch()).collect())
+}
+
+/// The bpf() kinds: one operation per run, session map against the kernel map reached
+/// through bpf(), side by side.
+fn bpf_kinds(dir: &std::path::Path, slots: &Arc<CpuSlots>) {
+    let ncpu = userbpf_maps::shm::possible_cpus() as usize;
+    println!();
+    println!("| one operation per run (JIT), ns per run | session map | kernel map through bpf() | kernel / session |");
+    println!("|---|---:|---:|---:|");
+    let mut id = 100u32;
+    for t in [
+        MapType::BPF_MAP_TYPE_HASH,
+        MapType::BPF_MAP_TYPE_LRU_HASH,
+        MapType::BPF_MAP_TYPE_PERCPU_HASH,
+        MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH,
+        MapType::BPF_MAP_TYPE_PERCPU_ARRAY,
+    ] {
+        let spec = MapSpec {
+            map_type: t,
+            key_size: 4,
+            value_size: 8,
+            max_entries: MAX,
+            map_flags: 0,
+            map_extra: 0,
+            name: t.name().into(),
+        };
+        let session = Arc::new(Map::create(&dir.join(format!("s-{}", t as u32)), &spec).expect("session map"));
+        let kpath = dir.join(format!("k-{}", t as u32));
+        drop(Map::create(&kpath, &spec).expect("session file of the kernel map"));
+        let kfd = kernel_map(t as u32, 0);
+        let kernel = Arc::new(Map::open_kernel(&kpath, kfd, None).expect("the kernel map through bpf()"));
+        let values: Vec<u8> = (0..if t.is_percpu() { ncpu } else { 1 }).flat_map(|_| 1u64.to_ne_bytes()).collect();
+        // 64 elements (an LRU hash filled to its size evicts some: the runs use key 0).
+        for m in [&session, &kernel] {
+            for k in 0..64u32 {
+                m.update_elem(&k.to_ne_bytes(), &values, BPF_ANY).expect("filling");
+            }
+        }
+        let (sid, kid) = (id, id + 1);
+        id += 2;
+        assert!(
+            helpers::register_map(sid, session.clone()) && helpers::register_map(kid, kernel.clone()),
+            "registry full"
+        );
+        let resolver: Vec<(u32, Arc<Map>)> = vec![(sid, session.clone()), (kid, kernel.clone())];
+        let prog = |map: u32, op: Op| {
+            LoadedProgram::prepare(
+                map * 10 + op as u32,
+                "bpf-kind",
+                &program(map, op),
+                helpers::registry(),
+                &resolver.as_slice(),
+                Engine::Jit,
+                slots.clone(),
+            )
+            .expect("program")
+        };
+        let empty = per_run(&prog(sid, Op::Empty), 200_000);
+        println!("| {}: empty program | {empty:.1} | {empty:.1} | 1.00 |", t.name());
+        for (what, op) in
+            [("lookup + load", Op::Lookup), ("lookup + atomic add", Op::LookupXadd), ("update (BPF_ANY)", Op::Update)]
+        {
+            let s = per_run(&prog(sid, op), 200_000);
+            let k = per_run(&prog(kid, op), 20_000);
+            println!("| {}: {what} | {s:.1} | {k:.1} | {:.0} |", t.name(), k / s);
+            if op == Op::LookupXadd {
+                // The kernel saw the adds (written back at each run's end): element 0 read
+                // through bpf(), per-CPU values summed.
+                let mut v = vec![0u8; values.len()];
+                kernel.lookup_elem(&0u32.to_ne_bytes(), &mut v).expect("lookup");
+                let sum: u64 = v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).sum();
+                let want = (values.len() / 8) as u64 + 20_000 * (REPS as u64 + 1);
+                assert_eq!(sum, want, "{}: every atomic add reached the kernel map", t.name());
+            }
+        }
+    }
+}
+
 fn main() {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
@@ -187,7 +282,7 @@ fn main() {
     let karray = kernel_map(MapType::BPF_MAP_TYPE_ARRAY as u32, BPF_F_MMAPABLE);
     let khash = kernel_map(MapType::BPF_MAP_TYPE_HASH as u32, 0);
     let kid = map_info(&karray).expect("kernel map info").id;
-    userbpf_runtime::kernel_map::map_kernel_values(&backed, KernelBacking { kernel_id: kid })
+    userbpf_runtime::kernel_map::map_kernel_values(&dir, &backed, KernelBacking { kernel_id: kid, holder: 0 })
         .expect("mapping the kernel array's values");
     for m in [&shm, &backed] {
         for k in 0..MAX {
@@ -261,5 +356,6 @@ fn main() {
     ] {
         println!("| {what} | {:.1} |", time_sys(fd, cmd));
     }
+    bpf_kinds(&dir, &slots);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,8 +16,11 @@
 //! back through `bpf()` when `run` prints the maps). A map used by both sides is the kernel's:
 //! an array is created `BPF_F_MMAPABLE` and its values mapped into every process of the
 //! session (`userbpf_runtime::kernel_map`), so user-space programs read, write and update it
-//! atomically with no system call and see the kernel programs' writes as they happen. Other
-//! kinds cannot be mapped, and are refused when shared (naming the map and the programs).
+//! atomically with no system call and see the kernel programs' writes as they happen. Hash,
+//! LRU hash and per-CPU kinds cannot be mapped: user-space programs reach them with
+//! a `bpf()` call per operation (`userbpf_maps::kernel`: values looked up are copies written
+//! back when the run ends). Other kinds (ring and perf buffers, queues, LPM tries, maps of
+//! maps) are refused when shared, naming the map and the programs.
 //! `.rodata` and `.kconfig` are constants: each side keeps its own copy.
 
 use std::collections::BTreeSet;
@@ -101,8 +104,11 @@ pub struct Plan {
     pub skipped: Vec<String>,
     /// Maps (names) kernel programs use.
     pub kernel_maps: Vec<String>,
-    /// Of those, arrays also used in processes: their values are the kernel's, mapped.
+    /// Of those, maps also used in processes: their contents are the kernel's (arrays
+    /// mapped, other kinds through `bpf()`).
     pub shared: Vec<String>,
+    /// Of those, the arrays: created `BPF_F_MMAPABLE`.
+    pub mmapable: Vec<String>,
 }
 
 /// Map indexes each program of `object` references (`lddw` of a map or its value), with the
@@ -214,9 +220,9 @@ pub fn plan(object: &mut Object, sel: &Selection<'_>) -> Result<Plan> {
         if procs.is_empty() || is_constant_data(&def.name) {
             continue;
         }
-        if !userbpf_runtime::kernel_map::shareable_by_mmap(def.map_type) {
+        if let Err(why) = userbpf_runtime::kernel_map::shareable(def.map_type) {
             bail!(
-                "{}: map `{}` ({}) is used by kernel program{} {} and by user-space program{} {}: only arrays can be shared between the kernel and processes (their values are mapped); keep its programs on one side (--side PROG=kernel|process) or leave some unloaded (--not-load)",
+                "{}: map `{}` ({}) is used by kernel program{} {} and by user-space program{} {}, and cannot be shared: {why}; keep its programs on one side (--side PROG=kernel|process) or leave some unloaded (--not-load)",
                 object.file,
                 def.name,
                 userbpf_object::map_type_name(def.map_type).unwrap_or("unknown type"),
@@ -226,7 +232,10 @@ pub fn plan(object: &mut Object, sel: &Selection<'_>) -> Result<Plan> {
                 procs.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
             );
         }
-        mmapable.push(m);
+        if userbpf_runtime::kernel_map::shareable_by_mmap(def.map_type) {
+            mmapable.push(m);
+            plan.mmapable.push(def.name.clone());
+        }
         plan.shared.push(def.name.clone());
     }
     for m in mmapable {
@@ -250,7 +259,7 @@ pub fn load_kernel(
         path,
         programs: &plan.kernel,
         maps: &plan.kernel_maps,
-        mmapable: &plan.shared,
+        mmapable: &plan.mmapable,
     })
     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     for name in &plan.shared {
@@ -262,22 +271,21 @@ pub fn load_kernel(
         };
         let info = userbpf_kernel::sys::map_info(fd)
             .map_err(|e| anyhow::anyhow!("{}: reading kernel map `{name}`'s id: {e}", path.display()))?;
+        // SAFETY: `fd` is the kernel map's descriptor, owned by `k`, open for this call.
+        let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         session
-            .set_kernel_backing(
-                lm.record.id,
-                &lm.map,
-                userbpf_runtime::kernel_map::KernelBacking { kernel_id: info.id },
-            )
+            .set_kernel_backing(lm.record.id, &lm.map, info.id, bfd)
             .map_err(|e| anyhow::anyhow!("{}: sharing map `{name}` with the kernel: {e}", path.display()))?;
     }
     Ok(Some(k))
 }
 
-/// Copies the maps only kernel programs use into their session twins, through `bpf()`, so
-/// that `run` prints them with the rest.
+/// Copies the kernel maps that are not mapped arrays (used by kernel programs only, or shared
+/// through `bpf()`) into their session twins, through `bpf()`, so that `run` prints them with
+/// the rest.
 pub fn read_back(k: &userbpf_kernel::KernelObject, plan: &Plan, loaded: &userbpf_runtime::LoadedObject) -> Result<()> {
     for name in &plan.kernel_maps {
-        if plan.shared.contains(name) {
+        if plan.mmapable.contains(name) {
             continue;
         }
         let (Some(lm), Some(fd)) = (loaded.map(name), k.map_fd(name)) else { continue };

@@ -55,6 +55,18 @@ pub struct LoadArgs {
     /// (their own calls) or the kernel (every process's calls, as without userbpf).
     #[arg(long, value_enum, default_value = "process")]
     syscalls: crate::kernel_side::SyscallSide,
+    /// Force a side for the programs whose name (as the loader gives it: libbpf cuts function
+    /// names to 15 characters) matches PROG, a glob: `PROG=kernel` loads a tracepoint or raw
+    /// tracepoint program into the kernel (a system call tracepoint then counts every
+    /// process's calls), `PROG=process` keeps it in the processes (refused for kinds only the
+    /// kernel runs). Repeatable; the last match wins.
+    #[arg(long = "side", value_name = "PROG=kernel|process")]
+    sides: Vec<String>,
+    /// Leave out the programs whose name matches the glob (also `USERBPF_NOT_LOAD_PATTERN`):
+    /// the loader gets an empty program (`r0 = 0; exit`) that attaches and does nothing.
+    /// Repeatable.
+    #[arg(long = "not-load", value_name = "GLOB")]
+    not_load: Vec<String>,
     /// The loader to run, and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
@@ -109,6 +121,25 @@ pub fn loader_command(session: &str, args: &LoadArgs) -> Result<Command> {
     // detaches them, by running this binary.
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(BIN_ENV, exe);
+    }
+    for s in &args.sides {
+        match s.rsplit_once('=') {
+            Some((p, "kernel" | "process")) if !p.is_empty() && !p.contains(',') => {}
+            _ => bail!("--side {s}: expected PROG=kernel or PROG=process (PROG a glob without commas)"),
+        }
+    }
+    if !args.sides.is_empty() {
+        cmd.env("USERBPF_SIDES", args.sides.join(","));
+    }
+    let mut not_load = args.not_load.clone();
+    if let Some(p) = std::env::var("USERBPF_NOT_LOAD_PATTERN").ok().filter(|p| !p.is_empty()) {
+        not_load.push(p);
+    }
+    if not_load.iter().any(|p| p.contains(',')) {
+        bail!("--not-load: a pattern cannot hold a comma");
+    }
+    if !not_load.is_empty() {
+        cmd.env("USERBPF_NOT_LOAD_PATTERN", not_load.join(","));
     }
     if args.syscalls == crate::kernel_side::SyscallSide::Kernel {
         cmd.env("USERBPF_SYSCALLS", "kernel");

@@ -1,7 +1,8 @@
 //! `userbpf run` on objects holding kernel kinds next to user-space ones: each program where it
 //! belongs, arrays used by both sides shared (the kernel's values mapped into the process),
-//! checked against the same object loaded by libbpf into the kernel alone; and the kernel's
-//! refusals passed on.
+//! hashes, LRU hashes and per-CPU maps shared through `bpf()`, checked against the same object
+//! loaded by libbpf into the kernel alone, as root and with the target as nobody; and the
+//! kernel's refusals passed on.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -56,7 +57,8 @@ fn reference(obj: &Path, renamer: &Path, n: &str) -> BTreeMap<(String, u64), u64
     m
 }
 
-/// `key = K, value = V` lines of `run`'s dump of maps `counts` and `by_digit`.
+/// `key = K, value = V` lines of `run`'s dump of its maps (per-CPU maps: `values = { cpu0 =
+/// V, ... }`, summed over the CPUs).
 fn dumped(out: &str) -> BTreeMap<(String, u64), u64> {
     let mut m = BTreeMap::new();
     let mut map = String::new();
@@ -68,6 +70,16 @@ fn dumped(out: &str) -> BTreeMap<(String, u64), u64> {
             && let (Ok(k), Ok(v)) = (k.parse(), v.parse())
         {
             m.insert((map.clone(), k), v);
+        } else if let Some(rest) = l.strip_prefix("key = ")
+            && let Some((k, v)) = rest.split_once(", values = { ")
+            && let Ok(k) = k.parse()
+        {
+            let sum = v
+                .trim_end_matches(" }")
+                .split(", ")
+                .map(|c| c.split_once(" = ").and_then(|(_, v)| v.parse::<u64>().ok()).expect("a CPU's value"))
+                .sum();
+            m.insert((map.clone(), k), sum);
         }
     }
     m
@@ -108,6 +120,106 @@ fn a_tracepoint_and_a_uprobe_sharing_an_array_count_as_under_libbpf() {
         }
         // .bss is shared too: the kernel's count of renames, seen by the uprobe as it grew.
         assert!(out.contains("value = { .kernel_renames = 200, .last_observed = 200, .seen_in_bss = 200 }"), "{out}");
+    }
+}
+
+/// Hash, LRU hash, per-CPU hash and per-CPU array shared by a kernel tracepoint and a uprobe
+/// (reached through bpf() from the process): the same numbers as libbpf in the kernel.
+#[test]
+fn a_tracepoint_and_a_uprobe_sharing_hash_maps_count_as_under_libbpf() {
+    let _serial = serial();
+    if !kernel_ok() {
+        return;
+    }
+    let obj = object("crates/cli/tests/bpf/kernel_shared_hash.bpf.c");
+    let renamer = built("crates/cli/tests/targets/renamer.c", "renamer", &[]);
+    let n = 200u64;
+    let want = reference(&obj, &renamer, &n.to_string());
+    let mut expect = BTreeMap::new();
+    for (map, key) in [("hits", 0), ("hits", 1), ("hits", 2), ("hits", 3), ("hits", 5), ("lru", 0), ("lru", 1)] {
+        expect.insert((map.to_string(), key), n);
+    }
+    for (map, key, v) in [("pc", 0, n), ("pc", 1, n), ("pca", 0, n), ("pca", 1, n), ("pca", 2, 0), ("pca", 3, 0)] {
+        expect.insert((map.to_string(), key), v);
+    }
+    assert_eq!(want, expect, "libbpf's reference");
+    for engine in [&[][..], &["--interpreter"][..]] {
+        let mut args = vec!["--attach", "observe_hit=observe"];
+        args.extend_from_slice(engine);
+        let (out, err, ok) = userbpf_run(&obj, &args, &[renamer.to_str().unwrap(), &n.to_string()]);
+        assert!(ok, "{err}");
+        assert!(out.contains("renamer: 200 renames"), "{out}");
+        assert_eq!(dumped(&out), want, "{engine:?}: {out}");
+    }
+}
+
+/// `userbpf run` with only the capabilities a kernel program needs (CAP_BPF, CAP_PERFMON, and
+/// CAP_DAC_READ_SEARCH for tracefs), as nobody, and its command as nobody without any
+/// capability: the target gets the shared maps' descriptors from `run` (no CAP_SYS_ADMIN to
+/// open them by id): arrays mapped, hashes through bpf().
+#[test]
+fn a_target_without_privileges_shares_the_kernels_maps() {
+    let _serial = serial();
+    if !kernel_ok()
+        || !userbpf_testutil::require(Path::new("/usr/bin/setpriv").exists(), "setpriv (util-linux) to drop privileges")
+    {
+        return;
+    }
+    let shm = tmp().join("nobody-shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let renamer = built("crates/cli/tests/targets/renamer.c", "renamer", &[]);
+    for (src, n) in
+        [("crates/cli/tests/bpf/kernel_shared.bpf.c", 60u64), ("crates/cli/tests/bpf/kernel_shared_hash.bpf.c", 60)]
+    {
+        let obj = object(src);
+        let caps = "+bpf,+perfmon,+dac_read_search";
+        let out = Command::new("/usr/bin/setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                &format!("--inh-caps={caps}"),
+                &format!("--ambient-caps={caps}"),
+                "--",
+            ])
+            .arg(common::userbpf())
+            .env("USERBPF_AGENT", common::agent())
+            .env("USERBPF_SHM_DIR", &shm)
+            .arg("run")
+            .arg(&obj)
+            .args([
+                "--attach",
+                "observe_hit=observe",
+                "--",
+                "/usr/bin/setpriv",
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--",
+                "/bin/sh",
+                "-c",
+            ])
+            .arg(format!("grep -E '^(Uid|CapEff)' /proc/self/status; exec {} {n}", renamer.display()))
+            .output()
+            .unwrap();
+        let (out, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.contains("CapEff:\t0000000000000000") && out.contains("Uid:\t65534"),
+            "the target is unprivileged: {out}"
+        );
+        assert!(out.contains(&format!("renamer: {n} renames")), "{src}: {out}{err}");
+        let got = dumped(&out);
+        if src.contains("hash") {
+            for (map, key) in
+                [("hits", 0), ("hits", 1), ("hits", 2), ("hits", 3), ("hits", 5), ("lru", 1), ("pc", 1), ("pca", 1)]
+            {
+                assert_eq!(got.get(&(map.to_string(), key)), Some(&n), "{map}[{key}]: {out}{err}");
+            }
+        } else {
+            for k in 0..3 {
+                assert_eq!(got.get(&("counts".to_string(), k)), Some(&n), "counts[{k}]: {out}{err}");
+            }
+        }
     }
 }
 
@@ -170,7 +282,7 @@ fn the_kernels_refusals_are_passed_on() {
         return;
     }
     let obj = object("crates/cli/tests/bpf/kernel_refused.bpf.c");
-    let progs = ["oob_value", "fentry_prog", "kprobe_prog", "btf_prog", "raw_prog", "shared_hash", "hash_user"];
+    let progs = ["oob_value", "fentry_prog", "kprobe_prog", "btf_prog", "raw_prog", "shared_queue", "queue_user"];
     let only = |keep: &[&str]| -> Vec<String> {
         progs.iter().filter(|p| !keep.contains(p)).flat_map(|p| ["--not-load".to_string(), p.to_string()]).collect()
     };
@@ -209,11 +321,11 @@ fn the_kernels_refusals_are_passed_on() {
         assert!(ok, "{p}: {err}");
         assert!(out.contains("@m:"), "{out}");
     }
-    // A hash used by both sides cannot be mapped: refused, naming the map and the programs.
-    let (_, err, ok) = run(&["shared_hash", "hash_user"]);
+    // A queue used by both sides cannot be shared: refused, naming the map and the programs.
+    let (_, err, ok) = run(&["shared_queue", "queue_user"]);
     assert!(!ok);
     assert!(
-        err.contains("map `h` (hash) is used by kernel program `shared_hash` and by user-space program `hash_user`"),
+        err.contains("map `q` (queue) is used by kernel program `shared_queue` and by user-space program `queue_user`, and cannot be shared"),
         "{err}"
     );
 }

@@ -15,6 +15,7 @@ pub mod array;
 pub mod bloom_filter;
 pub mod cgroup_array;
 pub mod hash;
+pub mod kernel;
 pub mod lpm_trie;
 pub mod map;
 mod mem;

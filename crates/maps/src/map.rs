@@ -92,6 +92,10 @@ pub enum Map {
     RingBuf(crate::ringbuf::RingBuf),
     PerfEventArray(crate::perf::PerfEventArray),
     CgroupArray(crate::cgroup_array::CgroupArray),
+    /// A map shared with kernel programs that cannot be mapped (not an array): its session
+    /// file gives the spec and id, its contents are the kernel map's, reached with `bpf()`
+    /// (see [`crate::kernel`]).
+    Kernel(crate::kernel::KernelMap),
 }
 
 /// Per-type layout: the total file size (for `open`: the least a valid file has), or why the
@@ -227,6 +231,28 @@ impl Map {
     /// Opens and maps an existing map file. A file that is not a map, of another layout
     /// version, with an impossible spec, or shorter than its spec needs is refused (`EINVAL`).
     pub fn open(path: &Path) -> Result<Map, MapError> {
+        Self::open_type(Self::open_base(path)?)
+    }
+
+    /// Opens the session map file `path` as the kernel map `fd` whose contents it stands for
+    /// (see [`crate::kernel`]): the file gives the spec, id and per-CPU slots; the kernel map
+    /// must have the same type, key and value sizes, and entries (`EINVAL` otherwise; the
+    /// caller reads them with `BPF_OBJ_GET_INFO_BY_FD` and passes them as `kernel`, or `None`
+    /// when the kernel refuses that to this process).
+    pub fn open_kernel(path: &Path, fd: std::os::fd::OwnedFd, kernel: Option<&MapSpec>) -> Result<Map, MapError> {
+        let base = Self::open_base(path)?;
+        if let Some(k) = kernel
+            && (k.map_type != base.spec.map_type
+                || k.key_size != base.spec.key_size
+                || k.value_size != base.spec.value_size
+                || k.max_entries != base.spec.max_entries)
+        {
+            return Err(einval("the kernel map's type or geometry is not the session map's"));
+        }
+        Ok(Map::Kernel(crate::kernel::KernelMap::new(base, fd)))
+    }
+
+    fn open_base(path: &Path) -> Result<Base, MapError> {
         let len = std::fs::metadata(path).map_err(|e| io_error(e, "cannot open the map file"))?.len();
         if len < DATA_OFF as u64 {
             return Err(einval("map file is truncated"));
@@ -252,7 +278,7 @@ impl Map {
         if (shm.len() as u64) < size {
             return Err(einval("map file is truncated"));
         }
-        Self::open_type(Base { shm, spec, nr_cpus: hdr.nr_cpus })
+        Ok(Base { shm, spec, nr_cpus: hdr.nr_cpus })
     }
 
     fn base(&self) -> &Base {
@@ -266,6 +292,7 @@ impl Map {
             Map::RingBuf(m) => m.base(),
             Map::PerfEventArray(m) => m.base(),
             Map::CgroupArray(m) => m.base(),
+            Map::Kernel(m) => m.base(),
         }
     }
 
@@ -319,6 +346,7 @@ impl Map {
             Map::Hash(m) => m.contains(addr, len),
             Map::LpmTrie(m) => m.contains(addr, len),
             Map::RingBuf(m) => m.contains(addr, len),
+            Map::Kernel(m) => m.contains(addr, len),
             _ => false,
         }
     }
@@ -365,6 +393,7 @@ impl Map {
             Map::QueueStack(m) => m.peek_sys(value_out),
             Map::BloomFilter(m) => m.peek_sys(value_out),
             Map::LpmTrie(m) => m.lookup_elem(key, value_out),
+            Map::Kernel(m) => m.lookup_elem(key, value_out),
             // fd arrays without map_fd_sys_lookup_elem.
             Map::RingBuf(_) | Map::PerfEventArray(_) | Map::CgroupArray(_) => Err(ENOTSUPP_OP),
         }
@@ -394,6 +423,7 @@ impl Map {
             Map::BloomFilter(m) => unsafe { m.push(value.as_ptr(), flags) },
             Map::LpmTrie(m) => m.update_elem(key, value, flags),
             Map::CgroupArray(m) => m.update_elem(key, value, flags),
+            Map::Kernel(m) => m.update_elem(key, value, flags),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -409,6 +439,7 @@ impl Map {
             Map::BloomFilter(_) => Err(EOPNOTSUPP),
             Map::LpmTrie(m) => m.delete_elem(key),
             Map::CgroupArray(m) => m.delete_elem(key),
+            Map::Kernel(m) => m.delete_elem(key),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -430,6 +461,7 @@ impl Map {
             Map::BloomFilter(_) => Err(EOPNOTSUPP),
             Map::LpmTrie(m) => m.get_next_key(key, next_out),
             Map::CgroupArray(m) => m.get_next_key(key, next_out),
+            Map::Kernel(m) => m.get_next_key(key, next_out),
             Map::RingBuf(_) | Map::PerfEventArray(_) => Err(ENOTSUPP_OP),
         }
     }
@@ -443,6 +475,7 @@ impl Map {
         }
         match self {
             Map::Hash(m) => m.lookup_and_delete_elem(key, value_out),
+            Map::Kernel(m) => m.lookup_and_delete_elem(key, value_out),
             // SAFETY: `value_out` holds at least value_size bytes (checked above).
             Map::QueueStack(m) => unsafe { m.pop(value_out.as_mut_ptr(), true, crate::sync::Wait::Sys) },
             Map::BloomFilter(_) | Map::Array(_) | Map::StackTrace(_) | Map::LpmTrie(_) => Err(ENOTSUPP_OP),
@@ -468,7 +501,8 @@ impl Map {
     /// `bpf_map_lookup_elem` from a program: a pointer to the value in this process's
     /// mapping, or null. Per-CPU maps: the slot of `cpu` (taken modulo `nr_cpus`). Prog and
     /// map-in-map arrays, hash of maps: a pointer to the stored u32 id. Queue, stack, bloom
-    /// filter and stack trace maps: null (the kernel forbids the call).
+    /// filter and stack trace maps: null (the kernel forbids the call). Kernel maps
+    /// ([`Map::Kernel`]): `cpu` must be the caller's run's CPU slot (its buffers are used).
     ///
     /// # Safety
     /// `key` is readable for `key_size` bytes. The pointer stays valid while `self` lives.
@@ -480,6 +514,7 @@ impl Map {
                 Map::Array(m) => m.lookup(key, cpu),
                 Map::Hash(m) => m.lookup(key, cpu),
                 Map::LpmTrie(m) => m.lookup(key),
+                Map::Kernel(m) => m.lookup(key, cpu, cpu),
                 _ => std::ptr::null_mut(),
             }
         }
@@ -498,6 +533,7 @@ impl Map {
                 Map::Array(m) => m.update(key, value, flags, cpu),
                 Map::Hash(m) => m.update(key, value, flags, cpu),
                 Map::LpmTrie(m) => m.update(key, value, flags, crate::sync::Wait::Hot),
+                Map::Kernel(m) => m.update(key, value, flags, cpu, cpu),
                 _ => Err(einval("map type has no update from programs")),
             }
         }
@@ -535,6 +571,7 @@ impl Map {
                 Map::StackTrace(m) => m.delete(key),
                 Map::LpmTrie(m) => m.delete(key, crate::sync::Wait::Hot),
                 Map::BloomFilter(_) => Err(EOPNOTSUPP),
+                Map::Kernel(_) => Err(einval("a kernel map's delete needs the run's CPU slot (KernelMap::delete)")),
                 _ => Err(einval("map type has no delete")),
             }
         }

@@ -122,6 +122,9 @@ struct ThreadRun {
     /// in (0: never) and `tgid << 32 | tid`.
     pid_tgid_gen: Cell<u64>,
     pid_tgid: Cell<u64>,
+    /// The run in progress looked up values of kernel maps reached through `bpf()`
+    /// (`userbpf_maps::kernel`): they are written back when it ends.
+    kernel_values: Cell<bool>,
     /// The context of the run in progress: written before `active` is set, read only while
     /// it is (uninitialised, i.e. zero, in a new thread).
     ctx: Cell<MaybeUninit<RunContext>>,
@@ -534,11 +537,25 @@ impl RunGuard<'_> {
     }
 }
 
+/// The run in progress holds values of kernel maps reached through `bpf()`: they are written
+/// back at its end ([`crate::helpers::maps::write_back_kernel_values`]).
+#[inline]
+pub fn hold_kernel_values() {
+    // SAFETY: this thread's block; only this thread uses it.
+    unsafe { (*thread_run()).kernel_values.set(true) };
+}
+
 impl Drop for RunGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         // SAFETY: the block of the thread that entered (a RunGuard is not Send).
-        unsafe { (*self.thread).active.set(false) };
+        let t = unsafe { &*self.thread };
+        if t.kernel_values.get() {
+            t.kernel_values.set(false);
+            // The slot is still this run's: its buffers are written back before it is given back.
+            crate::helpers::maps::write_back_kernel_values(self.cpu);
+        }
+        t.active.set(false);
         self.slots.word(self.cpu).store(0, Ordering::Release);
     }
 }

@@ -276,8 +276,9 @@ impl Session {
         self.layout.map(id)
     }
 
-    /// Opens map `id`. A map whose values are a kernel map's (`maps/ID.kernel`, see
-    /// [`crate::kernel_map`]) gets the kernel's values mapped over its own.
+    /// Opens map `id`. A map whose contents are a kernel map's (`maps/ID.kernel`, see
+    /// [`crate::kernel_map`]) is the kernel's: an array gets the kernel's values mapped over
+    /// its own; another kind is opened as [`Map::Kernel`], reached through `bpf()`.
     pub fn open_map(&self, id: u32) -> Result<Map, SessionError> {
         let path = self.map_path(id);
         if !path.exists() {
@@ -285,29 +286,49 @@ impl Session {
         }
         let map = Map::open(&path)?;
         if let Some(backing) = self.kernel_backing(id) {
-            crate::kernel_map::map_kernel_values(&map, backing)
-                .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: {e}"))))?;
+            let e = |e: String| SessionError::Io(io::Error::other(format!("map {id}: {e}")));
+            if map.map_type() != userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY {
+                drop(map);
+                return crate::kernel_map::open_kernel_map(self.dir(), &path, backing).map_err(e);
+            }
+            crate::kernel_map::map_kernel_values(self.dir(), &map, backing).map_err(e)?;
         }
         Ok(map)
     }
 
-    /// The kernel map behind map `id`, if its values are a kernel map's.
+    /// The kernel map behind map `id`, if its contents are a kernel map's.
     pub fn kernel_backing(&self, id: u32) -> Option<crate::kernel_map::KernelBacking> {
         crate::kernel_map::KernelBacking::parse(&fs::read_to_string(self.layout.map_kernel(id)).ok()?)
     }
 
-    /// Makes kernel map `backing` the values of map `id` (`map`, open in this process): maps
-    /// them here, then records it so every process opening the map does the same.
+    /// Makes kernel map `fd` (kernel id `kernel_id`) the contents of map `id` (`map`, open in
+    /// this process): an array's values are mapped here; this process then holds the kernel
+    /// map for the session (serves its descriptor, [`crate::kernel_map::provide`]) and
+    /// records it, so every process opening the map opens the kernel's. `map` itself (if not
+    /// an array) keeps the session's own contents: reopen it to reach the kernel's.
     pub fn set_kernel_backing(
         &self,
         id: u32,
         map: &Map,
-        backing: crate::kernel_map::KernelBacking,
-    ) -> Result<(), SessionError> {
-        crate::kernel_map::map_kernel_values(map, backing)
-            .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: {e}"))))?;
+        kernel_id: u32,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<crate::kernel_map::KernelBacking, SessionError> {
+        crate::kernel_map::shareable(map.map_type() as u32).map_err(|why| {
+            SessionError::Io(io::Error::other(format!(
+                "map {id} ({}): a {} cannot be shared with kernel programs: {why}",
+                map.spec().name,
+                map.map_type().name()
+            )))
+        })?;
+        let holder = crate::kernel_map::provide(self.dir(), kernel_id, fd)
+            .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: serving the kernel map: {e}"))))?;
+        let backing = crate::kernel_map::KernelBacking { kernel_id, holder };
+        if map.map_type() == userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY {
+            crate::kernel_map::map_kernel_values(self.dir(), map, backing)
+                .map_err(|e| SessionError::Io(io::Error::other(format!("map {id}: {e}"))))?;
+        }
         write_atomic(&self.layout.map_kernel(id), backing.to_text().as_bytes())?;
-        Ok(())
+        Ok(backing)
     }
 
     /// Records of every map, by id.

@@ -1,7 +1,8 @@
 // Kernel programs the kernel refuses or runs (tests/kernel.rs picks one at a time with
 // --not-load): a map value read out of bounds (the verifier's refusal), fentry (refused by
-// this kernel), kprobe (no kprobes on this kernel), tp_btf and raw_tp (run), and a hash map
-// used by a kernel program and a uprobe (not shareable by mapping).
+// this kernel), kprobe (no kprobes on this kernel), tp_btf and raw_tp (run), and a queue
+// used by a kernel program and a uprobe (its push and pop are not passed to the kernel from
+// user space: not shareable).
 #include <linux/bpf.h>
 #include <linux/types.h>
 #include <bpf/bpf_helpers.h>
@@ -14,11 +15,10 @@ struct {
 } m SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_QUEUE);
 	__uint(max_entries, 4);
-	__type(key, __u32);
 	__type(value, __u64);
-} h SEC(".maps");
+} q SEC(".maps");
 
 SEC("tracepoint/task/task_rename")
 int oob_value(void *ctx)
@@ -66,21 +66,20 @@ int raw_prog(__u64 *ctx)
 }
 
 SEC("tracepoint/task/task_rename")
-int shared_hash(void *ctx)
+int shared_queue(void *ctx)
 {
-	__u32 k = 0;
 	__u64 one = 1;
 
-	bpf_map_update_elem(&h, &k, &one, BPF_ANY);
+	bpf_map_push_elem(&q, &one, BPF_ANY);
 	return 0;
 }
 
 SEC("uprobe")
-int hash_user(void *ctx)
+int queue_user(void *ctx)
 {
-	__u32 k = 0;
+	__u64 v;
 
-	return bpf_map_lookup_elem(&h, &k) != 0;
+	return bpf_map_peek_elem(&q, &v) == 0;
 }
 
 char LICENSE[] SEC("license") = "GPL";

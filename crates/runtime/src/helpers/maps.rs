@@ -68,6 +68,29 @@ static BY_PTR: [PtrSlot; TBL] = [PTR0; TBL];
 static BY_ID: [IdSlot; TBL] = [ID0; TBL];
 static WRITER: Mutex<()> = Mutex::new(());
 
+/// Most kernel maps reached through `bpf()` a process can register.
+const MAX_KERNEL_MAPS: usize = 256;
+/// The registered kernel maps reached through `bpf()` ([`Map::Kernel`]): the runs' held values
+/// are written back to them ([`write_back_kernel_values`]).
+static KERNEL_MAPS: [AtomicPtr<Map>; MAX_KERNEL_MAPS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_KERNEL_MAPS];
+static KERNEL_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The end of a run that looked up values of kernel maps reached through `bpf()`, holding CPU
+/// slot `slot`: the values it changed go to the kernel (`userbpf_maps::kernel`).
+#[cold]
+pub fn write_back_kernel_values(slot: u32) {
+    let n = KERNEL_COUNT.load(Ordering::Acquire).min(MAX_KERNEL_MAPS);
+    for p in &KERNEL_MAPS[..n] {
+        // SAFETY: non-null entries are registered maps, leaked (never released).
+        if let Some(Map::Kernel(k)) = unsafe { p.load(Ordering::Acquire).as_ref() } {
+            // SAFETY: the caller's run holds `slot` and has ended (no pointer into the buffers
+            // is used after).
+            unsafe { k.write_back(slot) };
+        }
+    }
+}
+
 #[inline(always)]
 fn ptr_hash(p: usize) -> usize {
     ((p as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 51) as usize % TBL
@@ -114,6 +137,14 @@ pub fn register_map_in(session: u64, id: u32, map: Arc<Map>) -> bool {
             let i = COUNT.load(Ordering::Relaxed);
             if i >= MAX_MAPS {
                 return false;
+            }
+            if matches!(*map, Map::Kernel(_)) {
+                let k = KERNEL_COUNT.load(Ordering::Relaxed);
+                if k >= MAX_KERNEL_MAPS {
+                    return false;
+                }
+                KERNEL_MAPS[k].store(Arc::as_ptr(&map) as *mut Map, Ordering::Release);
+                KERNEL_COUNT.store(k + 1, Ordering::Release);
             }
             let e = &ENTRIES[i];
             e.session.store(session, Ordering::Relaxed);
@@ -196,11 +227,12 @@ pub fn map_ref(addr: u64) -> Option<&'static Map> {
     Some(unsafe { &*(addr as *const Map) })
 }
 
-/// The CPU slot for an operation on `m`: the run's for per-CPU maps (the others ignore it,
-/// and skip the thread-local read).
+/// The CPU slot for an operation on `m`: the run's for per-CPU maps and kernel maps reached
+/// through `bpf()` (whose buffers are the slot's); the others ignore it, and skip the
+/// thread-local read.
 #[inline]
 fn cpu_for(m: &Map) -> u32 {
-    if m.map_type().is_percpu() { current_cpu() } else { 0 }
+    if m.map_type().is_percpu() || matches!(m, Map::Kernel(_)) { current_cpu() } else { 0 }
 }
 
 /// The registered map of `session` with this id.
@@ -351,6 +383,11 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
     if p.is_null() {
         return 0;
     }
+    if matches!(m, Map::Kernel(_)) {
+        // A copy of the kernel's value, written back at the run's end.
+        crate::context::hold_kernel_values();
+        return p as u64;
+    }
     match m {
         Map::Array(_) | Map::Hash(_) if is_map_in_map(m) => {
             // SAFETY: lookup of a map-in-map returns its 4-byte id slot.
@@ -381,8 +418,13 @@ unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
     let Some(m) = map_ref(map) else { return EINVAL };
     let mut buf = MaybeUninit::uninit();
     let Some(key) = readable(key, m.spec().key_size, &mut buf) else { return EFAULT };
-    // SAFETY: the key is readable (as in `map_lookup_elem`).
-    match unsafe { m.delete(key) } {
+    let r = match m {
+        // SAFETY: the key is readable (as in `map_lookup_elem`); the run holds its slot.
+        Map::Kernel(k) => unsafe { k.delete(key, current_cpu()) },
+        // SAFETY: the key is readable (as in `map_lookup_elem`).
+        _ => unsafe { m.delete(key) },
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -441,6 +483,14 @@ unsafe extern "C" fn map_lookup_percpu_elem(map: u64, key: u64, cpu: u64, _: u64
     }
     let mut buf = MaybeUninit::uninit();
     let Some(key) = readable(key, m.spec().key_size, &mut buf) else { return 0 };
+    if let Map::Kernel(k) = m {
+        // SAFETY: the key is readable (as in `map_lookup_elem`); the run holds its slot.
+        let p = unsafe { k.lookup(key, current_cpu(), cpu) };
+        if !p.is_null() {
+            crate::context::hold_kernel_values();
+        }
+        return p as u64;
+    }
     // SAFETY: the key is readable (as in `map_lookup_elem`).
     unsafe { m.lookup(key, cpu) as u64 }
 }

@@ -368,7 +368,21 @@ pub fn serve(cmd: i32, attr: *mut u8, size: u32) -> Result<i64, Error> {
         let r = prog::load(&a);
         return match r {
             Err(e) => passthrough::prog_load_refused(&a).ok_or(e),
-            ok => ok,
+            // A tracepoint program the kernel refuses fails here too, with the kernel's log
+            // (the runtime's program goes again).
+            Ok(fd) => match passthrough::kernel_verdict(&a) {
+                Ok(()) => Ok(fd),
+                Err(e) => {
+                    let ours = crate::attach::closing(fd as i32);
+                    // SAFETY: closes the descriptor just returned for the program, not yet
+                    // handed to the loader.
+                    unsafe { crate::sys::raw6(libc::SYS_close, fd, 0, 0, 0, 0, 0) };
+                    if let Some((kind, id)) = ours {
+                        crate::attach::closed(kind, id);
+                    }
+                    Err(e)
+                }
+            },
         };
     }
     match cmd {

@@ -11,8 +11,10 @@
 //! a tracepoint other than a system call's (every tracepoint with `--syscalls kernel`, that
 //! is `USERBPF_SYSCALLS=kernel`) opens the kernel's event, and attaching a program of ours to
 //! a kernel event (LINK_CREATE, `PERF_EVENT_IOC_SET_BPF`) or RAW_TRACEPOINT_OPEN of a name
-//! other than `sys_enter`/`sys_exit` loads the program into the kernel then (its verifier's
-//! refusal is then the attach's error). Kprobe programs attached to a kernel's kprobe event
+//! other than `sys_enter`/`sys_exit` loads the program into the kernel then. The kernel verifies
+//! every tracepoint and raw tracepoint program at its PROG_LOAD already ([`kernel_verdict`]: a
+//! trial load with temporary copies of its maps), so its refusal, with its log, is the
+//! PROG_LOAD's answer, as without userbpf. Kprobe programs attached to a kernel's kprobe event
 //! (kernels with kprobes; this library's uprobe events stay its own) go the same way. A
 //! tracepoint or raw tracepoint program the runtime
 //! refuses (a helper it lacks) but the kernel accepts is the kernel's from its load.
@@ -24,11 +26,27 @@
 //! session map is replaced (`dup3`) by the kernel map's, so from then on the loader's element
 //! operations, `mmap`, `poll` and `epoll` on it are the kernel's own. An array's session map
 //! gets the kernel's values mapped over its own (`userbpf_runtime::kernel_map`), so user-space
-//! programs (in targets' agents) share it without a system call; a map of another kind used
-//! by user-space programs too is refused (its memory cannot be shared). Once a perf event
+//! programs (in targets' agents) share it without a system call; a hash, LRU hash or per-CPU
+//! map is reached by them through `bpf()` (`userbpf_maps::kernel`), which needs
+//! the processes to open it as the kernel's from the start: one that user-space programs
+//! attached before the first kernel program used it is refused, as is a kind that cannot be
+//! shared (ring and perf buffers, queues, LPM tries, maps of maps). The loader holds the kernel maps and
+//! serves their descriptors to the session's processes (`kernel_map::provide`), so processes
+//! without CAP_SYS_ADMIN open them too. Once a perf event
 //! array is the kernel's, `PERF_COUNT_SW_BPF_OUTPUT` events are opened in the kernel, so perf
 //! buffers written by kernel programs are read as on the kernel; ring buffers are maps and
 //! need nothing more.
+//!
+//! **Selecting programs** (`userbpf load --not-load GLOB`, `--side GLOB=kernel|process`; the
+//! environment's `USERBPF_NOT_LOAD_PATTERN` and `USERBPF_SIDES`), by the name the loader gives
+//! at PROG_LOAD (libbpf: the function's name, cut to 15 characters). A program left out is
+//! loaded as an empty program (`r0 = 0; exit`, without its BTF function and line records), so
+//! the loader carries on and its attachments succeed, but it does nothing. A tracepoint or raw
+//! tracepoint program forced to the kernel is loaded there at PROG_LOAD (its verifier's log
+//! in the loader's buffer); attached to a system call tracepoint event this library serves,
+//! it is attached to the kernel's event instead (every process's calls, as in the kernel). A
+//! program of a kind only the kernel runs cannot be forced to the processes (`EINVAL`, saying
+//! so), nor can a tracepoint program attached to an event only the kernel has.
 //!
 //! **Descriptors.** The loader's descriptors of kernel objects are the kernel's: every
 //! command whose object descriptor is not one of ours but a kernel BPF object or perf event
@@ -36,7 +54,7 @@
 
 use std::collections::HashMap;
 use std::mem::offset_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 
 use userbpf_isa::*;
@@ -52,6 +70,10 @@ use crate::sys;
 
 /// `USERBPF_SYSCALLS=kernel`: system call tracepoints run in the kernel.
 pub const SYSCALLS_ENV: &str = "USERBPF_SYSCALLS";
+/// `USERBPF_NOT_LOAD_PATTERN=GLOB[,GLOB...]` (`userbpf load --not-load`): programs left out.
+pub const NOT_LOAD_ENV: &str = "USERBPF_NOT_LOAD_PATTERN";
+/// `USERBPF_SIDES=GLOB=kernel|process[,...]` (`userbpf load --side`): a program's side forced.
+pub const SIDES_ENV: &str = "USERBPF_SIDES";
 
 const BPF_F_MMAPABLE: u32 = 1 << 10;
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
@@ -81,6 +103,74 @@ fn state() -> MutexGuard<'static, State> {
 pub fn syscalls_in_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var(SYSCALLS_ENV).is_ok_and(|v| v == "kernel"))
+}
+
+/// The programs `--not-load` leaves out and the sides `--side` forces (see the module docs).
+struct Selection {
+    not_load: Vec<String>,
+    /// (glob, to the kernel), the last match wins.
+    sides: Vec<(String, bool)>,
+}
+
+fn selection() -> &'static Selection {
+    static SEL: std::sync::OnceLock<Selection> = std::sync::OnceLock::new();
+    SEL.get_or_init(|| {
+        let list = |v: &str| -> Vec<String> {
+            std::env::var(v).unwrap_or_default().split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()
+        };
+        let sides = list(SIDES_ENV)
+            .into_iter()
+            .filter_map(|s| {
+                let (p, side) = s.rsplit_once('=')?;
+                Some((p.to_string(), side == "kernel"))
+            })
+            .collect();
+        Selection { not_load: list(NOT_LOAD_ENV), sides }
+    })
+}
+
+fn glob(pattern: &str, name: &str) -> bool {
+    let (Ok(p), Ok(n)) = (std::ffi::CString::new(pattern), std::ffi::CString::new(name)) else { return false };
+    // SAFETY: both are NUL-terminated strings; fnmatch only reads them.
+    unsafe { libc::fnmatch(p.as_ptr(), n.as_ptr(), 0) == 0 }
+}
+
+/// The side `--side` forces on program `name` (`Some(true)`: the kernel).
+fn forced_side(name: &str) -> Option<bool> {
+    selection().sides.iter().rev().find(|(p, _)| glob(p, name)).map(|(_, k)| *k)
+}
+
+fn prog_name_of(at: &attr::ProgLoad) -> String {
+    let end = at.prog_name.iter().position(|&b| b == 0).unwrap_or(16);
+    String::from_utf8_lossy(&at.prog_name[..end]).into_owned()
+}
+
+/// PROG_LOAD of a program `--not-load` leaves out: the same load with an empty program.
+fn load_empty(a: &Attr) -> Result<i64, Error> {
+    static EMPTY: [u64; 2] = [0x0000_0000_0000_00b7, 0x0000_0000_0000_0095]; // r0 = 0; exit
+    let mut at: attr::ProgLoad = a.view();
+    at.insns = EMPTY.as_ptr() as u64;
+    at.insn_cnt = 2;
+    at.func_info = 0;
+    at.func_info_cnt = 0;
+    at.func_info_rec_size = 0;
+    at.line_info = 0;
+    at.line_info_cnt = 0;
+    at.line_info_rec_size = 0;
+    at.core_relo_cnt = 0;
+    at.core_relos = 0;
+    at.core_relo_rec_size = 0;
+    let mut b = Attr { bytes: a.bytes, user: a.user, size: a.size };
+    let len = std::mem::size_of::<attr::ProgLoad>().min(super::ATTR_SIZE);
+    // SAFETY: ProgLoad is plain data of `len` bytes.
+    let src = unsafe { std::slice::from_raw_parts((&raw const at).cast::<u8>(), len) };
+    b.bytes[..len].copy_from_slice(src);
+    if is_kernel_type(at.prog_type) {
+        // Built from `b.bytes` (the caller's block only gets log_true_size back).
+        prog_load(&b)
+    } else {
+        super::prog::load(&b)
+    }
 }
 
 /// Whether BPF output perf events go to the kernel (a kernel perf event array exists).
@@ -134,10 +224,10 @@ fn kernel_map_id(fd: i32) -> Option<u32> {
 }
 
 /// The session map a converted kernel map descriptor stands for (so that programs of ours
-/// loaded later still reach the session's map): arrays only, whose values the session map
-/// shares; another kind's session copy no longer holds the map's contents, so a user-space
-/// program cannot use it (the loader gets `EBADF` for it, as for a descriptor that is no map
-/// of ours).
+/// loaded later still reach the session's map, which processes open as the kernel's): kinds
+/// that can be shared (`userbpf_runtime::kernel_map::shareable`); another kind's session copy
+/// no longer holds the map's contents, so a user-space program cannot use it (the loader gets
+/// `EBADF` for it, as for a descriptor that is no map of ours).
 pub fn session_map_of(fd: i32) -> Option<u32> {
     if kernel_kind(fd).as_deref() != Some("bpf-map") {
         return None;
@@ -173,15 +263,27 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
     let e = map_by_id(id).map_err(|e| Error::new(e, format!("map {id}")))?;
     let spec = e.map.spec().clone();
     let array = spec.map_type == MapType::BPF_MAP_TYPE_ARRAY;
-    if !array {
-        // Used by a user-space program too? Its memory cannot be shared.
-        let kernel_progs: Vec<u32> = st.progs.keys().copied().chain(st.loading).collect();
-        if let Some(p) = user_programs_of(id, &kernel_progs) {
+    // Used by a user-space program too: it must be a kind the processes can share.
+    let kernel_progs: Vec<u32> = st.progs.keys().copied().chain(st.loading).collect();
+    if let Some(p) = user_programs_of(id, &kernel_progs, false) {
+        if let Err(why) = userbpf_runtime::kernel_map::shareable(spec.map_type as u32) {
             return Err(Error::new(
                 libc::EOPNOTSUPP,
                 format!(
-                    "map {} ({}) is used by user-space program `{p}` and by a kernel program: only arrays can be shared with the kernel",
+                    "map {} ({}) is used by user-space program `{p}` and by a kernel program, and cannot be shared: {why}",
                     spec.name,
+                    spec.map_type.name()
+                ),
+            ));
+        }
+        // Processes running the program already opened the session's copy.
+        if !array && let Some(p) = user_programs_of(id, &kernel_progs, true) {
+            return Err(Error::new(
+                libc::EOPNOTSUPP,
+                format!(
+                    "map {} ({}) is used by user-space program `{p}`, attached before a kernel program used the map: attach the kernel programs first (a {} is shared through bpf(), which processes must know from the start)",
+                    spec.name,
+                    spec.map_type.name(),
                     spec.map_type.name()
                 ),
             ));
@@ -193,6 +295,43 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
             format!("map {}: maps of maps are not passed to the kernel", spec.name),
         ));
     }
+    let kfd = create_like(st, &e)?;
+    let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
+    if userbpf_runtime::kernel_map::shareable(spec.map_type as u32).is_ok() {
+        let session = objects::session()?;
+        session
+            .set_kernel_backing(id, &e.map, kid, kfd.as_fd())
+            .map_err(|err| Error::new(libc::EIO, format!("sharing map {} with the kernel: {err}", spec.name)))?;
+    }
+    if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
+        st.kernel_outputs = true;
+    }
+    // Every descriptor of the loader that names the session map (its file, or for a ring
+    // buffer its poll FIFO) now names the kernel's.
+    let session = objects::session()?;
+    let paths: Vec<std::path::PathBuf> = [session.map_path(id), session.layout().map_poll(id)]
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    let own = e.map.shm().fd().as_raw_fd();
+    for path in &paths {
+        for fd in loader_fds_of(path).into_iter().filter(|&fd| fd != own) {
+            // SAFETY: dup3 only changes descriptor `fd` of this process, which referred to
+            // the session map's file: it now refers to the kernel map instead.
+            unsafe { sys::raw6(libc::SYS_dup3, kfd.as_raw_fd() as i64, fd as i64, libc::O_CLOEXEC as i64, 0, 0, 0) };
+        }
+    }
+    let raw = kfd.as_raw_fd();
+    st.by_kernel_id.insert(kid, id);
+    st.maps.insert(id, (kfd, kid));
+    Ok(raw)
+}
+
+/// A kernel map with the attributes of session map `e` (arrays `BPF_F_MMAPABLE`), holding its
+/// contents (a frozen map frozen).
+fn create_like(st: &mut State, e: &super::MapEntry) -> Result<OwnedFd, Error> {
+    let spec = e.map.spec().clone();
+    let array = spec.map_type == MapType::BPF_MAP_TYPE_ARRAY;
     let btf_fd = kernel_btf(st, e.btf_id)?;
     let mut name = [0u8; 16];
     for (d, s) in name.iter_mut().zip(spec.name.bytes().take(15)) {
@@ -242,35 +381,7 @@ fn kernel_map(st: &mut State, id: u32) -> Result<i32, Error> {
         raw_bpf(super::BPF_MAP_FREEZE, (&raw mut fd).cast(), 4)
             .context(|| format!("freezing map {} in the kernel", spec.name))?;
     }
-    let kid = kernel_map_id(kfd.as_raw_fd()).ok_or_else(|| Error::new(libc::EIO, "the kernel map's id"))?;
-    if array {
-        let session = objects::session()?;
-        session
-            .set_kernel_backing(id, &e.map, userbpf_runtime::kernel_map::KernelBacking { kernel_id: kid })
-            .map_err(|err| Error::new(libc::EIO, format!("sharing map {} with the kernel: {err}", spec.name)))?;
-    }
-    if spec.map_type == MapType::BPF_MAP_TYPE_PERF_EVENT_ARRAY {
-        st.kernel_outputs = true;
-    }
-    // Every descriptor of the loader that names the session map (its file, or for a ring
-    // buffer its poll FIFO) now names the kernel's.
-    let session = objects::session()?;
-    let paths: Vec<std::path::PathBuf> = [session.map_path(id), session.layout().map_poll(id)]
-        .iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .collect();
-    let own = e.map.shm().fd().as_raw_fd();
-    for path in &paths {
-        for fd in loader_fds_of(path).into_iter().filter(|&fd| fd != own) {
-            // SAFETY: dup3 only changes descriptor `fd` of this process, which referred to
-            // the session map's file: it now refers to the kernel map instead.
-            unsafe { sys::raw6(libc::SYS_dup3, kfd.as_raw_fd() as i64, fd as i64, libc::O_CLOEXEC as i64, 0, 0, 0) };
-        }
-    }
-    let raw = kfd.as_raw_fd();
-    st.by_kernel_id.insert(kid, id);
-    st.maps.insert(id, (kfd, kid));
-    Ok(raw)
+    Ok(kfd)
 }
 
 /// Map types whose elements `get_next_key`/`lookup` reach (copied into the kernel's map).
@@ -309,8 +420,8 @@ fn loader_fds_of(path: &std::path::Path) -> Vec<i32> {
 /// A user-space program that uses map `id`: a uprobe/USDT program (type kprobe, not one of
 /// `kernel_progs`, the programs of ours in the kernel), or one attached in the processes (a
 /// link in the session). Tracepoint programs not attached yet may still go to the kernel:
-/// they do not count.
-fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
+/// they do not count. `linked_only`: only programs attached in the processes.
+fn user_programs_of(id: u32, kernel_progs: &[u32], linked_only: bool) -> Option<String> {
     let session = objects::session().ok()?;
     let linked: Vec<u32> = session.links().ok()?.into_iter().map(|l| l.prog_id).collect();
     session
@@ -320,7 +431,7 @@ fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
         .find(|r| {
             r.map_ids.contains(&id)
                 && !kernel_progs.contains(&r.id)
-                && (r.prog_type == "kprobe" || linked.contains(&r.id))
+                && (!linked_only && r.prog_type == "kprobe" || linked.contains(&r.id))
         })
         .map(|r| r.name)
 }
@@ -328,7 +439,12 @@ fn user_programs_of(id: u32, kernel_progs: &[u32]) -> Option<String> {
 /// The instructions with session map references (`BPF_PSEUDO_MAP_IDX[_VALUE]`, imm = id)
 /// or the loader's descriptors (`BPF_PSEUDO_MAP_FD`/`_VALUE`) turned into kernel map
 /// descriptors.
-fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>, Error> {
+fn kernel_insns(
+    st: &mut State,
+    insns: &[Insn],
+    by_id: bool,
+    mut trial: Option<&mut Vec<OwnedFd>>,
+) -> Result<Vec<Insn>, Error> {
     // userbpf's own helpers (io_uring) exist only in user space: name the one the kernel
     // would call `unknown#ID`.
     userbpf_runtime::loader::check_kernel_helpers(insns).map_err(Error::inval)?;
@@ -351,7 +467,21 @@ fn kernel_insns(st: &mut State, insns: &[Insn], by_id: bool) -> Result<Vec<Insn>
                 _ => None,
             };
             if let Some(id) = id {
-                out[i].imm = kernel_map(st, id).context(|| format!("instruction {i}"))?;
+                out[i].imm = match trial.as_deref_mut() {
+                    // A trial load: the kernel map if there is one already, else a temporary
+                    // copy (the session map stays ours).
+                    Some(temps) => match st.maps.get(&id) {
+                        Some((fd, _)) => fd.as_raw_fd(),
+                        None => {
+                            let e = map_by_id(id).map_err(|e| Error::new(e, format!("instruction {i}: map {id}")))?;
+                            let fd = create_like(st, &e).context(|| format!("instruction {i}"))?;
+                            let raw = fd.as_raw_fd();
+                            temps.push(fd);
+                            raw
+                        }
+                    },
+                    None => kernel_map(st, id).context(|| format!("instruction {i}"))?,
+                };
                 out[i].src = if matches!(src, BPF_PSEUDO_MAP_IDX | BPF_PSEUDO_MAP_FD) {
                     BPF_PSEUDO_MAP_FD
                 } else {
@@ -374,6 +504,12 @@ pub fn is_kernel_type(prog_type: u32) -> bool {
 
 /// PROG_LOAD of a kernel program type: the kernel's answer (descriptor, log, errno).
 pub fn prog_load(a: &Attr) -> Result<i64, Error> {
+    prog_load_in(a, None)
+}
+
+/// [`prog_load`]; `trial`: with temporary kernel copies of the session maps it uses (kept in
+/// `trial` for the caller to close), leaving the session maps ours.
+fn prog_load_in(a: &Attr, trial: Option<&mut Vec<OwnedFd>>) -> Result<i64, Error> {
     let mut at: attr::ProgLoad = a.view();
     let n = at.insn_cnt as usize;
     if n == 0 || n > 1_000_000 {
@@ -383,11 +519,14 @@ pub fn prog_load(a: &Attr) -> Result<i64, Error> {
     read_user(at.insns, &mut bytes).context(|| "insns")?;
     let insns = decode(&bytes).map_err(|e| Error::inval(format!("insns: {e}")))?;
     let mut st = state();
-    let insns = kernel_insns(&mut st, &insns, false)?;
+    // A trial that cannot copy what the program uses cannot judge it (EOPNOTSUPP).
+    let is_trial = trial.is_some();
+    let unjudged = |e: Error| if is_trial { Error::new(libc::EOPNOTSUPP, e.to_string()) } else { e };
+    let insns = kernel_insns(&mut st, &insns, false, trial).map_err(unjudged)?;
     let bytes = encode(&insns);
     at.insns = bytes.as_ptr() as u64;
     if let Some(o) = objects::get(at.prog_btf_fd).filter(|o| o.kind == Kind::Btf) {
-        at.prog_btf_fd = kernel_btf(&mut st, o.id)?;
+        at.prog_btf_fd = kernel_btf(&mut st, o.id).map_err(unjudged)?;
     }
     if at.attach_prog_fd != 0 && objects::get(at.attach_prog_fd as i32).is_some_and(|o| o.kind == Kind::Btf) {
         // The kernel's own BTF served by us: vmlinux is 0 for the kernel.
@@ -423,7 +562,7 @@ fn kernel_prog(p: &ProgEntry) -> Result<i32, Error> {
         return Ok(fd.as_raw_fd());
     }
     st.loading = Some(p.id);
-    let insns = kernel_insns(&mut st, &p.insns, true);
+    let insns = kernel_insns(&mut st, &p.insns, true, None);
     st.loading = None;
     let insns = insns?;
     let bytes = encode(&insns);
@@ -518,6 +657,15 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
             let at: attr::LinkCreate = a.view();
             let target = kernel_kind(at.target_fd);
             if kernel_kind(at.prog_fd).is_some() {
+                if let Some(o) = objects::get(at.target_fd).filter(|o| o.kind == Kind::PerfEvent) {
+                    // A program forced to the kernel on a system call tracepoint we serve: the
+                    // kernel's event instead.
+                    return Some(kernel_event_of(o.id).and_then(|ev| {
+                        let mut k = at;
+                        k.target_fd = ev.as_raw_fd();
+                        bpf_on(cmd, &mut k)
+                    }));
+                }
                 return Some(raw_bpf(cmd, a.user as *mut u8, a.size));
             }
             if target.as_deref() == Some("[perf_event]") {
@@ -553,7 +701,23 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
             }))
         }
         super::BPF_PROG_LOAD => {
-            let t = u32::from_ne_bytes(a.bytes[0..4].try_into().expect("4 bytes"));
+            let at: attr::ProgLoad = a.view();
+            let t = at.prog_type;
+            let name = prog_name_of(&at);
+            if selection().not_load.iter().any(|p| glob(p, &name)) {
+                return Some(load_empty(a));
+            }
+            match forced_side(&name) {
+                Some(false) if is_kernel_type(t) => {
+                    return Some(Err(Error::inval(format!(
+                        "program `{name}` is forced to the processes (--side), but programs of type {t} run only in the kernel"
+                    ))));
+                }
+                Some(true) if t == BPF_PROG_TYPE_TRACEPOINT || t == BPF_PROG_TYPE_RAW_TRACEPOINT => {
+                    return Some(prog_load(a));
+                }
+                _ => {}
+            }
             is_kernel_type(t).then(|| prog_load(a))
         }
         _ => {
@@ -562,6 +726,43 @@ pub fn forward(cmd: i32, a: &Attr) -> Option<Result<i64, Error>> {
                 .then(|| raw_bpf(cmd, a.user as *mut u8, a.size))
         }
     }
+}
+
+/// The kernel's tracepoint event for our served event `id` (a system call tracepoint): the
+/// same tracepoint, process (or every process, on CPU 0 as libbpf opens it).
+fn kernel_event_of(id: u32) -> Result<OwnedFd, Error> {
+    let Some(crate::perf_event::Spec::Tracepoint { func, pid }) = crate::perf_event::event_spec(id) else {
+        return Err(Error::inval(format!("perf event {id}: a kernel program attaches only to tracepoint events here")));
+    };
+    let tp_id: u64 = ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(format!("{r}/{func}/id")).ok()?.trim().parse().ok())
+        .ok_or_else(|| Error::new(libc::ENOENT, format!("tracepoint {func}: no id in tracefs")))?;
+    // struct perf_event_attr: type, size, config, sample_period, ...
+    let mut pattr = [0u64; 16];
+    pattr[0] = 2 /* PERF_TYPE_TRACEPOINT */ | (128u64 << 32);
+    pattr[1] = tp_id;
+    pattr[2] = 1;
+    let (p, cpu) = match pid {
+        Some(p) => (p as i64, -1i64),
+        None => (-1, 0),
+    };
+    // SAFETY: perf_event_open reads the 128-byte attribute we own.
+    let fd = unsafe {
+        sys::raw6(
+            libc::SYS_perf_event_open,
+            pattr.as_mut_ptr() as i64,
+            p,
+            cpu,
+            -1,
+            8, /* PERF_FLAG_FD_CLOEXEC */
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::new(-fd as i32, format!("opening tracepoint {func} in the kernel")));
+    }
+    Ok(owned(fd))
 }
 
 /// Runs `f` with the kernel copy of our program `prog_fd`.
@@ -580,8 +781,54 @@ fn with_kernel_prog(prog_fd: i32, f: impl FnOnce(i32) -> Result<i64, Error>) -> 
             p.name, p.prog_type
         )));
     }
+    if forced_side(&p.name) == Some(false) {
+        return Err(Error::inval(format!(
+            "program `{}` is forced to the processes (--side), but its event exists only in the kernel",
+            p.name
+        )));
+    }
     let kfd = kernel_prog(&p)?;
     f(kfd)
+}
+
+/// PROG_LOAD of a tracepoint or raw tracepoint program (not forced to the processes): the
+/// kernel verifies it too, as it would load it without userbpf, so that its refusal comes at
+/// PROG_LOAD with the kernel's log in the loader's buffer (the program may go to the kernel
+/// only when attached). A trial load, with temporary kernel copies of the session maps it
+/// uses; `Err`: the kernel's refusal. Programs calling userbpf's own helpers (which run only
+/// in the processes) are not tried.
+pub fn kernel_verdict(a: &Attr) -> Result<(), Error> {
+    let at: attr::ProgLoad = a.view();
+    if at.prog_type != BPF_PROG_TYPE_TRACEPOINT && at.prog_type != BPF_PROG_TYPE_RAW_TRACEPOINT {
+        return Ok(());
+    }
+    if forced_side(&prog_name_of(&at)) == Some(false) {
+        return Ok(());
+    }
+    let n = at.insn_cnt as usize;
+    if n == 0 || n > 1_000_000 {
+        return Ok(());
+    }
+    let mut bytes = vec![0u8; n * 8];
+    if read_user(at.insns, &mut bytes).is_err() {
+        return Ok(());
+    }
+    let Ok(insns) = decode(&bytes) else { return Ok(()) };
+    if userbpf_runtime::loader::check_kernel_helpers(&insns).is_err() {
+        return Ok(());
+    }
+    let mut temps = Vec::new();
+    let r = prog_load_in(a, Some(&mut temps));
+    drop(temps);
+    match r {
+        Ok(fd) => {
+            drop(owned(fd));
+            Ok(())
+        }
+        // A map the kernel cannot copy (maps of maps, ...): the load decides later.
+        Err(e) if e.errno == libc::EOPNOTSUPP => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A PROG_LOAD of a tracepoint or raw tracepoint program the runtime refused: the kernel's

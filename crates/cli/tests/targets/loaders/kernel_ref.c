@@ -1,7 +1,7 @@
 // The reference of tests/kernel.rs: an object loaded by libbpf into the kernel with every
 // program attached there (the uprobe named on the command line as a kernel uprobe on a
 // private binary), a command run, then the maps with 4-byte keys and 8-byte values printed
-// as "MAP KEY VALUE" lines.
+// as "MAP KEY VALUE" lines (per-CPU maps: the sum over the CPUs).
 //   kernel_ref OBJ UPROBE_PROG BINARY FUNC CMD ARGS...
 #include <errno.h>
 #include <stdio.h>
@@ -50,14 +50,23 @@ int main(int argc, char **argv)
 	fflush(stdout);
 	bpf_object__for_each_map(map, obj) {
 		__u32 key, next;
-		__u64 value;
-		int fd = bpf_map__fd(map), first = 1;
+		__u64 values[1024];
+		int fd = bpf_map__fd(map), first = 1, ncpu = 1;
+		enum bpf_map_type t = bpf_map__type(map);
 		if (bpf_map__key_size(map) != 4 || bpf_map__value_size(map) != 8)
 			continue;
+		if (t == BPF_MAP_TYPE_PERCPU_HASH || t == BPF_MAP_TYPE_PERCPU_ARRAY || t == BPF_MAP_TYPE_LRU_PERCPU_HASH)
+			ncpu = libbpf_num_possible_cpus();
+		if (ncpu < 1 || ncpu > 1024)
+			return 1;
 		while (bpf_map_get_next_key(fd, first ? NULL : &key, &next) == 0) {
 			first = 0;
-			if (bpf_map_lookup_elem(fd, &next, &value) == 0)
-				printf("%s %u %llu\n", bpf_map__name(map), next, (unsigned long long)value);
+			if (bpf_map_lookup_elem(fd, &next, values) == 0) {
+				unsigned long long sum = 0;
+				for (int c = 0; c < ncpu; c++)
+					sum += values[c];
+				printf("%s %u %llu\n", bpf_map__name(map), next, sum);
+			}
 			key = next;
 		}
 	}
