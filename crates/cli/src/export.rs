@@ -697,10 +697,20 @@ fn configured(out: &mut Out, m: &config::Metric, v: &MapView) -> Result<(), Stri
     Ok(())
 }
 
-/// A float as the text format takes it (Rust's shortest form that reads back the same, which
-/// never uses an exponent).
+/// A float as the text format takes it: integers as such, others with 15 significant digits
+/// (`2.55e-7`, not the `2.5500000000000004e-7` that the product of a multiplier can be).
 fn float(x: f64) -> String {
-    format!("{x}")
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        return format!("{}", x as i64);
+    }
+    let s = format!("{x:.14e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let m = if m.contains('.') { m.trim_end_matches('0').trim_end_matches('.') } else { m };
+            format!("{m}e{e}")
+        }
+        None => s,
+    }
 }
 
 /// A log2 histogram map as a Prometheus histogram (see the module's documentation).
@@ -922,6 +932,15 @@ mod tests {
         assert_eq!(sanitize("latency.bss"), "latency_bss");
         assert_eq!(sanitize("9lives"), "_9lives");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn floats_are_short() {
+        assert_eq!(float(255.0 * 1e-9), "2.55e-7");
+        assert_eq!(float(3.0 * 1e-9), "3e-9");
+        assert_eq!(float(1024.0), "1024");
+        assert_eq!(float(0.5), "5e-1");
+        assert_eq!("2.55e-7".parse::<f64>().unwrap(), 255.0 * 1e-9_f64 + 0.0 * 1e-30);
     }
 
     #[test]
