@@ -1,8 +1,9 @@
-//! `userbpf export --listen ADDR [--session NAME]`: a Prometheus endpoint. `GET /metrics`
-//! answers in the Prometheus text format (0.0.4) from the session's maps as they are at the
-//! scrape, read from shared memory as `userbpf map dump` reads them, without stopping the
-//! programs that write them (ebpf_exporter's job, for userbpf's sessions).
+//! `userbpf export --listen ADDR [--session NAME] [--config FILE] [--run-stats]`: a Prometheus
+//! endpoint. `GET /metrics` answers in the Prometheus text format (0.0.4) from the session's
+//! maps as they are at the scrape, read from shared memory as `userbpf map dump` reads them,
+//! without stopping the programs that write them (ebpf_exporter's job, for userbpf's sessions).
 //!
+//! Without a config file, every map by these defaults:
 //! - A map's integer values are gauges named `userbpf_map_NAME` (`NAME` with characters
 //!   Prometheus does not allow turned into `_`; a struct value or a global-data section gives
 //!   one gauge per integer member or variable, `userbpf_map_NAME_MEMBER`), labelled from the
@@ -18,10 +19,34 @@
 //!   largest integer of the slot (2^(k+1) - 1), `+Inf`, `_count`, and `_sum` as the lower
 //!   bound the buckets allow (each count times its slot's smallest value: log2 slots do not
 //!   keep the values themselves).
-//! - userbpf's own: `userbpf_map_entries` and `userbpf_map_max_entries` per map,
-//!   `userbpf_session_processes`, `userbpf_programs`, `userbpf_links`, and the scrape's own
-//!   duration. Program run, miss and error counters live in each process's memory and are not
-//!   in the session yet, so they are not exported.
+//!
+//! With `--config FILE` (see [`config`]), the maps the file names become the metrics it
+//! describes (names, help, counter/gauge/histogram, labels decoded from the key), and the
+//! others are not exported unless it says `other_maps: true`. The file is read and checked
+//! before the exporter listens: a bad one is an error naming the file, the entry and the
+//! problem.
+//!
+//! Always, userbpf's own:
+//! - per program (labels `id`, `program`, `type` as `bpftool prog show` prints them), summed
+//!   over the session's processes, those gone included (their last values are folded into the
+//!   session when they die, see `userbpf_runtime::prog_stats`, so the counters never go down
+//!   while the session lives): `userbpf_program_runs_total` and
+//!   `userbpf_program_run_time_seconds_total` (bpftool's `run_cnt` and `run_time_ns`, counted
+//!   only while the session's run statistics are on: `--run-stats` holds them on while the
+//!   exporter runs, as `kernel.bpf_stats_enabled` does for the kernel's),
+//!   `userbpf_program_misses_total` (runs skipped: recursion on a thread or no CPU slot,
+//!   bpftool's `recursion_misses`), `userbpf_program_errors_total` (runs ended by a fault or an
+//!   out-of-bounds access), and the gauge `userbpf_program_processes` (live processes that
+//!   prepared it). Read from the processes' counters files in the session: no signal, no
+//!   system call and no lock in the programs' processes;
+//! - per map: `userbpf_map_entries`, `userbpf_map_max_entries`, and for perf event arrays
+//!   `userbpf_map_lost_samples_total` (samples dropped because a ring was full);
+//! - `userbpf_session_processes`, `userbpf_programs`, `userbpf_links`,
+//!   `userbpf_run_stats_enabled`, and the scrape's own duration.
+//!
+//! Not exported: the hook engine's process-wide counters (hits skipped because the thread was
+//! already in a handler, return probes dropped on a full shadow stack), which are not per
+//! program and stay in each process.
 //!
 //! The exporter joins the session (creating it if needed, so it can start before the
 //! programs are loaded), which keeps the maps for scrapes after their loader has left.

@@ -529,6 +529,13 @@ mod tests {
     }
 
     #[test]
+    fn the_demo_config_parses() {
+        let c = parse(include_str!("../../../../examples/export/latency.yaml")).unwrap();
+        let names: Vec<&str> = c.metrics.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["app_slowest_call", "app_call_latency_seconds"]);
+    }
+
+    #[test]
     fn decoders_chain() {
         let map = Decoder::StaticMap { table: [("1".to_string(), "one".to_string())].into(), allow_unknown: false };
         assert_eq!(decode(&[Decoder::Uint, map.clone()], &1u32.to_ne_bytes(), String::new()), Ok(Some("one".into())));
