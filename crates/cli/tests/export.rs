@@ -425,3 +425,43 @@ fn bad_config_files_are_refused_with_the_file_the_entry_and_the_problem() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(&missing.display().to_string()));
 }
+
+/// Through `userbpf load`, `bpftool prog show` reports the runs of the session's targets
+/// (those gone included) as the kernel reports a program's runs: what the exporter exports.
+#[test]
+fn bpftool_through_load_shows_the_targets_runs() {
+    let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !userbpf_testutil::require(have("bpftrace") && have("bpftool"), "bpftrace and bpftool") {
+        return;
+    }
+    let session = format!("export-bpftool-{}", std::process::id());
+    let (mut exp, addr) = exporter(&session, &["--run-stats"]);
+    let target = userbpf_testutil::compile_c(&repo("examples/targets/workload.c"), &tmp().join("export/workload"), &[]);
+    let script = format!("uprobe:{}:work {{ @c = count(); }}", target.display());
+    let mut bt = Proc::spawn("bpftrace", {
+        let mut c = userbpf_in(&session);
+        c.args(["load", "--", "bpftrace", "-e", &script]);
+        c
+    });
+    // Attached once the session has the link.
+    let t0 = std::time::Instant::now();
+    while find(&samples(&get(&addr, "/metrics").1), "userbpf_links", &[]) != Some(1.0) {
+        assert!(t0.elapsed().as_secs() < 30, "no link after 30 s: {}", bt.describe());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = userbpf_in(&session).arg("start").arg("--").arg(&target).arg("1000").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = userbpf_in(&session).args(["load", "--", "bpftool", "-j", "prog", "show"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let progs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let work = progs.as_array().unwrap().iter().find(|p| p["name"] == "work").expect("no program `work`");
+    assert_eq!(work["run_cnt"], 1000, "{work}");
+    assert!(work["run_time_ns"].as_u64().is_some_and(|t| t > 0), "{work}");
+    let got = samples(&get(&addr, "/metrics").1);
+    assert_eq!(find(&got, "userbpf_program_runs_total", &[("program", "work")]), Some(1000.0));
+    common::interrupt(&mut bt);
+    bt.wait_exit("SIGINT");
+    assert!(bt.stdout().contains("@c: 1000"), "{}", bt.stdout());
+    exp.signal(libc::SIGINT);
+    assert!(exp.wait_exit("SIGINT").success(), "{}", exp.stderr());
+}
