@@ -424,7 +424,9 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
     for n in notes {
         cache.report(n);
     }
-    programs(&mut out, s);
+    if let Err(e) = programs(&mut out, s) {
+        cache.report(format!("the programs' counters: {e}"));
+    }
     let links = s.links().map(|l| l.len()).unwrap_or(0);
     let members = s.live_members().map(|m| m.len()).unwrap_or(0);
     out.sample("userbpf_links", "gauge", "Links (attachments) in the session.", &[], links);
@@ -447,10 +449,12 @@ fn metrics(s: &Session, cache: &mut Cache) -> String {
 
 /// The programs' counters: from the processes' counters files in the session (see
 /// `userbpf_runtime::prog_stats`), summed per program over the processes live and gone.
-fn programs(out: &mut Out, s: &Session) {
-    let progs = s.progs().unwrap_or_default();
+/// Counters that cannot be read are left out (never exported as zeros: a counter that went
+/// down would look like a reset).
+fn programs(out: &mut Out, s: &Session) -> std::io::Result<()> {
+    let progs = s.progs()?;
     out.sample("userbpf_programs", "gauge", "Programs loaded in the session.", &[], progs.len());
-    let snap = prog_stats::read(s.layout()).unwrap_or_default();
+    let snap = prog_stats::read(s.layout())?;
     out.sample(
         "userbpf_run_stats_enabled",
         "gauge",
@@ -505,6 +509,7 @@ fn programs(out: &mut Out, s: &Session) {
             live,
         );
     }
+    Ok(())
 }
 
 /// A map by the defaults (see the module's documentation).

@@ -100,8 +100,9 @@ static REGION: AtomicUsize = AtomicUsize::new(0);
 static SWITCH: AtomicPtr<AtomicBool> = AtomicPtr::new(std::ptr::null_mut());
 /// The `counters/` directory, NUL-terminated, for the fork handler (leaked when replaced).
 static DIR: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
-/// Device and inode of the session directory bound to (a session made anew is bound again).
-static BOUND: std::sync::Mutex<Option<(u64, u64)>> = std::sync::Mutex::new(None);
+/// Device and inode of the session directory bound to and of this process's counters file
+/// there (a session made anew, or wiped meanwhile, is bound again).
+static BOUND: std::sync::Mutex<Option<(u64, u64, u64)>> = std::sync::Mutex::new(None);
 
 /// The session's run-statistics switch when bound.
 #[inline]
@@ -196,18 +197,21 @@ fn map_file(path: &Path, len: usize) -> io::Result<*mut u8> {
 /// again elsewhere), programs prepared before keep their slots in the first one's files.
 pub fn bind(layout: &Layout) -> io::Result<()> {
     let meta = fs::metadata(layout.dir()).map_err(|e| io_err("reading", layout.dir(), e))?;
-    let key = (meta.dev(), meta.ino());
+    let pid = std::process::id();
+    let start = crate::session::start_time(pid).unwrap_or(0);
+    let path = layout.counters(pid, start);
     let mut bound = BOUND.lock().unwrap_or_else(|e| e.into_inner());
-    if *bound == Some(key) {
+    if let Some((dev, ino, file)) = *bound
+        && (dev, ino) == (meta.dev(), meta.ino())
+        && fs::metadata(&path).is_ok_and(|m| m.ino() == file)
+    {
         return Ok(());
     }
     let dir = layout.counters_dir();
     layout::make_dir(&dir).map_err(|e| io_err("making", &dir, e))?;
-    let pid = std::process::id();
-    let start = crate::session::start_time(pid).unwrap_or(0);
     let switch = map_file(&layout.counters_switch(), SWITCH_BYTES)?;
-    let path = layout.counters(pid, start);
     let base = map_file(&path, FILE_BYTES)?;
+    let file = fs::metadata(&path).map_err(|e| io_err("reading", &path, e))?.ino();
     // SAFETY: `base` is a mapping of FILE_BYTES that starts with the header's atomics.
     let h = unsafe { &*(base as *const Header) };
     if h.magic.load(Ordering::Relaxed) != MAGIC {
@@ -221,7 +225,7 @@ pub fn bind(layout: &Layout) -> io::Result<()> {
     let _ = old; // leaked: the fork handler may be reading it.
     SWITCH.store(switch.cast(), Ordering::Release);
     REGION.store(base as usize, Ordering::Release);
-    *bound = Some(key);
+    *bound = Some((meta.dev(), meta.ino(), file));
     static AT_FORK: std::sync::Once = std::sync::Once::new();
     // SAFETY: registers a child handler that only makes system calls on memory it owns (see
     // `remap_in_child`).
