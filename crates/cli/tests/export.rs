@@ -322,6 +322,11 @@ metrics:
       map: hist
       bucket_type: log2
       bucket_multiplier: 0.000000001
+    - name: slots
+      help: The same map, its slot numbers as linear buckets of width 2.
+      map: hist
+      bucket_type: linear
+      bucket_multiplier: 2
 ",
     )
     .unwrap();
@@ -350,12 +355,16 @@ metrics:
         });
         if let Some(b) = bucket {
             assert_eq!(b.2, cum, "bucket le={le}:\n{body}");
+            // Linear: slot k is [2k, 2k + 2).
+            let le = (2 * (slot + 1)).to_string();
+            assert_eq!(find(&got, "lat_slots_bucket", &[("le", &le)]), Some(cum), "slots le={le}:\n{body}");
         } else {
             // Buckets stop at the last non-empty slot.
             assert_eq!(cum, 300.0 * 1000.0, "slot {slot} missing:\n{body}");
         }
     }
     assert_eq!(find(&got, "lat_latency_seconds_count", &[]), Some(300.0 * 1000.0), "{body}");
+    assert_eq!(find(&got, "lat_slots_count", &[]), Some(300.0 * 1000.0), "{body}");
     assert_eq!(find(&got, "lat_latency_seconds_bucket", &[("le", "+Inf")]), Some(300.0 * 1000.0), "{body}");
     assert!(
         find(&got, "lat_latency_seconds_sum", &[]).is_some_and(|s| s > 0.0 && s < 300.0 * 1000.0 * 66e-6),
