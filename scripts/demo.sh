@@ -87,3 +87,12 @@ addr=$(sed -n 's|.*http://\([^/]*\)/metrics.*|\1|p' "$d/export.out")
 python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics").read().decode(), end="")' "$addr" | grep -E '^(# TYPE )?userbpf_(map_(slowest|latency_bss_calls|hist)[ {]|map_hist_(count|bucket\{le="(4095|\+Inf)")|programs )'
 kill -INT "$exporter"
 wait "$exporter"
+echo "== userbpf export --config examples/export/latency.yaml --run-stats: metrics named by a config file, and the programs' run counters"
+"$u" --session "$s" export --listen 127.0.0.1:0 --config examples/export/latency.yaml --run-stats > "$d/export2.out" &
+exporter=$!
+for _ in $(seq 100); do grep -q /metrics "$d/export2.out" 2>/dev/null && break; sleep 0.05; done
+"$u" --session "$s" prog run target/bpf/latency.bpf.o --repeat 10 > /dev/null
+addr=$(sed -n 's|.*http://\([^/]*\)/metrics.*|\1|p' "$d/export2.out")
+python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics").read().decode(), end="")' "$addr" | grep -E '^(# TYPE )?(app_slowest_call[ {]|app_call_latency_seconds |app_call_latency_seconds_(count|bucket\{le="(4.095e-6|\+Inf)")|userbpf_program_(runs|run_time_seconds|errors)_total[ {])'
+kill -INT "$exporter"
+wait "$exporter"

@@ -501,6 +501,10 @@ impl Agent {
             None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
         };
         let cpus_stamp = FileStamp::of(&session.layout().cpus(), true);
+        // The programs' run statistics go to the session, where `userbpf export` reads them.
+        if let Err(e) = userbpf_runtime::prog_stats::bind(session.layout()) {
+            log(&format!("run statistics stay in this process: {e}"));
+        }
         let engine =
             if std::env::var(INTERPRETER_ENV).is_ok_and(|v| v == "1") { Engine::Interpreter } else { Engine::Jit };
         detach::before_guard();

@@ -105,6 +105,8 @@ fn run_prog(session: &str, args: RunArgs) -> Result<()> {
     };
     let s = Session::open(session).with_context(|| format!("opening session {session}"))?;
     let slots = Arc::new(CpuSlots::open(&s.layout().cpus())?);
+    // Its runs count in the session's run statistics, as a target's do (`userbpf export`).
+    userbpf_runtime::prog_stats::bind(s.layout())?;
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let only = [name.clone()];
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: Some(&only) };

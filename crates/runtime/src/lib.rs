@@ -7,6 +7,7 @@ pub mod crash;
 pub mod helpers;
 pub mod kernel_map;
 pub mod loader;
+pub mod prog_stats;
 pub mod program;
 pub mod program_table;
 pub mod session;

@@ -209,8 +209,11 @@ impl Relocator for Resolve<'_> {
 }
 
 /// Run statistics. `run_cnt` and `run_time_ns` are kept only while [`set_stats_enabled`] is
-/// on, as the kernel keeps them only with `kernel.bpf_stats_enabled`.
+/// on, or the session's switch (see [`crate::prog_stats`]), as the kernel keeps them only with
+/// `kernel.bpf_stats_enabled`. In a process bound to a session they live in its counters file
+/// in the session (`crate::prog_stats`), where `userbpf export` reads them.
 #[derive(Default, Debug)]
+#[repr(C)]
 pub struct RunStats {
     pub run_cnt: AtomicU64,
     pub run_time_ns: AtomicU64,
@@ -227,7 +230,7 @@ pub struct LoadedProgram {
     interp: Interpreter,
     jit: Option<JitProgram>,
     slots: Arc<CpuSlots>,
-    pub stats: RunStats,
+    pub stats: crate::prog_stats::StatsRef,
 }
 
 impl LoadedProgram {
@@ -258,7 +261,7 @@ impl LoadedProgram {
             interp: Interpreter::new(prog),
             jit,
             slots,
-            stats: RunStats::default(),
+            stats: crate::prog_stats::slot(id, name),
         })
     }
 
@@ -397,7 +400,7 @@ impl LoadedProgram {
             }
         };
         let cpu = guard.cpu();
-        let r = if STATS_ENABLED.load(Ordering::Relaxed) {
+        let r = if counting() {
             self.run_counted(ctx as u64, ctx_len as u64, cpu)
         } else {
             self.execute(ctx as u64, ctx_len as u64, cpu)
@@ -435,10 +438,22 @@ pub fn stats_enabled() -> bool {
     STATS_ENABLED.load(Ordering::Relaxed)
 }
 
+/// Whether runs are counted now: this process's switch or its session's.
+#[inline]
+fn counting() -> bool {
+    STATS_ENABLED.load(Ordering::Relaxed)
+        || crate::prog_stats::session_switch().is_some_and(|s| s.load(Ordering::Relaxed))
+}
+
 /// The byte that is non-zero while runs are counted (see
-/// [`LoadedProgram::native_entry`]): for generated code that checks it on each hit.
+/// [`LoadedProgram::native_entry`]): for generated code that checks it on each hit. In a
+/// process bound to a session (`crate::prog_stats::bind`), the session's switch, which
+/// `userbpf export --run-stats` turns on; else this process's ([`set_stats_enabled`]).
 pub fn stats_gate() -> *const u8 {
-    STATS_ENABLED.as_ptr() as *const u8
+    match crate::prog_stats::session_switch() {
+        Some(s) => s.as_ptr() as *const u8,
+        None => STATS_ENABLED.as_ptr() as *const u8,
+    }
 }
 
 fn monotonic_ns() -> u64 {

@@ -237,7 +237,13 @@ impl Session {
 
     fn wipe(&self) -> io::Result<()> {
         for d in self.layout.wiped() {
-            for e in fs::read_dir(&d)? {
+            let entries = match fs::read_dir(&d) {
+                Ok(rd) => rd,
+                // `counters/` is made by the first process that runs programs.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            for e in entries {
                 let p = e?.path();
                 if p.is_dir() {
                     fs::remove_dir_all(&p)?;
@@ -595,7 +601,7 @@ pub struct SessionInfo {
 
 /// Whether process `pid` has exited and waits to be reaped (a zombie whose threads are all
 /// gone: a main thread that called pthread_exit shows as a zombie while other threads run).
-fn exited(pid: u32) -> bool {
+pub(crate) fn exited(pid: u32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
     let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
     matches!(state, Some("Z" | "X")) && fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |rd| rd.count() <= 1)

@@ -32,6 +32,11 @@
 //!   trace_pipe              bpf_trace_printk's ring
 //!   cpus                    the CPU slots of the session's processes
 //!   stats                   the file BPF_ENABLE_STATS' descriptor opens
+//!   counters/PID.START      run statistics of the programs process PID runs (see `prog_stats`)
+//!   counters/switch         the session's run-statistics switch (a byte every process maps)
+//!   counters/hold-PID.START a process that wants runs counted (`userbpf export --run-stats`)
+//!   counters/retired.json   the totals of processes gone, folded from their files
+//!   counters/lock           flock'ed while files are folded or holders change
 //! ```
 
 use std::ffi::OsStr;
@@ -80,8 +85,8 @@ impl Layout {
 
     /// The subdirectories whose contents a wipe (of a session whose members are all gone)
     /// removes.
-    pub(crate) fn wiped(&self) -> [PathBuf; 4] {
-        [self.maps_dir(), self.progs_dir(), self.btf_dir(), self.links_dir()]
+    pub(crate) fn wiped(&self) -> [PathBuf; 5] {
+        [self.maps_dir(), self.progs_dir(), self.btf_dir(), self.links_dir(), self.counters_dir()]
     }
 
     fn at(&self, parts: &[&dyn AsRef<OsStr>]) -> PathBuf {
@@ -326,6 +331,35 @@ impl Layout {
     pub fn stats(&self) -> PathBuf {
         self.at(&[&"stats"])
     }
+    /// `counters/`: the programs' run statistics (see `crate::prog_stats`).
+    pub fn counters_dir(&self) -> PathBuf {
+        self.at(&[&"counters"])
+    }
+    /// `counters/PID.START`: the run statistics of process `pid` started at `start`.
+    pub fn counters(&self, pid: u32, start: u64) -> PathBuf {
+        self.at(&[&"counters", &format!("{pid}.{start}")])
+    }
+    /// The pid and start time of a `counters/` file name of a process (`PID.START`).
+    pub fn parse_counters(name: &str) -> Option<(u32, u64)> {
+        let (pid, start) = name.split_once('.')?;
+        Some((pid.parse().ok()?, start.parse().ok()?))
+    }
+    /// `counters/switch`.
+    pub fn counters_switch(&self) -> PathBuf {
+        self.at(&[&"counters", &"switch"])
+    }
+    /// `counters/hold-PID.START`.
+    pub fn counters_hold(&self, pid: u32, start: u64) -> PathBuf {
+        self.at(&[&"counters", &format!("hold-{pid}.{start}")])
+    }
+    /// `counters/retired.json`.
+    pub fn counters_retired(&self) -> PathBuf {
+        self.at(&[&"counters", &"retired.json"])
+    }
+    /// `counters/lock`.
+    pub fn counters_lock(&self) -> PathBuf {
+        self.at(&[&"counters", &"lock"])
+    }
 
     /// Whether a top-level entry survives the exit of the session's last process while
     /// agents of that process may still watch it (see the syscall server's leave at exit).
@@ -380,6 +414,9 @@ mod tests {
         assert_eq!(l.pin(b"sys/fs/bpf/a"), l.pin(b"/sys/fs/bpf/a"));
         assert_eq!(Layout::parse_member("1.2.3"), Some((1, 2)));
         assert_eq!(Layout::parse_attach_report("4.5"), Some((4, 5)));
+        assert_eq!(Layout::parse_counters("12.34"), Some((12, 34)));
+        assert_eq!(Layout::parse_counters("hold-12.34"), None);
+        assert_eq!(Layout::parse_counters("retired.json"), None);
         assert_eq!(temp_beside(&l.links_gen()).parent(), Some(l.links_dir().as_path()));
     }
 }

@@ -247,14 +247,21 @@ fn prog_info(a: &Attr, fd: i32) -> Result<i64, i32> {
     v.jited_line_info_rec_size = 0;
     v.nr_prog_tags = 1;
     copy_array(u.prog_tags, u.nr_prog_tags, &p.tag, 8)?;
-    // Run statistics of runs in this process (targets keep their own).
-    let (run_ns, run_cnt, misses) = match userbpf_runtime::program_table::get(p.id) {
+    // Run statistics: the session's processes' (the targets', those gone included, see
+    // `userbpf_runtime::prog_stats`) plus this process's own runs, which stay here.
+    let (mut run_ns, mut run_cnt, mut misses) = match userbpf_runtime::program_table::get(p.id) {
         Some(lp) => {
             use std::sync::atomic::Ordering::Relaxed;
             (lp.stats.run_time_ns.load(Relaxed), lp.stats.run_cnt.load(Relaxed), lp.stats.missed.load(Relaxed))
         }
         None => (0, 0, 0),
     };
+    if let Ok(session) = objects::session()
+        && let Ok(snap) = userbpf_runtime::prog_stats::read(session.layout())
+        && let Some(t) = snap.totals().get(&p.id)
+    {
+        (run_ns, run_cnt, misses) = (run_ns + t.run_time_ns, run_cnt + t.run_cnt, misses + t.missed);
+    }
     (v.run_time_ns, v.run_cnt, v.recursion_misses) = (run_ns, run_cnt, misses);
     v.verified_insns = p.insns.len() as u32;
     v.attach_btf_obj_id = 0;
@@ -571,6 +578,10 @@ pub fn enable_stats(a: &Attr) -> Result<i64, Error> {
     }
     userbpf_runtime::program::set_stats_enabled(true);
     let session = objects::session()?;
+    // The targets count too, while this loader lives (the kernel's stay on while the
+    // descriptor is open; the session's hold is let go when this process is gone).
+    let hold = userbpf_runtime::prog_stats::hold_run_stats(session.layout()).map_err(|e| io_errno(&e))?;
+    std::mem::forget(hold);
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
