@@ -647,9 +647,7 @@ mod tests {
             let workers: Vec<u64> = std::fs::read_dir("/proc/self/task")
                 .unwrap()
                 .flatten()
-                .filter(|t| {
-                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("iou-wrk-"))
-                })
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("iou-wrk-")))
                 .filter_map(|t| slice_of(t.file_name().to_string_lossy().parse().ok()?))
                 .collect();
             assert!(!workers.is_empty(), "no io-wq worker after an fdatasync");
