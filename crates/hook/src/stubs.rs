@@ -1114,3 +1114,38 @@ pub(crate) fn site_stub(
     }
     a.assemble(ip)
 }
+
+/// The stub shared by the rewritten system call sites of `crate::rewrite`, assembled for
+/// address `ip`. A site's trampoline reaches it with `lea rsp,[rsp-128]` (over the red zone)
+/// and a `call`, so `[rsp]` is the site's data (the return address, never returned to):
+///
+/// ```text
+/// lea rsp,[rsp-168]              ; struct pt_regs at rsp, data at +168
+/// every GPR and the flags (pushfq) into it
+/// rbx = regs ; full FP save       ; inside a function: anything may be live
+/// dispatch(regs, data) -> rax    ; where to resume: after the `syscall`, or at it
+/// [rbx+168] = rax
+/// FP restore ; flags (popfq) and every GPR back from pt_regs (the call's result in rax)
+/// r11 = [rsp+168] ; rsp back over the frame, the data slot and the red zone ; jmp r11
+/// ```
+///
+/// `r11` (and `rcx`) are the registers the `syscall` instruction clobbers itself, so the
+/// program keeps nothing in them across the site; the dispatcher puts in `rcx` what the
+/// kernel would (the address after the `syscall`).
+pub(crate) fn syscall_common(ip: u64, fp: FpSave, dispatch: u64) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
+    save_gprs_f(&mut a, true)?;
+    fp_save(&mut a, fp, SaveKind::Full)?;
+    a.mov(rdi, rbx)?;
+    a.mov(rsi, qword_ptr(rbx + PT_REGS_SIZE))?;
+    a.mov(rax, dispatch)?;
+    a.call(rax)?;
+    a.mov(qword_ptr(rbx + PT_REGS_SIZE), rax)?;
+    fp_restore(&mut a, fp, SaveKind::Full)?;
+    restore_gprs_f(&mut a, true)?;
+    a.mov(r11, qword_ptr(rsp + PT_REGS_SIZE))?;
+    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8 + 128)))?;
+    a.jmp(r11)?;
+    a.assemble(ip)
+}

@@ -475,7 +475,6 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     // The program's call, or userbpf's own (probes off on this thread: no callbacks).
     let traced = run_callbacks(|c| (c.enter)(&regs));
-    let mut buf = 0u64;
     let ret = match nr as i64 {
         libc::SYS_rt_sigreturn => {
             // Run it at the page's `syscall` with the registers it was made with.
@@ -487,6 +486,9 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             None
         }
         libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => {
+            if new_thread(args[0]) && args[0] & libc::CLONE_SETTLS as u64 != 0 && crate::thread::probes_off() {
+                crate::thread::expect_ours(args[4] as usize);
+            }
             rerun_at_stub(uc, nr, new_thread(args[0]), traced)
         }
         libc::SYS_clone3 => {
@@ -498,6 +500,15 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
                 // the program's own call, as with the kernel's EFAULT).
                 unsafe { (args[0] as *const u64).read_unaligned() }
             };
+            // struct clone_args: tls at byte 56 (size at least 64 when given).
+            if new_thread(flags)
+                && flags & libc::CLONE_SETTLS as u64 != 0
+                && args[1] >= 64
+                && crate::thread::probes_off()
+            {
+                // SAFETY: as above, the program's struct of args[1] >= 64 bytes.
+                crate::thread::expect_ours(unsafe { ((args[0] + 56) as *const u64).read_unaligned() } as usize);
+            }
             rerun_at_stub(uc, nr, new_thread(flags), traced)
         }
         libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),
@@ -517,43 +528,7 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             }
             Some(r)
         }
-        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => Some(raw_sigsys_action(args)),
-        libc::SYS_rt_sigaction if args[1] != 0 && args[3] == 8 => {
-            // A handler's mask blocking SIGSYS would make any dispatched call of that handler
-            // kill the process: the kernel gets a copy without it.
-            let mut k = [0u64; 4];
-            // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
-            // which the kernel would read; a bad pointer faults in the program's own call.
-            unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
-            k[3] &= !(1u64 << (libc::SIGSYS - 1));
-            args[1] = k.as_ptr() as u64;
-            Some(raw(nr, args))
-        }
-        libc::SYS_rt_sigsuspend => {
-            args[0] = mask_without_sigsys(args[0], &mut buf);
-            Some(raw(nr, args))
-        }
-        libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
-            let i = if nr as i64 == libc::SYS_ppoll { 3 } else { 4 };
-            args[i] = mask_without_sigsys(args[i], &mut buf);
-            Some(raw(nr, args))
-        }
-        libc::SYS_pselect6 if args[5] != 0 => {
-            // SAFETY: the program's `{ const sigset_t *ss; size_t len }` for the kernel.
-            let mut d = unsafe { (args[5] as *const [u64; 2]).read_unaligned() };
-            d[0] = mask_without_sigsys(d[0], &mut buf);
-            args[5] = &d as *const [u64; 2] as u64;
-            Some(raw(nr, args))
-        }
-        libc::SYS_fork | libc::SYS_clone => {
-            let r = raw(nr, args);
-            if r == 0 && ENABLED.load(SeqCst) {
-                // The child: dispatch is not inherited.
-                set_dispatch(true);
-            }
-            Some(r)
-        }
-        _ => Some(raw(nr, args)),
+        _ => Some(call_as_program(nr, &mut args)),
     };
     if let Some(ret) = ret {
         // SAFETY: the result goes into the saved rax of this thread's signal frame.
@@ -564,6 +539,92 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
         }
     }
     // SAFETY: restoring this thread's errno.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Makes system call `nr` for the program (from the page, so that it never traps), with what
+/// dispatch changes for every call: `SIGSYS` kept out of the masks and handlers given to the
+/// kernel, a `SIGSYS` handler recorded instead of installed, dispatch turned on in a forked
+/// child. Not for the calls that need the program's own stack or signal frame (see
+/// `on_sigsys` and [`needs_dispatch`]). Returns the result (`-errno` on failure).
+fn call_as_program(nr: u64, args: &mut [u64; 6]) -> i64 {
+    let mut buf = 0u64;
+    match nr as i64 {
+        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => raw_sigsys_action(*args),
+        libc::SYS_rt_sigaction if args[1] != 0 && args[3] == 8 => {
+            // A handler's mask blocking SIGSYS would make any dispatched call of that handler
+            // kill the process: the kernel gets a copy without it.
+            let mut k = [0u64; 4];
+            // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
+            // which the kernel would read; a bad pointer faults in the program's own call.
+            unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
+            k[3] &= !(1u64 << (libc::SIGSYS - 1));
+            args[1] = k.as_ptr() as u64;
+            raw(nr, *args)
+        }
+        libc::SYS_rt_sigsuspend => {
+            args[0] = mask_without_sigsys(args[0], &mut buf);
+            raw(nr, *args)
+        }
+        libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let i = if nr as i64 == libc::SYS_ppoll { 3 } else { 4 };
+            args[i] = mask_without_sigsys(args[i], &mut buf);
+            raw(nr, *args)
+        }
+        libc::SYS_pselect6 if args[5] != 0 => {
+            // SAFETY: the program's `{ const sigset_t *ss; size_t len }` for the kernel.
+            let mut d = unsafe { (args[5] as *const [u64; 2]).read_unaligned() };
+            d[0] = mask_without_sigsys(d[0], &mut buf);
+            args[5] = &d as *const [u64; 2] as u64;
+            raw(nr, *args)
+        }
+        libc::SYS_fork | libc::SYS_clone => {
+            let r = raw(nr, *args);
+            if r == 0 && ENABLED.load(SeqCst) {
+                // The child: dispatch is not inherited.
+                set_dispatch(true);
+            }
+            r
+        }
+        _ => raw(nr, *args),
+    }
+}
+
+/// The calls a rewritten site (`crate::rewrite`) leaves to dispatch, made from the site's
+/// own `syscall` instruction (which traps): those that need the program's stack and
+/// registers as at the instruction, or its signal frame (`rt_sigreturn`; `clone`, `clone3`,
+/// `vfork` and `fork`, whose child returns where the parent called).
+pub(crate) fn needs_dispatch(nr: u64) -> bool {
+    matches!(nr as i64, libc::SYS_rt_sigreturn | libc::SYS_clone | libc::SYS_clone3 | libc::SYS_vfork | libc::SYS_fork)
+}
+
+/// A system call reached through a rewritten site (`crate::rewrite`), as [`on_sigsys`] makes
+/// a dispatched one but without the signal: `regs` are the registers at the site's `syscall`
+/// (`orig_ax` = the number); the enter callbacks run (unless probes are off on this thread),
+/// the call is made from the page, `regs.ax` gets its result and the exit callbacks run.
+/// `rt_sigprocmask` is made for real, with `SIGSYS` kept out of the set (no frame to apply it
+/// to). Never a call of [`needs_dispatch`].
+pub(crate) fn site_call(regs: &mut PtRegs) {
+    // SAFETY: this thread's errno, restored before returning (the program's call sets it
+    // itself from the result).
+    let errno = unsafe { *libc::__errno_location() };
+    let nr = regs.orig_ax;
+    let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
+    regs.ax = (-(libc::ENOSYS as i64)) as u64;
+    let traced = ENABLED.load(Relaxed) && run_callbacks(|c| (c.enter)(regs));
+    let ret = match nr as i64 {
+        libc::SYS_rt_sigprocmask if args[1] != 0 && args[0] as i32 != libc::SIG_UNBLOCK => {
+            let mut buf = 0u64;
+            args[1] = mask_without_sigsys(args[1], &mut buf);
+            raw(nr, args)
+        }
+        _ => call_as_program(nr, &mut args),
+    };
+    regs.ax = ret as u64;
+    if traced {
+        run_callbacks(|c| (c.exit)(regs));
+    }
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -830,13 +891,30 @@ pub fn enable() -> Result<(), String> {
         set_dispatch(true);
     }
     broadcast();
+    // libc's own sites at a function call's cost; what is not rewritten stays with dispatch.
+    let r = crate::rewrite_libc().map(|_| ());
+    *REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()) = r.err();
     Ok(())
+}
+
+/// Why libc's system call sites could not be rewritten at the last [`enable`] (they are then
+/// all left to dispatch).
+static REWRITE_ERR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why the last [`enable`] could not rewrite libc's system call sites (`crate::rewrite`), if
+/// it could not (every call then goes through dispatch, as before).
+pub fn rewrite_error() -> Option<String> {
+    REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Turns dispatch off in every thread.
 pub fn disable() {
     if !ENABLED.swap(false, SeqCst) {
         return;
+    }
+    // Calls through a site being given back meanwhile run no callbacks (`site_call`).
+    if let Err(e) = crate::unrewrite_libc() {
+        *REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
     }
     set_dispatch(false);
     broadcast();

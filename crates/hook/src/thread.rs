@@ -395,12 +395,42 @@ fn current_registered() -> *mut ThreadState {
 pub fn mark_thread_ours() -> bool {
     let st = current_registered();
     crate::sud::leave_this_thread();
+    let k = thread_key();
+    for s in &OURS_PENDING {
+        let _ = s.compare_exchange(k, 0, AcqRel, Relaxed);
+    }
     if st.is_null() {
         return false;
     }
     // SAFETY: this thread's state, only written by this thread.
     unsafe { (*st).in_handler = OURS_FOREVER };
     true
+}
+
+/// Threads userbpf is creating (a `clone`/`clone3` made with probes off), by their TCB
+/// address (the `tls` they are given, `fs:[0]` once they run), until they mark themselves
+/// ours: their first calls in glibc's `start_thread` (`rseq`, `set_robust_list`,
+/// `rt_sigprocmask`) come before their start routine and must not be seen either (libc's
+/// rewritten system call sites run on them; dispatch itself is off there).
+static OURS_PENDING: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+
+/// Records that the thread about to be made with TCB `tcb` is userbpf's (see
+/// [`OURS_PENDING`]); with every slot taken the oldest record is replaced.
+pub(crate) fn expect_ours(tcb: usize) {
+    if tcb == 0 {
+        return;
+    }
+    for s in &OURS_PENDING {
+        if s.compare_exchange(0, tcb, AcqRel, Relaxed).is_ok() {
+            return;
+        }
+    }
+    OURS_PENDING[0].store(tcb, Release);
+}
+
+fn pending_ours() -> bool {
+    let k = thread_key();
+    OURS_PENDING.iter().any(|s| s.load(Acquire) == k)
 }
 
 /// Whether the calling thread is one of userbpf's own ([`mark_thread_ours`]).
@@ -453,7 +483,8 @@ pub fn ours() -> Ours {
 pub(crate) fn enter_guard() -> Option<Ours> {
     let st = lookup();
     if st.is_null() {
-        return Some(Ours { st, prev: 0 });
+        // A thread userbpf is starting, before it marks itself ours, has no state yet.
+        return if pending_ours() { None } else { Some(Ours { st, prev: 0 }) };
     }
     // SAFETY: this thread's live state.
     if unsafe { (*st).in_handler } != 0 {

@@ -1,0 +1,541 @@
+//! System calls of libc at the cost of a function call: while system call dispatch is on
+//! (`sud`, a system call tracepoint attached), libc's `syscall` sites are rewritten into jumps
+//! to per-site trampolines that run the programs and make the call without a signal.
+//!
+//! ## Which sites
+//! libc's executable `PT_LOAD` segments are decoded (iced-x86, a linear sweep of the file's
+//! bytes, which holds only code in glibc) and every `syscall` instruction whose preceding
+//! instruction is at least five bytes long and falls through into it is a site: glibc 2.36
+//! has 526 `syscall`s, 436 of them right after `mov eax, NR` (five bytes: `getpid`,
+//! `__close_nocancel`, the `openat` of `fopen`, `read`, `write`...), and the generic
+//! `syscall()` ends with `mov r9, [rsp+8]; syscall`. That instruction (the *window*) becomes
+//! a `jmp rel32` to the site's trampoline; the `syscall` itself stays where it is. So:
+//! * no branch can land inside the patch: it replaces one whole instruction (a branch to its
+//!   start goes through the trampoline, a branch to the `syscall` runs the original one);
+//! * a thread blocked in the call when the site is rewritten, or one the kernel restarts
+//!   (`-ERESTARTSYS` with `SA_RESTART`, `restart_syscall`: the kernel moves `rip` back onto
+//!   the `syscall`), runs the original `syscall`, which dispatch handles;
+//! * sites whose number is known (`mov eax, NR`) and is `rt_sigreturn`, `clone`, `clone3`,
+//!   `vfork` or `fork` are left to dispatch (`sud::needs_dispatch`: they need the program's
+//!   stack and registers at the instruction, or its signal frame); a site whose number is
+//!   only known when it runs (`syscall()`) sends those calls to its own `syscall`.
+//!
+//! Not rewritten (left to dispatch, each call a `SIGSYS`): the other 90 `syscall`s of glibc
+//! 2.36, whose preceding instruction is shorter than five bytes (the `futex` calls of the
+//! lock code, `mov eax, r8d; syscall` in the cancellable wrappers' slow paths, ...): taking
+//! more instructions needs the branch targets of the whole function, jump tables included,
+//! which a stripped libc does not give; every other object (the executable, other libraries,
+//! the dynamic loader, JIT code); and a window that overlaps a probe of the hook's (the probe
+//! keeps its place, the site is left to dispatch). A probe attached later over a rewritten
+//! window takes it back (`yield_range`).
+//!
+//! ## The trampoline
+//! ```text
+//! tramp:  <the window's instruction, relocated>  ; e.g. mov eax, NR
+//!         lea rsp,[rsp-128]                       ; over the red zone
+//!         call syscall_common                     ; [rsp] = the site's data
+//! data:   .quad after_syscall, syscall_addr
+//! ```
+//! `stubs::syscall_common` saves every register and the whole FP state, and calls
+//! [`dispatch`], which runs the enter programs, makes the call from dispatch's page (the one
+//! range dispatch allows) and runs the exit programs (`sud::site_call`: the same rules as a
+//! dispatched call, the agent's own calls never seen), then resumes after the `syscall` with
+//! the result in `rax` (`rcx` = that address, as the kernel leaves it; `r11` clobbered, as by
+//! `syscall`). Signals arriving during the call run the program's handlers as usual, their
+//! calls traced; a restarted call restarts at the page's `syscall`.
+//!
+//! ## Patching
+//! The windows are written with the hook's live-patching protocol (`patch`), batched over
+//! every site: `int3` on each first byte, a broadcast, the four other bytes, a broadcast, the
+//! `jmp` opcodes. A thread meeting an `int3` meanwhile goes to the trampoline (the site is
+//! registered with the `SIGTRAP` handler). [`remove`] (the last system call tracepoint
+//! detached, `userbpf detach`) writes the original bytes back the same way; trampolines stay
+//! mapped (a thread may be inside one, blocked in its call) and are reused by the next
+//! [`apply`]. A forked child keeps the rewritten text and its trampolines.
+//!
+//! `USERBPF_SYSCALL_REWRITE=0` (read at each [`apply`]) leaves every site to dispatch (for
+//! comparisons).
+
+use std::sync::Mutex;
+
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
+
+use crate::{PtRegs, patch, stubs};
+
+/// A rewritten site's data, right after its trampoline's `call` (its return address).
+#[repr(C)]
+struct SiteData {
+    /// The address after the `syscall`: where the call returns.
+    back: u64,
+    /// The `syscall` instruction: where a call left to dispatch goes.
+    sys: u64,
+}
+
+struct Site {
+    /// The window: the instructions before the `syscall`.
+    at: usize,
+    len: usize,
+    orig: [u8; MAX_WINDOW],
+    /// Where a thread between two of the window's instructions is moved (see `patch`):
+    /// offset in the window, address in the trampoline. Empty for one instruction.
+    fix: Vec<(usize, usize)>,
+    jmp: [u8; 5],
+    /// Rewritten now.
+    patched: bool,
+    /// Taken back for a probe of the hook (not rewritten again).
+    yielded: bool,
+}
+
+struct State {
+    sites: Vec<Site>,
+    /// libc's text: its range and protection.
+    text: (usize, usize, i32),
+}
+
+static STATE: Mutex<Option<Result<State, String>>> = Mutex::new(None);
+
+/// Called by a trampoline (through `stubs::syscall_common`) with the registers at the
+/// `syscall` (`ax` = the number); returns where to resume.
+unsafe extern "C" fn dispatch(regs: *mut PtRegs, data: *const SiteData) -> u64 {
+    // SAFETY: `data` is the site's data in its trampoline (never freed); `regs` the pt_regs
+    // the stub built on this thread's stack.
+    let (d, regs) = unsafe { (&*data, &mut *regs) };
+    let nr = regs.ax;
+    if crate::sud::needs_dispatch(nr) {
+        return d.sys;
+    }
+    regs.orig_ax = nr;
+    regs.ip = d.back;
+    regs.sp = regs as *mut PtRegs as u64 + (stubs::PT_REGS_SIZE as u64 + 8 + 128);
+    regs.cs = 0x33;
+    regs.ss = 0x2b;
+    crate::sud::site_call(regs);
+    regs.cx = d.back;
+    d.back
+}
+
+/// A `syscall` site found in the file: the window (one instruction) and the call's number
+/// when the window sets it.
+struct Found {
+    at: usize,
+    len: usize,
+    /// The window's instructions (one, or a few when the one before the `syscall` is short).
+    instrs: Vec<Instruction>,
+    /// The window's bytes in the file.
+    orig: [u8; 32],
+}
+
+/// The most bytes a window takes.
+const MAX_WINDOW: usize = 32;
+
+fn static_nr(ins: &Instruction) -> Option<u64> {
+    use iced_x86::Register::{EAX, RAX};
+    match ins.code() {
+        Code::Mov_r32_imm32 | Code::Mov_rm32_imm32 if ins.op0_register() == EAX => Some(ins.immediate32() as u64),
+        Code::Mov_rm64_imm32 if ins.op0_register() == RAX => Some(ins.immediate32to64() as u64),
+        _ => None,
+    }
+}
+
+/// The sites of libc's text (see the module docs), with the text's mapping.
+fn scan() -> Result<(Vec<Found>, (usize, usize, i32)), String> {
+    use object::{Object, ObjectSegment, SegmentFlags};
+    let libc = crate::symbols::loaded_objects()
+        .into_iter()
+        .find(|o| o.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libc.so")))
+        .ok_or("libc is not loaded in this process")?;
+    let data = std::fs::read(&libc.path).map_err(|e| format!("{}: {e}", libc.path.display()))?;
+    let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", libc.path.display()))?;
+    let mut found = Vec::new();
+    let mut text = None;
+    let mut segs: Vec<(usize, &[u8], Vec<Instruction>)> = Vec::new();
+    for seg in file.segments() {
+        let SegmentFlags::Elf { p_flags } = seg.flags() else { continue };
+        if p_flags & object::elf::PF_X == 0 {
+            continue;
+        }
+        let bytes = seg.data().map_err(|e| format!("{}: {e}", libc.path.display()))?;
+        let start = libc.bias.wrapping_add(seg.address() as usize);
+        let map = patch::mapping_of(start).ok_or("libc's text is not mapped")?;
+        if text.is_none() {
+            // The segment, whole pages (its mapping may be split by earlier patches).
+            let end = (start + bytes.len() + PAGE - 1) & !(PAGE - 1);
+            text = Some((start & !(PAGE - 1), end, map.prot));
+        }
+        let mut dec = Decoder::with_ip(64, bytes, start as u64, DecoderOptions::NONE);
+        let mut all: Vec<Instruction> = Vec::with_capacity(bytes.len() / 4);
+        while dec.can_decode() {
+            all.push(dec.decode());
+        }
+        segs.push((start, bytes, all));
+    }
+    let text = text.ok_or("libc has no executable segment")?;
+    let targets = branch_targets(&file, libc.bias, &segs, text);
+    for (start, bytes, all) in &segs {
+        for (j, ins) in all.iter().enumerate() {
+            if ins.mnemonic() != Mnemonic::Syscall || ins.next_ip() > text.1 as u64 {
+                continue;
+            }
+            if let Some(w) = window(all, j, &targets) {
+                let at = w[0].ip() as usize;
+                let len = ins.ip() as usize - at;
+                if w.len() == 1 && static_nr(&w[0]).is_some_and(crate::sud::needs_dispatch) {
+                    continue;
+                }
+                let off = at - start;
+                let mut orig = [0u8; MAX_WINDOW];
+                orig[..len].copy_from_slice(&bytes[off..off + len]);
+                found.push(Found { at, len, instrs: w, orig });
+            }
+        }
+    }
+    Ok((found, text))
+}
+
+/// Every address of libc's text that control may reach other than by falling through (a
+/// window must hold none but its first): targets of direct branches and calls, code
+/// addresses taken RIP-relatively (function pointers), the entries of jump tables (read from
+/// every table a RIP-relative `lea` points at outside the text, entry by entry while they
+/// land in the text: more than the real entries, never fewer), `endbr64`s (indirect branch
+/// targets) and the exported functions.
+fn branch_targets(
+    file: &object::File,
+    bias: usize,
+    segs: &[(usize, &[u8], Vec<Instruction>)],
+    text: (usize, usize, i32),
+) -> std::collections::HashSet<u64> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let in_text = |a: u64| a >= text.0 as u64 && a < text.1 as u64;
+    let mut t = std::collections::HashSet::new();
+    // Other segments' bytes by address, for the jump tables.
+    let data: Vec<(u64, &[u8])> =
+        file.segments().filter_map(|s| Some((bias as u64 + s.address(), s.data().ok()?))).collect();
+    let read_i32 = |a: u64| -> Option<i32> {
+        let (base, d) = data.iter().find(|(b, d)| a >= *b && a + 4 <= b + d.len() as u64)?;
+        let o = (a - base) as usize;
+        Some(i32::from_le_bytes(d[o..o + 4].try_into().ok()?))
+    };
+    for (_, _, all) in segs {
+        for ins in all {
+            if ins.is_invalid() {
+                continue;
+            }
+            if ins.mnemonic() == Mnemonic::Endbr64 {
+                t.insert(ins.ip());
+            }
+            if ins.is_jcc_short_or_near()
+                || ins.is_jmp_short_or_near()
+                || ins.is_call_near()
+                || ins.is_loop()
+                || ins.is_loopcc()
+                || ins.is_jcx_short()
+            {
+                t.insert(ins.near_branch_target());
+            }
+            if ins.is_ip_rel_memory_operand() {
+                let a = ins.ip_rel_memory_address();
+                if in_text(a) {
+                    t.insert(a);
+                } else if ins.mnemonic() == Mnemonic::Lea {
+                    for k in 0..4096u64 {
+                        match read_i32(a + 4 * k) {
+                            Some(e) if in_text(a.wrapping_add(e as i64 as u64)) => {
+                                t.insert(a.wrapping_add(e as i64 as u64));
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for sym in file.dynamic_symbols().chain(file.symbols()) {
+        if sym.kind() == object::SymbolKind::Text {
+            t.insert(bias as u64 + sym.address());
+        }
+    }
+    t
+}
+
+/// The window of the `syscall` at `all[j]`: the instructions right before it, as few as
+/// give five bytes, each falling through to the next (a conditional branch may leave), none a
+/// call, a `syscall` or a trap, and none but the first a branch target.
+fn window(all: &[Instruction], j: usize, targets: &std::collections::HashSet<u64>) -> Option<Vec<Instruction>> {
+    let sys = all[j].ip();
+    let mut w = Vec::new();
+    let mut i = j;
+    let mut next = sys;
+    while sys - next < 5 {
+        i = i.checked_sub(1)?;
+        let ins = all[i];
+        if ins.is_invalid() || ins.next_ip() != next || w.len() >= 6 {
+            return None;
+        }
+        match ins.flow_control() {
+            FlowControl::Next | FlowControl::ConditionalBranch => {}
+            _ => return None,
+        }
+        if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Endbr64) && !w.is_empty() {
+            return None;
+        }
+        if ins.mnemonic() == Mnemonic::Syscall {
+            return None;
+        }
+        next = ins.ip();
+        w.insert(0, ins);
+    }
+    if (sys - next) as usize > MAX_WINDOW {
+        return None;
+    }
+    // A branch may go to the window's first instruction (the jump) or to the `syscall` (the
+    // original one runs), never in between.
+    if w.iter().skip(1).any(|ins| targets.contains(&ins.ip())) {
+        return None;
+    }
+    Some(w)
+}
+
+/// The trampoline of `f` at `ip`, calling `common`, and where each window instruction's copy
+/// is (offset in the window, address).
+fn trampoline(f: &Found, ip: u64, common: u64) -> Result<(Vec<u8>, Vec<(usize, usize)>), String> {
+    use iced_x86::{MemoryOperand, Register};
+    let e = |x: iced_x86::IcedError| x.to_string();
+    let mut instrs = f.instrs.clone();
+    // A branch back to the window's start goes through the jump again (its ip hidden from
+    // the encoder, as `relocate` does).
+    instrs[0].set_ip(0);
+    instrs.push(
+        Instruction::with2(Code::Lea_r64_m, Register::RSP, MemoryOperand::with_base_displ(Register::RSP, -128))
+            .map_err(e)?,
+    );
+    instrs.push(Instruction::with_branch(Code::Call_rel32_64, common).map_err(e)?);
+    let block = iced_x86::InstructionBlock::new(&instrs, ip);
+    let res = BlockEncoder::encode(64, block, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
+        .map_err(|x| format!("cannot relocate the instructions at {:#x}: {x}", f.at))?;
+    let fix = f
+        .instrs
+        .iter()
+        .zip(&res.new_instruction_offsets)
+        .map(|(i, o)| (i.ip() as usize - f.at, ip as usize + *o as usize))
+        .collect();
+    let mut code = res.code_buffer;
+    let sys = (f.at + f.len) as u64;
+    code.extend_from_slice(&(sys + 2).to_le_bytes());
+    code.extend_from_slice(&sys.to_le_bytes());
+    Ok((code, fix))
+}
+
+const PAGE: usize = 4096;
+const SLOT: usize = 128;
+
+/// Scans libc and builds the trampolines (once per process).
+fn build() -> Result<State, String> {
+    let (found, text) = scan()?;
+    let fp = stubs::detect_fpsave();
+    let common_page = patch::alloc_near(text.0).ok_or("no free memory near libc for the system call stub")?;
+    let common = stubs::syscall_common(common_page as u64, fp, dispatch as *const () as usize as u64)
+        .map_err(|e| e.to_string())?;
+    patch::seal_page(common_page, &[(0, &common)])?;
+    let mut sites = Vec::with_capacity(found.len());
+    let mut page = 0usize;
+    let mut used = PAGE;
+    let mut pending: Vec<(usize, Vec<u8>)> = Vec::new();
+    let flush = |page: usize, pending: &mut Vec<(usize, Vec<u8>)>| -> Result<(), String> {
+        if page != 0 {
+            let parts: Vec<(usize, &[u8])> = pending.iter().map(|(o, c)| (*o, c.as_slice())).collect();
+            patch::seal_page(page, &parts)?;
+        }
+        pending.clear();
+        Ok(())
+    };
+    for f in &found {
+        // A slot of 128 bytes holds any trampoline (a window of at most 32 bytes, whose
+        // branches may grow to 6 bytes each, then 8 + 5 + 16).
+        if used + SLOT > PAGE {
+            flush(page, &mut pending)?;
+            page = patch::alloc_near(f.at).ok_or("no free memory near libc for the trampolines")?;
+            used = 0;
+        }
+        let ip = page + used;
+        let rel = ip as i64 - (f.at as i64 + 5);
+        let Ok(rel) = i32::try_from(rel) else { continue };
+        let Ok((code, fix)) = trampoline(f, ip as u64, common_page as u64) else { continue };
+        if code.len() > SLOT {
+            continue;
+        }
+        let fix = if f.instrs.len() > 1 { fix } else { Vec::new() };
+        let mut jmp = [0xE9, 0, 0, 0, 0];
+        jmp[1..].copy_from_slice(&rel.to_le_bytes());
+        pending.push((used, code));
+        used += SLOT;
+        if !patch::register_trap_site(f.at, ip) {
+            break;
+        }
+        sites.push(Site { at: f.at, len: f.len, orig: f.orig, fix, jmp, patched: false, yielded: false });
+    }
+    flush(page, &mut pending)?;
+    Ok(State { sites, text })
+}
+
+/// Writes `(addr, bytes)` into libc's text, which is made writable once for all of them.
+fn write_all(text: (usize, usize, i32), writes: &[(usize, &[u8])]) -> Result<(), String> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let (start, end, prot) = text;
+    let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
+    // SAFETY: libc's text mapping of this process; RWX keeps it executable for other threads.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, rwx) } != 0 {
+        return Err(format!("mprotect(RWX) of libc's text failed: {}", std::io::Error::last_os_error()));
+    }
+    for (addr, bytes) in writes {
+        for (i, b) in bytes.iter().enumerate() {
+            // SAFETY: inside libc's text, writable now; volatile so the stores happen in order.
+            unsafe { std::ptr::write_volatile((addr + i) as *mut u8, *b) };
+        }
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: restores the mapping's protection.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
+        return Err(format!("mprotect restore of libc's text failed: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Writes `new(site)` over each of `sites` with the live-patching protocol (first byte
+/// `int3`, broadcast, the other bytes, broadcast, the first byte): batched over the sites of
+/// one instruction (no thread can be inside one), one at a time for the others, whose
+/// threads between two window instructions are moved to the trampoline's copies (`patch`'s
+/// fixup) when the jump goes in.
+fn patch_sites(text: (usize, usize, i32), sites: &[&Site], new: impl Fn(&Site) -> [u8; 5]) -> Result<(), String> {
+    if sites.is_empty() {
+        return Ok(());
+    }
+    patch::own_sigtrap();
+    let (single, multi): (Vec<&Site>, Vec<&Site>) = sites.iter().partition(|s| s.fix.is_empty());
+    let mut groups: Vec<Vec<&Site>> = multi.into_iter().map(|s| vec![s]).collect();
+    groups.push(single);
+    let int3 = [0xCCu8];
+    for group in groups.iter().filter(|g| !g.is_empty()) {
+        let step1: Vec<(usize, &[u8])> = group.iter().map(|s| (s.at, &int3[..])).collect();
+        write_all(text, &step1)?;
+        let fixing = group.len() == 1 && !group[0].fix.is_empty() && new(group[0]) == group[0].jmp;
+        if fixing {
+            patch::set_fixup(group[0].at, group[0].len, &group[0].fix);
+        }
+        patch::broadcast();
+        let bytes: Vec<[u8; 5]> = group.iter().map(|s| new(s)).collect();
+        let step2: Vec<(usize, &[u8])> = group.iter().zip(&bytes).map(|(s, b)| (s.at + 1, &b[1..])).collect();
+        let r = write_all(text, &step2).and_then(|_| {
+            patch::broadcast();
+            let step3: Vec<(usize, &[u8])> = group.iter().zip(&bytes).map(|(s, b)| (s.at, &b[..1])).collect();
+            write_all(text, &step3)
+        });
+        if fixing {
+            patch::clear_fixup();
+        }
+        r?;
+    }
+    Ok(())
+}
+
+/// Whether `[lo, hi)` overlaps a site's window or its `syscall`.
+fn overlaps(s: &Site, lo: usize, hi: usize) -> bool {
+    s.at < hi && lo < s.at + s.len + 2
+}
+
+/// Rewrites libc's sites (dispatch is on). Sites overlapping a probe of the hook (`taken`:
+/// its patched and displaced bytes) are left alone. Returns how many sites are rewritten.
+pub(crate) fn apply(taken: &[(usize, usize)]) -> Result<usize, String> {
+    if std::env::var_os("USERBPF_SYSCALL_REWRITE").is_some_and(|v| v == "0") {
+        return Ok(0);
+    }
+    let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let state = match st.get_or_insert_with(build) {
+        Ok(s) => s,
+        Err(e) => return Err(e.clone()),
+    };
+    let todo: Vec<usize> = (0..state.sites.len())
+        .filter(|&i| {
+            let s = &state.sites[i];
+            // SAFETY: the window and its `syscall` lie in libc's mapped text.
+            let now = unsafe { std::slice::from_raw_parts(s.at as *const u8, s.len + 2) };
+            // The memory holds the file's bytes (no one else's patch or `int3` there).
+            !s.patched
+                && !s.yielded
+                && now[..s.len] == s.orig[..s.len]
+                && now[s.len..] == [0x0F, 0x05]
+                && !taken.iter().any(|&(lo, hi)| overlaps(s, lo, hi))
+        })
+        .collect();
+    let refs: Vec<&Site> = todo.iter().map(|&i| &state.sites[i]).collect();
+    patch_sites(state.text, &refs, |s| s.jmp)?;
+    for i in todo {
+        state.sites[i].patched = true;
+    }
+    Ok(state.sites.iter().filter(|s| s.patched).count())
+}
+
+/// Writes the original bytes back at every rewritten site.
+pub(crate) fn remove() -> Result<(), String> {
+    let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(Ok(state)) = st.as_mut() else { return Ok(()) };
+    let refs: Vec<&Site> = state.sites.iter().filter(|s| s.patched).collect();
+    patch_sites(state.text, &refs, orig5)?;
+    for s in &mut state.sites {
+        s.patched = false;
+    }
+    Ok(())
+}
+
+fn orig5(s: &Site) -> [u8; 5] {
+    let mut b = [0u8; 5];
+    b.copy_from_slice(&s.orig[..5]);
+    b
+}
+
+/// A probe of the hook is about to be placed over `[lo, hi)`: the rewritten sites there get
+/// their original bytes back and stay with dispatch (registry lock held).
+pub(crate) fn yield_range(lo: usize, hi: usize) {
+    let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(Ok(state)) = st.as_mut() else { return };
+    let hit: Vec<usize> = (0..state.sites.len()).filter(|&i| overlaps(&state.sites[i], lo, hi)).collect();
+    let refs: Vec<&Site> = hit.iter().map(|&i| &state.sites[i]).filter(|s| s.patched).collect();
+    if patch_sites(state.text, &refs, orig5).is_err() {
+        return;
+    }
+    for i in hit {
+        state.sites[i].patched = false;
+        state.sites[i].yielded = true;
+    }
+}
+
+/// How many of libc's sites are rewritten now, and how many were found (for tests and the
+/// bench).
+pub fn counts() -> (usize, usize) {
+    let st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    match st.as_ref() {
+        Some(Ok(s)) => (s.sites.iter().filter(|s| s.patched).count(), s.sites.len()),
+        _ => (0, 0),
+    }
+}
+
+/// Puts the original bytes of the rewritten sites into `bytes`, a copy of the code from
+/// `base` (for the hook's analysis of a function).
+pub(crate) fn original_bytes(base: usize, bytes: &mut [u8]) {
+    let st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(Ok(state)) = st.as_ref() else { return };
+    for s in state.sites.iter().filter(|s| s.patched) {
+        for k in 0..5 {
+            if let Some(b) = (s.at + k).checked_sub(base).and_then(|i| bytes.get_mut(i)) {
+                *b = s.orig[k];
+            }
+        }
+    }
+}
+
+/// Whether `addr` is the window of a rewritten site (for tests).
+pub fn is_rewritten(addr: usize) -> bool {
+    let st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    matches!(st.as_ref(), Some(Ok(s)) if s.sites.iter().any(|s| s.patched && s.at <= addr && addr < s.at + s.len))
+}
