@@ -256,6 +256,8 @@ extern "C" fn clone_exit(ret: i64, slot: usize) {
             ((slot + STUB_BACK) as *const u64).read_volatile(),
         )
     };
+    // A vfork's parent (the child never comes here): the child is done with our TCB.
+    crate::thread::vfork_end();
     let regs = PtRegs { ax: ret as u64, orig_ax: kind >> 8, ip: back, cs: 0x33, ss: 0x2b, ..Default::default() };
     let _ = std::panic::catch_unwind(|| run_callbacks(|c| (c.exit)(&regs)));
     // SAFETY: as above.
@@ -489,7 +491,7 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             if new_thread(args[0]) && args[0] & libc::CLONE_SETTLS as u64 != 0 && crate::thread::probes_off() {
                 crate::thread::expect_ours(args[4] as usize);
             }
-            rerun_at_stub(uc, nr, new_thread(args[0]), traced)
+            rerun_at_stub(uc, nr, new_thread(args[0]), traced, args[0] & libc::CLONE_VFORK as u64 != 0)
         }
         libc::SYS_clone3 => {
             let flags = if args[0] == 0 || args[1] < 8 {
@@ -509,9 +511,9 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
                 // SAFETY: as above, the program's struct of args[1] >= 64 bytes.
                 crate::thread::expect_ours(unsafe { ((args[0] + 56) as *const u64).read_unaligned() } as usize);
             }
-            rerun_at_stub(uc, nr, new_thread(flags), traced)
+            rerun_at_stub(uc, nr, new_thread(flags), traced, flags & libc::CLONE_VFORK as u64 != 0)
         }
-        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),
+        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced, true),
         libc::SYS_rt_sigprocmask => Some(sigprocmask_in(uc, args)),
         libc::SYS_sigaltstack => {
             let r = raw(nr, args);
@@ -682,7 +684,10 @@ fn new_thread(flags: u64) -> bool {
 /// return goes there too; `thread`: the child (a new thread of the program's) turns dispatch
 /// on first. With no stub left, dispatch is turned off for this thread and its own
 /// instruction runs again. Returns `None`: the frame holds no result.
-fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool) -> Option<i64> {
+/// `vfork`: the call is a `vfork` (or `CLONE_VFORK`): with its return reported (a `Report`
+/// stub, whose `clone_exit` runs in the parent only), the thread is marked as vforking until
+/// then (`thread::vfork_begin`), so that the child's calls are not taken for the parent's.
+fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool, vfork: bool) -> Option<i64> {
     // SAFETY: reading the saved rip of this thread's signal frame (after its `syscall`).
     let back = unsafe { *greg(uc, libc::REG_RIP) } as usize;
     let kind = match (traced, thread && ENABLED.load(SeqCst)) {
@@ -691,7 +696,12 @@ fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool)
         (true, true) => StubKind::Thread,
     };
     let at = match stub_for(back, nr, kind) {
-        Some(s) => s,
+        Some(s) => {
+            if vfork && kind == StubKind::Report {
+                crate::thread::vfork_begin();
+            }
+            s
+        }
         None => {
             set_dispatch(false);
             back - 2

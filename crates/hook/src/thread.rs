@@ -428,6 +428,48 @@ pub(crate) fn expect_ours(tcb: usize) {
     OURS_PENDING[0].store(tcb, Release);
 }
 
+/// Threads of the program's in a `vfork` (or a `clone` with `CLONE_VFORK`), by TCB address,
+/// until the call returns in the parent: until its `exec` or exit, the child runs with the
+/// parent's TCB (and memory) while the parent waits in the kernel, so a call made with that
+/// TCB meanwhile is the child's. Its calls are not seen (dispatch is off in it; libc's
+/// rewritten sites run there too): the agent's per-thread caches (its pid and tid) are the
+/// parent's.
+static VFORKING: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+static VFORKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The calling thread is about to `vfork` (see [`VFORKING`]); false when too many are.
+pub(crate) fn vfork_begin() -> bool {
+    let k = thread_key();
+    for s in &VFORKING {
+        if s.compare_exchange(0, k, AcqRel, Relaxed).is_ok() {
+            VFORKS.fetch_add(1, SeqCst);
+            return true;
+        }
+    }
+    false
+}
+
+/// The calling thread's `vfork` returned in it (the parent).
+pub(crate) fn vfork_end() {
+    if VFORKS.load(SeqCst) == 0 {
+        return;
+    }
+    let k = thread_key();
+    for s in &VFORKING {
+        if s.compare_exchange(k, 0, AcqRel, Relaxed).is_ok() {
+            VFORKS.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+fn in_vfork_child() -> bool {
+    if VFORKS.load(Relaxed) == 0 {
+        return false;
+    }
+    let k = thread_key();
+    VFORKING.iter().any(|s| s.load(Acquire) == k)
+}
+
 fn pending_ours() -> bool {
     let k = thread_key();
     OURS_PENDING.iter().any(|s| s.load(Acquire) == k)
@@ -481,6 +523,9 @@ pub fn ours() -> Ours {
 /// without one (it never met a probe, or its state was freed at its exit) gets a guard that
 /// holds nothing (`Some`).
 pub(crate) fn enter_guard() -> Option<Ours> {
+    if in_vfork_child() {
+        return None;
+    }
     let st = lookup();
     if st.is_null() {
         // A thread userbpf is starting, before it marks itself ours, has no state yet.

@@ -19,6 +19,7 @@ static CLOSE_RET: AtomicI64 = AtomicI64::new(0);
 static READS: AtomicU64 = AtomicU64::new(0);
 static READ_RET: AtomicI64 = AtomicI64::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
+static EXECS: AtomicU64 = AtomicU64::new(0);
 
 fn on_enter(r: &PtRegs) {
     match r.orig_ax as i64 {
@@ -26,6 +27,7 @@ fn on_enter(r: &PtRegs) {
         libc::SYS_close if r.di == 987_654 => drop(CLOSE_BAD.fetch_add(1, SeqCst)),
         libc::SYS_read if r.dx == 4321 => drop(READS.fetch_add(1, SeqCst)),
         libc::SYS_fork => drop(FORKS.fetch_add(1, SeqCst)),
+        libc::SYS_execve => drop(EXECS.fetch_add(1, SeqCst)),
         _ => {}
     }
 }
@@ -173,6 +175,32 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
     assert_eq!(FORKS.load(SeqCst), 1);
 
+    // posix_spawn (clone with CLONE_VFORK, left to dispatch): the child's calls until its
+    // exec run with this thread's TCB and are not taken for ours (as with dispatch alone);
+    // this thread's calls after it are seen again.
+    let mut child = 0;
+    let prog = c"/bin/true";
+    let argv = [prog.as_ptr() as *mut libc::c_char, std::ptr::null_mut()];
+    // SAFETY: spawning /bin/true with a NULL-terminated argv and no environment.
+    let r = unsafe {
+        libc::posix_spawn(
+            &mut child,
+            prog.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            argv.as_ptr(),
+            [std::ptr::null_mut()].as_ptr(),
+        )
+    };
+    assert_eq!(r, 0);
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "spawned child status {status:#x}");
+    assert_eq!(EXECS.load(SeqCst), 0, "the vfork child's execve taken for the parent's");
+    // SAFETY: no preconditions.
+    unsafe { libc::getppid() };
+    assert_eq!(PPID_ENTER.load(SeqCst), 1004, "a call after posix_spawn");
+
     // Threads calling through rewritten sites at once.
     let threads: Vec<_> = (0..4)
         .map(|_| {
@@ -187,7 +215,7 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(PPID_ENTER.load(SeqCst), 1003 + 8000);
+    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000);
 
     // A probe placed over a rewritten site takes it back: the site goes to dispatch, the
     // probe and the tracing both see the call.
@@ -195,7 +223,7 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     assert!(!rewrite::is_rewritten(getppid_addr()));
     // SAFETY: as above.
     assert_eq!(unsafe { libc::getppid() }, ppid);
-    assert_eq!(PPID_ENTER.load(SeqCst), 1003 + 8000 + 1);
+    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 1);
     userbpf_hook::detach(id).unwrap();
 
     // Dispatch off: every site has its original bytes back.
@@ -204,7 +232,7 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     assert_eq!(first_byte(getppid_addr()), 0xB8);
     // SAFETY: a raw read of libc's `close` wrapper bytes is fine; no preconditions for the call.
     unsafe { libc::getppid() };
-    assert_eq!(PPID_ENTER.load(SeqCst), 1003 + 8000 + 1, "dispatch off");
+    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 1, "dispatch off");
     // SAFETY: closing our pipe.
     unsafe {
         libc::close(fds[0]);
