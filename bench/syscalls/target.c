@@ -24,14 +24,16 @@ static double now(void)
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 200000;
+	/* "libc" or "inline" as a second argument: only that loop (for profiling). */
+	const char *only = argc > 2 ? argv[2] : "";
 	long sum = 0;
 	for (long i = 0; i < n / 10; i++) /* warm up */
 		sum += getppid() + inline_getppid();
 	double t0 = now();
-	for (long i = 0; i < n; i++)
+	for (long i = 0; i < n && only[0] != 'i'; i++)
 		sum += getppid();
 	double t1 = now();
-	for (long i = 0; i < n; i++)
+	for (long i = 0; i < n && only[0] != 'l'; i++)
 		sum += inline_getppid();
 	double t2 = now();
 	printf("libc %.1f inline %.1f sum %ld\n", (t1 - t0) / n, (t2 - t1) / n, sum);

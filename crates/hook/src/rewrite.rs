@@ -36,7 +36,9 @@
 //!         call syscall_common                     ; [rsp] = the site's data
 //! data:   .quad after_syscall, syscall_addr
 //! ```
-//! `stubs::syscall_common` saves every register and the whole FP state, and calls
+//! `stubs::syscall_common` saves every register and the FP state libc may have live there
+//! (xmm0-15, MXCSR, x87: `stubs::syscall_fp_save` says why; the whole state with
+//! `USERBPF_HOOK_FULL_FPSAVE=1`), and calls
 //! [`dispatch`], which runs the enter programs, makes the call from dispatch's page (the one
 //! range dispatch allows) and runs the exit programs (`sud::site_call`: the same rules as a
 //! dispatched call, the agent's own calls never seen), then resumes after the `syscall` with
@@ -333,7 +335,8 @@ fn build() -> Result<State, String> {
     let (found, text) = scan()?;
     let fp = stubs::detect_fpsave();
     let common_page = patch::alloc_near(text.0).ok_or("no free memory near libc for the system call stub")?;
-    let common = stubs::syscall_common(common_page as u64, fp, dispatch as *const () as usize as u64)
+    let full = std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
+    let common = stubs::syscall_common(common_page as u64, fp, full, dispatch as *const () as usize as u64)
         .map_err(|e| e.to_string())?;
     patch::seal_page(common_page, &[(0, &common)])?;
     let mut sites = Vec::with_capacity(found.len());
