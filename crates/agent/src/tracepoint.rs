@@ -6,9 +6,11 @@
 //! (`userbpf_hook::sud`, turned on while a system call tracepoint is attached): libc's
 //! wrappers, glibc's internal calls (`__close_nocancel`, the `openat` of `fopen`, `opendir` and
 //! locale loading...), inline `syscall` instructions in the program or other libraries, the
-//! dynamic loader's calls made after the agent is loaded. Each call traps; the programs run
-//! before and after it with its number and arguments as the kernel has them, and the call
-//! returns its real result. The agent's own calls (its threads, and its work on the target's
+//! dynamic loader's calls made after the agent is loaded. The programs run before and after
+//! each call with its number and arguments as the kernel has them, and the call returns its
+//! real result. libc's own `syscall` sites are rewritten into jumps meanwhile
+//! (`userbpf_hook::rewrite`: the call costs a function call); every other call traps (a
+//! `SIGSYS`). The agent's own calls (its threads, and its work on the target's
 //! threads) are not seen. What remains invisible is listed in `userbpf_hook::sud` (the dynamic
 //! loader's calls before the agent is loaded, a new thread's first calls before its start
 //! routine, the return of `clone`s, calls answered by the vDSO as for the kernel).
@@ -237,6 +239,10 @@ fn raw_add(rp: RawProbe) -> Result<(), String> {
     static CALLBACKS: std::sync::Once = std::sync::Once::new();
     CALLBACKS.call_once(|| sud::set_callbacks(raw_enter, raw_exit));
     sud::enable()?;
+    if let Some(e) = sud::rewrite_error() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| log(&format!("libc's system call sites are not rewritten (each call costs a SIGSYS): {e}")));
+    }
     raw_publish(|t| t.push(rp));
     Ok(())
 }

@@ -1201,11 +1201,11 @@ fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError
 ///
 /// ```text
 /// lea rsp,[rsp-168]              ; struct pt_regs at rsp, data at +168
-/// every GPR and the flags (pushfq) into it
+/// every GPR and the flags (rebuilt from lahf/seto) into it
 /// rbx = regs ; FP save            ; see `syscall_fp_save` (or the full one)
 /// dispatch(regs, data) -> rax    ; where to resume: after the `syscall`, or at it
 /// [rbx+168] = rax
-/// FP restore ; flags (popfq) and every GPR back from pt_regs (the call's result in rax)
+/// FP restore ; every GPR back from pt_regs (the call's result in rax; the flags are dead)
 /// r11 = [rsp+168] ; rsp back over the frame, the data slot and the red zone ; jmp r11
 /// ```
 ///
@@ -1215,7 +1215,12 @@ fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError
 pub(crate) fn syscall_common(ip: u64, fp: FpSave, full: bool, dispatch: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
-    save_gprs_f(&mut a, true)?;
+    // The flags are rebuilt (lahf/seto), not saved exactly, and not restored: the status
+    // flags are dead across a `syscall` of libc's (GCC's x86 inline assembly always clobbers
+    // them; glibc's assembly tests the result after the call), DF is clear before and after
+    // (System V), and nothing here changes another flag. `pushfq`/`popfq` cost tens of
+    // cycles on this project's virtualised machine.
+    save_gprs_f(&mut a, false)?;
     if full {
         fp_save(&mut a, fp, SaveKind::Full)?;
     } else {
@@ -1231,7 +1236,7 @@ pub(crate) fn syscall_common(ip: u64, fp: FpSave, full: bool, dispatch: u64) -> 
     } else {
         syscall_fp_restore(&mut a, fp)?;
     }
-    restore_gprs_f(&mut a, true)?;
+    restore_gprs_f(&mut a, false)?;
     a.mov(r11, qword_ptr(rsp + PT_REGS_SIZE))?;
     a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8 + 128)))?;
     a.jmp(r11)?;

@@ -420,6 +420,7 @@ pub(crate) fn expect_ours(tcb: usize) {
     if tcb == 0 {
         return;
     }
+    OURS_PENDING_USED.store(true, SeqCst);
     for s in &OURS_PENDING {
         if s.compare_exchange(0, tcb, AcqRel, Relaxed).is_ok() {
             return;
@@ -427,6 +428,9 @@ pub(crate) fn expect_ours(tcb: usize) {
     }
     OURS_PENDING[0].store(tcb, Release);
 }
+
+/// Set once a thread was recorded in [`OURS_PENDING`] (most processes never look there).
+static OURS_PENDING_USED: AtomicBool = AtomicBool::new(false);
 
 /// Threads of the program's in a `vfork` (or a `clone` with `CLONE_VFORK`), by TCB address,
 /// until the call returns in the parent: until its `exec` or exit, the child runs with the
@@ -471,6 +475,9 @@ fn in_vfork_child() -> bool {
 }
 
 fn pending_ours() -> bool {
+    if !OURS_PENDING_USED.load(Relaxed) {
+        return false;
+    }
     let k = thread_key();
     OURS_PENDING.iter().any(|s| s.load(Acquire) == k)
 }
