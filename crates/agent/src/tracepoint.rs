@@ -196,7 +196,15 @@ fn raw_publish(edit: impl FnOnce(&mut Vec<RawProbe>)) {
     let mut t = raw_table().to_vec();
     edit(&mut t);
     let empty = t.is_empty();
+    let (enter, exit) = (t.iter().any(|rp| !rp.probe.exit), t.iter().any(|rp| rp.probe.exit));
+    // Wanted before the table has them (a call may see the flag and an older table: it then
+    // runs nothing more than before), not wanted after it lost them.
+    sud::want_callbacks(
+        enter || raw_table().iter().any(|rp| !rp.probe.exit),
+        exit || raw_table().iter().any(|rp| rp.probe.exit),
+    );
     RAW.store(Box::into_raw(Box::new(t)), Ordering::Release);
+    sud::want_callbacks(enter, exit);
     if empty {
         sud::disable();
     }

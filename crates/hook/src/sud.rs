@@ -110,6 +110,17 @@ pub fn enabled() -> bool {
     ENABLED.load(SeqCst)
 }
 
+/// Whether the enter / exit callbacks have anything to do (see [`want_callbacks`]).
+static WANT_ENTER: AtomicBool = AtomicBool::new(true);
+static WANT_EXIT: AtomicBool = AtomicBool::new(true);
+
+/// Says whether the enter and the exit callbacks have anything to run (both by default): a
+/// call through a rewritten site (`crate::rewrite`) skips the side that has not.
+pub fn want_callbacks(enter: bool, exit: bool) {
+    WANT_ENTER.store(enter, SeqCst);
+    WANT_EXIT.store(exit, SeqCst);
+}
+
 /// Sets the callbacks run for each dispatched system call (replaces earlier ones).
 pub fn set_callbacks(enter: EnterFn, exit: ExitFn) {
     let new = Box::into_raw(Box::new(Callbacks { enter, exit }));
@@ -616,7 +627,15 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
     let nr = regs.orig_ax;
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     regs.ax = (-(libc::ENOSYS as i64)) as u64;
-    let traced = ENABLED.load(Relaxed) && run_callbacks(|c| (c.enter)(regs));
+    // Whether this call is the program's (probes are on), when either side has work.
+    let (want_enter, want_exit) = (WANT_ENTER.load(Relaxed), WANT_EXIT.load(Relaxed));
+    let traced = ENABLED.load(Relaxed)
+        && (want_enter || want_exit)
+        && run_callbacks(|c| {
+            if want_enter {
+                (c.enter)(regs)
+            }
+        });
     let ret = match nr as i64 {
         libc::SYS_rt_sigprocmask if args[1] != 0 && args[0] as i32 != libc::SIG_UNBLOCK => {
             let mut buf = 0u64;
@@ -626,7 +645,7 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
         _ => call_as_program(nr, &mut args),
     };
     regs.ax = ret as u64;
-    if traced {
+    if traced && want_exit {
         run_callbacks(|c| (c.exit)(regs));
     }
     // SAFETY: as above.
