@@ -90,6 +90,7 @@ bench: build
 	python3 bench/override/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
+	python3 bench/syscalls/bench.py
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
 
