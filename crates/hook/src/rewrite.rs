@@ -80,7 +80,7 @@ struct Site {
     orig: [u8; MAX_WINDOW],
     /// Where a thread between two of the window's instructions is moved (see `patch`):
     /// offset in the window, address in the trampoline. Empty for one instruction.
-    fix: Vec<(usize, usize)>,
+    fix: FixMap,
     jmp: [u8; 5],
     /// Rewritten now.
     patched: bool,
@@ -88,10 +88,14 @@ struct Site {
     yielded: bool,
 }
 
+/// libc's text: its range (whole pages) and protection.
+type Text = (usize, usize, i32);
+/// Where a thread between two window instructions goes: offset in the window, address.
+type FixMap = Vec<(usize, usize)>;
+
 struct State {
     sites: Vec<Site>,
-    /// libc's text: its range and protection.
-    text: (usize, usize, i32),
+    text: Text,
 }
 
 static STATE: Mutex<Option<Result<State, String>>> = Mutex::new(None);
@@ -140,7 +144,7 @@ fn static_nr(ins: &Instruction) -> Option<u64> {
 }
 
 /// The sites of libc's text (see the module docs), with the text's mapping.
-fn scan() -> Result<(Vec<Found>, (usize, usize, i32)), String> {
+fn scan() -> Result<(Vec<Found>, Text), String> {
     use object::{Object, ObjectSegment, SegmentFlags};
     let libc = crate::symbols::loaded_objects()
         .into_iter()
@@ -204,7 +208,7 @@ fn branch_targets(
     file: &object::File,
     bias: usize,
     segs: &[(usize, &[u8], Vec<Instruction>)],
-    text: (usize, usize, i32),
+    text: Text,
 ) -> std::collections::HashSet<u64> {
     use object::{Object, ObjectSegment, ObjectSymbol};
     let in_text = |a: u64| a >= text.0 as u64 && a < text.1 as u64;
@@ -299,7 +303,7 @@ fn window(all: &[Instruction], j: usize, targets: &std::collections::HashSet<u64
 
 /// The trampoline of `f` at `ip`, calling `common`, and where each window instruction's copy
 /// is (offset in the window, address).
-fn trampoline(f: &Found, ip: u64, common: u64) -> Result<(Vec<u8>, Vec<(usize, usize)>), String> {
+fn trampoline(f: &Found, ip: u64, common: u64) -> Result<(Vec<u8>, FixMap), String> {
     use iced_x86::{MemoryOperand, Register};
     let e = |x: iced_x86::IcedError| x.to_string();
     let mut instrs = f.instrs.clone();
@@ -381,7 +385,7 @@ fn build() -> Result<State, String> {
 }
 
 /// Writes `(addr, bytes)` into libc's text, which is made writable once for all of them.
-fn write_all(text: (usize, usize, i32), writes: &[(usize, &[u8])]) -> Result<(), String> {
+fn write_all(text: Text, writes: &[(usize, &[u8])]) -> Result<(), String> {
     if writes.is_empty() {
         return Ok(());
     }
@@ -410,7 +414,7 @@ fn write_all(text: (usize, usize, i32), writes: &[(usize, &[u8])]) -> Result<(),
 /// one instruction (no thread can be inside one), one at a time for the others, whose
 /// threads between two window instructions are moved to the trampoline's copies (`patch`'s
 /// fixup) when the jump goes in.
-fn patch_sites(text: (usize, usize, i32), sites: &[&Site], new: impl Fn(&Site) -> [u8; 5]) -> Result<(), String> {
+fn patch_sites(text: Text, sites: &[&Site], new: impl Fn(&Site) -> [u8; 5]) -> Result<(), String> {
     if sites.is_empty() {
         return Ok(());
     }
