@@ -196,18 +196,33 @@ fn raw_publish(edit: impl FnOnce(&mut Vec<RawProbe>)) {
     let mut t = raw_table().to_vec();
     edit(&mut t);
     let empty = t.is_empty();
-    let (enter, exit) = (t.iter().any(|rp| !rp.probe.exit), t.iter().any(|rp| rp.probe.exit));
-    // Wanted before the table has them (a call may see the flag and an older table: it then
-    // runs nothing more than before), not wanted after it lost them.
-    sud::want_callbacks(
-        enter || raw_table().iter().any(|rp| !rp.probe.exit),
-        exit || raw_table().iter().any(|rp| rp.probe.exit),
-    );
+    // The calls each side has programs for: wanted before the new table is published (a
+    // call seeing them with the older table runs what it had), and only the new table's
+    // after.
+    let (old_enter, old_exit) = (wants(raw_table(), false), wants(raw_table(), true));
+    let (enter, exit) = (wants(&t, false), wants(&t, true));
+    sud::want_callbacks(both(enter.clone(), old_enter).as_deref(), both(exit.clone(), old_exit).as_deref());
     RAW.store(Box::into_raw(Box::new(t)), Ordering::Release);
-    sud::want_callbacks(enter, exit);
+    sud::want_callbacks(enter.as_deref(), exit.as_deref());
     if empty {
         sud::disable();
     }
+}
+
+/// The system calls the table's enter (or exit) probes are for; `None`: every call.
+fn wants(t: &[RawProbe], exit: bool) -> Option<Vec<u32>> {
+    let mut nrs = Vec::new();
+    for rp in t.iter().filter(|rp| rp.probe.exit == exit) {
+        nrs.push(rp.nr?);
+    }
+    Some(nrs)
+}
+
+/// Both sets of calls (`None`: every call).
+fn both(a: Option<Vec<u32>>, b: Option<Vec<u32>>) -> Option<Vec<u32>> {
+    let (mut a, b) = (a?, b?);
+    a.extend(b);
+    Some(a)
 }
 
 fn raw_run(regs: &PtRegs, exit: bool) {

@@ -65,7 +65,7 @@
 
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::PtRegs;
 
@@ -110,15 +110,39 @@ pub fn enabled() -> bool {
     ENABLED.load(SeqCst)
 }
 
-/// Whether the enter / exit callbacks have anything to do (see [`want_callbacks`]).
-static WANT_ENTER: AtomicBool = AtomicBool::new(true);
-static WANT_EXIT: AtomicBool = AtomicBool::new(true);
+/// The system calls whose enter / exit callbacks have something to run (see
+/// [`want_callbacks`]): one bit per number below [`WANT_NRS`]; the last word's top bit
+/// stands for every number above. All set until told otherwise.
+const WANT_NRS: usize = 512;
+static WANT_ENTER: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(u64::MAX) }; WANT_NRS / 64];
+static WANT_EXIT: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(u64::MAX) }; WANT_NRS / 64];
 
-/// Says whether the enter and the exit callbacks have anything to run (both by default): a
-/// call through a rewritten site (`crate::rewrite`) skips the side that has not.
-pub fn want_callbacks(enter: bool, exit: bool) {
-    WANT_ENTER.store(enter, SeqCst);
-    WANT_EXIT.store(exit, SeqCst);
+/// Says for which system calls the enter and the exit callbacks have something to run:
+/// `None` for every call, else the numbers (all set by default). A call through a rewritten
+/// site (`crate::rewrite`) skips the side that has nothing, as the kernel runs no program for
+/// a call whose tracepoints have none. To add numbers, call it before the callbacks can see
+/// them; to remove some, after.
+pub fn want_callbacks(enter: Option<&[u32]>, exit: Option<&[u32]>) {
+    for (set, want) in [(&WANT_ENTER, enter), (&WANT_EXIT, exit)] {
+        let mut bits = [0u64; WANT_NRS / 64];
+        match want {
+            None => bits = [u64::MAX; WANT_NRS / 64],
+            Some(nrs) => {
+                for &nr in nrs {
+                    let i = (nr as usize).min(WANT_NRS - 1);
+                    bits[i / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        for (w, b) in set.iter().zip(bits) {
+            w.store(b, SeqCst);
+        }
+    }
+}
+
+fn wanted(set: &[AtomicU64; WANT_NRS / 64], nr: u64) -> bool {
+    let i = (nr as usize).min(WANT_NRS - 1);
+    set[i / 64].load(Relaxed) & (1 << (i % 64)) != 0
 }
 
 /// Sets the callbacks run for each dispatched system call (replaces earlier ones).
@@ -628,7 +652,7 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     regs.ax = (-(libc::ENOSYS as i64)) as u64;
     // Whether this call is the program's (probes are on), when either side has work.
-    let (want_enter, want_exit) = (WANT_ENTER.load(Relaxed), WANT_EXIT.load(Relaxed));
+    let (want_enter, want_exit) = (wanted(&WANT_ENTER, nr), wanted(&WANT_EXIT, nr));
     let traced = ENABLED.load(Relaxed)
         && (want_enter || want_exit)
         && run_callbacks(|c| {

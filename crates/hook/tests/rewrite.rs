@@ -227,13 +227,24 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 1);
     userbpf_hook::detach(id).unwrap();
 
+    // Only getppid wanted: a close through a rewritten site runs no callback (as the kernel
+    // runs no program for a call without one), getppid still does.
+    sud::want_callbacks(Some(&[libc::SYS_getppid as u32]), Some(&[libc::SYS_getppid as u32]));
+    // SAFETY: closing a descriptor that does not exist; no preconditions for getppid.
+    unsafe {
+        libc::close(987_654);
+        libc::getppid();
+    }
+    assert_eq!((CLOSE_BAD.load(SeqCst), PPID_ENTER.load(SeqCst)), (1, 1004 + 8000 + 2));
+    sud::want_callbacks(None, None);
+
     // Dispatch off: every site has its original bytes back.
     sud::disable();
     assert_eq!(rewrite::counts().0, 0);
     assert_eq!(first_byte(getppid_addr()), 0xB8);
     // SAFETY: a raw read of libc's `close` wrapper bytes is fine; no preconditions for the call.
     unsafe { libc::getppid() };
-    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 1, "dispatch off");
+    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 2, "dispatch off");
     // SAFETY: closing our pipe.
     unsafe {
         libc::close(fds[0]);
