@@ -10,6 +10,8 @@ alternating, R times in each configuration:
   counting): libc's wrapper is a rewritten site (a jump to a trampoline), the inline
   instruction goes through Syscall User Dispatch (a SIGSYS);
 - userbpf with USERBPF_SYSCALL_REWRITE=0: libc's wrapper through dispatch too;
+- userbpf with a program on another call only (`sys_enter_getpid`): what every call costs
+  while some system call tracepoint is attached;
 - kernel: the same count in the kernel (bpftrace `tracepoint:syscalls:sys_enter_getppid
   { @c = count(); }`) while the target runs without userbpf.
 Prints a Markdown table of the medians (ns per call) and what each adds over the unprobed
@@ -35,12 +37,19 @@ RUNS = max(3, int(os.environ.get("SBENCH_RUNS", "7")))
 CALLS = int(os.environ.get("SBENCH_CALLS", "200000"))
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, count=False):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     m = re.search(r"libc ([\d.]+) inline ([\d.]+)", r.stdout)
     if r.returncode != 0 or not m:
         print(f"  ! {' '.join(cmd)}: exit {r.returncode}: {r.stderr[-400:]}", file=sys.stderr)
         return None
+    if count:
+        # The program's count, as `userbpf run` prints its maps at exit: every call of both
+        # kinds (the warm-up round and the timed ones).
+        c = re.search(r"calls = (\d+)", r.stdout)
+        want = 2 * (CALLS // 21) * 22
+        if not c or int(c.group(1)) != want:
+            print(f"  ! the program counted {c.group(1) if c else 'nothing'} of {want} calls", file=sys.stderr)
     return float(m.group(1)), float(m.group(2))
 
 
@@ -51,17 +60,21 @@ def main():
     try:
         target = os.path.join(work, "target")
         subprocess.run(["cc", "-O2", "-o", target, os.path.join(HERE, "target.c")], check=True)
-        obj = os.path.join(work, "count.bpf.o")
-        subprocess.run(["clang", "-target", "bpf", "-g", "-O2", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu",
-                        "-c", "-o", obj, os.path.join(HERE, "count.bpf.c")], check=True)
+        objs = {}
+        for name in ("count", "other"):
+            objs[name] = os.path.join(work, f"{name}.bpf.o")
+            subprocess.run(["clang", "-target", "bpf", "-g", "-O2", "-D__TARGET_ARCH_x86", "-I/usr/include/x86_64-linux-gnu",
+                            "-c", "-o", objs[name], os.path.join(HERE, f"{name}.bpf.c")], check=True)
+        obj = objs["count"]
         env = dict(os.environ, USERBPF_SHM_DIR=work)
         off = dict(env, USERBPF_SYSCALL_REWRITE="0")
-        res = {k: [] for k in ("none", "userbpf", "sud", "kernel")}
+        res = {k: [] for k in ("none", "userbpf", "sud", "other", "kernel")}
         bpftrace = shutil.which("bpftrace")
         for _ in range(RUNS):
             res["none"].append(run([target, str(CALLS)]))
-            res["userbpf"].append(run([USERBPF, "run", obj, "--", target, str(CALLS)], env))
-            res["sud"].append(run([USERBPF, "run", obj, "--", target, str(CALLS)], off))
+            res["userbpf"].append(run([USERBPF, "run", obj, "--", target, str(CALLS)], env, count=True))
+            res["sud"].append(run([USERBPF, "run", obj, "--", target, str(CALLS)], off, count=True))
+            res["other"].append(run([USERBPF, "run", objs["other"], "--", target, str(CALLS)], env))
             if bpftrace:
                 bt = subprocess.Popen([bpftrace, "-e", "tracepoint:syscalls:sys_enter_getppid { @c = count(); }"],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -85,9 +98,10 @@ def main():
             "none": "unprobed (no agent, no tracepoint)",
             "userbpf": "userbpf: libc's site rewritten / inline through dispatch (SIGSYS)",
             "sud": "userbpf, USERBPF_SYSCALL_REWRITE=0: both through dispatch",
+            "other": "userbpf, a program on sys_enter_getpid only (getppid has none)",
             "kernel": "kernel tracepoint (bpftrace count())",
         }
-        for k in ("none", "userbpf", "sud", "kernel"):
+        for k in ("none", "userbpf", "sud", "other", "kernel"):
             if k not in med:
                 continue
             a, b = med[k]
