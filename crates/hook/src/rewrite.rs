@@ -340,8 +340,19 @@ fn build() -> Result<State, String> {
     let fp = stubs::detect_fpsave();
     let common_page = patch::alloc_near(text.0).ok_or("no free memory near libc for the system call stub")?;
     let full = std::env::var_os("USERBPF_HOOK_FULL_FPSAVE").is_some_and(|v| !v.is_empty() && v != "0");
-    let common = stubs::syscall_common(common_page as u64, fp, full, dispatch as *const () as usize as u64)
-        .map_err(|e| e.to_string())?;
+    let gadget = crate::sud::gadget();
+    if gadget == 0 {
+        return Err("system call dispatch is not set up".into());
+    }
+    let common = stubs::syscall_common(
+        common_page as u64,
+        fp,
+        full,
+        dispatch as *const () as usize as u64,
+        crate::sud::fast_table(),
+        gadget,
+    )
+    .map_err(|e| e.to_string())?;
     patch::seal_page(common_page, &[(0, &common)])?;
     let mut sites = Vec::with_capacity(found.len());
     let mut page = 0usize;

@@ -1200,6 +1200,8 @@ fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError
 /// and a `call`, so `[rsp]` is the site's data (the return address, never returned to):
 ///
 /// ```text
+/// rax < 512 and sud::FAST[rax]?  ; no callback wants the call, nothing else to do:
+///   call page's `syscall; ret` ; r11 = data.back ; rsp back ; jmp r11
 /// lea rsp,[rsp-168]              ; struct pt_regs at rsp, data at +168
 /// every GPR and the flags (rebuilt from lahf/seto) into it
 /// rbx = regs ; FP save            ; see `syscall_fp_save` (or the full one)
@@ -1212,8 +1214,34 @@ fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError
 /// `r11` (and `rcx`) are the registers the `syscall` instruction clobbers itself, so the
 /// program keeps nothing in them across the site; the dispatcher puts in `rcx` what the
 /// kernel would (the address after the `syscall`).
-pub(crate) fn syscall_common(ip: u64, fp: FpSave, full: bool, dispatch: u64) -> Result<Vec<u8>, IcedError> {
+pub(crate) fn syscall_common(
+    ip: u64,
+    fp: FpSave,
+    full: bool,
+    dispatch: u64,
+    fast: u64,
+    gadget: u64,
+) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
+    let mut slow = a.create_label();
+    // A call no callback wants and that needs nothing else (`sud::FAST`): made here, from the
+    // page's `syscall; ret`, with the program's registers as they are (rcx and r11 are the
+    // scratch registers: `syscall` clobbers them itself).
+    a.cmp(rax, 511)?;
+    a.ja(slow)?;
+    a.mov(rcx, fast)?;
+    a.mov(r11, rax)?;
+    a.shr(r11, 6)?;
+    a.mov(r11, qword_ptr(rcx + r11 * 8))?;
+    a.bt(r11, rax)?;
+    a.jnc(slow)?;
+    a.mov(rcx, gadget)?;
+    a.call(rcx)?;
+    a.mov(r11, qword_ptr(rsp))?;
+    a.mov(r11, qword_ptr(r11))?;
+    a.lea(rsp, ptr(rsp + (8 + 128)))?;
+    a.jmp(r11)?;
+    a.set_label(&mut slow)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     // The flags are rebuilt (lahf/seto), not saved exactly, and not restored: the status
     // flags are dead across a `syscall` of libc's (GCC's x86 inline assembly always clobbers

@@ -138,6 +138,52 @@ pub fn want_callbacks(enter: Option<&[u32]>, exit: Option<&[u32]>) {
             w.store(b, SeqCst);
         }
     }
+    update_fast();
+}
+
+/// The calls a rewritten site makes straight from its stub (`stubs::syscall_common`), with
+/// no callback and nothing else to do: neither side wants them and [`call_as_program`] /
+/// [`site_call`] change nothing for them. Rebuilt by [`want_callbacks`]; none until then.
+static FAST: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(0) }; WANT_NRS / 64];
+
+/// Whether a call needs more than the plain call when made for the program (see
+/// [`call_as_program`], [`site_call`], [`needs_dispatch`]).
+fn special(nr: usize) -> bool {
+    needs_dispatch(nr as u64)
+        || matches!(
+            nr as i64,
+            libc::SYS_rt_sigaction
+                | libc::SYS_rt_sigprocmask
+                | libc::SYS_rt_sigsuspend
+                | libc::SYS_ppoll
+                | libc::SYS_epoll_pwait
+                | libc::SYS_epoll_pwait2
+                | libc::SYS_pselect6
+        )
+}
+
+fn update_fast() {
+    for w in 0..WANT_NRS / 64 {
+        let mut fast = !(WANT_ENTER[w].load(SeqCst) | WANT_EXIT[w].load(SeqCst));
+        for b in 0..64 {
+            let nr = w * 64 + b;
+            if special(nr) || nr == WANT_NRS - 1 {
+                fast &= !(1 << b);
+            }
+        }
+        FAST[w].store(fast, SeqCst);
+    }
+}
+
+/// The address of the table of calls a rewritten site's stub makes itself (one bit per
+/// number below 512; see [`FAST`]).
+pub(crate) fn fast_table() -> u64 {
+    FAST.as_ptr() as u64
+}
+
+/// The page's `syscall; ret` (0 before dispatch was set up).
+pub(crate) fn gadget() -> u64 {
+    PAGE.load(SeqCst) as u64
 }
 
 fn wanted(set: &[AtomicU64; WANT_NRS / 64], nr: u64) -> bool {

@@ -230,12 +230,31 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     // Only getppid wanted: a close through a rewritten site runs no callback (as the kernel
     // runs no program for a call without one), getppid still does.
     sud::want_callbacks(Some(&[libc::SYS_getppid as u32]), Some(&[libc::SYS_getppid as u32]));
+    // The close is made straight from the sites' stub: its result and errno as ever.
     // SAFETY: closing a descriptor that does not exist; no preconditions for getppid.
-    unsafe {
-        libc::close(987_654);
-        libc::getppid();
-    }
+    let (r, errno) = unsafe { (libc::close(987_654), *libc::__errno_location()) };
+    assert_eq!((r, errno), (-1, libc::EBADF));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::getppid() }, ppid);
     assert_eq!((CLOSE_BAD.load(SeqCst), PPID_ENTER.load(SeqCst)), (1, 1004 + 8000 + 2));
+    // A call that needs more than the plain call (rt_sigprocmask keeps SIGSYS unblocked) is
+    // not made from the stub.
+    // SAFETY: blocking every signal on this thread, then reading the mask back and restoring it.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut now: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        // Raw calls through syscall(), past libc's sigprocmask (which has a guard probe).
+        let mask = |set: *const libc::sigset_t, old: *mut libc::sigset_t| {
+            libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, set, old, 8)
+        };
+        assert_eq!(mask(&all, &mut old), 0);
+        assert_eq!(mask(std::ptr::null(), &mut now), 0);
+        assert_eq!(libc::sigismember(&now, libc::SIGSYS), 0, "SIGSYS blocked");
+        assert_eq!(libc::sigismember(&now, libc::SIGUSR1), 1);
+        assert_eq!(mask(&old, std::ptr::null_mut()), 0);
+    }
     sud::want_callbacks(None, None);
 
     // Dispatch off: every site has its original bytes back.
