@@ -3,13 +3,13 @@
 //! to per-site trampolines that run the programs and make the call without a signal.
 //!
 //! ## Which sites
-//! libc's executable `PT_LOAD` segments are decoded (iced-x86, a linear sweep of the file's
-//! bytes, which holds only code in glibc) and every `syscall` instruction whose preceding
-//! instruction is at least five bytes long and falls through into it is a site: glibc 2.36
-//! has 526 `syscall`s, 436 of them right after `mov eax, NR` (five bytes: `getpid`,
-//! `__close_nocancel`, the `openat` of `fopen`, `read`, `write`...), and the generic
-//! `syscall()` ends with `mov r9, [rsp+8]; syscall`. That instruction (the *window*) becomes
-//! a `jmp rel32` to the site's trampoline; the `syscall` itself stays where it is. So:
+//! libc's executable `PT_LOAD` segment is decoded (iced-x86, a linear sweep of the file's
+//! bytes, which holds only code in glibc) and every `syscall` instruction is a site: glibc
+//! 2.36 has 526 `syscall`s, 436 of them right after `mov eax, NR` (five bytes: `getpid`,
+//! `__close_nocancel`, the `openat` of `fopen`, `write`...), and the generic `syscall()`
+//! ends with `mov r9, [rsp+8]; syscall`. The instruction before the `syscall` (the
+//! *window*) becomes a `jmp rel32` to the site's trampoline; the `syscall` itself stays
+//! where it is. So:
 //! * no branch can land inside the patch: it replaces one whole instruction (a branch to its
 //!   start goes through the trampoline, a branch to the `syscall` runs the original one);
 //! * a thread blocked in the call when the site is rewritten, or one the kernel restarts
@@ -20,14 +20,26 @@
 //!   stack and registers at the instruction, or its signal frame); a site whose number is
 //!   only known when it runs (`syscall()`) sends those calls to its own `syscall`.
 //!
-//! Not rewritten (left to dispatch, each call a `SIGSYS`): the other 90 `syscall`s of glibc
-//! 2.36, whose preceding instruction is shorter than five bytes (the `futex` calls of the
-//! lock code, `mov eax, r8d; syscall` in the cancellable wrappers' slow paths, ...): taking
-//! more instructions needs the branch targets of the whole function, jump tables included,
-//! which a stripped libc does not give; every other object (the executable, other libraries,
-//! the dynamic loader, JIT code); and a window that overlaps a probe of the hook's (the probe
-//! keeps its place, the site is left to dispatch). A probe attached later over a rewritten
-//! window takes it back (`yield_range`).
+//! Where the instruction before the `syscall` is shorter (`xor eax, eax; syscall` in `read`,
+//! `mov eax, r8d; syscall` in the futex code), the window takes the instructions before it
+//! too, up to five bytes (at most six instructions, 32 bytes), each falling through to the
+//! next or a conditional branch (moved with its target kept), none a call: then no branch
+//! anywhere in libc may land between them. The targets are found in the same pass over the
+//! text ([`Targets`]): direct branches and calls, RIP-relative code addresses, every entry of
+//! every jump table a RIP-relative `lea` points at (read while it lands in the text: more
+//! than the real entries, never fewer), `endbr64`s and exported functions. A thread between
+//! two window instructions when the jump goes in is moved to their copy (`patch`'s fixup).
+//! The scan (tens of milliseconds) is kept in `/dev/shm/.userbpf-libc-sites-UID-...` for the
+//! next process, keyed by the file's device, inode, size and time, each window decoded again
+//! and checked when read back.
+//!
+//! Not rewritten (left to dispatch, each call a `SIGSYS`): in glibc 2.36, 10 of the 526
+//! `syscall`s: `rt_sigreturn`, `clone` (twice), `clone3`, `vfork` (by design), the exit
+//! loops of `_exit` and of the start code (their instructions are a loop head), and
+//! `__read_nocancel` (its `syscall` is its second instruction); every other object (the
+//! executable, other libraries, the dynamic loader, JIT code); and a window that overlaps a
+//! probe of the hook's (the probe keeps its place, the site is left to dispatch). A probe
+//! attached later over a rewritten window takes it back (`yield_range`).
 //!
 //! ## The trampoline
 //! ```text
@@ -120,8 +132,7 @@ unsafe extern "C" fn dispatch(regs: *mut PtRegs, data: *const SiteData) -> u64 {
     d.back
 }
 
-/// A `syscall` site found in the file: the window (one instruction) and the call's number
-/// when the window sets it.
+/// A `syscall` site found in the file: its window.
 struct Found {
     at: usize,
     len: usize,
@@ -143,148 +154,256 @@ fn static_nr(ins: &Instruction) -> Option<u64> {
     }
 }
 
-/// The sites of libc's text (see the module docs), with the text's mapping.
+/// The sites of libc's text (see the module docs), with the text's mapping. One pass of the
+/// decoder over the executable segment, keeping the last few instructions before each
+/// `syscall` and every address control may reach other than by falling through (see
+/// [`Targets`]); the windows are chosen after it.
 fn scan() -> Result<(Vec<Found>, Text), String> {
-    use object::{Object, ObjectSegment, SegmentFlags};
+    scan_with(true)
+}
+
+/// [`scan`], with the cache of an earlier scan (`cached`) or without.
+fn scan_with(cached: bool) -> Result<(Vec<Found>, Text), String> {
+    use object::{Object, ObjectSegment, ObjectSymbol, SegmentFlags};
     let libc = crate::symbols::loaded_objects()
         .into_iter()
         .find(|o| o.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libc.so")))
         .ok_or("libc is not loaded in this process")?;
     let data = std::fs::read(&libc.path).map_err(|e| format!("{}: {e}", libc.path.display()))?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", libc.path.display()))?;
-    let mut found = Vec::new();
-    let mut text = None;
-    let mut segs: Vec<(usize, &[u8], Vec<Instruction>)> = Vec::new();
-    for seg in file.segments() {
-        let SegmentFlags::Elf { p_flags } = seg.flags() else { continue };
-        if p_flags & object::elf::PF_X == 0 {
-            continue;
-        }
-        let bytes = seg.data().map_err(|e| format!("{}: {e}", libc.path.display()))?;
-        let start = libc.bias.wrapping_add(seg.address() as usize);
-        let map = patch::mapping_of(start).ok_or("libc's text is not mapped")?;
-        if text.is_none() {
-            // The segment, whole pages (its mapping may be split by earlier patches).
-            let end = (start + bytes.len() + PAGE - 1) & !(PAGE - 1);
-            text = Some((start & !(PAGE - 1), end, map.prot));
-        }
-        let mut dec = Decoder::with_ip(64, bytes, start as u64, DecoderOptions::NONE);
-        let mut all: Vec<Instruction> = Vec::with_capacity(bytes.len() / 4);
-        while dec.can_decode() {
-            all.push(dec.decode());
-        }
-        segs.push((start, bytes, all));
+    let bias = libc.bias as u64;
+    let seg = file
+        .segments()
+        .find(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+        .ok_or("libc has no executable segment")?;
+    let bytes = seg.data().map_err(|e| format!("{}: {e}", libc.path.display()))?;
+    let start = bias + seg.address();
+    let map = patch::mapping_of(start as usize).ok_or("libc's text is not mapped")?;
+    // The segment, whole pages (its mapping may be split by earlier patches).
+    let text: Text =
+        ((start as usize) & !(PAGE - 1), (start as usize + bytes.len() + PAGE - 1) & !(PAGE - 1), map.prot);
+    let end = start + bytes.len() as u64;
+    let cache = if cached { cache_path(&libc.path) } else { None };
+    if let Some(found) = cache.as_deref().and_then(|c| from_cache(c, bytes, start)) {
+        return Ok((found, text));
     }
-    let text = text.ok_or("libc has no executable segment")?;
-    let targets = branch_targets(&file, libc.bias, &segs, text);
-    for (start, bytes, all) in &segs {
-        for (j, ins) in all.iter().enumerate() {
-            if ins.mnemonic() != Mnemonic::Syscall || ins.next_ip() > text.1 as u64 {
-                continue;
-            }
-            if let Some(w) = window(all, j, &targets) {
-                let at = w[0].ip() as usize;
-                let len = ins.ip() as usize - at;
-                if w.len() == 1 && static_nr(&w[0]).is_some_and(crate::sud::needs_dispatch) {
-                    continue;
-                }
-                let off = at - start;
-                let mut orig = [0u8; MAX_WINDOW];
-                orig[..len].copy_from_slice(&bytes[off..off + len]);
-                found.push(Found { at, len, instrs: w, orig });
-            }
-        }
-    }
-    Ok((found, text))
-}
-
-/// Every address of libc's text that control may reach other than by falling through (a
-/// window must hold none but its first): targets of direct branches and calls, code
-/// addresses taken RIP-relatively (function pointers), the entries of jump tables (read from
-/// every table a RIP-relative `lea` points at outside the text, entry by entry while they
-/// land in the text: more than the real entries, never fewer), `endbr64`s (indirect branch
-/// targets) and the exported functions.
-fn branch_targets(
-    file: &object::File,
-    bias: usize,
-    segs: &[(usize, &[u8], Vec<Instruction>)],
-    text: Text,
-) -> std::collections::HashSet<u64> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let in_text = |a: u64| a >= text.0 as u64 && a < text.1 as u64;
-    let mut t = std::collections::HashSet::new();
     // Other segments' bytes by address, for the jump tables.
-    let data: Vec<(u64, &[u8])> =
-        file.segments().filter_map(|s| Some((bias as u64 + s.address(), s.data().ok()?))).collect();
+    let segs: Vec<(u64, &[u8])> = file.segments().filter_map(|s| Some((bias + s.address(), s.data().ok()?))).collect();
     let read_i32 = |a: u64| -> Option<i32> {
-        let (base, d) = data.iter().find(|(b, d)| a >= *b && a + 4 <= b + d.len() as u64)?;
+        let (base, d) = segs.iter().find(|(b, d)| a >= *b && a + 4 <= b + d.len() as u64)?;
         let o = (a - base) as usize;
         Some(i32::from_le_bytes(d[o..o + 4].try_into().ok()?))
     };
-    for (_, _, all) in segs {
-        for ins in all {
-            if ins.is_invalid() {
-                continue;
+    let mut targets = Targets { start, bits: vec![0u64; bytes.len() / 64 + 1] };
+    let mut ring = [Instruction::default(); RING];
+    let mut n = 0usize;
+    let mut cands: Vec<(Vec<Instruction>, u64)> = Vec::new();
+    let mut dec = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE);
+    let mut ins = Instruction::default();
+    while dec.can_decode() {
+        dec.decode_out(&mut ins);
+        if ins.is_invalid() {
+            n = 0;
+            continue;
+        }
+        match ins.mnemonic() {
+            Mnemonic::Syscall => {
+                let k = n.min(RING);
+                let prev: Vec<Instruction> = (0..k).map(|i| ring[(n - k + i) % RING]).collect();
+                cands.push((prev, ins.ip()));
             }
-            if ins.mnemonic() == Mnemonic::Endbr64 {
-                t.insert(ins.ip());
-            }
-            if ins.is_jcc_short_or_near()
-                || ins.is_jmp_short_or_near()
-                || ins.is_call_near()
-                || ins.is_loop()
-                || ins.is_loopcc()
-                || ins.is_jcx_short()
-            {
-                t.insert(ins.near_branch_target());
-            }
-            if ins.is_ip_rel_memory_operand() {
-                let a = ins.ip_rel_memory_address();
-                if in_text(a) {
-                    t.insert(a);
-                } else if ins.mnemonic() == Mnemonic::Lea {
-                    for k in 0..4096u64 {
-                        match read_i32(a + 4 * k) {
-                            Some(e) if in_text(a.wrapping_add(e as i64 as u64)) => {
-                                t.insert(a.wrapping_add(e as i64 as u64));
-                            }
-                            _ => break,
-                        }
+            Mnemonic::Endbr64 => targets.add(ins.ip()),
+            _ => {}
+        }
+        if ins.is_jcc_short_or_near()
+            || ins.is_jmp_short_or_near()
+            || ins.is_call_near()
+            || ins.is_loop()
+            || ins.is_loopcc()
+            || ins.is_jcx_short()
+        {
+            targets.add(ins.near_branch_target());
+        }
+        if ins.is_ip_rel_memory_operand() {
+            let a = ins.ip_rel_memory_address();
+            if a >= start && a < end {
+                targets.add(a);
+            } else if ins.mnemonic() == Mnemonic::Lea {
+                // A jump table's entries are relative to its start.
+                for k in 0..4096u64 {
+                    match read_i32(a + 4 * k).map(|e| a.wrapping_add(e as i64 as u64)) {
+                        Some(t) if t >= start && t < end => targets.add(t),
+                        _ => break,
                     }
                 }
             }
         }
+        ring[n % RING] = ins;
+        n += 1;
     }
     for sym in file.dynamic_symbols().chain(file.symbols()) {
         if sym.kind() == object::SymbolKind::Text {
-            t.insert(bias as u64 + sym.address());
+            targets.add(bias + sym.address());
         }
     }
-    t
+    let mut found = Vec::new();
+    for (prev, sys) in cands {
+        if sys + 2 > end {
+            continue;
+        }
+        let Some(w) = window(&prev, sys, &targets) else { continue };
+        if w.len() == 1 && static_nr(&w[0]).is_some_and(crate::sud::needs_dispatch) {
+            continue;
+        }
+        let at = w[0].ip();
+        let len = (sys - at) as usize;
+        let off = (at - start) as usize;
+        let mut orig = [0u8; MAX_WINDOW];
+        orig[..len].copy_from_slice(&bytes[off..off + len]);
+        found.push(Found { at: at as usize, len, instrs: w, orig });
+    }
+    if let Some(c) = cache {
+        to_cache(&c, &found, start);
+    }
+    Ok((found, text))
 }
 
-/// The window of the `syscall` at `all[j]`: the instructions right before it, as few as
-/// give five bytes, each falling through to the next (a conditional branch may leave), none a
-/// call, a `syscall` or a trap, and none but the first a branch target.
-fn window(all: &[Instruction], j: usize, targets: &std::collections::HashSet<u64>) -> Option<Vec<Instruction>> {
-    let sys = all[j].ip();
+/// Where the windows found in a libc file are kept for the next process (a scan takes tens
+/// of milliseconds): a file of this user's in `/dev/shm` (hidden, apart from the sessions'
+/// `userbpf-UID-NAME`) named after the file's device, inode, size and modification time, so
+/// that another libc (or the same path replaced) is scanned again.
+fn cache_path(libc: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(libc).ok()?;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    Some(std::path::PathBuf::from(format!(
+        "/dev/shm/.userbpf-libc-sites-{uid}-v1-{:x}-{:x}-{:x}-{:x}.{:x}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec()
+    )))
+}
+
+const CACHE_MAGIC: &[u8; 8] = b"ubpfsys1";
+
+/// The windows kept in `path` (see [`cache_path`]): only from a regular file of this user's
+/// that no one else may write, and each window decoded again from the file's bytes and
+/// checked (whole instructions ending at a `syscall`). `None`: scan again.
+fn from_cache(path: &std::path::Path, bytes: &[u8], start: u64) -> Option<Vec<Found>> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
+    let m = f.metadata().ok()?;
+    // SAFETY: geteuid has no preconditions.
+    if !m.is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o022 != 0 {
+        return None;
+    }
+    let mut data = Vec::new();
+    f.read_to_end(&mut data).ok()?;
+    let body = data.strip_prefix(CACHE_MAGIC)?;
+    if body.len() % 5 != 0 {
+        return None;
+    }
+    let mut found = Vec::with_capacity(body.len() / 5);
+    for rec in body.chunks_exact(5) {
+        let off = u32::from_le_bytes(rec[..4].try_into().ok()?) as usize;
+        let len = rec[4] as usize;
+        if !(5..=MAX_WINDOW).contains(&len) || bytes.get(off + len..off + len + 2)? != [0x0F, 0x05] {
+            return None;
+        }
+        let mut dec = Decoder::with_ip(64, &bytes[off..off + len], start + off as u64, DecoderOptions::NONE);
+        let mut instrs = Vec::new();
+        while dec.can_decode() {
+            let ins = dec.decode();
+            if ins.is_invalid() || !matches!(ins.flow_control(), FlowControl::Next | FlowControl::ConditionalBranch) {
+                return None;
+            }
+            instrs.push(ins);
+        }
+        if instrs.last()?.next_ip() != start + (off + len) as u64 {
+            return None;
+        }
+        let mut orig = [0u8; MAX_WINDOW];
+        orig[..len].copy_from_slice(&bytes[off..off + len]);
+        found.push(Found { at: (start as usize) + off, len, instrs, orig });
+    }
+    Some(found)
+}
+
+/// Keeps the windows found for the next process (best effort: a file made whole under
+/// another name, then renamed).
+fn to_cache(path: &std::path::Path, found: &[Found], start: u64) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut data = CACHE_MAGIC.to_vec();
+    for f in found {
+        data.extend_from_slice(&((f.at as u64 - start) as u32).to_le_bytes());
+        data.push(f.len as u8);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&data));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Instructions kept before each `syscall` (a window takes at most six).
+const RING: usize = 8;
+
+/// Every address of libc's text that control may reach other than by falling through (a
+/// window must hold none but its first), one bit per byte: targets of direct branches and
+/// calls, code addresses taken RIP-relatively (function pointers), the entries of jump tables
+/// (read from every table a RIP-relative `lea` points at outside the text, entry by entry
+/// while they land in the text: more than the real entries, never fewer), `endbr64`s
+/// (indirect branch targets) and the exported functions.
+struct Targets {
+    start: u64,
+    bits: Vec<u64>,
+}
+
+impl Targets {
+    fn add(&mut self, a: u64) {
+        if let Some(i) = a.checked_sub(self.start).map(|o| o as usize)
+            && let Some(w) = self.bits.get_mut(i / 64)
+        {
+            *w |= 1 << (i % 64);
+        }
+    }
+    fn has(&self, a: u64) -> bool {
+        a.checked_sub(self.start)
+            .map(|o| o as usize)
+            .and_then(|i| self.bits.get(i / 64).map(|w| w & (1 << (i % 64)) != 0))
+            .unwrap_or(false)
+    }
+}
+
+/// The window of the `syscall` at `sys` from the instructions before it (`prev`, the last
+/// one right before it, when the decode ran straight into it): as few as give five bytes,
+/// each falling through to the next (a conditional branch may leave), none a call, a
+/// `syscall` or a trap, and none but the first a branch target.
+fn window(prev: &[Instruction], sys: u64, targets: &Targets) -> Option<Vec<Instruction>> {
     let mut w = Vec::new();
-    let mut i = j;
     let mut next = sys;
+    let mut it = prev.iter().rev();
     while sys - next < 5 {
-        i = i.checked_sub(1)?;
-        let ins = all[i];
-        if ins.is_invalid() || ins.next_ip() != next || w.len() >= 6 {
+        let ins = *it.next()?;
+        if ins.next_ip() != next || w.len() >= 6 {
             return None;
         }
         match ins.flow_control() {
             FlowControl::Next | FlowControl::ConditionalBranch => {}
             _ => return None,
         }
-        if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Endbr64) && !w.is_empty() {
-            return None;
-        }
-        if ins.mnemonic() == Mnemonic::Syscall {
+        if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Endbr64) {
             return None;
         }
         next = ins.ip();
@@ -295,7 +414,7 @@ fn window(all: &[Instruction], j: usize, targets: &std::collections::HashSet<u64
     }
     // A branch may go to the window's first instruction (the jump) or to the `syscall` (the
     // original one runs), never in between.
-    if w.iter().skip(1).any(|ins| targets.contains(&ins.ip())) {
+    if w.iter().skip(1).any(|ins| targets.has(ins.ip())) {
         return None;
     }
     Some(w)
@@ -562,12 +681,29 @@ pub fn is_rewritten(addr: usize) -> bool {
 mod tests {
     use super::*;
 
+    /// The start of libc's executable segment (the scan's `start`): libc's bias plus the
+    /// segment's address.
+    fn text_start(_: &[Found]) -> usize {
+        use object::{Object, ObjectSegment, SegmentFlags};
+        let libc = crate::symbols::loaded_objects()
+            .into_iter()
+            .find(|o| o.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libc.so")))
+            .unwrap();
+        let data = std::fs::read(&libc.path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let seg = file
+            .segments()
+            .find(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0))
+            .unwrap();
+        libc.bias + seg.address() as usize
+    }
+
     /// libc's `syscall` sites: most get a window (glibc 2.36: all but the few whose number
     /// needs dispatch or whose instructions before are a branch target or a call); the
     /// others are printed, by their offset in libc.
     #[test]
     fn most_of_libcs_sites_get_a_window() {
-        let (found, text) = scan().expect("scan libc");
+        let (found, text) = scan_with(false).expect("scan libc");
         let libc = crate::symbols::loaded_objects()
             .into_iter()
             .find(|o| o.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libc.so")))
@@ -587,6 +723,22 @@ mod tests {
             all.iter().filter(|a| !sites.contains(a)).map(|a| format!("{:#x}", a - libc.bias)).collect();
         eprintln!("{} of {} `syscall`s have a window; left to dispatch: {}", sites.len(), all.len(), left.join(" "));
         assert!(sites.len() * 10 >= all.len() * 9, "{} of {}", sites.len(), all.len());
+        // The cache gives the same windows back, and refuses a file that does not match.
+        let dir = std::env::temp_dir().join(format!("userbpf-rewrite-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sites");
+        to_cache(&path, &found, text_start(&found) as u64);
+        // SAFETY: libc's text, mapped and readable (the windows' original bytes are compared
+        // below, not these).
+        let seg = unsafe { std::slice::from_raw_parts(text_start(&found) as *const u8, text.1 - text_start(&found)) };
+        let back = from_cache(&path, seg, text_start(&found) as u64).expect("cache read back");
+        assert_eq!(back.len(), found.len());
+        for (a, b) in back.iter().zip(&found) {
+            assert_eq!((a.at, a.len, a.instrs.len()), (b.at, b.len, b.instrs.len()));
+        }
+        std::fs::write(&path, b"ubpfsys1\x00\x00\x00\x00\x05").unwrap();
+        assert!(from_cache(&path, seg, text_start(&found) as u64).is_none(), "a window not ending at a syscall");
+        std::fs::remove_dir_all(&dir).unwrap();
         // Every window ends right before its `syscall` and is at least five bytes long.
         for f in &found {
             assert!(f.len >= 5 && f.len <= MAX_WINDOW);
