@@ -25,7 +25,7 @@
 //! too, up to five bytes (at most six instructions, 32 bytes), each falling through to the
 //! next or a conditional branch (moved with its target kept), none a call: then no branch
 //! anywhere in libc may land between them. The targets are found in the same pass over the
-//! text ([`Targets`]): direct branches and calls, RIP-relative code addresses, every entry of
+//! text (`Targets`): direct branches and calls, RIP-relative code addresses, every entry of
 //! every jump table a RIP-relative `lea` points at (read while it lands in the text: more
 //! than the real entries, never fewer), `endbr64`s and exported functions. A thread between
 //! two window instructions when the jump goes in is moved to their copy (`patch`'s fixup).
@@ -51,7 +51,7 @@
 //! `stubs::syscall_common` saves every register and the FP state libc may have live there
 //! (xmm0-15, MXCSR, x87: `stubs::syscall_fp_save` says why; the whole state with
 //! `USERBPF_HOOK_FULL_FPSAVE=1`), and calls
-//! [`dispatch`], which runs the enter programs, makes the call from dispatch's page (the one
+//! `dispatch`, which runs the enter programs, makes the call from dispatch's page (the one
 //! range dispatch allows) and runs the exit programs (`sud::site_call`: the same rules as a
 //! dispatched call, the agent's own calls never seen), then resumes after the `syscall` with
 //! the result in `rax` (`rcx` = that address, as the kernel leaves it; `r11` clobbered, as by
@@ -62,12 +62,12 @@
 //! The windows are written with the hook's live-patching protocol (`patch`), batched over
 //! every site: `int3` on each first byte, a broadcast, the four other bytes, a broadcast, the
 //! `jmp` opcodes. A thread meeting an `int3` meanwhile goes to the trampoline (the site is
-//! registered with the `SIGTRAP` handler). [`remove`] (the last system call tracepoint
+//! registered with the `SIGTRAP` handler). `remove` (the last system call tracepoint
 //! detached, `userbpf detach`) writes the original bytes back the same way; trampolines stay
 //! mapped (a thread may be inside one, blocked in its call) and are reused by the next
-//! [`apply`]. A forked child keeps the rewritten text and its trampolines.
+//! `apply`. A forked child keeps the rewritten text and its trampolines.
 //!
-//! `USERBPF_SYSCALL_REWRITE=0` (read at each [`apply`]) leaves every site to dispatch (for
+//! `USERBPF_SYSCALL_REWRITE=0` (read at each `apply`) leaves every site to dispatch (for
 //! comparisons).
 
 use std::sync::Mutex;

@@ -15,8 +15,8 @@
 //! microseconds, see the README), paid only while dispatch is on (while a system call
 //! tracepoint is attached). Meanwhile libc's own `syscall` sites are rewritten into jumps to
 //! trampolines that do the same work without the signal (`crate::rewrite`, through
-//! [`site_call`]); dispatch stays for every site not rewritten, and for the calls those sites
-//! leave to it ([`needs_dispatch`]).
+//! `site_call`); dispatch stays for every site not rewritten, and for the calls those sites
+//! leave to it (`needs_dispatch`).
 //!
 //! userbpf's own work is not dispatched to the callbacks: threads userbpf made
 //! (`thread::mark_thread_ours`) have dispatch off, and a call made while probes are off on the
