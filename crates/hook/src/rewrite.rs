@@ -514,17 +514,35 @@ fn build() -> Result<State, String> {
     Ok(State { sites, text })
 }
 
-/// Writes `(addr, bytes)` into libc's text, which is made writable once for all of them.
+/// Writes `(addr, bytes)` into libc's text: the pages they touch are made writable (runs of
+/// adjacent pages at once) for the stores, then given back `text`'s protection.
 fn write_all(text: Text, writes: &[(usize, &[u8])]) -> Result<(), String> {
-    if writes.is_empty() {
-        return Ok(());
+    let mut pages: Vec<usize> = writes
+        .iter()
+        .flat_map(|(a, b)| (a / PAGE..=(a + b.len().max(1) - 1) / PAGE).map(|p| p * PAGE))
+        .filter(|p| *p >= text.0 && *p < text.1)
+        .collect();
+    pages.sort_unstable();
+    pages.dedup();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for p in pages {
+        match runs.last_mut() {
+            Some((_, end)) if *end == p => *end += PAGE,
+            _ => runs.push((p, p + PAGE)),
+        }
     }
-    let (start, end, prot) = text;
     let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-    // SAFETY: libc's text mapping of this process; RWX keeps it executable for other threads.
-    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, rwx) } != 0 {
-        return Err(format!("mprotect(RWX) of libc's text failed: {}", std::io::Error::last_os_error()));
-    }
+    let protect = |prot: i32| -> Result<(), String> {
+        for (s, e) in &runs {
+            // SAFETY: pages of libc's text mapping of this process; RWX keeps them executable
+            // for other threads, and the restore gives them the mapping's protection back.
+            if unsafe { libc::mprotect(*s as *mut libc::c_void, e - s, prot) } != 0 {
+                return Err(format!("mprotect of libc's text at {s:#x} failed: {}", std::io::Error::last_os_error()));
+            }
+        }
+        Ok(())
+    };
+    protect(rwx)?;
     for (addr, bytes) in writes {
         for (i, b) in bytes.iter().enumerate() {
             // SAFETY: inside libc's text, writable now; volatile so the stores happen in order.
@@ -532,24 +550,25 @@ fn write_all(text: Text, writes: &[(usize, &[u8])]) -> Result<(), String> {
         }
     }
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: restores the mapping's protection.
-    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
-        return Err(format!("mprotect restore of libc's text failed: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
+    protect(text.2)
 }
 
 /// Writes `new(site)` over each of `sites` with the live-patching protocol (first byte
 /// `int3`, broadcast, the other bytes, broadcast, the first byte): batched over the sites of
-/// one instruction (no thread can be inside one), one at a time for the others, whose
-/// threads between two window instructions are moved to the trampoline's copies (`patch`'s
-/// fixup) when the jump goes in.
+/// one instruction (no thread can be inside one), one at a time for the others when their
+/// jumps go in while the process has other threads, whose threads between two window
+/// instructions are moved to the trampoline's copies (`patch`'s fixup).
 fn patch_sites(text: Text, sites: &[&Site], new: impl Fn(&Site) -> [u8; 5]) -> Result<(), String> {
     if sites.is_empty() {
         return Ok(());
     }
     patch::own_sigtrap();
-    let (single, multi): (Vec<&Site>, Vec<&Site>) = sites.iter().partition(|s| s.fix.is_empty());
+    // Threads to move out of a window's instructions: only when jumps go in, and when there
+    // are other threads. (While a jump is there, no thread is inside its original bytes.)
+    let patching_in = sites.iter().any(|s| new(s) == s.jmp);
+    let others = std::fs::read_dir("/proc/self/task").map(|d| d.count() > 1).unwrap_or(true);
+    let (single, multi): (Vec<&Site>, Vec<&Site>) =
+        sites.iter().partition(|s| s.fix.is_empty() || !patching_in || !others);
     let mut groups: Vec<Vec<&Site>> = multi.into_iter().map(|s| vec![s]).collect();
     groups.push(single);
     let int3 = [0xCCu8];

@@ -120,7 +120,9 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     std::thread::sleep(std::time::Duration::from_millis(100));
 
     sud::set_callbacks(on_enter, on_exit);
+    let t0 = std::time::Instant::now();
     sud::enable().expect("system call dispatch (Linux 5.11+)");
+    eprintln!("dispatch on and libc rewritten in {:?}", t0.elapsed());
     assert_eq!(sud::rewrite_error(), None);
     let (now, found) = rewrite::counts();
     assert!(found >= 400 && now >= 400, "rewritten {now} of {found} sites of libc");
