@@ -787,6 +787,16 @@ pub(crate) fn guard_sigtrap() {
 }
 
 extern "C" fn fixup_handler(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // The windows of libc's system call sites being rewritten (`crate::rewrite`), all at once.
+    {
+        let rip = rip_of(ctx);
+        // SAFETY: rip points into the live ucontext.
+        if let Some(to) = crate::rewrite::fixup(unsafe { *rip } as usize) {
+            // SAFETY: moving this thread to the equivalent relocated instruction.
+            unsafe { *rip = to as i64 };
+            FIXUPS.fetch_add(1, Relaxed);
+        }
+    }
     if FIX_ACTIVE.load(Acquire) {
         let rip = rip_of(ctx);
         // SAFETY: rip points into the live ucontext.
@@ -939,7 +949,7 @@ fn blocked_elsewhere(tid: i32) -> bool {
             return false;
         }
     }
-    true
+    crate::rewrite::fixup(pc).is_none()
 }
 
 /// Runs the fixup handler on every other thread that may need it (not threads blocked in

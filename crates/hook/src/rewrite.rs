@@ -28,7 +28,8 @@
 //! text (`Targets`): direct branches and calls, RIP-relative code addresses, every entry of
 //! every jump table a RIP-relative `lea` points at (read while it lands in the text: more
 //! than the real entries, never fewer), `endbr64`s and exported functions. A thread between
-//! two window instructions when the jump goes in is moved to their copy (`patch`'s fixup).
+//! two window instructions when the jump goes in is moved to their copy (by `patch`'s
+//! fixup handler, through `fixup`).
 //! The scan (tens of milliseconds) is kept in `/dev/shm/.userbpf-libc-sites-UID-...` for the
 //! next process, keyed by the file's device, inode, size and time, each window decoded again
 //! and checked when read back.
@@ -60,8 +61,9 @@
 //!
 //! ## Patching
 //! The windows are written with the hook's live-patching protocol (`patch`), batched over
-//! every site: `int3` on each first byte, a broadcast, the four other bytes, a broadcast, the
-//! `jmp` opcodes. A thread meeting an `int3` meanwhile goes to the trampoline (the site is
+//! every site: `int3` on each first byte, a broadcast (threads between two instructions of a
+//! window are moved to the trampoline's copies), the four other bytes, a broadcast, the `jmp`
+//! opcodes: two `mprotect`s of libc's text per step, two broadcasts in all. A thread meeting an `int3` meanwhile goes to the trampoline (the site is
 //! registered with the `SIGTRAP` handler). `remove` (the last system call tracepoint
 //! detached, `userbpf detach`) writes the original bytes back the same way; trampolines stay
 //! mapped (a thread may be inside one, blocked in its call) and are reused by the next
@@ -514,35 +516,18 @@ fn build() -> Result<State, String> {
     Ok(State { sites, text })
 }
 
-/// Writes `(addr, bytes)` into libc's text: the pages they touch are made writable (runs of
-/// adjacent pages at once) for the stores, then given back `text`'s protection.
+/// Writes `(addr, bytes)` into libc's text, which is made writable once for all of them
+/// (one `mprotect` there and one back: the text stays executable meanwhile).
 fn write_all(text: Text, writes: &[(usize, &[u8])]) -> Result<(), String> {
-    let mut pages: Vec<usize> = writes
-        .iter()
-        .flat_map(|(a, b)| (a / PAGE..=(a + b.len().max(1) - 1) / PAGE).map(|p| p * PAGE))
-        .filter(|p| *p >= text.0 && *p < text.1)
-        .collect();
-    pages.sort_unstable();
-    pages.dedup();
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    for p in pages {
-        match runs.last_mut() {
-            Some((_, end)) if *end == p => *end += PAGE,
-            _ => runs.push((p, p + PAGE)),
-        }
+    if writes.is_empty() {
+        return Ok(());
     }
+    let (start, end, prot) = text;
     let rwx = libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC;
-    let protect = |prot: i32| -> Result<(), String> {
-        for (s, e) in &runs {
-            // SAFETY: pages of libc's text mapping of this process; RWX keeps them executable
-            // for other threads, and the restore gives them the mapping's protection back.
-            if unsafe { libc::mprotect(*s as *mut libc::c_void, e - s, prot) } != 0 {
-                return Err(format!("mprotect of libc's text at {s:#x} failed: {}", std::io::Error::last_os_error()));
-            }
-        }
-        Ok(())
-    };
-    protect(rwx)?;
+    // SAFETY: libc's text mapping of this process; RWX keeps it executable for other threads.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, rwx) } != 0 {
+        return Err(format!("mprotect(RWX) of libc's text failed: {}", std::io::Error::last_os_error()));
+    }
     for (addr, bytes) in writes {
         for (i, b) in bytes.iter().enumerate() {
             // SAFETY: inside libc's text, writable now; volatile so the stores happen in order.
@@ -550,49 +535,70 @@ fn write_all(text: Text, writes: &[(usize, &[u8])]) -> Result<(), String> {
         }
     }
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    protect(text.2)
+    // SAFETY: restores the mapping's protection.
+    if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
+        return Err(format!("mprotect restore of libc's text failed: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The windows being rewritten whose threads must be moved (see [`fixup`]): a leaked table
+/// of `(window start, offset in the window, address in the trampoline)` sorted by address,
+/// published while their jumps go in.
+static FIXING: std::sync::atomic::AtomicPtr<Vec<(usize, usize, usize)>> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Where a thread at `pc` goes while windows are being rewritten: the trampoline's copy of
+/// the instruction at `pc` when it is inside a window (not its first instruction); `None`
+/// otherwise. Called by `patch`'s fixup signal handler (no lock, no allocation), and to
+/// know whether a thread blocked in the kernel must be signalled.
+pub(crate) fn fixup(pc: usize) -> Option<usize> {
+    let t = FIXING.load(std::sync::atomic::Ordering::Acquire);
+    if t.is_null() {
+        return None;
+    }
+    // SAFETY: published tables are leaked (a handler may read one after it is unpublished).
+    let t = unsafe { &*t };
+    let i = t.partition_point(|e| e.0 + e.1 < pc);
+    t.get(i).filter(|e| e.0 + e.1 == pc && e.1 != 0).map(|e| e.2)
 }
 
 /// Writes `new(site)` over each of `sites` with the live-patching protocol (first byte
-/// `int3`, broadcast, the other bytes, broadcast, the first byte): batched over the sites of
-/// one instruction (no thread can be inside one), one at a time for the others when their
-/// jumps go in while the process has other threads, whose threads between two window
-/// instructions are moved to the trampoline's copies (`patch`'s fixup).
+/// `int3` on each, broadcast, the other bytes, broadcast, the first bytes), all at once:
+/// while jumps go in, a thread between two instructions of a window is moved to the
+/// trampoline's copies by the broadcasts' handler ([`fixup`]). (While a jump is there, no
+/// thread is inside its original bytes: writing them back needs no move.)
 fn patch_sites(text: Text, sites: &[&Site], new: impl Fn(&Site) -> [u8; 5]) -> Result<(), String> {
+    use std::sync::atomic::Ordering::SeqCst;
     if sites.is_empty() {
         return Ok(());
     }
     patch::own_sigtrap();
-    // Threads to move out of a window's instructions: only when jumps go in, and when there
-    // are other threads. (While a jump is there, no thread is inside its original bytes.)
-    let patching_in = sites.iter().any(|s| new(s) == s.jmp);
-    let others = std::fs::read_dir("/proc/self/task").map(|d| d.count() > 1).unwrap_or(true);
-    let (single, multi): (Vec<&Site>, Vec<&Site>) =
-        sites.iter().partition(|s| s.fix.is_empty() || !patching_in || !others);
-    let mut groups: Vec<Vec<&Site>> = multi.into_iter().map(|s| vec![s]).collect();
-    groups.push(single);
-    let int3 = [0xCCu8];
-    for group in groups.iter().filter(|g| !g.is_empty()) {
-        let step1: Vec<(usize, &[u8])> = group.iter().map(|s| (s.at, &int3[..])).collect();
-        write_all(text, &step1)?;
-        let fixing = group.len() == 1 && !group[0].fix.is_empty() && new(group[0]) == group[0].jmp;
-        if fixing {
-            patch::set_fixup(group[0].at, group[0].len, &group[0].fix);
-        }
-        patch::broadcast();
-        let bytes: Vec<[u8; 5]> = group.iter().map(|s| new(s)).collect();
-        let step2: Vec<(usize, &[u8])> = group.iter().zip(&bytes).map(|(s, b)| (s.at + 1, &b[1..])).collect();
-        let r = write_all(text, &step2).and_then(|_| {
-            patch::broadcast();
-            let step3: Vec<(usize, &[u8])> = group.iter().zip(&bytes).map(|(s, b)| (s.at, &b[..1])).collect();
-            write_all(text, &step3)
-        });
-        if fixing {
-            patch::clear_fixup();
-        }
-        r?;
+    let mut table: Vec<(usize, usize, usize)> = sites
+        .iter()
+        .filter(|s| new(s) == s.jmp)
+        .flat_map(|s| s.fix.iter().map(move |(off, to)| (s.at, *off, *to)))
+        .collect();
+    table.sort_unstable_by_key(|e| e.0 + e.1);
+    if !table.is_empty() {
+        FIXING.store(Box::into_raw(Box::new(table)), SeqCst);
     }
-    Ok(())
+    let int3 = [0xCCu8];
+    let bytes: Vec<[u8; 5]> = sites.iter().map(|s| new(s)).collect();
+    let step1: Vec<(usize, &[u8])> = sites.iter().map(|s| (s.at, &int3[..])).collect();
+    let r = write_all(text, &step1).and_then(|_| {
+        patch::broadcast();
+        let step2: Vec<(usize, &[u8])> = sites.iter().zip(&bytes).map(|(s, b)| (s.at + 1, &b[1..])).collect();
+        write_all(text, &step2)
+    });
+    let r = r.and_then(|_| {
+        patch::broadcast();
+        let step3: Vec<(usize, &[u8])> = sites.iter().zip(&bytes).map(|(s, b)| (s.at, &b[..1])).collect();
+        write_all(text, &step3)
+    });
+    // The table stays allocated (a handler may still read it).
+    FIXING.store(std::ptr::null_mut(), SeqCst);
+    r
 }
 
 /// Whether `[lo, hi)` overlaps a site's window or its `syscall`.
