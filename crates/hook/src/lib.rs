@@ -591,6 +591,9 @@ pub fn release() -> Result<usize, HookError> {
 /// Rewrites libc's system call sites (`rewrite::apply`), away from the probes in place.
 pub(crate) fn rewrite_libc() -> Result<usize, String> {
     init().map_err(|e| e.to_string())?;
+    // The engine's handlers return through dispatch's page, never through libc's restorer
+    // (rewritten too, see `patch::return_through`).
+    patch::return_through(sud::restorer());
     let guard = registry();
     let taken: Vec<(usize, usize)> = guard
         .as_ref()

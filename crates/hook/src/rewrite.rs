@@ -15,10 +15,14 @@
 //! * a thread blocked in the call when the site is rewritten, or one the kernel restarts
 //!   (`-ERESTARTSYS` with `SA_RESTART`, `restart_syscall`: the kernel moves `rip` back onto
 //!   the `syscall`), runs the original `syscall`, which dispatch handles;
-//! * sites whose number is known (`mov eax, NR`) and is `rt_sigreturn`, `clone`, `clone3`,
-//!   `vfork` or `fork` are left to dispatch (`sud::needs_dispatch`: they need the program's
-//!   stack and registers at the instruction, or its signal frame); a site whose number is
-//!   only known when it runs (`syscall()`) sends those calls to its own `syscall`.
+//! * sites whose number is known (`mov eax, NR`) and is `clone`, `clone3`, `vfork` or `fork`
+//!   are left to dispatch (`sud::needs_dispatch`: the child returns where the parent called,
+//!   on the program's stack); a site whose number is only known when it runs (`syscall()`)
+//!   sends those calls to its own `syscall`;
+//! * `rt_sigreturn` (libc's `__restore_rt`, the return of every handler installed through
+//!   libc) runs the enter programs and resumes, with the registers as they were, at
+//!   dispatch's page's own `rt_sigreturn` (`sud::sigreturn_at_site`): no `SIGSYS` per
+//!   handler return, and none pushed on an alternate signal stack already in use.
 //!
 //! Where the instruction before the `syscall` is shorter (`xor eax, eax; syscall` in `read`,
 //! `mov eax, r8d; syscall` in the futex code), the window takes the instructions before it
@@ -34,8 +38,8 @@
 //! next process, keyed by the file's device, inode, size and time, each window decoded again
 //! and checked when read back.
 //!
-//! Not rewritten (left to dispatch, each call a `SIGSYS`): in glibc 2.36, 10 of the 526
-//! `syscall`s: `rt_sigreturn`, `clone` (twice), `clone3`, `vfork` (by design), the exit
+//! Not rewritten (left to dispatch, each call a `SIGSYS`): in glibc 2.36, 9 of the 526
+//! `syscall`s: `clone` (twice), `clone3`, `vfork` (by design), the exit
 //! loops of `_exit` and of the start code (their instructions are a loop head), and
 //! `__read_nocancel` (its `syscall` is its second instruction); every other object (the
 //! executable, other libraries, the dynamic loader, JIT code); and a window that overlaps a
@@ -129,6 +133,9 @@ unsafe extern "C" fn dispatch(regs: *mut PtRegs, data: *const SiteData) -> u64 {
     regs.sp = regs as *mut PtRegs as u64 + (stubs::PT_REGS_SIZE as u64 + 8 + 128);
     regs.cs = 0x33;
     regs.ss = 0x2b;
+    if nr == libc::SYS_rt_sigreturn as u64 {
+        return crate::sud::sigreturn_at_site(regs);
+    }
     crate::sud::site_call(regs);
     regs.cx = d.back;
     d.back
@@ -280,7 +287,7 @@ fn cache_path(libc: &std::path::Path) -> Option<std::path::PathBuf> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     Some(std::path::PathBuf::from(format!(
-        "/dev/shm/.userbpf-libc-sites-{uid}-v1-{:x}-{:x}-{:x}-{:x}.{:x}",
+        "/dev/shm/.userbpf-libc-sites-{uid}-v2-{:x}-{:x}-{:x}-{:x}.{:x}",
         m.dev(),
         m.ino(),
         m.size(),
@@ -289,7 +296,7 @@ fn cache_path(libc: &std::path::Path) -> Option<std::path::PathBuf> {
     )))
 }
 
-const CACHE_MAGIC: &[u8; 8] = b"ubpfsys1";
+const CACHE_MAGIC: &[u8; 8] = b"ubpfsys2";
 
 /// The windows kept in `path` (see [`cache_path`]): only from a regular file of this user's
 /// that no one else may write, and each window decoded again from the file's bytes and
@@ -761,7 +768,7 @@ mod tests {
         for (a, b) in back.iter().zip(&found) {
             assert_eq!((a.at, a.len, a.instrs.len()), (b.at, b.len, b.instrs.len()));
         }
-        std::fs::write(&path, b"ubpfsys1\x00\x00\x00\x00\x05").unwrap();
+        std::fs::write(&path, b"ubpfsys2\x00\x00\x00\x00\x05").unwrap();
         assert!(from_cache(&path, seg, text_start(&found) as u64).is_none(), "a window not ending at a syscall");
         std::fs::remove_dir_all(&dir).unwrap();
         // Every window ends right before its `syscall` and is at least five bytes long.

@@ -152,7 +152,8 @@ fn special(nr: usize) -> bool {
     needs_dispatch(nr as u64)
         || matches!(
             nr as i64,
-            libc::SYS_rt_sigaction
+            libc::SYS_rt_sigreturn
+                | libc::SYS_rt_sigaction
                 | libc::SYS_rt_sigprocmask
                 | libc::SYS_rt_sigsuspend
                 | libc::SYS_ppoll
@@ -179,6 +180,14 @@ fn update_fast() {
 /// number below 512; see [`FAST`]).
 pub(crate) fn fast_table() -> u64 {
     FAST.as_ptr() as u64
+}
+
+/// The page's signal restorer (`rt_sigreturn`; 0 before dispatch was set up).
+pub(crate) fn restorer() -> usize {
+    match PAGE.load(SeqCst) {
+        0 => 0,
+        p => p + RESTORER,
+    }
 }
 
 /// The page's `syscall; ret` (0 before dispatch was set up).
@@ -497,8 +506,11 @@ fn sigprocmask_in(uc: *mut libc::ucontext_t, a: [u64; 6]) -> i64 {
             libc::SIG_SETMASK => s,
             _ => return -(libc::EINVAL as i64),
         };
-        // SIGKILL and SIGSTOP cannot be blocked; SIGSYS must not be.
-        let never = (1u64 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)) | (1 << (libc::SIGSYS - 1));
+        // SIGKILL and SIGSTOP cannot be blocked; SIGSYS and SIGTRAP must not be (an `int3`
+        // of the engine's met with SIGTRAP blocked ends the process: a site being rewritten,
+        // a breakpoint probe; glibc blocks every signal around `clone` in pthread_create and
+        // posix_spawn, and runs libc code meanwhile).
+        let never = (1u64 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)) | NEVER_BLOCKED;
         *cur = new & !never;
     }
     if !old.is_null() {
@@ -513,6 +525,11 @@ thread_local! {
     /// `thread::enter_guard`): a call made by the callbacks themselves runs none.
     static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
+
+/// The signals a thread's mask (or a handler's) never gets while dispatch is on: `SIGSYS`
+/// (a dispatched call with it blocked kills the thread) and `SIGTRAP` (the engine's `int3`s:
+/// libc's system call sites being rewritten, breakpoint probes).
+const NEVER_BLOCKED: u64 = (1 << (libc::SIGSYS - 1)) | (1 << (libc::SIGTRAP - 1));
 
 /// A copy of signal mask `p` (8 bytes, the kernel's) without `SIGSYS`, in `buf`; the
 /// address to give the kernel (null stays null).
@@ -644,7 +661,7 @@ fn call_as_program(nr: u64, args: &mut [u64; 6]) -> i64 {
             // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
             // which the kernel would read; a bad pointer faults in the program's own call.
             unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
-            k[3] &= !(1u64 << (libc::SIGSYS - 1));
+            k[3] &= !NEVER_BLOCKED;
             args[1] = k.as_ptr() as u64;
             raw(nr, *args)
         }
@@ -678,10 +695,31 @@ fn call_as_program(nr: u64, args: &mut [u64; 6]) -> i64 {
 
 /// The calls a rewritten site (`crate::rewrite`) leaves to dispatch, made from the site's
 /// own `syscall` instruction (which traps): those that need the program's stack and
-/// registers as at the instruction, or its signal frame (`rt_sigreturn`; `clone`, `clone3`,
-/// `vfork` and `fork`, whose child returns where the parent called).
+/// registers as at the instruction (`clone`, `clone3`, `vfork` and `fork`, whose child
+/// returns where the parent called). (`rt_sigreturn` goes to [`sigreturn_at_site`].)
 pub(crate) fn needs_dispatch(nr: u64) -> bool {
-    matches!(nr as i64, libc::SYS_rt_sigreturn | libc::SYS_clone | libc::SYS_clone3 | libc::SYS_vfork | libc::SYS_fork)
+    matches!(nr as i64, libc::SYS_clone | libc::SYS_clone3 | libc::SYS_vfork | libc::SYS_fork)
+}
+
+/// `rt_sigreturn` reached through a rewritten site (libc's `__restore_rt`, the return of
+/// every handler installed through libc): the enter callbacks run (its return is never seen,
+/// as with dispatch), and the site's stub resumes, with every register as it was, at the
+/// page's restorer, whose `rt_sigreturn` dispatch lets through: no `SIGSYS` (whose frame
+/// would be pushed on the same stack, an alternate signal stack too) for each handler's
+/// return. Returns where to resume.
+pub(crate) fn sigreturn_at_site(regs: &mut PtRegs) -> u64 {
+    let nr = regs.orig_ax;
+    if ENABLED.load(Relaxed) && wanted(&WANT_ENTER, nr) {
+        // SAFETY: this thread's errno, restored after (the frame restores every register,
+        // not errno).
+        let errno = unsafe { *libc::__errno_location() };
+        regs.ax = (-(libc::ENOSYS as i64)) as u64;
+        run_callbacks(|c| (c.enter)(regs));
+        regs.ax = nr;
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+    }
+    (PAGE.load(Relaxed) + RESTORER) as u64
 }
 
 /// A system call reached through a rewritten site (`crate::rewrite`), as [`on_sigsys`] makes
@@ -708,8 +746,11 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
         });
     let ret = match nr as i64 {
         libc::SYS_rt_sigprocmask if args[1] != 0 && args[0] as i32 != libc::SIG_UNBLOCK => {
-            let mut buf = 0u64;
-            args[1] = mask_without_sigsys(args[1], &mut buf);
+            // SIGTRAP stays unblocked too (see `sigprocmask_in`).
+            // SAFETY: the program gives this pointer to the kernel, which would read 8 bytes
+            // there; an unreadable one faults in the program's own call (the kernel's EFAULT).
+            let buf = unsafe { (args[1] as *const u64).read_unaligned() } & !NEVER_BLOCKED;
+            args[1] = &buf as *const u64 as u64;
             raw(nr, args)
         }
         _ => call_as_program(nr, &mut args),

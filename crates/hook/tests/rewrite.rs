@@ -2,9 +2,11 @@
 //! are seen as through dispatch (numbers, arguments, results, errno), the registers the
 //! program keeps across a `syscall` (vector ones included) survive, calls left to dispatch
 //! (`fork` through `syscall()`) still work, a thread blocked in a call while its site is
-//! rewritten and then interrupted by an `SA_RESTART` signal resumes correctly, a probe placed
-//! over a rewritten site takes it back, and disabling dispatch gives every site its original
-//! bytes back.
+//! rewritten and then interrupted by an `SA_RESTART` signal resumes correctly, a vfork child
+//! is not taken for its parent, only the calls programs are attached to run callbacks, a
+//! probe placed over a rewritten site takes it back, rewriting and restoring while threads
+//! run through the sites (and return from signal handlers) keeps their results, and
+//! disabling dispatch gives every site its original bytes back.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
@@ -259,13 +261,57 @@ fn libc_sites_are_rewritten_and_behave_as_dispatched() {
     }
     sud::want_callbacks(None, None);
 
+    // Rewriting and restoring while other threads run through the sites: reads of an empty
+    // non-blocking pipe (glibc's `read` of a threaded process: `mov edi, [rsp+8]; xor eax,
+    // eax; syscall`, a window of two instructions, where a thread may be caught between the
+    // two and is moved to the trampoline's copy) and getppid, each checking its result.
+    let mut p2 = [0i32; 2];
+    // SAFETY: a pipe into a local array.
+    assert_eq!(unsafe { libc::pipe2(p2.as_mut_ptr(), libc::O_NONBLOCK) }, 0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bad = std::sync::Arc::new(AtomicU64::new(0));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, bad, rfd) = (stop.clone(), bad.clone(), p2[0]);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8];
+                while !stop.load(SeqCst) {
+                    // SAFETY: reading into a local buffer; errno read right after.
+                    let (r, e) =
+                        unsafe { (libc::read(rfd, buf.as_mut_ptr() as *mut c_void, 8), *libc::__errno_location()) };
+                    // SAFETY: no preconditions.
+                    if (r, e) != (-1, libc::EAGAIN) || unsafe { libc::getppid() } != ppid {
+                        bad.fetch_add(1, SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..10 {
+        sud::disable();
+        assert_eq!(rewrite::counts().0, 0);
+        sud::enable().unwrap();
+        assert!(rewrite::counts().0 >= 400);
+    }
+    stop.store(true, SeqCst);
+    for t in spinners {
+        t.join().unwrap();
+    }
+    assert_eq!(bad.load(SeqCst), 0, "wrong results while sites were rewritten and restored");
+    // SAFETY: closing our pipe.
+    unsafe {
+        libc::close(p2[0]);
+        libc::close(p2[1]);
+    }
+    let seen = PPID_ENTER.load(SeqCst);
+
     // Dispatch off: every site has its original bytes back.
     sud::disable();
     assert_eq!(rewrite::counts().0, 0);
     assert_eq!(first_byte(getppid_addr()), 0xB8);
     // SAFETY: a raw read of libc's `close` wrapper bytes is fine; no preconditions for the call.
     unsafe { libc::getppid() };
-    assert_eq!(PPID_ENTER.load(SeqCst), 1004 + 8000 + 2, "dispatch off");
+    assert_eq!(PPID_ENTER.load(SeqCst), seen, "dispatch off");
     // SAFETY: closing our pipe.
     unsafe {
         libc::close(fds[0]);
