@@ -255,6 +255,15 @@ fn scan_with(cached: bool) -> Result<(Vec<Found>, Text), String> {
             targets.add(bias + sym.address());
         }
     }
+    // Code addresses in data (function pointer tables such as FILE's jump tables), which
+    // the dynamic loader relocates: their addends.
+    if let Some(relocs) = file.dynamic_relocations() {
+        for (_, r) in relocs {
+            if r.kind() == object::RelocationKind::Relative || r.target() == object::RelocationTarget::Absolute {
+                targets.add(bias.wrapping_add(r.addend() as u64));
+            }
+        }
+    }
     let mut found = Vec::new();
     for (prev, sys) in cands {
         if sys + 2 > end {
@@ -287,7 +296,7 @@ fn cache_path(libc: &std::path::Path) -> Option<std::path::PathBuf> {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     Some(std::path::PathBuf::from(format!(
-        "/dev/shm/.userbpf-libc-sites-{uid}-v2-{:x}-{:x}-{:x}-{:x}.{:x}",
+        "/dev/shm/.userbpf-libc-sites-{uid}-v3-{:x}-{:x}-{:x}-{:x}.{:x}",
         m.dev(),
         m.ino(),
         m.size(),
@@ -296,7 +305,7 @@ fn cache_path(libc: &std::path::Path) -> Option<std::path::PathBuf> {
     )))
 }
 
-const CACHE_MAGIC: &[u8; 8] = b"ubpfsys2";
+const CACHE_MAGIC: &[u8; 8] = b"ubpfsys3";
 
 /// The windows kept in `path` (see [`cache_path`]): only from a regular file of this user's
 /// that no one else may write, and each window decoded again from the file's bytes and
@@ -373,7 +382,11 @@ const RING: usize = 8;
 /// calls, code addresses taken RIP-relatively (function pointers), the entries of jump tables
 /// (read from every table a RIP-relative `lea` points at outside the text, entry by entry
 /// while they land in the text: more than the real entries, never fewer), `endbr64`s
-/// (indirect branch targets) and the exported functions.
+/// (indirect branch targets), the exported functions and the code addresses the dynamic
+/// loader relocates in data (function pointer tables). Not seen: the landing pads of
+/// `.gcc_except_table` (cleanup code the unwinder jumps to), which begin blocks no code
+/// falls into (a window's instructions all fall through into the next), and jumps computed
+/// otherwise than through a table a `lea` points at.
 struct Targets {
     start: u64,
     bits: Vec<u64>,
@@ -412,7 +425,8 @@ fn window(prev: &[Instruction], sys: u64, targets: &Targets) -> Option<Vec<Instr
             FlowControl::Next | FlowControl::ConditionalBranch => {}
             _ => return None,
         }
-        if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Endbr64) {
+        // Alignment padding is where a function or a loop head begins next to it.
+        if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Endbr64 | Mnemonic::Nop) {
             return None;
         }
         next = ins.ip();
@@ -768,7 +782,7 @@ mod tests {
         for (a, b) in back.iter().zip(&found) {
             assert_eq!((a.at, a.len, a.instrs.len()), (b.at, b.len, b.instrs.len()));
         }
-        std::fs::write(&path, b"ubpfsys2\x00\x00\x00\x00\x05").unwrap();
+        std::fs::write(&path, b"ubpfsys3\x00\x00\x00\x00\x05").unwrap();
         assert!(from_cache(&path, seg, text_start(&found) as u64).is_none(), "a window not ending at a syscall");
         std::fs::remove_dir_all(&dir).unwrap();
         // Every window ends right before its `syscall` and is at least five bytes long.
