@@ -37,11 +37,13 @@
 //!   creating thread) does neither.
 //!   Other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
-//!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
+//!   never blocked (a blocked `SIGSYS` from dispatch kills the process), nor `SIGTRAP` (the
+//!   engine's `int3`s, met with it blocked, kill the process: glibc blocks every signal
+//!   around `clone` and runs libc's sites, being rewritten, meanwhile); `sigaltstack`'s new
 //!   stack is also put in the frame (the handler's return restores the frame's); an
 //!   `rt_sigaction` of `SIGSYS` keeps this handler and chains the program's. Masks the
-//!   program hands the kernel (a handler's `sa_mask`, `rt_sigsuspend`, `ppoll`, `pselect6`,
-//!   `epoll_pwait`) are passed without `SIGSYS`.
+//!   program hands the kernel (a handler's `sa_mask` without `SIGSYS` nor `SIGTRAP`;
+//!   `rt_sigsuspend`, `ppoll`, `pselect6`, `epoll_pwait`) are passed without `SIGSYS`.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
 //! the others with a signal), threads created later get it in the clone stub (before their
