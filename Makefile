@@ -104,6 +104,7 @@ bench-tables:
 	python3 bench/override/bench.py
 	python3 bench/loader/bench.py
 	python3 bench/agent/bench.py
+	python3 bench/syscalls/bench.py
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
 	python3 bench/sslsniff/bench.py

@@ -6,9 +6,11 @@
 //! (`userbpf_hook::sud`, turned on while a system call tracepoint is attached): libc's
 //! wrappers, glibc's internal calls (`__close_nocancel`, the `openat` of `fopen`, `opendir` and
 //! locale loading...), inline `syscall` instructions in the program or other libraries, the
-//! dynamic loader's calls made after the agent is loaded. Each call traps; the programs run
-//! before and after it with its number and arguments as the kernel has them, and the call
-//! returns its real result. The agent's own calls (its threads, and its work on the target's
+//! dynamic loader's calls made after the agent is loaded. The programs run before and after
+//! each call with its number and arguments as the kernel has them, and the call returns its
+//! real result. libc's own `syscall` sites are rewritten into jumps meanwhile
+//! (`userbpf_hook::rewrite`: the call costs a function call); every other call traps (a
+//! `SIGSYS`). The agent's own calls (its threads, and its work on the target's
 //! threads) are not seen. What remains invisible is listed in `userbpf_hook::sud` (the dynamic
 //! loader's calls before the agent is loaded, a new thread's first calls before its start
 //! routine, the return of `clone`s, calls answered by the vDSO as for the kernel).
@@ -194,10 +196,33 @@ fn raw_publish(edit: impl FnOnce(&mut Vec<RawProbe>)) {
     let mut t = raw_table().to_vec();
     edit(&mut t);
     let empty = t.is_empty();
+    // The calls each side has programs for: wanted before the new table is published (a
+    // call seeing them with the older table runs what it had), and only the new table's
+    // after.
+    let (old_enter, old_exit) = (wants(raw_table(), false), wants(raw_table(), true));
+    let (enter, exit) = (wants(&t, false), wants(&t, true));
+    sud::want_callbacks(both(enter.clone(), old_enter).as_deref(), both(exit.clone(), old_exit).as_deref());
     RAW.store(Box::into_raw(Box::new(t)), Ordering::Release);
+    sud::want_callbacks(enter.as_deref(), exit.as_deref());
     if empty {
         sud::disable();
     }
+}
+
+/// The system calls the table's enter (or exit) probes are for; `None`: every call.
+fn wants(t: &[RawProbe], exit: bool) -> Option<Vec<u32>> {
+    let mut nrs = Vec::new();
+    for rp in t.iter().filter(|rp| rp.probe.exit == exit) {
+        nrs.push(rp.nr?);
+    }
+    Some(nrs)
+}
+
+/// Both sets of calls (`None`: every call).
+fn both(a: Option<Vec<u32>>, b: Option<Vec<u32>>) -> Option<Vec<u32>> {
+    let (mut a, b) = (a?, b?);
+    a.extend(b);
+    Some(a)
 }
 
 fn raw_run(regs: &PtRegs, exit: bool) {
@@ -237,6 +262,10 @@ fn raw_add(rp: RawProbe) -> Result<(), String> {
     static CALLBACKS: std::sync::Once = std::sync::Once::new();
     CALLBACKS.call_once(|| sud::set_callbacks(raw_enter, raw_exit));
     sud::enable()?;
+    if let Some(e) = sud::rewrite_error() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| log(&format!("libc's system call sites are not rewritten (each call costs a SIGSYS): {e}")));
+    }
     raw_publish(|t| t.push(rp));
     Ok(())
 }

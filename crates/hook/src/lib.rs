@@ -56,6 +56,7 @@ mod patch;
 mod placement;
 pub mod quiet;
 mod relocate;
+pub mod rewrite;
 mod stubs;
 pub mod sud;
 pub mod symbols;
@@ -587,6 +588,32 @@ pub fn release() -> Result<usize, HookError> {
     Ok(n)
 }
 
+/// Rewrites libc's system call sites (`rewrite::apply`), away from the probes in place.
+pub(crate) fn rewrite_libc() -> Result<usize, String> {
+    init().map_err(|e| e.to_string())?;
+    // The engine's handlers return through dispatch's page, never through libc's restorer
+    // (rewritten too, see `patch::return_through`).
+    patch::return_through(sud::restorer());
+    let guard = registry();
+    let taken: Vec<(usize, usize)> = guard
+        .as_ref()
+        .map(|r| {
+            r.sites
+                .values()
+                .filter(|s| s.patched.load(SeqCst))
+                .map(|s| (s.patch_at, s.patch_at + s.len.max(s.method.patch_len())))
+                .collect()
+        })
+        .unwrap_or_default();
+    rewrite::apply(&taken)
+}
+
+/// Gives libc's rewritten system call sites their original bytes back (`rewrite::remove`).
+pub(crate) fn unrewrite_libc() -> Result<(), String> {
+    let _guard = registry();
+    rewrite::remove()
+}
+
 /// The bytes currently at a probed address (for tests and diagnostics).
 pub fn original_bytes(addr: usize) -> Option<[u8; 5]> {
     registry().as_ref()?.sites.get(&addr).map(|s| s.orig)
@@ -611,8 +638,13 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     let end = func.map_or(map.end.min(addr + 64), |f| f.start + f.len);
     let padding = func.map_or(0, |f| symbols::gap_after(f.start + f.len));
     let stop = (end + padding).min(map.end);
+    // Rewritten system call sites (`rewrite`) where this probe's patch may go are given back
+    // to dispatch first.
+    rewrite::yield_range(addr, addr + 24);
     // SAFETY: [base, stop) lies inside a readable mapping of this process.
     let mut bytes = unsafe { std::slice::from_raw_parts(base as *const u8, stop - base) }.to_vec();
+    // The other rewritten system call sites (`rewrite`) are read as their original bytes.
+    rewrite::original_bytes(base, &mut bytes);
     let mut taken = Vec::new();
     for s in reg.sites.values().filter(|s| s.patched.load(SeqCst)) {
         let n = s.method.patch_len();

@@ -522,6 +522,44 @@ fn k_sigtrap(new: Option<&KSigaction>) -> Option<KSigaction> {
     (rc == 0).then_some(old)
 }
 
+/// Makes the engine's `SIGTRAP` and fixup handlers return through `restorer` (system call
+/// dispatch's page: its `rt_sigreturn` is let through) instead of libc's `__restore_rt`,
+/// whose `rt_sigreturn` traps while dispatch is on (a `SIGSYS` frame pushed on the stack the
+/// handler ran on, an alternate signal stack too) and is itself rewritten while dispatch is
+/// on (`crate::rewrite`): a trap at its `int3` while it is being rewritten would otherwise
+/// return through that same `int3`. Only while the handlers installed are the engine's.
+pub(crate) fn return_through(restorer: usize) {
+    const SA_RESTORER: u64 = 0x0400_0000;
+    let handlers =
+        [(libc::SIGTRAP, trap_handler as *const () as usize), (fixup_signal(), fixup_handler as *const () as usize)];
+    for (sig, ours) in handlers {
+        let mut cur = KSigaction::default();
+        // SAFETY: rt_sigaction queries into a local kernel-layout struct, then sets a copy
+        // of it with another restorer (the kernel's sigset size, 8).
+        unsafe {
+            if libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                std::ptr::null::<KSigaction>(),
+                &mut cur as *mut KSigaction,
+                8,
+            ) != 0
+                || cur.handler != ours
+            {
+                continue;
+            }
+            let new = KSigaction { flags: cur.flags | SA_RESTORER, restorer, ..cur };
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &new as *const KSigaction,
+                std::ptr::null_mut::<KSigaction>(),
+                8,
+            );
+        }
+    }
+}
+
 /// The `struct sigaction` (glibc's layout) of a kernel one.
 fn from_kernel(k: &KSigaction) -> libc::sigaction {
     // SAFETY: all-zero is a valid struct sigaction (SIG_DFL, empty mask, no restorer).
@@ -787,6 +825,16 @@ pub(crate) fn guard_sigtrap() {
 }
 
 extern "C" fn fixup_handler(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // The windows of libc's system call sites being rewritten (`crate::rewrite`), all at once.
+    {
+        let rip = rip_of(ctx);
+        // SAFETY: rip points into the live ucontext.
+        if let Some(to) = crate::rewrite::fixup(unsafe { *rip } as usize) {
+            // SAFETY: moving this thread to the equivalent relocated instruction.
+            unsafe { *rip = to as i64 };
+            FIXUPS.fetch_add(1, Relaxed);
+        }
+    }
     if FIX_ACTIVE.load(Acquire) {
         let rip = rip_of(ctx);
         // SAFETY: rip points into the live ucontext.
@@ -939,7 +987,7 @@ fn blocked_elsewhere(tid: i32) -> bool {
             return false;
         }
     }
-    true
+    crate::rewrite::fixup(pc).is_none()
 }
 
 /// Runs the fixup handler on every other thread that may need it (not threads blocked in

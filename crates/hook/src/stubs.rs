@@ -1114,3 +1114,159 @@ pub(crate) fn site_stub(
     }
     a.assemble(ip)
 }
+
+/// The FP/vector save of the rewritten system call sites (`crate::rewrite`), unless the full
+/// one is asked for (`USERBPF_HOOK_FULL_FPSAVE=1`): xmm0-15, MXCSR, the x87 control word, and
+/// the x87 environment and stack when not empty (as the light save). Why that is enough at a
+/// `syscall` of libc's: libc's code is compiled for the x86-64 baseline (its AVX/AVX-512
+/// variants are string functions, which make no system call), so only the legacy SSE
+/// registers (their low 128 bits), MXCSR and x87 can hold its values there; the upper halves
+/// of the vector registers, registers 16-31 and the opmasks belong to whoever called libc,
+/// and are dead across that call by the System V ABI (every vector register is caller-saved).
+/// They are put in their initial state (`vzeroupper`) before the handlers run, so these run
+/// without AVX-SSE transitions, and stay so after. Layout from the 64-aligned rsp: xmm i at
+/// 16*i, MXCSR at 256, the control word at 260, the x87 flag at 264, scratch at 268, the
+/// `fnsave` area at 320 (108 bytes).
+const S_MXCSR: i32 = 256;
+const S_FCW: i32 = 260;
+const S_X87: i32 = 264;
+const S_TMP: i32 = 268;
+const S_FNSAVE: i32 = 320;
+const S_SIZE: i32 = 448;
+const XMM16: [AsmRegisterXmm; 16] =
+    [xmm0, xmm1, xmm2, xmm3, xmm4, xmm5, xmm6, xmm7, xmm8, xmm9, xmm10, xmm11, xmm12, xmm13, xmm14, xmm15];
+
+/// Emits the system call sites' save (see [`S_SIZE`]): rbx = rsp (pt_regs), then the save on
+/// the aligned stack. Clobbers rax.
+fn syscall_fp_save(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
+    a.mov(rbx, rsp)?;
+    a.and(rsp, -64)?;
+    a.sub(rsp, S_SIZE)?;
+    for (i, r) in XMM16.iter().enumerate() {
+        a.movaps(xmmword_ptr(rsp + 16 * i as i32), *r)?;
+    }
+    if fp.avx || fp.avx512 {
+        a.vzeroupper()?;
+    }
+    a.stmxcsr(dword_ptr(rsp + S_MXCSR))?;
+    a.fnstcw(word_ptr(rsp + S_FCW))?;
+    let mut empty = a.create_label();
+    let mut done = a.create_label();
+    a.fnstsw(ax)?;
+    a.test(ax, 0x3800)?; // TOP
+    a.jz(empty)?;
+    a.mov(byte_ptr(rsp + S_X87), 1)?;
+    a.fnsave(ptr(rsp + S_FNSAVE))?;
+    a.jmp(done)?;
+    a.set_label(&mut empty)?;
+    a.mov(byte_ptr(rsp + S_X87), 0)?;
+    a.set_label(&mut done)?;
+    Ok(())
+}
+
+/// Restores what [`syscall_fp_save`] saved; rsp = rbx. Clobbers rax and the flags.
+fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
+    let mut nox87 = a.create_label();
+    a.cmp(byte_ptr(rsp + S_X87), 0)?;
+    a.je(nox87)?;
+    a.frstor(ptr(rsp + S_FNSAVE))?;
+    a.set_label(&mut nox87)?;
+    let mut fcw_ok = a.create_label();
+    let mut mxcsr_ok = a.create_label();
+    a.fnstcw(word_ptr(rsp + S_TMP))?;
+    a.movzx(eax, word_ptr(rsp + S_TMP))?;
+    a.cmp(ax, word_ptr(rsp + S_FCW))?;
+    a.je(fcw_ok)?;
+    a.fldcw(word_ptr(rsp + S_FCW))?;
+    a.set_label(&mut fcw_ok)?;
+    a.stmxcsr(dword_ptr(rsp + S_TMP))?;
+    a.mov(eax, dword_ptr(rsp + S_TMP))?;
+    a.cmp(eax, dword_ptr(rsp + S_MXCSR))?;
+    a.je(mxcsr_ok)?;
+    a.ldmxcsr(dword_ptr(rsp + S_MXCSR))?;
+    a.set_label(&mut mxcsr_ok)?;
+    if fp.avx || fp.avx512 {
+        a.vzeroupper()?;
+    }
+    for (i, r) in XMM16.iter().enumerate() {
+        a.movaps(*r, xmmword_ptr(rsp + 16 * i as i32))?;
+    }
+    a.mov(rsp, rbx)?;
+    Ok(())
+}
+
+/// The stub shared by the rewritten system call sites of `crate::rewrite`, assembled for
+/// address `ip`. A site's trampoline reaches it with `lea rsp,[rsp-128]` (over the red zone)
+/// and a `call`, so `[rsp]` is the site's data (the return address, never returned to):
+///
+/// ```text
+/// rax < 512 and sud::FAST[rax]?  ; no callback wants the call, nothing else to do:
+///   call page's `syscall; ret` ; r11 = data.back ; rsp back ; jmp r11
+/// lea rsp,[rsp-168]              ; struct pt_regs at rsp, data at +168
+/// every GPR and the flags (rebuilt from lahf/seto) into it
+/// rbx = regs ; FP save            ; see `syscall_fp_save` (or the full one)
+/// dispatch(regs, data) -> rax    ; where to resume: after the `syscall`, or at it
+/// [rbx+168] = rax
+/// FP restore ; every GPR back from pt_regs (the call's result in rax; the flags are dead)
+/// r11 = [rsp+168] ; rsp back over the frame, the data slot and the red zone ; jmp r11
+/// ```
+///
+/// `r11` (and `rcx`) are the registers the `syscall` instruction clobbers itself, so the
+/// program keeps nothing in them across the site; the dispatcher puts in `rcx` what the
+/// kernel would (the address after the `syscall`).
+pub(crate) fn syscall_common(
+    ip: u64,
+    fp: FpSave,
+    full: bool,
+    dispatch: u64,
+    fast: u64,
+    gadget: u64,
+) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut slow = a.create_label();
+    // A call no callback wants and that needs nothing else (`sud::FAST`): made here, from the
+    // page's `syscall; ret`, with the program's registers as they are (rcx and r11 are the
+    // scratch registers: `syscall` clobbers them itself).
+    a.cmp(rax, 511)?;
+    a.ja(slow)?;
+    a.mov(rcx, fast)?;
+    a.mov(r11, rax)?;
+    a.shr(r11, 6)?;
+    a.mov(r11, qword_ptr(rcx + r11 * 8))?;
+    a.bt(r11, rax)?;
+    a.jnc(slow)?;
+    a.mov(rcx, gadget)?;
+    a.call(rcx)?;
+    a.mov(r11, qword_ptr(rsp))?;
+    a.mov(r11, qword_ptr(r11))?;
+    a.lea(rsp, ptr(rsp + (8 + 128)))?;
+    a.jmp(r11)?;
+    a.set_label(&mut slow)?;
+    a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
+    // The flags are rebuilt (lahf/seto), not saved exactly, and not restored: the status
+    // flags are dead across a `syscall` of libc's (GCC's x86 inline assembly always clobbers
+    // them; glibc's assembly tests the result after the call), DF is clear before and after
+    // (System V), and nothing here changes another flag. `pushfq`/`popfq` cost tens of
+    // cycles on this project's virtualised machine.
+    save_gprs_f(&mut a, false)?;
+    if full {
+        fp_save(&mut a, fp, SaveKind::Full)?;
+    } else {
+        syscall_fp_save(&mut a, fp)?;
+    }
+    a.mov(rdi, rbx)?;
+    a.mov(rsi, qword_ptr(rbx + PT_REGS_SIZE))?;
+    a.mov(rax, dispatch)?;
+    a.call(rax)?;
+    a.mov(qword_ptr(rbx + PT_REGS_SIZE), rax)?;
+    if full {
+        fp_restore(&mut a, fp, SaveKind::Full)?;
+    } else {
+        syscall_fp_restore(&mut a, fp)?;
+    }
+    restore_gprs_f(&mut a, false)?;
+    a.mov(r11, qword_ptr(rsp + PT_REGS_SIZE))?;
+    a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8 + 128)))?;
+    a.jmp(r11)?;
+    a.assemble(ip)
+}

@@ -13,7 +13,10 @@
 //! makes the call itself through the gadget, gives the result to the exit callback and
 //! returns it in `rax`. Each dispatched call costs a signal delivery and return (a few
 //! microseconds, see the README), paid only while dispatch is on (while a system call
-//! tracepoint is attached).
+//! tracepoint is attached). Meanwhile libc's own `syscall` sites are rewritten into jumps to
+//! trampolines that do the same work without the signal (`crate::rewrite`, through
+//! `site_call`); dispatch stays for every site not rewritten, and for the calls those sites
+//! leave to it (`needs_dispatch`).
 //!
 //! userbpf's own work is not dispatched to the callbacks: threads userbpf made
 //! (`thread::mark_thread_ours`) have dispatch off, and a call made while probes are off on the
@@ -34,11 +37,13 @@
 //!   creating thread) does neither.
 //!   Other `clone`s and `fork` run in the handler and the child turns dispatch on;
 //! * `rt_sigprocmask` is applied to the signal mask the handler returns to, with `SIGSYS`
-//!   never blocked (a blocked `SIGSYS` from dispatch kills the process); `sigaltstack`'s new
+//!   never blocked (a blocked `SIGSYS` from dispatch kills the process), nor `SIGTRAP` (the
+//!   engine's `int3`s, met with it blocked, kill the process: glibc blocks every signal
+//!   around `clone` and runs libc's sites, being rewritten, meanwhile); `sigaltstack`'s new
 //!   stack is also put in the frame (the handler's return restores the frame's); an
 //!   `rt_sigaction` of `SIGSYS` keeps this handler and chains the program's. Masks the
-//!   program hands the kernel (a handler's `sa_mask`, `rt_sigsuspend`, `ppoll`, `pselect6`,
-//!   `epoll_pwait`) are passed without `SIGSYS`.
+//!   program hands the kernel (a handler's `sa_mask` without `SIGSYS` nor `SIGTRAP`;
+//!   `rt_sigsuspend`, `ppoll`, `pselect6`, `epoll_pwait`) are passed without `SIGSYS`.
 //!
 //! Dispatch is per thread: [`enable`] turns it on in every thread (the calling one directly,
 //! the others with a signal), threads created later get it in the clone stub (before their
@@ -62,7 +67,7 @@
 
 use std::ffi::c_void;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::PtRegs;
 
@@ -105,6 +110,96 @@ pub fn switch_signal() -> i32 {
 /// Whether dispatch is on (for the threads that get it).
 pub fn enabled() -> bool {
     ENABLED.load(SeqCst)
+}
+
+/// The system calls whose enter / exit callbacks have something to run (see
+/// [`want_callbacks`]): one bit per number below [`WANT_NRS`]; the last word's top bit
+/// stands for every number above. All set until told otherwise.
+const WANT_NRS: usize = 512;
+static WANT_ENTER: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(u64::MAX) }; WANT_NRS / 64];
+static WANT_EXIT: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(u64::MAX) }; WANT_NRS / 64];
+
+/// Says for which system calls the enter and the exit callbacks have something to run:
+/// `None` for every call, else the numbers (all set by default). A call through a rewritten
+/// site (`crate::rewrite`) skips the side that has nothing, as the kernel runs no program for
+/// a call whose tracepoints have none. To add numbers, call it before the callbacks can see
+/// them; to remove some, after.
+pub fn want_callbacks(enter: Option<&[u32]>, exit: Option<&[u32]>) {
+    for (set, want) in [(&WANT_ENTER, enter), (&WANT_EXIT, exit)] {
+        let mut bits = [0u64; WANT_NRS / 64];
+        match want {
+            None => bits = [u64::MAX; WANT_NRS / 64],
+            Some(nrs) => {
+                for &nr in nrs {
+                    let i = (nr as usize).min(WANT_NRS - 1);
+                    bits[i / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        for (w, b) in set.iter().zip(bits) {
+            w.store(b, SeqCst);
+        }
+    }
+    update_fast();
+}
+
+/// The calls a rewritten site makes straight from its stub (`stubs::syscall_common`), with
+/// no callback and nothing else to do: neither side wants them and [`call_as_program`] /
+/// [`site_call`] change nothing for them. Rebuilt by [`want_callbacks`]; none until then.
+static FAST: [AtomicU64; WANT_NRS / 64] = [const { AtomicU64::new(0) }; WANT_NRS / 64];
+
+/// Whether a call needs more than the plain call when made for the program (see
+/// [`call_as_program`], [`site_call`], [`needs_dispatch`]).
+fn special(nr: usize) -> bool {
+    needs_dispatch(nr as u64)
+        || matches!(
+            nr as i64,
+            libc::SYS_rt_sigreturn
+                | libc::SYS_rt_sigaction
+                | libc::SYS_rt_sigprocmask
+                | libc::SYS_rt_sigsuspend
+                | libc::SYS_ppoll
+                | libc::SYS_epoll_pwait
+                | libc::SYS_epoll_pwait2
+                | libc::SYS_pselect6
+        )
+}
+
+fn update_fast() {
+    for w in 0..WANT_NRS / 64 {
+        let mut fast = !(WANT_ENTER[w].load(SeqCst) | WANT_EXIT[w].load(SeqCst));
+        for b in 0..64 {
+            let nr = w * 64 + b;
+            if special(nr) || nr == WANT_NRS - 1 {
+                fast &= !(1 << b);
+            }
+        }
+        FAST[w].store(fast, SeqCst);
+    }
+}
+
+/// The address of the table of calls a rewritten site's stub makes itself (one bit per
+/// number below 512; see [`FAST`]).
+pub(crate) fn fast_table() -> u64 {
+    FAST.as_ptr() as u64
+}
+
+/// The page's signal restorer (`rt_sigreturn`; 0 before dispatch was set up).
+pub(crate) fn restorer() -> usize {
+    match PAGE.load(SeqCst) {
+        0 => 0,
+        p => p + RESTORER,
+    }
+}
+
+/// The page's `syscall; ret` (0 before dispatch was set up).
+pub(crate) fn gadget() -> u64 {
+    PAGE.load(SeqCst) as u64
+}
+
+fn wanted(set: &[AtomicU64; WANT_NRS / 64], nr: u64) -> bool {
+    let i = (nr as usize).min(WANT_NRS - 1);
+    set[i / 64].load(Relaxed) & (1 << (i % 64)) != 0
 }
 
 /// Sets the callbacks run for each dispatched system call (replaces earlier ones).
@@ -256,6 +351,8 @@ extern "C" fn clone_exit(ret: i64, slot: usize) {
             ((slot + STUB_BACK) as *const u64).read_volatile(),
         )
     };
+    // A vfork's parent (the child never comes here): the child is done with our TCB.
+    crate::thread::vfork_end();
     let regs = PtRegs { ax: ret as u64, orig_ax: kind >> 8, ip: back, cs: 0x33, ss: 0x2b, ..Default::default() };
     let _ = std::panic::catch_unwind(|| run_callbacks(|c| (c.exit)(&regs)));
     // SAFETY: as above.
@@ -411,8 +508,11 @@ fn sigprocmask_in(uc: *mut libc::ucontext_t, a: [u64; 6]) -> i64 {
             libc::SIG_SETMASK => s,
             _ => return -(libc::EINVAL as i64),
         };
-        // SIGKILL and SIGSTOP cannot be blocked; SIGSYS must not be.
-        let never = (1u64 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)) | (1 << (libc::SIGSYS - 1));
+        // SIGKILL and SIGSTOP cannot be blocked; SIGSYS and SIGTRAP must not be (an `int3`
+        // of the engine's met with SIGTRAP blocked ends the process: a site being rewritten,
+        // a breakpoint probe; glibc blocks every signal around `clone` in pthread_create and
+        // posix_spawn, and runs libc code meanwhile).
+        let never = (1u64 << (libc::SIGKILL - 1)) | (1 << (libc::SIGSTOP - 1)) | NEVER_BLOCKED;
         *cur = new & !never;
     }
     if !old.is_null() {
@@ -427,6 +527,11 @@ thread_local! {
     /// `thread::enter_guard`): a call made by the callbacks themselves runs none.
     static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
+
+/// The signals a thread's mask (or a handler's) never gets while dispatch is on: `SIGSYS`
+/// (a dispatched call with it blocked kills the thread) and `SIGTRAP` (the engine's `int3`s:
+/// libc's system call sites being rewritten, breakpoint probes).
+const NEVER_BLOCKED: u64 = (1 << (libc::SIGSYS - 1)) | (1 << (libc::SIGTRAP - 1));
 
 /// A copy of signal mask `p` (8 bytes, the kernel's) without `SIGSYS`, in `buf`; the
 /// address to give the kernel (null stays null).
@@ -475,7 +580,6 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     // The program's call, or userbpf's own (probes off on this thread: no callbacks).
     let traced = run_callbacks(|c| (c.enter)(&regs));
-    let mut buf = 0u64;
     let ret = match nr as i64 {
         libc::SYS_rt_sigreturn => {
             // Run it at the page's `syscall` with the registers it was made with.
@@ -487,7 +591,10 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             None
         }
         libc::SYS_clone if args[0] & libc::CLONE_VM as u64 != 0 || args[1] != 0 => {
-            rerun_at_stub(uc, nr, new_thread(args[0]), traced)
+            if new_thread(args[0]) && args[0] & libc::CLONE_SETTLS as u64 != 0 && crate::thread::probes_off() {
+                crate::thread::expect_ours(args[4] as usize);
+            }
+            rerun_at_stub(uc, nr, new_thread(args[0]), traced, args[0] & libc::CLONE_VFORK as u64 != 0)
         }
         libc::SYS_clone3 => {
             let flags = if args[0] == 0 || args[1] < 8 {
@@ -498,9 +605,18 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
                 // the program's own call, as with the kernel's EFAULT).
                 unsafe { (args[0] as *const u64).read_unaligned() }
             };
-            rerun_at_stub(uc, nr, new_thread(flags), traced)
+            // struct clone_args: tls at byte 56 (size at least 64 when given).
+            if new_thread(flags)
+                && flags & libc::CLONE_SETTLS as u64 != 0
+                && args[1] >= 64
+                && crate::thread::probes_off()
+            {
+                // SAFETY: as above, the program's struct of args[1] >= 64 bytes.
+                crate::thread::expect_ours(unsafe { ((args[0] + 56) as *const u64).read_unaligned() } as usize);
+            }
+            rerun_at_stub(uc, nr, new_thread(flags), traced, flags & libc::CLONE_VFORK as u64 != 0)
         }
-        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced),
+        libc::SYS_vfork => rerun_at_stub(uc, nr, false, traced, true),
         libc::SYS_rt_sigprocmask => Some(sigprocmask_in(uc, args)),
         libc::SYS_sigaltstack => {
             let r = raw(nr, args);
@@ -517,43 +633,7 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             }
             Some(r)
         }
-        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => Some(raw_sigsys_action(args)),
-        libc::SYS_rt_sigaction if args[1] != 0 && args[3] == 8 => {
-            // A handler's mask blocking SIGSYS would make any dispatched call of that handler
-            // kill the process: the kernel gets a copy without it.
-            let mut k = [0u64; 4];
-            // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
-            // which the kernel would read; a bad pointer faults in the program's own call.
-            unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
-            k[3] &= !(1u64 << (libc::SIGSYS - 1));
-            args[1] = k.as_ptr() as u64;
-            Some(raw(nr, args))
-        }
-        libc::SYS_rt_sigsuspend => {
-            args[0] = mask_without_sigsys(args[0], &mut buf);
-            Some(raw(nr, args))
-        }
-        libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
-            let i = if nr as i64 == libc::SYS_ppoll { 3 } else { 4 };
-            args[i] = mask_without_sigsys(args[i], &mut buf);
-            Some(raw(nr, args))
-        }
-        libc::SYS_pselect6 if args[5] != 0 => {
-            // SAFETY: the program's `{ const sigset_t *ss; size_t len }` for the kernel.
-            let mut d = unsafe { (args[5] as *const [u64; 2]).read_unaligned() };
-            d[0] = mask_without_sigsys(d[0], &mut buf);
-            args[5] = &d as *const [u64; 2] as u64;
-            Some(raw(nr, args))
-        }
-        libc::SYS_fork | libc::SYS_clone => {
-            let r = raw(nr, args);
-            if r == 0 && ENABLED.load(SeqCst) {
-                // The child: dispatch is not inherited.
-                set_dispatch(true);
-            }
-            Some(r)
-        }
-        _ => Some(raw(nr, args)),
+        _ => Some(call_as_program(nr, &mut args)),
     };
     if let Some(ret) = ret {
         // SAFETY: the result goes into the saved rax of this thread's signal frame.
@@ -564,6 +644,124 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
         }
     }
     // SAFETY: restoring this thread's errno.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Makes system call `nr` for the program (from the page, so that it never traps), with what
+/// dispatch changes for every call: `SIGSYS` kept out of the masks and handlers given to the
+/// kernel, a `SIGSYS` handler recorded instead of installed, dispatch turned on in a forked
+/// child. Not for the calls that need the program's own stack or signal frame (see
+/// `on_sigsys` and [`needs_dispatch`]). Returns the result (`-errno` on failure).
+fn call_as_program(nr: u64, args: &mut [u64; 6]) -> i64 {
+    let mut buf = 0u64;
+    match nr as i64 {
+        libc::SYS_rt_sigaction if args[0] as i32 == libc::SIGSYS && args[1] != 0 => raw_sigsys_action(*args),
+        libc::SYS_rt_sigaction if args[1] != 0 && args[3] == 8 => {
+            // A handler's mask blocking SIGSYS would make any dispatched call of that handler
+            // kill the process: the kernel gets a copy without it.
+            let mut k = [0u64; 4];
+            // SAFETY: the program's struct for the kernel (handler, flags, restorer, mask),
+            // which the kernel would read; a bad pointer faults in the program's own call.
+            unsafe { std::ptr::copy_nonoverlapping(args[1] as *const u8, k.as_mut_ptr() as *mut u8, 32) };
+            k[3] &= !NEVER_BLOCKED;
+            args[1] = k.as_ptr() as u64;
+            raw(nr, *args)
+        }
+        libc::SYS_rt_sigsuspend => {
+            args[0] = mask_without_sigsys(args[0], &mut buf);
+            raw(nr, *args)
+        }
+        libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let i = if nr as i64 == libc::SYS_ppoll { 3 } else { 4 };
+            args[i] = mask_without_sigsys(args[i], &mut buf);
+            raw(nr, *args)
+        }
+        libc::SYS_pselect6 if args[5] != 0 => {
+            // SAFETY: the program's `{ const sigset_t *ss; size_t len }` for the kernel.
+            let mut d = unsafe { (args[5] as *const [u64; 2]).read_unaligned() };
+            d[0] = mask_without_sigsys(d[0], &mut buf);
+            args[5] = &d as *const [u64; 2] as u64;
+            raw(nr, *args)
+        }
+        libc::SYS_fork | libc::SYS_clone => {
+            let r = raw(nr, *args);
+            if r == 0 && ENABLED.load(SeqCst) {
+                // The child: dispatch is not inherited.
+                set_dispatch(true);
+            }
+            r
+        }
+        _ => raw(nr, *args),
+    }
+}
+
+/// The calls a rewritten site (`crate::rewrite`) leaves to dispatch, made from the site's
+/// own `syscall` instruction (which traps): those that need the program's stack and
+/// registers as at the instruction (`clone`, `clone3`, `vfork` and `fork`, whose child
+/// returns where the parent called). (`rt_sigreturn` goes to [`sigreturn_at_site`].)
+pub(crate) fn needs_dispatch(nr: u64) -> bool {
+    matches!(nr as i64, libc::SYS_clone | libc::SYS_clone3 | libc::SYS_vfork | libc::SYS_fork)
+}
+
+/// `rt_sigreturn` reached through a rewritten site (libc's `__restore_rt`, the return of
+/// every handler installed through libc): the enter callbacks run (its return is never seen,
+/// as with dispatch), and the site's stub resumes, with every register as it was, at the
+/// page's restorer, whose `rt_sigreturn` dispatch lets through: no `SIGSYS` (whose frame
+/// would be pushed on the same stack, an alternate signal stack too) for each handler's
+/// return. Returns where to resume.
+pub(crate) fn sigreturn_at_site(regs: &mut PtRegs) -> u64 {
+    let nr = regs.orig_ax;
+    if ENABLED.load(Relaxed) && wanted(&WANT_ENTER, nr) {
+        // SAFETY: this thread's errno, restored after (the frame restores every register,
+        // not errno).
+        let errno = unsafe { *libc::__errno_location() };
+        regs.ax = (-(libc::ENOSYS as i64)) as u64;
+        run_callbacks(|c| (c.enter)(regs));
+        regs.ax = nr;
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+    }
+    (PAGE.load(Relaxed) + RESTORER) as u64
+}
+
+/// A system call reached through a rewritten site (`crate::rewrite`), as [`on_sigsys`] makes
+/// a dispatched one but without the signal: `regs` are the registers at the site's `syscall`
+/// (`orig_ax` = the number); the enter callbacks run (unless probes are off on this thread),
+/// the call is made from the page, `regs.ax` gets its result and the exit callbacks run.
+/// `rt_sigprocmask` is made for real, with `SIGSYS` kept out of the set (no frame to apply it
+/// to). Never a call of [`needs_dispatch`].
+pub(crate) fn site_call(regs: &mut PtRegs) {
+    // SAFETY: this thread's errno, restored before returning (the program's call sets it
+    // itself from the result).
+    let errno = unsafe { *libc::__errno_location() };
+    let nr = regs.orig_ax;
+    let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
+    regs.ax = (-(libc::ENOSYS as i64)) as u64;
+    // Whether this call is the program's (probes are on), when either side has work.
+    let (want_enter, want_exit) = (wanted(&WANT_ENTER, nr), wanted(&WANT_EXIT, nr));
+    let traced = ENABLED.load(Relaxed)
+        && (want_enter || want_exit)
+        && run_callbacks(|c| {
+            if want_enter {
+                (c.enter)(regs)
+            }
+        });
+    let ret = match nr as i64 {
+        libc::SYS_rt_sigprocmask if args[1] != 0 && args[0] as i32 != libc::SIG_UNBLOCK => {
+            // SIGTRAP stays unblocked too (see `sigprocmask_in`).
+            // SAFETY: the program gives this pointer to the kernel, which would read 8 bytes
+            // there; an unreadable one faults in the program's own call (the kernel's EFAULT).
+            let buf = unsafe { (args[1] as *const u64).read_unaligned() } & !NEVER_BLOCKED;
+            args[1] = &buf as *const u64 as u64;
+            raw(nr, args)
+        }
+        _ => call_as_program(nr, &mut args),
+    };
+    regs.ax = ret as u64;
+    if traced && want_exit {
+        run_callbacks(|c| (c.exit)(regs));
+    }
+    // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
 }
 
@@ -621,7 +819,10 @@ fn new_thread(flags: u64) -> bool {
 /// return goes there too; `thread`: the child (a new thread of the program's) turns dispatch
 /// on first. With no stub left, dispatch is turned off for this thread and its own
 /// instruction runs again. Returns `None`: the frame holds no result.
-fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool) -> Option<i64> {
+/// `vfork`: the call is a `vfork` (or `CLONE_VFORK`): with its return reported (a `Report`
+/// stub, whose `clone_exit` runs in the parent only), the thread is marked as vforking until
+/// then (`thread::vfork_begin`), so that the child's calls are not taken for the parent's.
+fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool, vfork: bool) -> Option<i64> {
     // SAFETY: reading the saved rip of this thread's signal frame (after its `syscall`).
     let back = unsafe { *greg(uc, libc::REG_RIP) } as usize;
     let kind = match (traced, thread && ENABLED.load(SeqCst)) {
@@ -630,7 +831,12 @@ fn rerun_at_stub(uc: *mut libc::ucontext_t, nr: u64, thread: bool, traced: bool)
         (true, true) => StubKind::Thread,
     };
     let at = match stub_for(back, nr, kind) {
-        Some(s) => s,
+        Some(s) => {
+            if vfork && kind == StubKind::Report {
+                crate::thread::vfork_begin();
+            }
+            s
+        }
         None => {
             set_dispatch(false);
             back - 2
@@ -830,13 +1036,30 @@ pub fn enable() -> Result<(), String> {
         set_dispatch(true);
     }
     broadcast();
+    // libc's own sites at a function call's cost; what is not rewritten stays with dispatch.
+    let r = crate::rewrite_libc().map(|_| ());
+    *REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()) = r.err();
     Ok(())
+}
+
+/// Why libc's system call sites could not be rewritten at the last [`enable`] (they are then
+/// all left to dispatch).
+static REWRITE_ERR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why the last [`enable`] could not rewrite libc's system call sites (`crate::rewrite`), if
+/// it could not (every call then goes through dispatch, as before).
+pub fn rewrite_error() -> Option<String> {
+    REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Turns dispatch off in every thread.
 pub fn disable() {
     if !ENABLED.swap(false, SeqCst) {
         return;
+    }
+    // Calls through a site being given back meanwhile run no callbacks (`site_call`).
+    if let Err(e) = crate::unrewrite_libc() {
+        *REWRITE_ERR.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
     }
     set_dispatch(false);
     broadcast();

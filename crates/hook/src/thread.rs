@@ -395,12 +395,91 @@ fn current_registered() -> *mut ThreadState {
 pub fn mark_thread_ours() -> bool {
     let st = current_registered();
     crate::sud::leave_this_thread();
+    let k = thread_key();
+    for s in &OURS_PENDING {
+        let _ = s.compare_exchange(k, 0, AcqRel, Relaxed);
+    }
     if st.is_null() {
         return false;
     }
     // SAFETY: this thread's state, only written by this thread.
     unsafe { (*st).in_handler = OURS_FOREVER };
     true
+}
+
+/// Threads userbpf is creating (a `clone`/`clone3` made with probes off), by their TCB
+/// address (the `tls` they are given, `fs:[0]` once they run), until they mark themselves
+/// ours: their first calls in glibc's `start_thread` (`rseq`, `set_robust_list`,
+/// `rt_sigprocmask`) come before their start routine and must not be seen either (libc's
+/// rewritten system call sites run on them; dispatch itself is off there).
+static OURS_PENDING: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+
+/// Records that the thread about to be made with TCB `tcb` is userbpf's (see
+/// [`OURS_PENDING`]); with every slot taken the oldest record is replaced.
+pub(crate) fn expect_ours(tcb: usize) {
+    if tcb == 0 {
+        return;
+    }
+    OURS_PENDING_USED.store(true, SeqCst);
+    for s in &OURS_PENDING {
+        if s.compare_exchange(0, tcb, AcqRel, Relaxed).is_ok() {
+            return;
+        }
+    }
+    OURS_PENDING[0].store(tcb, Release);
+}
+
+/// Set once a thread was recorded in [`OURS_PENDING`] (most processes never look there).
+static OURS_PENDING_USED: AtomicBool = AtomicBool::new(false);
+
+/// Threads of the program's in a `vfork` (or a `clone` with `CLONE_VFORK`), by TCB address,
+/// until the call returns in the parent: until its `exec` or exit, the child runs with the
+/// parent's TCB (and memory) while the parent waits in the kernel, so a call made with that
+/// TCB meanwhile is the child's. Its calls are not seen (dispatch is off in it; libc's
+/// rewritten sites run there too): the agent's per-thread caches (its pid and tid) are the
+/// parent's.
+static VFORKING: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+static VFORKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The calling thread is about to `vfork` (see [`VFORKING`]); false when too many are.
+pub(crate) fn vfork_begin() -> bool {
+    let k = thread_key();
+    for s in &VFORKING {
+        if s.compare_exchange(0, k, AcqRel, Relaxed).is_ok() {
+            VFORKS.fetch_add(1, SeqCst);
+            return true;
+        }
+    }
+    false
+}
+
+/// The calling thread's `vfork` returned in it (the parent).
+pub(crate) fn vfork_end() {
+    if VFORKS.load(SeqCst) == 0 {
+        return;
+    }
+    let k = thread_key();
+    for s in &VFORKING {
+        if s.compare_exchange(k, 0, AcqRel, Relaxed).is_ok() {
+            VFORKS.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+fn in_vfork_child() -> bool {
+    if VFORKS.load(Relaxed) == 0 {
+        return false;
+    }
+    let k = thread_key();
+    VFORKING.iter().any(|s| s.load(Acquire) == k)
+}
+
+fn pending_ours() -> bool {
+    if !OURS_PENDING_USED.load(Relaxed) {
+        return false;
+    }
+    let k = thread_key();
+    OURS_PENDING.iter().any(|s| s.load(Acquire) == k)
 }
 
 /// Whether the calling thread is one of userbpf's own ([`mark_thread_ours`]).
@@ -451,9 +530,13 @@ pub fn ours() -> Ours {
 /// without one (it never met a probe, or its state was freed at its exit) gets a guard that
 /// holds nothing (`Some`).
 pub(crate) fn enter_guard() -> Option<Ours> {
+    if in_vfork_child() {
+        return None;
+    }
     let st = lookup();
     if st.is_null() {
-        return Some(Ours { st, prev: 0 });
+        // A thread userbpf is starting, before it marks itself ours, has no state yet.
+        return if pending_ours() { None } else { Some(Ours { st, prev: 0 }) };
     }
     // SAFETY: this thread's live state.
     if unsafe { (*st).in_handler } != 0 {
