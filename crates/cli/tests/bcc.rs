@@ -97,7 +97,8 @@ enum Probed<'a> {
 
 /// The target of a run: the C target (a private copy, run as is), or the Python script run
 /// by a private copy of Debian's python3 named `python` (ustat finds Python processes by
-/// that command name).
+/// that command name; the copy is not a PIE, so the test also covers uprobes at offsets no
+/// symbol covers, whose address differs from the offset).
 #[derive(Clone, Copy, PartialEq)]
 enum Target {
     C,
@@ -130,7 +131,9 @@ fn run_tool(
             std::fs::create_dir_all(&dir).unwrap();
             let py = dir.join("python");
             let _ = std::fs::remove_file(&py);
-            std::fs::copy("/usr/bin/python3.11", &py).expect("copying Debian's /usr/bin/python3.11");
+            // Debian's interpreter (/usr/bin/python3 links to it), whose USDT probes the tools use.
+            let debian = std::fs::canonicalize("/usr/bin/python3").expect("Debian's /usr/bin/python3");
+            std::fs::copy(&debian, &py).unwrap_or_else(|e| panic!("copying {}: {e}", debian.display()));
             (py.clone(), vec![py.display().to_string(), here("targets/bcc/py_target.py").display().to_string()])
         }
     };
