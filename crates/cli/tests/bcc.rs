@@ -103,6 +103,9 @@ enum Probed<'a> {
 enum Target {
     C,
     Python,
+    /// The Python target started as is, not with `userbpf start`: a running process the
+    /// tool names by pid (the agent is injected into it).
+    RunningPython,
 }
 
 /// One run through `via`: the target (a private copy) starts, then the tool (`argv`, where
@@ -127,7 +130,7 @@ fn run_tool(
             let t = private_copy(&bcc_target(), &dir);
             (t.clone(), vec![t.display().to_string()])
         }
-        Target::Python => {
+        Target::Python | Target::RunningPython => {
             std::fs::create_dir_all(&dir).unwrap();
             let py = dir.join("python");
             let _ = std::fs::remove_file(&py);
@@ -138,7 +141,8 @@ fn run_tool(
         }
     };
     let targv: Vec<&str> = tcmd.iter().map(|s| s.as_str()).collect();
-    let mut t = Proc::spawn(&format!("target ({via:?})"), target_command(via, &session, &targv));
+    let tvia = if target == Target::RunningPython { Via::Kernel } else { via };
+    let mut t = Proc::spawn(&format!("target ({via:?})"), target_command(tvia, &session, &targv));
     t.wait_for(if target == Target::C { "\nend\n" } else { "ready " }, "its ready lines");
     let mut ready = parse_ready(&t.stdout());
     let tpath = bin.display().to_string();
@@ -541,6 +545,26 @@ fn ucalls_counts_python_calls() {
             same("ucalls' rows", &rows, &ucalls_rows(u), (k, ke, u, ue));
         },
     );
+}
+
+/// ucalls through `userbpf load` on a Python process already running (not started with
+/// userbpf): BCC opens its uprobes for that pid, so userbpf injects its agent into it, and
+/// the counts are the kernel's.
+#[test]
+fn ucalls_counts_calls_of_a_running_python() {
+    if !have_bcc("ucalls") {
+        return;
+    }
+    let _g = serial();
+    let argv = ["ucalls", "-l", "python", "{PID}"];
+    let probed = || Probed::Usdt(&["function__entry"]);
+    let (k, ke, kc) =
+        run_tool("ucalls_running", Via::Kernel, Target::Python, &argv, "Ctrl-C to quit", probed(), &|_| true);
+    let (u, ue, uc) =
+        run_tool("ucalls_running", Via::Userbpf, Target::RunningPython, &argv, "Ctrl-C to quit", probed(), &|_| true);
+    assert!(ucalls_rows(&k).contains(&("py_target.py.leaf".to_string(), 20)), "kernel:\n{k}\n{ke}");
+    same("ucalls' rows", &ucalls_rows(&k), &ucalls_rows(&u), (&k, &ke, &u, &ue));
+    same("the exit code", &kc, &uc, (&k, &ke, &u, &ue));
 }
 
 /// uflow's (direction, method) column, in the order printed (one thread: one perf buffer).
