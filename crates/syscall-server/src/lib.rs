@@ -16,10 +16,13 @@
 //!
 //! Roles: in the loader (`USERBPF_LOADER_PID` is this process) the library serves the calls;
 //! in any other process (a child the loader starts, e.g. bpftrace's `-c`) it only acts as
-//! the agent (the `userbpf-agent` crate linked in), which attaches the session's links.
+//! the agent (the `userbpf-agent` crate linked in), which attaches the session's links,
+//! until that child makes a `bpf()` call of its own: then it is a loader too ([`adopt`]: a
+//! tool that a wrapper script runs).
 
 use std::ffi::c_long;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod attach;
 pub mod bpf;
@@ -41,10 +44,31 @@ pub const SYS_BPF: c_long = 321;
 /// `__NR_perf_event_open` on x86-64.
 pub const SYS_PERF_EVENT_OPEN: c_long = 298;
 
-/// Whether this process is the loader whose calls are served.
+/// Whether this process is the loader whose calls are served: the process `userbpf load`
+/// started, or a process it started that took the loader's role ([`adopt`]).
 pub fn serving() -> bool {
     static SERVING: OnceLock<bool> = OnceLock::new();
-    *SERVING.get_or_init(|| {
-        std::env::var(LOADER_PID_ENV).ok().and_then(|v| v.parse::<u32>().ok()) == Some(std::process::id())
-    })
+    ADOPTED.load(Ordering::Relaxed)
+        || *SERVING.get_or_init(|| {
+            std::env::var(LOADER_PID_ENV).ok().and_then(|v| v.parse::<u32>().ok()) == Some(std::process::id())
+        })
+}
+
+/// Set when this process took the loader's role ([`adopt`]).
+static ADOPTED: AtomicBool = AtomicBool::new(false);
+
+/// Called on a `bpf()` call this library does not serve: when the process descends from the
+/// loader (it inherited `USERBPF_LOADER_PID`, which the processes userbpf itself starts do
+/// not), it takes the loader's role, and this call and all its later ones are served. So a
+/// loader that a wrapper runs as its child is served as the wrapper would be (Debian's
+/// `pythoncalls-bpfcc` is a shell script running `ucalls -l python`), where its eBPF would
+/// otherwise go to the kernel. A child that makes no `bpf()` call (bpftrace's `-c` command)
+/// stays a target. Returns whether the process now serves.
+pub fn adopt() -> bool {
+    static UNDER_LOAD: OnceLock<bool> = OnceLock::new();
+    if !*UNDER_LOAD.get_or_init(|| std::env::var(LOADER_PID_ENV).is_ok_and(|v| v.parse::<u32>().is_ok())) {
+        return false;
+    }
+    ADOPTED.store(true, Ordering::Relaxed);
+    true
 }

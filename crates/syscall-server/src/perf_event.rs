@@ -8,8 +8,9 @@
 //! What an event does once a program is attached (`PERF_EVENT_IOC_SET_BPF` or
 //! `LINK_CREATE(BPF_PERF_EVENT)`) and it is enabled:
 //! - uprobe/uretprobe: a session link (`kind` `uprobe`/`uretprobe`, the file's offset turned
-//!   into `FUNCTION+DELTA` from its symbol table, the event's pid); agents attach it in every
-//!   process the link is for, the loader included ([`crate::attach`]);
+//!   into `FUNCTION+DELTA` from its symbol table, or, where no function symbol covers it, into
+//!   the address its segment maps it at; the event's pid); agents attach it in every process
+//!   the link is for, the loader included ([`crate::attach`]);
 //! - tracepoint (`syscalls/*`, `raw_syscalls/*` by their tracefs ids): a `tracepoint` link;
 //! - `PERF_COUNT_SW_CPU_CLOCK`/`TASK_CLOCK`: a timer thread in the loader runs the program
 //!   every period (or at the frequency) with a `struct bpf_perf_event_data` context;

@@ -47,7 +47,7 @@ pub unsafe extern "C" fn syscall(
     a5: c_long,
     a6: c_long,
 ) -> c_long {
-    if serving() {
+    if serving() || (nr == SYS_BPF && crate::adopt()) {
         match nr {
             // SAFETY: the loader's arguments, under the system call's contract.
             SYS_BPF => return guarded(|| unsafe { bpf::bpf(a1 as c_int, a2 as *mut u8, a3 as u32) }),

@@ -607,3 +607,51 @@ fn writable_args_flag_marks_uprobe_programs() {
     let e = load_flags(prog::BPF_PROG_TYPE_KPROBE, 1 << 29).unwrap_err();
     assert_eq!((e.errno, e.reason.as_ref()), (libc::EINVAL, "prog_flags 0x20000000 unknown"));
 }
+
+/// A uprobe at a file offset no function symbol covers (a stripped executable, a USDT site in
+/// a static function) names the address its segment maps it at, which the agent probes; in an
+/// executable built without PIE that address is not the offset. An offset in no loadable
+/// segment is refused, naming it.
+#[test]
+fn uprobe_offsets_without_a_symbol_become_addresses() {
+    setup();
+    let dir = std::env::temp_dir().join(format!("userbpf-serve-unit-{}-nopie", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, bin) = (dir.join("t.c"), dir.join("t"));
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let st = std::process::Command::new("cc").args(["-O2", "-no-pie", "-s", "-o"]).arg(&bin).arg(&src).status();
+    assert!(st.is_ok_and(|s| s.success()), "cc -no-pie -s failed");
+    let data = std::fs::read(&bin).unwrap();
+    let entry = u64::from_le_bytes(data[24..32].try_into().unwrap());
+    let base = userbpf_elf::symbols::offset_to_vaddr(&bin, 0).unwrap();
+    let off = entry - base;
+    assert_eq!(userbpf_elf::symbols::offset_to_vaddr(&bin, off), Some(entry));
+    assert!(base > 0 && off != entry, "a non-PIE executable: offset {off:#x}, address {entry:#x}");
+    let typ: u32 = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type")
+        .expect("uprobe PMU")
+        .trim()
+        .parse()
+        .unwrap();
+    let path = std::ffi::CString::new(bin.to_str().unwrap()).unwrap();
+    let open = |config2: u64| {
+        let mut pattr = [0u64; 16];
+        pattr[0] = typ as u64 | (128 << 32);
+        (pattr[7], pattr[8]) = (path.as_ptr() as u64, config2);
+        // SAFETY: a perf_event_attr of the size it declares; config1 a C string.
+        unsafe { crate::perf_event::open_event(pattr.as_ptr().cast(), -1, 0, -1, 0) }
+    };
+    let fd = open(off).unwrap();
+    let id = objects::get_kind(fd as i32, objects::Kind::PerfEvent).unwrap().id;
+    match crate::perf_event::event_spec(id) {
+        Some(crate::perf_event::Spec::Uprobe { func: None, offset, file_offset, .. }) => {
+            assert_eq!((offset, file_offset), (entry, off));
+        }
+        other => panic!("event {id}: {other:?}"),
+    }
+    close(fd);
+    // The section headers at the end of the file: loaded by no segment.
+    let tail = data.len() as u64 - 8;
+    let e = open(tail).unwrap_err();
+    assert!(e.errno == libc::EINVAL && e.reason.contains("is in none of its loadable segments"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
