@@ -636,9 +636,7 @@ impl<'a> Emitter<'a> {
         }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
-        for r in [0u8, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
+        self.zero_regs(&[0, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(k), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -670,9 +668,7 @@ impl<'a> Emitter<'a> {
         self.a.push(cpu);
         self.a.push(record.unwrap_or(Reg::R11));
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
+        self.zero_regs(&[0, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -743,12 +739,37 @@ impl<'a> Emitter<'a> {
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        for r in [0u8, 2, 3, 4, 5, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
+        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
+    }
+
+    /// Zeroes the eBPF registers `regs` at an entry, but only those some instruction names
+    /// (as destination or source; r1-r5 too when the program calls anything, since a call
+    /// reads its arguments there; r6 for the legacy packet loads, which read it unnamed): a register no instruction names cannot be read, so its
+    /// start value is unobservable (unverified programs included) and its `xor` only costs
+    /// the entry an instruction (each counts on a probe hit: the path is
+    /// issue-width-bound).
+    fn zero_regs(&mut self, regs: &[u8]) {
+        let mut named = [false; 16];
+        for i in self.insns {
+            named[(i.dst & 15) as usize] = true;
+            named[(i.src & 15) as usize] = true;
+            let (class, code) = (i.op & 0x07, i.op & 0xf0);
+            if class == BPF_JMP && code == BPF_CALL {
+                named[1..=5].iter_mut().for_each(|n| *n = true);
+            }
+            // Legacy packet loads read r6 without naming it.
+            if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
+                named[6] = true;
+            }
+        }
+        for &r in regs {
+            if r == 0 || named[r as usize] {
+                self.a.zero(reg(r));
+            }
+        }
     }
 
     /// The abort path and the entries' shared epilogue.
@@ -1472,8 +1493,7 @@ impl<'a> Emitter<'a> {
         self.a.imul_rri(true, Reg::R10, Reg::R10, m.elem_size as i32);
         self.a.mov_imm(Reg::RAX, m.elems);
         self.a.alu_rr(Alu::Add, true, Reg::R10, Reg::RAX);
-        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
-        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
         self.a.jcc_back(Cond::Ne, miss);
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         self.a.jcc_back(Cond::Ne, miss);
@@ -1509,7 +1529,9 @@ impl<'a> Emitter<'a> {
         // The value's first and last words read before the lock is taken: a bad value pointer
         // faults here (this instruction's abort), never while the element's lock is held.
         self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
-        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        if m.value_size > 8 {
+            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        }
         // The thread's id (0: not read yet).
         self.a.fs();
         self.a.load(Width::W, Reg::R8, Mem::base(Reg::R11, 0));
@@ -1520,8 +1542,7 @@ impl<'a> Emitter<'a> {
         self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
         self.a.jcc_back(Cond::Ne, miss);
         // Under the lock: still linked, still the key (else unlock and take the miss).
-        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
-        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
         let gone = self.a.jump_fwd32(Some(Cond::Ne));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
@@ -1551,9 +1572,18 @@ impl<'a> Emitter<'a> {
         self.a.fs();
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 0), Reg::RAX);
         let refill = self.a.jump_fwd(Some(Cond::Ne));
-        self.a.mov_imm(Reg::R11, c.tls_value as u64);
-        self.a.fs();
-        self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, 0));
+        // The value beside the generation (both in one static TLS block): r11 stays the base.
+        match i32::try_from(c.tls_value - c.tls_generation) {
+            Ok(d) => {
+                self.a.fs();
+                self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, d));
+            }
+            Err(_) => {
+                self.a.mov_imm(Reg::R11, c.tls_value as u64);
+                self.a.fs();
+                self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, 0));
+            }
+        }
         let done = self.a.jump_fwd(None);
         self.a.bind(refill);
         self.out_call(func);

@@ -400,6 +400,12 @@ impl Asm {
         self.op(false, w, &[((op as u8) << 3) | 1], src.0, Rm::Mem(m), Bytes::None);
     }
 
+    /// `cmp byte [m], imm8` (80 /7 ib).
+    pub fn cmp_mb(&mut self, m: Mem, imm: u8) {
+        self.op(false, false, &[0x80], 7, Rm::Mem(m), Bytes::None);
+        self.byte(imm);
+    }
+
     /// `test a, b` (85 /r).
     pub fn test_rr(&mut self, w: bool, a: Reg, b: Reg) {
         self.op(false, w, &[0x85], b.0, Rm::Reg(a), Bytes::None);
