@@ -148,6 +148,31 @@ pub(crate) struct Runtime {
     pub preserving_call: u64,
 }
 
+/// A [`super::SlotClaim`] the claiming entry can take as constants: its thread-local words'
+/// offsets fit a 32-bit displacement (static TLS lies just below the thread pointer).
+#[derive(Clone, Copy)]
+struct ConstClaim {
+    slots: u64,
+    nr: u32,
+    have_rseq: bool,
+    rseq_cpu: i32,
+    active: i32,
+    tid: i32,
+}
+
+impl ConstClaim {
+    fn of(c: super::SlotClaim) -> Option<ConstClaim> {
+        Some(ConstClaim {
+            slots: c.slots,
+            nr: c.nr,
+            have_rseq: c.have_rseq != 0,
+            rseq_cpu: i32::try_from(c.rseq_cpu).ok()?,
+            active: i32::try_from(c.active).ok()?,
+            tid: i32::try_from(c.tid).ok()?,
+        })
+    }
+}
+
 /// Layout passes before the last, freezing one.
 const MAX_PASSES: usize = 16;
 
@@ -186,6 +211,9 @@ pub(crate) struct Options {
     pub bmi2: bool,
     /// Layout passes before the final one that keeps the previous pass's jump sizes.
     pub max_passes: usize,
+    /// The slot claim every run of the claiming entry will be given, known when compiling:
+    /// its words become constants of the code (see `claim_entry`).
+    pub claim: Option<super::SlotClaim>,
 }
 
 impl Options {
@@ -195,7 +223,7 @@ impl Options {
         let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
         #[cfg(not(target_arch = "x86_64"))]
         let bmi2 = false;
-        Options { bmi2, max_passes: MAX_PASSES }
+        Options { bmi2, max_passes: MAX_PASSES, claim: None }
     }
 }
 
@@ -696,6 +724,10 @@ impl<'a> Emitter<'a> {
         }
         self.a.ret();
         self.a.bind(start);
+        if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
+            self.claim_const(k, busy);
+            return;
+        }
         // Restartable sequences registered: their cpu_id is the CPU the thread runs on.
         self.a.load(Width::W, Reg::RAX, Mem::base(d, off(offset_of!(C, have_rseq))));
         self.a.test_rr(false, Reg::RAX, Reg::RAX);
@@ -770,6 +802,53 @@ impl<'a> Emitter<'a> {
                 self.a.zero(reg(r));
             }
         }
+    }
+
+    /// The rest of `ClaimEntry` with the claim known when compiling (`Options::claim`): the
+    /// same checks and claim, its words read straight from their static-TLS offsets and the
+    /// slots' address an immediate (the `SlotClaim` in rsi is not read). No rseq: every run
+    /// goes back (`busy`).
+    fn claim_const(&mut self, k: ConstClaim, busy: usize) {
+        if !k.have_rseq {
+            self.a.jmp_back(busy);
+            return;
+        }
+        // No run in progress on this thread.
+        self.a.fs();
+        self.a.cmp_mb(Mem::abs(k.active), 0);
+        self.a.jcc_back(Cond::Ne, busy);
+        // The thread's id (0: not read yet).
+        self.a.fs();
+        self.a.load(Width::W, Reg::R8, Mem::abs(k.tid));
+        self.a.test_rr(false, Reg::R8, Reg::R8);
+        self.a.jcc_back(Cond::E, busy);
+        // cpu_id below the slots.
+        self.a.fs();
+        self.a.load(Width::W, Reg::RCX, Mem::abs(k.rseq_cpu));
+        self.a.alu_ri(Alu::Cmp, false, Reg::RCX, k.nr as i32);
+        self.a.jcc_back(Cond::Ae, busy);
+        self.a.mov_rr(true, Reg::R9, Reg::RCX);
+        self.a.shift_ri(Shift::Shl, true, Reg::R9, 6);
+        self.a.mov_imm(Reg::R10, k.slots);
+        self.a.alu_rr(Alu::Add, true, Reg::R9, Reg::R10);
+        self.a.zero(Reg::RAX);
+        self.a.lock();
+        self.a.cmpxchg(false, Mem::base(Reg::R9, 0), Reg::R8);
+        self.a.jcc_back(Cond::Ne, busy);
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::abs(k.active), 1);
+        // Run slots as `claim_entry` lays them out.
+        self.a.mov_imm(Reg::R10, k.active as i64 as u64);
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R9);
+        self.a.push(Reg::RCX);
+        self.a.push(Reg::RDX);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
     }
 
     /// The abort path and the entries' shared epilogue.
@@ -1464,14 +1543,14 @@ impl<'a> Emitter<'a> {
 
     /// The memo checks both inline forms share: the thread's memo names this map and the key
     /// word of the key at r2, its element is in range, linked and holds that key word. Leaves
-    /// r11 = the thread words' TLS offset, r9 = the key word, r10 = the element, rdi = the
+    /// r9 = the key word, r10 = the element, rdi = the
     /// element index times the value size; jumps back to `miss` otherwise. Uses rax, r8.
     fn memo_check(&mut self, m: crate::program::HashMemo, miss: usize) {
         let off = |o: u32| o as i32;
-        self.a.mov_imm(Reg::R11, m.thread_words as u64);
+        let tw = self.thread_words(m);
         self.a.mov_imm(Reg::RAX, m.map);
         self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 8), Reg::RAX);
+        self.a.alu_mr(Alu::Cmp, true, tw(8), Reg::RAX);
         self.a.jcc_back(Cond::Ne, miss);
         // The key word: the key's bytes, zero-extended (a fault reading the key is this
         // instruction's, as for any load).
@@ -1483,10 +1562,10 @@ impl<'a> Emitter<'a> {
         };
         self.a.load(w, Reg::R9, Mem::base(reg(2), 0));
         self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 16), Reg::R9);
+        self.a.alu_mr(Alu::Cmp, true, tw(16), Reg::R9);
         self.a.jcc_back(Cond::Ne, miss);
         self.a.fs();
-        self.a.load(Width::W, Reg::R10, Mem::base(Reg::R11, 4));
+        self.a.load(Width::W, Reg::R10, tw(4));
         self.a.alu_ri(Alu::Cmp, false, Reg::R10, m.n_elems as i32);
         self.a.jcc_back(Cond::Ae, miss);
         self.a.imul_rri(true, Reg::RDI, Reg::R10, m.value_size as i32);
@@ -1497,6 +1576,20 @@ impl<'a> Emitter<'a> {
         self.a.jcc_back(Cond::Ne, miss);
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         self.a.jcc_back(Cond::Ne, miss);
+    }
+
+    /// The address of the thread word at `+o` of the maps crate's thread words (with an `fs`
+    /// prefix): `[disp32]` when the block's TLS offset fits one, else `[r11 + o]` with r11 set
+    /// here to that offset.
+    fn thread_words(&mut self, m: crate::program::HashMemo) -> impl Fn(i32) -> Mem + use<> {
+        let base = i32::try_from(m.thread_words).ok().filter(|b| b.checked_add(32).is_some());
+        if base.is_none() {
+            self.a.mov_imm(Reg::R11, m.thread_words as u64);
+        }
+        move |o| match base {
+            Some(b) => Mem::abs(b + o),
+            None => Mem::base(Reg::R11, o),
+        }
     }
 
     /// rax = the value of the element at r10 for the run's CPU slot (rdi = its index times
@@ -1533,8 +1626,9 @@ impl<'a> Emitter<'a> {
             self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
         }
         // The thread's id (0: not read yet).
+        let tw = self.thread_words(m);
         self.a.fs();
-        self.a.load(Width::W, Reg::R8, Mem::base(Reg::R11, 0));
+        self.a.load(Width::W, Reg::R8, tw(0));
         self.a.test_rr(false, Reg::R8, Reg::R8);
         self.a.jcc_back(Cond::E, miss);
         self.a.zero(Reg::RAX);
@@ -1568,22 +1662,21 @@ impl<'a> Emitter<'a> {
         self.calls_out = true;
         self.a.mov_imm(Reg::RAX, c.generation);
         self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::RAX, 0));
-        self.a.mov_imm(Reg::R11, c.tls_generation as u64);
-        self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 0), Reg::RAX);
-        let refill = self.a.jump_fwd(Some(Cond::Ne));
-        // The value beside the generation (both in one static TLS block): r11 stays the base.
-        match i32::try_from(c.tls_value - c.tls_generation) {
-            Ok(d) => {
-                self.a.fs();
-                self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, d));
-            }
+        // Both words at constant offsets from the thread pointer (`[disp32]`), else through r11.
+        let tls = |a: &mut Asm, off: i64| match i32::try_from(off) {
+            Ok(d) => Mem::abs(d),
             Err(_) => {
-                self.a.mov_imm(Reg::R11, c.tls_value as u64);
-                self.a.fs();
-                self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, 0));
+                a.mov_imm(Reg::R11, off as u64);
+                Mem::base(Reg::R11, 0)
             }
-        }
+        };
+        let m = tls(&mut self.a, c.tls_generation);
+        self.a.fs();
+        self.a.alu_mr(Alu::Cmp, true, m, Reg::RAX);
+        let refill = self.a.jump_fwd(Some(Cond::Ne));
+        let m = tls(&mut self.a, c.tls_value);
+        self.a.fs();
+        self.a.load(Width::Dw, Reg::RAX, m);
         let done = self.a.jump_fwd(None);
         self.a.bind(refill);
         self.out_call(func);

@@ -16,7 +16,7 @@ use crate::{HelperRegistry, LoadOptions, Program};
 fn jit(insns: &[Insn], bmi2: bool) -> JitProgram {
     let opts = LoadOptions { helpers: Arc::new(HelperRegistry::new()), allow_callx: true, ..Default::default() };
     let prog = Program::load(insns, &opts, None).unwrap_or_else(|e| panic!("load failed: {e}\n{insns:?}"));
-    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16 }).expect("compile")
+    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16, claim: None }).expect("compile")
 }
 
 fn lddw(dst: u8, v: u64) -> [Insn; 2] {
@@ -528,7 +528,8 @@ fn jump_layout_with_few_passes_is_still_exact() {
     let prog = Arc::new(Program::load(&p, &opts, None).expect("load"));
     let mut sizes = Vec::new();
     for max_passes in [1, 2, 3, 16] {
-        let j = JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes }).expect("compile");
+        let j =
+            JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes, claim: None }).expect("compile");
         // SAFETY: no memory access.
         assert_eq!(unsafe { j.run(0, 0) }, Ok(want), "max_passes {max_passes}");
         sizes.push(j.code().len());
