@@ -843,20 +843,14 @@ fn lean_entry_path(
     let mut plant = a.create_label();
     let site_addr = offset_of!(crate::Site, addr) as i32;
     let gate = offset_of!(crate::LeanHandler, gate) as i32;
-    let mut not_lean_pop = a.create_label();
-    let mut lean = a.create_label();
     let mut unlock_general = a.create_label();
-    // Without touching the flags (saved below): jrcxz.
+    // The status flags are dead at a function entry (and the other paths of the light stub
+    // test and branch before they save them too): a compare, the lean path inline.
     a.push(rcx)?;
     a.mov(rcx, qword_ptr(rsp + 16))?;
-    a.mov(rcx, qword_ptr(rcx + lean_entry))?;
-    a.jrcxz(not_lean_pop)?;
+    a.cmp(qword_ptr(rcx + lean_entry), 0)?;
     a.pop(rcx)?;
-    a.jmp(lean)?;
-    a.set_label(&mut not_lean_pop)?;
-    a.pop(rcx)?;
-    a.jmp(*ret_only)?;
-    a.set_label(&mut lean)?;
+    a.je(*ret_only)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
     for (r, off) in REG_OFFSETS {
         a.mov(qword_ptr(rsp + off), r)?;
