@@ -523,8 +523,14 @@ fn ctx_read_extent(insns: &[Insn]) -> Option<u32> {
         match class {
             BPF_ALU | BPF_ALU64 => {
                 let is_x = i.op & BPF_X != 0;
-                if class == BPF_ALU64 && i.op & 0xf0 == BPF_MOV && is_x && i.off == 0 {
-                    out = (m & !dst) | if m & src != 0 { dst } else { 0 };
+                if i.op & 0xf0 == BPF_MOV {
+                    // A move overwrites dst; only a plain 64-bit copy keeps the context.
+                    if is_x && m & src != 0 {
+                        if class != BPF_ALU64 || i.off != 0 {
+                            return None;
+                        }
+                        out = m | dst;
+                    }
                 } else if m & dst != 0 || (is_x && m & src != 0) {
                     return None;
                 }
@@ -830,6 +836,8 @@ mod ctx_extent_tests {
         // r1 after the call is no longer the context: only the first load counts.
         assert_eq!(ctx_read_extent(&p), Some(120));
         assert_eq!(ctx_read_extent(&[movk(0, 0), EXIT]), Some(0));
+        // bpftrace's count(): r1 = 0 first (the context overwritten, never read).
+        assert_eq!(ctx_read_extent(&[movk(1, 0), ldx(0, 1, 200), EXIT]), Some(0));
         // Through a copy, and a 4-byte load.
         let p = [mov(6, 1), Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 6, 128, 0), EXIT];
         assert_eq!(ctx_read_extent(&p), Some(132));
