@@ -112,6 +112,15 @@
 //! the claiming entry. Faults: the key and the value are read before the element's lock is
 //! taken, so a bad pointer aborts the run with no lock held.
 //!
+//! # Instruction count
+//!
+//! A probe hit through the claiming entry is bound by how many instructions it issues (on
+//! the machine of issue 16, ~250 instructions in ~40 cycles), so the entries count them:
+//! compiled with the process's claim (`Options::claim`, `JitProgram::compile_claiming`) the
+//! claiming entry reads its thread-local words at their static-TLS offsets (`fs:[disp32]`)
+//! and the slots' address is an immediate; the memo checks and cached helpers address their
+//! thread words the same way; the entries zero only the registers some instruction names.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
