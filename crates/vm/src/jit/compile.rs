@@ -449,6 +449,27 @@ fn frames(prog: &Program) -> Result<Vec<Frame>, String> {
     Ok(frames)
 }
 
+/// Instructions some jump (or bpf-to-bpf call: function starts) lands on.
+fn jump_targets(insns: &[Insn], subprogs: &[usize]) -> Vec<bool> {
+    let mut t = vec![false; insns.len()];
+    for &s in subprogs {
+        if let Some(x) = t.get_mut(s) {
+            *x = true;
+        }
+    }
+    for (pc, i) in insns.iter().enumerate() {
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        if !(class == BPF_JMP || class == BPF_JMP32) || code == BPF_CALL || code == BPF_EXIT {
+            continue;
+        }
+        let rel = if class == BPF_JMP32 && code == BPF_JA { i.imm as i64 } else { i.off as i64 };
+        if let Some(x) = usize::try_from(pc as i64 + 1 + rel).ok().and_then(|d| t.get_mut(d)) {
+            *x = true;
+        }
+    }
+    t
+}
+
 /// One layout pass over the whole program.
 struct Emitter<'a> {
     a: Asm,
@@ -469,6 +490,8 @@ struct Emitter<'a> {
     /// The code inlines a per-CPU lookup or makes a direct map call (both read the run's CPU
     /// slot at `[r12+8]`).
     percpu_inline: bool,
+    /// Instructions some jump or call lands on (function starts included).
+    targets: Vec<bool>,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -496,6 +519,7 @@ impl<'a> Emitter<'a> {
             freeze,
             cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
             rt,
+            targets: jump_targets(insns, prog.subprogs()),
             err: None,
             inexact: false,
             needs_run_state: false,
@@ -928,6 +952,11 @@ impl<'a> Emitter<'a> {
                 pc += 2;
                 continue;
             }
+            if self.lea_pair(pc, end) {
+                self.bind(Label::Insn(pc + 1));
+                pc += 2;
+                continue;
+            }
             match insn.class() {
                 BPF_ALU | BPF_ALU64 => self.alu(pc, insn),
                 BPF_LDX => self.ldx(pc, insn),
@@ -938,6 +967,33 @@ impl<'a> Emitter<'a> {
             }
             pc += 1;
         }
+    }
+
+    /// `rD = rS; rD += imm` (64-bit, the pair bpftrace and clang emit for stack pointers such
+    /// as `r2 = r10 - 16`) as one `lea`, when no jump lands on the add (so the pair always
+    /// runs whole) and both are in this function. Neither instruction can fault. Emits it and
+    /// returns true, or emits nothing.
+    fn lea_pair(&mut self, pc: usize, end: usize) -> bool {
+        let (a, b) = match (self.insns.get(pc), self.insns.get(pc + 1)) {
+            (Some(a), Some(b)) if pc + 1 < end => (*a, *b),
+            _ => return false,
+        };
+        if a.op != (BPF_ALU64 | BPF_X | BPF_MOV)
+            || a.off != 0
+            || a.dst == a.src
+            || b.op != (BPF_ALU64 | BPF_K | BPF_ADD)
+            || b.dst != a.dst
+            || self.is_jump_target(pc + 1)
+        {
+            return false;
+        }
+        self.a.lea(reg(a.dst), Mem::base(reg(a.src), b.imm));
+        true
+    }
+
+    /// Whether some jump or call of the program lands on instruction `t`.
+    fn is_jump_target(&self, t: usize) -> bool {
+        self.targets.get(t).copied().unwrap_or(true)
     }
 
     fn epilogue(&mut self, k: usize) {
