@@ -819,7 +819,9 @@ fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) 
 }
 
 /// The lean path of the light entry stub: when the site's only probe has a [`LeanHandler`]
-/// (`Site::lean_entry`) whose gate is closed, builds the pt_regs, calls it directly (no FP
+/// (`Site::lean_entry`) whose gate is closed, builds the pt_regs (the registers, the flags as
+/// lahf/seto give them; the fields after the registers and the flags in rflags' layout only
+/// for a handler that reads them, `LeanHandler::reads_all`, or the general path), calls it directly (no FP
 /// state saved: the lean handler touches none; no Rust in between; or, for a handler that
 /// calls out, only the vector registers, with the thread's recursion guard held as
 /// `entry_dispatch` holds it) inside an RCU read-side section (so `detach` still waits for
