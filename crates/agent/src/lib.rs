@@ -344,6 +344,9 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
         return None;
     }
+    // A program whose context reads all fall in the registers' part of the pt_regs (and
+    // which writes none of it) lets the stub skip the rest (see `LeanHandler::reads_all`).
+    let gprs_only = a.prog.program().ctx_read_extent().is_some_and(|e| e <= userbpf_hook::PT_REGS_GPR_BYTES);
     let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
@@ -364,6 +367,8 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         gate: userbpf_runtime::program::stats_gate(),
         failures: &a.prog.stats.errors,
         calls_out,
+        // `lean_run` hands the registers to helpers (stack walks read ip and sp).
+        reads_all: u64::from(!gprs_only || calls_out == 1),
     })))
 }
 

@@ -175,7 +175,17 @@ pub struct LeanHandler {
     pub failures: *const AtomicU64,
     /// Non-zero: `func` calls out (see above).
     pub calls_out: u64,
+    /// Non-zero: `func` may read the fields of the pt_regs after the general-purpose
+    /// registers (`orig_ax`, `ip`, `cs`, `flags`, `sp`, `ss`) or change `ip`. Zero: it reads
+    /// at most the 15 registers (the first [`PT_REGS_GPR_BYTES`] bytes) and changes no `ip`;
+    /// the entry stub then leaves the rest unwritten and does not look for a changed `ip` (a
+    /// probe hit is issue-width bound: each of those instructions counts).
+    pub reads_all: u64,
 }
+
+/// The bytes of `struct pt_regs` before `orig_ax`: the 15 general-purpose registers but `sp`
+/// (see [`LeanHandler::reads_all`]).
+pub const PT_REGS_GPR_BYTES: u32 = 120;
 
 // SAFETY: plain addresses of code and of 'static atomics, read by any thread.
 unsafe impl Sync for LeanHandler {}

@@ -585,12 +585,21 @@ const CS_OFF: i32 = 136;
 const SP_OFF: i32 = 152;
 const SS_OFF: i32 = 160;
 
-/// `slot` = this thread's slot in the thread table: the first slot of hash(fs:[0]), as
-/// `thread::current` finds it; jumps to `fail` when that slot is another thread's. Clobbers
-/// rcx, rdx, flags (and `slot`).
+/// `slot` = this thread's slot in the thread table: the slot its static-TLS hint names
+/// (`thread::slot_hint`) when that slot's key is this thread's (one load and a compare), else
+/// the first slot of hash(fs:[0]), as `thread::current` finds it; jumps to `fail` when that
+/// slot is another thread's too. Clobbers rcx, rdx, flags (and `slot`).
 fn thread_slot(a: &mut CodeAssembler, slot: AsmRegister64, fail: CodeLabel) -> Result<(), IcedError> {
     let t = crate::thread::table_layout();
+    let mut hashed = a.create_label();
+    let mut found = a.create_label();
+    a.mov(slot, qword_ptr(crate::thread::slot_hint_tls_offset() as i64 as u64).fs())?;
     a.mov(rcx, qword_ptr(0u64).fs())?;
+    a.test(slot, slot)?;
+    a.jz(hashed)?;
+    a.cmp(qword_ptr(slot + t.key), rcx)?;
+    a.je(found)?;
+    a.set_label(&mut hashed)?;
     a.mov(rdx, rcx)?;
     a.shr(rdx, 6)?;
     a.mov(slot, t.mul)?;
@@ -602,6 +611,7 @@ fn thread_slot(a: &mut CodeAssembler, slot: AsmRegister64, fail: CodeLabel) -> R
     a.add(slot, rdx)?;
     a.cmp(qword_ptr(slot + t.key), rcx)?;
     a.jne(fail)?;
+    a.set_label(&mut found)?;
     Ok(())
 }
 
@@ -612,7 +622,7 @@ fn thread_slot(a: &mut CodeAssembler, slot: AsmRegister64, fail: CodeLabel) -> R
 /// counts it as missed). Clobbers rax, rcx, rdx, flags.
 fn lean_rcu_enter(a: &mut CodeAssembler, fail: CodeLabel) -> Result<(), IcedError> {
     let t = crate::thread::table_layout();
-    let mut xchg = a.create_label();
+    let mut plain = a.create_label();
     let mut done = a.create_label();
     thread_slot(a, r12, fail)?;
     a.mov(r13, qword_ptr(r12 + t.rcu))?;
@@ -621,13 +631,13 @@ fn lean_rcu_enter(a: &mut CodeAssembler, fail: CodeLabel) -> Result<(), IcedErro
     a.add(r13, 1)?;
     a.mov(rax, t.asym)?;
     a.cmp(byte_ptr(rax), 0)?;
-    a.je(xchg)?;
-    // Asymmetric fences: the writer's membarrier orders this store before the loads below.
-    a.mov(qword_ptr(r12 + t.rcu), r13)?;
-    a.jmp(done)?;
-    a.set_label(&mut xchg)?;
+    a.jne(plain)?;
     a.mov(rax, r13)?;
     a.xchg(qword_ptr(r12 + t.rcu), rax)?;
+    a.jmp(done)?;
+    // Asymmetric fences: the writer's membarrier orders this store before the loads below.
+    a.set_label(&mut plain)?;
+    a.mov(qword_ptr(r12 + t.rcu), r13)?;
     a.set_label(&mut done)?;
     Ok(())
 }
@@ -809,7 +819,9 @@ fn lean_call_any(a: &mut CodeAssembler, fp: FpSave, n: usize, retry: CodeLabel) 
 }
 
 /// The lean path of the light entry stub: when the site's only probe has a [`LeanHandler`]
-/// (`Site::lean_entry`) whose gate is closed, builds the pt_regs, calls it directly (no FP
+/// (`Site::lean_entry`) whose gate is closed, builds the pt_regs (the registers, the flags as
+/// lahf/seto give them; the fields after the registers and the flags in rflags' layout only
+/// for a handler that reads them, `LeanHandler::reads_all`, or the general path), calls it directly (no FP
 /// state saved: the lean handler touches none; no Rust in between; or, for a handler that
 /// calls out, only the vector registers, with the thread's recursion guard held as
 /// `entry_dispatch` holds it) inside an RCU read-side section (so `detach` still waits for
@@ -833,29 +845,35 @@ fn lean_entry_path(
     let mut plant = a.create_label();
     let site_addr = offset_of!(crate::Site, addr) as i32;
     let gate = offset_of!(crate::LeanHandler, gate) as i32;
-    let mut not_lean_pop = a.create_label();
-    let mut lean = a.create_label();
     let mut unlock_general = a.create_label();
-    // Without touching the flags (saved below): jrcxz.
+    // The status flags are dead at a function entry (and the other paths of the light stub
+    // test and branch before they save them too): a compare, the lean path inline.
     a.push(rcx)?;
     a.mov(rcx, qword_ptr(rsp + 16))?;
-    a.mov(rcx, qword_ptr(rcx + lean_entry))?;
-    a.jrcxz(not_lean_pop)?;
+    a.cmp(qword_ptr(rcx + lean_entry), 0)?;
     a.pop(rcx)?;
-    a.jmp(lean)?;
-    a.set_label(&mut not_lean_pop)?;
-    a.pop(rcx)?;
-    a.jmp(*ret_only)?;
-    a.set_label(&mut lean)?;
+    a.je(*ret_only)?;
     a.lea(rsp, ptr(rsp - PT_REGS_SIZE))?;
-    save_gprs_f(a, false)?;
-    lean_rcu_enter(a, *saved)?;
+    for (r, off) in REG_OFFSETS {
+        a.mov(qword_ptr(rsp + off), r)?;
+    }
+    // The status flags as lahf/seto give them (AH, AL = OF), made into rflags' layout only
+    // where something reads them (`raw_flags_fix`: the general path, a handler that reads
+    // the whole pt_regs).
+    a.lahf()?;
+    a.seto(al)?;
+    a.mov(qword_ptr(rsp + FLAGS_OFF), rax)?;
+    let mut general = a.create_label();
+    lean_rcu_enter(a, general)?;
     // The recursion guard, which also keeps probes off for userbpf's own work
     // (`thread::ours`): held (or no state yet) → the general path decides.
-    a.mov(rax, qword_ptr(r12 + crate::thread::table_layout().state))?;
-    a.test(rax, rax)?;
+    let in_handler = offset_of!(crate::thread::ThreadState, in_handler) as i32;
+    let registered = offset_of!(crate::thread::ThreadState, registered) as i32;
+    let t = crate::thread::table_layout();
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
+    a.test(rsi, rsi)?;
     a.jz(unlock_general)?;
-    a.cmp(dword_ptr(rax + std::mem::offset_of!(crate::thread::ThreadState, in_handler) as i32), 0)?;
+    a.cmp(dword_ptr(rsi + in_handler), 0)?;
     a.jne(unlock_general)?;
     a.mov(r15, qword_ptr(rsp + (PT_REGS_SIZE + 8)))?;
     a.mov(r14, qword_ptr(r15 + lean_entry))?;
@@ -864,6 +882,12 @@ fn lean_entry_path(
     a.mov(rax, qword_ptr(r14 + gate))?;
     a.cmp(byte_ptr(rax), 0)?;
     a.jne(unlock_general)?;
+    // The fields after the registers, for a handler that reads them.
+    let reads_all = offset_of!(crate::LeanHandler, reads_all) as i32;
+    let mut gprs_only = a.create_label();
+    a.cmp(qword_ptr(r14 + reads_all), 0)?;
+    a.je(gprs_only)?;
+    raw_flags_fix(a)?;
     a.mov(rax, qword_ptr(r15 + site_addr))?;
     a.mov(qword_ptr(rsp + IP_OFF), rax)?;
     a.lea(rax, ptr(rsp + ENTRY_FRAME as i32))?;
@@ -871,23 +895,16 @@ fn lean_entry_path(
     a.mov(qword_ptr(rsp + CS_OFF), 0x33)?;
     a.mov(qword_ptr(rsp + SS_OFF), 0x2b)?;
     a.mov(qword_ptr(rsp + ORIG_AX_OFF), -1)?;
+    a.set_label(&mut gprs_only)?;
     let calls_out = offset_of!(crate::LeanHandler, calls_out) as i32;
-    let in_handler = offset_of!(crate::thread::ThreadState, in_handler) as i32;
-    let registered = offset_of!(crate::thread::ThreadState, registered) as i32;
-    let t = crate::thread::table_layout();
     let mut plain = a.create_label();
     let mut called = a.create_label();
     a.cmp(qword_ptr(r14 + calls_out), 0)?;
     a.je(plain)?;
-    // A handler that calls out: the recursion guard, as entry_dispatch holds it (no state
-    // yet, its pthread destructor not registered, or a handler running: the general path).
-    a.mov(rsi, qword_ptr(r12 + t.state))?;
-    a.test(rsi, rsi)?;
-    a.jz(unlock_general)?;
+    // A handler that calls out: the recursion guard, as entry_dispatch holds it (the state's
+    // pthread destructor not registered yet: the general path).
     a.cmp(dword_ptr(rsi + registered), 0)?;
     a.je(unlock_general)?;
-    a.cmp(dword_ptr(rsi + in_handler), 0)?;
-    a.jne(unlock_general)?;
     a.mov(dword_ptr(rsi + in_handler), 1)?;
     // A handler that keeps the vector registers itself (`LEAN_GUARD_ONLY`): the guard alone.
     let mut guarded = a.create_label();
@@ -913,10 +930,16 @@ fn lean_entry_path(
     lean_call(a, unlock_general)?;
     a.set_label(&mut called)?;
     lean_rcu_exit(a)?;
+    // A handler that reads only the registers neither reads nor writes `ip` (r14 is
+    // callee-saved: still the handler).
+    let mut same_ip = a.create_label();
+    a.cmp(qword_ptr(r14 + reads_all), 0)?;
+    a.je(same_ip)?;
     a.mov(r12, qword_ptr(rsp + IP_OFF))?;
     a.cmp(r12, qword_ptr(r15 + site_addr))?;
     let changed = a.create_label();
     a.jne(changed)?;
+    a.set_label(&mut same_ip)?;
     a.cmp(byte_ptr(r15 + has_ret), 0)?;
     // Neither the loads nor lea change the flags of that comparison.
     restore_gprs_f(a, false)?;
@@ -930,10 +953,27 @@ fn lean_entry_path(
     a.jmp(*ret_only)?;
     a.set_label(&mut unlock_general)?;
     lean_rcu_exit(a)?;
+    a.set_label(&mut general)?;
+    raw_flags_fix(a)?;
     a.jmp(*saved)?;
-    lean_ip_changed(a, changed, saved, redirect)?;
+    lean_ip_changed(a, changed, &general, redirect)?;
     // Not lean: the return-only path (which falls through to the general one) follows.
     a.set_label(ret_only)?;
+    Ok(())
+}
+
+/// Turns the flags the lean entry path stored at `FLAGS_OFF` (lahf's AH and seto's AL) into
+/// rflags' layout there. Clobbers rax, rcx, flags.
+fn raw_flags_fix(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    // AH = SF ZF 0 AF 0 PF 1 CF, AL = OF.
+    a.mov(rax, qword_ptr(rsp + FLAGS_OFF))?;
+    a.movzx(ecx, al)?;
+    a.shl(ecx, 11)?;
+    a.shr(eax, 8)?;
+    a.and(eax, 0xD5)?;
+    a.or(eax, ecx)?;
+    a.or(eax, 0x202)?;
+    a.mov(qword_ptr(rsp + FLAGS_OFF), rax)?;
     Ok(())
 }
 

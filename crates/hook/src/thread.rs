@@ -72,6 +72,50 @@ fn thread_key() -> usize {
     k
 }
 
+// This thread's slot in `TABLE` (a `*const Slot`, 0 until its state is created): a hint the
+// stubs read with one load from the thread pointer (`thread_slot_tls_offset`) before hashing
+// `fs:[0]`; they still compare the slot's key with `fs:[0]`, so a stale word (the slot
+// given up, reused by another thread, or reset in a fork's child) only sends them to the
+// hash. Zero-filled static TLS (`.tbss`, hidden), reached with the initial-exec model as the
+// maps crate's thread words are (a preloaded object gets static TLS; one loaded later gets
+// it from glibc's reserved surplus): no initialiser, no destructor, async-signal-safe.
+std::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 3",
+    ".globl userbpf_hook_thread_slot",
+    ".hidden userbpf_hook_thread_slot",
+    ".type userbpf_hook_thread_slot,@object",
+    ".size userbpf_hook_thread_slot, 8",
+    "userbpf_hook_thread_slot:",
+    ".zero 8",
+    ".popsection",
+);
+
+/// This thread's slot hint (see above): valid while the thread runs, only used on it.
+#[inline(always)]
+fn slot_hint() -> *mut usize {
+    let p: usize;
+    // SAFETY: reads the word's offset from the thread pointer (a GOT entry the dynamic linker
+    // filled at load) and adds the thread pointer (`fs:[0]`, the TCB's self pointer on x86-64
+    // glibc and musl): the address of this thread's copy.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr [rip + userbpf_hook_thread_slot@GOTTPOFF]",
+            "add {p}, qword ptr fs:[0]",
+            p = out(reg) p,
+            options(nostack, readonly, pure),
+        )
+    };
+    p as *mut usize
+}
+
+/// The offset of this thread's slot hint from the thread pointer (the same in every thread).
+pub(crate) fn slot_hint_tls_offset() -> i32 {
+    let off = slot_hint() as usize as i64 - thread_key() as i64;
+    // Static TLS sits just below the thread pointer (variant II): a few KiB at most.
+    i32::try_from(off).expect("static TLS offset within 2 GiB of the thread pointer")
+}
+
 const HASH_MUL: usize = 0x9E37_79B9_7F4A_7C15;
 const HASH_SHIFT: u32 = 20;
 
@@ -188,6 +232,8 @@ fn create(key: usize) -> *mut ThreadState {
             // SAFETY: p is our fresh state, not yet published.
             unsafe { (*p).slot = i };
             TABLE[i].state.store(p, Release);
+            // SAFETY: this thread's own hint word (see `slot_hint`).
+            unsafe { slot_hint().write(&TABLE[i] as *const Slot as usize) };
             STATES_CREATED.fetch_add(1, Relaxed);
             return p;
         }
@@ -226,6 +272,8 @@ pub(crate) unsafe extern "C" fn destroy(p: *mut libc::c_void) {
         if k == key && TABLE[i].state.load(Acquire) == st {
             TABLE[i].state.store(std::ptr::null_mut(), Release);
             TABLE[i].key.store(TOMBSTONE, Release);
+            // SAFETY: the exiting thread's own hint word (the destructor runs on it).
+            unsafe { slot_hint().write(0) };
             break;
         }
         if k == EMPTY {

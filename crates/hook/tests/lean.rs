@@ -98,6 +98,7 @@ fn probe() -> Probe {
         gate: gate.as_ptr(),
         failures,
         calls_out: 0,
+        reads_all: 1,
     }));
     Probe { rec, general: Box::leak(Box::new(AtomicU64::new(0))), gate, failures, lean }
 }
@@ -157,6 +158,62 @@ fn lean_entry_probe_runs_the_lean_handler_with_the_registers() {
     unsafe { t_lean_entry(black_box(4)) };
     assert_eq!(q.rec.hits.load(SeqCst) + q.general.load(SeqCst), 2);
     assert_eq!(p.rec.hits.load(SeqCst), lean + 1);
+}
+
+/// The general handler of `registers_only_handler_sees_the_registers_and_falls_back_whole`:
+/// counts, and records the flags and ip it was given.
+unsafe extern "C" fn general_flags(d: *mut c_void, r: *mut PtRegs) -> u32 {
+    // SAFETY: the test passes a leaked [AtomicU64; 3]; the hook passes this hit's registers.
+    let (rec, regs) = unsafe { (&*(d as *const [AtomicU64; 3]), &*r) };
+    rec[0].fetch_add(1, SeqCst);
+    rec[1].store(regs.flags, SeqCst);
+    rec[2].store(regs.ip, SeqCst);
+    HOOK_CONTINUE
+}
+
+/// A lean handler that reads only the registers (`reads_all == 0`): the stub skips the fields
+/// after them, the handler still sees every argument register, and a hit handed to the
+/// general path (gate open) gets a whole pt_regs (rflags' layout: bit 1 set; the ip).
+#[test]
+fn registers_only_handler_sees_the_registers_and_falls_back_whole() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = t_lean_entry as *const () as usize;
+    let rec: &'static Rec = Box::leak(Box::default());
+    let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+    let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let lean = Box::leak(Box::new(LeanHandler {
+        func: t_lean_handler as *const () as usize,
+        arg: rec as *const Rec as u64,
+        gate: gate.as_ptr(),
+        failures,
+        calls_out: 0,
+        reads_all: 0,
+    }));
+    let g: &'static [AtomicU64; 3] = Box::leak(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]));
+    let id =
+        attach_lean(addr, ProbeKind::Entry, general_flags, g as *const _ as *mut c_void, None, Some(lean)).unwrap();
+    for i in 0..1000u64 {
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_lean_entry(black_box(i)) }, 2 * i + 1);
+    }
+    let (hits, general) = (rec.hits.load(SeqCst), g[0].load(SeqCst));
+    assert_eq!(hits + general, 1000, "lean {hits} general {general}");
+    assert!(hits >= 999, "lean {hits} general {general}");
+    assert_eq!(rec.di.load(SeqCst), 999);
+    // A failed run is still counted.
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_entry(black_box(77777)) }, 155555);
+    assert_eq!(failures.load(SeqCst), 1);
+    // Gate open: the general handler gets the flags in rflags' layout and the ip.
+    gate.store(1, SeqCst);
+    // SAFETY: plain function.
+    assert_eq!(unsafe { t_lean_entry(black_box(5)) }, 11);
+    assert_eq!(g[0].load(SeqCst), general + 1);
+    let flags = g[1].load(SeqCst);
+    assert_eq!(flags & 0x2, 0x2, "flags {flags:#x}");
+    assert_eq!(flags & !0xfd7, 0x200 & !0xfd7, "flags {flags:#x}: only status flags, bit 1 and IF");
+    assert_eq!(g[2].load(SeqCst), addr as u64);
+    detach(id).unwrap();
 }
 
 #[test]

@@ -164,6 +164,7 @@ fn probe() -> Probe {
         gate: gate.as_ptr(),
         failures,
         calls_out: 1,
+        reads_all: 1,
     });
     Probe { rec, general: leak(AtomicU64::new(0)), failures, lean }
 }
@@ -301,6 +302,7 @@ fn lean_retry_from_a_handler_that_does_not_call_out() {
             gate: gate.as_ptr(),
             failures,
             calls_out: 0,
+            reads_all: 1,
         });
         let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
         let id =
@@ -361,6 +363,7 @@ fn guard_only_handlers_run_with_the_recursion_guard_held() {
             gate: gate.as_ptr(),
             failures,
             calls_out: LEAN_GUARD_ONLY,
+            reads_all: 1,
         });
         let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
         let id =

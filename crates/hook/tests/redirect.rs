@@ -121,6 +121,7 @@ fn a_lean_handler_skips_the_function_and_the_return_probe_sees_the_value() {
         gate: gate.as_ptr(),
         failures: leak(AtomicU64::new(0)),
         calls_out: 0,
+        reads_all: 1,
     });
     let e = attach_lean(
         addr,

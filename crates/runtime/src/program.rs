@@ -252,7 +252,11 @@ impl LoadedProgram {
         let options = LoadOptions { helpers, memory: Some(policy), allow_callx: false };
         let prog = Arc::new(Program::load(insns, &options, Some(&resolve))?);
         let jit = match engine {
-            Engine::Jit => Some(JitProgram::compile(prog.clone()).map_err(PrepareError::Jit)?),
+            // The claiming entry is only ever given this process's claim (`claim_entry`): the
+            // JIT takes it as constants.
+            Engine::Jit => {
+                Some(JitProgram::compile_claiming(prog.clone(), slots.claim_desc()).map_err(PrepareError::Jit)?)
+            }
             Engine::Interpreter => None,
         };
         Ok(LoadedProgram {

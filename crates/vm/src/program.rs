@@ -486,6 +486,136 @@ impl Program {
     pub fn max_depth(&self) -> usize {
         self.max_depth
     }
+
+    /// How far into its context (the r1 it starts with) the program can read, when every use
+    /// of the context is a load at a known non-negative offset: the end of the furthest byte
+    /// it loads (0: it never reads it). `None` when the context escapes that analysis: it is
+    /// written, stored to memory, passed to a call (but to a helper that takes no argument),
+    /// changed by arithmetic, read by a legacy packet load, or the program has subprograms or
+    /// `callx`. A forward data-flow over the instructions (which registers may hold the
+    /// context at each one), so a register that held the context and was overwritten (as r1
+    /// is, by the first map pointer) no longer counts. Probe stubs use it to leave unwritten what a program cannot read.
+    pub fn ctx_read_extent(&self) -> Option<u32> {
+        ctx_read_extent(&self.insns)
+    }
+}
+
+/// See [`Program::ctx_read_extent`].
+fn ctx_read_extent(insns: &[Insn]) -> Option<u32> {
+    let n = insns.len();
+    // Per instruction: the registers (bit r) that may hold the context on entry to it; None
+    // when not reached yet.
+    let mut state: Vec<Option<u16>> = vec![None; n];
+    let mut work = vec![0usize];
+    if n == 0 {
+        return Some(0);
+    }
+    state[0] = Some(1 << 1);
+    let mut extent = 0u32;
+    let bit = |r: u8| 1u16 << (r & 15);
+    while let Some(pc) = work.pop() {
+        let m = state[pc]?;
+        let i = insns[pc];
+        let class = i.op & 0x07;
+        let (dst, src) = (bit(i.dst), bit(i.src));
+        let mut out = m & !dst;
+        let mut next: [Option<usize>; 2] = [Some(pc + 1), None];
+        match class {
+            BPF_ALU | BPF_ALU64 => {
+                let is_x = i.op & BPF_X != 0;
+                if i.op & 0xf0 == BPF_MOV {
+                    // A move overwrites dst; only a plain 64-bit copy keeps the context.
+                    if is_x && m & src != 0 {
+                        if class != BPF_ALU64 || i.off != 0 {
+                            return None;
+                        }
+                        out = m | dst;
+                    }
+                } else if m & dst != 0 || (is_x && m & src != 0) {
+                    return None;
+                }
+            }
+            BPF_LDX => {
+                let mode = i.op & 0xe0;
+                if mode != BPF_MEM && mode != BPF_MEMSX {
+                    return None;
+                }
+                if m & src != 0 {
+                    let size = match i.op & 0x18 {
+                        BPF_B => 1,
+                        BPF_H => 2,
+                        BPF_W => 4,
+                        _ => 8,
+                    };
+                    if i.off < 0 {
+                        return None;
+                    }
+                    extent = extent.max(i.off as u32 + size);
+                }
+            }
+            BPF_LD => {
+                if i.op != (BPF_LD | BPF_IMM | BPF_DW) {
+                    // Legacy packet loads: read r6 as the context, clobber r0-r5.
+                    return None;
+                }
+                next[0] = Some(pc + 2);
+            }
+            BPF_ST => {
+                if m & dst != 0 {
+                    return None;
+                }
+                out = m;
+            }
+            BPF_STX => {
+                if m & (dst | src) != 0 {
+                    return None;
+                }
+                out = m;
+                if i.op & 0xe0 == BPF_ATOMIC {
+                    // Fetching atomics write src (or r0).
+                    out = m & !(src | 1);
+                }
+            }
+            _ => {
+                // BPF_JMP, BPF_JMP32.
+                let code = i.op & 0xf0;
+                out = m;
+                match code {
+                    BPF_CALL => {
+                        // Helpers that take no argument read none of r1-r5 (ktime_get_ns,
+                        // get_prandom_u32, get_smp_processor_id, get_current_pid_tgid,
+                        // get_current_uid_gid, ktime_get_boot_ns).
+                        let no_args = i.src == 0 && matches!(i.imm, 5 | 7 | 8 | 14 | 15 | 125);
+                        if class != BPF_JMP
+                            || i.op & BPF_X != 0
+                            || i.src == BPF_PSEUDO_CALL
+                            || (!no_args && m & 0b11_1110 != 0)
+                        {
+                            return None;
+                        }
+                        out = m & !0b11_1111;
+                    }
+                    BPF_EXIT => next[0] = None,
+                    BPF_JA => {
+                        let rel = if class == BPF_JMP32 { i.imm as i64 } else { i.off as i64 };
+                        next[0] = Some(usize::try_from(pc as i64 + 1 + rel).ok()?);
+                    }
+                    _ => next[1] = Some(usize::try_from(pc as i64 + 1 + i.off as i64).ok()?),
+                }
+            }
+        }
+        for t in next.into_iter().flatten() {
+            if t >= n {
+                return None;
+            }
+            let merged = state[t].map_or(out, |s| s | out);
+            if state[t] != Some(merged) {
+                state[t] = Some(merged);
+                work.push(t);
+            }
+        }
+    }
+    Some(extent)
 }
 
 /// The `call 1` (map_lookup_elem) sites whose map is known for certain and described by the
@@ -677,4 +807,75 @@ fn check_fields(pc: usize, insn: Insn, options: &LoadOptions) -> Result<(), Load
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod ctx_extent_tests {
+    use super::ctx_read_extent;
+    use userbpf_isa::*;
+
+    const EXIT: Insn = Insn { op: BPF_JMP | BPF_EXIT, dst: 0, src: 0, off: 0, imm: 0 };
+    fn ldx(dst: u8, src: u8, off: i16) -> Insn {
+        Insn::new(BPF_LDX | BPF_MEM | BPF_DW, dst, src, off, 0)
+    }
+    fn mov(dst: u8, src: u8) -> Insn {
+        Insn::new(BPF_ALU64 | BPF_X | BPF_MOV, dst, src, 0, 0)
+    }
+    fn movk(dst: u8, imm: i32) -> Insn {
+        Insn::new(BPF_ALU64 | BPF_K | BPF_MOV, dst, 0, 0, imm)
+    }
+    fn call(id: i32) -> Insn {
+        Insn::new(BPF_JMP | BPF_CALL, 0, 0, 0, id)
+    }
+
+    #[test]
+    fn loads_at_known_offsets_give_their_extent() {
+        // bpftrace's `hist(arg0)` shape: arg0 read, then r1 reused for a map.
+        let lddw = [Insn::new(BPF_LD | BPF_IMM | BPF_DW, 1, 1, 0, 7), Insn::new(0, 0, 0, 0, 0)];
+        let p = [ldx(6, 1, 112), lddw[0], lddw[1], movk(2, 0), call(1), ldx(0, 1, 200), movk(0, 0), EXIT];
+        // r1 after the call is no longer the context: only the first load counts.
+        assert_eq!(ctx_read_extent(&p), Some(120));
+        assert_eq!(ctx_read_extent(&[movk(0, 0), EXIT]), Some(0));
+        // bpftrace's count(): r1 = 0 first (the context overwritten, never read).
+        assert_eq!(ctx_read_extent(&[movk(1, 0), ldx(0, 1, 200), EXIT]), Some(0));
+        // Through a copy, and a 4-byte load.
+        let p = [mov(6, 1), Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 6, 128, 0), EXIT];
+        assert_eq!(ctx_read_extent(&p), Some(132));
+    }
+
+    #[test]
+    fn paths_merge() {
+        // if r0 == 0 { r2 = r1 } else { r2 = 0 }; r0 = *(r2 + 144)
+        let p = [
+            movk(0, 0),
+            Insn::new(BPF_JMP | BPF_K | BPF_JEQ, 0, 0, 2, 0),
+            movk(2, 0),
+            Insn::new(BPF_JMP | BPF_JA, 0, 0, 1, 0),
+            mov(2, 1),
+            ldx(0, 2, 144),
+            EXIT,
+        ];
+        assert_eq!(ctx_read_extent(&p), Some(152));
+    }
+
+    #[test]
+    fn escapes_are_unknown() {
+        // Passed to a helper.
+        assert_eq!(ctx_read_extent(&[call(14), EXIT]), Some(0), "get_current_pid_tgid takes no argument");
+        assert_eq!(ctx_read_extent(&[call(1), EXIT]), None);
+        assert_eq!(ctx_read_extent(&[mov(6, 1), call(14), mov(3, 6), call(2), EXIT]), None);
+        // Spilled to the stack.
+        assert_eq!(ctx_read_extent(&[Insn::new(BPF_STX | BPF_MEM | BPF_DW, 10, 1, -8, 0), movk(0, 0), EXIT]), None);
+        // Pointer arithmetic.
+        assert_eq!(ctx_read_extent(&[Insn::new(BPF_ALU64 | BPF_K | BPF_ADD, 1, 0, 0, 8), movk(0, 0), EXIT]), None);
+        // Written (a register write through the context).
+        assert_eq!(ctx_read_extent(&[Insn::new(BPF_ST | BPF_MEM | BPF_DW, 1, 0, 112, 5), movk(0, 0), EXIT]), None);
+        // A negative offset.
+        assert_eq!(ctx_read_extent(&[ldx(0, 1, -8), EXIT]), None);
+        // A bpf-to-bpf call.
+        assert_eq!(
+            ctx_read_extent(&[Insn::new(BPF_JMP | BPF_CALL, 0, BPF_PSEUDO_CALL, 0, 1), EXIT, movk(0, 0), EXIT]),
+            None
+        );
+    }
 }

@@ -226,3 +226,78 @@ fn the_claiming_entry_claims_runs_and_gives_back() {
     assert!((0..nr as usize).all(|i| word(i) == 0), "slots given back after a fault");
     assert_eq!(ACTIVE.with(|c| c.get()), 0, "run mark cleared after a fault");
 }
+
+/// The claiming entry of a program compiled with the process's claim (`compile_claiming`):
+/// the same behaviour with the claim's words taken as constants, the `SlotClaim` argument
+/// unread (a zeroed one is passed), and a claim without rseq compiled in: nothing runs.
+#[test]
+fn the_claiming_entry_compiled_with_its_claim_claims_runs_and_gives_back() {
+    let Some(rseq) = rseq_offset() else {
+        panic!("glibc registers no rseq area here: the claiming entry cannot be tested");
+    };
+    // SAFETY: as in the test above.
+    let cpu = unsafe {
+        let cpu = libc::sched_getcpu().max(0) as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        cpu
+    };
+    let nr = (cpu as u32 + 1).max(4);
+    let slots: Vec<[AtomicU32; 16]> = (0..nr).map(|_| std::array::from_fn(|_| AtomicU32::new(0))).collect();
+    let word = |i: usize| slots[i][0].load(SeqCst);
+    let array = InlineArray { values: 0x7000_0000, max_entries: 4, elem_size: 16, cpu_stride: 0x1000 };
+    let mut a = Asm::new();
+    a.ldx(BPF_W, 6, 1, 0).stx(BPF_W, 10, 6, -4);
+    ld_map(&mut a);
+    a.movx(2, 10).add(2, -4).call(1).exit();
+    let insns = a.build();
+    let claim = SlotClaim {
+        slots: slots.as_ptr() as u64,
+        nr,
+        have_rseq: 1,
+        rseq_cpu: rseq + 4,
+        active: tls_offset(ACTIVE.with(|c| c.as_ptr())),
+        tid: tls_offset(TID.with(|c| c.as_ptr()).cast()),
+    };
+    let compiled = |claim: SlotClaim| {
+        let opts = LoadOptions { helpers: registry(), ..Default::default() };
+        let p = Program::load(&insns, &opts, Some(&One { array: &array, inline: true })).expect("load");
+        JitProgram::compile_claiming(Arc::new(p), claim).expect("compile")
+    };
+    let (j, no_rseq) = (compiled(claim), compiled(SlotClaim { have_rseq: 0, ..claim }));
+    let entry = |j: &JitProgram| {
+        let e = j.claim_entry_address().expect("a claiming entry");
+        // SAFETY: the claiming entry's signature (JitProgram::claim_entry_address).
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64, *const SlotClaim, *mut [u64; 3]) -> u64>(e) }
+    };
+    let unread = SlotClaim::default();
+    let run = |j: &JitProgram, key: u32| {
+        let mut ctx = key.to_ne_bytes();
+        let mut rec = [0u64; 3];
+        // SAFETY: the program reads its 4-byte context (or faults on null, contained); the
+        // entry reads no SlotClaim.
+        let r0 = unsafe { entry(j)(if key == u32::MAX { 0 } else { ctx.as_mut_ptr() as u64 }, &unread, &mut rec) };
+        (r0, rec[0])
+    };
+    TID.with(|t| t.set(0));
+    assert_eq!(run(&j, 1), (0, CLAIM_RETRY), "the thread's id not known");
+    TID.with(|t| t.set(4242));
+    assert_eq!(run(&no_rseq, 1), (0, CLAIM_RETRY), "no rseq");
+    ACTIVE.with(|c| c.set(1));
+    assert_eq!(run(&j, 1), (0, CLAIM_RETRY), "a run in progress");
+    ACTIVE.with(|c| c.set(0));
+    slots[cpu][0].store(99, SeqCst);
+    assert_eq!(run(&j, 1), (0, CLAIM_RETRY), "the slot held by another thread");
+    assert_eq!(word(cpu), 99);
+    slots[cpu][0].store(0, SeqCst);
+    for key in [0u32, 3] {
+        assert_eq!(run(&j, key), (array.values + key as u64 * 16 + cpu as u64 * 0x1000, 0));
+        assert!((0..nr as usize).all(|i| word(i) == 0), "slots given back");
+        assert_eq!(ACTIVE.with(|c| c.get()), 0, "run mark cleared");
+    }
+    let (_, kind) = run(&j, u32::MAX);
+    assert!(kind != 0 && kind != CLAIM_RETRY, "an abort is recorded: {kind}");
+    assert!((0..nr as usize).all(|i| word(i) == 0), "slots given back after a fault");
+    assert_eq!(ACTIVE.with(|c| c.get()), 0, "run mark cleared after a fault");
+}

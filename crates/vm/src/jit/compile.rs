@@ -112,6 +112,15 @@
 //! the claiming entry. Faults: the key and the value are read before the element's lock is
 //! taken, so a bad pointer aborts the run with no lock held.
 //!
+//! # Instruction count
+//!
+//! A probe hit through the claiming entry is bound by how many instructions it issues (on
+//! the machine of issue 16, ~250 instructions in ~40 cycles), so the entries count them:
+//! compiled with the process's claim (`Options::claim`, `JitProgram::compile_claiming`) the
+//! claiming entry reads its thread-local words at their static-TLS offsets (`fs:[disp32]`)
+//! and the slots' address is an immediate; the memo checks and cached helpers address their
+//! thread words the same way; the entries zero only the registers some instruction names.
+//!
 //! # Jumps
 //!
 //! Jumps are laid out by relaxation: pass 0 makes every jump long (rel32); each later pass
@@ -146,6 +155,31 @@ pub(crate) struct Runtime {
     pub after_helper_fn: u64,
     /// `preserve.rs`'s thunk: calls r11 keeping vector registers 0-7.
     pub preserving_call: u64,
+}
+
+/// A [`super::SlotClaim`] the claiming entry can take as constants: its thread-local words'
+/// offsets fit a 32-bit displacement (static TLS lies just below the thread pointer).
+#[derive(Clone, Copy)]
+struct ConstClaim {
+    slots: u64,
+    nr: u32,
+    have_rseq: bool,
+    rseq_cpu: i32,
+    active: i32,
+    tid: i32,
+}
+
+impl ConstClaim {
+    fn of(c: super::SlotClaim) -> Option<ConstClaim> {
+        Some(ConstClaim {
+            slots: c.slots,
+            nr: c.nr,
+            have_rseq: c.have_rseq != 0,
+            rseq_cpu: i32::try_from(c.rseq_cpu).ok()?,
+            active: i32::try_from(c.active).ok()?,
+            tid: i32::try_from(c.tid).ok()?,
+        })
+    }
 }
 
 /// Layout passes before the last, freezing one.
@@ -186,6 +220,9 @@ pub(crate) struct Options {
     pub bmi2: bool,
     /// Layout passes before the final one that keeps the previous pass's jump sizes.
     pub max_passes: usize,
+    /// The slot claim every run of the claiming entry will be given, known when compiling:
+    /// its words become constants of the code (see `claim_entry`).
+    pub claim: Option<super::SlotClaim>,
 }
 
 impl Options {
@@ -195,7 +232,7 @@ impl Options {
         let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
         #[cfg(not(target_arch = "x86_64"))]
         let bmi2 = false;
-        Options { bmi2, max_passes: MAX_PASSES }
+        Options { bmi2, max_passes: MAX_PASSES, claim: None }
     }
 }
 
@@ -412,6 +449,27 @@ fn frames(prog: &Program) -> Result<Vec<Frame>, String> {
     Ok(frames)
 }
 
+/// Instructions some jump (or bpf-to-bpf call: function starts) lands on.
+fn jump_targets(insns: &[Insn], subprogs: &[usize]) -> Vec<bool> {
+    let mut t = vec![false; insns.len()];
+    for &s in subprogs {
+        if let Some(x) = t.get_mut(s) {
+            *x = true;
+        }
+    }
+    for (pc, i) in insns.iter().enumerate() {
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        if !(class == BPF_JMP || class == BPF_JMP32) || code == BPF_CALL || code == BPF_EXIT {
+            continue;
+        }
+        let rel = if class == BPF_JMP32 && code == BPF_JA { i.imm as i64 } else { i.off as i64 };
+        if let Some(x) = usize::try_from(pc as i64 + 1 + rel).ok().and_then(|d| t.get_mut(d)) {
+            *x = true;
+        }
+    }
+    t
+}
+
 /// One layout pass over the whole program.
 struct Emitter<'a> {
     a: Asm,
@@ -432,6 +490,8 @@ struct Emitter<'a> {
     /// The code inlines a per-CPU lookup or makes a direct map call (both read the run's CPU
     /// slot at `[r12+8]`).
     percpu_inline: bool,
+    /// Instructions some jump or call lands on (function starts included).
+    targets: Vec<bool>,
     /// A fatal error (the program cannot be compiled).
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
@@ -459,6 +519,7 @@ impl<'a> Emitter<'a> {
             freeze,
             cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
             rt,
+            targets: jump_targets(insns, prog.subprogs()),
             err: None,
             inexact: false,
             needs_run_state: false,
@@ -636,9 +697,7 @@ impl<'a> Emitter<'a> {
         }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
-        for r in [0u8, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
+        self.zero_regs(&[0, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(k), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -670,9 +729,7 @@ impl<'a> Emitter<'a> {
         self.a.push(cpu);
         self.a.push(record.unwrap_or(Reg::R11));
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        for r in [0u8, 3, 4, 5, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
-        }
+        self.zero_regs(&[0, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -700,6 +757,10 @@ impl<'a> Emitter<'a> {
         }
         self.a.ret();
         self.a.bind(start);
+        if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
+            self.claim_const(k, busy);
+            return;
+        }
         // Restartable sequences registered: their cpu_id is the CPU the thread runs on.
         self.a.load(Width::W, Reg::RAX, Mem::base(d, off(offset_of!(C, have_rseq))));
         self.a.test_rr(false, Reg::RAX, Reg::RAX);
@@ -743,9 +804,81 @@ impl<'a> Emitter<'a> {
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        for r in [0u8, 2, 3, 4, 5, 6, 7, 8, 9] {
-            self.a.zero(reg(r));
+        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let d = self.rel32(Label::Func(0), 5);
+        self.a.call_rel32(d);
+        self.jump(None, Label::Epilogue);
+    }
+
+    /// Zeroes the eBPF registers `regs` at an entry, but only those some instruction names
+    /// (as destination or source; r1-r5 too when the program calls anything, since a call
+    /// reads its arguments there; r6 for the legacy packet loads, which read it unnamed): a register no instruction names cannot be read, so its
+    /// start value is unobservable (unverified programs included) and its `xor` only costs
+    /// the entry an instruction (each counts on a probe hit: the path is
+    /// issue-width-bound).
+    fn zero_regs(&mut self, regs: &[u8]) {
+        let mut named = [false; 16];
+        for i in self.insns {
+            named[(i.dst & 15) as usize] = true;
+            named[(i.src & 15) as usize] = true;
+            let (class, code) = (i.op & 0x07, i.op & 0xf0);
+            if class == BPF_JMP && code == BPF_CALL {
+                named[1..=5].iter_mut().for_each(|n| *n = true);
+            }
+            // Legacy packet loads read r6 without naming it.
+            if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
+                named[6] = true;
+            }
         }
+        for &r in regs {
+            if r == 0 || named[r as usize] {
+                self.a.zero(reg(r));
+            }
+        }
+    }
+
+    /// The rest of `ClaimEntry` with the claim known when compiling (`Options::claim`): the
+    /// same checks and claim, its words read straight from their static-TLS offsets and the
+    /// slots' address an immediate (the `SlotClaim` in rsi is not read). No rseq: every run
+    /// goes back (`busy`).
+    fn claim_const(&mut self, k: ConstClaim, busy: usize) {
+        if !k.have_rseq {
+            self.a.jmp_back(busy);
+            return;
+        }
+        // No run in progress on this thread.
+        self.a.fs();
+        self.a.cmp_mb(Mem::abs(k.active), 0);
+        self.a.jcc_back(Cond::Ne, busy);
+        // The thread's id (0: not read yet).
+        self.a.fs();
+        self.a.load(Width::W, Reg::R8, Mem::abs(k.tid));
+        self.a.test_rr(false, Reg::R8, Reg::R8);
+        self.a.jcc_back(Cond::E, busy);
+        // cpu_id below the slots.
+        self.a.fs();
+        self.a.load(Width::W, Reg::RCX, Mem::abs(k.rseq_cpu));
+        self.a.alu_ri(Alu::Cmp, false, Reg::RCX, k.nr as i32);
+        self.a.jcc_back(Cond::Ae, busy);
+        self.a.mov_rr(true, Reg::R9, Reg::RCX);
+        self.a.shift_ri(Shift::Shl, true, Reg::R9, 6);
+        self.a.mov_imm(Reg::R10, k.slots);
+        self.a.alu_rr(Alu::Add, true, Reg::R9, Reg::R10);
+        self.a.zero(Reg::RAX);
+        self.a.lock();
+        self.a.cmpxchg(false, Mem::base(Reg::R9, 0), Reg::R8);
+        self.a.jcc_back(Cond::Ne, busy);
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::abs(k.active), 1);
+        // Run slots as `claim_entry` lays them out.
+        self.a.mov_imm(Reg::R10, k.active as i64 as u64);
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R10);
+        self.a.push(Reg::R9);
+        self.a.push(Reg::RCX);
+        self.a.push(Reg::RDX);
+        self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -819,6 +952,11 @@ impl<'a> Emitter<'a> {
                 pc += 2;
                 continue;
             }
+            if self.lea_pair(pc, end) {
+                self.bind(Label::Insn(pc + 1));
+                pc += 2;
+                continue;
+            }
             match insn.class() {
                 BPF_ALU | BPF_ALU64 => self.alu(pc, insn),
                 BPF_LDX => self.ldx(pc, insn),
@@ -829,6 +967,33 @@ impl<'a> Emitter<'a> {
             }
             pc += 1;
         }
+    }
+
+    /// `rD = rS; rD += imm` (64-bit, the pair bpftrace and clang emit for stack pointers such
+    /// as `r2 = r10 - 16`) as one `lea`, when no jump lands on the add (so the pair always
+    /// runs whole) and both are in this function. Neither instruction can fault. Emits it and
+    /// returns true, or emits nothing.
+    fn lea_pair(&mut self, pc: usize, end: usize) -> bool {
+        let (a, b) = match (self.insns.get(pc), self.insns.get(pc + 1)) {
+            (Some(a), Some(b)) if pc + 1 < end => (*a, *b),
+            _ => return false,
+        };
+        if a.op != (BPF_ALU64 | BPF_X | BPF_MOV)
+            || a.off != 0
+            || a.dst == a.src
+            || b.op != (BPF_ALU64 | BPF_K | BPF_ADD)
+            || b.dst != a.dst
+            || self.is_jump_target(pc + 1)
+        {
+            return false;
+        }
+        self.a.lea(reg(a.dst), Mem::base(reg(a.src), b.imm));
+        true
+    }
+
+    /// Whether some jump or call of the program lands on instruction `t`.
+    fn is_jump_target(&self, t: usize) -> bool {
+        self.targets.get(t).copied().unwrap_or(true)
     }
 
     fn epilogue(&mut self, k: usize) {
@@ -1443,14 +1608,14 @@ impl<'a> Emitter<'a> {
 
     /// The memo checks both inline forms share: the thread's memo names this map and the key
     /// word of the key at r2, its element is in range, linked and holds that key word. Leaves
-    /// r11 = the thread words' TLS offset, r9 = the key word, r10 = the element, rdi = the
+    /// r9 = the key word, r10 = the element, rdi = the
     /// element index times the value size; jumps back to `miss` otherwise. Uses rax, r8.
     fn memo_check(&mut self, m: crate::program::HashMemo, miss: usize) {
         let off = |o: u32| o as i32;
-        self.a.mov_imm(Reg::R11, m.thread_words as u64);
+        let tw = self.thread_words(m);
         self.a.mov_imm(Reg::RAX, m.map);
         self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 8), Reg::RAX);
+        self.a.alu_mr(Alu::Cmp, true, tw(8), Reg::RAX);
         self.a.jcc_back(Cond::Ne, miss);
         // The key word: the key's bytes, zero-extended (a fault reading the key is this
         // instruction's, as for any load).
@@ -1462,21 +1627,34 @@ impl<'a> Emitter<'a> {
         };
         self.a.load(w, Reg::R9, Mem::base(reg(2), 0));
         self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 16), Reg::R9);
+        self.a.alu_mr(Alu::Cmp, true, tw(16), Reg::R9);
         self.a.jcc_back(Cond::Ne, miss);
         self.a.fs();
-        self.a.load(Width::W, Reg::R10, Mem::base(Reg::R11, 4));
+        self.a.load(Width::W, Reg::R10, tw(4));
         self.a.alu_ri(Alu::Cmp, false, Reg::R10, m.n_elems as i32);
         self.a.jcc_back(Cond::Ae, miss);
         self.a.imul_rri(true, Reg::RDI, Reg::R10, m.value_size as i32);
         self.a.imul_rri(true, Reg::R10, Reg::R10, m.elem_size as i32);
         self.a.mov_imm(Reg::RAX, m.elems);
         self.a.alu_rr(Alu::Add, true, Reg::R10, Reg::RAX);
-        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
-        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
         self.a.jcc_back(Cond::Ne, miss);
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         self.a.jcc_back(Cond::Ne, miss);
+    }
+
+    /// The address of the thread word at `+o` of the maps crate's thread words (with an `fs`
+    /// prefix): `[disp32]` when the block's TLS offset fits one, else `[r11 + o]` with r11 set
+    /// here to that offset.
+    fn thread_words(&mut self, m: crate::program::HashMemo) -> impl Fn(i32) -> Mem + use<> {
+        let base = i32::try_from(m.thread_words).ok().filter(|b| b.checked_add(32).is_some());
+        if base.is_none() {
+            self.a.mov_imm(Reg::R11, m.thread_words as u64);
+        }
+        move |o| match base {
+            Some(b) => Mem::abs(b + o),
+            None => Mem::base(Reg::R11, o),
+        }
     }
 
     /// rax = the value of the element at r10 for the run's CPU slot (rdi = its index times
@@ -1509,10 +1687,13 @@ impl<'a> Emitter<'a> {
         // The value's first and last words read before the lock is taken: a bad value pointer
         // faults here (this instruction's abort), never while the element's lock is held.
         self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
-        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        if m.value_size > 8 {
+            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        }
         // The thread's id (0: not read yet).
+        let tw = self.thread_words(m);
         self.a.fs();
-        self.a.load(Width::W, Reg::R8, Mem::base(Reg::R11, 0));
+        self.a.load(Width::W, Reg::R8, tw(0));
         self.a.test_rr(false, Reg::R8, Reg::R8);
         self.a.jcc_back(Cond::E, miss);
         self.a.zero(Reg::RAX);
@@ -1520,8 +1701,7 @@ impl<'a> Emitter<'a> {
         self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
         self.a.jcc_back(Cond::Ne, miss);
         // Under the lock: still linked, still the key (else unlock and take the miss).
-        self.a.load(Width::B, Reg::RAX, Mem::base(Reg::R10, off(m.state)));
-        self.a.alu_ri(Alu::Cmp, false, Reg::RAX, m.linked as i32);
+        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
         let gone = self.a.jump_fwd32(Some(Cond::Ne));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
@@ -1547,13 +1727,21 @@ impl<'a> Emitter<'a> {
         self.calls_out = true;
         self.a.mov_imm(Reg::RAX, c.generation);
         self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::RAX, 0));
-        self.a.mov_imm(Reg::R11, c.tls_generation as u64);
+        // Both words at constant offsets from the thread pointer (`[disp32]`), else through r11.
+        let tls = |a: &mut Asm, off: i64| match i32::try_from(off) {
+            Ok(d) => Mem::abs(d),
+            Err(_) => {
+                a.mov_imm(Reg::R11, off as u64);
+                Mem::base(Reg::R11, 0)
+            }
+        };
+        let m = tls(&mut self.a, c.tls_generation);
         self.a.fs();
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R11, 0), Reg::RAX);
+        self.a.alu_mr(Alu::Cmp, true, m, Reg::RAX);
         let refill = self.a.jump_fwd(Some(Cond::Ne));
-        self.a.mov_imm(Reg::R11, c.tls_value as u64);
+        let m = tls(&mut self.a, c.tls_value);
         self.a.fs();
-        self.a.load(Width::Dw, Reg::RAX, Mem::base(Reg::R11, 0));
+        self.a.load(Width::Dw, Reg::RAX, m);
         let done = self.a.jump_fwd(None);
         self.a.bind(refill);
         self.out_call(func);

@@ -49,20 +49,27 @@ pub(crate) struct Mem {
     /// Index register and log2 of the scale. rsp cannot be an index.
     index: Option<(Reg, u8)>,
     disp: i32,
+    /// No base and no index: `[disp32]` (with an `fs` prefix, a thread-local word at a
+    /// static-TLS offset).
+    abs: bool,
 }
 
 impl Mem {
     /// `[base + disp]`.
     pub const fn base(base: Reg, disp: i32) -> Mem {
-        Mem { base, index: None, disp }
+        Mem { base, index: None, disp, abs: false }
     }
     /// `[base + index * 8]`.
     pub const fn indexed8(base: Reg, index: Reg) -> Mem {
-        Mem { base, index: Some((index, 3)), disp: 0 }
+        Mem { base, index: Some((index, 3)), disp: 0, abs: false }
     }
     /// `[base + index << scale]`, scale 0..=3. `index` must not be rsp.
     pub const fn indexed(base: Reg, index: Reg, scale: u8) -> Mem {
-        Mem { base, index: Some((index, scale & 3)), disp: 0 }
+        Mem { base, index: Some((index, scale & 3)), disp: 0, abs: false }
+    }
+    /// `[disp]`, the sign-extended 32-bit address (ModRM with a SIB of no base, no index).
+    pub const fn abs(disp: i32) -> Mem {
+        Mem { base: Reg::RBP, index: None, disp, abs: true }
     }
 }
 
@@ -211,7 +218,8 @@ impl Asm {
             }
             Rm::Mem(m) => {
                 let x = m.index.map_or(0, |(i, _)| i.high());
-                self.rex(w, r, x, m.base.high(), force_reg);
+                let b = if m.abs { 0 } else { m.base.high() };
+                self.rex(w, r, x, b, force_reg);
                 self.buf.extend_from_slice(opcode);
                 self.mem_operand(reg & 7, m);
             }
@@ -220,6 +228,13 @@ impl Asm {
 
     /// ModRM (+ SIB + displacement) for a memory operand.
     fn mem_operand(&mut self, reg: u8, m: Mem) {
+        if m.abs {
+            // mod 00, rm 100 (SIB); SIB: no index (100), base 101 with mod 00 = disp32.
+            self.byte((reg << 3) | 4);
+            self.byte((4 << 3) | 5);
+            self.imm32(m.disp);
+            return;
+        }
         // rbp and r13 as base with mod 00 would mean RIP-relative / no base: use disp8 0.
         let mode: u8 = if m.disp == 0 && m.base.low() != 5 {
             0
@@ -398,6 +413,12 @@ impl Asm {
     /// `op [m], src` for add/or/and/xor (with [`lock`](Self::lock) before it for atomics).
     pub fn alu_mr(&mut self, op: Alu, w: bool, m: Mem, src: Reg) {
         self.op(false, w, &[((op as u8) << 3) | 1], src.0, Rm::Mem(m), Bytes::None);
+    }
+
+    /// `cmp byte [m], imm8` (80 /7 ib).
+    pub fn cmp_mb(&mut self, m: Mem, imm: u8) {
+        self.op(false, false, &[0x80], 7, Rm::Mem(m), Bytes::None);
+        self.byte(imm);
     }
 
     /// `test a, b` (85 /r).

@@ -163,6 +163,13 @@ impl JitProgram {
         Self::compile_with(prog, Options::detect())
     }
 
+    /// Compiles a checked program whose claiming entry will only ever be given `claim` (the
+    /// process's, see [`SlotClaim`]): that entry then reads its words at constant offsets and
+    /// ignores the `SlotClaim` argument (fewer instructions on every probe hit).
+    pub fn compile_claiming(prog: Arc<Program>, claim: SlotClaim) -> Result<JitProgram, VmError> {
+        Self::compile_with(prog, Options { claim: Some(claim), ..Options::detect() })
+    }
+
     pub(crate) fn compile_with(prog: Arc<Program>, opts: Options) -> Result<JitProgram, VmError> {
         if !cfg!(all(target_arch = "x86_64", unix)) {
             return Err(VmError::Jit("the JIT only supports x86-64 on Unix".into()));

@@ -16,7 +16,7 @@ use crate::{HelperRegistry, LoadOptions, Program};
 fn jit(insns: &[Insn], bmi2: bool) -> JitProgram {
     let opts = LoadOptions { helpers: Arc::new(HelperRegistry::new()), allow_callx: true, ..Default::default() };
     let prog = Program::load(insns, &opts, None).unwrap_or_else(|e| panic!("load failed: {e}\n{insns:?}"));
-    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16 }).expect("compile")
+    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16, claim: None }).expect("compile")
 }
 
 fn lddw(dst: u8, v: u64) -> [Insn; 2] {
@@ -528,7 +528,8 @@ fn jump_layout_with_few_passes_is_still_exact() {
     let prog = Arc::new(Program::load(&p, &opts, None).expect("load"));
     let mut sizes = Vec::new();
     for max_passes in [1, 2, 3, 16] {
-        let j = JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes }).expect("compile");
+        let j =
+            JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes, claim: None }).expect("compile");
         // SAFETY: no memory access.
         assert_eq!(unsafe { j.run(0, 0) }, Ok(want), "max_passes {max_passes}");
         sizes.push(j.code().len());
@@ -588,4 +589,32 @@ fn fast_entry_is_used_without_helpers_and_reports_aborts() {
     assert!(j.fast_entry.is_none());
     // SAFETY: the program touches no memory.
     assert_eq!(unsafe { j.run(0, 0) }, Err(VmError::UnknownHelper { pc: 1, id: 5 }));
+}
+
+/// `rD = rS; rD += imm` becomes one `lea` (see `lea_pair`), and not when a jump lands on the
+/// add: both give the interpreter's result.
+#[test]
+fn mov_add_pairs_give_the_same_result_fused_or_not() {
+    let movx = |d: u8, s: u8| Insn::new(BPF_ALU64 | BPF_X | BPF_MOV, d, s, 0, 0);
+    let addk = |d: u8, k: i32| Insn::new(BPF_ALU64 | BPF_K | BPF_ADD, d, 0, 0, k);
+    let movk = |d: u8, k: i32| Insn::new(BPF_ALU64 | BPF_K | BPF_MOV, d, 0, 0, k);
+    // *(r10 - 16) = 5 through r2 = r10 - 16; r0 = *(r10 - 16) + r2 - r10 (= 5 - 16).
+    let fused = [
+        movk(3, 5),
+        movx(2, 10),
+        addk(2, -16),
+        stx_dw(2, 3, 0),
+        ldx_dw(0, 10, -16),
+        Insn::new(BPF_ALU64 | BPF_X | BPF_ADD, 0, 2, 0, 0),
+        Insn::new(BPF_ALU64 | BPF_X | BPF_SUB, 0, 10, 0, 0),
+        EXIT,
+    ];
+    // SAFETY: the program only touches its stack.
+    assert_eq!(unsafe { jit(&fused, true).run(0, 0) }, Ok((5i64 - 16) as u64));
+    // A jump onto the add: r2 = 100 there when r1 == 0 (the context is 0), so the pair must
+    // not be fused: r0 = 100 - 16.
+    let split =
+        [movk(2, 100), Insn::new(BPF_JMP | BPF_K | BPF_JEQ, 1, 0, 1, 0), movx(2, 10), addk(2, -16), movx(0, 2), EXIT];
+    // SAFETY: as above.
+    assert_eq!(unsafe { jit(&split, true).run(0, 0) }, Ok(84));
 }
