@@ -31,6 +31,19 @@ fn tools_ok(tools: &[&str]) -> bool {
     )
 }
 
+/// The test object `crates/cli/tests/bpf/NAME.bpf.c`, the renamer target and the libbpf loader
+/// `kernel_ref` (object, uprobe program, target, ...), built for this test run.
+fn object_renamer_and_loader(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let obj = userbpf_testutil::compile_bpf(&repo(&format!("crates/cli/tests/bpf/{name}.bpf.c")), &tmp().join("bpf"));
+    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
+    let kref = userbpf_testutil::compile_c(
+        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
+        &tmp().join("kernel_ref"),
+        &["-lbpf"],
+    );
+    (obj, renamer, kref)
+}
+
 /// `argv` directly, or through `userbpf load` (extra options first) in a session of its own
 /// (`userbpf load` execs the loader: the child's pid is the loader's); `during` runs with the
 /// pid while it runs.
@@ -181,13 +194,7 @@ fn a_libbpf_loader_mixing_a_uprobe_and_a_tracepoint_runs_each_half_where_it_belo
     if !tools_ok(&[]) {
         return;
     }
-    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared.bpf.c"), &tmp().join("bpf"));
-    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
-    let kref = userbpf_testutil::compile_c(
-        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
-        &tmp().join("kernel_ref"),
-        &["-lbpf"],
-    );
+    let (obj, renamer, kref) = object_renamer_and_loader("kernel_shared");
     let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
     // The kernel runs everything (the uprobe a kernel uprobe on this test's own binary).
     let direct = Command::new(k).args([o, "observe_hit", r, "observe", r, "100"]).output().unwrap();
@@ -238,13 +245,7 @@ fn a_libbpf_loader_sharing_hash_maps_between_a_tracepoint_and_a_uprobe_counts_as
     if !tools_ok(&[]) {
         return;
     }
-    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared_hash.bpf.c"), &tmp().join("bpf"));
-    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
-    let kref = userbpf_testutil::compile_c(
-        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
-        &tmp().join("kernel_ref"),
-        &["-lbpf"],
-    );
+    let (obj, renamer, kref) = object_renamer_and_loader("kernel_shared_hash");
     let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
     let direct = Command::new(k).args([o, "observe_hit", r, "observe", r, "100"]).output().unwrap();
     assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
@@ -271,13 +272,7 @@ fn load_selects_programs_and_sides() {
     if !tools_ok(&[]) {
         return;
     }
-    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared.bpf.c"), &tmp().join("bpf"));
-    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
-    let kref = userbpf_testutil::compile_c(
-        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
-        &tmp().join("kernel_ref"),
-        &["-lbpf"],
-    );
+    let (obj, renamer, kref) = object_renamer_and_loader("kernel_shared");
     let (o, r, k) = (obj.to_str().unwrap(), renamer.to_str().unwrap(), kref.to_str().unwrap());
     let u = userbpf();
     let u = u.to_str().unwrap();
@@ -447,13 +442,7 @@ fn an_unprivileged_target_of_a_loader_shares_its_kernel_maps() {
     {
         return;
     }
-    let obj = userbpf_testutil::compile_bpf(&repo("crates/cli/tests/bpf/kernel_shared_hash.bpf.c"), &tmp().join("bpf"));
-    let renamer = userbpf_testutil::compile_c(&repo("crates/cli/tests/targets/renamer.c"), &tmp().join("renamer"), &[]);
-    let kref = userbpf_testutil::compile_c(
-        &repo("crates/cli/tests/targets/loaders/kernel_ref.c"),
-        &tmp().join("kernel_ref"),
-        &["-lbpf"],
-    );
+    let (obj, renamer, kref) = object_renamer_and_loader("kernel_shared_hash");
     let shm = tmp().join("nobody-shm");
     std::fs::create_dir_all(&shm).unwrap();
     std::fs::set_permissions(&shm, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();

@@ -190,15 +190,16 @@ fn a_path_that_cannot_be_written_fails_before_tracing() {
     }
 }
 
-#[test]
-fn map_dump_draws_a_known_histogram_map() {
+/// A session NAME in the tests' shared-memory directory (returned) with the object of the eBPF
+/// C file `src` loaded into it (JIT), as a loader holds it while `userbpf map dump` reads it.
+fn session_with(src: &Path, name: &str) -> (PathBuf, userbpf_runtime::Session, userbpf_runtime::loader::LoadedObject) {
     let dir = shm_dir();
     // SAFETY: (of the environment change) the tests of this binary that open sessions
     // in-process all set the same value.
     unsafe { std::env::set_var("USERBPF_SHM_DIR", &dir) };
-    let session = userbpf_runtime::Session::open("plots-held").unwrap();
+    let session = userbpf_runtime::Session::open(name).unwrap();
     let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
-    let obj = userbpf_testutil::compile_bpf(&repo("examples/bpf/latency.bpf.c"), &tmp().join("plots-bpf"));
+    let obj = userbpf_testutil::compile_bpf(src, &tmp().join("plots-bpf"));
     let object = userbpf_object::Object::open(&obj).unwrap();
     let opts = userbpf_runtime::loader::LoadOptions {
         engine: userbpf_runtime::Engine::Jit,
@@ -206,6 +207,12 @@ fn map_dump_draws_a_known_histogram_map() {
         only: None,
     };
     let loaded = userbpf_runtime::load_object(&session, object, &opts, slots).unwrap();
+    (dir, session, loaded)
+}
+
+#[test]
+fn map_dump_draws_a_known_histogram_map() {
+    let (dir, session, loaded) = session_with(&repo("examples/bpf/latency.bpf.c"), "plots-held");
     // The per-CPU histogram: slot 3 (values 8..15) 5 on CPU 0, slot 4 7+1 over two CPUs,
     // slot 10 ([1K, 2K)) 2; slots 5..9 empty inside the range.
     let hist = &loaded.map("hist").unwrap().map;
@@ -267,20 +274,7 @@ fn map_dump_draws_a_known_histogram_map() {
 
 #[test]
 fn map_dump_draws_one_histogram_per_key() {
-    let dir = shm_dir();
-    // SAFETY: (of the environment change) the tests of this binary that open sessions
-    // in-process all set the same value.
-    unsafe { std::env::set_var("USERBPF_SHM_DIR", &dir) };
-    let session = userbpf_runtime::Session::open("plots-keyed").unwrap();
-    let slots = Arc::new(userbpf_runtime::context::CpuSlots::open(&session.layout().cpus()).unwrap());
-    let obj = userbpf_testutil::compile_bpf(&here("bpf/hists.bpf.c"), &tmp().join("plots-bpf"));
-    let object = userbpf_object::Object::open(&obj).unwrap();
-    let opts = userbpf_runtime::loader::LoadOptions {
-        engine: userbpf_runtime::Engine::Jit,
-        helpers: userbpf_runtime::helpers::registry(),
-        only: None,
-    };
-    let loaded = userbpf_runtime::load_object(&session, object, &opts, slots).unwrap();
+    let (dir, session, loaded) = session_with(&here("bpf/hists.bpf.c"), "plots-keyed");
     // libbpf-tools' layout: disk 7 reads in slots 2 and 5, disk 7 writes in slot 9.
     let hists = &loaded.map("hists").unwrap().map;
     let put = |dev: u32, op: u32, counts: &[(usize, u32)]| {
