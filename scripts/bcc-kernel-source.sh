@@ -56,7 +56,7 @@ fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 base=${USERBPF_BCC_HEADERS_DIR:-$here/target/bcc-kernel-source}
 tree="$base/$(basename "$flavour")"
-stamp="$common $flavour $(stat -c %Y "$common/include/linux/kconfig.h" "$flavour/include/generated/autoconf.h" | tr '\n' ' ')"
+stamp="minmax-1 $common $flavour $(stat -c %Y "$common/include/linux/kconfig.h" "$flavour/include/generated/autoconf.h" | tr '\n' ' ')"
 if [ -f "$tree/.userbpf-stamp" ] && [ "$(cat "$tree/.userbpf-stamp")" = "$stamp" ]; then
     echo "$tree"
     exit 0
@@ -69,6 +69,22 @@ work=$(mktemp -d "$base/.build-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cp -rs "$common/." "$work/"
 cp -rsf "$flavour/." "$work/"
+# BCC cannot compile 6.1's min()/max() (its __careful_cmp: "cannot call non-static helper
+# function", BCC issue 5241; sslsniff uses min()): the merged tree's minmax.h includes the
+# real one, then defines them plainly.
+mm="$work/include/linux/minmax.h"
+if [ -L "$mm" ]; then
+    real=$(readlink -f "$mm")
+    rm "$mm"
+    {
+        echo "/* $real, with min() and max() as BCC can compile them (scripts/bcc-kernel-source.sh). */"
+        echo "#include \"$real\""
+        echo "#undef min"
+        echo "#undef max"
+        echo "#define min(x, y) ({ typeof(x) __ub_x = (x); typeof(y) __ub_y = (y); __ub_x < __ub_y ? __ub_x : __ub_y; })"
+        echo "#define max(x, y) ({ typeof(x) __ub_x = (x); typeof(y) __ub_y = (y); __ub_x > __ub_y ? __ub_x : __ub_y; })"
+    } > "$mm"
+fi
 echo "$stamp" > "$work/.userbpf-stamp"
 if [ -f "$tree/.userbpf-stamp" ] && [ "$(cat "$tree/.userbpf-stamp")" = "$stamp" ]; then
     echo "$tree" # set up meanwhile by a concurrent run
