@@ -96,3 +96,20 @@ addr=$(sed -n 's|.*http://\([^/]*\)/metrics.*|\1|p' "$d/export2.out")
 python3 -c 'import sys, urllib.request; print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics").read().decode(), end="")' "$addr" | grep -E '^(# TYPE )?(app_slowest_call[ {]|app_call_latency_seconds |app_call_latency_seconds_(count|bucket\{le="(4.095e-6|\+Inf)")|userbpf_program_(runs|run_time_seconds|errors)_total[ {])'
 kill -INT "$exporter"
 wait "$exporter"
+
+echo
+echo "== userbpf tool aiocost: io_uring, native aio and POSIX aio phase by phase (tools/aiocost/aiobench.c's USDT probes), through userbpf and through the kernel"
+"$u" tool aiocost -n 20 --rounds 1 --size-mb 8 --file target/aiocost-demo.dat
+
+echo
+echo "== BCC's funclatency-bpfcc (Debian's bpfcc-tools, unchanged) through userbpf load, on a workload started in its session"
+s="demo-bcc-$$"
+export BCC_KERNEL_SOURCE="${BCC_KERNEL_SOURCE:-$(scripts/bcc-kernel-source.sh)}"
+USERBPF_SESSION="$s" "$u" load funclatency-bpfcc -u target/examples/workload:work > "$d/bcc.out" 2>&1 &
+loader=$!
+for _ in $(seq 600); do grep -q "Tracing" "$d/bcc.out" 2>/dev/null && break; sleep 0.05; done
+for _ in $(seq 100); do [ -n "$(ls /dev/shm/userbpf-$(id -u)-"$s"/links/*.json 2>/dev/null)" ] && break; sleep 0.05; done
+USERBPF_SESSION="$s" "$u" start target/examples/workload 1000
+kill -INT "$loader"
+wait "$loader" || true
+cat "$d/bcc.out"
