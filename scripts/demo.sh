@@ -105,11 +105,21 @@ echo
 echo "== BCC's funclatency-bpfcc (Debian's bpfcc-tools, unchanged) through userbpf load, on a workload started in its session"
 s="demo-bcc-$$"
 export BCC_KERNEL_SOURCE="${BCC_KERNEL_SOURCE:-$(scripts/bcc-kernel-source.sh)}"
+# Job control on for this background job, so that it does not start with SIGINT ignored (as a
+# non-interactive shell's background jobs do): Python then never sees the Ctrl-C below.
+set -m
 USERBPF_SESSION="$s" "$u" load funclatency-bpfcc -u target/examples/workload:work > "$d/bcc.out" 2>&1 &
 loader=$!
+set +m
 for _ in $(seq 600); do grep -q "Tracing" "$d/bcc.out" 2>/dev/null && break; sleep 0.05; done
 for _ in $(seq 100); do [ -n "$(ls /dev/shm/userbpf-$(id -u)-"$s"/links/*.json 2>/dev/null)" ] && break; sleep 0.05; done
 USERBPF_SESSION="$s" "$u" start target/examples/workload 1000
 kill -INT "$loader"
-wait "$loader" || true
+for _ in $(seq 600); do kill -0 "$loader" 2>/dev/null || break; sleep 0.05; done
+if kill -0 "$loader" 2>/dev/null; then
+    kill -KILL "$loader"
+    echo "demo: funclatency-bpfcc did not end 30 s after SIGINT" >&2
+    exit 1
+fi
+wait "$loader"
 cat "$d/bcc.out"
