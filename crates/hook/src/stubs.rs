@@ -332,27 +332,7 @@ fn fp_restore(a: &mut CodeAssembler, fp: FpSave, kind: SaveKind) -> Result<(), I
             return Ok(());
         }
     };
-    let mut nox87 = a.create_label();
-    a.cmp(byte_ptr(rsp + L_X87), 0)?;
-    a.je(nox87)?;
-    a.frstor(ptr(rsp + L_FNSAVE))?;
-    a.set_label(&mut nox87)?;
-    // Reload the control words only when a handler changed them (fldcw and
-    // ldmxcsr are slow, the checks are not).
-    let mut fcw_ok = a.create_label();
-    let mut mxcsr_ok = a.create_label();
-    a.fnstcw(word_ptr(rsp + L_TMP))?;
-    a.movzx(eax, word_ptr(rsp + L_TMP))?;
-    a.cmp(ax, word_ptr(rsp + L_FCW))?;
-    a.je(fcw_ok)?;
-    a.fldcw(word_ptr(rsp + L_FCW))?;
-    a.set_label(&mut fcw_ok)?;
-    a.stmxcsr(dword_ptr(rsp + L_TMP))?;
-    a.mov(eax, dword_ptr(rsp + L_TMP))?;
-    a.cmp(eax, dword_ptr(rsp + L_MXCSR))?;
-    a.je(mxcsr_ok)?;
-    a.ldmxcsr(dword_ptr(rsp + L_MXCSR))?;
-    a.set_label(&mut mxcsr_ok)?;
+    restore_x87_and_control_words(a, L_X87, L_FNSAVE, L_TMP, L_FCW, L_MXCSR)?;
     let mut done = a.create_label();
     if fp.xinuse && (fp.avx || fp.avx512) {
         let mut wide = a.create_label();
@@ -1204,27 +1184,43 @@ fn syscall_fp_save(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
     Ok(())
 }
 
-/// Restores what [`syscall_fp_save`] saved; rsp = rbx. Clobbers rax and the flags.
-fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
+/// Restores the x87 state saved at `rsp + fnsave` when the byte at `rsp + x87` says it was
+/// saved, then the x87 control word and MXCSR saved at `rsp + fcw` / `rsp + mxcsr`, each only
+/// when a handler changed it (fldcw and ldmxcsr are slow, the checks are not; `rsp + tmp` is
+/// scratch). Clobbers rax and the flags.
+fn restore_x87_and_control_words(
+    a: &mut CodeAssembler,
+    x87: i32,
+    fnsave: i32,
+    tmp: i32,
+    fcw: i32,
+    mxcsr: i32,
+) -> Result<(), IcedError> {
     let mut nox87 = a.create_label();
-    a.cmp(byte_ptr(rsp + S_X87), 0)?;
+    a.cmp(byte_ptr(rsp + x87), 0)?;
     a.je(nox87)?;
-    a.frstor(ptr(rsp + S_FNSAVE))?;
+    a.frstor(ptr(rsp + fnsave))?;
     a.set_label(&mut nox87)?;
     let mut fcw_ok = a.create_label();
     let mut mxcsr_ok = a.create_label();
-    a.fnstcw(word_ptr(rsp + S_TMP))?;
-    a.movzx(eax, word_ptr(rsp + S_TMP))?;
-    a.cmp(ax, word_ptr(rsp + S_FCW))?;
+    a.fnstcw(word_ptr(rsp + tmp))?;
+    a.movzx(eax, word_ptr(rsp + tmp))?;
+    a.cmp(ax, word_ptr(rsp + fcw))?;
     a.je(fcw_ok)?;
-    a.fldcw(word_ptr(rsp + S_FCW))?;
+    a.fldcw(word_ptr(rsp + fcw))?;
     a.set_label(&mut fcw_ok)?;
-    a.stmxcsr(dword_ptr(rsp + S_TMP))?;
-    a.mov(eax, dword_ptr(rsp + S_TMP))?;
-    a.cmp(eax, dword_ptr(rsp + S_MXCSR))?;
+    a.stmxcsr(dword_ptr(rsp + tmp))?;
+    a.mov(eax, dword_ptr(rsp + tmp))?;
+    a.cmp(eax, dword_ptr(rsp + mxcsr))?;
     a.je(mxcsr_ok)?;
-    a.ldmxcsr(dword_ptr(rsp + S_MXCSR))?;
+    a.ldmxcsr(dword_ptr(rsp + mxcsr))?;
     a.set_label(&mut mxcsr_ok)?;
+    Ok(())
+}
+
+/// Restores what [`syscall_fp_save`] saved; rsp = rbx. Clobbers rax and the flags.
+fn syscall_fp_restore(a: &mut CodeAssembler, fp: FpSave) -> Result<(), IcedError> {
+    restore_x87_and_control_words(a, S_X87, S_FNSAVE, S_TMP, S_FCW, S_MXCSR)?;
     if fp.avx || fp.avx512 {
         a.vzeroupper()?;
     }

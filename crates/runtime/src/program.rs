@@ -491,6 +491,20 @@ mod tests {
 
     /// `r0 = bpf_map_lookup_elem(map 1, &(u32)ctx[0])`; with `deref`, then r0 = the u32 at
     /// offset 4 of the value, or -1 for null.
+    /// `insns` prepared as program 1 twice, for the JIT and for the interpreter.
+    fn jit_and_interpreter(
+        insns: &[Insn],
+        helpers: &Arc<super::HelperRegistry>,
+        resolver: &[(u32, Arc<Map>)],
+        slots: &Arc<CpuSlots>,
+    ) -> (LoadedProgram, LoadedProgram) {
+        let load = |engine| {
+            LoadedProgram::prepare(1, "t", insns, helpers.clone(), &resolver as &dyn MapResolver, engine, slots.clone())
+                .unwrap()
+        };
+        (load(Engine::Jit), load(Engine::Interpreter))
+    }
+
     fn prog(deref: bool) -> Vec<Insn> {
         let mut p = vec![
             Insn::new(BPF_LDX | BPF_MEM | BPF_W, 6, 1, 0, 0),
@@ -558,19 +572,7 @@ mod tests {
             let resolver: &[(u32, Arc<Map>)] = &maps;
             for deref in [false, true] {
                 let insns = prog(deref);
-                let load = |engine| {
-                    LoadedProgram::prepare(
-                        1,
-                        "t",
-                        &insns,
-                        helpers.clone(),
-                        &resolver as &dyn MapResolver,
-                        engine,
-                        slots.clone(),
-                    )
-                    .unwrap()
-                };
-                let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
+                let (jit, interp) = jit_and_interpreter(&insns, &helpers, resolver, &slots);
                 assert_eq!(jit.program().inline_lookups().len(), usize::from(inlined), "case {n}");
                 for key in [0, 1, max / 2, max - 1, max, max + 1, 0x8000_0000, u32::MAX] {
                     let mut ctx = key.to_ne_bytes();
@@ -718,19 +720,7 @@ mod tests {
         let maps = [(1u32, m.clone())];
         let resolver: &[(u32, Arc<Map>)] = &maps;
         let insns = keyed_sum();
-        let load = |engine| {
-            LoadedProgram::prepare(
-                1,
-                "t",
-                &insns,
-                helpers.clone(),
-                &resolver as &dyn MapResolver,
-                engine,
-                slots.clone(),
-            )
-            .unwrap()
-        };
-        let (jit, interp) = (load(Engine::Jit), load(Engine::Interpreter));
+        let (jit, interp) = jit_and_interpreter(&insns, &helpers, resolver, &slots);
         let direct = jit.program().direct_calls();
         assert_eq!(direct.len(), 2);
         assert!(direct.iter().all(|(_, d)| d.memo.is_some()), "{direct:?}");
