@@ -489,8 +489,6 @@ mod tests {
         }
     }
 
-    /// `r0 = bpf_map_lookup_elem(map 1, &(u32)ctx[0])`; with `deref`, then r0 = the u32 at
-    /// offset 4 of the value, or -1 for null.
     /// `insns` prepared as program 1 twice, for the JIT and for the interpreter.
     fn jit_and_interpreter(
         insns: &[Insn],
@@ -505,6 +503,8 @@ mod tests {
         (load(Engine::Jit), load(Engine::Interpreter))
     }
 
+    /// `r0 = bpf_map_lookup_elem(map 1, &(u32)ctx[0])`; with `deref`, then r0 = the u32 at
+    /// offset 4 of the value, or -1 for null.
     fn prog(deref: bool) -> Vec<Insn> {
         let mut p = vec![
             Insn::new(BPF_LDX | BPF_MEM | BPF_W, 6, 1, 0, 0),
