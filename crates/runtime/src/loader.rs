@@ -21,7 +21,7 @@ use userbpf_vm::HelperRegistry;
 
 use crate::context::CpuSlots;
 use crate::program::{Engine, LoadedProgram, PrepareError};
-use crate::session::{MapRecord, ProgRecord, Session};
+use crate::session::{MapRecord, ProgRecord, Session, SessionError};
 
 /// Why an object could not be loaded; names the object and the map or program.
 #[derive(Debug, thiserror::Error)]
@@ -549,7 +549,11 @@ pub fn prepare_record(
     }
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
     for &id in &record.map_ids {
-        let map = Arc::new(session.open_map(id).map_err(|e| format!("map {id}: {e}"))?);
+        let map = Arc::new(session.open_map(id).map_err(|e| match e {
+            // The other errors name the map already.
+            SessionError::Map(m) => format!("map {id}: {m}"),
+            e => e.to_string(),
+        })?);
         crate::helpers::maps::register_map(id, map.clone());
         maps.push((id, map));
     }
