@@ -70,6 +70,10 @@ pub fn run(args: Args) -> Result<()> {
     };
     let print = |now: &[u64], before: &[u64]| {
         let rows = ranked(now, before);
+        // With -T the time of day's line (after a blank one) heads the table.
+        if !args.common.timestamp {
+            println!();
+        }
         println!("{:<40} {:>12}", "FUNC", "COUNT");
         for (c, name) in rows.iter().take(args.top) {
             println!("{name:<40} {c:>12}");
@@ -80,32 +84,16 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let mut last = vec![0u64; funcs.len()];
-    let end = {
-        let tracer = &tracer;
-        let last = &mut last;
-        running.run(
-            &args.common,
-            |d| {
-                std::thread::sleep(d);
-                Ok(false)
-            },
-            || {
-                let now = counts(tracer, funcs.len())?;
-                println!();
-                if args.common.timestamp {
-                    println!("{}", time_of_day());
-                }
-                print(&now, last);
-                *last = now;
-                Ok(())
-            },
-        )?
-    };
+    let end = running.run_intervals(
+        &args.common,
+        &mut last,
+        || counts(&tracer, funcs.len()),
+        |now, before| print(now, before),
+    )?;
     let code = conclude(&mut tracer, &mut running, end);
     let now = counts(&tracer, funcs.len())?;
-    println!();
     if args.common.interval.is_some() && args.common.timestamp {
-        println!("{}", time_of_day());
+        println!("\n{}", time_of_day());
     }
     print(&now, &last);
     if let Some(path) = &args.svg {

@@ -193,26 +193,12 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let mut last = Snapshot::new();
-    let end = {
-        let tracer = &tracer;
-        let last = &mut last;
-        running.run(
-            &args.common,
-            |d| {
-                std::thread::sleep(d);
-                Ok(false)
-            },
-            || {
-                let now = snapshot(tracer, keyed, arrays)?;
-                if args.common.timestamp {
-                    println!("\n{}", time_of_day());
-                }
-                print(&diff(&now, last));
-                *last = now;
-                Ok(())
-            },
-        )?
-    };
+    let end = running.run_intervals(
+        &args.common,
+        &mut last,
+        || snapshot(&tracer, keyed, arrays),
+        |now, last| print(&diff(now, last)),
+    )?;
     let code = conclude(&mut tracer, &mut running, end);
     let now = snapshot(&tracer, keyed, arrays)?;
     if args.common.interval.is_some() && args.common.timestamp {

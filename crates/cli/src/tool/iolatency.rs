@@ -186,26 +186,8 @@ pub fn run(args: Args) -> Result<()> {
         if names.len() == 1 { "" } else { "s" }
     );
     let mut last: Hists = BTreeMap::new();
-    let end = {
-        let tracer = &tracer;
-        let last = &mut last;
-        running.run(
-            &args.common,
-            |d| {
-                std::thread::sleep(d);
-                Ok(false)
-            },
-            || {
-                let now = read_hists(tracer)?;
-                if args.common.timestamp {
-                    println!("{}", time_of_day());
-                }
-                print(&now, last, &names);
-                *last = now;
-                Ok(())
-            },
-        )?
-    };
+    let end =
+        running.run_intervals(&args.common, &mut last, || read_hists(&tracer), |now, last| print(now, last, &names))?;
     let code = conclude(&mut tracer, &mut running, end);
     for e in tracer.attach_errors() {
         eprintln!("userbpf: {e}");

@@ -634,6 +634,34 @@ impl Running {
         }
     }
 
+    /// [`Running::run`] for a tool with nothing to poll: at each interval, a blank line and the
+    /// time of day (with `-T`, as BCC's tools print it), then `print(now, last)` of a fresh reading against the previous one, which `last`
+    /// then holds (the counts a tool shows per interval are what changed since the last).
+    pub fn run_intervals<S>(
+        &mut self,
+        common: &Common,
+        last: &mut S,
+        mut read: impl FnMut() -> Result<S>,
+        mut print: impl FnMut(&S, &S),
+    ) -> Result<End> {
+        self.run(
+            common,
+            |d| {
+                std::thread::sleep(d);
+                Ok(false)
+            },
+            || {
+                let now = read()?;
+                if common.timestamp {
+                    println!("\n{}", time_of_day());
+                }
+                print(&now, last);
+                *last = now;
+                Ok(())
+            },
+        )
+    }
+
     /// Stops a command still running (SIGTERM, then SIGKILL after 5 s) and returns its status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
