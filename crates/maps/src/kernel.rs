@@ -61,20 +61,26 @@ const BPF_MAP_LOOKUP_AND_DELETE_ELEM: i64 = 21;
 
 const EKERNEL: &str = "the kernel's answer (bpf() on the shared kernel map)";
 
-/// `bpf(cmd, attr, 32)` through the `syscall` instruction itself: in a loader under `userbpf
-/// load`, libc's `syscall` belongs to the syscall server, which would answer instead of the
-/// kernel. The map element commands use the first 32 bytes of `union bpf_attr`.
-fn sys_bpf(cmd: i64, attr: &mut [u64; 4]) -> Result<(), MapError> {
+/// `bpf(cmd, attr, size of attr)` through the `syscall` instruction itself: in a loader under
+/// `userbpf load`, libc's `syscall` belongs to the syscall server, which would answer instead
+/// of the kernel. `attr` is the command's part of `union bpf_attr`, filled by the caller.
+pub fn raw_bpf(cmd: i64, attr: &mut [u64]) -> std::io::Result<i64> {
     let r: i64;
     // SAFETY: the x86-64 Linux system call convention (number in rax, arguments in rdi, rsi,
-    // rdx; rcx and r11 clobbered). `attr` is a writable 32-byte buffer laid out as the
-    // command's part of `union bpf_attr`; the pointers inside point to live buffers of the
-    // sizes the map's key and value need (the callers' contracts).
+    // rdx; rcx and r11 clobbered). `attr` is a writable buffer of the size passed, laid out as
+    // the command's part of `union bpf_attr`; the kernel reads and writes at most that many
+    // bytes, and the pointers inside point to live buffers of the sizes the command needs
+    // (the callers' contracts).
     unsafe {
         std::arch::asm!("syscall", inlateout("rax") libc::SYS_bpf => r, in("rdi") cmd, in("rsi") attr.as_mut_ptr(),
-             in("rdx") 32usize, lateout("rcx") _, lateout("r11") _, options(nostack));
+             in("rdx") std::mem::size_of_val(attr), lateout("rcx") _, lateout("r11") _, options(nostack));
     }
-    if r < 0 { Err(MapError::new(-r as i32, EKERNEL)) } else { Ok(()) }
+    if r < 0 { Err(std::io::Error::from_raw_os_error(-r as i32)) } else { Ok(r) }
+}
+
+/// A map element command (the first 32 bytes of `union bpf_attr`) through [`raw_bpf`].
+fn sys_bpf(cmd: i64, attr: &mut [u64; 4]) -> Result<(), MapError> {
+    raw_bpf(cmd, attr).map(|_| ()).map_err(|e| MapError::new(e.raw_os_error().unwrap_or(libc::EIO), EKERNEL))
 }
 
 /// One held value: its key, the value as looked up, and the value the program sees.

@@ -293,19 +293,10 @@ pub struct KernelMapInfo {
     pub name: [u8; 16],
 }
 
-/// `bpf()` through the `syscall` instruction itself: in a loader under `userbpf load`,
-/// libc's `syscall` is the syscall server's, which would answer instead of the kernel.
+/// `bpf()` through the `syscall` instruction itself (libc's `syscall` is the syscall server's
+/// in a loader under `userbpf load`).
 fn sys_bpf(cmd: libc::c_long, attr: &mut [u64]) -> std::io::Result<libc::c_long> {
-    let r: i64;
-    // SAFETY: the x86-64 Linux system call convention (number in rax, arguments in rdi, rsi,
-    // rdx; rcx and r11 clobbered). `attr` is a writable buffer of the given size, laid out as
-    // the command's part of `union bpf_attr` (callers fill it); the kernel reads and writes
-    // at most that many bytes, and the pointers inside point to live buffers.
-    unsafe {
-        std::arch::asm!("syscall", inlateout("rax") libc::SYS_bpf => r, in("rdi") cmd, in("rsi") attr.as_mut_ptr(),
-             in("rdx") std::mem::size_of_val(attr), lateout("rcx") _, lateout("r11") _, options(nostack));
-    }
-    if r < 0 { Err(std::io::Error::from_raw_os_error(-r as i32)) } else { Ok(r) }
+    userbpf_maps::kernel::raw_bpf(cmd, attr)
 }
 
 /// A descriptor of kernel map `id` (`BPF_MAP_GET_FD_BY_ID`).
