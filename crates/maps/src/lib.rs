@@ -16,6 +16,7 @@ pub mod bloom_filter;
 pub mod cgroup_array;
 pub mod hash;
 pub mod kernel;
+pub mod linger;
 pub mod lpm_trie;
 pub mod map;
 mod mem;
