@@ -59,7 +59,9 @@ target/sslbench), USERBPF (the CLI, default target/release/userbpf), SBENCH_BASE
 holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall_server.so`, e.g.
 main's: its timed runs go beside ours in each round, "before" and "after" side by side),
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
-`userbpf-base`, `userbpf`; default all that apply).
+`userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each traced
+run records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data;
+the last round's is kept).
 
 Also printed for the runs through userbpf: the `FUTEX_WAKE` calls nginx's probes made per request
 (producers wake the tool's watcher thread: the counter in each perf event array's map file,
@@ -105,6 +107,8 @@ PAGES = {"index.html": 612, "page3k.html": 3000}
 CHECK_REQUESTS = [("/index.html", 10), ("/page3k.html", 10)]
 
 BASE = os.environ.get("SBENCH_BASE", "")
+# A directory for `perf record -e cpu-clock` profiles of nginx's worker during each traced run.
+PROFILE = os.environ.get("SBENCH_PROFILE", "")
 CONFIGS = {
     "none": "untraced",
     "kernel": "sslsniff-bpfcc, kernel uprobes",
@@ -661,7 +665,16 @@ def timed(s, config, workdir):
             wait_probed(nginx.worker, s, "nginx's worker")
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
         watch0, wakes0 = (sniff.watcher_seconds(), sniff.futex_wakes()) if sniff else (0, None)
+        prof = None
+        if PROFILE and config != "none":
+            os.makedirs(PROFILE, exist_ok=True)
+            prof = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p", str(nginx.worker),
+                                     "-o", os.path.join(PROFILE, f"{config}.data")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rate = wrk(nginx.port)
+        if prof:
+            prof.send_signal(signal.SIGINT)
+            prof.wait()
         cpu = nginx.cpu_seconds() - cpu0
         wall = time.time() - wall0
         tool_cpu = 100 * (sniff.cpu_seconds() - tool0) / wall if sniff else None
