@@ -156,7 +156,7 @@ mod tests {
         assert_eq!(l.next_sleep_at(at(1)), Some(LINGER_MIN), "first after a deep sleep");
         // 90% of a ring in 100 µs: as short as allowed.
         l.saw_data_at(0.9, at(100));
-        assert_eq!(l.next_sleep_at(at(101)), Some(LINGER_MIN));
+        assert_eq!(l.next_sleep_at(at(100)), Some(LINGER_MIN));
         // 1/16 of a ring in 200 µs: 1/8 takes 400 µs.
         l.saw_data_at(0.0625, at(300));
         assert_eq!(l.next_sleep_at(at(301)), Some(Duration::from_micros(400)));
