@@ -11,7 +11,8 @@
 //! nanoseconds per output call (timed around the call; the futex wake-ups are inside),
 //! `FUTEX_WAKE` calls per event (the only system call on the producer's path), the consumer's
 //! CPU time (its thread's, per second of wall time), and the delivery latency (from the
-//! output call to the consumer's callback: median and maximum). The last row: the consumer
+//! output call to the consumer's callback: median and maximum, the maximum mostly the machine's
+//! scheduling). The last row: the consumer
 //! alone for a second with no event (its CPU while idle). It reports; it never fails on
 //! timing. Load average printed before and after.
 
@@ -206,9 +207,9 @@ fn main() {
     );
     println!();
     println!(
-        "| map | consumer | pace | events received / sent | producer ns per event | FUTEX_WAKE per event | consumer CPU | delivery latency median (max) |"
+        "| map | consumer | pace | events received / sent | producer ns per event | FUTEX_WAKE per event | consumer CPU | delivery latency median µs | delivery latency max µs |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
     for kind in ["perf buffer", "ring buffer"] {
         for linger in [false, true] {
             for &(gap, events) in &paces {
@@ -220,7 +221,7 @@ fn main() {
                 };
                 let r = run(&t, linger, gap, events);
                 let per = |x: u64| {
-                    if r.events > 0 { format!("{:.3}", x as f64 / r.events as f64) } else { format!("{x} in all") }
+                    if r.events > 0 { format!("{:.3}", x as f64 / r.events as f64) } else { "–".into() }
                 };
                 println!(
                     "| {kind} | {} | {} | {} / {} | {} | {} | {:.2}% | {} |",
@@ -232,9 +233,9 @@ fn main() {
                     per(r.wakes),
                     r.consumer_cpu,
                     if r.received > 0 {
-                        format!("{:.0} µs ({:.0} µs)", r.lat_median_us, r.lat_max_us)
+                        format!("{:.0} | {:.0}", r.lat_median_us, r.lat_max_us)
                     } else {
-                        "–".into()
+                        "– | –".into()
                     },
                 );
                 let _ = std::fs::remove_file(&path);

@@ -59,9 +59,9 @@ target/sslbench), USERBPF (the CLI, default target/release/userbpf), SBENCH_BASE
 holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall_server.so`, e.g.
 main's: its timed runs go beside ours in each round, "before" and "after" side by side),
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
-`userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each traced
-run records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data;
-the last round's is kept).
+`userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each run
+records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
+the untraced runs' as none.data; the last run's of each is kept).
 
 Also printed for the runs through userbpf: the `FUTEX_WAKE` calls nginx's probes made per request
 (producers wake the tool's watcher thread: the counter in each perf event array's map file,
@@ -666,7 +666,7 @@ def timed(s, config, workdir):
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
         watch0, wakes0 = (sniff.watcher_seconds(), sniff.futex_wakes()) if sniff else (0, None)
         prof = None
-        if PROFILE and config != "none":
+        if PROFILE:
             os.makedirs(PROFILE, exist_ok=True)
             prof = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p", str(nginx.worker),
                                      "-o", os.path.join(PROFILE, f"{config}.data")],
