@@ -9,7 +9,9 @@
 //! [`Map`] is the entry point: [`Map::create`] / [`Map::open`], the syscall-style API
 //! (`lookup_elem`, `update_elem`, `delete_elem`, `get_next_key`, `lookup_and_delete_elem`)
 //! and the program-side API (`lookup`, `update`, `delete`, `push`, `pop`, `peek`,
-//! `get_stackid`). One module per family of map types documents its file layout.
+//! `get_stackid`). One module per family of map types documents its file layout; [`linger`]
+//! says how consumers of perf and ring buffers wait, so that producers of a steady stream
+//! make no system call.
 
 pub mod array;
 pub mod bloom_filter;
