@@ -108,6 +108,7 @@ bench-tables:
 	python3 bench/syscalls/bench.py
 	python3 bench/attach/bench.py
 	python3 bench/redis/bench.py
+	python3 bench/wakeups/latency.py
 	python3 bench/sslsniff/bench.py
 
 # userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
