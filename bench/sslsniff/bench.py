@@ -55,7 +55,18 @@ status 1.
 Environment: SBENCH_SECONDS (seconds per wrk run, default 10), SBENCH_ROUNDS (default 3),
 SBENCH_CONNECTIONS (default 100), SBENCH_THREADS (wrk threads, default 2), SBENCH_ONLY
 (`check` for the capture check alone, `timed` for the timed runs alone), SBENCH_DIR (default
-target/sslbench), USERBPF (the CLI, default target/release/userbpf).
+target/sslbench), USERBPF (the CLI, default target/release/userbpf), SBENCH_BASE (a directory
+holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall_server.so`, e.g.
+main's: its timed runs go beside ours in each round, "before" and "after" side by side),
+SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
+`userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each run
+records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
+the untraced runs' as none.data; the last run's of each is kept).
+
+Also printed for the runs through userbpf: the `FUTEX_WAKE` calls nginx's probes made per request
+(producers wake the tool's watcher thread: the counter in each perf event array's map file,
+read before the tool stops) and the CPU the tool's watcher threads took (`userbpf-wake-*`, the
+syscall server's threads that make its perf buffers' descriptors readable).
 """
 
 import glob
@@ -95,11 +106,23 @@ PAGES = {"index.html": 612, "page3k.html": 3000}
 # The capture check's requests: (path, how many times), over one kept-alive connection.
 CHECK_REQUESTS = [("/index.html", 10), ("/page3k.html", 10)]
 
+BASE = os.environ.get("SBENCH_BASE", "")
+# A directory for `perf record -e cpu-clock` profiles of nginx's worker during each traced run.
+PROFILE = os.environ.get("SBENCH_PROFILE", "")
 CONFIGS = {
     "none": "untraced",
     "kernel": "sslsniff-bpfcc, kernel uprobes",
     "userbpf": "sslsniff-bpfcc through userbpf load (nginx under userbpf start)",
 }
+if BASE:
+    CONFIGS["userbpf-base"] = f"the same, userbpf of {BASE}"
+# The CLI each configuration through userbpf runs.
+CLIS = {"userbpf": USERBPF, "userbpf-base": os.path.join(os.path.abspath(BASE), "userbpf") if BASE else ""}
+TRACED = [c for c in os.environ.get("SBENCH_CONFIGS", "kernel,userbpf-base,userbpf").split(",") if c in CONFIGS
+          and c != "none"]
+# `struct PerfMeta` in a perf event array's map file (crates/maps/src/perf.rs): its magic at 128,
+# the writers' FUTEX_WAKE count at 128 + 136.
+PERF_MAGIC = b"UBPFPE\x01\x00"
 
 problems = []
 
@@ -187,8 +210,8 @@ def page_text(size, name):
 
 
 def setup():
-    for f in (USERBPF, os.path.join(os.path.dirname(USERBPF), "libuserbpf_syscall_server.so"),
-              os.path.join(os.path.dirname(USERBPF), "libuserbpf_agent.so")):
+    for f in [x for cli in CLIS.values() if cli for x in (cli, os.path.join(os.path.dirname(cli), "libuserbpf_syscall_server.so"),
+                                                          os.path.join(os.path.dirname(cli), "libuserbpf_agent.so"))]:
         if not os.path.exists(f):
             sys.exit(f"sslsniff-bench: {f} is missing: run `make build`")
     for tool in (NGINX, SSLSNIFF, WRK, CURL, "/usr/bin/openssl"):
@@ -331,7 +354,7 @@ def no_sigint_ignored():
 class Nginx:
     """nginx (one worker) on a private copy of libssl, under `userbpf start` when asked."""
 
-    def __init__(self, s, workdir, session=None):
+    def __init__(self, s, workdir, session=None, cli=USERBPF):
         self.workdir = workdir
         self.port = free_port()
         conf = nginx_conf(s, workdir, port=self.port)
@@ -342,7 +365,7 @@ class Nginx:
         cmd = [NGINX, "-c", conf, "-p", workdir]
         if session:
             env["USERBPF_SESSION"] = session
-            cmd = [USERBPF, "start"] + cmd
+            cmd = [cli, "start"] + cmd
         self.out = open(os.path.join(workdir, "nginx.out"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
         self.master = self.worker = None
@@ -415,13 +438,14 @@ class Sslsniff:
     its credentials no longer reads the session's links (crates/agent: probes in place keep
     firing, links added later are not seen), so the links must exist before nginx starts."""
 
-    def __init__(self, s, workdir, session=None):
+    def __init__(self, s, workdir, session=None, cli=USERBPF):
+        self.session = session
         self.outp, self.errp = os.path.join(workdir, "sslsniff.out"), os.path.join(workdir, "sslsniff.err")
         env = dict(os.environ, BCC_KERNEL_SOURCE=s["ksrc"])
         cmd = [SSLSNIFF, "-o", "-g", "-n", "--extra-lib", f"openssl:{s['lib']}"]
         if session:
             env["USERBPF_SESSION"] = session
-            cmd = [USERBPF, "load"] + cmd
+            cmd = [cli, "load"] + cmd
         with open(self.outp, "w") as o, open(self.errp, "w") as e:
             self.proc = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, preexec_fn=no_sigint_ignored)
         # The tool's stdout is a file (block-buffered): its header line cannot say when it has
@@ -432,7 +456,7 @@ class Sslsniff:
                 "print(os.getpid(), flush=True); time.sleep(3600)", s["lib"]]
         if session:
             cenv["USERBPF_SESSION"] = session
-            ccmd = [USERBPF, "start"] + ccmd
+            ccmd = [cli, "start"] + ccmd
         canary = subprocess.Popen(ccmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=cenv, text=True)
         pid = None
         try:
@@ -470,6 +494,34 @@ class Sslsniff:
 
     def cpu_seconds(self):
         return cpu_seconds(self.tool)
+
+    def watcher_seconds(self):
+        """CPU time of the tool's watcher threads (`userbpf-wake-*`, the syscall server's)."""
+        total = 0.0
+        for task in glob.glob(f"/proc/{self.tool}/task/*"):
+            try:
+                if open(os.path.join(task, "comm")).read().startswith("userbpf-wake"):
+                    f = open(os.path.join(task, "stat")).read().rsplit(")", 1)[1].split()
+                    total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    def futex_wakes(self):
+        """FUTEX_WAKE calls the programs made on the session's perf event arrays so far (None
+        through the kernel)."""
+        if not self.session:
+            return None
+        total = 0
+        for f in glob.glob(f"/dev/shm/userbpf-{os.getuid()}-{self.session}/maps/*"):
+            try:
+                with open(f, "rb") as fh:
+                    head = fh.read(272)
+            except OSError:
+                continue
+            if len(head) == 272 and head[128:136] == PERF_MAGIC:
+                total += int.from_bytes(head[264:272], "little")
+        return total
 
     def stop_raw(self):
         # SIGINT, repeated: one that lands while the tool's Python is inside its perf buffer
@@ -602,18 +654,33 @@ def wrk(port):
 
 
 def timed(s, config, workdir):
-    session = f"sbench-{os.getpid()}-{config}" if config == "userbpf" else None
+    session = f"sbench-{os.getpid()}-{config}" if config.startswith("userbpf") else None
+    cli = CLIS.get(config, USERBPF)
     sniff = nginx = None
     try:
         if config != "none":
-            sniff = Sslsniff(s, workdir, session)
-        nginx = Nginx(s, workdir, session)
+            sniff = Sslsniff(s, workdir, session, cli)
+        nginx = Nginx(s, workdir, session, cli)
         if sniff:
             wait_probed(nginx.worker, s, "nginx's worker")
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
+        watch0, wakes0 = (sniff.watcher_seconds(), sniff.futex_wakes()) if sniff else (0, None)
+        prof = None
+        if PROFILE:
+            os.makedirs(PROFILE, exist_ok=True)
+            prof = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p", str(nginx.worker),
+                                     "-o", os.path.join(PROFILE, f"{config}.data")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rate = wrk(nginx.port)
+        if prof:
+            prof.send_signal(signal.SIGINT)
+            prof.wait()
         cpu = nginx.cpu_seconds() - cpu0
-        tool_cpu = 100 * (sniff.cpu_seconds() - tool0) / (time.time() - wall0) if sniff else None
+        wall = time.time() - wall0
+        tool_cpu = 100 * (sniff.cpu_seconds() - tool0) / wall if sniff else None
+        watch_cpu = 100 * (sniff.watcher_seconds() - watch0) / wall if sniff else None
+        wakes = sniff.futex_wakes() if sniff else None
+        wakes = wakes - wakes0 if wakes is not None and wakes0 is not None else None
         if sniff:
             sniff.drain(nginx)
     except RuntimeError as e:
@@ -625,7 +692,8 @@ def timed(s, config, workdir):
         return None
     got = sniff.stop() if sniff else {}
     reqs, _, _ = nginx.stop()
-    res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None, "tool_cpu": tool_cpu}
+    res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None, "tool_cpu": tool_cpu,
+           "watch_cpu": watch_cpu, "wakes": wakes / reqs if wakes is not None and reqs else None}
     if sniff:
         res.update(got)
         if got["stderr"]:
@@ -636,7 +704,8 @@ def timed(s, config, workdir):
             problem(f"{CONFIGS[config]}: sslsniff printed {got['reads'] + got['writes']} events and lost {got['lost']}, "
                     f"for {reqs} requests nginx logged (2 events each)")
     log(f"{CONFIGS[config]}: {rate:,.0f} requests/s, {reqs} requests, nginx {res['cpu_us'] or 0:.1f} µs CPU a request"
-        + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}, its CPU {tool_cpu:.0f}%" if sniff else ""))
+        + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}, its CPU {tool_cpu:.0f}%" if sniff else "")
+        + (f", FUTEX_WAKE {res['wakes']:.4f} a request, watcher CPU {watch_cpu:.1f}%" if res.get("wakes") is not None else ""))
     return res
 
 
@@ -657,7 +726,7 @@ def main():
     if ONLY in ("", "check"):
         capture_check(s)
     if ONLY in ("", "timed"):
-        traced = ["kernel", "userbpf"]
+        traced = TRACED
         pairs = {c: [] for c in traced}
         untraced = []
         with tempfile.TemporaryDirectory(prefix="sbench-") as workdir:
@@ -682,17 +751,18 @@ def main():
         print("Each share against the mean of the untraced runs just before and after it.")
         print()
         print("| nginx | requests/s | untraced requests/s | share of untraced | nginx CPU µs a request (untraced) | "
-              "added a request (SSL_read + SSL_write) | share per nginx CPU-second | sslsniff printed / lost | sslsniff's CPU |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "added a request (SSL_read + SSL_write) | share per nginx CPU-second | sslsniff printed / lost | sslsniff's CPU | "
+              "FUTEX_WAKE a request | watcher threads' CPU |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         if untraced:
             rates = [x["rate"] for x in untraced]
             print(f"| {CONFIGS['none']} ({len(untraced)} runs) | {statistics.median(rates):,.0f} | "
                   f"{min(rates):,.0f} – {max(rates):,.0f} | 100% | "
-                  f"{statistics.median(x['cpu_us'] for x in untraced):.1f} | – | 100% | – | – |")
+                  f"{statistics.median(x['cpu_us'] for x in untraced):.1f} | – | 100% | – | – | – | – |")
         shares, cpu_shares = {}, {}
         for c in traced:
             if not pairs[c]:
-                print(f"| {CONFIGS[c]} | failed | | | | | | | |")
+                print(f"| {CONFIGS[c]} | failed | | | | | | | | | |")
                 continue
             rate = statistics.median(r["rate"] for r, _, _ in pairs[c])
             base = statistics.median(b for _, b, _ in pairs[c])
@@ -706,9 +776,12 @@ def main():
             tool_cpu = statistics.median(r["tool_cpu"] for r, _, _ in pairs[c])
             printed = statistics.median(r["reads"] + r["writes"] for r, _, _ in pairs[c])
             lost = statistics.median(r["lost"] for r, _, _ in pairs[c])
+            wakes = [r["wakes"] for r, _, _ in pairs[c] if r.get("wakes") is not None]
+            watch = [r["watch_cpu"] for r, _, _ in pairs[c] if r.get("wakes") is not None]
             print(f"| {CONFIGS[c]} | {rate:,.0f} | {base:,.0f} | {shares[c]:.1f}% ({min(each):.0f}–{max(each):.0f}%) | "
                   f"{cpu_us:.1f} ({cpu_base:.1f}) | {added:.2f} µs | {cpu_share:.1f}% | {printed:,.0f} / {lost:,.0f} | "
-                  f"{tool_cpu:.0f}% of a CPU |")
+                  f"{tool_cpu:.0f}% of a CPU | {f'{statistics.median(wakes):.4f}' if wakes else '–'} | "
+                  f"{f'{statistics.median(watch):.1f}% of a CPU' if watch else '–'} |")
         print()
         if "userbpf" in shares:
             print(f"- {'met' if shares['userbpf'] >= TARGET else 'NOT met'}: nginx traced by sslsniff-bpfcc through "

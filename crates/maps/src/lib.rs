@@ -9,13 +9,16 @@
 //! [`Map`] is the entry point: [`Map::create`] / [`Map::open`], the syscall-style API
 //! (`lookup_elem`, `update_elem`, `delete_elem`, `get_next_key`, `lookup_and_delete_elem`)
 //! and the program-side API (`lookup`, `update`, `delete`, `push`, `pop`, `peek`,
-//! `get_stackid`). One module per family of map types documents its file layout.
+//! `get_stackid`). One module per family of map types documents its file layout; [`linger`]
+//! says how consumers of perf and ring buffers wait, so that producers of a steady stream
+//! make no system call.
 
 pub mod array;
 pub mod bloom_filter;
 pub mod cgroup_array;
 pub mod hash;
 pub mod kernel;
+pub mod linger;
 pub mod lpm_trie;
 pub mod map;
 mod mem;

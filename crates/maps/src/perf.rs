@@ -37,10 +37,14 @@
 //! `data_head` with acquire and stores `data_tail` with release after each record; it trusts
 //! no size (a ring whose positions or records do not add up is reset to empty and reported as
 //! `EINVAL`). Wakeups as in the ring buffer module: a map-wide `waiting` word and futex word;
-//! writers make the `FUTEX_WAKE` call only when the consumer waits. One consumer at a time
+//! writers make the `FUTEX_WAKE` call only when the consumer waits, and a consumer sets
+//! `waiting` only after [`crate::linger::LINGER_IDLE`] without records (until then it
+//! lingers in short timed sleeps, see [`crate::linger`]), so a steady stream of outputs makes
+//! no system call. One consumer at a time
 //! (an `flock`, as for the ring buffer). A watcher that wants to hear of new data in some
 //! rings only (a loader's poll on perf event descriptors) sets those rings' own `waiting`
-//! words ([`PerfEventArray::set_ring_waiting`]) instead of the map-wide one.
+//! words ([`PerfEventArray::set_ring_waiting`]) instead of the map-wide one, under the same
+//! lingering rule.
 
 use std::mem::offset_of;
 use std::os::fd::OwnedFd;
@@ -50,6 +54,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::linger::Linger;
 use crate::map::Base;
 use crate::ringbuf::{
     claim_consumer, futex_wait, futex_wake, header_nr_cpus, io_error, publish_header, read_header, write_header,
@@ -488,6 +493,20 @@ impl PerfEventArray {
         self.head(page).load(Ordering::SeqCst) != self.tail(page).load(Ordering::SeqCst)
     }
 
+    /// The share of ring `index`'s data area its unread records take (0 without a ring).
+    pub fn ring_fill(&self, index: u32) -> f64 {
+        if index >= self.inner.geo.nr {
+            return 0.0;
+        }
+        let size = self.ring_size(index);
+        if size == 0 {
+            return 0.0;
+        }
+        let page = self.ring_page(index);
+        let used = self.head(page).load(Ordering::Acquire).wrapping_sub(self.tail(page).load(Ordering::Acquire));
+        (used.min(size) as f64) / size as f64
+    }
+
     /// The map's futex word: bumped by every wakeup.
     pub fn wake_word(&self) -> &AtomicU32 {
         &self.meta().wake_seq
@@ -735,6 +754,8 @@ pub struct PerfConsumer {
     pa: PerfEventArray,
     /// Copies of records that wrap around the end of a ring.
     buf: Vec<u8>,
+    /// How `poll` waits (see [`crate::linger`]).
+    linger: Linger,
     /// Our open file description of the map file, `flock`ed while we live.
     _claim: OwnedFd,
 }
@@ -745,7 +766,15 @@ impl PerfConsumer {
         let claim = claim_consumer(pa.inner.base.shm.fd(), pa.inner.path.as_deref())?;
         // We are the only consumer: clear a `waiting` a killed one may have left.
         pa.meta().waiting.store(0, Ordering::SeqCst);
-        Ok(PerfConsumer { pa: pa.clone(), buf: Vec::new(), _claim: claim })
+        Ok(PerfConsumer { pa: pa.clone(), buf: Vec::new(), linger: Linger::new(), _claim: claim })
+    }
+
+    /// Whether `poll` lingers (the default; see [`crate::linger`]) or sleeps on the futex
+    /// as soon as it finds nothing, which makes the next producer call `FUTEX_WAKE` (for a
+    /// consumer that wants every record at once whatever it costs producers, and for
+    /// comparisons).
+    pub fn set_linger(&mut self, on: bool) {
+        self.linger = if on { Linger::new() } else { Linger::eager() };
     }
 
     /// Opens the perf event array file at `path` for consuming.
@@ -765,11 +794,16 @@ impl PerfConsumer {
         let pa = self.pa.clone();
         let mut total = 0;
         let mut err = None;
+        let mut fill = 0.0f64;
         for i in 0..pa.inner.geo.nr {
+            fill = fill.max(pa.ring_fill(i));
             match self.consume_ring(&pa, i, &mut f) {
                 Ok(n) => total += n,
                 Err(e) => err = Some(e),
             }
+        }
+        if total > 0 {
+            self.linger.saw_data(fill);
         }
         match err {
             Some(e) => Err(e),
@@ -859,9 +893,11 @@ impl PerfConsumer {
         Ok(n)
     }
 
-    /// Like [`PerfConsumer::consume`], but if no record is available sleeps (futex, woken by
-    /// writers) until one is or `timeout` has passed. Returns the number of records handed
-    /// to `f` (0 on timeout). `Duration::MAX` waits forever.
+    /// Like [`PerfConsumer::consume`], but if no record is available sleeps until one is or
+    /// `timeout` has passed. Returns the number of records handed to `f` (0 on timeout).
+    /// `Duration::MAX` waits forever. While records came recently the sleep is a short
+    /// timed one that writers do not know of; after [`crate::linger::LINGER_IDLE`] without
+    /// records it is a futex wait writers end (see [`crate::linger`]).
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(PerfEvent<'_>)) -> Result<usize, MapError> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
@@ -879,6 +915,10 @@ impl PerfConsumer {
                 }
                 None => None,
             };
+            if let Some(nap) = self.linger.next_sleep() {
+                std::thread::sleep(remaining.map_or(nap, |r| r.min(nap)));
+                continue;
+            }
             let pa = self.pa.clone();
             let m = pa.meta();
             m.waiting.store(1, Ordering::SeqCst);

@@ -48,7 +48,12 @@
 //!
 //! # Wakeups
 //!
-//! A consumer about to sleep sets the `waiting` word, reads the futex word `wake_seq`,
+//! A consumer that found the ring empty first lingers: while samples came within the last
+//! [`crate::linger::LINGER_IDLE`] it takes short timed sleeps (50 µs doubling to 1 ms) with
+//! `waiting` clear, so producers of a steady stream never make a system call (see
+//! [`crate::linger`]). Only an idle consumer sleeps deep, as follows.
+//!
+//! A consumer about to sleep deep sets the `waiting` word, reads the futex word `wake_seq`,
 //! checks once more that the record at `consumer_pos` is not committed, then `FUTEX_WAIT`s on
 //! `wake_seq` (shared futex: the file is mapped by several processes) and clears `waiting`
 //! when it wakes. A producer's commit reads `waiting` after publishing its record (both sides
@@ -74,6 +79,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::linger::Linger;
 use crate::map::Base;
 use crate::shm::{MAP_MAGIC, MapHeader, PAGE_SIZE, Shm, possible_cpus};
 use crate::sync::{SpinLock, Wait};
@@ -741,6 +747,11 @@ impl RingBuf {
         }
     }
 
+    /// The share of the data area records not consumed yet take.
+    pub fn fill(&self) -> f64 {
+        (self.query(BPF_RB_AVAIL_DATA).min(self.inner.size) as f64) / self.inner.size as f64
+    }
+
     /// FUTEX_WAKE calls producers made so far (statistics).
     pub fn wakeups(&self) -> u64 {
         self.meta().wakeups.load(Ordering::Relaxed)
@@ -759,9 +770,12 @@ impl RingBuf {
         &self.meta().wake_seq
     }
 
-    /// Bumps the futex word and wakes whoever waits on it.
+    /// Bumps the futex word and wakes whoever waits on it (not counted in
+    /// [`RingBuf::wakeups`], which counts producers' calls).
     pub fn wake_watchers(&self) {
-        self.wake();
+        let m = self.meta();
+        m.wake_seq.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&m.wake_seq);
     }
 
     /// Whether the record at `consumer_pos` is committed (see `RingBufConsumer`'s readiness
@@ -787,6 +801,8 @@ impl RingBuf {
 /// `EBUSY`.
 pub struct RingBufConsumer {
     rb: RingBuf,
+    /// How `poll` waits (see [`crate::linger`]).
+    linger: Linger,
     /// Our open file description of the map file, `flock`ed while we live.
     _claim: OwnedFd,
 }
@@ -798,7 +814,15 @@ impl RingBufConsumer {
         // Only the consumer sets `waiting`, and we are the consumer now: clear what a killed
         // one may have left, which would make producers call FUTEX_WAKE for nothing.
         rb.meta().waiting.store(0, Ordering::SeqCst);
-        Ok(RingBufConsumer { rb: rb.clone(), _claim: claim })
+        Ok(RingBufConsumer { rb: rb.clone(), linger: Linger::new(), _claim: claim })
+    }
+
+    /// Whether `poll` lingers (the default; see [`crate::linger`]) or sleeps on the futex
+    /// as soon as it finds nothing, which makes the next producer call `FUTEX_WAKE` (for a
+    /// consumer that wants every record at once whatever it costs producers, and for
+    /// comparisons).
+    pub fn set_linger(&mut self, on: bool) {
+        self.linger = if on { Linger::new() } else { Linger::eager() };
     }
 
     /// Opens the ring buffer file at `path` for consuming.
@@ -815,7 +839,16 @@ impl RingBufConsumer {
     /// samples were handed to `f` (discarded records are skipped). Stops at the first record
     /// still being written. `EINVAL` if positions or a record length are inconsistent
     /// (corrupt file).
-    pub fn consume(&mut self, mut f: impl FnMut(&[u8])) -> Result<usize, MapError> {
+    pub fn consume(&mut self, f: impl FnMut(&[u8])) -> Result<usize, MapError> {
+        let fill = self.rb.fill();
+        let r = self.consume_records(f);
+        if matches!(r, Ok(n) if n > 0) {
+            self.linger.saw_data(fill);
+        }
+        r
+    }
+
+    fn consume_records(&mut self, mut f: impl FnMut(&[u8])) -> Result<usize, MapError> {
         let rb = &self.rb;
         let size = rb.inner.size;
         let mask = rb.inner.mask;
@@ -880,9 +913,11 @@ impl RingBufConsumer {
         len.compare_exchange(l, skipped, Ordering::SeqCst, Ordering::Relaxed).is_ok()
     }
 
-    /// Like [`RingBufConsumer::consume`], but if no sample is ready sleeps (on a futex, woken
-    /// by producers) until one is or `timeout` has passed. Returns the number of samples
-    /// handed to `f` (0 on timeout). `Duration::MAX` waits forever.
+    /// Like [`RingBufConsumer::consume`], but if no sample is ready sleeps until one is or
+    /// `timeout` has passed. Returns the number of samples handed to `f` (0 on timeout).
+    /// `Duration::MAX` waits forever. While samples came recently the sleep is a short timed
+    /// one that producers do not know of; after [`crate::linger::LINGER_IDLE`] without
+    /// samples it is a futex wait producers end (see [`crate::linger`]).
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(&[u8])) -> Result<usize, MapError> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
@@ -900,6 +935,10 @@ impl RingBufConsumer {
                 }
                 None => None,
             };
+            if let Some(nap) = self.linger.next_sleep() {
+                std::thread::sleep(remaining.map_or(nap, |r| r.min(nap)));
+                continue;
+            }
             let m = self.rb.meta();
             m.waiting.store(1, Ordering::SeqCst);
             let seq = m.wake_seq.load(Ordering::SeqCst);

@@ -454,6 +454,47 @@ fn blocked_consumer_wakes_on_output() {
     assert_eq!(pa.wakeups(), 1);
 }
 
+/// A stream of outputs to a consumer in `poll`, each written once the consumer has the one
+/// before: the consumer lingers between them (records keep coming), so writers make no
+/// FUTEX_WAKE call but the first (the consumer starts idle, asleep on the futex). A consumer
+/// that sleeps on the futex whenever it finds nothing (`set_linger(false)`, how every
+/// consumer slept before) made one for most outputs here (1,260 of 2,000). The bound leaves
+/// room for a machine so busy that a thread waits 20 ms for a CPU now and then.
+#[test]
+fn a_steady_stream_makes_no_wakeups() {
+    const N: u64 = 2000;
+    let d = test_dir("stream");
+    let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(2), 1).unwrap();
+    let mut c = PerfConsumer::new(&pa).unwrap();
+    let got = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let t = {
+        let got = got.clone();
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while got.load(Ordering::SeqCst) < N {
+                c.poll(Duration::from_secs(20), |e| {
+                    if let PerfEvent::Sample { data, .. } = e {
+                        seen.push(u64::from_ne_bytes(data[..8].try_into().unwrap()));
+                        got.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+                .unwrap();
+            }
+            seen
+        })
+    };
+    for i in 0..N {
+        out(&pa, i % 2, 0, &i.to_ne_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.load(Ordering::SeqCst) <= i {
+            assert!(Instant::now() < deadline, "event {i} never arrived");
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(t.join().unwrap(), (0..N).collect::<Vec<_>>());
+    assert!(pa.wakeups() <= N / 20, "{} FUTEX_WAKE calls for {N} outputs", pa.wakeups());
+}
+
 #[test]
 fn corrupt_rings_are_errors_not_crashes() {
     let d = test_dir("corrupt");

@@ -504,6 +504,42 @@ fn blocked_consumer_wakes_on_submit() {
     assert_eq!(rb.wakeups(), 1);
 }
 
+/// A stream of records to a consumer in `poll`, each submitted once the consumer has the one
+/// before: the consumer lingers between them, so producers make no FUTEX_WAKE call but the
+/// first (see perf.rs's test of the same name for the bound).
+#[test]
+fn a_steady_stream_makes_no_wakeups() {
+    const N: u64 = 2000;
+    let d = test_dir("stream");
+    let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
+    let mut c = RingBufConsumer::new(&rb).unwrap();
+    let got = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let t = {
+        let got = got.clone();
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while got.load(Ordering::SeqCst) < N {
+                c.poll(Duration::from_secs(20), |s| {
+                    seen.push(u64::from_ne_bytes(s.try_into().unwrap()));
+                    got.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+            }
+            seen
+        })
+    };
+    for i in 0..N {
+        out(&rb, &i.to_ne_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.load(Ordering::SeqCst) <= i {
+            assert!(Instant::now() < deadline, "record {i} never arrived");
+            std::thread::yield_now();
+        }
+    }
+    assert_eq!(t.join().unwrap(), (0..N).collect::<Vec<_>>());
+    assert!(rb.wakeups() <= N / 20, "{} FUTEX_WAKE calls for {N} records", rb.wakeups());
+}
+
 #[test]
 fn no_wakeup_and_force_wakeup_flags() {
     let d = test_dir("flags");

@@ -17,9 +17,13 @@
 //! **Mmapable arrays** (`BPF_F_MMAPABLE`): the values, from offset 0.
 //!
 //! **Wakeups.** Event and ring buffer descriptors are FIFOs. A thread per map in the loader
-//! waits on the map's futex word (producers only wake it when a ring it watches goes from
-//! empty to not empty, so a target's hot path makes no system call otherwise) and writes a
-//! byte into the FIFO of each ring that got data: the descriptor polls readable. Before each
+//! watches the rings and writes a byte into the FIFO of each ring that got data: the
+//! descriptor polls readable. While data came within the last 20 ms it looks again after
+//! short timed sleeps (50 µs doubling to 1 ms) that producers know nothing of; only once
+//! idle does it set the rings' `waiting` words and sleep on the map's futex word, which a
+//! producer then bumps and wakes (`userbpf_maps::linger`). So a steady stream costs the
+//! target's hot path no system call, a lone event after a quiet period is signalled at once,
+//! one during a stream within about a millisecond, and an idle watcher takes no CPU. Before each
 //! `poll`/`epoll_wait` of the loader ([`before_wait`]), the FIFOs of rings the loader has
 //! emptied are drained and their watchers re-armed: readable exactly while data waits.
 //!

@@ -1,5 +1,7 @@
-//! Wakeups: event and ring buffer descriptors are FIFOs; a thread per map waits on the map's
-//! futex word and writes a byte into the FIFO of each ring that got data, and before each
+//! Wakeups: event and ring buffer descriptors are FIFOs; a thread per map watches its rings
+//! and writes a byte into the FIFO of each ring that got data (lingering in short timed
+//! sleeps while data came recently, on the map's futex word with the rings armed once idle:
+//! `userbpf_maps::linger`), and before each
 //! `poll`/`epoll_wait` of the loader ([`before_wait`]) the FIFOs of emptied rings are drained
 //! (see the module above).
 
@@ -7,8 +9,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use userbpf_maps::Map;
+use userbpf_maps::linger::Linger;
 
 use super::perf_rings::events;
 use super::{map, open_fifo, state};
@@ -82,6 +86,15 @@ impl Watcher {
         }
     }
 
+    /// The share of ring `index` unread records take.
+    fn fill(&self, index: u32) -> f64 {
+        match &*self.map {
+            Map::PerfEventArray(pa) => pa.ring_fill(index),
+            Map::RingBuf(rb) => rb.fill(),
+            _ => 0.0,
+        }
+    }
+
     fn arm(&self, index: u32, on: bool) {
         match &*self.map {
             Map::PerfEventArray(pa) => pa.set_ring_waiting(index, on),
@@ -98,34 +111,90 @@ impl Watcher {
         }
     }
 
-    /// The watcher thread: signals the FIFO of each ring that got data, sleeps on the map's
-    /// futex word while the others are empty.
+    /// The watcher thread: signals the FIFO of each ring that got data. While data came
+    /// recently it looks again after short timed sleeps with the rings' `waiting` words
+    /// clear, so producers make no system call; after [`userbpf_maps::linger::LINGER_IDLE`]
+    /// without data it arms the rings it watches and sleeps on the map's futex word until a
+    /// producer (or a re-arm, [`Watcher::kick`]) wakes it (see `userbpf_maps::linger`).
     fn run(self: Arc<Self>) {
         let Some(word) = self.word() else { return };
+        let mut linger = Linger::new();
+        // Rings whose `waiting` word we set (producers wake us for them).
+        let mut armed: Vec<u32> = Vec::new();
         loop {
+            // Read before looking at the rings: a wakeup after this makes the wait return.
             let seq = word.load(Ordering::SeqCst);
             let rings: Vec<Arc<WRing>> = self.rings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            for i in armed.drain(..) {
+                self.arm(i, false);
+            }
+            let mut watching = false;
+            let mut fill = -1.0f64;
             for r in &rings {
-                let armed = !r.signalled.load(Ordering::SeqCst);
-                self.arm(r.index, armed);
-                if armed && self.ready(r.index) {
-                    self.arm(r.index, false);
-                    r.signalled.store(true, Ordering::SeqCst);
-                    let b = 1u8;
-                    // SAFETY: writing one byte from a local to our FIFO descriptor.
-                    unsafe { sys::raw6(libc::SYS_write, r.fifo as i64, &b as *const u8 as i64, 1, 0, 0, 0) };
+                if r.signalled.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if self.ready(r.index) {
+                    self.signal(r);
+                    fill = fill.max(self.fill(r.index));
+                } else {
+                    watching = true;
                 }
             }
-            futex_wait(word, seq);
+            if fill >= 0.0 {
+                linger.saw_data(fill);
+            }
+            if !watching {
+                futex_wait(word, seq, None); // every ring signalled: a re-arm kicks us
+                continue;
+            }
+            if let Some(nap) = linger.next_sleep() {
+                futex_wait(word, seq, Some(nap));
+                continue;
+            }
+            // Idle: arm, then check once more (the wakeup handshake: a producer that stored
+            // its data before our store of `waiting` is seen here, one after it sees
+            // `waiting` and bumps the word).
+            let mut found = false;
+            for r in &rings {
+                if r.signalled.load(Ordering::SeqCst) {
+                    continue;
+                }
+                self.arm(r.index, true);
+                armed.push(r.index);
+                if self.ready(r.index) {
+                    self.signal(r);
+                    found = true;
+                }
+            }
+            if found {
+                linger.saw_data(0.0);
+            } else {
+                futex_wait(word, seq, None);
+            }
         }
+    }
+
+    /// Makes ring `r`'s descriptor readable: one byte into its FIFO.
+    fn signal(&self, r: &WRing) {
+        r.signalled.store(true, Ordering::SeqCst);
+        let b = 1u8;
+        // SAFETY: writing one byte from a local to our FIFO descriptor.
+        unsafe { sys::raw6(libc::SYS_write, r.fifo as i64, &b as *const u8 as i64, 1, 0, 0, 0) };
     }
 }
 
-pub(super) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
+/// Sleeps while `*word == expected`, at most `timeout` (None: until woken).
+pub(super) fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: FUTEX_WAIT on an aligned u32 of a shared mapping that outlives the call (the
-    // watcher holds the map); no timeout.
+    // watcher holds the map), with a timespec that lives across the call or none.
     unsafe {
-        sys::raw6(libc::SYS_futex, word.as_ptr() as i64, libc::FUTEX_WAIT as i64, expected as i64, 0, 0, 0);
+        sys::raw6(libc::SYS_futex, word.as_ptr() as i64, libc::FUTEX_WAIT as i64, expected as i64, tsp as i64, 0, 0);
     }
 }
 

@@ -1,0 +1,174 @@
+//! How a consumer of perf and ring buffers waits without making producers call the kernel.
+//!
+//! A consumer that finds its rings empty can sleep in two ways:
+//!
+//! - **lingering**: a short timed sleep with its `waiting` word clear: producers see nobody
+//!   waiting and make no system call; the consumer looks again when the sleep ends;
+//! - **deep**: it sets its `waiting` word, checks once more, and sleeps on the futex word
+//!   until a producer wakes it (`FUTEX_WAKE`, the only system call a producer makes).
+//!
+//! [`Linger`] chooses: while records came within the last [`LINGER_IDLE`] the consumer
+//! lingers, so a steady stream costs producers nothing (the cross-CPU wake-up a `FUTEX_WAKE`
+//! is took about 15 µs of a traced nginx's CPU a time); after that much idleness it sleeps
+//! deep, so an idle consumer costs no CPU, and the first record after a quiet period wakes it
+//! at once.
+//!
+//! The lingering sleep follows the rate records come at: after a look that found the fullest
+//! ring a share `f` full, `t` after the look before, the next sleep is the time the ring takes
+//! to fill to [`LINGER_FILL`] at that rate, between [`LINGER_MIN`] and [`LINGER_MAX`]; after a
+//! look that found nothing it doubles, up to [`LINGER_MAX`]. The first sleep after a deep one
+//! is [`LINGER_MIN`]. So a fast stream is read before its ring fills, a slow one in batches
+//! at most [`LINGER_MAX`] apart, and a lone record waits at most [`LINGER_MAX`] (plus the
+//! timer slack, 50 µs by default) while the consumer lingers, and no time when it sleeps deep.
+//!
+//! The kernel wakes a perf buffer's reader for every `wakeup_events` samples (1 for libbpf and
+//! BCC) and a ring buffer's for every record it waits for: userbpf's producers wake only a
+//! consumer that has been idle for [`LINGER_IDLE`]. A consumer that lingers may so see a
+//! record a producer committed with `BPF_RB_NO_WAKEUP` sooner than the kernel would show it.
+
+use std::time::{Duration, Instant};
+
+/// The shortest lingering sleep (and the first after a deep one).
+pub const LINGER_MIN: Duration = Duration::from_micros(50);
+/// The longest lingering sleep: the most a lone record waits while the consumer lingers
+/// (plus the timer slack, 50 µs by default).
+pub const LINGER_MAX: Duration = Duration::from_millis(1);
+/// Idleness after which the consumer sleeps deep (producers wake it).
+pub const LINGER_IDLE: Duration = Duration::from_millis(20);
+/// The share of the fullest ring a lingering sleep lets fill, at the rate last seen.
+pub const LINGER_FILL: f64 = 0.125;
+
+/// The state of one consumer's waiting (see the module).
+#[derive(Debug, Clone)]
+pub struct Linger {
+    /// When records were last seen; None: idle (sleep deep).
+    last: Option<Instant>,
+    /// When the rings were last looked at while lingering (None after a deep sleep).
+    looked: Option<Instant>,
+    /// The next lingering sleep.
+    next: Duration,
+    /// Never linger: every wait is deep (each wait after records makes the next producer
+    /// call `FUTEX_WAKE`, as before lingering existed; for comparisons).
+    eager: bool,
+}
+
+impl Default for Linger {
+    fn default() -> Linger {
+        Linger::new()
+    }
+}
+
+impl Linger {
+    /// An idle consumer: its first wait is deep.
+    pub fn new() -> Linger {
+        Linger { last: None, looked: None, next: LINGER_MIN, eager: false }
+    }
+
+    /// A consumer that never lingers (see the field `eager`).
+    pub fn eager() -> Linger {
+        Linger { eager: true, ..Linger::new() }
+    }
+
+    /// A look found records; `fill`: the largest share of a ring they took (0..=1).
+    pub fn saw_data(&mut self, fill: f64) {
+        self.saw_data_at(fill, Instant::now())
+    }
+
+    fn saw_data_at(&mut self, fill: f64, now: Instant) {
+        if self.eager {
+            return;
+        }
+        self.next = match self.looked {
+            Some(before) if fill > 0.0 => {
+                let rate = fill / now.duration_since(before).as_secs_f64().max(1e-9);
+                Duration::from_secs_f64((LINGER_FILL / rate).min(1.0)).clamp(LINGER_MIN, LINGER_MAX)
+            }
+            Some(_) => LINGER_MAX,
+            None => LINGER_MIN,
+        };
+        self.last = Some(now);
+        self.looked = Some(now);
+    }
+
+    /// How to wait after a look that found the rings empty: `Some(d)`, a lingering sleep of
+    /// `d` (the `waiting` word clear), or `None`, sleep deep (set `waiting`, check, futex
+    /// wait).
+    pub fn next_sleep(&mut self) -> Option<Duration> {
+        self.next_sleep_at(Instant::now())
+    }
+
+    fn next_sleep_at(&mut self, now: Instant) -> Option<Duration> {
+        let last = self.last?;
+        if now.duration_since(last) >= LINGER_IDLE {
+            self.last = None;
+            self.looked = None;
+            return None;
+        }
+        if self.looked.is_some() {
+            let d = self.next;
+            self.next = (d * 2).min(LINGER_MAX);
+            self.looked = Some(now);
+            Some(d)
+        } else {
+            self.looked = Some(now);
+            Some(LINGER_MIN)
+        }
+    }
+
+    /// Whether the next wait is deep.
+    pub fn idle(&self) -> bool {
+        self.last.is_none_or(|l| l.elapsed() >= LINGER_IDLE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lingers_while_data_came_recently_then_sleeps_deep() {
+        let mut l = Linger::new();
+        assert!(l.idle());
+        assert_eq!(l.next_sleep(), None, "a fresh consumer sleeps deep");
+        l.saw_data(0.01);
+        assert!(!l.idle());
+        assert_eq!(l.next_sleep(), Some(LINGER_MIN), "the first sleep after a deep one");
+        let mut sleeps = Vec::new();
+        for _ in 0..8 {
+            sleeps.push(l.next_sleep().unwrap());
+        }
+        assert!(sleeps.windows(2).all(|w| w[1] >= w[0] && w[1] <= LINGER_MAX), "{sleeps:?}");
+        assert_eq!(*sleeps.last().unwrap(), LINGER_MAX);
+        std::thread::sleep(LINGER_IDLE);
+        assert_eq!(l.next_sleep(), None, "idle: deep");
+        assert!(l.idle());
+        let mut e = Linger::eager();
+        e.saw_data(0.5);
+        assert_eq!(e.next_sleep(), None, "eager: always deep");
+    }
+
+    #[test]
+    fn the_sleep_follows_the_rate() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let mut l = Linger::new();
+        l.saw_data_at(0.01, at(0));
+        assert_eq!(l.next_sleep_at(at(1)), Some(LINGER_MIN), "first after a deep sleep");
+        // 90% of a ring in 100 µs: as short as allowed.
+        l.saw_data_at(0.9, at(100));
+        assert_eq!(l.next_sleep_at(at(100)), Some(LINGER_MIN));
+        // 1/16 of a ring in 200 µs: 1/8 takes 400 µs.
+        l.saw_data_at(0.0625, at(300));
+        assert_eq!(l.next_sleep_at(at(301)), Some(Duration::from_micros(400)));
+        // Nothing found: double.
+        assert_eq!(l.next_sleep_at(at(700)), Some(Duration::from_micros(800)));
+        assert_eq!(l.next_sleep_at(at(1500)), Some(LINGER_MAX));
+        // A trickle: the longest sleep.
+        l.saw_data_at(0.0001, at(2500));
+        assert_eq!(l.next_sleep_at(at(2501)), Some(LINGER_MAX));
+        // Idle for LINGER_IDLE: deep; the first sleep after it is the shortest.
+        assert_eq!(l.next_sleep_at(at(2500) + LINGER_IDLE), None);
+        l.saw_data_at(0.5, at(30_000));
+        assert_eq!(l.next_sleep_at(at(30_001)), Some(LINGER_MIN));
+    }
+}
