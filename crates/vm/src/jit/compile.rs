@@ -19,7 +19,9 @@
 //!
 //! ```text
 //! Entry(k)   for every subprogram k: an `extern "C" fn(u64 x5) -> u64`
-//!            push rbp, rbx, r12..r15; push 0 x5 (run slots); mov r12, rsp; r0 = r6..r9 = 0;
+//!            push the callee-saved registers the run may change (`entry_saves`: r12, rbp
+//!            and the r6..r9 some subprogram saves or the entry zeroes); push 0 x5 (run
+//!            slots); mov r12, rsp; r0 = r6..r9 = 0 (those named);
 //!            call Func(k); jmp Epilogue
 //! FastEntry  `extern "C" fn(r1, r2, abort, cpu) -> u64`, see [`Output::fast_entry`]: the same
 //!            with the run slots [r12] = abort, [r12+8] = cpu
@@ -30,7 +32,7 @@
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
 //! Epilogue:  (a slot claimed by ClaimEntry: given back); add rsp, 40;
-//!            pop r15..r12, rbx, rbp; ret
+//!            pop what the entry pushed; ret
 //! Func(k)    for every subprogram k: the body, with its own frame:
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
@@ -210,8 +212,52 @@ fn reg(r: u8) -> Reg {
     REG_MAP[(r & 15) as usize]
 }
 
-/// Registers the entry trampolines save (all SysV callee-saved), in push order.
-const ENTRY_SAVES: [Reg; 6] = [Reg::RBP, Reg::RBX, Reg::R12, Reg::R13, Reg::R14, Reg::R15];
+/// The SysV callee-saved registers, in the order the entry trampolines push those they save
+/// (see [`entry_saves`]).
+const CALLEE_SAVED: [Reg; 6] = [Reg::RBP, Reg::RBX, Reg::R12, Reg::R13, Reg::R14, Reg::R15];
+
+/// The eBPF registers some instruction names (as destination or source; r1-r5 too when the
+/// program calls anything, since a call reads its arguments there; r6 for the legacy packet
+/// loads, which read it unnamed).
+fn named_regs(insns: &[Insn]) -> [bool; 16] {
+    let mut named = [false; 16];
+    for i in insns {
+        named[(i.dst & 15) as usize] = true;
+        named[(i.src & 15) as usize] = true;
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        if class == BPF_JMP && code == BPF_CALL {
+            named[1..=5].iter_mut().for_each(|n| *n = true);
+        }
+        if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
+            named[6] = true;
+        }
+    }
+    named
+}
+
+/// The callee-saved registers the entries save and the shared epilogue restores, in push
+/// order: those something between an entry and its epilogue may change without restoring
+/// them on every way out, and no others (each push and pop counts on a probe hit). That is
+/// r12 (the entries set it), the r6..r9 registers the entries zero (`zero_regs`: the named
+/// ones), and every register some subprogram's prologue saves (rbp when it uses the stack,
+/// the r6..r9 it writes): an abort or an exit request unwinds straight to the innermost
+/// entry's frame (`mov rsp, r12`), skipping the pops of the frames in between. Nothing else
+/// in the code writes a callee-saved register (scratch is r9..r11, helpers and the
+/// preserving thunk keep callee-saved registers, and tail calls run the next program through
+/// its own entry). An even count, so that the entries keep rsp 16-aligned (r12 again when
+/// needed).
+fn entry_saves(insns: &[Insn], frames: &[Frame]) -> Vec<Reg> {
+    let named = named_regs(insns);
+    let zeroed = |r: Reg| (6..=9u8).any(|k| named[k as usize] && reg(k) == r);
+    let mut saves: Vec<Reg> = CALLEE_SAVED
+        .into_iter()
+        .filter(|&r| r == Reg::R12 || zeroed(r) || frames.iter().any(|f| f.saves.contains(&r)))
+        .collect();
+    if saves.len() % 2 == 1 {
+        saves.push(Reg::R12);
+    }
+    saves
+}
 
 /// Choices made once per compilation.
 #[derive(Clone, Copy, Debug)]
@@ -496,6 +542,8 @@ struct Emitter<'a> {
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
     inexact: bool,
+    /// What the entries save (see [`entry_saves`]).
+    entry_saves: Vec<Reg>,
 }
 
 impl<'a> Emitter<'a> {
@@ -520,6 +568,7 @@ impl<'a> Emitter<'a> {
             cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
             rt,
             targets: jump_targets(insns, prog.subprogs()),
+            entry_saves: entry_saves(insns, frames),
             err: None,
             inexact: false,
             needs_run_state: false,
@@ -683,10 +732,8 @@ impl<'a> Emitter<'a> {
     /// `Entry(k)`: the C-callable entry of subprogram k.
     fn entry_trampoline(&mut self, k: usize) {
         self.bind(Label::Entry(k));
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
-        // 8 (return address) + 6 * 8 pushed: 40 more keep rsp 16-aligned. Those five run
+        self.push_entry_saves();
+        // 8 (return address) + an even number of saves: 40 more keep rsp 16-aligned. Those five run
         // slots, from r12: where the abort path stores an abort (0: call `abort_fn`, see
         // `fast_entry`), the CPU (0: no program run here inlines per-CPU lookups), the CPU
         // slot's word and the TLS offset of the "run in progress" byte to give back at the
@@ -719,9 +766,7 @@ impl<'a> Emitter<'a> {
     /// 0.
     fn slot_entry(&mut self, label: Label, cpu: Reg, record: Option<Reg>) {
         self.bind(label);
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
+        self.push_entry_saves();
         self.a.zero(Reg::R11);
         for _ in 0..3 {
             self.a.push(Reg::R11);
@@ -742,9 +787,7 @@ impl<'a> Emitter<'a> {
         use std::mem::offset_of;
         let off = |o: usize| o as i32;
         self.bind(Label::ClaimEntry);
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
+        self.push_entry_saves();
         let d = Reg::RSI;
         // Not claimed: nothing ran (placed first, so that the checks below reach it with
         // short jumps backwards).
@@ -752,9 +795,7 @@ impl<'a> Emitter<'a> {
         let busy = self.a.pos();
         self.a.store_imm(Width::Dw, Mem::base(Reg::RDX, 0), CLAIM_RETRY as i32);
         self.a.zero(Reg::RAX);
-        for r in ENTRY_SAVES.iter().rev() {
-            self.a.pop(*r);
-        }
+        self.pop_entry_saves();
         self.a.ret();
         self.a.bind(start);
         if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
@@ -817,19 +858,7 @@ impl<'a> Emitter<'a> {
     /// the entry an instruction (each counts on a probe hit: the path is
     /// issue-width-bound).
     fn zero_regs(&mut self, regs: &[u8]) {
-        let mut named = [false; 16];
-        for i in self.insns {
-            named[(i.dst & 15) as usize] = true;
-            named[(i.src & 15) as usize] = true;
-            let (class, code) = (i.op & 0x07, i.op & 0xf0);
-            if class == BPF_JMP && code == BPF_CALL {
-                named[1..=5].iter_mut().for_each(|n| *n = true);
-            }
-            // Legacy packet loads read r6 without naming it.
-            if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
-                named[6] = true;
-            }
-        }
+        let named = named_regs(self.insns);
         for &r in regs {
             if r == 0 || named[r as usize] {
                 self.a.zero(reg(r));
@@ -884,6 +913,20 @@ impl<'a> Emitter<'a> {
         self.jump(None, Label::Epilogue);
     }
 
+    /// Pushes what the entries save ([`entry_saves`]).
+    fn push_entry_saves(&mut self) {
+        for k in 0..self.entry_saves.len() {
+            self.a.push(self.entry_saves[k]);
+        }
+    }
+
+    /// Pops what [`push_entry_saves`](Self::push_entry_saves) pushed.
+    fn pop_entry_saves(&mut self) {
+        for k in (0..self.entry_saves.len()).rev() {
+            self.a.pop(self.entry_saves[k]);
+        }
+    }
+
     /// The abort path and the entries' shared epilogue.
     fn abort_and_epilogue(&mut self) {
         self.bind(Label::Abort);
@@ -919,9 +962,7 @@ impl<'a> Emitter<'a> {
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
         self.a.bind(none);
         self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
-        for r in ENTRY_SAVES.iter().rev() {
-            self.a.pop(*r);
-        }
+        self.pop_entry_saves();
         self.a.ret();
     }
 
