@@ -1116,10 +1116,9 @@ impl<'a> Emitter<'a> {
         self.a.jcc_back(Cond::Ne, busy);
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 1);
-        // Run slots as `claim_entry` lays them out.
-        self.a.mov_imm(Reg::R10, k.active as i64 as u64);
-        self.a.push(Reg::R10);
-        self.a.push(Reg::R10);
+        // Run slots as `claim_entry` lays them out (the active byte's offset is a `[disp32]`).
+        self.a.push_imm32(k.active);
+        self.a.push_imm32(k.active);
         self.a.push(Reg::R9);
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
@@ -1794,28 +1793,23 @@ impl<'a> Emitter<'a> {
             self.a.mov_rr(true, Reg::R11, reg(4));
             self.a.alu_ri(Alu::And, true, Reg::R11, !BPF_F_LOCK);
             self.a.alu_ri(Alu::Cmp, true, Reg::R11, BPF_EXIST);
-            fail.push(self.a.jump_fwd(Some(Cond::A)));
+            fail.push(self.a.jump_fwd32(Some(Cond::A)));
         }
         // An index beyond the array: -E2BIG.
         self.a.mov_ri_sx(Reg::RAX, E2BIG);
         self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
         self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
-        fail.push(self.a.jump_fwd(Some(Cond::Ae)));
+        fail.push(self.a.jump_fwd32(Some(Cond::Ae)));
         if known.is_none() {
             self.a.mov_ri_sx(Reg::RAX, EEXIST);
             self.a.test_ri(true, reg(4), BPF_NOEXIST);
-            fail.push(self.a.jump_fwd(Some(Cond::Ne)));
+            fail.push(self.a.jump_fwd32(Some(Cond::Ne)));
             self.a.mov_ri_sx(Reg::RAX, EINVAL);
             self.a.test_ri(true, reg(4), BPF_F_LOCK);
-            fail.push(self.a.jump_fwd(Some(Cond::Ne)));
+            fail.push(self.a.jump_fwd32(Some(Cond::Ne)));
         }
-        // (Short jumps only: the failures' target is here, and jumps over the copy.)
-        let ok = self.a.jump_fwd(None);
-        for f in fail {
-            self.a.bind(f);
-        }
-        let done = self.a.jump_fwd(None);
-        self.a.bind(ok);
+        // The failures jump over the copy to the end, their -errno in rax (the copy falls
+        // through: no jump on the way of a successful update).
         // rax = the element (of the run's CPU).
         self.a.mov_imm(Reg::RAX, a.values);
         self.a.imul_rri(true, Reg::R11, Reg::R11, a.elem_size as i32);
@@ -1830,7 +1824,9 @@ impl<'a> Emitter<'a> {
             self.a.store(Width::Dw, Mem::base(Reg::RAX, off), Reg::R10);
         }
         self.a.zero(Reg::RAX);
-        self.a.bind(done);
+        for f in fail {
+            self.a.bind32(f);
+        }
     }
 
     /// A map helper call made directly to the map's own function (see
