@@ -98,9 +98,16 @@
 //! one compare-and-swap, checks again, stores the value and gives the lock back, as the maps
 //! crate's own fast path does. Anything else (a miss, a held lock, other flags) makes the
 //! direct call. bpftrace's `@x[tid] = count()`, `sum()` and `hist()` repeat one key per thread,
-//! so their lookups and updates are these few instructions. A helper whose result the thread
-//! caches ([`crate::program::CachedHelper`]: `get_current_pid_tgid`) is read inline while the
-//! cache's fork generation is current, and called otherwise.
+//! so their lookups and updates are these few instructions. When the update follows the
+//! lookup of the same key with nothing in between that could change the key or the JIT's
+//! scratch registers ([`memo_pairs`]: bpftrace's lookup, compute, update), the lookup's hit
+//! hands the element, its key word and the value's address to the update in r10, r9 and r11,
+//! and the update takes the element's lock without checking the memo again (the checks under
+//! the lock stay). Flags set to `BPF_ANY` or `BPF_EXIST` right before an update are checked
+//! when compiling, and an `lddw r1` of the map that no such call reads emits nothing. A
+//! helper whose result the thread caches ([`crate::program::CachedHelper`]:
+//! `get_current_pid_tgid`) is read inline while the cache's fork generation is current, and
+//! called otherwise.
 //!
 //! # Calls out of claimed runs
 //!
