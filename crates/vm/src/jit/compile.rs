@@ -1133,7 +1133,16 @@ impl<'a> Emitter<'a> {
         self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
-        self.jump(None, Label::Epilogue);
+        // The run returned (rsp back at the run slots): the shared epilogue's work inline, with
+        // what is known here (a slot is held, the active byte at a constant offset). Aborts
+        // and exit requests still end through the shared epilogue.
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::abs(k.active), 0);
+        self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
+        self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
+        self.pop_entry_saves();
+        self.a.ret();
     }
 
     /// Pushes what the entries save ([`entry_saves`]).
