@@ -694,7 +694,8 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     let mut orig = [0u8; 5];
     let n = place.method.patch_len();
     orig[..n].copy_from_slice(&bytes[patch_at - base..patch_at - base + n]);
-    let rel = (page as i64) - (patch_at as i64 + 5);
+    let stub_at = page + stubs::SITE_STUB_AT;
+    let rel = (stub_at as i64) - (patch_at as i64 + 5);
     let Ok(rel) = i32::try_from(rel) else {
         return Err(fail("trampoline out of rel32 range".into()));
     };
@@ -724,7 +725,7 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     }));
     let common = if site.is_entry { g.common_light } else { g.common_full };
     let stub = stubs::site_stub(
-        page as u64,
+        stub_at as u64,
         site as *const Site as u64,
         common as u64,
         relocated as u64,
@@ -732,17 +733,17 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     )
     .map_err(|e| e.to_string());
     let res = stub.and_then(|stub| {
-        if stub.len() > stubs::RELOC_OFF {
+        if stub.len() > stubs::RELOC_OFF - stubs::SITE_STUB_AT {
             return Err("site stub too long".to_string());
         }
-        patch::seal_page(page, &[(0, &stub), (stubs::RELOC_OFF, &rcode)])
+        patch::seal_page(page, &[(stubs::SITE_STUB_AT, &stub), (stubs::RELOC_OFF, &rcode)])
     });
     if let Err(e) = res {
         return Err(fail(e));
     }
     // A thread meeting the int3 of a jump being written goes on with the relocated copy (the
     // probe is not fired for it); one meeting a breakpoint goes to the site stub.
-    let trap_to = if place.method == Method::Breakpoint { page | 1 } else { relocated };
+    let trap_to = if place.method == Method::Breakpoint { stub_at | 1 } else { relocated };
     if !patch::register_trap_site(patch_at, trap_to) {
         return Err(HookError::TooManySites(patch::MAX_SITES));
     }

@@ -1077,10 +1077,20 @@ pub(crate) fn ret_tramp(ip: u64, fp: FpSave, kind: SaveKind, dispatch: u64) -> R
     a.assemble(ip)
 }
 
-/// Offset of the relocated code inside a site page.
-pub(crate) const RELOC_OFF: usize = 128;
+/// Offset of the site stub inside a site page: not the page's start. Level-1 caches (data and
+/// instructions) choose the set by the address bits within the page, so every page-aligned
+/// object of the target competes for the set of offset 0; the stub's code and the words it
+/// loads (Site*, the common entry) are on every hit's path. Measured in fio under callgrind's
+/// cache model (2026-11-26): each of the probe's per-hit lines at page offset 0 cost a miss
+/// per I/O in fio's own lines. 64-aligned, even (a breakpoint's trap address is the stub's
+/// with bit 0 set).
+pub(crate) const SITE_STUB_AT: usize = 0x6c0;
 
-/// The per-site stub (placed at the start of the site page): calls the
+/// Offset of the relocated code inside a site page (after the site stub).
+pub(crate) const RELOC_OFF: usize = SITE_STUB_AT + 128;
+const _: () = assert!(RELOC_OFF + 256 <= 4096 && SITE_STUB_AT.is_multiple_of(64));
+
+/// The per-site stub (placed at [`SITE_STUB_AT`] in the site page): calls the
 /// common entry, which normally returns here; then the relocated code runs.
 ///
 /// With `ret_tramp` (function entries with the light stubs), the common entry says with CF

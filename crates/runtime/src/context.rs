@@ -316,6 +316,15 @@ fn this_cpu() -> u32 {
 
 const SLOT_STRIDE: usize = 64;
 
+/// Where slot 0 starts in the slot file: not at the page's start. A level-1 data cache is
+/// indexed by the address bits just above the line (bits 6-11 on x86-64, within the page),
+/// so every page-aligned object of a process competes for the same set; a probe adding its
+/// own page-aligned lines there evicts the target's (measured in fio under callgrind's
+/// cache model, 2026-11-26: each of the probe's lines at page offset 0 cost fio a miss per
+/// I/O in lines of its own). The probe's per-hit lines each get their own set instead
+/// (`userbpf_hook`'s thread state and site stubs, the run-statistics switch, these slots).
+pub const SLOTS_OFFSET: usize = 0x5c0;
+
 impl CpuSlots {
     /// Opens (creating if needed) the slot file of a session.
     pub fn open(path: &Path) -> io::Result<CpuSlots> {
@@ -326,7 +335,7 @@ impl CpuSlots {
             libc::pthread_atfork(None, None, Some(forget_tid_in_child));
         });
         let nr = possible_cpus();
-        let len = nr as usize * SLOT_STRIDE;
+        let len = SLOTS_OFFSET + nr as usize * SLOT_STRIDE;
         let shm = match Shm::create(path, len) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Shm::open(path)?,
@@ -367,7 +376,8 @@ impl CpuSlots {
         let block = thread_run() as usize as i64 - fs0 as i64;
         let rseq = RSEQ_OFFSET.load(Ordering::Relaxed);
         userbpf_vm::jit::SlotClaim {
-            slots: self.shm.as_ptr() as u64,
+            // SAFETY: the mapping holds SLOTS_OFFSET bytes then the slots (checked at open).
+            slots: unsafe { self.shm.as_ptr().add(SLOTS_OFFSET) } as u64,
             nr: self.nr,
             have_rseq: u32::from(rseq > RSEQ_NONE),
             rseq_cpu: if rseq > RSEQ_NONE { rseq as i64 + 4 } else { 0 },
@@ -378,9 +388,10 @@ impl CpuSlots {
 
     #[inline]
     fn word(&self, i: u32) -> &AtomicU32 {
-        // SAFETY: i < nr and the mapping holds nr slots of SLOT_STRIDE bytes; the offset is
-        // 4-aligned in a page-aligned mapping; the word is only accessed atomically.
-        unsafe { AtomicU32::from_ptr(self.shm.as_ptr().add(i as usize * SLOT_STRIDE).cast()) }
+        // SAFETY: i < nr and the mapping holds SLOTS_OFFSET bytes then nr slots of SLOT_STRIDE
+        // bytes; the offset is 4-aligned in a page-aligned mapping; the word is only accessed
+        // atomically.
+        unsafe { AtomicU32::from_ptr(self.shm.as_ptr().add(SLOTS_OFFSET + i as usize * SLOT_STRIDE).cast()) }
     }
 }
 

@@ -25,7 +25,7 @@
 //!
 //! `run_cnt` and `run_time_ns` are counted only while run statistics are on (see
 //! `program::set_stats_enabled`). A process bound to a session also follows the session's
-//! switch, `counters/switch`: a byte every bound process maps and the probes' lean handlers
+//! switch, `counters/switch`: a byte (at `SWITCH_AT`) every bound process maps and the probes' lean handlers
 //! read ([`crate::program::stats_gate`]); it is on while a live process holds it
 //! ([`hold_run_stats`], `userbpf export --run-stats`, as `BPF_ENABLE_STATS` holds the
 //! kernel's while its descriptor is open). A holder that died is let go at the next fold.
@@ -55,6 +55,10 @@ const HEADER_BYTES: usize = 64;
 /// Bytes of one process's file.
 pub const FILE_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
 const SWITCH_BYTES: usize = 4096;
+/// Where the switch byte is in its file: not at the page's start, where every page-aligned
+/// object of a probed process competes for one level-1 data cache set (lean handlers read the
+/// byte on every hit; see `crate::context::SLOTS_OFFSET`).
+const SWITCH_AT: usize = 0xcc0;
 
 #[repr(C)]
 struct Header {
@@ -223,7 +227,8 @@ pub fn bind(layout: &Layout) -> io::Result<()> {
     let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::other("NUL in the session path"))?;
     let old = DIR.swap(c.into_raw(), Ordering::AcqRel);
     let _ = old; // leaked: the fork handler may be reading it.
-    SWITCH.store(switch.cast(), Ordering::Release);
+    // SAFETY: the mapping holds SWITCH_BYTES > SWITCH_AT bytes.
+    SWITCH.store(unsafe { switch.add(SWITCH_AT) }.cast(), Ordering::Release);
     REGION.store(base as usize, Ordering::Release);
     *bound = Some((meta.dev(), meta.ino(), file));
     static AT_FORK: std::sync::Once = std::sync::Once::new();
@@ -543,12 +548,12 @@ fn set_switch(layout: &Layout, on: bool) -> io::Result<()> {
         f.set_len(SWITCH_BYTES as u64)?;
     }
     use std::io::{Seek, Write};
-    f.seek(io::SeekFrom::Start(0))?;
+    f.seek(io::SeekFrom::Start(SWITCH_AT as u64))?;
     f.write_all(&[on as u8])
 }
 
 fn switch_on(layout: &Layout) -> bool {
-    fs::read(layout.counters_switch()).ok().and_then(|b| b.first().copied()).is_some_and(|b| b != 0)
+    fs::read(layout.counters_switch()).ok().and_then(|b| b.get(SWITCH_AT).copied()).is_some_and(|b| b != 0)
 }
 
 /// The session's counters: dead processes' files folded first (see the module documentation),

@@ -640,6 +640,69 @@ mod tests {
         ]
     }
 
+    /// The JIT pairs a lookup with the update after it only when nothing between them can
+    /// change the key: not when a store in between overlaps the key's bytes, nor when the
+    /// update's key is elsewhere on the stack; such programs still agree with the interpreter.
+    #[test]
+    fn memo_pairs_only_where_the_key_stays() {
+        let dir = std::env::temp_dir().join(format!("userbpf-memo-pairs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let helpers = crate::helpers::registry();
+        let slots = Arc::new(CpuSlots::private().unwrap());
+        let spec = MapSpec { key_size: 8, value_size: 8, ..spec(MapType::BPF_MAP_TYPE_PERCPU_HASH, 8, 64) };
+        // The value written at r10-12 (overlapping the key at r10-8); the update's key at r10-16.
+        let mut overlap = keyed_sum();
+        overlap[12].off = -12;
+        overlap[18].imm = -12;
+        let mut elsewhere = keyed_sum();
+        elsewhere[16].imm = -16;
+        for (name, insns, id) in [("overlap", overlap, 11), ("elsewhere", elsewhere, 13)] {
+            // Each engine its own map (the helpers find maps by id).
+            let mk = |engine: &str, id: u32| {
+                let m = Arc::new(Map::create(&dir.join(format!("{name}-{engine}")), &spec).unwrap());
+                m.set_id(id);
+                assert!(crate::helpers::register_map(id, m.clone()));
+                m
+            };
+            let (mj, mi) = (mk("jit", id), mk("interp", id + 1));
+            let with_map = |id: i32| {
+                let mut p = insns.clone();
+                p[3].imm = id;
+                p[13].imm = id;
+                p
+            };
+            let rj: &[(u32, Arc<Map>)] = &[(id, mj.clone())];
+            let ri: &[(u32, Arc<Map>)] = &[(id + 1, mi.clone())];
+            let (jit, _) = jit_and_interpreter(&with_map(id as i32), &helpers, rj, &slots);
+            let (_, interp) = jit_and_interpreter(&with_map(id as i32 + 1), &helpers, ri, &slots);
+            assert_eq!(jit.jit.as_ref().unwrap().memo_pairs(), [], "{name}: paired");
+            for i in 0..20u64 {
+                let mut cj = [5 + (i / 4) % 2, i + 1];
+                let mut ci = cj;
+                let a = jit.run(cj.as_mut_ptr().cast(), 16, RunContext::default()).unwrap().unwrap();
+                let b = interp.run(ci.as_mut_ptr().cast(), 16, RunContext::default()).unwrap().unwrap();
+                assert_eq!(a, b, "{name}: step {i}");
+            }
+            let dump = |m: &Map| {
+                let mut keys = Vec::new();
+                let mut k: Option<Vec<u8>> = None;
+                let mut next = vec![0u8; 8];
+                while m.get_next_key(k.as_deref(), &mut next).is_ok() {
+                    let mut v = vec![0u8; m.value_buf_size()];
+                    m.lookup_elem(&next, &mut v).unwrap();
+                    keys.push((next.clone(), v));
+                    k = Some(next.clone());
+                }
+                keys.sort();
+                keys
+            };
+            assert_eq!(dump(&mj), dump(&mi), "{name}: the maps");
+            assert!(!dump(&mj).is_empty(), "{name}: nothing written");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Calls a claiming entry `f(r1, claim, record)` with vector registers 0-7 (ymm, or xmm
     /// without AVX) loaded from `vin`, and stores them into `vout` after the call.
     ///
@@ -727,6 +790,8 @@ mod tests {
         assert!(jit.program().cached_helper_at(insns.len() - 4).is_some());
         let (entry, claim) = jit.claim_entry().expect("a claiming entry");
         assert!(jit.claim_calls_out());
+        // The update takes the element the lookup's memo hit found (no second memo check).
+        assert_eq!(jit.jit.as_ref().unwrap().memo_pairs(), [(7, 20)], "the lookup-update pair");
         // SAFETY: getpid and gettid have no preconditions.
         let me = unsafe { (libc::getpid() as u64) << 32 | libc::gettid() as u64 };
         let total = |key: u64| {

@@ -96,6 +96,18 @@ fn update_prog() -> Vec<Insn> {
     a.build()
 }
 
+/// [`update_prog`] with the flags a constant (`r4 = flags` just before the call, which the JIT
+/// then checks when compiling).
+fn update_prog_const(flags: i32) -> Vec<Insn> {
+    let mut a = Asm::new();
+    a.ldx(BPF_W, 6, 1, 0).stx(BPF_W, 10, 6, -4);
+    a.ldx(BPF_DW, 7, 1, 16).stx(BPF_DW, 10, 7, -24);
+    a.ldx(BPF_DW, 7, 1, 24).stx(BPF_DW, 10, 7, -16);
+    ld_map(&mut a);
+    a.movx(2, 10).add(2, -4).movx(3, 10).add(3, -24).mov(4, flags).call(2).exit();
+    a.build()
+}
+
 fn jit(insns: &[Insn], array: &InlineArray, inline: bool) -> JitProgram {
     let opts = LoadOptions { helpers: registry(), ..Default::default() };
     let p = Program::load(insns, &opts, Some(&One { array, inline })).unwrap_or_else(|e| panic!("load: {e}"));
@@ -134,6 +146,27 @@ fn inline_updates_match_the_helper() {
             }
         }
         assert!(inl.iter().any(|&v| v != 0), "something was written");
+    }
+}
+
+#[test]
+fn inline_updates_with_constant_flags_match_the_helper() {
+    for flags in [0i32, 1, 2, 3, 4, 8, -1] {
+        let mut inl = vec![0u64; 32];
+        let mut ref_ = vec![0u64; 32];
+        let a_inl = InlineArray { values: inl.as_mut_ptr() as u64, max_entries: 4, elem_size: 16, cpu_stride: 64 };
+        let a_ref = InlineArray { values: ref_.as_mut_ptr() as u64, ..a_inl };
+        let p = update_prog_const(flags);
+        let (ji, jr) = (jit(&p, &a_inl, true), jit(&p, &a_ref, false));
+        for (n, key) in [0u32, 3, 4, u32::MAX].into_iter().enumerate() {
+            TEST_CPU.with(|c| c.set(n as u32 % 2));
+            let mut ctx = [key as u64, 0, n as u64 + 7, !(n as u64)];
+            let r1 = ctx.as_mut_ptr() as u64;
+            // SAFETY: as in inline_updates_match_the_helper.
+            let (i, r) = unsafe { (ji.run_on_cpu(r1, 32, n as u32 % 2), jr.run_on_cpu(r1, 32, n as u32 % 2)) };
+            assert_eq!(i, r, "flags {flags} key {key}");
+            assert_eq!(inl, ref_, "flags {flags} key {key}: memory");
+        }
     }
 }
 

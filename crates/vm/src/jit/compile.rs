@@ -19,7 +19,9 @@
 //!
 //! ```text
 //! Entry(k)   for every subprogram k: an `extern "C" fn(u64 x5) -> u64`
-//!            push rbp, rbx, r12..r15; push 0 x5 (run slots); mov r12, rsp; r0 = r6..r9 = 0;
+//!            push the callee-saved registers the run may change (`entry_saves`: r12, rbp
+//!            and the r6..r9 some subprogram saves or the entry zeroes); push 0 x5 (run
+//!            slots); mov r12, rsp; r0 = r6..r9 = 0 (those named);
 //!            call Func(k); jmp Epilogue
 //! FastEntry  `extern "C" fn(r1, r2, abort, cpu) -> u64`, see [`Output::fast_entry`]: the same
 //!            with the run slots [r12] = abort, [r12+8] = cpu
@@ -30,7 +32,7 @@
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
 //! Epilogue:  (a slot claimed by ClaimEntry: given back); add rsp, 40;
-//!            pop r15..r12, rbx, rbp; ret
+//!            pop what the entry pushed; ret
 //! Func(k)    for every subprogram k: the body, with its own frame:
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
@@ -96,9 +98,16 @@
 //! one compare-and-swap, checks again, stores the value and gives the lock back, as the maps
 //! crate's own fast path does. Anything else (a miss, a held lock, other flags) makes the
 //! direct call. bpftrace's `@x[tid] = count()`, `sum()` and `hist()` repeat one key per thread,
-//! so their lookups and updates are these few instructions. A helper whose result the thread
-//! caches ([`crate::program::CachedHelper`]: `get_current_pid_tgid`) is read inline while the
-//! cache's fork generation is current, and called otherwise.
+//! so their lookups and updates are these few instructions. When the update follows the
+//! lookup of the same key with nothing in between that could change the key or the JIT's
+//! scratch registers ([`memo_pairs`]: bpftrace's lookup, compute, update), the lookup's hit
+//! hands the element, its key word and the value's address to the update in r10, r9 and r11,
+//! and the update takes the element's lock without checking the memo again (the checks under
+//! the lock stay). Flags set to `BPF_ANY` or `BPF_EXIST` right before an update are checked
+//! when compiling, and an `lddw r1` of the map that no such call reads emits nothing. A
+//! helper whose result the thread caches ([`crate::program::CachedHelper`]:
+//! `get_current_pid_tgid`) is read inline while the cache's fork generation is current, and
+//! called otherwise.
 //!
 //! # Calls out of claimed runs
 //!
@@ -210,8 +219,52 @@ fn reg(r: u8) -> Reg {
     REG_MAP[(r & 15) as usize]
 }
 
-/// Registers the entry trampolines save (all SysV callee-saved), in push order.
-const ENTRY_SAVES: [Reg; 6] = [Reg::RBP, Reg::RBX, Reg::R12, Reg::R13, Reg::R14, Reg::R15];
+/// The SysV callee-saved registers, in the order the entry trampolines push those they save
+/// (see [`entry_saves`]).
+const CALLEE_SAVED: [Reg; 6] = [Reg::RBP, Reg::RBX, Reg::R12, Reg::R13, Reg::R14, Reg::R15];
+
+/// The eBPF registers some instruction names (as destination or source; r1-r5 too when the
+/// program calls anything, since a call reads its arguments there; r6 for the legacy packet
+/// loads, which read it unnamed).
+fn named_regs(insns: &[Insn]) -> [bool; 16] {
+    let mut named = [false; 16];
+    for i in insns {
+        named[(i.dst & 15) as usize] = true;
+        named[(i.src & 15) as usize] = true;
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        if class == BPF_JMP && code == BPF_CALL {
+            named[1..=5].iter_mut().for_each(|n| *n = true);
+        }
+        if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
+            named[6] = true;
+        }
+    }
+    named
+}
+
+/// The callee-saved registers the entries save and the shared epilogue restores, in push
+/// order: those something between an entry and its epilogue may change without restoring
+/// them on every way out, and no others (each push and pop counts on a probe hit). That is
+/// r12 (the entries set it), the r6..r9 registers the entries zero (`zero_regs`: the named
+/// ones), and every register some subprogram's prologue saves (rbp when it uses the stack,
+/// the r6..r9 it writes): an abort or an exit request unwinds straight to the innermost
+/// entry's frame (`mov rsp, r12`), skipping the pops of the frames in between. Nothing else
+/// in the code writes a callee-saved register (scratch is r9..r11, helpers and the
+/// preserving thunk keep callee-saved registers, and tail calls run the next program through
+/// its own entry). An even count, so that the entries keep rsp 16-aligned (r12 again when
+/// needed).
+fn entry_saves(insns: &[Insn], frames: &[Frame]) -> Vec<Reg> {
+    let named = named_regs(insns);
+    let zeroed = |r: Reg| (6..=9u8).any(|k| named[k as usize] && reg(k) == r);
+    let mut saves: Vec<Reg> = CALLEE_SAVED
+        .into_iter()
+        .filter(|&r| r == Reg::R12 || zeroed(r) || frames.iter().any(|f| f.saves.contains(&r)))
+        .collect();
+    if saves.len() % 2 == 1 {
+        saves.push(Reg::R12);
+    }
+    saves
+}
 
 /// Choices made once per compilation.
 #[derive(Clone, Copy, Debug)]
@@ -274,6 +327,9 @@ pub(crate) struct Output {
     /// instruction `pc`'s ([`NO_PC`]: a function's prologue). Code before the first entry
     /// (entries, abort path, epilogue) belongs to no instruction.
     pub pc_map: Vec<(u32, u32)>,
+    /// The lookup-update pairs whose update skips the lookup's memo checks (see
+    /// [`memo_pairs`]): `(lookup pc, update pc)`.
+    pub memo_pairs: Vec<(usize, usize)>,
 }
 
 /// What a subprogram's frame needs.
@@ -353,6 +409,7 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
                 (!e.needs_run_state && !e.calls_helpers).then(|| labels[e.label_index(Label::ClaimEntry)]);
             let calls_out = e.calls_out;
             let pc_map = pc_map(prog, &frames, labels)?;
+            let memo_pairs = e.paired_lookups.iter().copied().zip(e.paired_updates.iter().copied()).collect();
             return Ok(Output {
                 code: e.a.into_code(),
                 entries,
@@ -363,6 +420,7 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
                 claim_entry,
                 calls_out,
                 pc_map,
+                memo_pairs,
             });
         }
         if freeze {
@@ -470,6 +528,210 @@ fn jump_targets(insns: &[Insn], subprogs: &[usize]) -> Vec<bool> {
     t
 }
 
+/// The memo of the direct map call at `pc` when the JIT does its hit inline (see
+/// `Emitter::direct_map_call`): `(memo, is_update)`.
+fn inline_memo(prog: &Program, pc: usize) -> Option<(crate::program::HashMemo, bool)> {
+    let i = *prog.insns().get(pc)?;
+    if i.op != (BPF_JMP | BPF_CALL)
+        || i.src != 0
+        || prog.inline_lookup_at(pc).is_some()
+        || prog.inline_update_at(pc).is_some()
+    {
+        return None;
+    }
+    let m = prog.direct_call_at(pc)?.memo.filter(|m| matches!(m.key_size, 1 | 2 | 4 | 8))?;
+    match i.imm {
+        1 => Some((m, false)),
+        2 if m.value_size.is_multiple_of(8) && m.value_size <= 64 => Some((m, true)),
+        _ => None,
+    }
+}
+
+/// The constant `k` of `r2 = r10 + k` as it stands at the call at `pc`: set by `r2 = r10; r2
+/// += k` with nothing after it (up to the call) writing r2, and no jump landing on the `+=`
+/// or after it (every way to the call goes through both). None otherwise.
+fn key_slot(insns: &[Insn], targets: &[bool], pc: usize) -> Option<i32> {
+    let landed = |q: usize| targets.get(q).copied().unwrap_or(true);
+    let mut q = pc;
+    loop {
+        if landed(q) || q == 0 {
+            return None;
+        }
+        q -= 1;
+        if q > 0 && insns[q - 1].is_lddw() {
+            q -= 1; // the lddw's first half (which writes its register)
+        }
+        let i = insns[q];
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        match class {
+            BPF_ALU | BPF_ALU64 | BPF_LDX if i.dst == 2 => {
+                let mov = q > 0 && insns[q - 1].op == (BPF_ALU64 | BPF_X | BPF_MOV);
+                let from_fp = mov && insns[q - 1].dst == 2 && insns[q - 1].src == 10 && insns[q - 1].off == 0;
+                let is_lddw_half = q > 1 && insns[q - 2].is_lddw();
+                return (i.op == (BPF_ALU64 | BPF_K | BPF_ADD) && from_fp && !is_lddw_half && !landed(q))
+                    .then_some(i.imm);
+            }
+            BPF_ALU | BPF_ALU64 | BPF_LDX => {}
+            BPF_LD if i.is_lddw() => {
+                if i.dst == 2 {
+                    return None;
+                }
+            }
+            BPF_ST => {}
+            BPF_STX if i.mode() == BPF_MEM => {}
+            BPF_JMP | BPF_JMP32 if !matches!(code, BPF_CALL | BPF_EXIT | BPF_JA) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// The constant eBPF register `r` holds at instruction `pc`, when the straight code before it
+/// sets it with `r = imm` (64-bit `mov`) and nothing lands after that `mov` (every way to `pc`
+/// goes through it) or writes `r` again.
+fn const_reg(insns: &[Insn], targets: &[bool], pc: usize, r: u8) -> Option<i32> {
+    let landed = |q: usize| targets.get(q).copied().unwrap_or(true);
+    let mut q = pc;
+    loop {
+        if q == 0 || (q != pc && landed(q)) || landed(pc) {
+            return None;
+        }
+        q -= 1;
+        if q > 0 && insns[q - 1].is_lddw() {
+            q -= 1;
+        }
+        let i = insns[q];
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        match class {
+            BPF_ALU | BPF_ALU64 | BPF_LDX if i.dst == r => {
+                return (i.op == (BPF_ALU64 | BPF_K | BPF_MOV) && i.off == 0).then_some(i.imm);
+            }
+            BPF_ALU | BPF_ALU64 | BPF_LDX | BPF_ST => {}
+            BPF_LD if i.is_lddw() && i.dst != r => {}
+            BPF_STX if i.mode() == BPF_MEM => {}
+            BPF_JMP | BPF_JMP32 if !matches!(code, BPF_CALL | BPF_EXIT | BPF_JA) => {}
+            _ => return None,
+        }
+    }
+}
+
+/// Whether the `lddw r1, imm` at `pc` only feeds a map call the JIT does without reading r1
+/// (an inline array lookup or update, a direct map call, which sets r1 itself): the straight
+/// code after it names r1 nowhere up to that call.
+fn feeds_map_call_only(prog: &Program, pc: usize) -> bool {
+    let insns = prog.insns();
+    let mut q = pc + 2;
+    while let Some(&i) = insns.get(q) {
+        let (class, code) = (i.op & 0x07, i.op & 0xf0);
+        if (class == BPF_JMP || class == BPF_JMP32) && code == BPF_CALL {
+            return i.src == 0
+                && (prog.inline_lookup_at(q).is_some()
+                    || prog.inline_update_at(q).is_some()
+                    || prog.direct_call_at(q).is_some());
+        }
+        let plain = matches!(class, BPF_ALU | BPF_ALU64 | BPF_LDX | BPF_ST)
+            || (class == BPF_STX && i.mode() == BPF_MEM)
+            || i.is_lddw();
+        if !plain || i.dst == 1 || (i.src == 1 && !i.is_lddw()) {
+            return false;
+        }
+        q += if i.is_lddw() { 2 } else { 1 };
+    }
+    false
+}
+
+/// Pairs of a per-CPU hash lookup and the update of the same key in the same map right after
+/// it, both with their memo hit inline (bpftrace's `count()`, `sum()`, `hist()` on a key:
+/// lookup, compute, update): `(lookup pc, update pc)`. The lookup's hit leaves the element
+/// (r10), its key word (r9) and its value's address (r11, 0 after a miss) for the update,
+/// which then skips the memo checks the lookup just made and takes the element's lock
+/// straight away (the checks under the lock stay). Only when nothing between them can change
+/// those registers or the key: the instructions in between are ALU operations that use no
+/// scratch register, loads, stores through r10 that miss the key's bytes, `lddw` of a
+/// constant and conditional jumps forward inside the stretch (no other call, no exit, no
+/// jump into the stretch from outside), and the key is `r10 + k` at both calls with the same
+/// `k`.
+fn memo_pairs(prog: &Program, targets: &[bool]) -> Vec<(usize, usize)> {
+    const MAX_GAP: usize = 64;
+    let insns = prog.insns();
+    let mut pairs = Vec::new();
+    for (lpc, _) in insns.iter().enumerate() {
+        let Some((lm, false)) = inline_memo(prog, lpc) else { continue };
+        // The thread's words at a `[disp32]` from the thread pointer (else r11 addresses them).
+        if i32::try_from(lm.thread_words).ok().and_then(|b| b.checked_add(32)).is_none() {
+            continue;
+        }
+        let Some(k) = key_slot(insns, targets, lpc) else { continue };
+        let key = (k as i64, k as i64 + lm.key_size as i64);
+        let mut pc = lpc + 1;
+        let upc = loop {
+            if pc >= insns.len() || pc > lpc + MAX_GAP {
+                break None;
+            }
+            let i = insns[pc];
+            let (class, code) = (i.op & 0x07, i.op & 0xf0);
+            let ok = match class {
+                BPF_ALU | BPF_ALU64 => match code {
+                    BPF_ADD | BPF_SUB | BPF_OR | BPF_AND | BPF_XOR | BPF_NEG => true,
+                    BPF_MOV => i.off == 0,
+                    BPF_LSH | BPF_RSH | BPF_ARSH => i.source() == BPF_K,
+                    _ => false,
+                },
+                BPF_LDX => i.mode() == BPF_MEM,
+                BPF_ST | BPF_STX => {
+                    let w = match i.size() {
+                        BPF_B => 1,
+                        BPF_H => 2,
+                        BPF_W => 4,
+                        _ => 8,
+                    };
+                    let (lo, hi) = (i.off as i64, i.off as i64 + w);
+                    i.mode() == BPF_MEM && i.dst == 10 && (hi <= key.0 || lo >= key.1)
+                }
+                BPF_LD => i.is_lddw() && i.src == 0,
+                BPF_JMP | BPF_JMP32 if code == BPF_CALL => {
+                    break (inline_memo(prog, pc) == Some((lm, true))).then_some(pc);
+                }
+                BPF_JMP | BPF_JMP32 => {
+                    let t = pc as i64 + 1 + i.off as i64;
+                    !matches!(code, BPF_JA | BPF_EXIT) && t > pc as i64 + 1
+                }
+                _ => false,
+            };
+            if !ok {
+                break None;
+            }
+            pc += if i.is_lddw() { 2 } else { 1 };
+        };
+        let Some(upc) = upc else { continue };
+        if key_slot(insns, targets, upc) != Some(k) {
+            continue;
+        }
+        // No jump from outside lands in the stretch (function starts count as landing), and
+        // the jumps inside stay inside (before or at the update).
+        let inside = |t: usize| t > lpc && t <= upc;
+        let mut entered = prog.subprogs().iter().any(|&f| inside(f));
+        for (pc, i) in insns.iter().enumerate() {
+            let (class, code) = (i.op & 0x07, i.op & 0xf0);
+            if !(class == BPF_JMP || class == BPF_JMP32) || code == BPF_CALL || code == BPF_EXIT {
+                continue;
+            }
+            if pc > 0 && insns[pc - 1].is_lddw() {
+                continue;
+            }
+            let rel = if class == BPF_JMP32 && code == BPF_JA { i.imm as i64 } else { i.off as i64 };
+            let t = pc as i64 + 1 + rel;
+            let from_inside = pc > lpc && pc < upc;
+            if usize::try_from(t).is_ok_and(inside) != from_inside || (from_inside && t > upc as i64) {
+                entered = true;
+            }
+        }
+        if !entered {
+            pairs.push((lpc, upc));
+        }
+    }
+    pairs
+}
+
 /// One layout pass over the whole program.
 struct Emitter<'a> {
     a: Asm,
@@ -496,6 +758,12 @@ struct Emitter<'a> {
     err: Option<String>,
     /// A displacement did not fit this pass (the layout is not final yet).
     inexact: bool,
+    /// What the entries save (see [`entry_saves`]).
+    entry_saves: Vec<Reg>,
+    /// Lookups and updates of the same key one after the other (see [`memo_pairs`]): the
+    /// lookups' pcs and the updates' pcs, sorted.
+    paired_lookups: Vec<usize>,
+    paired_updates: Vec<usize>,
 }
 
 impl<'a> Emitter<'a> {
@@ -509,6 +777,8 @@ impl<'a> Emitter<'a> {
     ) -> Emitter<'a> {
         let insns = prog.insns();
         let nlabels = insns.len() + 2 * frames.len() + 6;
+        let targets = jump_targets(insns, prog.subprogs());
+        let pairs = memo_pairs(prog, &targets);
         Emitter {
             a: Asm::new(),
             prog,
@@ -519,7 +789,10 @@ impl<'a> Emitter<'a> {
             freeze,
             cur: Layout { labels: vec![UNBOUND; nlabels], ..Layout::default() },
             rt,
-            targets: jump_targets(insns, prog.subprogs()),
+            targets,
+            entry_saves: entry_saves(insns, frames),
+            paired_lookups: pairs.iter().map(|p| p.0).collect(),
+            paired_updates: pairs.iter().map(|p| p.1).collect(),
             err: None,
             inexact: false,
             needs_run_state: false,
@@ -683,10 +956,8 @@ impl<'a> Emitter<'a> {
     /// `Entry(k)`: the C-callable entry of subprogram k.
     fn entry_trampoline(&mut self, k: usize) {
         self.bind(Label::Entry(k));
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
-        // 8 (return address) + 6 * 8 pushed: 40 more keep rsp 16-aligned. Those five run
+        self.push_entry_saves();
+        // 8 (return address) + an even number of saves: 40 more keep rsp 16-aligned. Those five run
         // slots, from r12: where the abort path stores an abort (0: call `abort_fn`, see
         // `fast_entry`), the CPU (0: no program run here inlines per-CPU lookups), the CPU
         // slot's word and the TLS offset of the "run in progress" byte to give back at the
@@ -719,9 +990,7 @@ impl<'a> Emitter<'a> {
     /// 0.
     fn slot_entry(&mut self, label: Label, cpu: Reg, record: Option<Reg>) {
         self.bind(label);
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
+        self.push_entry_saves();
         self.a.zero(Reg::R11);
         for _ in 0..3 {
             self.a.push(Reg::R11);
@@ -742,9 +1011,7 @@ impl<'a> Emitter<'a> {
         use std::mem::offset_of;
         let off = |o: usize| o as i32;
         self.bind(Label::ClaimEntry);
-        for r in ENTRY_SAVES {
-            self.a.push(r);
-        }
+        self.push_entry_saves();
         let d = Reg::RSI;
         // Not claimed: nothing ran (placed first, so that the checks below reach it with
         // short jumps backwards).
@@ -752,9 +1019,7 @@ impl<'a> Emitter<'a> {
         let busy = self.a.pos();
         self.a.store_imm(Width::Dw, Mem::base(Reg::RDX, 0), CLAIM_RETRY as i32);
         self.a.zero(Reg::RAX);
-        for r in ENTRY_SAVES.iter().rev() {
-            self.a.pop(*r);
-        }
+        self.pop_entry_saves();
         self.a.ret();
         self.a.bind(start);
         if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
@@ -817,19 +1082,7 @@ impl<'a> Emitter<'a> {
     /// the entry an instruction (each counts on a probe hit: the path is
     /// issue-width-bound).
     fn zero_regs(&mut self, regs: &[u8]) {
-        let mut named = [false; 16];
-        for i in self.insns {
-            named[(i.dst & 15) as usize] = true;
-            named[(i.src & 15) as usize] = true;
-            let (class, code) = (i.op & 0x07, i.op & 0xf0);
-            if class == BPF_JMP && code == BPF_CALL {
-                named[1..=5].iter_mut().for_each(|n| *n = true);
-            }
-            // Legacy packet loads read r6 without naming it.
-            if class == BPF_LD && (code & 0xe0 == BPF_ABS || code & 0xe0 == BPF_IND) {
-                named[6] = true;
-            }
-        }
+        let named = named_regs(self.insns);
         for &r in regs {
             if r == 0 || named[r as usize] {
                 self.a.zero(reg(r));
@@ -870,10 +1123,9 @@ impl<'a> Emitter<'a> {
         self.a.jcc_back(Cond::Ne, busy);
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 1);
-        // Run slots as `claim_entry` lays them out.
-        self.a.mov_imm(Reg::R10, k.active as i64 as u64);
-        self.a.push(Reg::R10);
-        self.a.push(Reg::R10);
+        // Run slots as `claim_entry` lays them out (the active byte's offset is a `[disp32]`).
+        self.a.push_imm32(k.active);
+        self.a.push_imm32(k.active);
         self.a.push(Reg::R9);
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
@@ -881,7 +1133,30 @@ impl<'a> Emitter<'a> {
         self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
-        self.jump(None, Label::Epilogue);
+        // The run returned (rsp back at the run slots): the shared epilogue's work inline, with
+        // what is known here (a slot is held, the active byte at a constant offset). Aborts
+        // and exit requests still end through the shared epilogue.
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
+        self.a.fs();
+        self.a.store_imm(Width::B, Mem::abs(k.active), 0);
+        self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
+        self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
+        self.pop_entry_saves();
+        self.a.ret();
+    }
+
+    /// Pushes what the entries save ([`entry_saves`]).
+    fn push_entry_saves(&mut self) {
+        for k in 0..self.entry_saves.len() {
+            self.a.push(self.entry_saves[k]);
+        }
+    }
+
+    /// Pops what [`push_entry_saves`](Self::push_entry_saves) pushed.
+    fn pop_entry_saves(&mut self) {
+        for k in (0..self.entry_saves.len()).rev() {
+            self.a.pop(self.entry_saves[k]);
+        }
     }
 
     /// The abort path and the entries' shared epilogue.
@@ -919,9 +1194,7 @@ impl<'a> Emitter<'a> {
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
         self.a.bind(none);
         self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
-        for r in ENTRY_SAVES.iter().rev() {
-            self.a.pop(*r);
-        }
+        self.pop_entry_saves();
         self.a.ret();
     }
 
@@ -1261,6 +1534,8 @@ impl<'a> Emitter<'a> {
         };
         let dst = reg(insn.dst);
         match insn.src {
+            // A map's address in r1 for a map call that does not read it: nothing to load.
+            0 if insn.dst == 1 && feeds_map_call_only(self.prog, pc) => {}
             0 => {
                 let v = insn.wide_imm(next);
                 if v == 0 {
@@ -1442,10 +1717,10 @@ impl<'a> Emitter<'a> {
                     return self.inline_array_lookup(a);
                 }
                 if let Some(a) = self.prog.inline_update_at(pc) {
-                    return self.inline_array_update(a);
+                    return self.inline_array_update(pc, a);
                 }
                 if let Some(d) = self.prog.direct_call_at(pc) {
-                    return self.direct_map_call(d, insn.imm);
+                    return self.direct_map_call(pc, d, insn.imm);
                 }
                 let id = insn.imm as u32;
                 let Some(h) = self.prog.helpers().get(id) else {
@@ -1514,7 +1789,7 @@ impl<'a> Emitter<'a> {
     /// (see `Relocator::inline_update`): r2 = &key, r3 = &value, r4 = flags; r0 = 0 or
     /// -errno, checked in the helper's order. Uses r10, r11 and rax (r1..r5 are dead after a
     /// helper call). Faults reading the key or the value are faults of this instruction.
-    fn inline_array_update(&mut self, a: crate::program::InlineArray) {
+    fn inline_array_update(&mut self, pc: usize, a: crate::program::InlineArray) {
         const EINVAL: i32 = -22;
         const E2BIG: i32 = -7;
         const EEXIST: i32 = -17;
@@ -1525,30 +1800,32 @@ impl<'a> Emitter<'a> {
             self.percpu_inline = true;
         }
         let mut fail = Vec::new();
-        // Flags beyond BPF_EXIST (BPF_F_LOCK aside): -EINVAL.
-        self.a.mov_ri_sx(Reg::RAX, EINVAL);
-        self.a.mov_rr(true, Reg::R11, reg(4));
-        self.a.alu_ri(Alu::And, true, Reg::R11, !BPF_F_LOCK);
-        self.a.alu_ri(Alu::Cmp, true, Reg::R11, BPF_EXIST);
-        fail.push(self.a.jump_fwd(Some(Cond::A)));
+        // Flags known when compiling (`r4 = BPF_ANY` or `BPF_EXIST` just before the call, the
+        // usual case): only the index is checked at run time.
+        let known = const_reg(self.insns, &self.targets, pc, 4).filter(|&f| f == 0 || f == BPF_EXIST);
+        if known.is_none() {
+            // Flags beyond BPF_EXIST (BPF_F_LOCK aside): -EINVAL.
+            self.a.mov_ri_sx(Reg::RAX, EINVAL);
+            self.a.mov_rr(true, Reg::R11, reg(4));
+            self.a.alu_ri(Alu::And, true, Reg::R11, !BPF_F_LOCK);
+            self.a.alu_ri(Alu::Cmp, true, Reg::R11, BPF_EXIST);
+            fail.push(self.a.jump_fwd32(Some(Cond::A)));
+        }
         // An index beyond the array: -E2BIG.
         self.a.mov_ri_sx(Reg::RAX, E2BIG);
         self.a.load(Width::W, Reg::R11, Mem::base(reg(2), 0));
         self.a.alu_ri(Alu::Cmp, false, Reg::R11, a.max_entries as i32);
-        fail.push(self.a.jump_fwd(Some(Cond::Ae)));
-        self.a.mov_ri_sx(Reg::RAX, EEXIST);
-        self.a.test_ri(true, reg(4), BPF_NOEXIST);
-        fail.push(self.a.jump_fwd(Some(Cond::Ne)));
-        self.a.mov_ri_sx(Reg::RAX, EINVAL);
-        self.a.test_ri(true, reg(4), BPF_F_LOCK);
-        fail.push(self.a.jump_fwd(Some(Cond::Ne)));
-        // (Short jumps only: the failures' target is here, and jumps over the copy.)
-        let ok = self.a.jump_fwd(None);
-        for f in fail {
-            self.a.bind(f);
+        fail.push(self.a.jump_fwd32(Some(Cond::Ae)));
+        if known.is_none() {
+            self.a.mov_ri_sx(Reg::RAX, EEXIST);
+            self.a.test_ri(true, reg(4), BPF_NOEXIST);
+            fail.push(self.a.jump_fwd32(Some(Cond::Ne)));
+            self.a.mov_ri_sx(Reg::RAX, EINVAL);
+            self.a.test_ri(true, reg(4), BPF_F_LOCK);
+            fail.push(self.a.jump_fwd32(Some(Cond::Ne)));
         }
-        let done = self.a.jump_fwd(None);
-        self.a.bind(ok);
+        // The failures jump over the copy to the end, their -errno in rax (the copy falls
+        // through: no jump on the way of a successful update).
         // rax = the element (of the run's CPU).
         self.a.mov_imm(Reg::RAX, a.values);
         self.a.imul_rri(true, Reg::R11, Reg::R11, a.elem_size as i32);
@@ -1563,7 +1840,9 @@ impl<'a> Emitter<'a> {
             self.a.store(Width::Dw, Mem::base(Reg::RAX, off), Reg::R10);
         }
         self.a.zero(Reg::RAX);
-        self.a.bind(done);
+        for f in fail {
+            self.a.bind32(f);
+        }
     }
 
     /// A map helper call made directly to the map's own function (see
@@ -1574,7 +1853,7 @@ impl<'a> Emitter<'a> {
     /// With a memo ([`crate::program::HashMemo`], lookups and updates of per-CPU hash maps):
     /// the memo's hit is done inline (`memo_lookup`, `memo_update`), the call only made when it
     /// misses. The call is made as [`out_call`](Self::out_call) makes it.
-    fn direct_map_call(&mut self, d: crate::program::DirectCall, helper: i32) {
+    fn direct_map_call(&mut self, pc: usize, d: crate::program::DirectCall, helper: i32) {
         self.calls_out = true;
         self.percpu_inline = true;
         let memo = d.memo.filter(|m| matches!(m.key_size, 1 | 2 | 4 | 8));
@@ -1591,19 +1870,34 @@ impl<'a> Emitter<'a> {
         };
         // The miss first (a short jump over it), so that the hit's checks reach it with short
         // jumps backwards; r2..r4 are intact on every way there.
+        let paired_lookup = !update && self.paired_lookups.binary_search(&pc).is_ok();
+        let paired_update = update && self.paired_updates.binary_search(&pc).is_ok();
         let hit = self.a.jump_fwd(None);
         let miss = self.a.pos();
         self.a.mov_imm(reg(1), d.arg);
         self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
         self.out_call(d.func);
+        if paired_lookup {
+            // A miss: the paired update checks the memo itself.
+            self.a.zero(Reg::R11);
+        }
         let done = self.a.jump_fwd32(None);
         self.a.bind(hit);
+        // Flags known when compiling to be BPF_ANY or BPF_EXIST: no test at run time.
+        let flags_known = update && const_reg(self.insns, &self.targets, pc, 4).is_some_and(|f| f == 0 || f == 2);
+        let paired_done = paired_update.then(|| self.memo_update_paired(m, miss, flags_known));
         if update {
-            self.memo_update(m, miss);
+            self.memo_update(m, miss, flags_known);
         } else {
             self.memo_lookup(m, miss);
+            if paired_lookup {
+                self.a.mov_rr(true, Reg::R11, Reg::RAX);
+            }
         }
         self.a.bind32(done);
+        if let Some(d) = paired_done {
+            self.a.bind32(d);
+        }
     }
 
     /// The memo checks both inline forms share: the thread's memo names this map and the key
@@ -1673,16 +1967,70 @@ impl<'a> Emitter<'a> {
         self.memo_value(m);
     }
 
+    /// The update of a lookup-update pair (see [`memo_pairs`]) after the lookup's memo hit
+    /// (r11 = its value's address for the run's CPU, r10 = the element, r9 = the key word; the
+    /// key and the map are the lookup's): [`memo_update`](Self::memo_update) without the memo
+    /// checks the lookup made, then a jump over the code that follows (the full
+    /// `memo_update`, which runs when r11 is 0: the lookup missed). The checks under the
+    /// element's lock stay: the element may have been deleted or reused meanwhile.
+    fn memo_update_paired(
+        &mut self,
+        m: crate::program::HashMemo,
+        miss: usize,
+        flags_known: bool,
+    ) -> super::emit::LongFixup {
+        let off = |o: u32| o as i32;
+        self.a.test_rr(true, Reg::R11, Reg::R11);
+        let unpaired = self.a.jump_fwd32(Some(Cond::E));
+        if !flags_known {
+            self.a.test_ri(true, reg(4), !2);
+            self.a.jcc_back(Cond::Ne, miss);
+        }
+        // The value's first and last words read before the lock is taken (see memo_update).
+        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
+        if m.value_size > 8 {
+            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
+        }
+        let tw = self.thread_words(m);
+        self.a.fs();
+        self.a.load(Width::W, Reg::R8, tw(0));
+        self.a.test_rr(false, Reg::R8, Reg::R8);
+        self.a.jcc_back(Cond::E, miss);
+        self.a.zero(Reg::RAX);
+        self.a.lock();
+        self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
+        self.a.jcc_back(Cond::Ne, miss);
+        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
+        let gone = self.a.jump_fwd32(Some(Cond::Ne));
+        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
+        let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
+        for o in (0..m.value_size as i32).step_by(8) {
+            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
+            self.a.store(Width::Dw, Mem::base(Reg::R11, o), Reg::R8);
+        }
+        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
+        self.a.zero(Reg::RAX);
+        let done = self.a.jump_fwd32(None);
+        self.a.bind32(gone);
+        self.a.bind32(gone2);
+        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
+        self.a.jmp_back(miss);
+        self.a.bind32(unpaired);
+        done
+    }
+
     /// A per-CPU hash update's memo hit, inline (flags `BPF_ANY` or `BPF_EXIST`, r4): the
     /// element's lock taken with one compare-and-swap from 0 to the thread's id (unknown yet,
     /// or the lock held: the miss), the checks again under it, the value (r3) stored word by
     /// word into the run's CPU's slot, the lock given back, r0 = 0. What the maps crate's
     /// `update_memo_fast` does.
-    fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize) {
+    fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize, flags_known: bool) {
         let off = |o: u32| o as i32;
-        // Flags 0 or 2 only.
-        self.a.test_ri(true, reg(4), !2);
-        self.a.jcc_back(Cond::Ne, miss);
+        // Flags 0 or 2 only (unless known to be when compiling).
+        if !flags_known {
+            self.a.test_ri(true, reg(4), !2);
+            self.a.jcc_back(Cond::Ne, miss);
+        }
         self.memo_check(m, miss);
         // The value's first and last words read before the lock is taken: a bad value pointer
         // faults here (this instruction's abort), never while the element's lock is held.

@@ -549,6 +549,12 @@ impl Asm {
         self.byte(0x50 + r.low());
     }
 
+    /// `push imm32` (68 id): pushes the immediate sign-extended to 64 bits.
+    pub fn push_imm32(&mut self, imm: i32) {
+        self.byte(0x68);
+        self.imm32(imm);
+    }
+
     /// `pop r` (58+r).
     pub fn pop(&mut self, r: Reg) {
         self.rex(false, 0, 0, r.high(), false);
@@ -824,6 +830,7 @@ mod tests {
         assert_eq!(one(|a| a.sign_extend_ax(true)), "cqo");
         assert_eq!(one(|a| a.sign_extend_ax(false)), "cdq");
         assert_eq!(one(|a| a.ret()), "ret");
+        assert_eq!(one(|a| a.push_imm32(-0x380)), "push 0xfffffffffffffc80");
     }
 
     #[test]

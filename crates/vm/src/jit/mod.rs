@@ -68,6 +68,8 @@ pub struct JitProgram {
     claim_entry: Option<usize>,
     /// The claiming entry's runs may call out (`Output::calls_out`).
     calls_out: bool,
+    /// `Output::memo_pairs`.
+    memo_pairs: Vec<(usize, usize)>,
     /// Read by the fault handler through the registered range; boxed so that its address
     /// stays put when the `JitProgram` moves.
     _faults: Box<FaultMap>,
@@ -214,6 +216,7 @@ impl JitProgram {
             cpu_entry: out.cpu_entry,
             claim_entry: out.claim_entry,
             calls_out: out.calls_out,
+            memo_pairs: out.memo_pairs,
             _faults: faults,
             range: Some(range),
         })
@@ -274,6 +277,13 @@ impl JitProgram {
     /// context and never end the run.
     pub fn claim_calls_out(&self) -> bool {
         self.calls_out
+    }
+
+    /// The per-CPU hash lookups and updates of the same key, one right after the other, whose
+    /// update takes the element the lookup's memo hit found without checking the memo again
+    /// (the checks under the element's lock stay): `(lookup pc, update pc)`.
+    pub fn memo_pairs(&self) -> &[(usize, usize)] {
+        &self.memo_pairs
     }
 
     /// Whether runs call helpers or inline per-CPU lookups (see
