@@ -92,11 +92,19 @@ fn session_links(name: &str) -> Option<usize> {
     Some(std::fs::read_dir(dir).ok()?.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).count())
 }
 
-/// The target process: served sessions get the server library as their agent (what a child
-/// of the loader, or `userbpf start`, runs).
-fn target(session: Option<&str>) -> Child {
-    let b = built();
-    let mut c = Command::new(&b.target);
+/// A copy of the target binary for one test: the kernel halves of the tests put uprobes on the
+/// binary they name, which the kernel plants in every process mapping it, so a test's
+/// userbpf half on a shared binary would meet another test's kernel breakpoints.
+fn own_target(name: &str) -> PathBuf {
+    let copy = built().target.with_file_name(format!("perf_target_{name}"));
+    std::fs::copy(&built().target, &copy).unwrap();
+    copy
+}
+
+/// The target process (`bin`, a copy from [`own_target`]): served sessions get the server
+/// library as their agent (what a child of the loader, or `userbpf start`, runs).
+fn target(bin: &std::path::Path, session: Option<&str>) -> Child {
+    let mut c = Command::new(bin);
     c.arg("10").stdin(Stdio::piped()).stdout(Stdio::piped());
     if let Some(s) = session {
         c.env("LD_PRELOAD", server_lib()).env("USERBPF_SESSION", s).env("USERBPF_SHM_DIR", shm());
@@ -104,12 +112,11 @@ fn target(session: Option<&str>) -> Child {
     c.spawn().unwrap()
 }
 
-fn run_with_target(session: Option<&str>, target_first: bool) -> String {
-    let b = built();
-    let path = b.target.to_str().unwrap().to_string();
+fn run_with_target(bin: &std::path::Path, session: Option<&str>, target_first: bool) -> String {
+    let path = bin.to_str().unwrap().to_string();
     let mut t = None;
     if target_first {
-        let mut c = target(session);
+        let mut c = target(bin, session);
         wait_line(&mut BufReader::new(c.stdout.as_mut().unwrap()), "started");
         t = Some(c);
     }
@@ -119,7 +126,7 @@ fn run_with_target(session: Option<&str>, target_first: bool) -> String {
     let mut t = match t {
         Some(t) => t,
         None => {
-            let mut c = target(session);
+            let mut c = target(bin, session);
             wait_line(&mut BufReader::new(c.stdout.as_mut().unwrap()), "started");
             c
         }
@@ -141,15 +148,17 @@ fn run_with_target(session: Option<&str>, target_first: bool) -> String {
 
 #[test]
 fn a_target_started_after_the_loader_runs_its_programs() {
-    let kernel = run_with_target(None, false);
+    let bin = own_target("after");
+    let kernel = run_with_target(&bin, None, false);
     assert_eq!(kernel, "perf=10 perf_sum=55 rb=10 rb_sum=55 lost=0 bad=0 hits=10 mmapped_hits=10 expect_sum=55");
-    assert_eq!(run_with_target(Some("perf-after"), false), kernel);
+    assert_eq!(run_with_target(&bin, Some("perf-after"), false), kernel);
 }
 
 #[test]
 fn a_target_started_before_the_loader_runs_its_programs() {
-    let kernel = run_with_target(None, true);
-    assert_eq!(run_with_target(Some("perf-before"), true), kernel);
+    let bin = own_target("before");
+    let kernel = run_with_target(&bin, None, true);
+    assert_eq!(run_with_target(&bin, Some("perf-before"), true), kernel);
 }
 
 /// A steady stream of samples (a call every 100 µs in the target, its programs writing to a
@@ -165,10 +174,7 @@ fn a_target_started_before_the_loader_runs_its_programs() {
 fn a_steady_stream_through_the_server_makes_no_wakeups() {
     const N: u64 = 2000;
     let session = "perf-stream";
-    // A copy of its own: the other tests put kernel uprobes on the shared target binary, which
-    // the kernel plants in every process mapping it.
-    let copy = built().target.with_file_name("perf_target_stream");
-    std::fs::copy(&built().target, &copy).unwrap();
+    let copy = own_target("stream");
     let path = copy.to_str().unwrap().to_string();
     let mut l = loader(&[&path, &N.to_string()], Some(session)).stdout(Stdio::piped()).spawn().unwrap();
     let mut lout = BufReader::new(l.stdout.take().unwrap());
