@@ -7,7 +7,8 @@
 //   run N         calls tick() N times; prints "ran N"
 //   forkdrop N    forks a child that drops to nobody at once (before its agent thread can
 //                 have run, as su's child does), waits for SIGUSR1, calls tick() N times,
-//                 prints "child ran N" and exits; prints "child PID"
+//                 prints "child dropped UID", then "child ran N" and exits; the parent
+//                 prints "child PID"
 //   reap          waits for the child; prints "reaped STATUS"
 //   quit          exits
 #define _GNU_SOURCE
@@ -64,6 +65,7 @@ int main(void)
 			child = fork();
 			if (child == 0) {
 				drop_to_nobody();
+				printf("child dropped %d\n", getuid());
 				while (!go)
 					sigsuspend(&old);
 				for (long i = 0; i < n; i++)
