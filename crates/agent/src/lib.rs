@@ -589,8 +589,12 @@ impl Agent {
         if let Some(ack) = self.ack.take() {
             ack.remove();
         }
-        if let Err(e) = self.session.leave() {
-            log(&format!("detach: leaving session {}: {e}", self.session.name()));
+        match self.session.leave() {
+            // Dropped privileges and no broker: the membership ends with the process (a member
+            // that is gone no longer counts, see `Session::live_members`).
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => log(&format!("detach: leaving session {}: {e}", self.session.name())),
+            Ok(()) => {}
         }
         broker::forget();
     }

@@ -141,7 +141,14 @@ pub(crate) fn kick() -> bool {
         return false;
     }
     // SAFETY: a leaked NUL-terminated path (never freed); NULL times: now.
-    unsafe { libc::utimensat(libc::AT_FDCWD, p, std::ptr::null(), 0) == 0 }
+    if unsafe { libc::utimensat(libc::AT_FDCWD, p, std::ptr::null(), 0) } == 0 {
+        return true;
+    }
+    // The process dropped privileges since it made the file: the touch through the broker.
+    // SAFETY: as above.
+    let path = unsafe { std::ffi::CStr::from_ptr(p) };
+    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+    userbpf_runtime::session::broker::touch(path).is_ok()
 }
 
 /// From a program's thread: has the agent's thread sync and waits for it, at most `limit`.

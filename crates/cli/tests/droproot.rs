@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{Proc, Ready, STEP, Via, here, interrupt, loader_command, parse_ready, target_command, tmp, wait_attached};
+use common::{
+    Proc, Ready, STEP, Via, here, interrupt, loader_command, parse_ready, target_command, tmp, wait_attached,
+};
 
 const NOBODY: u32 = 65534;
 
@@ -44,32 +46,36 @@ fn assert_no_root(pid: i32) {
     // The agent's thread takes the program's capabilities again right after the program's
     // thread changed its ids (`userbpf_agent::creds`, step 3): a few scheduler yields.
     let start = Instant::now();
-    while std::panic::catch_unwind(|| check_no_root(pid)).is_err() && start.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(20));
+    loop {
+        match root_left(pid) {
+            None => return,
+            Some(why) if start.elapsed() > Duration::from_secs(2) => panic!("{why}"),
+            Some(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
     }
-    check_no_root(pid)
 }
 
-fn check_no_root(pid: i32) {
+/// What of root a thread of `pid` still has, if anything (see [`assert_no_root`]).
+fn root_left(pid: i32) -> Option<String> {
     let tasks: Vec<PathBuf> =
         std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten().map(|e| e.path()).collect();
     let mut names = Vec::new();
+    let nobody = NOBODY.to_string();
     for t in &tasks {
-        let status = std::fs::read_to_string(t.join("status")).unwrap();
-        names.push(std::fs::read_to_string(t.join("comm")).unwrap().trim().to_string());
-        let field = |k: &str| {
-            status.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.split_whitespace().collect::<Vec<_>>()).unwrap()
-        };
-        let nobody = NOBODY.to_string();
-        assert_eq!(field("Uid:"), vec![nobody.as_str(); 4], "{}: {status}", t.display());
-        assert_eq!(field("Gid:"), vec![nobody.as_str(); 4], "{}: {status}", t.display());
-        // nginx's initgroups leaves nogroup (65534) as its one supplementary group.
-        assert!(field("Groups:").iter().all(|g| *g == nobody), "{}: {status}", t.display());
-        for cap in ["CapEff:", "CapPrm:", "CapAmb:"] {
-            assert_eq!(field(cap), vec!["0000000000000000"], "{} {cap} {status}", t.display());
+        let status = std::fs::read_to_string(t.join("status")).unwrap_or_default();
+        names.push(std::fs::read_to_string(t.join("comm")).unwrap_or_default().trim().to_string());
+        let field =
+            |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.split_whitespace().collect::<Vec<_>>());
+        let ok = field("Uid:") == Some(vec![nobody.as_str(); 4])
+            && field("Gid:") == Some(vec![nobody.as_str(); 4])
+            // nginx's initgroups leaves nogroup (65534) as its one supplementary group.
+            && field("Groups:").is_some_and(|g| g.iter().all(|g| *g == nobody))
+            && ["CapEff:", "CapPrm:", "CapAmb:"].iter().all(|c| field(c) == Some(vec!["0000000000000000"]));
+        if !ok {
+            return Some(format!("{} kept something of root: {status}", t.display()));
         }
     }
-    assert!(names.iter().any(|n| n == "userbpf-agent"), "the agent's thread runs in {pid}: {names:?}");
+    (!names.iter().any(|n| n == "userbpf-agent")).then(|| format!("no agent thread in {pid}: {names:?}"))
 }
 
 /// The 8 bytes at `addr` in `pid`'s memory and in the file mapped there.
@@ -150,8 +156,7 @@ fn links_and_maps_added_after_the_drop_count_exactly_and_their_removal_is_seen()
 
     // A link, a program and maps (a count and a hash keyed by argument) made after the drop.
     let bin = target();
-    let script =
-        format!("uprobe:{}:tick {{ @calls = count(); @by[arg0 % 4] = count(); }}", bin.display());
+    let script = format!("uprobe:{}:tick {{ @calls = count(); @by[arg0 % 4] = count(); }}", bin.display());
     let mut bt = bpftrace(&s, &script);
     wait_attached(&mut t, &ready, &["tick".to_string()], &mut bt);
     t.send("run 1000\n");
@@ -359,10 +364,14 @@ fn nginx_workers_as_nobody_see_a_bpftrace_link_added_after_they_started() {
         let master = children(nginx.pid()).into_iter().next();
         let worker = master.and_then(|m| children(m).into_iter().next());
         let nobody = worker.is_some_and(|w| {
-            std::fs::read_to_string(format!("/proc/{w}/status"))
-                .is_ok_and(|st| st.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534")))
+            std::fs::read_to_string(format!("/proc/{w}/status")).is_ok_and(|st| {
+                st.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534"))
+            })
         });
-        let serves = std::process::Command::new("curl").args(["-sf", "-o", "/dev/null", &url]).status().is_ok_and(|s| s.success());
+        let serves = std::process::Command::new("curl")
+            .args(["-sf", "-o", "/dev/null", &url])
+            .status()
+            .is_ok_and(|s| s.success());
         if let (Some(w), true, true) = (worker, nobody, serves) {
             break w;
         }
@@ -389,4 +398,93 @@ fn nginx_workers_as_nobody_see_a_bpftrace_link_added_after_they_started() {
     nginx.signal(libc::SIGQUIT);
     nginx.wait_exit("nginx quitting");
     let _ = std::fs::remove_dir_all(&work);
+}
+
+#[test]
+fn an_attached_process_that_drops_root_sees_a_later_link_and_detaches() {
+    if !root_and_bpftrace() {
+        return;
+    }
+    let s = session("attach");
+    let bin = target();
+    // Started without userbpf, attached while root: `userbpf attach` exits at once, so the
+    // only broker is the loader's.
+    let mut t = Proc::spawn("droproot_target", std::process::Command::new(&bin));
+    t.wait_for("fn tick", "its ready line");
+    let ready = parse_ready(&t.stdout());
+    let attach = |sub: &str| {
+        std::process::Command::new(common::userbpf())
+            .args([sub, &ready.pid.to_string()])
+            .env("USERBPF_SESSION", &s)
+            .env("USERBPF_SHM_DIR", tmp())
+            .output()
+            .unwrap()
+    };
+    let out = attach("attach");
+    assert!(out.status.success(), "userbpf attach: {out:?}\n{}", t.describe());
+    t.send("drop\n");
+    t.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    assert_no_root(ready.pid);
+
+    let mut bt = bpftrace(&s, &format!("uprobe:{}:tick {{ @calls = count(); }}", bin.display()));
+    wait_attached(&mut t, &ready, &["tick".to_string()], &mut bt);
+    t.send("run 777\n");
+    t.wait_for("ran 777", "the calls");
+    interrupt(&mut bt);
+    bt.wait_exit("bpftrace interrupted");
+    assert_eq!(printed(&bt.stdout(), "calls"), Some(777), "{}\n{}", bt.describe(), t.describe());
+    wait_unpatched(ready.pid, ready.fns[0].1, "after bpftrace exited");
+
+    // `userbpf detach` of the dropped process: its agent's thread ends, the program runs on.
+    let out = attach("detach");
+    assert!(out.status.success(), "userbpf detach: {out:?}\n{}", t.describe());
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", ready.pid)).unwrap().count();
+    assert_eq!(tasks, 1, "the agent's thread is gone\n{}", t.describe());
+    t.send("run 5\n");
+    t.wait_for("ran 5", "the calls after the detach");
+    assert!(!t.stderr().contains("userbpf-agent"), "the agent complained:\n{}", t.describe());
+    t.send("quit\n");
+    assert!(t.wait_exit("quit").success(), "{}", t.describe());
+}
+
+#[test]
+fn a_link_removed_while_no_broker_serves_is_detached_all_the_same() {
+    // SAFETY: geteuid has no preconditions.
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target starts as root and drops it)") {
+        return;
+    }
+    let s = session("nobroker");
+    let bin = target();
+    // No userbpf command serves this session: the target runs the agent by itself, and this
+    // test makes and removes the link through the session's files.
+    let session = userbpf_runtime::Session::open_in(&tmp(), &s).unwrap();
+    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let (prog_id, hits) = common::load_counter(&session, &count);
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.env("LD_PRELOAD", common::agent()).env("USERBPF_SESSION", &s).env("USERBPF_SHM_DIR", tmp());
+    let mut t = Proc::spawn("droproot_target", cmd);
+    t.wait_for("fn tick", "its ready line");
+    let ready = parse_ready(&t.stdout());
+    let tick = ready.fns[0].1;
+    let link =
+        session.add_link(userbpf_runtime::LinkRecord::uprobe(prog_id, bin.display().to_string(), "tick")).unwrap();
+    let start = Instant::now();
+    while code_and_file(ready.pid, tick).is_none_or(|(mem, file)| mem == file) {
+        assert!(start.elapsed() < STEP, "the link was not attached\n{}", t.describe());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.send("drop\n");
+    t.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    assert!(!userbpf_runtime::session::broker::served(&session_dir(&s)), "no broker serves the session");
+    t.send("run 100\n");
+    t.wait_for("ran 100", "the calls");
+    assert_eq!(hits(), 100, "the probe placed before the drop counts");
+    // The removal: seen by name through the watch made before the drop.
+    session.remove_link(link.id).unwrap();
+    wait_unpatched(ready.pid, tick, "after the link was removed");
+    t.send("run 50\n");
+    t.wait_for("ran 50", "the calls after the removal");
+    assert_eq!(hits(), 100, "no probe after the removal");
+    t.send("quit\n");
+    assert!(t.wait_exit("quit").success(), "{}", t.describe());
 }

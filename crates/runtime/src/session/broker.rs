@@ -19,7 +19,7 @@
 //! its start): the session directory, its owner and the session's secret (`secret`, 32 random
 //! bytes made with the session directory, mode 0600). The file functions of this module
 //! ([`open`], [`read`], [`read_dir_names`], [`rename`], [`remove_file`], [`make_dir`],
-//! [`metadata`], [`add_watch`]) are what the session code uses: each does the plain system
+//! [`metadata`], [`touch`], [`add_watch`]) are what the session code uses: each does the plain system
 //! call, and only when that fails with `EACCES`/`EPERM` on a path inside the remembered session
 //! asks a server, which does it with its own credentials inside the session directory and
 //! sends the result back (a descriptor through `SCM_RIGHTS`; a watch is added to the client's
@@ -80,6 +80,7 @@ const OP_UNLINK: u8 = b'U';
 const OP_RENAME: u8 = b'R';
 const OP_MKDIR: u8 = b'M';
 const OP_WATCH: u8 = b'W';
+const OP_TOUCH: u8 = b'T';
 
 /// The session's secret, made when missing (by a process that can write the directory: the
 /// caller holds the session's lock). The file is 0600 in the 0700 directory.
@@ -423,6 +424,14 @@ impl Server {
                 let (parent, name) = self.parent_of(&req[1..])?;
                 // SAFETY: as for unlink.
                 cvt(unsafe { libc::mkdirat(parent.as_raw_fd(), name.as_ptr(), 0o700) })?;
+                Ok((0, None))
+            }
+            OP_TOUCH => {
+                let (parent, name) = self.parent_of(&req[1..])?;
+                // SAFETY: a directory descriptor we own, a NUL-terminated name, NULL times (now).
+                cvt(unsafe {
+                    libc::utimensat(parent.as_raw_fd(), name.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW)
+                })?;
                 Ok((0, None))
             }
             OP_RENAME => {
@@ -848,6 +857,20 @@ pub fn remove_file(path: &Path) -> io::Result<()> {
         Err(e) if denied(&e) && client_for(path).is_some() => broker_path_op(OP_UNLINK, &[path], None, None).map(drop),
         r => r,
     }
+}
+
+/// Sets a file's times to now (`utimensat` with no times: an inotify `IN_ATTRIB`).
+pub fn touch(path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a NUL-terminated path; NULL times: now.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if denied(&e) && client_for(path).is_some() {
+        return broker_path_op(OP_TOUCH, &[path], None, None).map(drop);
+    }
+    Err(e)
 }
 
 /// Renames a file (both paths in the session).
