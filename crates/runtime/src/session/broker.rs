@@ -71,6 +71,9 @@ use super::Layout;
 /// Bytes of the session's secret.
 pub const SECRET_LEN: usize = 32;
 
+/// How long a new connection has to say its hello.
+const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The largest request or answer (a path, a directory listing is a descriptor).
 const MSG_MAX: usize = 8192;
 
@@ -287,17 +290,27 @@ impl Server {
     }
 
     /// Answers members until the process exits: one thread, polling the listener and every
-    /// connection (requests are a single file operation each).
+    /// connection (requests are a single file operation each). A connection that has not said
+    /// its hello within [`HELLO_WITHIN`] is closed, so connections left open by others cannot
+    /// fill the server's table (at most 256).
     pub fn run(self) {
-        let mut conns: Vec<(OwnedFd, bool)> = Vec::new();
+        // Each connection: its descriptor, whether it was admitted, when it was accepted.
+        let mut conns: Vec<(OwnedFd, bool, std::time::Instant)> = Vec::new();
         let mut buf = vec![0u8; MSG_MAX];
         loop {
             let mut pfds: Vec<libc::pollfd> = std::iter::once(self.listener.as_raw_fd())
-                .chain(conns.iter().map(|(c, _)| c.as_raw_fd()))
+                .chain(conns.iter().map(|(c, _, _)| c.as_raw_fd()))
                 .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
                 .collect();
+            // Woken for the first hello that would be late.
+            let timeout = conns
+                .iter()
+                .filter(|(_, authed, _)| !authed)
+                .map(|(_, _, at)| HELLO_WITHIN.saturating_sub(at.elapsed()).as_millis() as i32 + 1)
+                .min()
+                .unwrap_or(-1);
             // SAFETY: polling descriptors we own, `pfds.len()` entries.
-            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             if n < 0 {
                 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -309,7 +322,7 @@ impl Server {
                 if p.revents == 0 {
                     continue;
                 }
-                let (conn, authed) = &mut conns[i - 1];
+                let (conn, authed, _) = &mut conns[i - 1];
                 let keep = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     self.answer(conn.as_raw_fd(), authed, &mut buf)
                 }))
@@ -318,6 +331,12 @@ impl Server {
                     closed.push(i - 1);
                 }
             }
+            for (i, (_, authed, at)) in conns.iter().enumerate() {
+                if !authed && at.elapsed() >= HELLO_WITHIN && !closed.contains(&i) {
+                    closed.push(i);
+                }
+            }
+            closed.sort_unstable();
             for i in closed.into_iter().rev() {
                 conns.remove(i);
             }
@@ -333,7 +352,7 @@ impl Server {
                 };
                 if c >= 0 && conns.len() < 256 {
                     // SAFETY: a fresh descriptor owned by nothing else.
-                    conns.push((unsafe { OwnedFd::from_raw_fd(c) }, false));
+                    conns.push((unsafe { OwnedFd::from_raw_fd(c) }, false, std::time::Instant::now()));
                 } else if c >= 0 {
                     // SAFETY: our descriptor (too many clients: refused).
                     unsafe { libc::close(c) };
@@ -950,4 +969,79 @@ pub fn served(dir: &Path) -> bool {
             .next()
             .is_some()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session of this process in a directory of its own, served by a broker thread.
+    fn served_session(name: &str) -> crate::Session {
+        let root = std::env::temp_dir().join(format!("userbpf-broker-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let s = crate::Session::open_in(&root, name).unwrap();
+        serve(s.dir(), |f| std::thread::Builder::new().spawn(f).map(drop)).unwrap();
+        s
+    }
+
+    #[test]
+    fn relative_paths_only() {
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a/", "a/.", "a\0b"] {
+            assert!(rel_path(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        for good in ["links", "links/3.json", "maps/12", "agents/5.77"] {
+            assert!(rel_path(good.as_bytes()).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn a_member_with_the_secret_is_answered_inside_the_session_only() {
+        let s = served_session("answered");
+        let dir = s.dir().to_path_buf();
+        assert!(served(&dir));
+        std::fs::write(s.layout().links_dir().join("9.json"), b"{}").unwrap();
+        // Outside the session, through a link: refused by the server.
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("escape")).unwrap();
+        let secret = read_secret(s.layout()).unwrap();
+        let (owner, dev, ino) = identity(&dir).unwrap();
+        let c = Client { dir: dir.clone(), owner, dev, ino, secret, conn: Mutex::new(None) };
+        let open = |rel: &str, flags: i32| {
+            let mut req = vec![OP_OPEN];
+            req.extend_from_slice(&flags.to_ne_bytes());
+            req.extend_from_slice(&0o600u32.to_ne_bytes());
+            req.extend_from_slice(rel.as_bytes());
+            c.call(&req, None)
+        };
+        let (_, fd) = open("links/9.json", libc::O_RDONLY).unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(fd.unwrap()), &mut text).unwrap();
+        assert_eq!(text, "{}");
+        let names =
+            dir_names(open("links", libc::O_RDONLY | libc::O_DIRECTORY).unwrap().1.unwrap().as_raw_fd()).unwrap();
+        assert!(names.contains(&"9.json".to_string()), "{names:?}");
+        assert_eq!(open("escape", libc::O_RDONLY).unwrap_err().raw_os_error(), Some(libc::ELOOP));
+        assert_eq!(open("../x", libc::O_RDONLY).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        // Files it creates are 0600 whatever is asked.
+        let (_, fd) = open("agents-x", libc::O_CREAT | libc::O_WRONLY).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::File::from(fd.unwrap()).metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        // This process is a member (the session above): admitted with the secret, not without.
+        assert!(admitted_with(&dir, secret).unwrap());
+        let mut wrong = secret;
+        wrong[31] ^= 0x80;
+        assert!(!admitted_with(&dir, wrong).unwrap());
+    }
+
+    #[test]
+    fn a_process_that_is_no_member_is_refused_even_with_the_secret() {
+        let s = served_session("refused");
+        let dir = s.dir().to_path_buf();
+        let secret = read_secret(s.layout()).unwrap();
+        // This process's memberships go: its pid no longer has a record, nor has its parent
+        // (the test harness, never a member).
+        for name in std::fs::read_dir(s.layout().members_dir()).unwrap().flatten() {
+            std::fs::remove_file(name.path()).unwrap();
+        }
+        assert!(!admitted_with(&dir, secret).unwrap());
+    }
 }
