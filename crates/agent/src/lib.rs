@@ -5,7 +5,9 @@
 //! `links/` directory (inotify: notified, never polled on the hot path), attaching links added
 //! later and detaching removed ones. The program cannot tell it is there (issue 18): the
 //! thread's descriptors are in a table of its own and its signals blocked (`watcher`), and it
-//! keeps the program's credentials through set*id calls (`creds`).
+//! keeps the program's credentials through set*id calls (`creds`). A process that drops root
+//! after it joined reaches the session's files through the session's broker
+//! (`userbpf_runtime::session::broker`; see `watcher`).
 //!
 //! Which links apply here: a uprobe, uretprobe or USDT link names a file (empty: the
 //! executable); it is attached in a process where that file is mapped, and waits silently

@@ -19,7 +19,17 @@
 //! - **Signals.** It blocks every signal but faults and the hook engine's own
 //!   (`userbpf_hook::quiet`): a signal sent to the process goes to one of the program's threads.
 //! - **Credentials.** It takes part in glibc's set*id broadcast with the program's capabilities
-//!   and ends each change with the program's credentials (see `creds`).
+//!   and ends each change with the program's credentials (see `creds`). So once the program
+//!   drops root (nginx's worker, su's child, a daemon) the thread cannot open the session's
+//!   files any more: its watch of `links/` (made before) still reports changes, and what it
+//!   reads or writes in the session afterwards goes through the session's broker
+//!   (`userbpf_runtime::session::broker`, remembered at the agent's start): links, programs
+//!   and maps added later, its acknowledgements, its membership. A child forked after the drop
+//!   joins through it too (its parent's membership admits it) and asks it for its own watch.
+//!   With no broker serving (no privileged userbpf process of the session alive), links
+//!   removed are still detached (the watch names them, see `GONE_LINKS`); links added wait.
+//!   A touch of the acknowledgement file (the wake-up below) also goes through the broker, and
+//!   `userbpf detach` makes it itself.
 //! - **Wake-ups.** A thread of the program asks for a sync by touching (`utimensat`) this
 //!   process's acknowledgement file `agents/PID.STARTTIME`, which the thread's inotify
 //!   descriptor watches (`IN_ATTRIB` on `agents/`, filtered by name): no descriptor of the

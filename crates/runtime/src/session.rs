@@ -3,7 +3,9 @@
 //!
 //! The directory's files and directories are named in one place, [`layout`] ([`Layout`]);
 //! the handshake by which a loader waits for the agents after changing links is
-//! [`handshake`].
+//! [`handshake`]. A member that drops privileges after it joined (nginx's workers) reaches
+//! the files through the session's [`broker`]; the file calls here go through its functions,
+//! which are the plain system calls unless permission is denied.
 //!
 //! A process joins a session while it uses it. A session whose members are all gone is
 //! removed, as the kernel frees a program's objects at the last close: by the last member to
