@@ -488,3 +488,60 @@ fn a_link_removed_while_no_broker_serves_is_detached_all_the_same() {
     t.send("quit\n");
     assert!(t.wait_exit("quit").success(), "{}", t.describe());
 }
+
+/// Waits until bpftrace's main thread waits in its event loop (every probe attached: bpftrace
+/// attaches them all before it polls its buffers).
+fn wait_polling(bt: &mut Proc) {
+    let start = Instant::now();
+    loop {
+        let sc = std::fs::read_to_string(format!("/proc/{}/syscall", bt.pid())).unwrap_or_default();
+        if matches!(sc.split_whitespace().next(), Some("232" | "281" | "7" | "271" | "441")) {
+            return;
+        }
+        assert!(!bt.exited() && start.elapsed() < STEP, "bpftrace never reached its event loop\n{}", bt.describe());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn bpftrace_p_reaches_a_process_that_dropped_root_after_the_first_loader_injected_it() {
+    if !root_and_bpftrace() {
+        return;
+    }
+    let s = session("pid");
+    let bin = target();
+    let mut t = Proc::spawn("droproot_target", std::process::Command::new(&bin));
+    t.wait_for("fn tick", "its ready line");
+    let ready = parse_ready(&t.stdout());
+    let pid = ready.pid.to_string();
+    let script = |map: &str| format!("uprobe:{}:tick {{ @{map} = count(); }}", bin.display());
+    let p_loader = |script: &str| {
+        Proc::spawn("bpftrace -p", loader_command(Via::Userbpf, &s, &["bpftrace", "-p", &pid, "-e", script]))
+    };
+    // The first loader injects the agent while the process is root.
+    let mut first = p_loader(&script("first"));
+    wait_attached(&mut t, &ready, &["tick".to_string()], &mut first);
+    t.send("drop\n");
+    t.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    assert_no_root(ready.pid);
+    // The second one, after the drop: the process is a member already, its link goes in.
+    let mut second = p_loader(&script("second"));
+    wait_polling(&mut second);
+    t.send("run 333\n");
+    t.wait_for("ran 333", "the calls");
+    for bt in [&mut first, &mut second] {
+        interrupt(bt);
+        bt.wait_exit("bpftrace interrupted");
+    }
+    assert_eq!(printed(&first.stdout(), "first"), Some(333), "{}\n{}", first.describe(), t.describe());
+    assert_eq!(printed(&second.stdout(), "second"), Some(333), "{}\n{}", second.describe(), t.describe());
+    // The last loader gone, the process is detached: its code is its file's, no agent thread.
+    wait_unpatched(ready.pid, ready.fns[0].1, "after both loaders exited");
+    let start = Instant::now();
+    while std::fs::read_dir(format!("/proc/{}/task", ready.pid)).unwrap().count() > 1 {
+        assert!(start.elapsed() < STEP, "the agent's thread stays\n{}", t.describe());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.send("quit\n");
+    assert!(t.wait_exit("quit").success(), "{}", t.describe());
+}
