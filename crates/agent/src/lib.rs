@@ -629,6 +629,11 @@ impl Agent {
         self.prog_records = None;
         let links = match self.session.links() {
             Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && retry_broker(self.session.dir()) => {
+                // A broker listens but did not answer (busy, or stopped): the watcher tries
+                // again shortly (a few times, see `retry_broker`).
+                return false;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 // The process changed its credentials since it joined (a daemon dropping
                 // privileges, su's child) and no broker serves the session now (see
@@ -651,6 +656,7 @@ impl Agent {
         };
         // The listing says which links are gone.
         watcher::GONE_LINKS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        BROKER_RETRIES.store(0, Ordering::Relaxed);
         let me = std::process::id();
         let objs = symbols::loaded_objects();
         // Links gone from the session, and (in a forked child) links for another process.
@@ -856,6 +862,20 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
+}
+
+/// Consecutive syncs that found a broker listening for the session but got no answer.
+static BROKER_RETRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// After permission was denied on the session in `dir`: whether to sync again shortly (a
+/// broker listens, so its failure is taken as passing; 20 tries, a few hundred milliseconds,
+/// then the next change of the session's links).
+fn retry_broker(dir: &std::path::Path) -> bool {
+    if !broker::served(dir) || BROKER_RETRIES.fetch_add(1, Ordering::Relaxed) >= 20 {
+        return false;
+    }
+    kick();
+    true
 }
 
 /// A program calling `bpf_override_return` is attached, as the kernel attaches one, only at a

@@ -244,12 +244,66 @@ fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
 
 // ---- the server ----
 
+/// A descriptor of the server's, closed by the system call itself: in a loader under
+/// `userbpf load`, libc's `close` and `poll` are the syscall server's, which look at the
+/// loader's objects (and their locks) first; the broker stays out of them.
+struct Fd(RawFd);
+
+impl Fd {
+    fn from_owned(f: OwnedFd) -> Fd {
+        Fd(std::os::fd::IntoRawFd::into_raw_fd(f))
+    }
+}
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: closing the descriptor this value owns.
+        unsafe { libc::syscall(libc::SYS_close, self.0) };
+    }
+}
+
+/// `/proc/PID/stat`, read with system calls only (see [`Fd`]).
+fn proc_stat(pid: u32) -> Option<String> {
+    let path = CString::new(format!("/proc/{pid}/stat")).ok()?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let fd = Fd(fd as RawFd);
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: reading into the rest of a buffer we own.
+        let n = unsafe { libc::syscall(libc::SYS_read, fd.0, buf[len..].as_mut_ptr(), buf.len() - len) };
+        if n <= 0 {
+            break;
+        }
+        len += n as usize;
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).ok()
+}
+
+/// Fields 4 (parent) and 22 (start time) of `/proc/PID/stat`.
+fn parent_and_start(pid: u32) -> Option<(u32, u64)> {
+    let stat = proc_stat(pid)?;
+    let rest: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    Some((rest.get(1)?.parse().ok()?, rest.get(19)?.parse().ok()?))
+}
+
 /// A broker listening for a session's members (see the module's documentation).
 pub struct Server {
-    listener: OwnedFd,
+    listener: Fd,
     /// The session directory (`O_PATH`), what every path is resolved beneath.
-    dir: OwnedFd,
-    layout: Layout,
+    dir: Fd,
     secret: [u8; SECRET_LEN],
 }
 
@@ -274,8 +328,8 @@ impl Server {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor owned by nothing else.
-        let dir_fd = unsafe { OwnedFd::from_raw_fd(dfd) };
-        let listener = seqpacket()?;
+        let dir_fd = Fd(dfd);
+        let listener = Fd::from_owned(seqpacket()?);
         let name = format!("{}{}", name_prefix(owner, dev, ino), std::process::id());
         let (addr, len) = abstract_addr(&name);
         // SAFETY: binding our socket to an address of `len` bytes in a local.
@@ -286,7 +340,7 @@ impl Server {
         if unsafe { libc::listen(listener.as_raw_fd(), 16) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Server { listener, dir: dir_fd, layout, secret })
+        Ok(Server { listener, dir: dir_fd, secret })
     }
 
     /// Answers members until the process exits: one thread, polling the listener and every
@@ -295,7 +349,7 @@ impl Server {
     /// fill the server's table (at most 256).
     pub fn run(self) {
         // Each connection: its descriptor, whether it was admitted, when it was accepted.
-        let mut conns: Vec<(OwnedFd, bool, std::time::Instant)> = Vec::new();
+        let mut conns: Vec<(Fd, bool, std::time::Instant)> = Vec::new();
         let mut buf = vec![0u8; MSG_MAX];
         loop {
             let mut pfds: Vec<libc::pollfd> = std::iter::once(self.listener.as_raw_fd())
@@ -310,7 +364,7 @@ impl Server {
                 .min()
                 .unwrap_or(-1);
             // SAFETY: polling descriptors we own, `pfds.len()` entries.
-            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
+            let n = unsafe { libc::syscall(libc::SYS_poll, pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout) };
             if n < 0 {
                 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -352,10 +406,10 @@ impl Server {
                 };
                 if c >= 0 && conns.len() < 256 {
                     // SAFETY: a fresh descriptor owned by nothing else.
-                    conns.push((unsafe { OwnedFd::from_raw_fd(c) }, false, std::time::Instant::now()));
+                    conns.push((Fd(c), false, std::time::Instant::now()));
                 } else if c >= 0 {
-                    // SAFETY: our descriptor (too many clients: refused).
-                    unsafe { libc::close(c) };
+                    // Too many clients: refused.
+                    drop(Fd(c));
                 }
             }
         }
@@ -364,6 +418,7 @@ impl Server {
     /// Reads and answers one request on `conn`; false: close the connection.
     fn answer(&self, conn: RawFd, authed: &mut bool, buf: &mut [u8]) -> bool {
         let Ok((n, passed)) = recv(conn, buf) else { return false };
+        let passed = passed.map(Fd::from_owned);
         if n == 0 {
             return false;
         }
@@ -406,20 +461,19 @@ impl Server {
             return true;
         }
         // A child forked after its parent dropped privileges: its parent's membership.
-        parent_of(pid).is_some_and(|pp| pp != 0 && self.is_member(pp))
+        parent_and_start(pid).is_some_and(|(pp, _)| pp != 0 && self.is_member(pp))
     }
 
     /// Whether process `pid` (as it is now: its start time) holds a membership record.
     fn is_member(&self, pid: u32) -> bool {
-        let Some(start) = super::start_time(pid) else { return false };
+        let Some((_, start)) = parent_and_start(pid) else { return false };
         let prefix = Layout::member_prefix(pid, start);
-        std::fs::read_dir(self.layout.members_dir())
-            .map(|rd| rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))))
-            .unwrap_or(false)
+        let Ok(dir) = self.open_beneath(c"members", libc::O_RDONLY | libc::O_DIRECTORY, 0) else { return false };
+        dir_names(dir.as_raw_fd()).is_ok_and(|names| names.iter().any(|n| n.starts_with(&prefix)))
     }
 
     /// One request of an admitted member: `(value, descriptor)` or the errno.
-    fn op(&self, req: &[u8], passed: Option<OwnedFd>) -> io::Result<(u32, Option<OwnedFd>)> {
+    fn op(&self, req: &[u8], passed: Option<Fd>) -> io::Result<(u32, Option<Fd>)> {
         let word = |at: usize| -> io::Result<u32> {
             req.get(at..at + 4)
                 .and_then(|b| b.try_into().ok())
@@ -481,7 +535,7 @@ impl Server {
     }
 
     /// Opens `path` (checked relative) beneath the session directory, never through a link.
-    fn open_beneath(&self, path: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    fn open_beneath(&self, path: &std::ffi::CStr, flags: i32, mode: u32) -> io::Result<Fd> {
         let allowed = libc::O_ACCMODE
             | libc::O_CREAT
             | libc::O_EXCL
@@ -524,13 +578,12 @@ impl Server {
             )
         } as i32;
         cvt(fd)?;
-        // SAFETY: a fresh descriptor owned by nothing else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        Ok(Fd(fd))
     }
 
     /// The directory holding relative path `p` (opened beneath the session's) and its last
     /// component.
-    fn parent_of(&self, p: &[u8]) -> io::Result<(OwnedFd, CString)> {
+    fn parent_of(&self, p: &[u8]) -> io::Result<(Fd, CString)> {
         let path = rel_path(p)?;
         let bytes = path.as_bytes();
         let (dir, name) = match bytes.iter().rposition(|&b| b == b'/') {
@@ -557,12 +610,6 @@ fn rel_path(p: &[u8]) -> io::Result<CString> {
 
 fn cvt(r: i32) -> io::Result<i32> {
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
-}
-
-/// The parent of process `pid` (`/proc/PID/stat` field 4).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
 }
 
 /// Starts a broker for the session in `dir` on a thread of its own (`userbpf start`, `run`,
@@ -673,6 +720,21 @@ impl Client {
             match peer_cred(s.as_raw_fd()) {
                 Ok(c) if c.uid == self.owner || c.uid == 0 => {}
                 _ => continue,
+            }
+            // A server that stopped answering (its process stopped, say) fails the request
+            // instead of holding the agent's thread.
+            let limit = libc::timeval { tv_sec: 5, tv_usec: 0 };
+            for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+                // SAFETY: setsockopt on our socket with a local timeval of the size given.
+                unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        opt,
+                        (&raw const limit).cast(),
+                        std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                    )
+                };
             }
             let mut hello = Vec::with_capacity(1 + SECRET_LEN);
             hello.push(OP_HELLO);
