@@ -14,6 +14,13 @@
 //! listens on the abstract unix socket `userbpf-broker-UID-DEV-INO-PID` (UID: the session
 //! directory's owner; DEV and INO: the directory's, so a session removed and made anew under
 //! its name has other servers; PID: the server's). A client finds them in `/proc/net/unix`.
+//! Links are only ever added by such a process (a loader, `userbpf run`), which serves while
+//! it lives, so a dropped member always has a server when a link comes; the agent of a target
+//! that keeps root (nginx's master) does not serve. A server's thread polls its connections and
+//! answers each request with one file operation; it makes its own system calls (no libc
+//! `close` or `poll`, which the syscall server wraps in a loader), closes a connection that has
+//! not said its hello within 2 s (at most 256 connections), and a client gives up on a server
+//! that does not answer within 5 s (the agent then syncs again shortly, a few times).
 //!
 //! **Clients.** An agent remembers its session while it can still read it ([`remember`], at
 //! its start): the session directory, its owner and the session's secret (`secret`, 32 random
@@ -58,6 +65,12 @@
 //! When no server lives (every privileged userbpf process of the session exited), a dropped
 //! member keeps the probes it has; its watch of `links/` still reports removals by name, which
 //! the agent applies (links added meanwhile wait for a server).
+//!
+//! Not served: kernel maps shared with kernel programs (`crate::kernel_map` gives their
+//! descriptors to the owner's uid or root only); crash reports (`crate::crash` writes with
+//! async-signal-safe calls at the fault); a forked child's own run statistics file
+//! (`crate::prog_stats`: its runs add to its parent's). Members are matched by pid as the
+//! server's `/proc` sees them: a member in another pid namespace is not answered.
 
 use std::ffi::CString;
 use std::io;
@@ -345,7 +358,7 @@ impl Server {
 
     /// Answers members until the process exits: one thread, polling the listener and every
     /// connection (requests are a single file operation each). A connection that has not said
-    /// its hello within [`HELLO_WITHIN`] is closed, so connections left open by others cannot
+    /// its hello within `HELLO_WITHIN` (2 s) is closed, so connections left open by others cannot
     /// fill the server's table (at most 256).
     pub fn run(self) {
         // Each connection: its descriptor, whether it was admitted, when it was accepted.
