@@ -545,3 +545,113 @@ fn bpftrace_p_reaches_a_process_that_dropped_root_after_the_first_loader_injecte
     t.send("quit\n");
     assert!(t.wait_exit("quit").success(), "{}", t.describe());
 }
+
+/// The value of the `.bss` counter of the counting object (`hits`) in the session open as `s`.
+fn bss_hits(s: &userbpf_runtime::Session) -> u64 {
+    let rec = s.maps().unwrap().into_iter().find(|m| m.name.ends_with(".bss")).expect("a .bss map");
+    let map = s.open_map(rec.id).unwrap();
+    let mut v = [0u8; 8];
+    map.lookup_elem(&0u32.to_le_bytes(), &mut v).unwrap();
+    u64::from_le_bytes(v)
+}
+
+/// A link of program `prog` on `tick` added to `s` by this test (a writer that serves no
+/// broker), acknowledged by every agent of the session: the dropped target's acknowledgement
+/// comes through the broker of the userbpf command it runs under.
+fn add_acknowledged(s: &userbpf_runtime::Session, prog: u32, bin: &Path) -> u32 {
+    use userbpf_runtime::session::handshake;
+    let link = s.add_link(userbpf_runtime::LinkRecord::uprobe(prog, bin.display().to_string(), "tick")).unwrap();
+    let generation = handshake::publish(s).expect("the target's agent acknowledges");
+    assert!(
+        handshake::wait(s.layout(), generation, std::process::id(), STEP),
+        "the dropped target did not acknowledge link {}",
+        link.id
+    );
+    link.id
+}
+
+fn remove_acknowledged(s: &userbpf_runtime::Session, link: u32) {
+    use userbpf_runtime::session::handshake;
+    s.remove_link(link).unwrap();
+    let generation = handshake::publish(s).expect("the target's agent acknowledges");
+    assert!(handshake::wait(s.layout(), generation, std::process::id(), STEP), "the removal of link {link}");
+}
+
+#[test]
+fn userbpf_start_alone_serves_a_dropped_target_and_its_acknowledgements() {
+    // SAFETY: geteuid has no preconditions.
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target starts as root and drops it)") {
+        return;
+    }
+    let s = session("start");
+    let (mut t, ready) = started_target(&s);
+    t.send("drop\n");
+    t.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    // The program, its maps and the link all come after the drop, from a process that serves
+    // no broker: only `userbpf start`'s answers the target.
+    let session = userbpf_runtime::Session::open_in(&tmp(), &s).unwrap();
+    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let (prog, hits) = common::load_counter(&session, &count);
+    let link = add_acknowledged(&session, prog, &target());
+    // Acknowledged: the probe is in place now, not later.
+    assert!(code_and_file(ready.pid, ready.fns[0].1).is_some_and(|(m, f)| m != f), "acknowledged, not attached");
+    t.send("run 200\n");
+    t.wait_for("ran 200", "the calls");
+    assert_eq!(hits(), 200);
+    remove_acknowledged(&session, link);
+    assert!(code_and_file(ready.pid, ready.fns[0].1).is_some_and(|(m, f)| m == f), "acknowledged, not detached");
+    t.send("run 10\nquit\n");
+    assert!(t.wait_exit("quit").success(), "{}", t.describe());
+    assert_eq!(hits(), 200);
+}
+
+#[test]
+fn userbpf_run_alone_serves_a_dropped_target() {
+    // SAFETY: geteuid has no preconditions.
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target starts as root and drops it)") {
+        return;
+    }
+    let bin = target();
+    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let attach = format!("hit={}:tick", bin.display());
+    let mut cmd = std::process::Command::new(common::userbpf());
+    cmd.env("USERBPF_AGENT", common::agent()).env("USERBPF_SHM_DIR", tmp()).arg("run").arg(&count);
+    cmd.args(["--attach", &attach, "--", bin.to_str().unwrap()]);
+    let mut run = Proc::spawn("userbpf run", cmd);
+    run.wait_for("fn tick", "the target's ready line");
+    // The run's session, and its program (the run's own link applies from the start).
+    let name = format!("run-{}", run.pid());
+    let session = userbpf_runtime::Session::open_in(&tmp(), &name).unwrap();
+    let prog = session.progs().unwrap().into_iter().find(|p| p.name == "hit").expect("the program").id;
+    let ready = parse_ready(&run.stdout());
+    let start = Instant::now();
+    while code_and_file(ready.pid, ready.fns[0].1).is_none_or(|(m, f)| m == f) {
+        assert!(start.elapsed() < STEP && !run.exited(), "the run's link was not attached\n{}", run.describe());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run.send("run 100\n");
+    run.wait_for("ran 100", "the calls as root");
+    assert_eq!(bss_hits(&session), 100);
+    run.send("drop\n");
+    run.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    // A second link of the same program after the drop: each call counts twice.
+    let link = add_acknowledged(&session, prog, &bin);
+    run.send("run 100\n");
+    wait_count(&mut run, "ran 100", 2);
+    assert_eq!(bss_hits(&session), 300);
+    remove_acknowledged(&session, link);
+    run.send("run 100\n");
+    wait_count(&mut run, "ran 100", 3);
+    assert_eq!(bss_hits(&session), 400);
+    run.send("quit\n");
+    assert!(run.wait_exit("quit").success(), "{}", run.describe());
+}
+
+/// Waits until `p`'s stdout holds `pat` `n` times.
+fn wait_count(p: &mut Proc, pat: &str, n: usize) {
+    let start = Instant::now();
+    while p.stdout().matches(pat).count() < n {
+        assert!(start.elapsed() < STEP && !p.exited(), "no {n}th {pat:?}\n{}", p.describe());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
