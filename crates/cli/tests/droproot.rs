@@ -22,12 +22,35 @@ fn root_and_bpftrace() -> bool {
         && userbpf_testutil::require(Path::new("/usr/bin/bpftrace").exists(), "bpftrace (Debian's package)")
 }
 
+/// This test process's own directory for what it builds (a binary another run of the tests
+/// rebuilt under a running target would be another file than the one it maps).
+fn work() -> PathBuf {
+    tmp().join(format!("droproot-{}", std::process::id()))
+}
+
 fn target() -> PathBuf {
     static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
-        userbpf_testutil::compile_c(&here("targets/droproot_target.c"), &tmp().join("droproot/droproot_target"), &[])
+        userbpf_testutil::compile_c(&here("targets/droproot_target.c"), &work().join("droproot_target"), &[])
     })
     .clone()
+}
+
+/// The counting object (crates/cli/tests/bpf/count.bpf.c), built once.
+fn count_object() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &work().join("bpf"))).clone()
+}
+
+/// Kills process `pid` when dropped (a test that fails leaves no process behind: nginx's
+/// master outlives `userbpf start`, a forked child waits for a signal).
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of a process this test started (directly or through its target).
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
 }
 
 fn session(test: &str) -> String {
@@ -202,6 +225,7 @@ fn a_child_that_drops_root_before_its_agent_thread_runs_joins_and_counts() {
         .lines()
         .find_map(|l| l.strip_prefix("child ")?.trim().parse::<i32>().ok())
         .unwrap_or_else(|| panic!("no child pid\n{}", t.describe()));
+    let _child = KillOnDrop(child);
     // Its agent thread runs, and it has nobody's credentials (the thread too).
     let start = Instant::now();
     while std::fs::read_dir(format!("/proc/{child}/task")).map_or(0, |d| d.count()) < 2 {
@@ -229,7 +253,10 @@ fn a_child_that_drops_root_before_its_agent_thread_runs_joins_and_counts() {
 /// `uid` (its own process, or a child whose parent is no member with `orphan`): what it printed.
 fn probe(dir: &Path, secret: &[u8], uid: u32, orphan: bool) -> String {
     use std::os::unix::fs::MetadataExt;
-    let bin = userbpf_testutil::compile_c(&here("targets/broker_probe.c"), &tmp().join("droproot/broker_probe"), &[]);
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let bin = ONCE.get_or_init(|| {
+        userbpf_testutil::compile_c(&here("targets/broker_probe.c"), &work().join("broker_probe"), &[])
+    });
     let m = std::fs::metadata(dir).unwrap();
     let prefix = format!("userbpf-broker-{}-{}-{}-", m.uid(), m.dev(), m.ino());
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -360,8 +387,14 @@ fn nginx_workers_as_nobody_see_a_bpftrace_link_added_after_they_started() {
     // The worker, once it runs as nobody and serves.
     let url = format!("http://127.0.0.1:{port}/index.html");
     let start = Instant::now();
-    let worker = loop {
+    let mut master_guard = None;
+    let (master, worker) = loop {
         let master = children(nginx.pid()).into_iter().next();
+        if master_guard.is_none()
+            && let Some(m) = master
+        {
+            master_guard = Some(KillOnDrop(m));
+        }
         let worker = master.and_then(|m| children(m).into_iter().next());
         let nobody = worker.is_some_and(|w| {
             std::fs::read_to_string(format!("/proc/{w}/status")).is_ok_and(|st| {
@@ -372,8 +405,8 @@ fn nginx_workers_as_nobody_see_a_bpftrace_link_added_after_they_started() {
             .args(["-sf", "-o", "/dev/null", &url])
             .status()
             .is_ok_and(|s| s.success());
-        if let (Some(w), true, true) = (worker, nobody, serves) {
-            break w;
+        if let (Some(m), Some(w), true, true) = (master, worker, nobody, serves) {
+            break (m, w);
         }
         assert!(!nginx.exited(), "nginx exited\n{}", nginx.describe());
         assert!(start.elapsed() < STEP, "no nginx worker serving as nobody\n{}", nginx.describe());
@@ -395,8 +428,11 @@ fn nginx_workers_as_nobody_see_a_bpftrace_link_added_after_they_started() {
     bt.wait_exit("bpftrace interrupted");
     assert_eq!(printed(&bt.stdout(), "requests"), Some(REQUESTS as u64), "{}\n{}", bt.describe(), nginx.describe());
     wait_unpatched(worker, addr, "the worker after bpftrace exited");
-    nginx.signal(libc::SIGQUIT);
-    nginx.wait_exit("nginx quitting");
+    // nginx's master quits (`userbpf start` exits with it).
+    // SAFETY: kill(2) of the nginx master this test started.
+    unsafe { libc::kill(master, libc::SIGQUIT) };
+    assert!(nginx.wait_exit("nginx quitting").success(), "{}", nginx.describe());
+    drop(master_guard);
     let _ = std::fs::remove_dir_all(&work);
 }
 
@@ -458,7 +494,7 @@ fn a_link_removed_while_no_broker_serves_is_detached_all_the_same() {
     // No userbpf command serves this session: the target runs the agent by itself, and this
     // test makes and removes the link through the session's files.
     let session = userbpf_runtime::Session::open_in(&tmp(), &s).unwrap();
-    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let count = count_object();
     let (prog_id, hits) = common::load_counter(&session, &count);
     let mut cmd = std::process::Command::new(&bin);
     cmd.env("LD_PRELOAD", common::agent()).env("USERBPF_SESSION", &s).env("USERBPF_SHM_DIR", tmp());
@@ -590,7 +626,7 @@ fn userbpf_start_alone_serves_a_dropped_target_and_its_acknowledgements() {
     // The program, its maps and the link all come after the drop, from a process that serves
     // no broker: only `userbpf start`'s answers the target.
     let session = userbpf_runtime::Session::open_in(&tmp(), &s).unwrap();
-    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let count = count_object();
     let (prog, hits) = common::load_counter(&session, &count);
     let link = add_acknowledged(&session, prog, &target());
     // Acknowledged: the probe is in place now, not later.
@@ -612,7 +648,7 @@ fn userbpf_run_alone_serves_a_dropped_target() {
         return;
     }
     let bin = target();
-    let count = userbpf_testutil::compile_bpf(&here("bpf/count.bpf.c"), &tmp().join("droproot/bpf"));
+    let count = count_object();
     let attach = format!("hit={}:tick", bin.display());
     let mut cmd = std::process::Command::new(common::userbpf());
     cmd.env("USERBPF_AGENT", common::agent()).env("USERBPF_SHM_DIR", tmp()).arg("run").arg(&count);
