@@ -691,3 +691,32 @@ fn wait_count(p: &mut Proc, pat: &str, n: usize) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn userbpf_tool_on_a_process_that_dropped_root_counts_its_calls() {
+    // SAFETY: geteuid has no preconditions.
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target starts as root and drops it)") {
+        return;
+    }
+    let s = session("tool");
+    let (mut t, ready) = started_target(&s);
+    t.send("drop\n");
+    t.wait_for(&format!("dropped {NOBODY} {NOBODY}"), "the drop");
+    let spec = format!("{}:tick", target().display());
+    let mut cmd = std::process::Command::new(common::userbpf());
+    cmd.env("USERBPF_SHM_DIR", tmp()).args(["tool", "calls", "--session", &s, "-p", &ready.pid.to_string(), &spec]);
+    let mut tool = Proc::spawn("userbpf tool calls", cmd);
+    wait_patched(ready.pid, ready.fns[0].1, &mut tool, &mut t);
+    t.send("run 400\n");
+    t.wait_for("ran 400", "the calls");
+    tool.signal(libc::SIGINT);
+    tool.wait_exit("the tool interrupted");
+    let counted = tool.stdout().lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() == 2 && w[0] == "tick").then(|| w[1].parse::<u64>().ok()).flatten()
+    });
+    assert_eq!(counted, Some(400), "{}\n{}", tool.describe(), t.describe());
+    wait_unpatched(ready.pid, ready.fns[0].1, "after the tool ended");
+    t.send("quit\n");
+    assert!(t.wait_exit("quit").success(), "{}", t.describe());
+}
