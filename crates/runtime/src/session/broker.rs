@@ -661,6 +661,9 @@ struct Conn {
     fd: RawFd,
     tid: i32,
     ino: u64,
+    /// The process that made it (a forked child makes its own: the server admits it as its
+    /// own pid).
+    pid: u32,
 }
 
 static CLIENT: RwLock<Option<Arc<Client>>> = RwLock::new(None);
@@ -768,6 +771,11 @@ impl Client {
     fn call(&self, req: &[u8], pass: Option<RawFd>) -> io::Result<(u32, Option<OwnedFd>)> {
         let tid = gettid();
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_some_and(|c| c.pid != std::process::id()) {
+            // The parent's, copied by fork: its descriptor is in a table the child's agent
+            // thread does not have; forgotten, not closed.
+            *guard = None;
+        }
         for attempt in 0..2 {
             // A connection of this thread's table, still the socket it was; else a new one,
             // kept when none is (the agent's thread makes nearly every call), else closed
@@ -780,7 +788,7 @@ impl Client {
                     let s = self.connect()?;
                     if guard.is_none() {
                         let fd = std::os::fd::IntoRawFd::into_raw_fd(s);
-                        *guard = Some(Conn { fd, tid, ino: inode_of(fd).unwrap_or(0) });
+                        *guard = Some(Conn { fd, tid, ino: inode_of(fd).unwrap_or(0), pid: std::process::id() });
                         (fd, None)
                     } else {
                         (s.as_raw_fd(), Some(s))
