@@ -5,7 +5,9 @@
 //! `links/` directory (inotify: notified, never polled on the hot path), attaching links added
 //! later and detaching removed ones. The program cannot tell it is there (issue 18): the
 //! thread's descriptors are in a table of its own and its signals blocked (`watcher`), and it
-//! keeps the program's credentials through set*id calls (`creds`).
+//! keeps the program's credentials through set*id calls (`creds`). A process that drops root
+//! after it joined reaches the session's files through the session's broker
+//! (`userbpf_runtime::session::broker`; see `watcher`).
 //!
 //! Which links apply here: a uprobe, uretprobe or USDT link names a file (empty: the
 //! executable); it is attached in a process where that file is mapped, and waits silently
@@ -48,7 +50,7 @@ use userbpf_hook::symbols::{self, MappedObject, ObjectChanges};
 use userbpf_hook::{HOOK_CONTINUE, ProbeId, ProbeKind, PtRegs};
 use userbpf_runtime::context::{CpuSlots, RunContext};
 use userbpf_runtime::loader::prepare_record;
-use userbpf_runtime::session::{Layout, SemaphoreRecord, handshake};
+use userbpf_runtime::session::{Layout, SemaphoreRecord, broker, handshake};
 use userbpf_runtime::{Engine, LinkRecord, LoadedProgram, Session};
 
 mod creds;
@@ -137,7 +139,8 @@ struct FileStamp {
 
 impl FileStamp {
     fn of(path: &std::path::Path, birth: bool) -> Option<FileStamp> {
-        let m = std::fs::metadata(path).ok()?;
+        // Through the broker once this process dropped privileges (see `watcher`).
+        let m = broker::metadata(path).ok()?;
         let time = if birth { m.created().or_else(|_| m.modified()) } else { m.modified() };
         Some(FileStamp { ino: std::os::unix::fs::MetadataExt::ino(&m), time: time.ok() })
     }
@@ -167,6 +170,10 @@ struct Ack {
 /// The process that keeps an acknowledgement file (a forked child has its own; 0: none).
 static ACK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// The session directory of the acknowledgement file (for the exit handler: the directory
+/// the process joined, whatever its uid is at exit).
+static ACK_DIR: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+
 impl Ack {
     /// Creates this process's file in session directory `dir`, holding 0 (the loader waits
     /// for the agent from now on: the first sync follows).
@@ -174,6 +181,7 @@ impl Ack {
         let me = std::process::id();
         let a = Ack { file: handshake::Ack::create(&Layout::new(dir)).ok()?, done: 0 };
         ACK_PID.store(me, Ordering::SeqCst);
+        *ACK_DIR.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_path_buf());
         watcher::set_kick_path(Some(a.file.path()));
         install_ack_exit();
         Some(a)
@@ -209,12 +217,10 @@ impl Ack {
 fn forget_own_semaphore_claims(dir: &std::path::Path) {
     let me = std::process::id();
     let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-    let Ok(rd) = std::fs::read_dir(Layout::new(dir).perf_dir()) else { return };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        if name.to_str().is_some_and(|n| Layout::is_claim_of_process(n, me, start)) {
-            let _ = std::fs::remove_file(e.path());
-        }
+    let perf = Layout::new(dir).perf_dir();
+    let Ok(names) = broker::read_dir_names(&perf) else { return };
+    for name in names.into_iter().filter(|n| Layout::is_claim_of_process(n, me, start)) {
+        let _ = broker::remove_file(&perf.join(name));
     }
 }
 
@@ -230,7 +236,12 @@ fn install_ack_exit() {
                 return;
             }
             let Some(start) = userbpf_runtime::session::start_time(me) else { return };
-            handshake::remove_ack_of(&Layout::new(Session::dir_of(&Session::default_name())), me, start);
+            let dir = match ACK_DIR.try_lock() {
+                Ok(d) => d.clone(),
+                Err(_) => None,
+            };
+            let dir = dir.unwrap_or_else(|| Session::dir_of(&Session::default_name()));
+            handshake::remove_ack_of(&Layout::new(dir), me, start);
         });
     }
     ONCE.call_once(|| {
@@ -506,6 +517,11 @@ impl Agent {
             None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
         };
         let cpus_stamp = FileStamp::of(&session.layout().cpus(), true);
+        // While the process can still read the session: what it needs to reach it through the
+        // broker once it dropped privileges (see `userbpf_runtime::session::broker`).
+        if let Err(e) = broker::remember(session.dir()) {
+            log(&format!("a privilege drop will hide later links from this process: {e}"));
+        }
         // The programs' run statistics go to the session, where `userbpf export` reads them.
         if let Err(e) = userbpf_runtime::prog_stats::bind(session.layout()) {
             log(&format!("run statistics stay in this process: {e}"));
@@ -575,9 +591,14 @@ impl Agent {
         if let Some(ack) = self.ack.take() {
             ack.remove();
         }
-        if let Err(e) = self.session.leave() {
-            log(&format!("detach: leaving session {}: {e}", self.session.name()));
+        match self.session.leave() {
+            // Dropped privileges and no broker: the membership ends with the process (a member
+            // that is gone no longer counts, see `Session::live_members`).
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => log(&format!("detach: leaving session {}: {e}", self.session.name())),
+            Ok(()) => {}
         }
+        broker::forget();
     }
 
     /// Attaches links that appeared and detaches links that are gone.
@@ -608,10 +629,24 @@ impl Agent {
         self.prog_records = None;
         let links = match self.session.links() {
             Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && retry_broker(self.session.dir()) => {
+                // A broker listens but did not answer (busy, or stopped): the watcher tries
+                // again shortly (a few times, see `retry_broker`).
+                return false;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 // The process changed its credentials since it joined (a daemon dropping
-                // privileges, su's child): the probes in place keep firing, as the kernel's
-                // would, and nothing is said; links added or removed later are not seen here.
+                // privileges, su's child) and no broker serves the session now (see
+                // `userbpf_runtime::session::broker`): the probes in place keep firing, as the
+                // kernel's would, and nothing is said. The watch of `links/` (made before the
+                // drop) still names the links removed: those are detached; links added wait
+                // for a broker.
+                let gone = std::mem::take(&mut *watcher::GONE_LINKS.lock().unwrap_or_else(|e| e.into_inner()));
+                for id in gone {
+                    if let Some(l) = self.links.remove(&id) {
+                        l.detach();
+                    }
+                }
                 return true;
             }
             Err(e) => {
@@ -619,6 +654,9 @@ impl Agent {
                 return true;
             }
         };
+        // The listing says which links are gone.
+        watcher::GONE_LINKS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        BROKER_RETRIES.store(0, Ordering::Relaxed);
         let me = std::process::id();
         let objs = symbols::loaded_objects();
         // Links gone from the session, and (in a forked child) links for another process.
@@ -700,10 +738,10 @@ impl Agent {
                 if live {
                     usdt::semaphore_add(s.addr, -1);
                 }
-                let _ = std::fs::remove_file(claim_path(id));
+                let _ = broker::remove_file(&claim_path(id));
             } else if !live {
                 self.semas.remove(&id);
-                let _ = std::fs::remove_file(claim_path(id));
+                let _ = broker::remove_file(&claim_path(id));
             }
         }
         for r in SemaphoreRecord::all(self.session.layout()) {
@@ -716,7 +754,7 @@ impl Agent {
             let Some(addr) = userbpf_hook::usdt::semaphore_address(&maps(), dev, ino, off).map(|a| a as usize) else {
                 continue;
             };
-            let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(claim_path(id)).is_ok();
+            let claimed = broker::open(&claim_path(id), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600).is_ok();
             if claimed {
                 usdt::semaphore_add(addr, 1);
             }
@@ -824,6 +862,20 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
+}
+
+/// Consecutive syncs that found a broker listening for the session but got no answer.
+static BROKER_RETRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// After permission was denied on the session in `dir`: whether to sync again shortly (a
+/// broker listens, so its failure is taken as passing; 20 tries, a few hundred milliseconds,
+/// then the next change of the session's links).
+fn retry_broker(dir: &std::path::Path) -> bool {
+    if !broker::served(dir) || BROKER_RETRIES.fetch_add(1, Ordering::Relaxed) >= 20 {
+        return false;
+    }
+    kick();
+    true
 }
 
 /// A program calling `bpf_override_return` is attached, as the kernel attaches one, only at a

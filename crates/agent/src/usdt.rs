@@ -78,12 +78,11 @@ fn store_spec(session: &Session, map_id: u32, spec: &[u8; SPEC_SIZE]) -> Result<
         ));
     }
     let lock_path = session.layout().usdt_specs_lock(map_id);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    // Through the broker in a process that dropped privileges.
+    let lock = std::fs::File::from(
+        userbpf_runtime::session::broker::open(&lock_path, libc::O_CREAT | libc::O_WRONLY, 0o600)
+            .map_err(|e| format!("{}: {e}", lock_path.display()))?,
+    );
     // SAFETY: flock on a descriptor we own; released when `lock` is closed.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
         return Err(format!("locking {}: {}", lock_path.display(), std::io::Error::last_os_error()));

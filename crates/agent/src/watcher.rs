@@ -19,7 +19,17 @@
 //! - **Signals.** It blocks every signal but faults and the hook engine's own
 //!   (`userbpf_hook::quiet`): a signal sent to the process goes to one of the program's threads.
 //! - **Credentials.** It takes part in glibc's set*id broadcast with the program's capabilities
-//!   and ends each change with the program's credentials (see `creds`).
+//!   and ends each change with the program's credentials (see `creds`). So once the program
+//!   drops root (nginx's worker, su's child, a daemon) the thread cannot open the session's
+//!   files any more: its watch of `links/` (made before) still reports changes, and what it
+//!   reads or writes in the session afterwards goes through the session's broker
+//!   (`userbpf_runtime::session::broker`, remembered at the agent's start): links, programs
+//!   and maps added later, its acknowledgements, its membership. A child forked after the drop
+//!   joins through it too (its parent's membership admits it) and asks it for its own watch.
+//!   With no broker serving (no privileged userbpf process of the session alive), links
+//!   removed are still detached (the watch names them, see `GONE_LINKS`); links added wait.
+//!   A touch of the acknowledgement file (the wake-up below) also goes through the broker, and
+//!   `userbpf detach` makes it itself.
 //! - **Wake-ups.** A thread of the program asks for a sync by touching (`utimensat`) this
 //!   process's acknowledgement file `agents/PID.STARTTIME`, which the thread's inotify
 //!   descriptor watches (`IN_ATTRIB` on `agents/`, filtered by name): no descriptor of the
@@ -47,6 +57,10 @@ static DONE: AtomicU64 = AtomicU64::new(0);
 static RETRY: AtomicBool = AtomicBool::new(false);
 /// The agent's watching thread in this process (0: none).
 static THREAD: AtomicI32 = AtomicI32::new(0);
+/// Links whose records the watch saw removed since the last listing of `links/` (what a
+/// process that dropped privileges, with no broker to list the directory for it, detaches:
+/// see `Agent::sync_inner`).
+pub(crate) static GONE_LINKS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// An agent thread is being started (at load, in a forked child): a sync asked for meanwhile
 /// waits for it rather than running on the program's thread.
 static STARTING: AtomicBool = AtomicBool::new(false);
@@ -137,7 +151,14 @@ pub(crate) fn kick() -> bool {
         return false;
     }
     // SAFETY: a leaked NUL-terminated path (never freed); NULL times: now.
-    unsafe { libc::utimensat(libc::AT_FDCWD, p, std::ptr::null(), 0) == 0 }
+    if unsafe { libc::utimensat(libc::AT_FDCWD, p, std::ptr::null(), 0) } == 0 {
+        return true;
+    }
+    // The process dropped privileges since it made the file: the touch through the broker.
+    // SAFETY: as above.
+    let path = unsafe { std::ffi::CStr::from_ptr(p) };
+    let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+    userbpf_runtime::session::broker::touch(path).is_ok()
 }
 
 /// From a program's thread: has the agent's thread sync and waits for it, at most `limit`.
@@ -246,15 +267,16 @@ pub(crate) fn watch_links_early(dir: &std::path::Path) -> Option<LinksWatch> {
 /// An inotify descriptor watching the session's `links/` directory `dir` (`None` when it
 /// cannot be watched: said unless `quiet`).
 pub(crate) fn watch_links(dir: &std::path::Path, quiet: bool) -> Option<i32> {
-    let c = CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: inotify_init1 has no preconditions; the descriptor is owned by the caller.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
     if fd < 0 {
         log("inotify_init1 failed: links added later will not be attached");
         return None;
     }
-    // SAFETY: `c` is a valid path; `fd` is ours.
-    if unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE) } < 0 {
+    // Through the broker in a process that dropped privileges (a child forked after the drop).
+    if userbpf_runtime::session::broker::add_watch(fd, dir, libc::IN_MOVED_TO | libc::IN_CREATE | libc::IN_DELETE)
+        .is_err()
+    {
         LinksWatch { fd, ino: 0 }.close();
         if !quiet {
             log("watching the session's links failed: links added later will not be attached");
@@ -270,10 +292,8 @@ fn watch_kicks(fd: i32, a: &Mutex<Agent>) -> Option<(i32, Vec<u8>)> {
     let g = lock(a);
     let path = g.ack.as_ref()?.file.path();
     let name = path.file_name()?.as_encoded_bytes().to_vec();
-    let dir = CString::new(path.parent()?.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: `dir` is a valid path; `fd` is ours.
-    let wd = unsafe { libc::inotify_add_watch(fd, dir.as_ptr(), libc::IN_ATTRIB) };
-    (wd >= 0).then_some((wd, name))
+    let wd = userbpf_runtime::session::broker::add_watch(fd, path.parent()?, libc::IN_ATTRIB).ok()?;
+    Some((wd, name))
 }
 
 /// Syncs on every change of the session's links (inotify `fd`, see [`watch_links`]), on
@@ -340,7 +360,16 @@ fn relevant(buf: &[u32], len: usize, kicks: Option<&(i32, Vec<u8>)>) -> bool {
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
         match kicks {
             Some((kwd, own)) if *kwd == wd => any |= name == own.as_slice() || mask & libc::IN_Q_OVERFLOW != 0,
-            _ => any = true,
+            _ => {
+                any = true;
+                let id = std::str::from_utf8(name).ok().and_then(|n| n.strip_suffix(".json")?.parse::<u32>().ok());
+                if let (Some(id), true) = (id, mask & libc::IN_DELETE != 0) {
+                    let mut g = GONE_LINKS.lock().unwrap_or_else(|e| e.into_inner());
+                    if g.len() < 4096 {
+                        g.push(id);
+                    }
+                }
+            }
         }
         off += 16 + nlen;
     }
@@ -593,16 +622,18 @@ pub(crate) fn child_thread() {
     let mut fd = watch_links(&dir, true);
     let mut a = lock(cell);
     // The parent's session, in the directory it is in (an injected agent's may not be the
-    // default one: `userbpf attach` names it).
-    let root = a.session.dir().parent().map(std::path::Path::to_path_buf).unwrap_or_else(Session::root);
-    match Session::open_in(&root, a.session.name()) {
+    // default one: `userbpf attach` names it; a child whose uid changed still joins its
+    // parent's session, not one of its new uid).
+    match a.session.reopen() {
         Ok(s) => {
             // The copy of the parent's handle would leave with the parent's membership.
             std::mem::forget(std::mem::replace(&mut a.session, s));
         }
         // A child that changed its credentials before its agent thread ran (su's, runuser's
-        // child after setuid) cannot open the session any more: its probes (copied from the
-        // parent) keep firing and nothing is said, as for a sync (see `Agent::sync_inner`).
+        // child after setuid) joins through the broker (its parent's membership admits it:
+        // see `userbpf_runtime::session::broker`); with no broker serving, its probes (copied
+        // from the parent) keep firing and nothing is said, as for a sync (see
+        // `Agent::sync_inner`).
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
         Err(e) => log(&format!("joining the session in a forked child: {e}")),
     }

@@ -219,6 +219,24 @@ fn detach_unused(session: &str) -> Result<()> {
 }
 
 /// Detaches process `pid`: the line `detach` prints.
+/// Touches process `pid`'s acknowledgement files in this user's sessions (wakes its agent's
+/// thread, see `detach_one`).
+fn touch_ack(pid: u32) {
+    let Some(start) = userbpf_runtime::session::start_time(pid) else { return };
+    let Ok(rd) = std::fs::read_dir(Session::root()) else { return };
+    let prefix = userbpf_runtime::session::Layout::dir_name_prefix();
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let ack = userbpf_runtime::session::Layout::new(e.path()).agent(pid, start);
+        if let Ok(c) = std::ffi::CString::new(ack.as_os_str().as_encoded_bytes()) {
+            // SAFETY: a NUL-terminated path; NULL times: now (a file that is not there fails).
+            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+        }
+    }
+}
+
 fn detach_one(pid: i32) -> Result<String> {
     let agent = crate::run::agent_path()?;
     let started = Instant::now();
@@ -234,9 +252,16 @@ fn detach_one(pid: i32) -> Result<String> {
         1 => bail!("process {pid} has no userbpf agent running (detached already?): nothing to detach"),
         r => bail!("the agent in process {pid} could not be asked to detach (status {r})"),
     }
-    // The agent's thread removes the probes and ends: wait until it is gone.
+    // The agent's thread removes the probes and ends: wait until it is gone. It is woken by a
+    // touch of its acknowledgement file, which the borrowed thread could not make in a
+    // process that dropped privileges since it joined (and no broker serving it): made here.
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut touched = Instant::now();
     while agent_thread(pid).is_some() {
+        if touched.elapsed() > Duration::from_millis(100) {
+            touch_ack(pid as u32);
+            touched = Instant::now();
+        }
         if !Path::new(&format!("/proc/{pid}")).exists() {
             bail!("process {pid} exited while being detached");
         }

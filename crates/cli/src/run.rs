@@ -141,6 +141,9 @@ pub struct StartArgs {
 pub fn start(session: &str, args: StartArgs) -> Result<()> {
     // Held while CMD runs, so that a crash report its agent leaves is still there to read.
     let held = Session::open(session).ok();
+    if let Some(s) = &held {
+        serve_broker(s);
+    }
     let mut child = target_command(&args.command, session, args.interpreter)?
         .spawn()
         .with_context(|| format!("starting {}", args.command[0]))?;
@@ -151,6 +154,16 @@ pub fn start(session: &str, args: StartArgs) -> Result<()> {
     }
     drop(held);
     std::process::exit(code);
+}
+
+/// Serves the session's members that drop privileges (see `userbpf_runtime::session::broker`)
+/// while this command lives; without it they go on with the links they have.
+pub(crate) fn serve_broker(s: &Session) {
+    let spawn =
+        |f: Box<dyn FnOnce() + Send>| std::thread::Builder::new().name("userbpf-broker".into()).spawn(f).map(drop);
+    if let Err(e) = userbpf_runtime::session::broker::serve(s.dir(), spawn) {
+        eprintln!("userbpf: warning: serving processes of session {} that drop privileges: {e}", s.name());
+    }
 }
 
 /// After a target died of a signal: what its agent left about the fault (the thread, and the
@@ -348,6 +361,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let session_name = format!("run-{}", std::process::id());
     let session = Session::open(&session_name)?;
+    serve_broker(&session);
     let slots = Arc::new(CpuSlots::open(&session.layout().cpus())?);
     let engine = if args.interpreter { Engine::Interpreter } else { Engine::Jit };
     let opts = LoadOptions { engine, helpers: userbpf_runtime::helpers::registry(), only: Some(&plan.process) };

@@ -253,9 +253,14 @@ impl Map {
     }
 
     fn open_base(path: &Path) -> Result<Base, MapError> {
-        let len = std::fs::metadata(path).map_err(|e| io_error(e, "cannot open the map file"))?.len();
-        if len < DATA_OFF as u64 {
-            return Err(einval("map file is truncated"));
+        // A process that may not look at the file (a member that dropped privileges) opens it
+        // through `Shm::open`'s fallback; the mapping's length is checked below.
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() < DATA_OFF as u64 => return Err(einval("map file is truncated")),
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                return Err(io_error(e, "cannot open the map file"));
+            }
+            _ => {}
         }
         let shm = Shm::open(path).map_err(|e| io_error(e, "cannot open the map file"))?;
         if shm.len() < DATA_OFF {

@@ -28,6 +28,34 @@ unsafe impl Send for Shm {}
 // SAFETY: as above.
 unsafe impl Sync for Shm {}
 
+/// How a process that may not open a map file itself gets it opened (a session member that
+/// dropped privileges asks the session's broker: `userbpf_runtime::session::broker`); called
+/// only when `open(2)` of the path failed with `EACCES` or `EPERM`.
+pub type OpenFallback = fn(&Path, i32, u32) -> io::Result<OwnedFd>;
+
+static OPEN_FALLBACK: std::sync::OnceLock<OpenFallback> = std::sync::OnceLock::new();
+
+/// Sets the process's [`OpenFallback`] (once; later calls change nothing).
+pub fn set_open_fallback(f: OpenFallback) {
+    let _ = OPEN_FALLBACK.set(f);
+}
+
+/// `open(2)` with `O_CLOEXEC`, through the [`OpenFallback`] when permission is denied.
+fn open_fd(path: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid NUL-terminated path; open has no other memory effects.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    if fd >= 0 {
+        // SAFETY: `fd` was just returned by open and is owned by nothing else.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let e = io::Error::last_os_error();
+    match (e.raw_os_error(), OPEN_FALLBACK.get()) {
+        (Some(libc::EACCES | libc::EPERM), Some(f)) => f(path, flags, mode).map_err(|_| e),
+        _ => Err(e),
+    }
+}
+
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))
@@ -37,15 +65,7 @@ impl Shm {
     /// Creates `path` (which must not exist) with mode 0600, sized `len` bytes (zero-filled),
     /// and maps it.
     pub fn create(path: &Path, len: usize) -> io::Result<Shm> {
-        let c = cpath(path)?;
-        // SAFETY: `c` is a valid NUL-terminated path; open has no other memory effects.
-        let fd =
-            unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by open and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = open_fd(path, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)?;
         // SAFETY: ftruncate on a file descriptor we own.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             let e = io::Error::last_os_error();
@@ -59,14 +79,7 @@ impl Shm {
 
     /// Opens and maps an existing file, all of it.
     pub fn open(path: &Path) -> io::Result<Shm> {
-        let c = cpath(path)?;
-        // SAFETY: as in `create`.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by open and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = open_fd(path, libc::O_RDWR, 0)?;
         let len = std::fs::File::from(fd.try_clone()?).metadata()?.len() as usize;
         Self::map(fd, len)
     }

@@ -19,7 +19,10 @@
 //! ([`provide`]) serves their descriptors on a unix socket (abstract name
 //! `userbpf-kmaps-SESSIONHASH-PID`): a process asks for a kernel map id and gets a descriptor
 //! (`SCM_RIGHTS`). Only processes of the server's user (or root) are answered (the peer's
-//! credentials, `SO_PEERCRED`), as only they can open the session. A process first uses the
+//! credentials, `SO_PEERCRED`), as only they can open the session. A member that dropped
+//! privileges after it joined (`crate::session::broker` opens the session's files for it) is
+//! not answered here: a kernel map it had opened before the drop stays usable, one opened
+//! later fails with this module's error. A process first uses the
 //! descriptors it holds, then asks the holder, then tries `BPF_MAP_GET_FD_BY_ID`. With the
 //! descriptor, a mapped array needs no further `bpf()` call (`mmap` only; its geometry is
 //! checked with `BPF_OBJ_GET_INFO_BY_FD` when the kernel allows it), so it works even where

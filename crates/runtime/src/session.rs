@@ -3,7 +3,9 @@
 //!
 //! The directory's files and directories are named in one place, [`layout`] ([`Layout`]);
 //! the handshake by which a loader waits for the agents after changing links is
-//! [`handshake`].
+//! [`handshake`]. A member that drops privileges after it joined (nginx's workers) reaches
+//! the files through the session's [`broker`]; the file calls here go through its functions,
+//! which are the plain system calls unless permission is denied.
 //!
 //! A process joins a session while it uses it. A session whose members are all gone is
 //! removed, as the kernel frees a program's objects at the last close: by the last member to
@@ -15,11 +17,11 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+pub mod broker;
 pub mod handshake;
 pub mod layout;
 
@@ -148,6 +150,18 @@ impl Session {
     /// As [`Session::open`], with the sessions under `root` (a process whose environment does
     /// not say where, such as one the agent was injected into).
     pub fn open_in(root: &Path, name: &str) -> io::Result<Session> {
+        Self::check_name(name)?;
+        Self::open_layout(name, Layout::new(Self::dir_in(root, name)))
+    }
+
+    /// Opens this session's directory again, as a membership of the calling process (a forked
+    /// child joins its parent's session: the same directory, whatever its uid is now; one that
+    /// dropped privileges joins through the broker, see [`broker`]).
+    pub fn reopen(&self) -> io::Result<Session> {
+        Self::open_layout(&self.name, self.layout.clone())
+    }
+
+    fn check_name(name: &str) -> io::Result<()> {
         if name.is_empty()
             || name.len() > 64
             || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
@@ -155,12 +169,17 @@ impl Session {
         {
             return Err(invalid(format!("invalid session name {name:?}: use 1-64 letters, digits, '-', '_' or '.'")));
         }
-        let layout = Layout::new(Self::dir_in(root, name));
+        Ok(())
+    }
+
+    fn open_layout(name: &str, layout: Layout) -> io::Result<Session> {
         let mut s = Session { name: name.to_string(), layout, member: None };
         let _lock = s.lock()?;
         for sub in s.layout.made_at_open() {
             layout::make_dir(&sub)?;
         }
+        // What a member that drops privileges later shows the broker (see `broker`).
+        broker::ensure_secret(&s.layout)?;
         if s.live_members()?.is_empty() && !s.has_pins()? {
             s.wipe()?;
         }
@@ -187,8 +206,8 @@ impl Session {
         loop {
             layout::make_dir(self.dir())?;
             let path = self.layout.lock();
-            let f = match OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path) {
-                Ok(f) => f,
+            let f = match broker::open(&path, libc::O_CREAT | libc::O_WRONLY, 0o600) {
+                Ok(f) => File::from(f),
                 // The directory was removed (by its last member) between the two calls.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
@@ -198,7 +217,7 @@ impl Session {
                 return Err(io::Error::last_os_error());
             }
             let held = f.metadata()?;
-            match fs::metadata(&path) {
+            match broker::metadata(&path) {
                 Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(f),
                 _ => continue,
             }
@@ -210,22 +229,21 @@ impl Session {
         let me = std::process::id();
         let n = HANDLES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = self.layout.member(me, start_time(me).unwrap_or(0), n);
-        File::create(&path)?;
+        broker::open(&path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o600)?;
         Ok(path)
     }
 
     /// Pids of members still alive (their files whose process is gone are removed).
     pub fn live_members(&self) -> io::Result<Vec<u32>> {
         let mut live = Vec::new();
-        for e in fs::read_dir(self.layout.members_dir())? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
+        let dir = self.layout.members_dir();
+        for name in broker::read_dir_names(&dir)? {
             // PID.STARTTIME.HANDLE: alive while that process (not a reuse of its pid) is.
             let member = Layout::parse_member(&name).filter(|&(pid, t)| start_time(pid) == Some(t) && !exited(pid));
             if let Some((pid, _)) = member {
                 live.push(pid);
             } else {
-                let _ = fs::remove_file(e.path());
+                let _ = broker::remove_file(&dir.join(name));
             }
         }
         Ok(live)
@@ -287,7 +305,7 @@ impl Session {
     /// its own; another kind is opened as [`Map::Kernel`], reached through `bpf()`.
     pub fn open_map(&self, id: u32) -> Result<Map, SessionError> {
         let path = self.map_path(id);
-        if !path.exists() {
+        if !broker::exists(&path) {
             return Err(SessionError::NotFound(format!("map {id}")));
         }
         let map = Map::open(&path)?;
@@ -304,7 +322,7 @@ impl Session {
 
     /// The kernel map behind map `id`, if its contents are a kernel map's.
     pub fn kernel_backing(&self, id: u32) -> Option<crate::kernel_map::KernelBacking> {
-        crate::kernel_map::KernelBacking::parse(&fs::read_to_string(self.layout.map_kernel(id)).ok()?)
+        crate::kernel_map::KernelBacking::parse(&broker::read_to_string(&self.layout.map_kernel(id)).ok()?)
     }
 
     /// Makes kernel map `fd` (kernel id `kernel_id`) the contents of map `id` (`map`, open in
@@ -350,7 +368,7 @@ impl Session {
     }
 
     pub fn btf(&self, id: u32) -> io::Result<Vec<u8>> {
-        fs::read(self.layout.btf(id))
+        broker::read(&self.layout.btf(id))
     }
 
     pub fn add_prog(&self, mut record: ProgRecord) -> io::Result<ProgRecord> {
@@ -406,7 +424,7 @@ impl Session {
 
     /// Removes a link (detach).
     pub fn remove_link(&self, id: u32) -> io::Result<()> {
-        fs::remove_file(self.layout.link(id))
+        broker::remove_file(&self.layout.link(id))
     }
 
     /// Opens the session a process was started in (`USERBPF_SESSION`), if any.
@@ -421,11 +439,11 @@ impl Session {
 
     fn read_all<T: DeserializeOwned + HasId>(&self, dir: &Path) -> io::Result<Vec<T>> {
         let mut v: Vec<T> = Vec::new();
-        for e in fs::read_dir(dir)? {
-            let p = e?.path();
+        for name in broker::read_dir_names(dir)? {
+            let p = dir.join(name);
             if p.extension().is_some_and(|x| x == "json") {
                 // A record being replaced may vanish between read_dir and read.
-                if let Ok(data) = fs::read(&p) {
+                if let Ok(data) = broker::read(&p) {
                     v.push(
                         serde_json::from_slice(&data)
                             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))?,
@@ -445,11 +463,10 @@ impl Session {
         let _lock = self.lock()?;
         let me = std::process::id();
         let prefix = Layout::member_prefix(me, start_time(me).unwrap_or(0));
-        if let Ok(rd) = fs::read_dir(self.layout.members_dir()) {
-            for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = fs::remove_file(e.path());
-                }
+        let dir = self.layout.members_dir();
+        if let Ok(names) = broker::read_dir_names(&dir) {
+            for name in names.into_iter().filter(|n| n.starts_with(&prefix)) {
+                let _ = broker::remove_file(&dir.join(name));
             }
         }
         self.remove_if_unused()
@@ -578,7 +595,7 @@ impl Session {
     pub fn leave(&mut self) -> io::Result<()> {
         let Some(member) = self.member.take() else { return Ok(()) };
         let _lock = self.lock()?;
-        let _ = fs::remove_file(member);
+        let _ = broker::remove_file(&member);
         self.remove_if_unused()
     }
 }
@@ -671,12 +688,11 @@ impl SemaphoreRecord {
 
     /// The records of the session of layout `l` (unreadable ones are skipped).
     pub fn all(l: &Layout) -> Vec<SemaphoreRecord> {
-        let Ok(rd) = fs::read_dir(l.perf_dir()) else { return Vec::new() };
+        let Ok(names) = broker::read_dir_names(&l.perf_dir()) else { return Vec::new() };
         let mut v = Vec::new();
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(link) = name.to_str().and_then(Layout::parse_semaphore) else { continue };
-            let Ok(text) = fs::read_to_string(e.path()) else { continue };
+        for name in names {
+            let Some(link) = Layout::parse_semaphore(&name) else { continue };
+            let Ok(text) = broker::read_to_string(&l.perf_dir().join(&name)) else { continue };
             let mut l = text.lines();
             let (Some(path), Some(offset), Some(pid)) =
                 (l.next(), l.next().and_then(|o| o.parse::<u64>().ok()), l.next().and_then(|p| p.parse::<i64>().ok()))

@@ -182,6 +182,11 @@ pub fn session() -> Result<&'static Session, i32> {
             let s = Session::open(&Session::default_name()).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
             // SAFETY: registering a function with no preconditions to run at exit.
             unsafe { libc::atexit(leave_at_exit) };
+            // Targets that dropped privileges reach the session through the loader while it
+            // lives (the links it makes are theirs to attach): see
+            // `userbpf_runtime::session::broker`. Without a broker they keep what they have.
+            let spawn = |f: Box<dyn FnOnce() + Send>| userbpf_hook::quiet::spawn("userbpf-broker", f).map(drop);
+            let _ = userbpf_runtime::session::broker::serve(s.dir(), spawn);
             Ok(s)
         })
         .as_ref()

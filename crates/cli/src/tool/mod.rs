@@ -365,6 +365,8 @@ impl Tracer {
             );
         }
         let session = Session::open(&name).with_context(|| format!("opening session {name}"))?;
+        // The tool adds links: a member that dropped root reaches them through it.
+        crate::run::serve_broker(&session);
         if let Target::Pid(pid) = &target {
             remove_stale_links(&session, *pid);
         }

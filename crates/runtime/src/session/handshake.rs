@@ -97,7 +97,7 @@ pub fn nudge(l: &Layout) {
 
 /// The links generation now (none published yet: 0).
 pub fn current(l: &Layout) -> u32 {
-    fs::read_to_string(l.links_gen()).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
+    super::broker::read_to_string(&l.links_gen()).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0)
 }
 
 /// An agent's acknowledgement file.
@@ -140,7 +140,7 @@ impl Ack {
 
     /// Removes the file: the loader stops waiting for this agent.
     pub fn remove(self) {
-        let _ = fs::remove_file(&self.path);
+        let _ = super::broker::remove_file(&self.path);
     }
 }
 
@@ -155,7 +155,7 @@ pub fn remove_ack_of_self(l: &Layout) {
 
 /// Removes process `pid`'s (started at `start`) acknowledgement file.
 pub fn remove_ack_of(l: &Layout, pid: u32, start: u64) {
-    let _ = fs::remove_file(l.agent(pid, start));
+    let _ = super::broker::remove_file(&l.agent(pid, start));
 }
 
 #[cfg(test)]

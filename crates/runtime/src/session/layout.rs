@@ -40,9 +40,8 @@
 //! ```
 
 use std::ffi::OsStr;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The paths of one session directory.
@@ -97,6 +96,10 @@ impl Layout {
         p
     }
 
+    /// `secret`: 32 random bytes, made with the directory (see [`super::broker`]).
+    pub fn secret(&self) -> PathBuf {
+        self.at(&[&"secret"])
+    }
     /// `lock`.
     pub fn lock(&self) -> PathBuf {
         self.at(&[&"lock"])
@@ -370,7 +373,7 @@ impl Layout {
 
 /// Makes directory `dir` (and its parents) with mode 0700 if missing.
 pub fn make_dir(dir: &Path) -> io::Result<()> {
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    super::broker::make_dir(dir)
 }
 
 /// The temporary file [`write_atomic`] writes `path`'s contents into: beside it, named
@@ -384,10 +387,10 @@ pub fn temp_beside(path: &Path) -> PathBuf {
 /// Writes a file by renaming a complete temporary one over it, so readers never see half.
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = temp_beside(path);
-    let mut f = OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    let mut f = fs::File::from(super::broker::open(&tmp, libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, 0o600)?);
     f.write_all(data)?;
     drop(f);
-    fs::rename(&tmp, path)
+    super::broker::rename(&tmp, path)
 }
 
 #[cfg(test)]
