@@ -30,10 +30,9 @@ says it read and wrote, none lost. Under wrk the tool's Python cannot keep up on
 cannot be compared byte for byte: they are checked for completeness (printed + lost) instead.
 
 sslsniff starts before nginx, and a canary process mapping the library tells when it has
-attached (its stdout is a file, block-buffered: the header line cannot). nginx's worker drops
-root for nobody, and under userbpf a process that changed its credentials no longer reads the
-session's links (probes in place keep firing, links added later are not seen: crates/agent),
-so the links must exist before nginx starts; the kernel is run the same way.
+attached (its stdout is a file, block-buffered: the header line cannot). So every timed run
+measures probes that were in place from nginx's first request, on the kernel as through userbpf
+(a worker that dropped root would also see links added later, through the session's broker).
 
 The probes go on a private copy of libssl (nginx runs with LD_LIBRARY_PATH pointing at it and
 sslsniff is told `-o -g -n --extra-lib openssl:COPY`): a kernel uprobe on the system's libssl
@@ -433,10 +432,8 @@ LOST = re.compile(r"^Possibly lost (\d+) samples", re.M)
 
 
 class Sslsniff:
-    """sslsniff-bpfcc on the private libssl, through `userbpf load` when given a session. Start it
-    before nginx: nginx's worker drops root for nobody, and a process under userbpf that changed
-    its credentials no longer reads the session's links (crates/agent: probes in place keep
-    firing, links added later are not seen), so the links must exist before nginx starts."""
+    """sslsniff-bpfcc on the private libssl, through `userbpf load` when given a session. Started
+    before nginx, so the probes are in place from nginx's first request."""
 
     def __init__(self, s, workdir, session=None, cli=USERBPF):
         self.session = session
