@@ -1979,42 +1979,9 @@ impl<'a> Emitter<'a> {
         miss: usize,
         flags_known: bool,
     ) -> super::emit::LongFixup {
-        let off = |o: u32| o as i32;
         self.a.test_rr(true, Reg::R11, Reg::R11);
         let unpaired = self.a.jump_fwd32(Some(Cond::E));
-        if !flags_known {
-            self.a.test_ri(true, reg(4), !2);
-            self.a.jcc_back(Cond::Ne, miss);
-        }
-        // The value's first and last words read before the lock is taken (see memo_update).
-        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
-        if m.value_size > 8 {
-            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
-        }
-        let tw = self.thread_words(m);
-        self.a.fs();
-        self.a.load(Width::W, Reg::R8, tw(0));
-        self.a.test_rr(false, Reg::R8, Reg::R8);
-        self.a.jcc_back(Cond::E, miss);
-        self.a.zero(Reg::RAX);
-        self.a.lock();
-        self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
-        self.a.jcc_back(Cond::Ne, miss);
-        self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
-        let gone = self.a.jump_fwd32(Some(Cond::Ne));
-        self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
-        let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
-        for o in (0..m.value_size as i32).step_by(8) {
-            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
-            self.a.store(Width::Dw, Mem::base(Reg::R11, o), Reg::R8);
-        }
-        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
-        self.a.zero(Reg::RAX);
-        let done = self.a.jump_fwd32(None);
-        self.a.bind32(gone);
-        self.a.bind32(gone2);
-        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
-        self.a.jmp_back(miss);
+        let done = self.memo_store_locked(m, miss, flags_known, Some(Reg::R11));
         self.a.bind32(unpaired);
         done
     }
@@ -2025,13 +1992,29 @@ impl<'a> Emitter<'a> {
     /// word into the run's CPU's slot, the lock given back, r0 = 0. What the maps crate's
     /// `update_memo_fast` does.
     fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize, flags_known: bool) {
+        self.memo_check(m, miss);
+        let done = self.memo_store_locked(m, miss, flags_known, None);
+        self.a.bind32(done);
+    }
+
+    /// The locked part of a memo update (r10 = the element, r9 = the key word, r3 = the new
+    /// value, r4 = the flags, checked here unless `flags_known`: 0 or 2 only): the element's lock taken with one compare-and-swap from 0 to the thread's id
+    /// (unknown yet, or the lock held: the miss), still linked and still the key under it (else
+    /// the lock given back and the miss), the value stored word by word at `dst` (the value's
+    /// address for the run's CPU; None: computed here, [`memo_value`](Self::memo_value)), the
+    /// lock given back, r0 = 0, then a jump to what the caller binds.
+    fn memo_store_locked(
+        &mut self,
+        m: crate::program::HashMemo,
+        miss: usize,
+        flags_known: bool,
+        dst: Option<Reg>,
+    ) -> super::emit::LongFixup {
         let off = |o: u32| o as i32;
-        // Flags 0 or 2 only (unless known to be when compiling).
         if !flags_known {
             self.a.test_ri(true, reg(4), !2);
             self.a.jcc_back(Cond::Ne, miss);
         }
-        self.memo_check(m, miss);
         // The value's first and last words read before the lock is taken: a bad value pointer
         // faults here (this instruction's abort), never while the element's lock is held.
         self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
@@ -2053,19 +2036,22 @@ impl<'a> Emitter<'a> {
         let gone = self.a.jump_fwd32(Some(Cond::Ne));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
         let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
-        self.memo_value(m);
+        let dst = dst.unwrap_or_else(|| {
+            self.memo_value(m);
+            Reg::RAX
+        });
         for o in (0..m.value_size as i32).step_by(8) {
             self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
-            self.a.store(Width::Dw, Mem::base(Reg::RAX, o), Reg::R8);
+            self.a.store(Width::Dw, Mem::base(dst, o), Reg::R8);
         }
         self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
         self.a.zero(Reg::RAX);
-        let done = self.a.jump_fwd(None);
+        let done = self.a.jump_fwd32(None);
         self.a.bind32(gone);
         self.a.bind32(gone2);
         self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
         self.a.jmp_back(miss);
-        self.a.bind(done);
+        done
     }
 
     /// A helper whose result the thread caches (see [`crate::program::CachedHelper`]): the
