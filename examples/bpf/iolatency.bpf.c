@@ -165,10 +165,15 @@ static void count(__u32 func, __u32 dev, __u32 op, __u32 slot)
 	struct hist_key hk = { .func = func, .dev = dev, .op = op, .slot = slot };
 	__u64 one = 1, *v = bpf_map_lookup_elem(&hist, &hk);
 
-	if (v)
-		__sync_fetch_and_add(v, 1);
-	else
-		bpf_map_update_elem(&hist, &hk, &one, BPF_NOEXIST);
+	if (!v) {
+		if (bpf_map_update_elem(&hist, &hk, &one, BPF_NOEXIST) == 0)
+			return;
+		/* Another CPU inserted the bucket first: count into it. */
+		v = bpf_map_lookup_elem(&hist, &hk);
+		if (!v)
+			return;
+	}
+	__sync_fetch_and_add(v, 1);
 }
 
 SEC("tracepoint/block/block_rq_complete")
