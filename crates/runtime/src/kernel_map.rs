@@ -39,6 +39,8 @@ use std::sync::Mutex;
 
 use userbpf_maps::{Map, MapSpec, MapType};
 
+use crate::session::broker;
+
 const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -163,40 +165,12 @@ fn serve(listener: UnixListener) {
 }
 
 fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
-    let r = unsafe {
-        libc::getsockopt(conn.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len)
-    };
-    (r == 0).then_some(cred.uid)
+    broker::peer_cred(conn.as_raw_fd()).ok().map(|c| c.uid)
 }
 
 /// Sends status 0 with descriptor `fd` (`SCM_RIGHTS`).
 fn send_fd(conn: &UnixStream, fd: i32) -> std::io::Result<()> {
-    let byte = [0u8];
-    let mut iov = libc::iovec { iov_base: byte.as_ptr() as *mut libc::c_void, iov_len: 1 };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(4) } as usize;
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space;
-    // SAFETY: the control buffer holds `space` (<= 32) bytes, room for one header with a
-    // 4-byte payload; CMSG_FIRSTHDR/CMSG_DATA point inside it.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
-    }
-    // SAFETY: `msg` points to live buffers for the call's duration.
-    let r = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    broker::send(conn.as_raw_fd(), &[0], Some(fd))
 }
 
 /// Asks holder `pid` of `session_dir`'s kernel maps for kernel map `kernel_id`.
@@ -205,31 +179,12 @@ fn ask(session_dir: &Path, pid: u32, kernel_id: u32) -> std::io::Result<OwnedFd>
     conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
     conn.write_all(&kernel_id.to_ne_bytes())?;
     let mut byte = [0u8];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE is a pure computation.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as usize;
-    // SAFETY: `msg` points to live buffers for the call's duration.
-    let r = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if r == 0 {
+    let (n, fd) = broker::recv(conn.as_raw_fd(), &mut byte)?;
+    if n == 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the holder closed the connection"));
     }
-    // SAFETY: the kernel filled `msg`'s control part; CMSG_FIRSTHDR reads within it.
-    let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    // SAFETY: a non-null header the kernel wrote, of SCM_RIGHTS with one descriptor.
-    let fd = (!c.is_null() && unsafe { (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS })
-        .then(|| unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()) });
     match (byte[0], fd) {
-        // SAFETY: a descriptor the kernel just installed in this process for us.
-        (0, Some(fd)) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        (0, Some(fd)) => Ok(fd),
         (e, _) => Err(std::io::Error::from_raw_os_error(if e == 0 { libc::EIO } else { e as i32 })),
     }
 }

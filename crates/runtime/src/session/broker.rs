@@ -168,7 +168,8 @@ fn seqpacket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
+/// The peer's credentials as the kernel fixed them at connect (`SO_PEERCRED`).
+pub(crate) fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
@@ -176,8 +177,8 @@ fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
     if r != 0 { Err(io::Error::last_os_error()) } else { Ok(cred) }
 }
 
-/// Sends one message, with descriptor `pass` riding along if given.
-fn send(fd: RawFd, data: &[u8], pass: Option<RawFd>) -> io::Result<()> {
+/// Sends one message, with descriptor `pass` riding along if given (`SCM_RIGHTS`).
+pub(crate) fn send(fd: RawFd, data: &[u8], pass: Option<RawFd>) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     let mut cbuf = [0u64; 4];
     // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
@@ -213,7 +214,7 @@ fn send(fd: RawFd, data: &[u8], pass: Option<RawFd>) -> io::Result<()> {
 
 /// Receives one message into `buf`: its length (0: the peer closed) and the descriptor that
 /// came with it, if any.
-fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = [0u64; 8];
     loop {
