@@ -515,9 +515,7 @@ impl PerfEventArray {
     /// Bumps the futex word and wakes whoever waits on it (e.g. a watcher that must look at
     /// its rings again).
     pub fn wake_watchers(&self) {
-        let m = self.meta();
-        m.wake_seq.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&m.wake_seq);
+        futex_wake(&self.meta().wake_seq);
     }
 
     /// Puts a ring at `index` (like storing a perf event fd there): outputs go to it.
@@ -713,7 +711,6 @@ impl PerfEventArray {
         drop(guard);
         let m = self.meta();
         if m.waiting.load(Ordering::SeqCst) != 0 || ctl.waiting.load(Ordering::SeqCst) != 0 {
-            m.wake_seq.fetch_add(1, Ordering::SeqCst);
             m.wakeups.fetch_add(1, Ordering::Relaxed);
             futex_wake(&m.wake_seq);
         }

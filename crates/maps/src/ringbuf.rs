@@ -702,7 +702,6 @@ impl RingBuf {
 
     fn wake(&self) {
         let m = self.meta();
-        m.wake_seq.fetch_add(1, Ordering::SeqCst);
         m.wakeups.fetch_add(1, Ordering::Relaxed);
         futex_wake(&m.wake_seq);
     }
@@ -773,9 +772,7 @@ impl RingBuf {
     /// Bumps the futex word and wakes whoever waits on it (not counted in
     /// [`RingBuf::wakeups`], which counts producers' calls).
     pub fn wake_watchers(&self) {
-        let m = self.meta();
-        m.wake_seq.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&m.wake_seq);
+        futex_wake(&self.meta().wake_seq);
     }
 
     /// Whether the record at `consumer_pos` is committed (see `RingBufConsumer`'s readiness
@@ -994,8 +991,10 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Durati
     }
 }
 
-/// Wakes every waiter sleeping on `word` (in any process).
+/// Bumps futex word `word` (so a waiter about to sleep on its old value does not) and wakes
+/// every waiter sleeping on it (in any process).
 pub(crate) fn futex_wake(word: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
     // SAFETY: FUTEX_WAKE only uses the address as a key; it does not access memory
     // through the null pointers.
     unsafe {
