@@ -60,7 +60,16 @@ main's: its timed runs go beside ours in each round, "before" and "after" side b
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
 `userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each run
 records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
-the untraced runs' as none.data; the last run's of each is kept).
+the untraced runs' as none.data; the last run's of each is kept), SBENCH_PIN (`1`: nginx and
+wrk on CPU 0, the tool on CPU 1, in every run: the tool's Python then has a CPU of its own and
+keeps up with the events, and nginx's CPU time a request shows what the probes cost it without
+the tool taking turns on nginx's CPU and caches).
+
+Also printed: the CPU time wrk and the tool take a request, and from them the ceiling the CPUs
+set on the requests/s share when every CPU is busy (nginx, wrk and the tool share them): the
+untraced runs' nginx + wrk CPU a request over that plus the tool's, i.e. the share a traced
+run would keep if its probes cost nginx nothing. The tool's CPU is the same work on the kernel
+and through userbpf (its Python reads and prints each event).
 
 Also printed for the runs through userbpf: the `FUTEX_WAKE` calls nginx's probes made per request
 (producers wake the tool's watcher thread: the counter in each perf event array's map file,
@@ -70,6 +79,7 @@ syscall server's threads that make its perf buffers' descriptors readable).
 
 import glob
 import os
+import resource
 import platform
 import re
 import shutil
@@ -108,6 +118,14 @@ CHECK_REQUESTS = [("/index.html", 10), ("/page3k.html", 10)]
 BASE = os.environ.get("SBENCH_BASE", "")
 # A directory for `perf record -e cpu-clock` profiles of nginx's worker during each traced run.
 PROFILE = os.environ.get("SBENCH_PROFILE", "")
+# SBENCH_PIN=1: nginx and wrk on CPU 0, the tool on CPU 1.
+PIN = os.environ.get("SBENCH_PIN", "") not in ("", "0")
+TASKSET = "/usr/bin/taskset"
+
+
+def pinned(cmd, cpu):
+    """`cmd` bound to CPU `cpu` when SBENCH_PIN is set (its threads and children inherit it)."""
+    return [TASKSET, "-c", str(cpu)] + cmd if PIN else cmd
 CONFIGS = {
     "none": "untraced",
     "kernel": "sslsniff-bpfcc, kernel uprobes",
@@ -365,6 +383,7 @@ class Nginx:
         if session:
             env["USERBPF_SESSION"] = session
             cmd = [cli, "start"] + cmd
+        cmd = pinned(cmd, 0)
         self.out = open(os.path.join(workdir, "nginx.out"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
         self.master = self.worker = None
@@ -443,6 +462,7 @@ class Sslsniff:
         if session:
             env["USERBPF_SESSION"] = session
             cmd = [cli, "load"] + cmd
+        cmd = pinned(cmd, 1)
         with open(self.outp, "w") as o, open(self.errp, "w") as e:
             self.proc = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, preexec_fn=no_sigint_ignored)
         # The tool's stdout is a file (block-buffered): its header line cannot say when it has
@@ -639,15 +659,20 @@ def capture_check(s):
 # ---- the timed runs ----
 
 def wrk(port):
-    r = subprocess.run([WRK, f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{SECONDS}s", f"https://127.0.0.1:{port}/index.html"],
+    """Runs wrk; returns (requests/s, wrk's CPU seconds)."""
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run(pinned([WRK, f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{SECONDS}s",
+                               f"https://127.0.0.1:{port}/index.html"], 0),
                        capture_output=True, text=True, timeout=SECONDS + TIMEOUT)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     rate = re.search(r"^Requests/sec:\s+([0-9.]+)", r.stdout, re.M)
     if r.returncode != 0 or not rate:
         raise RuntimeError(f"wrk failed ({r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", r.stdout)
     if errors:
         problem("wrk reported errors", errors.group(0))
-    return float(rate.group(1))
+    return float(rate.group(1)), cpu
 
 
 def timed(s, config, workdir):
@@ -668,7 +693,7 @@ def timed(s, config, workdir):
             prof = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "2000", "-p", str(nginx.worker),
                                      "-o", os.path.join(PROFILE, f"{config}.data")],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rate = wrk(nginx.port)
+        rate, wrk_cpu = wrk(nginx.port)
         if prof:
             prof.send_signal(signal.SIGINT)
             prof.wait()
@@ -689,7 +714,9 @@ def timed(s, config, workdir):
         return None
     got = sniff.stop() if sniff else {}
     reqs, _, _ = nginx.stop()
+    tool_s = tool_cpu * wall / 100 if sniff else 0.0
     res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None, "tool_cpu": tool_cpu,
+           "wrk_us": 1e6 * wrk_cpu / reqs if reqs else None, "tool_us": 1e6 * tool_s / reqs if reqs else None,
            "watch_cpu": watch_cpu, "wakes": wakes / reqs if wakes is not None and reqs else None}
     if sniff:
         res.update(got)
@@ -701,9 +728,50 @@ def timed(s, config, workdir):
             problem(f"{CONFIGS[config]}: sslsniff printed {got['reads'] + got['writes']} events and lost {got['lost']}, "
                     f"for {reqs} requests nginx logged (2 events each)")
     log(f"{CONFIGS[config]}: {rate:,.0f} requests/s, {reqs} requests, nginx {res['cpu_us'] or 0:.1f} µs CPU a request"
+        + f", wrk {res['wrk_us'] or 0:.1f} µs" + (f", the tool {res['tool_us'] or 0:.1f} µs" if sniff else "")
         + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}, its CPU {tool_cpu:.0f}%" if sniff else "")
         + (f", FUTEX_WAKE {res['wakes']:.4f} a request, watcher CPU {watch_cpu:.1f}%" if res.get("wakes") is not None else ""))
     return res
+
+
+def print_cpu_budget(traced, pairs, untraced):
+    """Where the CPU time of a request goes (medians), and the requests/s share the CPUs allow:
+    unpinned, nginx, wrk and the tool share every CPU, so the tool's CPU comes out of theirs;
+    pinned (SBENCH_PIN), nginx and wrk share CPU 0 and the tool has CPU 1 to itself."""
+    if not untraced or any(x.get("wrk_us") is None for x in untraced):
+        return
+    n0 = statistics.median(x["cpu_us"] for x in untraced)
+    w0 = statistics.median(x["wrk_us"] for x in untraced)
+    busy = statistics.median(x["rate"] * (x["cpu_us"] + x["wrk_us"]) / 1e6 for x in untraced)
+    if PIN:
+        print(f"CPU time a request, nginx and wrk on CPU 0, the tool on CPU 1: untraced, nginx {n0:.1f} µs + wrk "
+              f"{w0:.1f} µs ({busy:.2f} CPUs busy). Predicted share: the untraced nginx + wrk CPU a request over the "
+              "traced run's (CPU 0 is the bottleneck).")
+        print()
+        print("| nginx | nginx µs | wrk µs | the tool's µs (CPU 1) | share the CPU times predict |")
+        print("|---|---:|---:|---:|---:|")
+    else:
+        print(f"CPU time a request: untraced, nginx {n0:.1f} µs + wrk {w0:.1f} µs, {busy:.2f} of the "
+              f"{os.cpu_count()} CPUs busy. Ceiling: the share of the untraced requests/s left when every CPU is busy "
+              "and the tool's CPU comes out of nginx's and wrk's, with probes that cost nginx nothing (the tool "
+              "does the same work per event on the kernel and through userbpf). Predicted: the untraced nginx + wrk "
+              "CPU a request over the traced run's nginx + wrk + tool.")
+        print()
+        print("| nginx | nginx µs | wrk µs | the tool's µs | ceiling from the tool's CPU | share the CPU times predict |")
+        print("|---|---:|---:|---:|---:|---:|")
+    for c in traced:
+        rs = [r for r, _, _ in pairs[c] if r.get("tool_us") is not None]
+        if not rs:
+            continue
+        n = statistics.median(r["cpu_us"] for r in rs)
+        w = statistics.median(r["wrk_us"] for r in rs)
+        t = statistics.median(r["tool_us"] for r in rs)
+        if PIN:
+            print(f"| {CONFIGS[c]} | {n:.1f} | {w:.1f} | {t:.1f} | {100 * (n0 + w0) / (n + w):.1f}% |")
+        else:
+            print(f"| {CONFIGS[c]} | {n:.1f} | {w:.1f} | {t:.1f} | {100 * (n0 + w0) / (n0 + w0 + t):.1f}% | "
+                  f"{100 * (n0 + w0) / (n + w + t):.1f}% |")
+    print()
 
 
 def main():
@@ -780,6 +848,7 @@ def main():
                   f"{tool_cpu:.0f}% of a CPU | {f'{statistics.median(wakes):.4f}' if wakes else '–'} | "
                   f"{f'{statistics.median(watch):.1f}% of a CPU' if watch else '–'} |")
         print()
+        print_cpu_budget(traced, pairs, untraced)
         if "userbpf" in shares:
             print(f"- {'met' if shares['userbpf'] >= TARGET else 'NOT met'}: nginx traced by sslsniff-bpfcc through "
                   f"userbpf keeps ≥ {TARGET:.0f}% of its untraced requests/s: {shares['userbpf']:.1f}%"
