@@ -26,7 +26,11 @@
 //! consumer that has been idle for [`LINGER_IDLE`]. A consumer that lingers may so see a
 //! record a producer committed with `BPF_RB_NO_WAKEUP` sooner than the kernel would show it.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::ringbuf::futex_wait;
+use crate::types::MapError;
 
 /// The shortest lingering sleep (and the first after a deep one).
 pub const LINGER_MIN: Duration = Duration::from_micros(50);
@@ -119,6 +123,61 @@ impl Linger {
     pub fn idle(&self) -> bool {
         self.last.is_none_or(|l| l.elapsed() >= LINGER_IDLE)
     }
+}
+
+/// A consumer that waits as this module says: its [`Linger`], and its deep sleep.
+pub(crate) trait Waiting {
+    fn linger(&mut self) -> &mut Linger;
+    /// Sleeps deep, at most `timeout` (forever if None): see [`sleep_deep`].
+    fn sleep_deep(&self, timeout: Option<Duration>);
+}
+
+/// A consumer's `poll`: `consume` until it hands over records (their number is returned), or
+/// `timeout` passes (0; `Duration::MAX` waits forever), waiting in between as [`Linger`] says.
+pub(crate) fn poll<C: Waiting>(
+    c: &mut C,
+    timeout: Duration,
+    mut consume: impl FnMut(&mut C) -> Result<usize, MapError>,
+) -> Result<usize, MapError> {
+    let deadline = Instant::now().checked_add(timeout);
+    loop {
+        let n = consume(c)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        let remaining = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Ok(0);
+                }
+                Some(d - now)
+            }
+            None => None,
+        };
+        if let Some(nap) = c.linger().next_sleep() {
+            std::thread::sleep(remaining.map_or(nap, |r| r.min(nap)));
+            continue;
+        }
+        c.sleep_deep(remaining);
+    }
+}
+
+/// The deep sleep: sets `waiting` (producers that see it bump `wake_seq` and wake it), looks
+/// once more (`ready`, sequentially consistent with the producers' publication, see the
+/// consumers' `ready`), and sleeps on `wake_seq` unless something came; clears `waiting`.
+pub(crate) fn sleep_deep(
+    waiting: &AtomicU32,
+    wake_seq: &AtomicU32,
+    ready: impl FnOnce() -> bool,
+    timeout: Option<Duration>,
+) {
+    waiting.store(1, Ordering::SeqCst);
+    let seq = wake_seq.load(Ordering::SeqCst);
+    if !ready() {
+        futex_wait(wake_seq, seq, timeout);
+    }
+    waiting.store(0, Ordering::SeqCst);
 }
 
 #[cfg(test)]

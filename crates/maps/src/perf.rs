@@ -52,13 +52,11 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::linger::Linger;
 use crate::map::Base;
-use crate::ringbuf::{
-    claim_consumer, futex_wait, futex_wake, header_nr_cpus, io_error, publish_header, read_header, write_header,
-};
+use crate::ringbuf::{claim_consumer, futex_wake, header_nr_cpus, io_error, publish_header, read_header, write_header};
 use crate::shm::{MapHeader, PAGE_SIZE, Shm};
 use crate::sync::{SpinLock, Wait};
 use crate::types::{BPF_F_NUMA_NODE, BPF_F_PRESERVE_ELEMS, BPF_F_RDONLY, BPF_F_WRONLY, MapError, MapSpec, MapType};
@@ -896,35 +894,7 @@ impl PerfConsumer {
     /// timed one that writers do not know of; after [`crate::linger::LINGER_IDLE`] without
     /// records it is a futex wait writers end (see [`crate::linger`]).
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(PerfEvent<'_>)) -> Result<usize, MapError> {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let n = self.consume(&mut f)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            let remaining = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(0);
-                    }
-                    Some(d - now)
-                }
-                None => None,
-            };
-            if let Some(nap) = self.linger.next_sleep() {
-                std::thread::sleep(remaining.map_or(nap, |r| r.min(nap)));
-                continue;
-            }
-            let pa = self.pa.clone();
-            let m = pa.meta();
-            m.waiting.store(1, Ordering::SeqCst);
-            let seq = m.wake_seq.load(Ordering::SeqCst);
-            if !self.ready() {
-                futex_wait(&m.wake_seq, seq, remaining);
-            }
-            m.waiting.store(0, Ordering::SeqCst);
-        }
+        crate::linger::poll(self, timeout, |c| c.consume(&mut f))
     }
 
     /// Whether any ring has data (sequentially consistent: pairs with the writers' store of
@@ -934,6 +904,17 @@ impl PerfConsumer {
             let page = self.pa.ring_page(i);
             self.pa.head(page).load(Ordering::SeqCst) != self.pa.tail(page).load(Ordering::SeqCst)
         })
+    }
+}
+
+impl crate::linger::Waiting for PerfConsumer {
+    fn linger(&mut self) -> &mut Linger {
+        &mut self.linger
+    }
+
+    fn sleep_deep(&self, timeout: Option<Duration>) {
+        let m = self.pa.meta();
+        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout);
     }
 }
 

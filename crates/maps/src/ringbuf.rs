@@ -77,7 +77,7 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::linger::Linger;
 use crate::map::Base;
@@ -916,34 +916,7 @@ impl RingBufConsumer {
     /// one that producers do not know of; after [`crate::linger::LINGER_IDLE`] without
     /// samples it is a futex wait producers end (see [`crate::linger`]).
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(&[u8])) -> Result<usize, MapError> {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let n = self.consume(&mut f)?;
-            if n > 0 {
-                return Ok(n);
-            }
-            let remaining = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(0);
-                    }
-                    Some(d - now)
-                }
-                None => None,
-            };
-            if let Some(nap) = self.linger.next_sleep() {
-                std::thread::sleep(remaining.map_or(nap, |r| r.min(nap)));
-                continue;
-            }
-            let m = self.rb.meta();
-            m.waiting.store(1, Ordering::SeqCst);
-            let seq = m.wake_seq.load(Ordering::SeqCst);
-            if !self.ready() {
-                futex_wait(&m.wake_seq, seq, remaining);
-            }
-            m.waiting.store(0, Ordering::SeqCst);
-        }
+        crate::linger::poll(self, timeout, |c| c.consume(&mut f))
     }
 
     /// Whether the record at consumer_pos is committed. Called after `waiting = 1`
@@ -967,6 +940,17 @@ impl RingBufConsumer {
             return false;
         }
         len & BPF_RINGBUF_BUSY_BIT == 0
+    }
+}
+
+impl crate::linger::Waiting for RingBufConsumer {
+    fn linger(&mut self) -> &mut Linger {
+        &mut self.linger
+    }
+
+    fn sleep_deep(&self, timeout: Option<Duration>) {
+        let m = self.rb.meta();
+        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout);
     }
 }
 

@@ -545,7 +545,17 @@ fn no_wakeup_and_force_wakeup_flags() {
     let d = test_dir("flags");
     let rb = RingBuf::create(&d.path("rb"), &spec(4096)).unwrap();
     let spawn_poll = |timeout: Duration| {
-        let mut c = RingBufConsumer::new(&rb).unwrap();
+        // The consumer before is gone, but a child another test of this binary is forking
+        // may still hold its descriptor (and so its lock) until it execs: EBUSY for a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut c = loop {
+            match RingBufConsumer::new(&rb) {
+                Err(e) if e.errno() == libc::EBUSY && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                r => break r.unwrap(),
+            }
+        };
         std::thread::spawn(move || {
             let start = Instant::now();
             let n = c.poll(timeout, |_| {}).unwrap();
