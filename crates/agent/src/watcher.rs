@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 use userbpf_runtime::Session;
 use userbpf_runtime::session::Layout;
+use userbpf_runtime::session::broker;
 
 use crate::{AGENT, Ack, Agent, creds, lock};
 
@@ -545,7 +546,17 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
     // SAFETY: a NUL-terminated string (the caller's contract).
     let arg = unsafe { std::ffi::CStr::from_ptr(arg) }.to_string_lossy().into_owned();
     std::panic::catch_unwind(move || {
-        let Some((root, name)) = arg.split_once('\n') else { return -1 };
+        let Some((root, rest)) = arg.split_once('\n') else { return -1 };
+        // `ROOT\nNAME`, or `ROOT\nNAME\nSECRET\nDIR` (the secret in hex, the session's
+        // directory, named for its owner) for a process that cannot read the session: another
+        // user's, which the attacher invited (`broker::invite`).
+        let (name, invited) = match rest.split_once('\n') {
+            Some((name, more)) => match more.split_once('\n').and_then(|(hex, dir)| Some((decode_secret(hex)?, dir))) {
+                Some((secret, dir)) => (name, Some((secret, std::path::PathBuf::from(dir)))),
+                None => return -1,
+            },
+            None => (rest, None),
+        };
         if AGENT.get().is_some() && !crate::detach::is_detached() {
             return 1;
         }
@@ -554,15 +565,20 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
             return 2;
         }
         let (root, name) = (std::path::PathBuf::from(root), name.to_string());
-        let links = Layout::new(Session::dir_in(&root, &name)).links_dir();
+        let dir = invited.as_ref().map_or_else(|| Session::dir_in(&root, &name), |(_, d)| d.clone());
+        let links = Layout::new(&dir).links_dir();
         note_borrowed();
         let start = move || {
             // No patching (and its signals to every thread) while the injector still holds
             // this thread stopped.
             wait_borrowed_released();
-            Session::open_in(&root, &name)
-                .map_err(|e| format!("opening session {name}: {e}"))
-                .and_then(|s| Agent::start_in(s, true))
+            let opened = match invited {
+                Some((secret, dir)) => broker::remember_given(&dir, secret)
+                    .map_err(|e| format!("reaching session {name} through its broker: {e}"))
+                    .and_then(|()| Session::open_at(&dir, &name).map_err(|e| format!("opening session {name}: {e}"))),
+                None => Session::open_in(&root, &name).map_err(|e| format!("opening session {name}: {e}")),
+            };
+            opened.and_then(|s| Agent::start_in(s, true))
         };
         STARTING.store(true, Ordering::SeqCst);
         let started = userbpf_hook::quiet::spawn("userbpf-agent", move || agent_thread(links, start, None, "attach: "));
@@ -572,6 +588,19 @@ pub unsafe extern "C" fn userbpf_agent_attach(arg: *const std::ffi::c_char) -> i
         if started.is_ok() { 0 } else { -1 }
     })
     .unwrap_or(-1)
+}
+
+/// The session's secret as `userbpf attach` passes it: 64 hex digits.
+fn decode_secret(hex: &str) -> Option<[u8; broker::SECRET_LEN]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 2 * broker::SECRET_LEN {
+        return None;
+    }
+    let mut out = [0u8; broker::SECRET_LEN];
+    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// The thread the injector borrowed for `userbpf_agent_attach` or `userbpf_agent_detach`

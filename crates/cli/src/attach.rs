@@ -39,7 +39,26 @@ pub fn inject_agent(s: &Session, pid: i32) -> Result<String> {
     let session = s.name();
     let agent = crate::run::agent_path()?;
     let root = Session::root();
-    let arg = format!("{}\n{session}", root.display());
+    let mut arg = format!("{}\n{session}", root.display());
+    // A process of another user cannot read the session: it is invited (a membership record
+    // written here, the secret handed to its agent) and joins through the broker, which this
+    // command serves while it lives (as `tool` and the loaders do).
+    let _invite = match cannot_read_session(s, pid) {
+        true => {
+            let (secret, record) = userbpf_runtime::session::broker::invite(s.layout(), pid as u32)
+                .with_context(|| format!("inviting process {pid} (another user's) into session {session}"))?;
+            crate::run::serve_broker(s);
+            // The CPU slots' file, which the process could not make itself.
+            userbpf_runtime::context::CpuSlots::open(&s.layout().cpus())
+                .with_context(|| format!("the CPU slots of session {session}"))?;
+            arg.push('\n');
+            arg.extend(secret.iter().map(|b| format!("{b:02x}")));
+            arg.push('\n');
+            arg.push_str(&s.dir().to_string_lossy());
+            Some(RemoveOnDrop(record))
+        }
+        false => None,
+    };
     let done = userbpf_inject::inject(pid, &agent, "userbpf_agent_attach", arg.as_bytes())
         .with_context(|| format!("attaching to process {pid}"))?;
     match done.ret as i32 {
@@ -97,10 +116,40 @@ fn has_ack_file(agents: &Path, pid: i32) -> bool {
     })
 }
 
+/// A membership record of its own (an invitation's is not: see `broker::invite`).
 fn is_member(members: &Path, pid: i32) -> bool {
     let prefix = format!("{pid}.");
-    std::fs::read_dir(members)
-        .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
+    let invite = format!(".{}", userbpf_runtime::session::broker::INVITE_HANDLE);
+    std::fs::read_dir(members).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&prefix) && !name.ends_with(&invite)
+        })
+    })
+}
+
+/// Whether process `pid` runs with credentials that cannot open the session's files: an
+/// effective uid other than root and the session directory's owner.
+fn cannot_read_session(s: &Session, pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(s.dir()).map(|m| m.uid()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|u| u.parse::<u32>().ok());
+    euid.is_some_and(|u| u != 0 && u != owner)
+}
+
+/// A file removed when this goes out of scope (an invitation's membership record, once the
+/// agent joined with its own or failed to).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[derive(Args)]

@@ -235,7 +235,7 @@ fn a_libbpf_program_attached_with_a_pid_counts_that_process_only() {
 }
 
 #[test]
-fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
+fn a_process_of_another_user_is_attached_by_that_user_without_root_and_by_roots_loader() {
     // SAFETY: geteuid has no preconditions.
     if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (to run the test's processes as nobody)") {
         return;
@@ -289,16 +289,26 @@ fn a_process_of_the_same_user_is_attached_and_detached_without_root() {
     assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
     as_before(t.pid);
 
-    // Root's loader cannot bring nobody's process into root's session (the agent runs as
-    // nobody): refused at once, with the reason, nothing injected.
+    // Root's loader brings nobody's process into root's session: the agent, which runs as
+    // nobody and cannot read the session, is invited (a membership record and the session's
+    // secret from `userbpf attach`) and opens its files through the broker. Exact counts, then
+    // detached at the loader's exit, and nothing of the invitation left.
     let mut lc = Command::new(userbpf());
     lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
     lc.env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("root"));
     let mut l = Proc::spawn("percpu-counter as root on nobody's process", lc);
-    assert!(!l.wait_exit("its refusal").success());
-    assert!(l.stderr().contains(&format!("process {pid} runs as uid {nobody}")), "{}", l.stderr());
-    assert_eq!(agent_threads(t.pid), 0);
+    wait_probed(&mut l, t.pid, &exe, "attached to", None);
+    t.go(400);
+    l.signal(libc::SIGINT);
+    let st = l.wait_exit("after SIGINT");
+    assert!(st.success(), "{}", l.describe());
+    assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
     as_before(t.pid);
+    let members = shm.join(format!("userbpf-0-{}", session("root"))).join("members");
+    let invites: Vec<_> = std::fs::read_dir(&members)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!invites.iter().any(|n| n.starts_with(&format!("{pid}."))), "{invites:?}");
     t.quit();
 }
 

@@ -338,7 +338,12 @@ impl CpuSlots {
         let len = SLOTS_OFFSET + nr as usize * SLOT_STRIDE;
         let shm = match Shm::create(path, len) {
             Ok(s) => s,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Shm::open(path)?,
+            // PermissionDenied: a member that cannot create files in the session (another
+            // user's process, or one that dropped privileges) opens the file the session's
+            // owner made, through the broker (`session::broker`, the maps' open fallback).
+            Err(e) if matches!(e.kind(), io::ErrorKind::AlreadyExists | io::ErrorKind::PermissionDenied) => {
+                Shm::open(path)?
+            }
             Err(e) => return Err(e),
         };
         if shm.len() < len {

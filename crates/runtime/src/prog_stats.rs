@@ -173,15 +173,12 @@ fn io_err(what: &str, path: &Path, e: io::Error) -> io::Error {
 /// Maps `len` bytes of `path` (created 0600 and sized if needed) shared; the descriptor is
 /// closed (the mapping holds the file). `fresh`: emptied first (a file of another layout).
 fn map_file(path: &Path, len: usize) -> io::Result<*mut u8> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| io_err("opening", path, e))?;
+    // Through the broker when this process may not open the session's files (one that dropped
+    // privileges, or another user's invited into the session: see `session::broker`).
+    let f = fs::File::from(
+        crate::session::broker::open(path, libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600)
+            .map_err(|e| io_err("opening", path, e))?,
+    );
     if (f.metadata()?.len() as usize) < len {
         f.set_len(len as u64).map_err(|e| io_err("sizing", path, e))?;
     }
@@ -207,7 +204,7 @@ pub fn bind(layout: &Layout) -> io::Result<()> {
     let mut bound = BOUND.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((dev, ino, file)) = *bound
         && (dev, ino) == (meta.dev(), meta.ino())
-        && fs::metadata(&path).is_ok_and(|m| m.ino() == file)
+        && crate::session::broker::metadata(&path).is_ok_and(|m| m.ino() == file)
     {
         return Ok(());
     }
@@ -215,7 +212,7 @@ pub fn bind(layout: &Layout) -> io::Result<()> {
     layout::make_dir(&dir).map_err(|e| io_err("making", &dir, e))?;
     let switch = map_file(&layout.counters_switch(), SWITCH_BYTES)?;
     let base = map_file(&path, FILE_BYTES)?;
-    let file = fs::metadata(&path).map_err(|e| io_err("reading", &path, e))?.ino();
+    let file = crate::session::broker::metadata(&path).map_err(|e| io_err("reading", &path, e))?.ino();
     // SAFETY: `base` is a mapping of FILE_BYTES that starts with the header's atomics.
     let h = unsafe { &*(base as *const Header) };
     if h.magic.load(Ordering::Relaxed) != MAGIC {

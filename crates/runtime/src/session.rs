@@ -154,6 +154,14 @@ impl Session {
         Self::open_layout(name, Layout::new(Self::dir_in(root, name)))
     }
 
+    /// As [`Session::open_in`], for the session in directory `dir` (named for its owner, who
+    /// may be another user than the caller's: a process invited into another user's session,
+    /// see [`broker::invite`]).
+    pub fn open_at(dir: &Path, name: &str) -> io::Result<Session> {
+        Self::check_name(name)?;
+        Self::open_layout(name, Layout::new(dir))
+    }
+
     /// Opens this session's directory again, as a membership of the calling process (a forked
     /// child joins its parent's session: the same directory, whatever its uid is now; one that
     /// dropped privileges joins through the broker, see [`broker`]).

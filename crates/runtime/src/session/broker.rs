@@ -53,6 +53,16 @@
 //!    memory (possible only if that process made itself dumpable again) is of no use to any
 //!    other process.
 //!
+//! **Invited processes.** A process that was another user's before it ever was a member (a
+//! daemon running as its own user, which root attaches to) could not read the secret nor write
+//! its record. Root's `userbpf attach` [`invite`]s it: writes a membership record for it (its
+//! pid and start time, as (3) wants), reads the secret, and hands both the secret and the
+//! session's directory to the agent it puts there (the injection's argument, in the process's
+//! memory, as a member's own copy is), which [`remember_given`]s them and opens everything
+//! through a broker from its first file; `attach` serves until the agent has joined with a
+//! record of its own, then removes the invitation's. Nothing else changes: a process only ever
+//! becomes a member through one that could read the session.
+//!
 //! A process of another user that was never a member meets (2) and (3) and gets nothing: the
 //! server closes the connection after its first message. Once answered, a member can do in the
 //! session directory what it could when it was privileged, no more: paths are relative,
@@ -674,12 +684,51 @@ static CLIENT: RwLock<Option<Arc<Client>>> = RwLock::new(None);
 /// may no longer open there. Also makes map files open through it.
 pub fn remember(dir: &Path) -> io::Result<()> {
     let layout = Layout::new(dir);
-    let secret = read_secret(&layout)?;
+    let secret = match read_secret(&layout) {
+        Ok(s) => s,
+        // A process that never could read the session (the agent put into another user's
+        // process, which was given the secret: see `remember_given`) keeps what it was given.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) && remembers(dir) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    remember_given(dir, secret)
+}
+
+/// Remembers the session in `dir` with its secret given by who put the agent into this
+/// process (`userbpf attach` of a process of another user, which never could read the
+/// session: see [`invite`]); otherwise as [`remember`].
+pub fn remember_given(dir: &Path, secret: [u8; SECRET_LEN]) -> io::Result<()> {
     let (owner, dev, ino) = identity(dir)?;
     let c = Client { dir: dir.to_path_buf(), owner, dev, ino, secret, conn: Mutex::new(None) };
     *CLIENT.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(c));
     userbpf_maps::shm::set_open_fallback(map_fallback);
     Ok(())
+}
+
+/// Whether the session directory `dir` (as it is now) is the one remembered.
+fn remembers(dir: &Path) -> bool {
+    let Ok((_, dev, ino)) = identity(dir) else { return false };
+    CLIENT.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|c| c.dev == dev && c.ino == ino)
+}
+
+/// The handle of an invitation's membership record (see [`invite`]); a process's own records
+/// count their handles up from 0.
+pub const INVITE_HANDLE: u32 = u32::MAX;
+
+/// Invites process `pid`, which cannot read the session in `l` (another user's, never a
+/// member), before the agent is put into it (`userbpf attach`, with the owner's credentials):
+/// writes a membership record for it (as it is now: its start time), so that a broker answers
+/// it, and returns the session's secret, which the caller hands to the agent it puts there
+/// ([`remember_given`]) and the record's path, which the caller removes once the agent has
+/// joined with a record of its own (or failed to). The security argument of the module holds:
+/// the process is made a member by a process that could read the session, as a member that
+/// dropped privileges was while it had them.
+pub fn invite(l: &Layout, pid: u32) -> io::Result<([u8; SECRET_LEN], PathBuf)> {
+    let start = super::start_time(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    let secret = read_secret(l)?;
+    let record = l.member(pid, start, INVITE_HANDLE);
+    super::layout::write_atomic(&record, b"")?;
+    Ok((secret, record))
 }
 
 /// Forgets the session (the agent left it).

@@ -297,10 +297,12 @@ fn ensure_member(s: &Session, pid: u32) -> Result<Option<Proc>, Error> {
         return Ok(marker.exists().then_some(Proc { pid, start }));
     }
     // The agent runs with the process's credentials and opens the session's files (this
-    // user's, mode 0600): another user's process cannot join (not even for root's loader).
+    // user's, mode 0600): root's `userbpf attach` invites another user's process (it joins
+    // through the session's broker: `userbpf_runtime::session::broker::invite`); another
+    // user's loader could not even ptrace it.
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    if let Some(uid) = effective_uid(pid).filter(|u| *u != me) {
+    if let Some(uid) = effective_uid(pid).filter(|u| *u != me && me != 0) {
         return Err(Error::new(
             libc::EPERM,
             format!(
