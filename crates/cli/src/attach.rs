@@ -272,16 +272,42 @@ fn detach_unused(session: &str) -> Result<()> {
 /// thread, see `detach_one`).
 fn touch_ack(pid: u32) {
     let Some(start) = userbpf_runtime::session::start_time(pid) else { return };
-    let Ok(rd) = std::fs::read_dir(Session::root()) else { return };
-    let prefix = userbpf_runtime::session::Layout::dir_name_prefix();
-    for e in rd.flatten() {
-        if !e.file_name().to_string_lossy().starts_with(&prefix) {
-            continue;
-        }
-        let ack = userbpf_runtime::session::Layout::new(e.path()).agent(pid, start);
+    for l in own_sessions() {
+        let ack = l.agent(pid, start);
         if let Ok(c) = std::ffi::CString::new(ack.as_os_str().as_encoded_bytes()) {
             // SAFETY: a NUL-terminated path; NULL times: now (a file that is not there fails).
             unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+        }
+    }
+}
+
+/// The layouts of this user's sessions.
+fn own_sessions() -> Vec<userbpf_runtime::session::Layout> {
+    let prefix = userbpf_runtime::session::Layout::dir_name_prefix();
+    std::fs::read_dir(Session::root())
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| userbpf_runtime::session::Layout::new(e.path()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// After process `pid`'s agent ended: what it could not remove itself when it left its
+/// session (a process that is not the session owner's and found no broker serving: its
+/// membership records and acknowledgement file), removed here, so that the session is not
+/// kept by a process that no longer runs the agent.
+fn remove_leftover_membership(pid: u32) {
+    let Some(start) = userbpf_runtime::session::start_time(pid) else { return };
+    let prefix = userbpf_runtime::session::Layout::member_prefix(pid, start);
+    for l in own_sessions() {
+        let _ = std::fs::remove_file(l.agent(pid, start));
+        let dir = l.members_dir();
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
     }
 }
@@ -319,6 +345,7 @@ fn detach_one(pid: i32) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    remove_leftover_membership(pid as u32);
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     Ok(format!(
         "detached from process {pid} ({}): thread {} paused {:.2} ms, probes removed in {:.1} ms",

@@ -309,6 +309,21 @@ fn a_process_of_another_user_is_attached_by_that_user_without_root_and_by_roots_
         .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
     assert!(!invites.iter().any(|n| n.starts_with(&format!("{pid}."))), "{invites:?}");
+
+    // Root's `userbpf attach` and `userbpf detach` alone: no broker serves when the agent
+    // leaves (attach has exited), so detach removes the records it could not.
+    for cmd in ["attach", "detach"] {
+        let mut a = Command::new(userbpf());
+        a.args([cmd, &pid]).env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("root"));
+        let o = a.output().unwrap();
+        assert!(o.status.success(), "{cmd}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(agent_threads(t.pid), 0);
+    as_before(t.pid);
+    let left: Vec<_> = std::fs::read_dir(&members)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!left.iter().any(|n| n.starts_with(&format!("{pid}."))), "{left:?}");
     t.quit();
 }
 
