@@ -275,40 +275,39 @@ fn a_process_of_another_user_is_attached_by_that_user_without_root_and_by_roots_
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     as_before(t.pid);
 
-    // A libbpf loader naming the process, as nobody: the agent injected, exact counts, then
-    // detached at the loader's exit.
-    let mut lc = Command::new(userbpf());
-    lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
-    as_nobody(&mut lc);
-    let mut l = Proc::spawn("percpu-counter as nobody", lc);
-    wait_probed(&mut l, t.pid, &exe, "attached to", None);
-    t.go(400);
-    l.signal(libc::SIGINT);
-    let st = l.wait_exit("after SIGINT");
-    assert!(st.success(), "{}", l.describe());
-    assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
-    as_before(t.pid);
-
+    // A libbpf loader naming the process: exact counts, then detached at the loader's exit.
+    let mut count_through_loader = |what: &str, as_root: bool| {
+        let mut lc = Command::new(userbpf());
+        lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
+        if as_root {
+            lc.env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("root"));
+        } else {
+            as_nobody(&mut lc);
+        }
+        let mut l = Proc::spawn(what, lc);
+        wait_probed(&mut l, t.pid, &exe, "attached to", None);
+        t.go(400);
+        l.signal(libc::SIGINT);
+        let st = l.wait_exit("after SIGINT");
+        assert!(st.success(), "{}", l.describe());
+        assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
+        as_before(t.pid);
+    };
+    // As nobody: the agent injected, a member of nobody's session.
+    count_through_loader("percpu-counter as nobody", false);
     // Root's loader brings nobody's process into root's session: the agent, which runs as
     // nobody and cannot read the session, is invited (a membership record and the session's
-    // secret from `userbpf attach`) and opens its files through the broker. Exact counts, then
-    // detached at the loader's exit, and nothing of the invitation left.
-    let mut lc = Command::new(userbpf());
-    lc.args(["load", counter.to_str().unwrap(), exe.to_str().unwrap(), "work", &pid]);
-    lc.env("USERBPF_SHM_DIR", &shm).env("USERBPF_SESSION", session("root"));
-    let mut l = Proc::spawn("percpu-counter as root on nobody's process", lc);
-    wait_probed(&mut l, t.pid, &exe, "attached to", None);
-    t.go(400);
-    l.signal(libc::SIGINT);
-    let st = l.wait_exit("after SIGINT");
-    assert!(st.success(), "{}", l.describe());
-    assert!(l.stdout().contains("\ncount 1200\n"), "{}", l.stdout());
-    as_before(t.pid);
+    // secret from `userbpf attach`) and opens its files through the broker. Nothing of the
+    // invitation is left.
+    count_through_loader("percpu-counter as root on nobody's process", true);
     let members = shm.join(format!("userbpf-0-{}", session("root"))).join("members");
-    let invites: Vec<_> = std::fs::read_dir(&members)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(!invites.iter().any(|n| n.starts_with(&format!("{pid}."))), "{invites:?}");
+    let no_record_left = || {
+        let names: Vec<_> = std::fs::read_dir(&members)
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        assert!(!names.iter().any(|n| n.starts_with(&format!("{pid}."))), "{names:?}");
+    };
+    no_record_left();
 
     // Root's `userbpf attach` and `userbpf detach` alone: no broker serves when the agent
     // leaves (attach has exited), so detach removes the records it could not.
@@ -320,10 +319,7 @@ fn a_process_of_another_user_is_attached_by_that_user_without_root_and_by_roots_
     }
     assert_eq!(agent_threads(t.pid), 0);
     as_before(t.pid);
-    let left: Vec<_> = std::fs::read_dir(&members)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(!left.iter().any(|n| n.starts_with(&format!("{pid}."))), "{left:?}");
+    no_record_left();
     t.quit();
 }
 
