@@ -55,6 +55,9 @@ const ID_CNT_ARRAY: u32 = 5;
 const ID_CNT_PERCPU: u32 = 6;
 const ID_RINGBUF: u32 = 7;
 const ID_CNT_PCPU_HASH: u32 = 8;
+const ID_LRU_FULL: u32 = 9;
+/// Entries of the LRU map kept full for the evicting-insert row.
+const LRU_FULL_MAX: u32 = 4096;
 
 const FN_LOOKUP: i32 = 1;
 const FN_UPDATE: i32 = 2;
@@ -887,6 +890,10 @@ fn main() {
     let cnt_percpu = env.create(ID_CNT_PERCPU, "cnt_percpu", MapType::BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 1);
     let cnt_pcpu_hash = env.create(ID_CNT_PCPU_HASH, "cnt_pcpu_hash", MapType::BPF_MAP_TYPE_PERCPU_HASH, 8, 8, 1024);
     let ringbuf = env.create(ID_RINGBUF, "ringbuf", MapType::BPF_MAP_TYPE_RINGBUF, 0, 0, 1 << 20);
+    let lru_full = env.create(ID_LRU_FULL, "lru_full", MapType::BPF_MAP_TYPE_LRU_HASH, 8, 8, LRU_FULL_MAX);
+    for k in 0..u64::from(LRU_FULL_MAX) {
+        lru_full.update_elem(&((1u64 << 40) + k).to_ne_bytes(), &7u64.to_ne_bytes(), BPF_ANY).expect("filling the LRU");
+    }
     for m in [&hash, &lru] {
         for k in 0..HASH_KEYS {
             m.update_elem(&k.to_ne_bytes(), &7u64.to_ne_bytes(), BPF_ANY).expect("filling the hash");
@@ -947,6 +954,29 @@ fn main() {
             rows.last_mut().unwrap().note =
                 Some(format!("{left} keys in the map after the cycles, {HASH_KEYS} expected"));
         }
+    }
+    // Inserts into a full LRU map: each thread cycles through 1M keys of its own (evicted long
+    // before they come round again), so every update evicts an element.
+    let evicting = |_: usize, t: usize| [0, (t as u64) << 32, (1 << 20) - 1, 0];
+    rows.push(loop_row(
+        &mut env,
+        "lru_hash",
+        "update new key, full map (evicting)",
+        ID_LRU_FULL,
+        8,
+        Op::Update(BPF_ANY),
+        &evicting,
+    ));
+    let mut full = 0u64;
+    let mut k = [0u8; 8];
+    let mut cur: Option<[u8; 8]> = None;
+    while map_next(&lru_full, cur.as_ref(), &mut k) {
+        full += 1;
+        cur = Some(k);
+    }
+    if full != u64::from(LRU_FULL_MAX) {
+        rows.last_mut().unwrap().note =
+            Some(format!("{full} keys in the map after the inserts, {LRU_FULL_MAX} expected"));
     }
     for r in rows.iter_mut() {
         let bad = |m: &Measured| if r.failures_expected { m.fails != m.ops } else { m.fails != 0 };
