@@ -358,6 +358,9 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     // A program whose context reads all fall in the registers' part of the pt_regs (and
     // which writes none of it) lets the stub skip the rest (see `LeanHandler::reads_all`).
     let gprs_only = a.prog.program().ctx_read_extent().is_some_and(|e| e <= userbpf_hook::PT_REGS_GPR_BYTES);
+    // Which registers it reads (a stub generated for the site stores only those of the
+    // callee-saved ones).
+    let regs_read = a.prog.program().ctx_read_words().unwrap_or(userbpf_hook::LEAN_READS_GPRS);
     let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
@@ -380,6 +383,7 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         calls_out,
         // `lean_run` hands the registers to helpers (stack walks read ip and sp).
         reads_all: u64::from(!gprs_only || calls_out == 1),
+        regs_read,
     })))
 }
 
