@@ -718,6 +718,12 @@ pub fn original_bytes(addr: usize) -> Option<[u8; 5]> {
     registry().as_ref()?.sites.get(&addr).map(|s| s.orig)
 }
 
+/// Whether hits of the probed address `addr` go to a stub generated for its lone lean entry
+/// handler rather than to the shared stubs (for tests and diagnostics).
+pub fn uses_generated_stub(addr: usize) -> Option<bool> {
+    registry().as_ref()?.sites.get(&addr).map(|s| s.switch.load(SeqCst) != s.shared as u64)
+}
+
 /// How the probe at `addr` was planted, and where its patch is (see [`Method`]).
 pub fn probe_method(addr: usize) -> Option<(Method, usize)> {
     registry().as_ref()?.sites.get(&addr).map(|s| (s.method, s.patch_at))

@@ -1239,14 +1239,12 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     use std::mem::offset_of;
     let t = crate::thread::table_layout();
     let in_handler = offset_of!(ThreadState, in_handler) as i32;
-    let registered = offset_of!(ThreadState, registered) as i32;
     let mut a = CodeAssembler::new(64)?;
     let mut start = a.create_label();
     let mut slow = a.create_label();
     let mut unlock_slow = a.create_label();
     let mut check = a.create_label();
     let mut back = a.create_label();
-    let mut retry = a.create_label();
     let mut shared_l = a.create_label();
     let mut reloc_l = a.create_label();
     let mut func_l = a.create_label();
@@ -1262,6 +1260,12 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     a.mov(rax, f.gate)?;
     a.cmp(byte_ptr(rax), 0)?;
     a.jne(slow)?;
+    if f.guard {
+        // Compiled code is called out to, on the ABI's 16-byte aligned stack: rsp was 8 mod 16
+        // at the function's entry (the ABI's), or the shared path realigns.
+        a.test(esp, 15)?;
+        a.jnz(slow)?;
+    }
     a.mov(rbx, qword_ptr(crate::thread::slot_hint_tls_offset() as i64 as u64).fs())?;
     a.mov(rcx, qword_ptr(0u64).fs())?;
     a.test(rbx, rbx)?;
@@ -1286,28 +1290,22 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     a.mov(rdx, qword_ptr(rbx + t.state))?;
     a.test(rdx, rdx)?;
     a.jz(unlock_slow)?;
-    a.cmp(dword_ptr(rdx + in_handler), 0)?;
-    a.jne(unlock_slow)?;
-    let record = if f.guard {
-        // As the shared lean path: no handler that calls out before the state's pthread
-        // destructor is registered (the general path registers it).
-        a.cmp(dword_ptr(rdx + registered), 0)?;
-        a.je(unlock_slow)?;
+    if f.guard {
+        // The guard free and, as on the shared lean path, the state's pthread destructor
+        // registered (the general path registers it): both words at once.
+        const _: () = assert!(offset_of!(ThreadState, registered) == offset_of!(ThreadState, in_handler) + 4);
+        a.mov(rax, 1u64 << 32)?;
+        a.cmp(qword_ptr(rdx + in_handler), rax)?;
+        a.jne(unlock_slow)?;
         a.mov(dword_ptr(rdx + in_handler), 1)?;
-        // Compiled code is called out to: the ABI's stack alignment whatever the caller's.
-        a.mov(rdi, rsp)?;
-        a.and(rsp, -16)?;
-        a.sub(rsp, 16)?;
-        a.mov(qword_ptr(rsp + 8), rdi)?;
-        a.mov(qword_ptr(rsp), 0)?;
-        a.mov(rdx, rsp)?;
-        qword_ptr(rsp)
     } else {
-        a.mov(qword_ptr(rsp + FAST_RECORD), 0)?;
-        a.mov(rdi, rsp)?;
-        a.lea(rdx, ptr(rsp + FAST_RECORD))?;
-        qword_ptr(rsp + FAST_RECORD)
-    };
+        a.cmp(dword_ptr(rdx + in_handler), 0)?;
+        a.jne(unlock_slow)?;
+    }
+    let record = qword_ptr(rsp + FAST_RECORD);
+    a.mov(record, 0)?;
+    a.mov(rdi, rsp)?;
+    a.lea(rdx, ptr(rsp + FAST_RECORD))?;
     a.mov(rsi, f.arg)?;
     let call_rel = f.func as i64 - ip as i64;
     if call_rel.abs() < (1 << 30) {
@@ -1322,9 +1320,6 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     a.cmp(record, 0)?;
     a.jne(check)?;
     a.set_label(&mut back)?;
-    if f.guard {
-        a.mov(rsp, qword_ptr(rsp + 8))?;
-    }
     // Leave the section (only this thread writes its generation; a store is a release).
     a.add(qword_ptr(rbx + t.rcu), 1)?;
     for (i, (r, off)) in REG_OFFSETS.iter().enumerate() {
@@ -1340,15 +1335,11 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     }
     a.set_label(&mut check)?;
     a.cmp(record, -1)?;
-    a.je(if f.guard { retry } else { unlock_slow })?;
+    a.je(unlock_slow)?;
     a.mov(rax, f.failures)?;
     a.lock().inc(qword_ptr(rax))?;
     a.jmp(back)?;
     // The handler ran nothing and asks for the general path.
-    if f.guard {
-        a.set_label(&mut retry)?;
-        a.mov(rsp, qword_ptr(rsp + 8))?;
-    }
     a.set_label(&mut unlock_slow)?;
     a.add(qword_ptr(rbx + t.rcu), 1)?;
     a.set_label(&mut slow)?;
