@@ -1200,9 +1200,10 @@ pub(crate) struct Fast {
     pub asym: bool,
 }
 
-/// The frame of a generated stub: pt_regs at rsp, the failure record after it; 184 bytes keep
-/// rsp 16-byte aligned at the call when it was 8 mod 16 at the function's entry (the ABI's).
-const FAST_FRAME: i32 = PT_REGS_SIZE + 16;
+/// The frame of a generated stub: pt_regs at rsp, the failure record (three words) after it;
+/// 200 bytes keep rsp 16-byte aligned at the call when it was 8 mod 16 at the function's entry
+/// (the ABI's).
+const FAST_FRAME: i32 = PT_REGS_SIZE + 32;
 const FAST_RECORD: i32 = PT_REGS_SIZE;
 /// pt_regs words of the registers a call may change (r11, r10, r9, r8, rax, rcx, rdx, rsi,
 /// rdi): saved and restored by every generated stub. rbx (word 5) too: it holds the thread's
@@ -1215,7 +1216,7 @@ const RBX_WORD: u64 = 1 << 5;
 /// for the handler it was made for, with the handler's properties built in:
 ///
 /// ```text
-/// lea rsp,[rsp-184]                ; no red zone to step over at a function entry
+/// lea rsp,[rsp-200]                ; no red zone to step over at a function entry
 /// mov [rsp+off], reg               ; the 9 caller-saved registers, rbx, and the callee-saved
 ///                                  ; ones the program reads (`regs_read`), at their pt_regs
 ///                                  ; offsets: the handler (compiled code) keeps the others
@@ -1229,7 +1230,7 @@ const RBX_WORD: u64 = 1 << 5;
 /// call handler(regs, arg, record)  ; a direct call
 /// (guard) guard released
 /// record: 0 ok, -1 retry (shared), else a failure counted
-/// section left ; registers back ; lea rsp,[rsp+184] ; jmp relocated
+/// section left ; registers back ; lea rsp,[rsp+200] ; jmp relocated
 /// ```
 /// The shared path (`shared`) is entered with every register and rsp as at the function's
 /// entry, and does all the above again its own way (the general path included). The status

@@ -76,7 +76,8 @@ std::arch::global_asm!(
     "    ret",
     // The lean handler: u64 (PtRegs *regs, u64 arg[4], u64 record[3]), reading di, bx and
     // r12 (pt_regs words 14, 5, 3), clobbering every caller-saved register. di == 88888: runs
-    // nothing, asks for the general path; di == 77777: counted, then fails.
+    // nothing, asks for the general path; di == 77777: counted, then fails (the whole record
+    // written, as the JIT's abort path writes it).
     ".globl t_ss_handler",
     "t_ss_handler:",
     "    cmp qword ptr [rdi + 112], 88888",
@@ -93,6 +94,8 @@ std::arch::global_asm!(
     "    cmp qword ptr [rdi + 112], 77777",
     "    jne 3f",
     "    mov qword ptr [rdx], 1",
+    "    mov qword ptr [rdx + 8], 2",
+    "    mov qword ptr [rdx + 16], 3",
     "3:  mov rax, -1",
     "    mov rcx, -1",
     "    mov rdx, -1",
