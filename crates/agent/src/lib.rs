@@ -349,8 +349,10 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
 ///   does in a few instructions (`calls_out`: the stub keeps the live vector registers and
 ///   holds the recursion guard).
 ///
-/// Either goes through `on_hit` while run statistics are on (the gate). Leaked, as the
-/// `Attached` it belongs to: a thread may still be calling it after detach.
+/// Either goes through `on_hit` while run statistics are on (the gate). A probe alone at its
+/// function entry whose handler is one of the first two and reads only registers gets a stub
+/// generated for it by the hook (`LeanHandler::regs_read`: the registers it reads). Leaked, as
+/// the `Attached` it belongs to: a thread may still be calling it after detach.
 fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandler> {
     if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
         return None;

@@ -5,7 +5,9 @@
 //! taken it uses the alignment padding after the function, or else a one-byte `int3`
 //! whose `SIGTRAP` sends the thread to the same stub (`placement` explains the choice,
 //! [`probe_method`] tells which was made; an `endbr64` at a function's start is kept and
-//! the patch goes after it). The stub
+//! the patch goes after it). The stub jumps through the site's switch word: to a stub
+//! generated for the site when its only probe is a lean entry handler that allows one
+//! (see `stubs`, "Generated stubs"; [`uses_generated_stub`]), else on: it
 //! calls a shared stub that saves every GPR, the flags and the FP/vector
 //! state that can be live there, builds a kernel x86-64 `struct pt_regs`
 //! ([`PtRegs`]) and calls the site's handlers; then the displaced

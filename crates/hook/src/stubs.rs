@@ -4,7 +4,9 @@
 //! ## Entry path
 //! ```text
 //! target:        jmp rel32 site_stub                      (5 bytes, patched)
-//! site_stub:     lea rsp,[rsp-128]        ; step over the red zone (probes inside functions)
+//! site_stub:     jmp [rip+switch]         ; the site's switch word: `shared` below, or the
+//!                                         ; stub generated for the site (see below)
+//! shared:        lea rsp,[rsp-128]        ; step over the red zone (probes inside functions)
 //!                push qword [rip+site]    ; the Site*
 //!                call qword [rip+common]  ; common_full or common_light (function entries)
 //!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
@@ -40,6 +42,25 @@
 //! held; one that keeps the vector registers itself, `LEAN_GUARD_ONLY`, the guard alone) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
 //! lean path too (`lean_ret_path`). A lean handler may hand the hit to the general path
 //! (`LEAN_RETRY`).
+//!
+//! ## Generated stubs
+//! A function entry whose only probe is an entry probe with a [`crate::LeanHandler`] that
+//! reads at most the registers, changes no `ip` and calls out not at all (or keeps the vector
+//! registers itself, [`crate::LEAN_GUARD_ONLY`]), with no return probe, gets a stub of its own
+//! ([`fast_stub`], made when the site's probes change, in a page of its own), and the site's
+//! switch word points at it. It does what the lean path of the shared light stub does for that
+//! handler with the handler's properties built in: no `Site*` pushed and no call into a shared
+//! stub, no checks of the handler, its `reads_all`, `calls_out` or the site's return probes,
+//! a direct call of the handler, and only the registers a call may change (and the
+//! callee-saved ones the program reads, `LeanHandler::regs_read`) stored and restored (the
+//! handler keeps the others: it follows the C calling convention). It keeps the statistics
+//! gate's byte compare, the RCU read-side section, the recursion guard and "ours" state, the
+//! failure record and the retry. Whenever the site's probes change (`publish`, under the
+//! registry lock) the switch word is set to the new target before `publish` waits for the
+//! read-side sections, and a generated stub checks inside its section that the switch still
+//! holds its own address (else the shared path): so no handler runs after its `detach`
+//! returned, as on the shared paths. Generated stubs, like site pages, are never freed (a
+//! thread may still be inside one); a site keeps the ones it made, by handler, and reuses them.
 //!
 //! ## Return path
 //! `ret_tramp` is reached from a site stub's landing, where the probed function's `ret`
