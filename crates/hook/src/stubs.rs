@@ -1242,12 +1242,13 @@ const RBX_WORD: u64 = 1 << 5;
 ///                                  ; ones the program reads (`regs_read`), at their pt_regs
 ///                                  ; offsets: the handler (compiled code) keeps the others
 /// cmp byte [gate], 0 ; jne shared  ; run statistics on: the shared path
+/// (guard) rsp 16-byte aligned?     ; else shared (which realigns)
 /// rbx = the thread's table slot (static-TLS hint) ; else shared
 /// RCU section announced (odd generation) ; already in one: shared
 /// [switch] == this stub?           ; else the site changed meanwhile: shared (detach waits
 ///                                  ; for sections, so no handler runs after it returned)
 /// state, recursion guard free      ; else shared (userbpf's own work, a nested hit)
-/// (guard) registered, guard held
+/// (guard) destructor registered, guard held
 /// call handler(regs, arg, record)  ; a direct call
 /// (guard) guard released
 /// record: 0 ok, -1 retry (shared), else a failure counted
@@ -1361,7 +1362,8 @@ pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
     a.mov(rax, f.failures)?;
     a.lock().inc(qword_ptr(rax))?;
     a.jmp(back)?;
-    // The handler ran nothing and asks for the general path.
+    // Leave the section, then the shared path (the site changed, no usable thread state or
+    // the guard held, or the handler ran nothing and asks for the general path).
     a.set_label(&mut unlock_slow)?;
     a.add(qword_ptr(rbx + t.rcu), 1)?;
     a.set_label(&mut slow)?;
