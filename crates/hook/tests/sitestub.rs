@@ -384,3 +384,69 @@ fn probes_change_under_running_threads() {
     }
     assert!(calls.load(SeqCst) > 0);
 }
+
+static SPIN_ENTERED: AtomicBool = AtomicBool::new(false);
+static SPIN_RELEASE: AtomicBool = AtomicBool::new(true);
+static SPIN_LEFT: AtomicBool = AtomicBool::new(false);
+
+/// A lean handler that waits (spinning, at most 10 s) until the test releases it.
+unsafe extern "C" fn spin_handler(_regs: *mut PtRegs, _arg: u64, _record: *mut [u64; 3]) -> u64 {
+    SPIN_ENTERED.store(true, SeqCst);
+    let t0 = std::time::Instant::now();
+    while !SPIN_RELEASE.load(SeqCst) && t0.elapsed().as_secs() < 10 {
+        std::hint::spin_loop();
+    }
+    SPIN_LEFT.store(true, SeqCst);
+    0
+}
+
+/// `detach` returns only once a handler a generated stub is running has returned.
+#[test]
+fn detach_waits_for_a_generated_stubs_handler() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = t_ss_plain as *const () as usize;
+    let gen0 = leak(AtomicU64::new(0));
+    let lean = leak(LeanHandler {
+        func: spin_handler as *const () as usize,
+        arg: 0,
+        gate: leak(AtomicU8::new(0)).as_ptr(),
+        failures: leak(AtomicU64::new(0)),
+        calls_out: LEAN_GUARD_ONLY,
+        reads_all: 0,
+        regs_read: 0,
+    });
+    let id = attach_lean(addr, ProbeKind::Entry, general, gen0 as *const AtomicU64 as *mut c_void, None, Some(lean))
+        .unwrap();
+    assert_eq!(uses_generated_stub(addr), Some(true));
+    let caller = std::thread::spawn(|| {
+        // The thread's first hits may take the general path (its state, its registration).
+        for i in 0..3 {
+            // SAFETY: plain function.
+            assert_eq!(unsafe { t_ss_plain(black_box(i)) }, i + 9);
+        }
+        // (Reset before the release flag drops: the test waits for "not released, entered".)
+        SPIN_ENTERED.store(false, SeqCst);
+        SPIN_LEFT.store(false, SeqCst);
+        SPIN_RELEASE.store(false, SeqCst);
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_ss_plain(black_box(5)) }, 14);
+    });
+    let t0 = std::time::Instant::now();
+    while SPIN_RELEASE.load(SeqCst) || !SPIN_ENTERED.load(SeqCst) {
+        assert!(t0.elapsed().as_secs() < 10, "the handler never ran on the generated stub");
+        std::thread::yield_now();
+    }
+    let detached: &'static AtomicBool = leak(AtomicBool::new(false));
+    let detacher = std::thread::spawn(move || {
+        detach(id).unwrap();
+        detached.store(true, SeqCst);
+        // When detach returns, the handler has returned.
+        assert!(SPIN_LEFT.load(SeqCst), "detach returned while the handler ran");
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!detached.load(SeqCst), "detach did not wait for the running handler");
+    SPIN_RELEASE.store(true, SeqCst);
+    detacher.join().unwrap();
+    caller.join().unwrap();
+    assert!(detached.load(SeqCst));
+}
