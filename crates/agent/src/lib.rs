@@ -349,8 +349,10 @@ unsafe extern "C" fn on_hit(data: *mut c_void, regs: *mut PtRegs) -> u32 {
 ///   does in a few instructions (`calls_out`: the stub keeps the live vector registers and
 ///   holds the recursion guard).
 ///
-/// Either goes through `on_hit` while run statistics are on (the gate). Leaked, as the
-/// `Attached` it belongs to: a thread may still be calling it after detach.
+/// Either goes through `on_hit` while run statistics are on (the gate). A probe alone at its
+/// function entry whose handler is one of the first two and reads only registers gets a stub
+/// generated for it by the hook (`LeanHandler::regs_read`: the registers it reads). Leaked, as
+/// the `Attached` it belongs to: a thread may still be calling it after detach.
 fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandler> {
     if a.ip != 0 || std::env::var_os("USERBPF_NO_LEAN").is_some_and(|v| !v.is_empty() && v != "0") {
         return None;
@@ -358,6 +360,9 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     // A program whose context reads all fall in the registers' part of the pt_regs (and
     // which writes none of it) lets the stub skip the rest (see `LeanHandler::reads_all`).
     let gprs_only = a.prog.program().ctx_read_extent().is_some_and(|e| e <= userbpf_hook::PT_REGS_GPR_BYTES);
+    // Which registers it reads (a stub generated for the site stores only those of the
+    // callee-saved ones).
+    let regs_read = a.prog.program().ctx_read_words().unwrap_or(userbpf_hook::LEAN_READS_GPRS);
     let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
@@ -380,6 +385,7 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         calls_out,
         // `lean_run` hands the registers to helpers (stack walks read ip and sp).
         reads_all: u64::from(!gprs_only || calls_out == 1),
+        regs_read,
     })))
 }
 

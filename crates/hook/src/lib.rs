@@ -5,7 +5,9 @@
 //! taken it uses the alignment padding after the function, or else a one-byte `int3`
 //! whose `SIGTRAP` sends the thread to the same stub (`placement` explains the choice,
 //! [`probe_method`] tells which was made; an `endbr64` at a function's start is kept and
-//! the patch goes after it). The stub
+//! the patch goes after it). The stub jumps through the site's switch word: to a stub
+//! generated for the site when its only probe is a lean entry handler that allows one
+//! (see `stubs`, "Generated stubs"; [`uses_generated_stub`]), else on: it
 //! calls a shared stub that saves every GPR, the flags and the FP/vector
 //! state that can be live there, builds a kernel x86-64 `struct pt_regs`
 //! ([`PtRegs`]) and calls the site's handlers; then the displaced
@@ -181,7 +183,15 @@ pub struct LeanHandler {
     /// the entry stub then leaves the rest unwritten and does not look for a changed `ip` (a
     /// probe hit is issue-width bound: each of those instructions counts).
     pub reads_all: u64,
+    /// With `reads_all == 0`: the 8-byte words of the pt_regs `func` may read, bit `i` for the
+    /// word at byte `8 * i` (bits 0-14, the registers; [`LEAN_READS_GPRS`] for any of them). A
+    /// site whose only probe is such a handler's gets a stub generated for it, which stores
+    /// the callee-saved registers only when read (the caller-saved ones it always keeps).
+    pub regs_read: u64,
 }
+
+/// [`LeanHandler::regs_read`] of a handler that may read any of the 15 registers.
+pub const LEAN_READS_GPRS: u64 = (1 << 15) - 1;
 
 /// The bytes of `struct pt_regs` before `orig_ax`: the 15 general-purpose registers but `sp`
 /// (see [`LeanHandler::reads_all`]).
@@ -320,6 +330,13 @@ struct Site {
     /// Set while the site's only return handler has a lean handler.
     lean_ret: AtomicPtr<LeanHandler>,
     patched: AtomicBool,
+    /// The switch word the site stub jumps through (`stubs::site_stub`): the shared path
+    /// (`shared`) or a stub generated for the site's lean handler (`stubs::fast_stub`).
+    switch: &'static AtomicU64,
+    shared: usize,
+    /// The stubs generated for this site so far, by lean handler (registry lock held; never
+    /// freed: a thread may still be in one).
+    fast: Mutex<Vec<(usize, usize)>>,
 }
 
 struct Registry {
@@ -500,6 +517,78 @@ fn unsafe_list_items(site: &Site) -> Vec<Entry> {
     }
 }
 
+/// Pages of switch words (see `Site::switch`): the page and how many words it handed out.
+/// Registry lock held (sites are made under it).
+static SWITCH_PAGES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+const SWITCH_WORDS: usize = (4096 - stubs::SWITCH_AT) / 8;
+
+/// A switch word within rel32 reach of code at `near` (a site stub), from a page of them
+/// (RW data, never executable; never freed).
+fn switch_word(near: usize) -> Option<&'static AtomicU64> {
+    let reach = |w: usize| w.abs_diff(near) < (1 << 31) - 4096;
+    let mut pages = SWITCH_PAGES.lock().unwrap_or_else(|p| p.into_inner());
+    let i = match pages.iter().position(|&(p, used)| used < SWITCH_WORDS && reach(p)) {
+        Some(i) => i,
+        None => {
+            let p = patch::alloc_near(near)?;
+            pages.push((p, 0));
+            pages.len() - 1
+        }
+    };
+    let (p, used) = &mut pages[i];
+    let w = *p + stubs::SWITCH_AT + 8 * *used;
+    *used += 1;
+    // SAFETY: an 8-aligned word of a private RW page of ours, handed out once and never
+    // unmapped: a 'static atomic.
+    Some(unsafe { &*(w as *const AtomicU64) })
+}
+
+/// Where the site's hits go (registry lock held): the stub generated for its lean entry
+/// handler (made now if needed) when the site can use one (see `stubs::Fast`), else the
+/// shared path.
+fn switch_target(site: &Site, lean: *const LeanHandler, has_ret: bool) -> usize {
+    if lean.is_null() || has_ret || !site.is_entry || !CALL_PLANTING.load(SeqCst) {
+        return site.shared;
+    }
+    // SAFETY: lean handlers are 'static.
+    let l = unsafe { &*lean };
+    let guard = l.calls_out == LEAN_GUARD_ONLY;
+    if l.reads_all != 0 || !(l.calls_out == 0 || guard) || l.regs_read & !LEAN_READS_GPRS != 0 {
+        return site.shared;
+    }
+    let mut fast = site.fast.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, stub)) = fast.iter().find(|(h, _)| *h == lean as usize) {
+        return stub;
+    }
+    let Some(page) = patch::alloc_near(site.addr) else {
+        return site.shared;
+    };
+    let at = page + stubs::FAST_STUB_AT;
+    let t = thread::table_layout();
+    let f = stubs::Fast {
+        func: l.func as u64,
+        arg: l.arg,
+        gate: l.gate as u64,
+        failures: l.failures as u64,
+        guard,
+        regs_read: l.regs_read,
+        switch: site.switch as *const AtomicU64 as u64,
+        shared: site.shared as u64,
+        reloc: site.relocated as u64,
+        // SAFETY: the address of thread::ASYM, a static AtomicBool.
+        asym: unsafe { &*(t.asym as *const AtomicBool) }.load(SeqCst),
+    };
+    let sealed = stubs::fast_stub(at as u64, &f)
+        .map_err(|e| e.to_string())
+        .and_then(|code| patch::seal_page(page, &[(stubs::FAST_STUB_AT, &code)]));
+    if sealed.is_err() {
+        patch::free_near(page);
+        return site.shared;
+    }
+    fast.push((lean as usize, at));
+    at
+}
+
 /// Replaces the site's handler list (registry lock held) and frees the old
 /// one once no hit can be reading it.
 fn publish(site: &Site, items: Vec<Entry>) {
@@ -519,6 +608,8 @@ fn publish(site: &Site, items: Vec<Entry>) {
     site.has_ret.store(has_ret, SeqCst);
     site.lean_entry.store(lean_entry, SeqCst);
     site.lean_ret.store(lean_ret, SeqCst);
+    // Before the wait below: a generated stub checks the switch inside its read-side section.
+    site.switch.store(switch_target(site, lean_entry, has_ret) as u64, SeqCst);
     let new = if items.is_empty() { std::ptr::null_mut() } else { Box::into_raw(Box::new(HandlerList { items })) };
     let old = site.list.swap(new, SeqCst);
     if !old.is_null() && thread::synchronize() {
@@ -629,6 +720,12 @@ pub fn original_bytes(addr: usize) -> Option<[u8; 5]> {
     registry().as_ref()?.sites.get(&addr).map(|s| s.orig)
 }
 
+/// Whether hits of the probed address `addr` go to a stub generated for its lone lean entry
+/// handler rather than to the shared stubs (for tests and diagnostics).
+pub fn uses_generated_stub(addr: usize) -> Option<bool> {
+    registry().as_ref()?.sites.get(&addr).map(|s| s.switch.load(SeqCst) != s.shared as u64)
+}
+
 /// How the probe at `addr` was planted, and where its patch is (see [`Method`]).
 pub fn probe_method(addr: usize) -> Option<(Method, usize)> {
     registry().as_ref()?.sites.get(&addr).map(|s| (s.method, s.patch_at))
@@ -704,6 +801,11 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     if place.method == Method::Breakpoint {
         jmp = [0xCC, 0, 0, 0, 0];
     }
+    let shared = stub_at + stubs::SHARED_AT as usize;
+    let Some(switch) = switch_word(stub_at) else {
+        return Err(fail("no memory for the site's switch word within rel32 reach".into()));
+    };
+    switch.store(shared as u64, SeqCst);
     let site: &'static Site = Box::leak(Box::new(Site {
         addr,
         is_entry,
@@ -722,16 +824,19 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
         lean_entry: AtomicPtr::new(std::ptr::null_mut()),
         lean_ret: AtomicPtr::new(std::ptr::null_mut()),
         patched: AtomicBool::new(false),
+        switch,
+        shared,
+        fast: Mutex::new(Vec::new()),
     }));
     let common = if site.is_entry { g.common_light } else { g.common_full };
     let stub = stubs::site_stub(
         stub_at as u64,
+        switch as *const AtomicU64 as u64,
         site as *const Site as u64,
         common as u64,
         relocated as u64,
         (site.is_entry && CALL_PLANTING.load(SeqCst)).then(|| RET_TRAMP.load(SeqCst) as u64),
-    )
-    .map_err(|e| e.to_string());
+    );
     let res = stub.and_then(|stub| {
         if stub.len() > stubs::RELOC_OFF - stubs::SITE_STUB_AT {
             return Err("site stub too long".to_string());

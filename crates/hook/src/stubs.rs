@@ -4,7 +4,9 @@
 //! ## Entry path
 //! ```text
 //! target:        jmp rel32 site_stub                      (5 bytes, patched)
-//! site_stub:     lea rsp,[rsp-128]        ; step over the red zone (probes inside functions)
+//! site_stub:     jmp [rip+switch]         ; the site's switch word: `shared` below, or the
+//!                                         ; stub generated for the site (see below)
+//! shared:        lea rsp,[rsp-128]        ; step over the red zone (probes inside functions)
 //!                push qword [rip+site]    ; the Site*
 //!                call qword [rip+common]  ; common_full or common_light (function entries)
 //!                lea rsp,[rsp+136]        ; normal resume: drop Site* + red zone
@@ -40,6 +42,25 @@
 //! held; one that keeps the vector registers itself, `LEAN_GUARD_ONLY`, the guard alone) and the return-only fast path (`ret_only_fast_path`). The return trampoline has a
 //! lean path too (`lean_ret_path`). A lean handler may hand the hit to the general path
 //! (`LEAN_RETRY`).
+//!
+//! ## Generated stubs
+//! A function entry whose only probe is an entry probe with a [`crate::LeanHandler`] that
+//! reads at most the registers, changes no `ip` and calls out not at all (or keeps the vector
+//! registers itself, [`crate::LEAN_GUARD_ONLY`]), with no return probe, gets a stub of its own
+//! ([`fast_stub`], made when the site's probes change, in a page of its own), and the site's
+//! switch word points at it. It does what the lean path of the shared light stub does for that
+//! handler with the handler's properties built in: no `Site*` pushed and no call into a shared
+//! stub, no checks of the handler, its `reads_all`, `calls_out` or the site's return probes,
+//! a direct call of the handler, and only the registers a call may change (and the
+//! callee-saved ones the program reads, `LeanHandler::regs_read`) stored and restored (the
+//! handler keeps the others: it follows the C calling convention). It keeps the statistics
+//! gate's byte compare, the RCU read-side section, the recursion guard and "ours" state, the
+//! failure record and the retry. Whenever the site's probes change (`publish`, under the
+//! registry lock) the switch word is set to the new target before `publish` waits for the
+//! read-side sections, and a generated stub checks inside its section that the switch still
+//! holds its own address (else the shared path): so no handler runs after its `detach`
+//! returned, as on the shared paths. Generated stubs, like site pages, are never freed (a
+//! thread may still be inside one); a site keeps the ones it made, by handler, and reuses them.
 //!
 //! ## Return path
 //! `ret_tramp` is reached from a site stub's landing, where the probed function's `ret`
@@ -1101,14 +1122,37 @@ const _: () = assert!(RELOC_OFF + 256 <= 4096 && SITE_STUB_AT.is_multiple_of(64)
 /// the shared return trampoline, whose final `ret` to the real return address is predicted
 /// too (the caller's own entry is back on top). Writing the trampoline's address into the
 /// slot instead would cost a mispredicted return on every hit.
+///
+/// The stub starts with `jmp [rip+switch]`: the site's switch word (`Site::switch`, in a
+/// data page near the stub) holds where hits go, the rest of this stub (at [`SHARED_AT`] past
+/// its start, the shared path) or the site's generated stub ([`fast_stub`]).
 pub(crate) fn site_stub(
     ip: u64,
+    switch: u64,
+    site: u64,
+    common: u64,
+    reloc: u64,
+    ret_tramp: Option<u64>,
+) -> Result<Vec<u8>, String> {
+    let Ok(rel) = i32::try_from(switch as i64 - (ip as i64 + 6)) else {
+        return Err("the site's switch word is out of rel32 reach".into());
+    };
+    site_stub_asm(ip, rel, site, common, reloc, ret_tramp).map_err(|e| e.to_string())
+}
+
+fn site_stub_asm(
+    ip: u64,
+    rel: i32,
     site: u64,
     common: u64,
     reloc: u64,
     ret_tramp: Option<u64>,
 ) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
+    let mut jmp = vec![0xFF, 0x25];
+    jmp.extend_from_slice(&rel.to_le_bytes());
+    a.db(&jmp)?;
+    a.db(&[0xCC; SHARED_AT as usize - 6])?;
     let mut site_l = a.create_label();
     let mut common_l = a.create_label();
     let mut tramp_l = a.create_label();
@@ -1142,6 +1186,201 @@ pub(crate) fn site_stub(
         a.set_label(&mut tramp_l)?;
         a.dq(&[t])?;
     }
+    a.assemble(ip)
+}
+
+/// Where the shared path starts inside a site stub (after its `jmp [rip+switch]`).
+pub(crate) const SHARED_AT: u64 = 16;
+
+/// Offset of a generated stub ([`fast_stub`]) inside its page: away from offset 0 and from
+/// [`SITE_STUB_AT`] (see there: level-1 sets).
+pub(crate) const FAST_STUB_AT: usize = 0x9c0;
+/// Offset of the switch words inside their pages (see [`SITE_STUB_AT`]).
+pub(crate) const SWITCH_AT: usize = 0xb40;
+
+/// What a generated stub has built in: one entry probe alone at a function entry, with no
+/// return probe, whose [`crate::LeanHandler`] reads at most the 15 registers and changes no
+/// `ip` (`reads_all == 0`), calling out not at all (`calls_out == 0`) or keeping the vector
+/// registers itself ([`crate::LEAN_GUARD_ONLY`]).
+pub(crate) struct Fast {
+    pub func: u64,
+    pub arg: u64,
+    pub gate: u64,
+    pub failures: u64,
+    /// `calls_out == LEAN_GUARD_ONLY`: hold the recursion guard around the call.
+    pub guard: bool,
+    /// The pt_regs words the handler may read (bits 0-14, see `LeanHandler::regs_read`).
+    pub regs_read: u64,
+    /// The site's switch word, which holds this stub's address while it serves the site.
+    pub switch: u64,
+    /// The site stub's shared path, where anything unusual goes.
+    pub shared: u64,
+    /// The relocated instructions.
+    pub reloc: u64,
+    /// Readers announce an RCU section with a plain store (`thread::ASYM`, never cleared).
+    pub asym: bool,
+}
+
+/// The frame of a generated stub: pt_regs at rsp, the failure record (three words) after it;
+/// 200 bytes keep rsp 16-byte aligned at the call when it was 8 mod 16 at the function's entry
+/// (the ABI's).
+const FAST_FRAME: i32 = PT_REGS_SIZE + 32;
+const FAST_RECORD: i32 = PT_REGS_SIZE;
+/// pt_regs words of the registers a call may change (r11, r10, r9, r8, rax, rcx, rdx, rsi,
+/// rdi): saved and restored by every generated stub. rbx (word 5) too: it holds the thread's
+/// table slot across the call.
+const CALLER_SAVED_WORDS: u64 = 0x7fc0;
+const RBX_WORD: u64 = 1 << 5;
+
+/// A stub generated for one site at attach time (placed at [`FAST_STUB_AT`] of its own page,
+/// reached through the site's switch word), doing what the light entry stub's lean path does
+/// for the handler it was made for, with the handler's properties built in:
+///
+/// ```text
+/// lea rsp,[rsp-200]                ; no red zone to step over at a function entry
+/// mov [rsp+off], reg               ; the 9 caller-saved registers, rbx, and the callee-saved
+///                                  ; ones the program reads (`regs_read`), at their pt_regs
+///                                  ; offsets: the handler (compiled code) keeps the others
+/// cmp byte [gate], 0 ; jne shared  ; run statistics on: the shared path
+/// (guard) rsp 16-byte aligned?     ; else shared (which realigns)
+/// rbx = the thread's table slot (static-TLS hint) ; else shared
+/// RCU section announced (odd generation) ; already in one: shared
+/// [switch] == this stub?           ; else the site changed meanwhile: shared (detach waits
+///                                  ; for sections, so no handler runs after it returned)
+/// state, recursion guard free      ; else shared (userbpf's own work, a nested hit)
+/// (guard) destructor registered, guard held
+/// call handler(regs, arg, record)  ; a direct call
+/// (guard) guard released
+/// record: 0 ok, -1 retry (shared), else a failure counted
+/// section left ; registers back ; lea rsp,[rsp+200] ; jmp relocated
+/// ```
+/// The shared path (`shared`) is entered with every register and rsp as at the function's
+/// entry, and does all the above again its own way (the general path included). The status
+/// flags are dead at a function entry and DF is clear; nothing here restores them.
+pub(crate) fn fast_stub(ip: u64, f: &Fast) -> Result<Vec<u8>, IcedError> {
+    use crate::thread::ThreadState;
+    use std::mem::offset_of;
+    let t = crate::thread::table_layout();
+    let in_handler = offset_of!(ThreadState, in_handler) as i32;
+    let mut a = CodeAssembler::new(64)?;
+    let mut start = a.create_label();
+    let mut slow = a.create_label();
+    let mut unlock_slow = a.create_label();
+    let mut check = a.create_label();
+    let mut back = a.create_label();
+    let mut shared_l = a.create_label();
+    let mut reloc_l = a.create_label();
+    let mut func_l = a.create_label();
+    let saved = |w: u64| w & (CALLER_SAVED_WORDS | RBX_WORD) != 0;
+    a.set_label(&mut start)?;
+    a.lea(rsp, ptr(rsp - FAST_FRAME))?;
+    for (i, (r, off)) in REG_OFFSETS.iter().enumerate() {
+        let w = 1u64 << i;
+        if saved(w) || f.regs_read & w != 0 {
+            a.mov(qword_ptr(rsp + *off), *r)?;
+        }
+    }
+    a.mov(rax, f.gate)?;
+    a.cmp(byte_ptr(rax), 0)?;
+    a.jne(slow)?;
+    if f.guard {
+        // Compiled code is called out to, on the ABI's 16-byte aligned stack: rsp was 8 mod 16
+        // at the function's entry (the ABI's), or the shared path realigns.
+        a.test(esp, 15)?;
+        a.jnz(slow)?;
+    }
+    a.mov(rbx, qword_ptr(crate::thread::slot_hint_tls_offset() as i64 as u64).fs())?;
+    a.mov(rcx, qword_ptr(0u64).fs())?;
+    a.test(rbx, rbx)?;
+    a.jz(slow)?;
+    a.cmp(qword_ptr(rbx + t.key), rcx)?;
+    a.jne(slow)?;
+    a.mov(rax, qword_ptr(rbx + t.rcu))?;
+    a.test(al, 1)?;
+    a.jnz(slow)?;
+    a.add(rax, 1)?;
+    if f.asym {
+        // Asymmetric fences: the writer's membarrier orders this store before the loads below.
+        a.mov(qword_ptr(rbx + t.rcu), rax)?;
+    } else {
+        a.xchg(qword_ptr(rbx + t.rcu), rax)?;
+    }
+    // Inside the section: still this site's stub? (`publish` switches before it waits.)
+    a.mov(rcx, f.switch)?;
+    a.lea(rdx, ptr(start))?;
+    a.cmp(qword_ptr(rcx), rdx)?;
+    a.jne(unlock_slow)?;
+    a.mov(rdx, qword_ptr(rbx + t.state))?;
+    a.test(rdx, rdx)?;
+    a.jz(unlock_slow)?;
+    if f.guard {
+        // The guard free and, as on the shared lean path, the state's pthread destructor
+        // registered (the general path registers it): both words at once.
+        const _: () = assert!(offset_of!(ThreadState, registered) == offset_of!(ThreadState, in_handler) + 4);
+        a.mov(rax, 1u64 << 32)?;
+        a.cmp(qword_ptr(rdx + in_handler), rax)?;
+        a.jne(unlock_slow)?;
+        a.mov(dword_ptr(rdx + in_handler), 1)?;
+    } else {
+        a.cmp(dword_ptr(rdx + in_handler), 0)?;
+        a.jne(unlock_slow)?;
+    }
+    let record = qword_ptr(rsp + FAST_RECORD);
+    a.mov(record, 0)?;
+    a.mov(rdi, rsp)?;
+    a.lea(rdx, ptr(rsp + FAST_RECORD))?;
+    a.mov(rsi, f.arg)?;
+    let call_rel = f.func as i64 - ip as i64;
+    if call_rel.abs() < (1 << 30) {
+        a.call(f.func)?;
+    } else {
+        a.call(qword_ptr(func_l))?;
+    }
+    if f.guard {
+        a.mov(rcx, qword_ptr(rbx + t.state))?;
+        a.mov(dword_ptr(rcx + in_handler), 0)?;
+    }
+    a.cmp(record, 0)?;
+    a.jne(check)?;
+    a.set_label(&mut back)?;
+    // Leave the section (only this thread writes its generation; a store is a release).
+    a.add(qword_ptr(rbx + t.rcu), 1)?;
+    for (i, (r, off)) in REG_OFFSETS.iter().enumerate() {
+        if saved(1u64 << i) {
+            a.mov(*r, qword_ptr(rsp + *off))?;
+        }
+    }
+    a.lea(rsp, ptr(rsp + FAST_FRAME))?;
+    if (f.reloc as i64 - ip as i64).abs() < (1 << 30) {
+        a.jmp(f.reloc)?;
+    } else {
+        a.jmp(qword_ptr(reloc_l))?;
+    }
+    a.set_label(&mut check)?;
+    a.cmp(record, -1)?;
+    a.je(unlock_slow)?;
+    a.mov(rax, f.failures)?;
+    a.lock().inc(qword_ptr(rax))?;
+    a.jmp(back)?;
+    // Leave the section, then the shared path (the site changed, no usable thread state or
+    // the guard held, or the handler ran nothing and asks for the general path).
+    a.set_label(&mut unlock_slow)?;
+    a.add(qword_ptr(rbx + t.rcu), 1)?;
+    a.set_label(&mut slow)?;
+    for (i, (r, off)) in REG_OFFSETS.iter().enumerate() {
+        if saved(1u64 << i) {
+            a.mov(*r, qword_ptr(rsp + *off))?;
+        }
+    }
+    a.lea(rsp, ptr(rsp + FAST_FRAME))?;
+    a.jmp(qword_ptr(shared_l))?;
+    a.int3()?;
+    a.set_label(&mut shared_l)?;
+    a.dq(&[f.shared])?;
+    a.set_label(&mut reloc_l)?;
+    a.dq(&[f.reloc])?;
+    a.set_label(&mut func_l)?;
+    a.dq(&[f.func])?;
     a.assemble(ip)
 }
 

@@ -99,6 +99,7 @@ fn probe() -> Probe {
         failures,
         calls_out: 0,
         reads_all: 1,
+        regs_read: LEAN_READS_GPRS,
     }));
     Probe { rec, general: Box::leak(Box::new(AtomicU64::new(0))), gate, failures, lean }
 }
@@ -188,6 +189,7 @@ fn registers_only_handler_sees_the_registers_and_falls_back_whole() {
         failures,
         calls_out: 0,
         reads_all: 0,
+        regs_read: LEAN_READS_GPRS,
     }));
     let g: &'static [AtomicU64; 3] = Box::leak(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]));
     let id =

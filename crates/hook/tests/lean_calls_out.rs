@@ -165,6 +165,7 @@ fn probe() -> Probe {
         failures,
         calls_out: 1,
         reads_all: 1,
+        regs_read: LEAN_READS_GPRS,
     });
     Probe { rec, general: leak(AtomicU64::new(0)), failures, lean }
 }
@@ -303,6 +304,7 @@ fn lean_retry_from_a_handler_that_does_not_call_out() {
             failures,
             calls_out: 0,
             reads_all: 1,
+            regs_read: LEAN_READS_GPRS,
         });
         let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
         let id =
@@ -364,6 +366,7 @@ fn guard_only_handlers_run_with_the_recursion_guard_held() {
             failures,
             calls_out: LEAN_GUARD_ONLY,
             reads_all: 1,
+            regs_read: LEAN_READS_GPRS,
         });
         let general_hits: &'static AtomicU64 = leak(AtomicU64::new(0));
         let id =

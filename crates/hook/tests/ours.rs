@@ -122,6 +122,7 @@ fn lean_handler_and_our_work(calls_out: u64) {
         failures: &FAILURES,
         calls_out,
         reads_all: 1,
+        regs_read: LEAN_READS_GPRS,
     }));
     let addr = t_ours_lean as *const () as usize;
     let id = attach_lean(addr, ProbeKind::Entry, count, &GENERAL as *const AtomicU64 as *mut c_void, None, Some(lean))

@@ -122,6 +122,7 @@ fn a_lean_handler_skips_the_function_and_the_return_probe_sees_the_value() {
         failures: leak(AtomicU64::new(0)),
         calls_out: 0,
         reads_all: 1,
+        regs_read: LEAN_READS_GPRS,
     });
     let e = attach_lean(
         addr,

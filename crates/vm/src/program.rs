@@ -498,20 +498,36 @@ impl Program {
     pub fn ctx_read_extent(&self) -> Option<u32> {
         ctx_read_extent(&self.insns)
     }
+
+    /// Which 8-byte words of its context the program can read, under the same analysis as
+    /// [`Self::ctx_read_extent`]: bit `i` set when some load touches bytes `8*i..8*i+8` (a
+    /// load straddling two words sets both). `None` when that analysis gives up, or a load
+    /// reaches past the first 512 bytes. A probe's stub stores only those registers of the
+    /// `pt_regs` (`userbpf_hook::LeanHandler::regs_read`).
+    pub fn ctx_read_words(&self) -> Option<u64> {
+        ctx_reads(&self.insns).and_then(|(_, words)| words)
+    }
 }
 
 /// See [`Program::ctx_read_extent`].
 fn ctx_read_extent(insns: &[Insn]) -> Option<u32> {
+    ctx_reads(insns).map(|(extent, _)| extent)
+}
+
+/// [`Program::ctx_read_extent`] and [`Program::ctx_read_words`] (`None` in the second: a load
+/// past 512 bytes).
+fn ctx_reads(insns: &[Insn]) -> Option<(u32, Option<u64>)> {
     let n = insns.len();
     // Per instruction: the registers (bit r) that may hold the context on entry to it; None
     // when not reached yet.
     let mut state: Vec<Option<u16>> = vec![None; n];
     let mut work = vec![0usize];
     if n == 0 {
-        return Some(0);
+        return Some((0, Some(0)));
     }
     state[0] = Some(1 << 1);
     let mut extent = 0u32;
+    let mut words = Some(0u64);
     let bit = |r: u8| 1u16 << (r & 15);
     while let Some(pc) = work.pop() {
         let m = state[pc]?;
@@ -550,7 +566,9 @@ fn ctx_read_extent(insns: &[Insn]) -> Option<u32> {
                     if i.off < 0 {
                         return None;
                     }
+                    let (first, last) = (i.off as u32 / 8, (i.off as u32 + size - 1) / 8);
                     extent = extent.max(i.off as u32 + size);
+                    words = words.filter(|_| last < 64).map(|w| w | ((u64::MAX >> (63 - last)) & (u64::MAX << first)));
                 }
             }
             BPF_LD => {
@@ -615,7 +633,7 @@ fn ctx_read_extent(insns: &[Insn]) -> Option<u32> {
             }
         }
     }
-    Some(extent)
+    Some((extent, words))
 }
 
 /// The `call 1` (map_lookup_elem) sites whose map is known for certain and described by the
@@ -841,6 +859,24 @@ mod ctx_extent_tests {
         // Through a copy, and a 4-byte load.
         let p = [mov(6, 1), Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 6, 128, 0), EXIT];
         assert_eq!(ctx_read_extent(&p), Some(132));
+    }
+
+    #[test]
+    fn the_words_read_are_those_the_loads_touch() {
+        use super::ctx_reads;
+        let words = |p: &[Insn]| ctx_reads(p).and_then(|(_, w)| w);
+        // arg0 (di, word 14), then r1 reused.
+        assert_eq!(words(&[ldx(6, 1, 112), movk(1, 0), ldx(0, 1, 8), EXIT]), Some(1 << 14));
+        assert_eq!(words(&[movk(1, 0), ldx(0, 1, 200), EXIT]), Some(0));
+        // Two loads, one of them 4 bytes into word 16 (ip).
+        let p = [ldx(2, 1, 40), Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 1, 132, 0), EXIT];
+        assert_eq!(words(&p), Some((1 << 5) | (1 << 16)));
+        // A load straddling two words sets both.
+        assert_eq!(words(&[Insn::new(BPF_LDX | BPF_MEM | BPF_W, 0, 1, 6, 0), EXIT]), Some(0b11));
+        // Past 512 bytes: no mask, the extent still known.
+        assert_eq!(ctx_reads(&[ldx(0, 1, 512), EXIT]), Some((520, None)));
+        // A store to the context: nothing.
+        assert_eq!(words(&[Insn::new(BPF_STX | BPF_MEM | BPF_DW, 1, 0, 0, 0), EXIT]), None);
     }
 
     #[test]
