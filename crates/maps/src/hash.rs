@@ -83,14 +83,19 @@
 //! is empty); the element count is the sum of the per-CPU `live` deltas. LRU types evict
 //! instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep clears it
 //! and takes the first element without it, locking the victim's bucket and element with a
-//! single try so two updaters never wait for each other).
+//! single try so two updaters never wait for each other). The sweep's hand is shared, but each
+//! thread takes a stretch of 64 of its positions at a time and steps through them in its
+//! thread-local words, so threads evicting at once neither pass the hand's line back and forth
+//! at every step nor sweep the same elements.
 
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::*, fence};
 
 use crate::map::*;
 use crate::mem::{a8, a32, a64, copy_in, copy_out, eq, hash_key, read_tail, read_word, round_up, round8, zero};
 use crate::shm::PAGE_SIZE;
-use crate::sync::{FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, set_lookup_memo};
+use crate::sync::{
+    FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, set_lookup_memo, set_sweep_stretch, sweep_stretch,
+};
 use crate::types::*;
 
 const NULLS: u32 = 1 << 31;
@@ -106,6 +111,9 @@ const LIST_SIZE: usize = 64;
 /// live-element delta counted by this CPU (wrapping u32).
 const L_FREE: usize = 0;
 const L_LIVE: usize = 8;
+/// Positions of the shared CLOCK hand a thread takes at a time (LRU types; see
+/// [`HashMap::sweep_step`]).
+const SWEEP_STRETCH: u32 = 64;
 
 const E_NEXT: usize = 0;
 const E_HASH: usize = 4;
@@ -376,6 +384,26 @@ impl HashMap {
         // SAFETY: aligned field of the type header.
         unsafe { a32(self.base.at(H_HAND)) }
     }
+
+    /// The next position of the CLOCK sweep for an eviction by this thread: the sweep is one
+    /// hand over every element, as CLOCK's, but each thread takes [`SWEEP_STRETCH`] positions
+    /// of it at a time and steps through them in its own thread-local words
+    /// (`sync::sweep_stretch`), so threads evicting at once pass the hand's cache line back
+    /// and forth once every stretch instead of at every step, and sweep different elements. A
+    /// thread that evicts from another map meanwhile takes a new stretch (skipping the rest of
+    /// the old one, which the next round of the hand covers).
+    fn sweep_step(&self) -> u32 {
+        let me = self.buckets as u64;
+        let (map, pos, end) = sweep_stretch();
+        if map == me && pos != end {
+            set_sweep_stretch(me, pos.wrapping_add(1), end);
+            return pos;
+        }
+        let start = self.hand().fetch_add(SWEEP_STRETCH, Relaxed);
+        set_sweep_stretch(me, start.wrapping_add(1), start.wrapping_add(SWEEP_STRETCH));
+        start
+    }
+
     /// Element `i`.
     ///
     /// # Safety
@@ -732,7 +760,7 @@ impl HashMap {
         let n = self.n_elems;
         let mut fallback = NIL;
         for _ in 0..n.min(128) * 2 + 8 {
-            let i = self.hand().fetch_add(1, Relaxed) % n;
+            let i = self.sweep_step() % n;
             // SAFETY: i < n_elems.
             let e = unsafe { self.elem(i) };
             // SAFETY: fields of element i.

@@ -54,15 +54,18 @@ use crate::types::MapError;
 //   +8 memo_map: u64   that lookup's map (0: none); see `hash::HashMap::update_impl`
 //   +16 memo_key: u64  the first 8 bytes of that lookup's key (zero-padded), compared before
 //                      the element is touched
+//   +24 sweep_map: u64 the LRU map whose CLOCK hand the thread took a stretch of (0: none)
+//   +32 sweep_pos: u32 the next position of that stretch, +36 sweep_end: u32 its end; see
+//                      `hash::HashMap::sweep_step`
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
     ".globl userbpf_maps_thread_words",
     ".hidden userbpf_maps_thread_words",
     ".type userbpf_maps_thread_words,@object",
-    ".size userbpf_maps_thread_words, 24",
+    ".size userbpf_maps_thread_words, 40",
     "userbpf_maps_thread_words:",
-    ".zero 24",
+    ".zero 40",
     ".popsection",
 );
 
@@ -118,6 +121,25 @@ pub(crate) fn set_lookup_memo(map: u64, idx: u32, key_word: u64) {
         w.add(8).cast::<u64>().write(map);
         w.add(4).cast::<u32>().write(idx);
         w.add(16).cast::<u64>().write(key_word);
+    }
+}
+
+/// The thread's stretch of an LRU map's CLOCK hand: (map, next position, end), map 0 for none.
+#[inline(always)]
+pub(crate) fn sweep_stretch() -> (u64, u32, u32) {
+    let w = thread_words();
+    // SAFETY: as in `lookup_memo`.
+    unsafe { (w.add(24).cast::<u64>().read(), w.add(32).cast::<u32>().read(), w.add(36).cast::<u32>().read()) }
+}
+
+#[inline(always)]
+pub(crate) fn set_sweep_stretch(map: u64, pos: u32, end: u32) {
+    let w = thread_words();
+    // SAFETY: as in `lookup_memo`.
+    unsafe {
+        w.add(24).cast::<u64>().write(map);
+        w.add(32).cast::<u32>().write(pos);
+        w.add(36).cast::<u32>().write(end);
     }
 }
 
