@@ -358,6 +358,9 @@ enum Label {
     CpuEntry,
     /// The claiming entry (see [`Output::claim_entry`]).
     ClaimEntry,
+    /// The start of the claiming entry's "not claimed" code, when it has its own copy of
+    /// subprogram 0 (see [`Emitter::claim_const`]): code of no instruction after the functions.
+    ClaimBusy,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -408,7 +411,11 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             let claim_entry =
                 (!e.needs_run_state && !e.calls_helpers).then(|| labels[e.label_index(Label::ClaimEntry)]);
             let calls_out = e.calls_out;
-            let pc_map = pc_map(prog, &frames, labels)?;
+            let copy = e.const_claim().map(|k| {
+                let base = n + 2 * nsub + 7;
+                (labels[e.label_index(Label::ClaimBusy)], k.have_rseq.then(|| &labels[base..base + n]))
+            });
+            let pc_map = pc_map(prog, &frames, labels, copy)?;
             let memo_pairs = e.paired_lookups.iter().copied().zip(e.paired_updates.iter().copied()).collect();
             return Ok(Output {
                 code: e.a.into_code(),
@@ -432,7 +439,14 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
 }
 
 /// The offset → instruction table of the final layout (see [`Output::pc_map`]).
-fn pc_map(prog: &Program, frames: &[Frame], labels: &[usize]) -> Result<Vec<(u32, u32)>, String> {
+/// `copy`: where the claiming entry's code after the functions starts and the labels of its
+/// copy of subprogram 0's instructions (see `Emitter::claim_const`).
+fn pc_map(
+    prog: &Program,
+    frames: &[Frame],
+    labels: &[usize],
+    copy: Option<(usize, Option<&[usize]>)>,
+) -> Result<Vec<(u32, u32)>, String> {
     let insns = prog.insns();
     let n = insns.len();
     let off = |l: usize| u32::try_from(l).map_err(|_| "code too large".to_string());
@@ -443,6 +457,17 @@ fn pc_map(prog: &Program, frames: &[Frame], labels: &[usize]) -> Result<Vec<(u32
         while pc < f.end {
             map.push((off(labels[pc])?, pc as u32));
             pc += if insns[pc].is_lddw() { 2 } else { 1 };
+        }
+    }
+    if let Some((start, copy)) = copy {
+        map.push((off(start)?, NO_PC));
+        if let Some(copy) = copy {
+            let f = &frames[0];
+            let mut pc = f.start;
+            while pc < f.end {
+                map.push((off(copy[pc])?, pc as u32));
+                pc += if insns[pc].is_lddw() { 2 } else { 1 };
+            }
         }
     }
     if !map.windows(2).all(|w| w[0].0 <= w[1].0) {
@@ -764,6 +789,10 @@ struct Emitter<'a> {
     /// lookups' pcs and the updates' pcs, sorted.
     paired_lookups: Vec<usize>,
     paired_updates: Vec<usize>,
+    /// Emitting the claiming entry's own copy of subprogram 0 (see
+    /// [`claim_const`](Emitter::claim_const)): its instructions' labels are the copy's, and
+    /// its exits end the claimed run.
+    claim_copy: bool,
 }
 
 impl<'a> Emitter<'a> {
@@ -776,7 +805,8 @@ impl<'a> Emitter<'a> {
         rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 6;
+        // Instructions' labels twice: subprogram 0's copy in the claiming entry has its own.
+        let nlabels = 2 * insns.len() + 2 * frames.len() + 7;
         let targets = jump_targets(insns, prog.subprogs());
         let pairs = memo_pairs(prog, &targets);
         Emitter {
@@ -799,6 +829,7 @@ impl<'a> Emitter<'a> {
             calls_helpers: false,
             calls_out: false,
             percpu_inline: false,
+            claim_copy: false,
         }
     }
 
@@ -812,6 +843,7 @@ impl<'a> Emitter<'a> {
         let n = self.insns.len();
         let s = self.frames.len();
         match l {
+            Label::Insn(pc) if self.claim_copy => n + 2 * s + 7 + pc,
             Label::Insn(pc) => pc,
             Label::Func(k) => n + k,
             Label::Entry(k) => n + s + k,
@@ -821,6 +853,7 @@ impl<'a> Emitter<'a> {
             Label::FastEntry => n + 2 * s + 3,
             Label::CpuEntry => n + 2 * s + 4,
             Label::ClaimEntry => n + 2 * s + 5,
+            Label::ClaimBusy => n + 2 * s + 6,
         }
     }
 
@@ -951,6 +984,14 @@ impl<'a> Emitter<'a> {
                 return;
             }
         }
+        if let Some(k) = self.const_claim() {
+            self.claim_const(k);
+        }
+    }
+
+    /// The claim of `Options::claim`, when the claiming entry can take it as constants.
+    fn const_claim(&self) -> Option<ConstClaim> {
+        self.opts.claim.and_then(ConstClaim::of)
     }
 
     /// `Entry(k)`: the C-callable entry of subprogram k.
@@ -1010,6 +1051,9 @@ impl<'a> Emitter<'a> {
         use super::SlotClaim as C;
         use std::mem::offset_of;
         let off = |o: usize| o as i32;
+        if self.const_claim().is_some() {
+            return; // after the functions: `claim_const`
+        }
         self.bind(Label::ClaimEntry);
         self.push_entry_saves();
         let d = Reg::RSI;
@@ -1022,10 +1066,6 @@ impl<'a> Emitter<'a> {
         self.pop_entry_saves();
         self.a.ret();
         self.a.bind(start);
-        if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
-            self.claim_const(k, busy);
-            return;
-        }
         // Restartable sequences registered: their cpu_id is the CPU the thread runs on.
         self.a.load(Width::W, Reg::RAX, Mem::base(d, off(offset_of!(C, have_rseq))));
         self.a.test_rr(false, Reg::RAX, Reg::RAX);
@@ -1090,15 +1130,39 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// The rest of `ClaimEntry` with the claim known when compiling (`Options::claim`): the
-    /// same checks and claim, its words read straight from their static-TLS offsets and the
-    /// slots' address an immediate (the `SlotClaim` in rsi is not read). No rseq: every run
-    /// goes back (`busy`).
-    fn claim_const(&mut self, k: ConstClaim, busy: usize) {
+    /// `ClaimEntry` with the claim known when compiling (`Options::claim`), placed after the
+    /// functions: the same checks and claim as [`claim_entry`](Self::claim_entry), its words
+    /// read straight from their static-TLS offsets and the slots' address an immediate (the
+    /// `SlotClaim` in rsi is not read), then subprogram 0's body in a copy of its own that
+    /// runs in the entry's frame (one frame a claimed run: no call, no prologue pushes, since
+    /// the entry saves every register a frame saves, see [`entry_saves`]), whose exits give
+    /// the slot back and return ([`claim_return`](Self::claim_return)). Aborts and exit
+    /// requests end through the shared epilogue, as from the other entries (the run slots
+    /// are laid out as theirs). No rseq: every run goes back.
+    ///
+    /// ```text
+    /// busy:       abort[0] = CLAIM_RETRY; eax = 0; pops; ret    (reached by jumps only)
+    /// ClaimEntry: pushes; checks (else busy); lock cmpxchg slot (else busy); active = 1
+    ///             run slots; r12 = rsp; [rbp = rsp; rsp -= 512]; zeroes
+    ///             subprogram 0 (copy): ... exit: claim_return
+    /// ```
+    fn claim_const(&mut self, k: ConstClaim) {
+        // Not claimed: nothing ran (placed first, reached by jumps backwards).
+        self.bind(Label::ClaimBusy);
         if !k.have_rseq {
-            self.a.jmp_back(busy);
+            self.bind(Label::ClaimEntry);
+        }
+        let busy = self.a.pos();
+        self.a.store_imm(Width::Dw, Mem::base(Reg::RDX, 0), CLAIM_RETRY as i32);
+        self.a.zero(Reg::RAX);
+        if !k.have_rseq {
+            self.a.ret();
             return;
         }
+        self.pop_entry_saves();
+        self.a.ret();
+        self.bind(Label::ClaimEntry);
+        self.push_entry_saves();
         // No run in progress on this thread.
         self.a.fs();
         self.a.cmp_mb(Mem::abs(k.active), 0);
@@ -1113,8 +1177,8 @@ impl<'a> Emitter<'a> {
         self.a.load(Width::W, Reg::RCX, Mem::abs(k.rseq_cpu));
         self.a.alu_ri(Alu::Cmp, false, Reg::RCX, k.nr as i32);
         self.a.jcc_back(Cond::Ae, busy);
-        self.a.mov_rr(true, Reg::R9, Reg::RCX);
-        self.a.shift_ri(Shift::Shl, true, Reg::R9, 6);
+        // The slot's word: slots + cpu * 64 (cpu < nr, so no overflow).
+        self.a.imul_rri(true, Reg::R9, Reg::RCX, 64);
         self.a.mov_imm(Reg::R10, k.slots);
         self.a.alu_rr(Alu::Add, true, Reg::R9, Reg::R10);
         self.a.zero(Reg::RAX);
@@ -1130,17 +1194,30 @@ impl<'a> Emitter<'a> {
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
+        // Subprogram 0's frame, in this one: rsp is 16-aligned here (8 for the return
+        // address, an even number of saves, five slots), and the 512 bytes of stack keep it so.
+        let frames = self.frames;
+        let f = &frames[0];
+        if f.uses_stack {
+            self.a.mov_rr(true, Reg::RBP, Reg::RSP);
+            self.a.alu_ri(Alu::Sub, true, Reg::RSP, STACK_SIZE as i32);
+        }
         self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
-        let d = self.rel32(Label::Func(0), 5);
-        self.a.call_rel32(d);
-        // The run returned (rsp back at the run slots): the shared epilogue's work inline, with
-        // what is known here (a slot is held, the active byte at a constant offset). Aborts
-        // and exit requests still end through the shared epilogue.
-        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
+        self.claim_copy = true;
+        self.body(0);
+        self.claim_copy = false;
+    }
+
+    /// An exit of the claiming entry's copy of subprogram 0 (see
+    /// [`claim_const`](Self::claim_const)): the shared epilogue's work with what is known
+    /// here (a slot is held, the active byte at a constant offset): the run is over, then the
+    /// slot free (a plain store: release order on x86, after every access of the run).
+    fn claim_return(&mut self, k: ConstClaim) {
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::R12, 16));
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 0);
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
-        self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
+        self.a.lea(Reg::RSP, Mem::base(Reg::R12, 40));
         self.pop_entry_saves();
         self.a.ret();
     }
@@ -1212,6 +1289,13 @@ impl<'a> Emitter<'a> {
         if f.stack > 0 {
             self.a.alu_ri(Alu::Sub, true, Reg::RSP, f.stack);
         }
+        self.body(k);
+    }
+
+    /// The instructions of subprogram k, one after the other.
+    fn body(&mut self, k: usize) {
+        let frames = self.frames;
+        let f = &frames[k];
         let (start, end) = (f.start, f.end);
         let mut pc = start;
         while pc < end {
@@ -1270,6 +1354,11 @@ impl<'a> Emitter<'a> {
     }
 
     fn epilogue(&mut self, k: usize) {
+        if self.claim_copy
+            && let Some(c) = self.const_claim()
+        {
+            return self.claim_return(c);
+        }
         let frames = self.frames;
         let f = &frames[k];
         if f.uses_stack {
