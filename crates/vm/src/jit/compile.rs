@@ -242,6 +242,110 @@ fn named_regs(insns: &[Insn]) -> [bool; 16] {
     named
 }
 
+/// The eBPF registers r0..r9 that subprogram `f` may read before writing them, on some path
+/// from its start (a backward liveness analysis): only those need their start value (zero)
+/// set by an entry; the others are written before any read, so their start value is
+/// unobservable. Conservative: anything not understood reads every register (a jump out of
+/// the subprogram, falling off its end, legacy packet loads), a call reads r1..r5 (a
+/// bpf-to-bpf call r1..r9) and writes only r0, except the calls the JIT replaces by its own
+/// code or a map's function, whose reads are the map helpers' (`map_lookup_elem` and
+/// `map_delete_elem` read the key at r2, `map_update_elem` r2..r4; the JIT sets r1 and r5
+/// itself); an atomic operation reads r0, its base and its source and writes nothing.
+fn live_at_start(prog: &Program, f: &Frame) -> [bool; 16] {
+    const ALL: u16 = 0x3ff;
+    let insns = prog.insns();
+    let bit = |r: u8| 1u16 << (r & 15);
+    let n = f.end - f.start;
+    // (uses, defs, successors) of each instruction.
+    let step = |pc: usize| -> Option<(u16, u16, [Option<usize>; 2])> {
+        let i = insns[pc];
+        let next = pc + if i.is_lddw() { 2 } else { 1 };
+        let fall = [Some(next), None];
+        let (class, code) = (i.class(), i.code());
+        Some(match class {
+            BPF_LD if i.is_lddw() => (0, bit(i.dst), fall),
+            BPF_LD => return None,
+            BPF_LDX => (bit(i.src), bit(i.dst), fall),
+            BPF_ST => (bit(i.dst), 0, fall),
+            BPF_STX if i.mode() == BPF_ATOMIC => (bit(i.dst) | bit(i.src) | 1, 0, fall),
+            BPF_STX => (bit(i.dst) | bit(i.src), 0, fall),
+            BPF_ALU | BPF_ALU64 => {
+                let src = if i.source() == BPF_X { bit(i.src) } else { 0 };
+                let uses = match code {
+                    BPF_MOV => src,
+                    BPF_NEG | BPF_END => bit(i.dst),
+                    _ => bit(i.dst) | src,
+                };
+                (uses, bit(i.dst), fall)
+            }
+            BPF_JMP | BPF_JMP32 => match code {
+                BPF_EXIT if class == BPF_JMP => (1, 0, [None, None]),
+                BPF_CALL if class == BPF_JMP => {
+                    let uses = if i.op == OP_CALLX {
+                        0x3e | bit(i.dst)
+                    } else if i.src == BPF_PSEUDO_CALL {
+                        ALL
+                    } else if prog.inline_lookup_at(pc).is_some() {
+                        bit(2)
+                    } else if prog.inline_update_at(pc).is_some() {
+                        bit(2) | bit(3) | bit(4)
+                    } else if prog.direct_call_at(pc).is_some() {
+                        match i.imm {
+                            1 | 3 => bit(2),
+                            2 => bit(2) | bit(3) | bit(4),
+                            _ => 0x3e,
+                        }
+                    } else {
+                        0x3e
+                    };
+                    (uses, 1, fall)
+                }
+                _ => {
+                    let rel = if class == BPF_JMP32 && code == BPF_JA { i.imm as i64 } else { i.off as i64 };
+                    let t = usize::try_from(pc as i64 + 1 + rel).ok()?;
+                    if code == BPF_JA {
+                        (0, 0, [Some(t), None])
+                    } else {
+                        let src = if i.source() == BPF_X { bit(i.src) } else { 0 };
+                        (bit(i.dst) | src, 0, [Some(next), Some(t)])
+                    }
+                }
+            },
+            _ => return None,
+        })
+    };
+    // A jump into the second half of an lddw: everything (the JIT would not run it).
+    let mut facts = vec![(ALL, 0u16, [None, None]); n];
+    let mut pc = f.start;
+    while pc < f.end {
+        let Some(fact) = step(pc) else { return [true; 16] };
+        if fact.2.iter().flatten().any(|&t| t < f.start || t >= f.end) {
+            return [true; 16];
+        }
+        facts[pc - f.start] = fact;
+        pc += if insns[pc].is_lddw() { 2 } else { 1 };
+    }
+    // live[pc]: registers live before pc (lddw's second slot never visited). Iterate to the
+    // fixed point, backwards (jumps are mostly forward: few rounds).
+    let mut live = vec![0u16; n];
+    loop {
+        let mut changed = false;
+        for k in (0..n).rev() {
+            let (uses, defs, succ) = facts[k];
+            let out = succ.iter().flatten().fold(0u16, |a, &t| a | live[t - f.start]);
+            let l = (uses | (out & !defs)) & ALL;
+            if l != live[k] {
+                live[k] = l;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    std::array::from_fn(|r| r > 9 || live[0] & (1 << r) != 0)
+}
+
 /// The callee-saved registers the entries save and the shared epilogue restores, in push
 /// order: those something between an entry and its epilogue may change without restoring
 /// them on every way out, and no others (each push and pop counts on a probe hit). That is
@@ -793,6 +897,8 @@ struct Emitter<'a> {
     /// [`claim_const`](Emitter::claim_const)): its instructions' labels are the copy's, and
     /// its exits end the claimed run.
     claim_copy: bool,
+    /// Each subprogram's registers that may be read before written ([`live_at_start`]).
+    live_at_start: Vec<[bool; 16]>,
 }
 
 impl<'a> Emitter<'a> {
@@ -830,6 +936,7 @@ impl<'a> Emitter<'a> {
             calls_out: false,
             percpu_inline: false,
             claim_copy: false,
+            live_at_start: frames.iter().map(|f| live_at_start(prog, f)).collect(),
         }
     }
 
@@ -1009,7 +1116,7 @@ impl<'a> Emitter<'a> {
         }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
-        self.zero_regs(&[0, 6, 7, 8, 9]);
+        self.zero_regs(k, &[0, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(k), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -1039,7 +1146,7 @@ impl<'a> Emitter<'a> {
         self.a.push(cpu);
         self.a.push(record.unwrap_or(Reg::R11));
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        self.zero_regs(&[0, 3, 4, 5, 6, 7, 8, 9]);
+        self.zero_regs(0, &[0, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -1109,22 +1216,24 @@ impl<'a> Emitter<'a> {
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        self.zero_regs(0, &[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
     }
 
-    /// Zeroes the eBPF registers `regs` at an entry, but only those some instruction names
-    /// (as destination or source; r1-r5 too when the program calls anything, since a call
-    /// reads its arguments there; r6 for the legacy packet loads, which read it unnamed): a register no instruction names cannot be read, so its
-    /// start value is unobservable (unverified programs included) and its `xor` only costs
-    /// the entry an instruction (each counts on a probe hit: the path is
-    /// issue-width-bound).
-    fn zero_regs(&mut self, regs: &[u8]) {
+    /// Zeroes the eBPF registers `regs` at an entry of subprogram `k`, but only those some
+    /// instruction names (as destination or source; r1-r5 too when the program calls
+    /// anything, since a call reads its arguments there; r6 for the legacy packet loads,
+    /// which read it unnamed) and that the subprogram may read before writing them
+    /// ([`live_at_start`]): the start value of any other register is unobservable
+    /// (unverified programs included) and its `xor` only costs the entry an instruction (each
+    /// counts on a probe hit: the path is issue-width-bound).
+    fn zero_regs(&mut self, k: usize, regs: &[u8]) {
         let named = named_regs(self.insns);
+        let live = &self.live_at_start[k];
         for &r in regs {
-            if r == 0 || named[r as usize] {
+            if live[r as usize] && (r == 0 || named[r as usize]) {
                 self.a.zero(reg(r));
             }
         }
@@ -1202,7 +1311,7 @@ impl<'a> Emitter<'a> {
             self.a.mov_rr(true, Reg::RBP, Reg::RSP);
             self.a.alu_ri(Alu::Sub, true, Reg::RSP, STACK_SIZE as i32);
         }
-        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        self.zero_regs(0, &[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         self.claim_copy = true;
         self.body(0);
         self.claim_copy = false;
