@@ -1296,9 +1296,9 @@ impl<'a> Emitter<'a> {
         self.a.jcc_back(Cond::Ne, busy);
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 1);
-        // Run slots as `claim_entry` lays them out (the active byte's offset is a `[disp32]`).
-        self.a.push_imm32(k.active);
-        self.a.push_imm32(k.active);
+        // Run slots as `claim_entry` lays them out, but for the active byte's offset, which
+        // the shared epilogue takes as a constant (`abort_and_epilogue`), and the padding.
+        self.a.alu_ri(Alu::Sub, true, Reg::RSP, 16);
         self.a.push(Reg::R9);
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
@@ -1374,9 +1374,15 @@ impl<'a> Emitter<'a> {
         self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
         self.a.test_rr(true, Reg::R11, Reg::R11);
         let none = self.a.jump_fwd(Some(Cond::E));
-        self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::RSP, 24));
-        self.a.fs();
-        self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 0);
+        if let Some(k) = self.const_claim() {
+            // Every claimed run of this code is `claim_const`'s: the offset is a constant.
+            self.a.fs();
+            self.a.store_imm(Width::B, Mem::abs(k.active), 0);
+        } else {
+            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::RSP, 24));
+            self.a.fs();
+            self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 0);
+        }
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
         self.a.bind(none);
         self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
@@ -1976,8 +1982,7 @@ impl<'a> Emitter<'a> {
         if a.cpu_stride != 0 {
             // The run's CPU slot (below the map's CPUs: the runtime's slots are the possible
             // CPUs, as the map's), times the bytes of one CPU's values (< 2^31, checked at load).
-            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
-            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.imul_rmi(Reg::R10, Mem::base(Reg::R12, 8), a.cpu_stride as i32);
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
         }
         self.a.bind(out);
@@ -2029,8 +2034,7 @@ impl<'a> Emitter<'a> {
         self.a.imul_rri(true, Reg::R11, Reg::R11, a.elem_size as i32);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
         if a.cpu_stride != 0 {
-            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
-            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.imul_rmi(Reg::R10, Mem::base(Reg::R12, 8), a.cpu_stride as i32);
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
         }
         for off in (0..a.elem_size as i32).step_by(8) {
@@ -2154,8 +2158,7 @@ impl<'a> Emitter<'a> {
     fn memo_value(&mut self, m: crate::program::HashMemo) {
         self.a.mov_imm(Reg::RAX, m.pcpu);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::RDI);
-        self.a.load(Width::Dw, Reg::R8, Mem::base(Reg::R12, 8));
-        self.a.imul_rri(true, Reg::R8, Reg::R8, m.pcpu_stride as i32);
+        self.a.imul_rmi(Reg::R8, Mem::base(Reg::R12, 8), m.pcpu_stride as i32);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R8);
     }
 
@@ -2214,8 +2217,11 @@ impl<'a> Emitter<'a> {
             self.a.jcc_back(Cond::Ne, miss);
         }
         // The value's first and last words read before the lock is taken: a bad value pointer
-        // faults here (this instruction's abort), never while the element's lock is held.
-        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
+        // faults here (this instruction's abort), never while the element's lock is held. A
+        // one-word value whose address is known (`dst`, the paired form: rdi is free) is kept
+        // in rdi for the store.
+        let word_in_rdi = dst.is_some() && m.value_size == 8;
+        self.a.load(Width::Dw, if word_in_rdi { Reg::RDI } else { Reg::R8 }, Mem::base(reg(3), 0));
         if m.value_size > 8 {
             self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
         }
@@ -2238,9 +2244,13 @@ impl<'a> Emitter<'a> {
             self.memo_value(m);
             Reg::RAX
         });
-        for o in (0..m.value_size as i32).step_by(8) {
-            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
-            self.a.store(Width::Dw, Mem::base(dst, o), Reg::R8);
+        if word_in_rdi {
+            self.a.store(Width::Dw, Mem::base(dst, 0), Reg::RDI);
+        } else {
+            for o in (0..m.value_size as i32).step_by(8) {
+                self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
+                self.a.store(Width::Dw, Mem::base(dst, o), Reg::R8);
+            }
         }
         self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
         self.a.zero(Reg::RAX);
