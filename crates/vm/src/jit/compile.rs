@@ -28,7 +28,9 @@
 //! CpuEntry   `extern "C" fn(r1, r2, cpu) -> u64`: `Entry(0)` with [r12+8] = cpu
 //! ClaimEntry `extern "C" fn(r1, claim, abort) -> u64`, see [`Output::claim_entry`]: claims
 //!            the CPU slot itself; [r12+16] = the slot's word, [r12+24] = the TLS offset of
-//!            the thread's "run in progress" byte
+//!            the thread's "run in progress" byte (compiled with the process's claim,
+//!            `Options::claim`: placed after the functions, with its own copy of Func(0)'s
+//!            body run in the entry's frame, see "One frame for claimed runs")
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
 //! Epilogue:  (a slot claimed by ClaimEntry: given back); add rsp, 40;
@@ -37,7 +39,12 @@
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
 //!            ... one instruction after another ...; each exit: mov rsp, rbp; pops; ret
+//!            then the function's cold code (memo misses, see "Per-CPU hash memo hits")
 //! ```
+//!
+//! The entries zero r0 and the r2..r9 they do not pass only where the subprogram may read
+//! them before writing them (`live_at_start`, a liveness analysis; the interpreter starts
+//! every register at zero, and a register written before every read cannot tell).
 //!
 //! A bpf-to-bpf call is a native `call Func(k)`: the arguments are already in place, the
 //! callee saves the r6..r9 it writes and sets up its own 512-byte stack below the caller's.
@@ -108,6 +115,20 @@
 //! helper whose result the thread caches ([`crate::program::CachedHelper`]:
 //! `get_current_pid_tgid`) is read inline while the cache's fork generation is current, and
 //! called otherwise.
+//!
+//! The hit falls through: the call made on a miss, the unlock when the element changed under
+//! the lock and a paired update's fallback are cold code after the function (`emit_cold`),
+//! which jumps back; the fault table names the call instruction for it.
+//!
+//! # One frame for claimed runs
+//!
+//! Compiled with the process's claim (`Options::claim`), the claiming entry is placed after
+//! the functions and runs its own copy of subprogram 0's body in its own frame: the run
+//! slots, then rbp = rsp and the 512 bytes of stack, no call and no prologue (the entry
+//! pushes every register a frame saves, see [`entry_saves`]); the copy's exits give the slot
+//! back and return (`claim_return`), its aborts and exit requests end through the shared
+//! epilogue like any run's. The copy's instructions have labels of their own
+//! ([`Label::Insn`] while `claim_copy`) and entries of their own in the fault table.
 //!
 //! # Calls out of claimed runs
 //!
@@ -519,7 +540,7 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
                 let base = n + 2 * nsub + 7;
                 (labels[e.label_index(Label::ClaimBusy)], k.have_rseq.then(|| &labels[base..base + n]))
             });
-            let pc_map = pc_map(prog, &frames, labels, copy)?;
+            let pc_map = pc_map(prog, &frames, labels, copy, &e.cold_map)?;
             let memo_pairs = e.paired_lookups.iter().copied().zip(e.paired_updates.iter().copied()).collect();
             return Ok(Output {
                 code: e.a.into_code(),
@@ -544,12 +565,14 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
 
 /// The offset → instruction table of the final layout (see [`Output::pc_map`]).
 /// `copy`: where the claiming entry's code after the functions starts and the labels of its
-/// copy of subprogram 0's instructions (see `Emitter::claim_const`).
+/// copy of subprogram 0's instructions (see `Emitter::claim_const`); `cold`: where each
+/// function's cold blocks start and their instructions (see `Emitter::emit_cold`).
 fn pc_map(
     prog: &Program,
     frames: &[Frame],
     labels: &[usize],
     copy: Option<(usize, Option<&[usize]>)>,
+    cold: &[(usize, u32)],
 ) -> Result<Vec<(u32, u32)>, String> {
     let insns = prog.insns();
     let n = insns.len();
@@ -574,6 +597,11 @@ fn pc_map(
             }
         }
     }
+    // Cold blocks sit after their function's last instruction (`Emitter::emit_cold`).
+    for &(o, pc) in cold {
+        map.push((off(o)?, pc));
+    }
+    map.sort_by_key(|e| e.0);
     if !map.windows(2).all(|w| w[0].0 <= w[1].0) {
         return Err("internal error: instruction offsets are not ascending".into());
     }
@@ -861,6 +889,26 @@ fn memo_pairs(prog: &Program, targets: &[bool]) -> Vec<(usize, usize)> {
     pairs
 }
 
+/// What a memo hit inlined by `Emitter::direct_map_call` leaves for the cold code after its
+/// function (`Emitter::emit_cold`).
+struct ColdMemo {
+    /// The call instruction.
+    pc: usize,
+    m: crate::program::HashMemo,
+    d: crate::program::DirectCall,
+    flags_known: bool,
+    /// A lookup whose update is paired: its miss sets r11 = 0.
+    paired_lookup: bool,
+    /// A paired update's jump to the full update, taken when its lookup missed.
+    unpaired: Option<super::emit::LongFixup>,
+    /// Jumps to the call.
+    miss: Vec<super::emit::LongFixup>,
+    /// Jumps taken with the element's lock held when the element changed: unlock, then the call.
+    gone: Vec<super::emit::LongFixup>,
+    /// Where the hit falls through to, where the cold code jumps back.
+    done: usize,
+}
+
 /// One layout pass over the whole program.
 struct Emitter<'a> {
     a: Asm,
@@ -899,6 +947,10 @@ struct Emitter<'a> {
     claim_copy: bool,
     /// Each subprogram's registers that may be read before written ([`live_at_start`]).
     live_at_start: Vec<[bool; 16]>,
+    /// Cold code of the function being emitted (see [`Emitter::emit_cold`]).
+    cold: Vec<ColdMemo>,
+    /// `(offset, pc)` of each cold block (the code of its call instruction), for `pc_map`.
+    cold_map: Vec<(usize, u32)>,
 }
 
 impl<'a> Emitter<'a> {
@@ -937,6 +989,8 @@ impl<'a> Emitter<'a> {
             percpu_inline: false,
             claim_copy: false,
             live_at_start: frames.iter().map(|f| live_at_start(prog, f)).collect(),
+            cold: Vec::new(),
+            cold_map: Vec::new(),
         }
     }
 
@@ -1439,6 +1493,7 @@ impl<'a> Emitter<'a> {
             }
             pc += 1;
         }
+        self.emit_cold();
     }
 
     /// `rD = rS; rD += imm` (64-bit, the pair bpftrace and clang emit for stack pointers such
@@ -2053,8 +2108,11 @@ impl<'a> Emitter<'a> {
     /// lookups); r2..r4 are the helper's.
     ///
     /// With a memo ([`crate::program::HashMemo`], lookups and updates of per-CPU hash maps):
-    /// the memo's hit is done inline (`memo_lookup`, `memo_update`), the call only made when it
-    /// misses. The call is made as [`out_call`](Self::out_call) makes it.
+    /// the memo's hit is done inline (`memo_lookup`, `memo_update`) and falls through, taking
+    /// no jump; what the hit does not need (the call made on a miss, the lock given back when
+    /// the element changed under it, the paired update's fallback when its lookup missed) is
+    /// cold code placed after the function ([`ColdMemo`], `emit_cold`), which jumps back. The
+    /// call is made as [`out_call`](Self::out_call) makes it.
     fn direct_map_call(&mut self, pc: usize, d: crate::program::DirectCall, helper: i32) {
         self.calls_out = true;
         self.percpu_inline = true;
@@ -2070,49 +2128,92 @@ impl<'a> Emitter<'a> {
             self.out_call(d.func);
             return;
         };
-        // The miss first (a short jump over it), so that the hit's checks reach it with short
-        // jumps backwards; r2..r4 are intact on every way there.
         let paired_lookup = !update && self.paired_lookups.binary_search(&pc).is_ok();
         let paired_update = update && self.paired_updates.binary_search(&pc).is_ok();
-        let hit = self.a.jump_fwd(None);
-        let miss = self.a.pos();
-        self.a.mov_imm(reg(1), d.arg);
-        self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
-        self.out_call(d.func);
-        if paired_lookup {
-            // A miss: the paired update checks the memo itself.
-            self.a.zero(Reg::R11);
-        }
-        let done = self.a.jump_fwd32(None);
-        self.a.bind(hit);
         // Flags known when compiling to be BPF_ANY or BPF_EXIST: no test at run time.
         let flags_known = update && const_reg(self.insns, &self.targets, pc, 4).is_some_and(|f| f == 0 || f == 2);
-        let paired_done = paired_update.then(|| self.memo_update_paired(m, miss, flags_known));
-        if update {
-            self.memo_update(m, miss, flags_known);
+        let mut c = ColdMemo {
+            pc,
+            m,
+            d,
+            flags_known,
+            paired_lookup,
+            unpaired: None,
+            miss: Vec::new(),
+            gone: Vec::new(),
+            done: 0,
+        };
+        if paired_update {
+            // r11 = 0: the lookup missed, the full update (cold) checks the memo itself.
+            self.a.test_rr(true, Reg::R11, Reg::R11);
+            c.unpaired = Some(self.a.jump_fwd32(Some(Cond::E)));
+            self.memo_store_locked(m, flags_known, Some(Reg::R11), &mut c.miss, &mut c.gone);
+        } else if update {
+            self.memo_check(m, &mut c.miss);
+            self.memo_store_locked(m, flags_known, None, &mut c.miss, &mut c.gone);
         } else {
-            self.memo_lookup(m, miss);
+            self.memo_check(m, &mut c.miss);
+            self.memo_value(m);
             if paired_lookup {
                 self.a.mov_rr(true, Reg::R11, Reg::RAX);
             }
         }
-        self.a.bind32(done);
-        if let Some(d) = paired_done {
-            self.a.bind32(d);
+        c.done = self.a.pos();
+        self.cold.push(c);
+    }
+
+    /// The cold code of the memo hits of the function just emitted (see
+    /// [`direct_map_call`](Self::direct_map_call)), each block jumping back after its call:
+    ///
+    /// ```text
+    /// unpaired: (a paired update whose lookup missed) memo_check; memo_store_locked; jmp done
+    /// gone:     the element's lock given back (it changed under the lock)
+    /// miss:     r1 = the map's argument; r5 = the CPU; the call; (paired lookup: r11 = 0)
+    ///           jmp done
+    /// ```
+    /// Each block is the code of its call instruction in the fault table (`cold_map`).
+    fn emit_cold(&mut self) {
+        for mut c in std::mem::take(&mut self.cold) {
+            self.cold_map.push((self.a.pos(), c.pc as u32));
+            if let Some(u) = c.unpaired.take() {
+                self.a.bind32(u);
+                self.memo_check(c.m, &mut c.miss);
+                self.memo_store_locked(c.m, c.flags_known, None, &mut c.miss, &mut c.gone);
+                self.a.jmp_back(c.done);
+            }
+            if !c.gone.is_empty() {
+                for f in c.gone.drain(..) {
+                    self.a.bind32(f);
+                }
+                self.a.store_imm(Width::W, Mem::base(Reg::R10, c.m.lock as i32), 0);
+            }
+            for f in c.miss.drain(..) {
+                self.a.bind32(f);
+            }
+            // r2..r4 are intact on every way here.
+            self.a.mov_imm(reg(1), c.d.arg);
+            self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
+            self.out_call(c.d.func);
+            if c.paired_lookup {
+                // A miss: the paired update checks the memo itself.
+                self.a.zero(Reg::R11);
+            }
+            self.a.jmp_back(c.done);
         }
     }
 
     /// The memo checks both inline forms share: the thread's memo names this map and the key
     /// word of the key at r2, its element is in range, linked and holds that key word. Leaves
     /// r9 = the key word, r10 = the element, rdi = the
-    /// element index times the value size; jumps back to `miss` otherwise. Uses rax, r8.
-    fn memo_check(&mut self, m: crate::program::HashMemo, miss: usize) {
+    /// element index times the value size; jumps to the miss (`miss`, bound later) otherwise.
+    /// Uses rax, r8.
+    fn memo_check(&mut self, m: crate::program::HashMemo, miss: &mut Vec<super::emit::LongFixup>) {
         let off = |o: u32| o as i32;
         let tw = self.thread_words(m);
         self.a.mov_imm(Reg::RAX, m.map);
         self.a.fs();
         self.a.alu_mr(Alu::Cmp, true, tw(8), Reg::RAX);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         // The key word: the key's bytes, zero-extended (a fault reading the key is this
         // instruction's, as for any load).
         let w = match m.key_size {
@@ -2124,19 +2225,19 @@ impl<'a> Emitter<'a> {
         self.a.load(w, Reg::R9, Mem::base(reg(2), 0));
         self.a.fs();
         self.a.alu_mr(Alu::Cmp, true, tw(16), Reg::R9);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.fs();
         self.a.load(Width::W, Reg::R10, tw(4));
         self.a.alu_ri(Alu::Cmp, false, Reg::R10, m.n_elems as i32);
-        self.a.jcc_back(Cond::Ae, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ae)));
         self.a.imul_rri(true, Reg::RDI, Reg::R10, m.value_size as i32);
         self.a.imul_rri(true, Reg::R10, Reg::R10, m.elem_size as i32);
         self.a.mov_imm(Reg::RAX, m.elems);
         self.a.alu_rr(Alu::Add, true, Reg::R10, Reg::RAX);
         self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
     }
 
     /// The address of the thread word at `+o` of the maps crate's thread words (with an `fs`
@@ -2162,59 +2263,28 @@ impl<'a> Emitter<'a> {
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R8);
     }
 
-    /// A per-CPU hash lookup's memo hit, inline: r0 = the value's address for the run's CPU.
-    fn memo_lookup(&mut self, m: crate::program::HashMemo, miss: usize) {
-        self.memo_check(m, miss);
-        self.memo_value(m);
-    }
-
-    /// The update of a lookup-update pair (see [`memo_pairs`]) after the lookup's memo hit
-    /// (r11 = its value's address for the run's CPU, r10 = the element, r9 = the key word; the
-    /// key and the map are the lookup's): [`memo_update`](Self::memo_update) without the memo
-    /// checks the lookup made, then a jump over the code that follows (the full
-    /// `memo_update`, which runs when r11 is 0: the lookup missed). The checks under the
-    /// element's lock stay: the element may have been deleted or reused meanwhile.
-    fn memo_update_paired(
-        &mut self,
-        m: crate::program::HashMemo,
-        miss: usize,
-        flags_known: bool,
-    ) -> super::emit::LongFixup {
-        self.a.test_rr(true, Reg::R11, Reg::R11);
-        let unpaired = self.a.jump_fwd32(Some(Cond::E));
-        let done = self.memo_store_locked(m, miss, flags_known, Some(Reg::R11));
-        self.a.bind32(unpaired);
-        done
-    }
-
-    /// A per-CPU hash update's memo hit, inline (flags `BPF_ANY` or `BPF_EXIST`, r4): the
-    /// element's lock taken with one compare-and-swap from 0 to the thread's id (unknown yet,
-    /// or the lock held: the miss), the checks again under it, the value (r3) stored word by
-    /// word into the run's CPU's slot, the lock given back, r0 = 0. What the maps crate's
-    /// `update_memo_fast` does.
-    fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize, flags_known: bool) {
-        self.memo_check(m, miss);
-        let done = self.memo_store_locked(m, miss, flags_known, None);
-        self.a.bind32(done);
-    }
-
     /// The locked part of a memo update (r10 = the element, r9 = the key word, r3 = the new
-    /// value, r4 = the flags, checked here unless `flags_known`: 0 or 2 only): the element's lock taken with one compare-and-swap from 0 to the thread's id
-    /// (unknown yet, or the lock held: the miss), still linked and still the key under it (else
-    /// the lock given back and the miss), the value stored word by word at `dst` (the value's
-    /// address for the run's CPU; None: computed here, [`memo_value`](Self::memo_value)), the
-    /// lock given back, r0 = 0, then a jump to what the caller binds.
+    /// value, r4 = the flags, checked here unless `flags_known`: 0 or 2 only): the element's
+    /// lock taken with one compare-and-swap from 0 to the thread's id (unknown yet, or the lock
+    /// held: the miss), still linked and still the key under it (else `gone`: the lock given
+    /// back, then the miss), the value stored word by word at `dst` (the value's address for
+    /// the run's CPU; None: computed here, [`memo_value`](Self::memo_value)), the lock given
+    /// back, r0 = 0, falling through. What the maps crate's `update_memo_fast` does. With `dst`
+    /// (a lookup-update pair, see [`memo_pairs`]: r11 = the lookup's value address, r10 and r9
+    /// its element and key word) the memo checks the lookup made are not repeated; the checks
+    /// under the lock stay (the element may have been deleted or reused meanwhile).
     fn memo_store_locked(
         &mut self,
         m: crate::program::HashMemo,
-        miss: usize,
         flags_known: bool,
         dst: Option<Reg>,
-    ) -> super::emit::LongFixup {
+        miss: &mut Vec<super::emit::LongFixup>,
+        gone: &mut Vec<super::emit::LongFixup>,
+    ) {
         let off = |o: u32| o as i32;
         if !flags_known {
             self.a.test_ri(true, reg(4), !2);
-            self.a.jcc_back(Cond::Ne, miss);
+            miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         }
         // The value's first and last words read before the lock is taken: a bad value pointer
         // faults here (this instruction's abort), never while the element's lock is held. A
@@ -2230,16 +2300,16 @@ impl<'a> Emitter<'a> {
         self.a.fs();
         self.a.load(Width::W, Reg::R8, tw(0));
         self.a.test_rr(false, Reg::R8, Reg::R8);
-        self.a.jcc_back(Cond::E, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::E)));
         self.a.zero(Reg::RAX);
         self.a.lock();
         self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         // Under the lock: still linked, still the key (else unlock and take the miss).
         self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
-        let gone = self.a.jump_fwd32(Some(Cond::Ne));
+        gone.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
-        let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
+        gone.push(self.a.jump_fwd32(Some(Cond::Ne)));
         let dst = dst.unwrap_or_else(|| {
             self.memo_value(m);
             Reg::RAX
@@ -2254,12 +2324,6 @@ impl<'a> Emitter<'a> {
         }
         self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
         self.a.zero(Reg::RAX);
-        let done = self.a.jump_fwd32(None);
-        self.a.bind32(gone);
-        self.a.bind32(gone2);
-        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
-        self.a.jmp_back(miss);
-        done
     }
 
     /// A helper whose result the thread caches (see [`crate::program::CachedHelper`]): the
