@@ -334,3 +334,59 @@ fn the_claiming_entry_compiled_with_its_claim_claims_runs_and_gives_back() {
     assert!((0..nr as usize).all(|i| word(i) == 0), "slots given back after a fault");
     assert_eq!(ACTIVE.with(|c| c.get()), 0, "run mark cleared after a fault");
 }
+
+/// A claimed run of a program compiled with its claim runs subprogram 0 as its own copy, in
+/// the entry's frame (`claim_const`): branches, the stack, a bpf-to-bpf call and every exit
+/// give what the program computes, the slot and the mark are given back on every way out,
+/// and a fault names the instruction of the copy that faulted.
+#[test]
+fn the_claiming_entrys_copy_of_the_program_runs_it_whole() {
+    let Some(rseq) = rseq_offset() else {
+        panic!("glibc registers no rseq area here: the claiming entry cannot be tested");
+    };
+    let nr = 1024;
+    let slots: Vec<[AtomicU32; 16]> = (0..nr).map(|_| std::array::from_fn(|_| AtomicU32::new(0))).collect();
+    let mut a = Asm::new();
+    // r6 = ctx[0]; stack[-8] = r6; if r6 > 5: r0 = r6 * 3 (via the stack), exit;
+    // if r6 == 2: r0 = *(u64 *)0 (a fault); else r0 = sub(r6) + 1, exit.
+    a.ldx(BPF_W, 6, 1, 0).stx(BPF_DW, 10, 6, -8);
+    a.jmp(BPF_JGT, 6, 5, "big");
+    a.jmp(BPF_JEQ, 6, 2, "fault");
+    a.movx(1, 6).call_fn("sub").add(0, 1).exit();
+    a.label("big").ldx(BPF_DW, 0, 10, -8).alu(BPF_MUL, 0, 3).exit();
+    a.label("fault").mov(7, 0).ldx(BPF_DW, 0, 7, 0).exit();
+    a.label("sub").movx(0, 1).alu(BPF_LSH, 0, 2).exit();
+    let insns = a.build();
+    let fault_pc = a.at("fault") + 1;
+    TID.with(|t| t.set(4242));
+    ACTIVE.with(|c| c.set(0));
+    let claim = SlotClaim {
+        slots: slots.as_ptr() as u64,
+        nr,
+        have_rseq: 1,
+        rseq_cpu: rseq + 4,
+        active: tls_offset(ACTIVE.with(|c| c.as_ptr())),
+        tid: tls_offset(TID.with(|c| c.as_ptr()).cast()),
+    };
+    let opts = LoadOptions { helpers: registry(), ..Default::default() };
+    let p = Program::load(&insns, &opts, None).expect("load");
+    let j = JitProgram::compile_claiming(Arc::new(p), claim).expect("compile");
+    let e = j.claim_entry_address().expect("a claiming entry");
+    // SAFETY: the claiming entry's signature (JitProgram::claim_entry_address).
+    let entry =
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64, *const SlotClaim, *mut [u64; 3]) -> u64>(e) };
+    for key in 0u32..10 {
+        let mut ctx = key.to_ne_bytes();
+        let mut rec = [0u64; 3];
+        // SAFETY: the program reads its 4-byte context; its fault is contained.
+        let r0 = unsafe { entry(ctx.as_mut_ptr() as u64, &SlotClaim::default(), &mut rec) };
+        if key == 2 {
+            assert_eq!((rec[0] != 0 && rec[0] != CLAIM_RETRY, rec[1], rec[2]), (true, fault_pc as u64, 0), "fault");
+        } else {
+            let want = if key > 5 { key as u64 * 3 } else { ((key as u64) << 2) + 1 };
+            assert_eq!((r0, rec[0]), (want, 0), "key {key}");
+        }
+        assert!((0..nr as usize).all(|i| slots[i][0].load(SeqCst) == 0), "slots given back");
+        assert_eq!(ACTIVE.with(|c| c.get()), 0, "run mark cleared");
+    }
+}

@@ -208,6 +208,30 @@ fn registers_start_at_zero_and_args_arrive() {
     }
 }
 
+/// The entries zero only the registers a path may read before writing them (the JIT's
+/// liveness analysis): registers read only on some paths, around a loop's back edge, by a
+/// bpf-to-bpf callee or through a jump still start at zero (the entries' argument registers
+/// hold other values, e.g. the abort record's address in r3 and the CPU in r4).
+#[test]
+fn registers_read_before_written_on_some_path_start_at_zero() {
+    // r0 = r3 when r1 is 0, else 5 (r3 written on the other path only).
+    let p = prog![jmp(BPF_JEQ, 1, 0, 1), mov(3, 5), movx(0, 3), exit()];
+    let j = compile(&p);
+    // SAFETY: no memory access.
+    assert_eq!(unsafe { (j.run(0, 9), j.run(1, 9)) }, (Ok(0), Ok(5)));
+    // r6 read first around the back edge: r0 = 0 + 7.
+    let p = prog![mov(0, 0), alu64x(BPF_ADD, 0, 6), mov(6, 7), jmp(BPF_JLT, 0, 7, -4), exit()];
+    assert_eq!(run(&p), 7);
+    // A callee reading r4, r5, r7 and r0 before any write.
+    let p = prog![call_local(2), exit(), exit(), movx(0, 4), alu64x(BPF_ADD, 0, 5), alu64x(BPF_ADD, 0, 7), exit()];
+    assert_eq!(run(&p), 0);
+    // r0 read by exit when nothing wrote it, r2 (not an argument here) and r9 by a store.
+    assert_eq!(run(&prog![jmp(BPF_JNE, 2, 0, 1), exit(), mov(0, 1), exit()]), 0);
+    for r in [3, 4, 5] {
+        assert_eq!(r0(prog![jmp(BPF_JEQ, 1, 0, 1), mov(r, 1), movx(0, r)]), 0, "r{r}");
+    }
+}
+
 #[test]
 fn alu64_arithmetic() {
     assert_eq!(r0(prog![mov(0, -1)]), u64::MAX);

@@ -28,7 +28,9 @@
 //! CpuEntry   `extern "C" fn(r1, r2, cpu) -> u64`: `Entry(0)` with [r12+8] = cpu
 //! ClaimEntry `extern "C" fn(r1, claim, abort) -> u64`, see [`Output::claim_entry`]: claims
 //!            the CPU slot itself; [r12+16] = the slot's word, [r12+24] = the TLS offset of
-//!            the thread's "run in progress" byte
+//!            the thread's "run in progress" byte (compiled with the process's claim,
+//!            `Options::claim`: placed after the functions, with its own copy of Func(0)'s
+//!            body run in the entry's frame, see "One frame for claimed runs")
 //! Abort:     mov rsp, r12; record_abort(r9 = kind, r10 = pc, r11 = id); eax = 1
 //! Unwind:    mov rsp, r12               (the result is in rax)
 //! Epilogue:  (a slot claimed by ClaimEntry: given back); add rsp, 40;
@@ -37,7 +39,12 @@
 //!            push (rbp if it uses r10) (rbx, r13, r14, r15 if it writes r6..r9)
 //!            mov rbp, rsp; sub rsp, 512 (+ 8 to keep rsp 16-aligned at calls)
 //!            ... one instruction after another ...; each exit: mov rsp, rbp; pops; ret
+//!            then the function's cold code (memo misses, see "Per-CPU hash memo hits")
 //! ```
+//!
+//! The entries zero r0 and the r2..r9 they do not pass only where the subprogram may read
+//! them before writing them (`live_at_start`, a liveness analysis; the interpreter starts
+//! every register at zero, and a register written before every read cannot tell).
 //!
 //! A bpf-to-bpf call is a native `call Func(k)`: the arguments are already in place, the
 //! callee saves the r6..r9 it writes and sets up its own 512-byte stack below the caller's.
@@ -108,6 +115,20 @@
 //! helper whose result the thread caches ([`crate::program::CachedHelper`]:
 //! `get_current_pid_tgid`) is read inline while the cache's fork generation is current, and
 //! called otherwise.
+//!
+//! The hit falls through: the call made on a miss, the unlock when the element changed under
+//! the lock and a paired update's fallback are cold code after the function (`emit_cold`),
+//! which jumps back; the fault table names the call instruction for it.
+//!
+//! # One frame for claimed runs
+//!
+//! Compiled with the process's claim (`Options::claim`), the claiming entry is placed after
+//! the functions and runs its own copy of subprogram 0's body in its own frame: the run
+//! slots, then rbp = rsp and the 512 bytes of stack, no call and no prologue (the entry
+//! pushes every register a frame saves, see [`entry_saves`]); the copy's exits give the slot
+//! back and return (`claim_return`), its aborts and exit requests end through the shared
+//! epilogue like any run's. The copy's instructions have labels of their own
+//! ([`Label::Insn`] while `claim_copy`) and entries of their own in the fault table.
 //!
 //! # Calls out of claimed runs
 //!
@@ -242,6 +263,110 @@ fn named_regs(insns: &[Insn]) -> [bool; 16] {
     named
 }
 
+/// The eBPF registers r0..r9 that subprogram `f` may read before writing them, on some path
+/// from its start (a backward liveness analysis): only those need their start value (zero)
+/// set by an entry; the others are written before any read, so their start value is
+/// unobservable. Conservative: anything not understood reads every register (a jump out of
+/// the subprogram, falling off its end, legacy packet loads), a call reads r1..r5 (a
+/// bpf-to-bpf call r1..r9) and writes only r0, except the calls the JIT replaces by its own
+/// code or a map's function, whose reads are the map helpers' (`map_lookup_elem` and
+/// `map_delete_elem` read the key at r2, `map_update_elem` r2..r4; the JIT sets r1 and r5
+/// itself); an atomic operation reads r0, its base and its source and writes nothing.
+fn live_at_start(prog: &Program, f: &Frame) -> [bool; 16] {
+    const ALL: u16 = 0x3ff;
+    let insns = prog.insns();
+    let bit = |r: u8| 1u16 << (r & 15);
+    let n = f.end - f.start;
+    // (uses, defs, successors) of each instruction.
+    let step = |pc: usize| -> Option<(u16, u16, [Option<usize>; 2])> {
+        let i = insns[pc];
+        let next = pc + if i.is_lddw() { 2 } else { 1 };
+        let fall = [Some(next), None];
+        let (class, code) = (i.class(), i.code());
+        Some(match class {
+            BPF_LD if i.is_lddw() => (0, bit(i.dst), fall),
+            BPF_LD => return None,
+            BPF_LDX => (bit(i.src), bit(i.dst), fall),
+            BPF_ST => (bit(i.dst), 0, fall),
+            BPF_STX if i.mode() == BPF_ATOMIC => (bit(i.dst) | bit(i.src) | 1, 0, fall),
+            BPF_STX => (bit(i.dst) | bit(i.src), 0, fall),
+            BPF_ALU | BPF_ALU64 => {
+                let src = if i.source() == BPF_X { bit(i.src) } else { 0 };
+                let uses = match code {
+                    BPF_MOV => src,
+                    BPF_NEG | BPF_END => bit(i.dst),
+                    _ => bit(i.dst) | src,
+                };
+                (uses, bit(i.dst), fall)
+            }
+            BPF_JMP | BPF_JMP32 => match code {
+                BPF_EXIT if class == BPF_JMP => (1, 0, [None, None]),
+                BPF_CALL if class == BPF_JMP => {
+                    let uses = if i.op == OP_CALLX {
+                        0x3e | bit(i.dst)
+                    } else if i.src == BPF_PSEUDO_CALL {
+                        ALL
+                    } else if prog.inline_lookup_at(pc).is_some() {
+                        bit(2)
+                    } else if prog.inline_update_at(pc).is_some() {
+                        bit(2) | bit(3) | bit(4)
+                    } else if prog.direct_call_at(pc).is_some() {
+                        match i.imm {
+                            1 | 3 => bit(2),
+                            2 => bit(2) | bit(3) | bit(4),
+                            _ => 0x3e,
+                        }
+                    } else {
+                        0x3e
+                    };
+                    (uses, 1, fall)
+                }
+                _ => {
+                    let rel = if class == BPF_JMP32 && code == BPF_JA { i.imm as i64 } else { i.off as i64 };
+                    let t = usize::try_from(pc as i64 + 1 + rel).ok()?;
+                    if code == BPF_JA {
+                        (0, 0, [Some(t), None])
+                    } else {
+                        let src = if i.source() == BPF_X { bit(i.src) } else { 0 };
+                        (bit(i.dst) | src, 0, [Some(next), Some(t)])
+                    }
+                }
+            },
+            _ => return None,
+        })
+    };
+    // A jump into the second half of an lddw: everything (the JIT would not run it).
+    let mut facts = vec![(ALL, 0u16, [None, None]); n];
+    let mut pc = f.start;
+    while pc < f.end {
+        let Some(fact) = step(pc) else { return [true; 16] };
+        if fact.2.iter().flatten().any(|&t| t < f.start || t >= f.end) {
+            return [true; 16];
+        }
+        facts[pc - f.start] = fact;
+        pc += if insns[pc].is_lddw() { 2 } else { 1 };
+    }
+    // live[pc]: registers live before pc (lddw's second slot never visited). Iterate to the
+    // fixed point, backwards (jumps are mostly forward: few rounds).
+    let mut live = vec![0u16; n];
+    loop {
+        let mut changed = false;
+        for k in (0..n).rev() {
+            let (uses, defs, succ) = facts[k];
+            let out = succ.iter().flatten().fold(0u16, |a, &t| a | live[t - f.start]);
+            let l = (uses | (out & !defs)) & ALL;
+            if l != live[k] {
+                live[k] = l;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    std::array::from_fn(|r| r > 9 || live[0] & (1 << r) != 0)
+}
+
 /// The callee-saved registers the entries save and the shared epilogue restores, in push
 /// order: those something between an entry and its epilogue may change without restoring
 /// them on every way out, and no others (each push and pop counts on a probe hit). That is
@@ -358,6 +483,9 @@ enum Label {
     CpuEntry,
     /// The claiming entry (see [`Output::claim_entry`]).
     ClaimEntry,
+    /// The start of the claiming entry's "not claimed" code, when it has its own copy of
+    /// subprogram 0 (see [`Emitter::claim_const`]): code of no instruction after the functions.
+    ClaimBusy,
 }
 
 /// Positions of one pass: labels, jump sites and which jumps were short.
@@ -408,7 +536,11 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
             let claim_entry =
                 (!e.needs_run_state && !e.calls_helpers).then(|| labels[e.label_index(Label::ClaimEntry)]);
             let calls_out = e.calls_out;
-            let pc_map = pc_map(prog, &frames, labels)?;
+            let copy = e.const_claim().map(|k| {
+                let base = n + 2 * nsub + 7;
+                (labels[e.label_index(Label::ClaimBusy)], k.have_rseq.then(|| &labels[base..base + n]))
+            });
+            let pc_map = pc_map(prog, &frames, labels, copy, &e.cold_map)?;
             let memo_pairs = e.paired_lookups.iter().copied().zip(e.paired_updates.iter().copied()).collect();
             return Ok(Output {
                 code: e.a.into_code(),
@@ -432,7 +564,16 @@ pub(crate) fn compile(prog: &Program, opts: Options, rt: Runtime) -> Result<Outp
 }
 
 /// The offset → instruction table of the final layout (see [`Output::pc_map`]).
-fn pc_map(prog: &Program, frames: &[Frame], labels: &[usize]) -> Result<Vec<(u32, u32)>, String> {
+/// `copy`: where the claiming entry's code after the functions starts and the labels of its
+/// copy of subprogram 0's instructions (see `Emitter::claim_const`); `cold`: where each
+/// function's cold blocks start and their instructions (see `Emitter::emit_cold`).
+fn pc_map(
+    prog: &Program,
+    frames: &[Frame],
+    labels: &[usize],
+    copy: Option<(usize, Option<&[usize]>)>,
+    cold: &[(usize, u32)],
+) -> Result<Vec<(u32, u32)>, String> {
     let insns = prog.insns();
     let n = insns.len();
     let off = |l: usize| u32::try_from(l).map_err(|_| "code too large".to_string());
@@ -445,6 +586,22 @@ fn pc_map(prog: &Program, frames: &[Frame], labels: &[usize]) -> Result<Vec<(u32
             pc += if insns[pc].is_lddw() { 2 } else { 1 };
         }
     }
+    if let Some((start, copy)) = copy {
+        map.push((off(start)?, NO_PC));
+        if let Some(copy) = copy {
+            let f = &frames[0];
+            let mut pc = f.start;
+            while pc < f.end {
+                map.push((off(copy[pc])?, pc as u32));
+                pc += if insns[pc].is_lddw() { 2 } else { 1 };
+            }
+        }
+    }
+    // Cold blocks sit after their function's last instruction (`Emitter::emit_cold`).
+    for &(o, pc) in cold {
+        map.push((off(o)?, pc));
+    }
+    map.sort_by_key(|e| e.0);
     if !map.windows(2).all(|w| w[0].0 <= w[1].0) {
         return Err("internal error: instruction offsets are not ascending".into());
     }
@@ -732,6 +889,26 @@ fn memo_pairs(prog: &Program, targets: &[bool]) -> Vec<(usize, usize)> {
     pairs
 }
 
+/// What a memo hit inlined by `Emitter::direct_map_call` leaves for the cold code after its
+/// function (`Emitter::emit_cold`).
+struct ColdMemo {
+    /// The call instruction.
+    pc: usize,
+    m: crate::program::HashMemo,
+    d: crate::program::DirectCall,
+    flags_known: bool,
+    /// A lookup whose update is paired: its miss sets r11 = 0.
+    paired_lookup: bool,
+    /// A paired update's jump to the full update, taken when its lookup missed.
+    unpaired: Option<super::emit::LongFixup>,
+    /// Jumps to the call.
+    miss: Vec<super::emit::LongFixup>,
+    /// Jumps taken with the element's lock held when the element changed: unlock, then the call.
+    gone: Vec<super::emit::LongFixup>,
+    /// Where the hit falls through to, where the cold code jumps back.
+    done: usize,
+}
+
 /// One layout pass over the whole program.
 struct Emitter<'a> {
     a: Asm,
@@ -764,6 +941,16 @@ struct Emitter<'a> {
     /// lookups' pcs and the updates' pcs, sorted.
     paired_lookups: Vec<usize>,
     paired_updates: Vec<usize>,
+    /// Emitting the claiming entry's own copy of subprogram 0 (see
+    /// [`claim_const`](Emitter::claim_const)): its instructions' labels are the copy's, and
+    /// its exits end the claimed run.
+    claim_copy: bool,
+    /// Each subprogram's registers that may be read before written ([`live_at_start`]).
+    live_at_start: Vec<[bool; 16]>,
+    /// Cold code of the function being emitted (see [`Emitter::emit_cold`]).
+    cold: Vec<ColdMemo>,
+    /// `(offset, pc)` of each cold block (the code of its call instruction), for `pc_map`.
+    cold_map: Vec<(usize, u32)>,
 }
 
 impl<'a> Emitter<'a> {
@@ -776,7 +963,8 @@ impl<'a> Emitter<'a> {
         rt: Runtime,
     ) -> Emitter<'a> {
         let insns = prog.insns();
-        let nlabels = insns.len() + 2 * frames.len() + 6;
+        // Instructions' labels twice: subprogram 0's copy in the claiming entry has its own.
+        let nlabels = 2 * insns.len() + 2 * frames.len() + 7;
         let targets = jump_targets(insns, prog.subprogs());
         let pairs = memo_pairs(prog, &targets);
         Emitter {
@@ -799,6 +987,10 @@ impl<'a> Emitter<'a> {
             calls_helpers: false,
             calls_out: false,
             percpu_inline: false,
+            claim_copy: false,
+            live_at_start: frames.iter().map(|f| live_at_start(prog, f)).collect(),
+            cold: Vec::new(),
+            cold_map: Vec::new(),
         }
     }
 
@@ -812,6 +1004,7 @@ impl<'a> Emitter<'a> {
         let n = self.insns.len();
         let s = self.frames.len();
         match l {
+            Label::Insn(pc) if self.claim_copy => n + 2 * s + 7 + pc,
             Label::Insn(pc) => pc,
             Label::Func(k) => n + k,
             Label::Entry(k) => n + s + k,
@@ -821,6 +1014,7 @@ impl<'a> Emitter<'a> {
             Label::FastEntry => n + 2 * s + 3,
             Label::CpuEntry => n + 2 * s + 4,
             Label::ClaimEntry => n + 2 * s + 5,
+            Label::ClaimBusy => n + 2 * s + 6,
         }
     }
 
@@ -951,6 +1145,14 @@ impl<'a> Emitter<'a> {
                 return;
             }
         }
+        if let Some(k) = self.const_claim() {
+            self.claim_const(k);
+        }
+    }
+
+    /// The claim of `Options::claim`, when the claiming entry can take it as constants.
+    fn const_claim(&self) -> Option<ConstClaim> {
+        self.opts.claim.and_then(ConstClaim::of)
     }
 
     /// `Entry(k)`: the C-callable entry of subprogram k.
@@ -968,7 +1170,7 @@ impl<'a> Emitter<'a> {
         }
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
         // r0 and r6..r9 start at zero (r1..r5 are the arguments).
-        self.zero_regs(&[0, 6, 7, 8, 9]);
+        self.zero_regs(k, &[0, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(k), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -998,7 +1200,7 @@ impl<'a> Emitter<'a> {
         self.a.push(cpu);
         self.a.push(record.unwrap_or(Reg::R11));
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        self.zero_regs(&[0, 3, 4, 5, 6, 7, 8, 9]);
+        self.zero_regs(0, &[0, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
@@ -1010,6 +1212,9 @@ impl<'a> Emitter<'a> {
         use super::SlotClaim as C;
         use std::mem::offset_of;
         let off = |o: usize| o as i32;
+        if self.const_claim().is_some() {
+            return; // after the functions: `claim_const`
+        }
         self.bind(Label::ClaimEntry);
         self.push_entry_saves();
         let d = Reg::RSI;
@@ -1022,10 +1227,6 @@ impl<'a> Emitter<'a> {
         self.pop_entry_saves();
         self.a.ret();
         self.a.bind(start);
-        if let Some(k) = self.opts.claim.and_then(ConstClaim::of) {
-            self.claim_const(k, busy);
-            return;
-        }
         // Restartable sequences registered: their cpu_id is the CPU the thread runs on.
         self.a.load(Width::W, Reg::RAX, Mem::base(d, off(offset_of!(C, have_rseq))));
         self.a.test_rr(false, Reg::RAX, Reg::RAX);
@@ -1069,36 +1270,62 @@ impl<'a> Emitter<'a> {
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        self.zero_regs(0, &[0, 2, 3, 4, 5, 6, 7, 8, 9]);
         let d = self.rel32(Label::Func(0), 5);
         self.a.call_rel32(d);
         self.jump(None, Label::Epilogue);
     }
 
-    /// Zeroes the eBPF registers `regs` at an entry, but only those some instruction names
-    /// (as destination or source; r1-r5 too when the program calls anything, since a call
-    /// reads its arguments there; r6 for the legacy packet loads, which read it unnamed): a register no instruction names cannot be read, so its
-    /// start value is unobservable (unverified programs included) and its `xor` only costs
-    /// the entry an instruction (each counts on a probe hit: the path is
-    /// issue-width-bound).
-    fn zero_regs(&mut self, regs: &[u8]) {
+    /// Zeroes the eBPF registers `regs` at an entry of subprogram `k`, but only those some
+    /// instruction names (as destination or source; r1-r5 too when the program calls
+    /// anything, since a call reads its arguments there; r6 for the legacy packet loads,
+    /// which read it unnamed) and that the subprogram may read before writing them
+    /// ([`live_at_start`]): the start value of any other register is unobservable
+    /// (unverified programs included) and its `xor` only costs the entry an instruction (each
+    /// counts on a probe hit: the path is issue-width-bound).
+    fn zero_regs(&mut self, k: usize, regs: &[u8]) {
         let named = named_regs(self.insns);
+        let live = &self.live_at_start[k];
         for &r in regs {
-            if r == 0 || named[r as usize] {
+            if live[r as usize] && (r == 0 || named[r as usize]) {
                 self.a.zero(reg(r));
             }
         }
     }
 
-    /// The rest of `ClaimEntry` with the claim known when compiling (`Options::claim`): the
-    /// same checks and claim, its words read straight from their static-TLS offsets and the
-    /// slots' address an immediate (the `SlotClaim` in rsi is not read). No rseq: every run
-    /// goes back (`busy`).
-    fn claim_const(&mut self, k: ConstClaim, busy: usize) {
+    /// `ClaimEntry` with the claim known when compiling (`Options::claim`), placed after the
+    /// functions: the same checks and claim as [`claim_entry`](Self::claim_entry), its words
+    /// read straight from their static-TLS offsets and the slots' address an immediate (the
+    /// `SlotClaim` in rsi is not read), then subprogram 0's body in a copy of its own that
+    /// runs in the entry's frame (one frame a claimed run: no call, no prologue pushes, since
+    /// the entry saves every register a frame saves, see [`entry_saves`]), whose exits give
+    /// the slot back and return ([`claim_return`](Self::claim_return)). Aborts and exit
+    /// requests end through the shared epilogue, as from the other entries (the run slots
+    /// are laid out as theirs). No rseq: every run goes back.
+    ///
+    /// ```text
+    /// busy:       abort[0] = CLAIM_RETRY; eax = 0; pops; ret    (reached by jumps only)
+    /// ClaimEntry: pushes; checks (else busy); lock cmpxchg slot (else busy); active = 1
+    ///             run slots; r12 = rsp; [rbp = rsp; rsp -= 512]; zeroes
+    ///             subprogram 0 (copy): ... exit: claim_return
+    /// ```
+    fn claim_const(&mut self, k: ConstClaim) {
+        // Not claimed: nothing ran (placed first, reached by jumps backwards).
+        self.bind(Label::ClaimBusy);
         if !k.have_rseq {
-            self.a.jmp_back(busy);
+            self.bind(Label::ClaimEntry);
+        }
+        let busy = self.a.pos();
+        self.a.store_imm(Width::Dw, Mem::base(Reg::RDX, 0), CLAIM_RETRY as i32);
+        self.a.zero(Reg::RAX);
+        if !k.have_rseq {
+            self.a.ret();
             return;
         }
+        self.pop_entry_saves();
+        self.a.ret();
+        self.bind(Label::ClaimEntry);
+        self.push_entry_saves();
         // No run in progress on this thread.
         self.a.fs();
         self.a.cmp_mb(Mem::abs(k.active), 0);
@@ -1113,8 +1340,8 @@ impl<'a> Emitter<'a> {
         self.a.load(Width::W, Reg::RCX, Mem::abs(k.rseq_cpu));
         self.a.alu_ri(Alu::Cmp, false, Reg::RCX, k.nr as i32);
         self.a.jcc_back(Cond::Ae, busy);
-        self.a.mov_rr(true, Reg::R9, Reg::RCX);
-        self.a.shift_ri(Shift::Shl, true, Reg::R9, 6);
+        // The slot's word: slots + cpu * 64 (cpu < nr, so no overflow).
+        self.a.imul_rri(true, Reg::R9, Reg::RCX, 64);
         self.a.mov_imm(Reg::R10, k.slots);
         self.a.alu_rr(Alu::Add, true, Reg::R9, Reg::R10);
         self.a.zero(Reg::RAX);
@@ -1123,24 +1350,37 @@ impl<'a> Emitter<'a> {
         self.a.jcc_back(Cond::Ne, busy);
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 1);
-        // Run slots as `claim_entry` lays them out (the active byte's offset is a `[disp32]`).
-        self.a.push_imm32(k.active);
-        self.a.push_imm32(k.active);
+        // Run slots as `claim_entry` lays them out, but for the active byte's offset, which
+        // the shared epilogue takes as a constant (`abort_and_epilogue`), and the padding.
+        self.a.alu_ri(Alu::Sub, true, Reg::RSP, 16);
         self.a.push(Reg::R9);
         self.a.push(Reg::RCX);
         self.a.push(Reg::RDX);
         self.a.mov_rr(true, Reg::R12, Reg::RSP);
-        self.zero_regs(&[0, 2, 3, 4, 5, 6, 7, 8, 9]);
-        let d = self.rel32(Label::Func(0), 5);
-        self.a.call_rel32(d);
-        // The run returned (rsp back at the run slots): the shared epilogue's work inline, with
-        // what is known here (a slot is held, the active byte at a constant offset). Aborts
-        // and exit requests still end through the shared epilogue.
-        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
+        // Subprogram 0's frame, in this one: rsp is 16-aligned here (8 for the return
+        // address, an even number of saves, five slots), and the 512 bytes of stack keep it so.
+        let frames = self.frames;
+        let f = &frames[0];
+        if f.uses_stack {
+            self.a.mov_rr(true, Reg::RBP, Reg::RSP);
+            self.a.alu_ri(Alu::Sub, true, Reg::RSP, STACK_SIZE as i32);
+        }
+        self.zero_regs(0, &[0, 2, 3, 4, 5, 6, 7, 8, 9]);
+        self.claim_copy = true;
+        self.body(0);
+        self.claim_copy = false;
+    }
+
+    /// An exit of the claiming entry's copy of subprogram 0 (see
+    /// [`claim_const`](Self::claim_const)): the shared epilogue's work with what is known
+    /// here (a slot is held, the active byte at a constant offset): the run is over, then the
+    /// slot free (a plain store: release order on x86, after every access of the run).
+    fn claim_return(&mut self, k: ConstClaim) {
+        self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::R12, 16));
         self.a.fs();
         self.a.store_imm(Width::B, Mem::abs(k.active), 0);
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
-        self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
+        self.a.lea(Reg::RSP, Mem::base(Reg::R12, 40));
         self.pop_entry_saves();
         self.a.ret();
     }
@@ -1188,9 +1428,15 @@ impl<'a> Emitter<'a> {
         self.a.load(Width::Dw, Reg::R11, Mem::base(Reg::RSP, 16));
         self.a.test_rr(true, Reg::R11, Reg::R11);
         let none = self.a.jump_fwd(Some(Cond::E));
-        self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::RSP, 24));
-        self.a.fs();
-        self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 0);
+        if let Some(k) = self.const_claim() {
+            // Every claimed run of this code is `claim_const`'s: the offset is a constant.
+            self.a.fs();
+            self.a.store_imm(Width::B, Mem::abs(k.active), 0);
+        } else {
+            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::RSP, 24));
+            self.a.fs();
+            self.a.store_imm(Width::B, Mem::base(Reg::R10, 0), 0);
+        }
         self.a.store_imm(Width::W, Mem::base(Reg::R11, 0), 0);
         self.a.bind(none);
         self.a.alu_ri(Alu::Add, true, Reg::RSP, 40);
@@ -1212,6 +1458,13 @@ impl<'a> Emitter<'a> {
         if f.stack > 0 {
             self.a.alu_ri(Alu::Sub, true, Reg::RSP, f.stack);
         }
+        self.body(k);
+    }
+
+    /// The instructions of subprogram k, one after the other.
+    fn body(&mut self, k: usize) {
+        let frames = self.frames;
+        let f = &frames[k];
         let (start, end) = (f.start, f.end);
         let mut pc = start;
         while pc < end {
@@ -1240,6 +1493,7 @@ impl<'a> Emitter<'a> {
             }
             pc += 1;
         }
+        self.emit_cold();
     }
 
     /// `rD = rS; rD += imm` (64-bit, the pair bpftrace and clang emit for stack pointers such
@@ -1270,6 +1524,11 @@ impl<'a> Emitter<'a> {
     }
 
     fn epilogue(&mut self, k: usize) {
+        if self.claim_copy
+            && let Some(c) = self.const_claim()
+        {
+            return self.claim_return(c);
+        }
         let frames = self.frames;
         let f = &frames[k];
         if f.uses_stack {
@@ -1778,8 +2037,7 @@ impl<'a> Emitter<'a> {
         if a.cpu_stride != 0 {
             // The run's CPU slot (below the map's CPUs: the runtime's slots are the possible
             // CPUs, as the map's), times the bytes of one CPU's values (< 2^31, checked at load).
-            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
-            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.imul_rmi(Reg::R10, Mem::base(Reg::R12, 8), a.cpu_stride as i32);
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
         }
         self.a.bind(out);
@@ -1831,8 +2089,7 @@ impl<'a> Emitter<'a> {
         self.a.imul_rri(true, Reg::R11, Reg::R11, a.elem_size as i32);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R11);
         if a.cpu_stride != 0 {
-            self.a.load(Width::Dw, Reg::R10, Mem::base(Reg::R12, 8));
-            self.a.imul_rri(true, Reg::R10, Reg::R10, a.cpu_stride as i32);
+            self.a.imul_rmi(Reg::R10, Mem::base(Reg::R12, 8), a.cpu_stride as i32);
             self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R10);
         }
         for off in (0..a.elem_size as i32).step_by(8) {
@@ -1851,8 +2108,11 @@ impl<'a> Emitter<'a> {
     /// lookups); r2..r4 are the helper's.
     ///
     /// With a memo ([`crate::program::HashMemo`], lookups and updates of per-CPU hash maps):
-    /// the memo's hit is done inline (`memo_lookup`, `memo_update`), the call only made when it
-    /// misses. The call is made as [`out_call`](Self::out_call) makes it.
+    /// the memo's hit is done inline (`memo_lookup`, `memo_update`) and falls through, taking
+    /// no jump; what the hit does not need (the call made on a miss, the lock given back when
+    /// the element changed under it, the paired update's fallback when its lookup missed) is
+    /// cold code placed after the function ([`ColdMemo`], `emit_cold`), which jumps back. The
+    /// call is made as [`out_call`](Self::out_call) makes it.
     fn direct_map_call(&mut self, pc: usize, d: crate::program::DirectCall, helper: i32) {
         self.calls_out = true;
         self.percpu_inline = true;
@@ -1868,49 +2128,92 @@ impl<'a> Emitter<'a> {
             self.out_call(d.func);
             return;
         };
-        // The miss first (a short jump over it), so that the hit's checks reach it with short
-        // jumps backwards; r2..r4 are intact on every way there.
         let paired_lookup = !update && self.paired_lookups.binary_search(&pc).is_ok();
         let paired_update = update && self.paired_updates.binary_search(&pc).is_ok();
-        let hit = self.a.jump_fwd(None);
-        let miss = self.a.pos();
-        self.a.mov_imm(reg(1), d.arg);
-        self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
-        self.out_call(d.func);
-        if paired_lookup {
-            // A miss: the paired update checks the memo itself.
-            self.a.zero(Reg::R11);
-        }
-        let done = self.a.jump_fwd32(None);
-        self.a.bind(hit);
         // Flags known when compiling to be BPF_ANY or BPF_EXIST: no test at run time.
         let flags_known = update && const_reg(self.insns, &self.targets, pc, 4).is_some_and(|f| f == 0 || f == 2);
-        let paired_done = paired_update.then(|| self.memo_update_paired(m, miss, flags_known));
-        if update {
-            self.memo_update(m, miss, flags_known);
+        let mut c = ColdMemo {
+            pc,
+            m,
+            d,
+            flags_known,
+            paired_lookup,
+            unpaired: None,
+            miss: Vec::new(),
+            gone: Vec::new(),
+            done: 0,
+        };
+        if paired_update {
+            // r11 = 0: the lookup missed, the full update (cold) checks the memo itself.
+            self.a.test_rr(true, Reg::R11, Reg::R11);
+            c.unpaired = Some(self.a.jump_fwd32(Some(Cond::E)));
+            self.memo_store_locked(m, flags_known, Some(Reg::R11), &mut c.miss, &mut c.gone);
+        } else if update {
+            self.memo_check(m, &mut c.miss);
+            self.memo_store_locked(m, flags_known, None, &mut c.miss, &mut c.gone);
         } else {
-            self.memo_lookup(m, miss);
+            self.memo_check(m, &mut c.miss);
+            self.memo_value(m);
             if paired_lookup {
                 self.a.mov_rr(true, Reg::R11, Reg::RAX);
             }
         }
-        self.a.bind32(done);
-        if let Some(d) = paired_done {
-            self.a.bind32(d);
+        c.done = self.a.pos();
+        self.cold.push(c);
+    }
+
+    /// The cold code of the memo hits of the function just emitted (see
+    /// [`direct_map_call`](Self::direct_map_call)), each block jumping back after its call:
+    ///
+    /// ```text
+    /// unpaired: (a paired update whose lookup missed) memo_check; memo_store_locked; jmp done
+    /// gone:     the element's lock given back (it changed under the lock)
+    /// miss:     r1 = the map's argument; r5 = the CPU; the call; (paired lookup: r11 = 0)
+    ///           jmp done
+    /// ```
+    /// Each block is the code of its call instruction in the fault table (`cold_map`).
+    fn emit_cold(&mut self) {
+        for mut c in std::mem::take(&mut self.cold) {
+            self.cold_map.push((self.a.pos(), c.pc as u32));
+            if let Some(u) = c.unpaired.take() {
+                self.a.bind32(u);
+                self.memo_check(c.m, &mut c.miss);
+                self.memo_store_locked(c.m, c.flags_known, None, &mut c.miss, &mut c.gone);
+                self.a.jmp_back(c.done);
+            }
+            if !c.gone.is_empty() {
+                for f in c.gone.drain(..) {
+                    self.a.bind32(f);
+                }
+                self.a.store_imm(Width::W, Mem::base(Reg::R10, c.m.lock as i32), 0);
+            }
+            for f in c.miss.drain(..) {
+                self.a.bind32(f);
+            }
+            // r2..r4 are intact on every way here.
+            self.a.mov_imm(reg(1), c.d.arg);
+            self.a.load(Width::Dw, reg(5), Mem::base(Reg::R12, 8));
+            self.out_call(c.d.func);
+            if c.paired_lookup {
+                // A miss: the paired update checks the memo itself.
+                self.a.zero(Reg::R11);
+            }
+            self.a.jmp_back(c.done);
         }
     }
 
     /// The memo checks both inline forms share: the thread's memo names this map and the key
     /// word of the key at r2, its element is in range, linked and holds that key word. Leaves
     /// r9 = the key word, r10 = the element, rdi = the
-    /// element index times the value size; jumps back to `miss` otherwise. Uses rax, r8.
-    fn memo_check(&mut self, m: crate::program::HashMemo, miss: usize) {
+    /// element index times the value size; jumps to the miss (`miss`, bound later) otherwise.
+    /// Uses rax, r8.
+    fn memo_check(&mut self, m: crate::program::HashMemo, miss: &mut Vec<super::emit::LongFixup>) {
         let off = |o: u32| o as i32;
         let tw = self.thread_words(m);
         self.a.mov_imm(Reg::RAX, m.map);
         self.a.fs();
         self.a.alu_mr(Alu::Cmp, true, tw(8), Reg::RAX);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         // The key word: the key's bytes, zero-extended (a fault reading the key is this
         // instruction's, as for any load).
         let w = match m.key_size {
@@ -1922,19 +2225,19 @@ impl<'a> Emitter<'a> {
         self.a.load(w, Reg::R9, Mem::base(reg(2), 0));
         self.a.fs();
         self.a.alu_mr(Alu::Cmp, true, tw(16), Reg::R9);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.fs();
         self.a.load(Width::W, Reg::R10, tw(4));
         self.a.alu_ri(Alu::Cmp, false, Reg::R10, m.n_elems as i32);
-        self.a.jcc_back(Cond::Ae, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ae)));
         self.a.imul_rri(true, Reg::RDI, Reg::R10, m.value_size as i32);
         self.a.imul_rri(true, Reg::R10, Reg::R10, m.elem_size as i32);
         self.a.mov_imm(Reg::RAX, m.elems);
         self.a.alu_rr(Alu::Add, true, Reg::R10, Reg::RAX);
         self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
     }
 
     /// The address of the thread word at `+o` of the maps crate's thread words (with an `fs`
@@ -1956,68 +2259,39 @@ impl<'a> Emitter<'a> {
     fn memo_value(&mut self, m: crate::program::HashMemo) {
         self.a.mov_imm(Reg::RAX, m.pcpu);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::RDI);
-        self.a.load(Width::Dw, Reg::R8, Mem::base(Reg::R12, 8));
-        self.a.imul_rri(true, Reg::R8, Reg::R8, m.pcpu_stride as i32);
+        self.a.imul_rmi(Reg::R8, Mem::base(Reg::R12, 8), m.pcpu_stride as i32);
         self.a.alu_rr(Alu::Add, true, Reg::RAX, Reg::R8);
     }
 
-    /// A per-CPU hash lookup's memo hit, inline: r0 = the value's address for the run's CPU.
-    fn memo_lookup(&mut self, m: crate::program::HashMemo, miss: usize) {
-        self.memo_check(m, miss);
-        self.memo_value(m);
-    }
-
-    /// The update of a lookup-update pair (see [`memo_pairs`]) after the lookup's memo hit
-    /// (r11 = its value's address for the run's CPU, r10 = the element, r9 = the key word; the
-    /// key and the map are the lookup's): [`memo_update`](Self::memo_update) without the memo
-    /// checks the lookup made, then a jump over the code that follows (the full
-    /// `memo_update`, which runs when r11 is 0: the lookup missed). The checks under the
-    /// element's lock stay: the element may have been deleted or reused meanwhile.
-    fn memo_update_paired(
-        &mut self,
-        m: crate::program::HashMemo,
-        miss: usize,
-        flags_known: bool,
-    ) -> super::emit::LongFixup {
-        self.a.test_rr(true, Reg::R11, Reg::R11);
-        let unpaired = self.a.jump_fwd32(Some(Cond::E));
-        let done = self.memo_store_locked(m, miss, flags_known, Some(Reg::R11));
-        self.a.bind32(unpaired);
-        done
-    }
-
-    /// A per-CPU hash update's memo hit, inline (flags `BPF_ANY` or `BPF_EXIST`, r4): the
-    /// element's lock taken with one compare-and-swap from 0 to the thread's id (unknown yet,
-    /// or the lock held: the miss), the checks again under it, the value (r3) stored word by
-    /// word into the run's CPU's slot, the lock given back, r0 = 0. What the maps crate's
-    /// `update_memo_fast` does.
-    fn memo_update(&mut self, m: crate::program::HashMemo, miss: usize, flags_known: bool) {
-        self.memo_check(m, miss);
-        let done = self.memo_store_locked(m, miss, flags_known, None);
-        self.a.bind32(done);
-    }
-
     /// The locked part of a memo update (r10 = the element, r9 = the key word, r3 = the new
-    /// value, r4 = the flags, checked here unless `flags_known`: 0 or 2 only): the element's lock taken with one compare-and-swap from 0 to the thread's id
-    /// (unknown yet, or the lock held: the miss), still linked and still the key under it (else
-    /// the lock given back and the miss), the value stored word by word at `dst` (the value's
-    /// address for the run's CPU; None: computed here, [`memo_value`](Self::memo_value)), the
-    /// lock given back, r0 = 0, then a jump to what the caller binds.
+    /// value, r4 = the flags, checked here unless `flags_known`: 0 or 2 only): the element's
+    /// lock taken with one compare-and-swap from 0 to the thread's id (unknown yet, or the lock
+    /// held: the miss), still linked and still the key under it (else `gone`: the lock given
+    /// back, then the miss), the value stored word by word at `dst` (the value's address for
+    /// the run's CPU; None: computed here, [`memo_value`](Self::memo_value)), the lock given
+    /// back, r0 = 0, falling through. What the maps crate's `update_memo_fast` does. With `dst`
+    /// (a lookup-update pair, see [`memo_pairs`]: r11 = the lookup's value address, r10 and r9
+    /// its element and key word) the memo checks the lookup made are not repeated; the checks
+    /// under the lock stay (the element may have been deleted or reused meanwhile).
     fn memo_store_locked(
         &mut self,
         m: crate::program::HashMemo,
-        miss: usize,
         flags_known: bool,
         dst: Option<Reg>,
-    ) -> super::emit::LongFixup {
+        miss: &mut Vec<super::emit::LongFixup>,
+        gone: &mut Vec<super::emit::LongFixup>,
+    ) {
         let off = |o: u32| o as i32;
         if !flags_known {
             self.a.test_ri(true, reg(4), !2);
-            self.a.jcc_back(Cond::Ne, miss);
+            miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         }
         // The value's first and last words read before the lock is taken: a bad value pointer
-        // faults here (this instruction's abort), never while the element's lock is held.
-        self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), 0));
+        // faults here (this instruction's abort), never while the element's lock is held. A
+        // one-word value whose address is known (`dst`, the paired form: rdi is free) is kept
+        // in rdi for the store.
+        let word_in_rdi = dst.is_some() && m.value_size == 8;
+        self.a.load(Width::Dw, if word_in_rdi { Reg::RDI } else { Reg::R8 }, Mem::base(reg(3), 0));
         if m.value_size > 8 {
             self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), m.value_size as i32 - 8));
         }
@@ -2026,32 +2300,30 @@ impl<'a> Emitter<'a> {
         self.a.fs();
         self.a.load(Width::W, Reg::R8, tw(0));
         self.a.test_rr(false, Reg::R8, Reg::R8);
-        self.a.jcc_back(Cond::E, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::E)));
         self.a.zero(Reg::RAX);
         self.a.lock();
         self.a.cmpxchg(false, Mem::base(Reg::R10, off(m.lock)), Reg::R8);
-        self.a.jcc_back(Cond::Ne, miss);
+        miss.push(self.a.jump_fwd32(Some(Cond::Ne)));
         // Under the lock: still linked, still the key (else unlock and take the miss).
         self.a.cmp_mb(Mem::base(Reg::R10, off(m.state)), m.linked);
-        let gone = self.a.jump_fwd32(Some(Cond::Ne));
+        gone.push(self.a.jump_fwd32(Some(Cond::Ne)));
         self.a.alu_mr(Alu::Cmp, true, Mem::base(Reg::R10, off(m.key)), Reg::R9);
-        let gone2 = self.a.jump_fwd32(Some(Cond::Ne));
+        gone.push(self.a.jump_fwd32(Some(Cond::Ne)));
         let dst = dst.unwrap_or_else(|| {
             self.memo_value(m);
             Reg::RAX
         });
-        for o in (0..m.value_size as i32).step_by(8) {
-            self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
-            self.a.store(Width::Dw, Mem::base(dst, o), Reg::R8);
+        if word_in_rdi {
+            self.a.store(Width::Dw, Mem::base(dst, 0), Reg::RDI);
+        } else {
+            for o in (0..m.value_size as i32).step_by(8) {
+                self.a.load(Width::Dw, Reg::R8, Mem::base(reg(3), o));
+                self.a.store(Width::Dw, Mem::base(dst, o), Reg::R8);
+            }
         }
         self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
         self.a.zero(Reg::RAX);
-        let done = self.a.jump_fwd32(None);
-        self.a.bind32(gone);
-        self.a.bind32(gone2);
-        self.a.store_imm(Width::W, Mem::base(Reg::R10, off(m.lock)), 0);
-        self.a.jmp_back(miss);
-        done
     }
 
     /// A helper whose result the thread caches (see [`crate::program::CachedHelper`]): the

@@ -448,6 +448,17 @@ impl Asm {
         }
     }
 
+    /// `imul dst, qword [m], imm` (REX.W 6B /r ib or 69 /r id).
+    pub fn imul_rmi(&mut self, dst: Reg, m: Mem, imm: i32) {
+        if fits_i8(imm as i64) {
+            self.op(false, true, &[0x6b], dst.0, Rm::Mem(m), Bytes::None);
+            self.byte(imm as i8 as u8);
+        } else {
+            self.op(false, true, &[0x69], dst.0, Rm::Mem(m), Bytes::None);
+            self.imm32(imm);
+        }
+    }
+
     /// `neg r` (F7 /3).
     pub fn neg(&mut self, w: bool, r: Reg) {
         self.op(false, w, &[0xf7], 3, Rm::Reg(r), Bytes::None);
@@ -550,6 +561,7 @@ impl Asm {
     }
 
     /// `push imm32` (68 id): pushes the immediate sign-extended to 64 bits.
+    #[cfg(test)]
     pub fn push_imm32(&mut self, imm: i32) {
         self.byte(0x68);
         self.imm32(imm);
@@ -854,6 +866,12 @@ mod tests {
                     assert_eq!(one(|a| a.store(Width::W, m, r)), format!("mov dword ptr {mt}, {}", N32[i]));
                     assert_eq!(one(|a| a.store(Width::Dw, m, r)), format!("mov qword ptr {mt}, {}", N64[i]));
                     assert_eq!(one(|a| a.lea(r, m)), format!("lea {}, {mt}", N64[i]));
+                    for imm in [64, 0x8000] {
+                        assert_eq!(
+                            one(|a| a.imul_rmi(r, m, imm)),
+                            format!("imul {}, qword ptr {mt}, {imm:#x}", N64[i])
+                        );
+                    }
                     for w in [false, true] {
                         let rn = n(w, r);
                         let sz = if w { "qword ptr " } else { "dword ptr " };
