@@ -133,13 +133,7 @@ fn is_member(members: &Path, pid: i32) -> bool {
 fn cannot_read_session(s: &Session, pid: i32) -> bool {
     use std::os::unix::fs::MetadataExt;
     let owner = std::fs::metadata(s.dir()).map(|m| m.uid()).unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .and_then(|u| u.parse::<u32>().ok());
-    euid.is_some_and(|u| u != 0 && u != owner)
+    userbpf_runtime::session::effective_uid(pid as u32).is_some_and(|u| u != 0 && u != owner)
 }
 
 /// A file removed when this goes out of scope (an invitation's membership record, once the

@@ -162,12 +162,6 @@ fn is_member(l: &Layout, pid: u32, start: u64) -> bool {
         .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
 }
 
-/// The effective uid of process `pid` (`/proc/PID/status`).
-fn effective_uid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The session of this user that process `pid` (started at `start`) is a member of, if any.
 fn session_of(pid: u32, start: u64) -> Option<String> {
     let prefix = Layout::dir_name_prefix();
@@ -302,7 +296,7 @@ fn ensure_member(s: &Session, pid: u32) -> Result<Option<Proc>, Error> {
     // user's loader could not even ptrace it.
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    if let Some(uid) = effective_uid(pid).filter(|u| *u != me && me != 0) {
+    if let Some(uid) = userbpf_runtime::session::effective_uid(pid).filter(|u| *u != me && me != 0) {
         return Err(Error::new(
             libc::EPERM,
             format!(
