@@ -468,6 +468,15 @@ fn helpers() -> Arc<userbpf_vm::HelperRegistry> {
     .clone()
 }
 
+/// Names a program's JIT'd code for profilers (`USERBPF_PERF_MAP`, see
+/// `userbpf_hook::perfmap`), as the kernel's `bpf_prog_<tag>_<name>` symbols name its JIT'd
+/// programs.
+fn name_code(prog: &LoadedProgram) {
+    if let Some((at, len)) = prog.native_code() {
+        userbpf_hook::perfmap::note(at, len, &format!("bpf_prog_{}", prog.name));
+    }
+}
+
 fn lock(m: &Mutex<Agent>) -> MutexGuard<'_, Agent> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -791,11 +800,13 @@ impl Agent {
             .ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
         userbpf_runtime::program_table::register(prog.clone());
+        name_code(&prog);
         self.programs.insert(id, (prog.clone(), stamp(id)));
         // The programs it may tail-call (statically initialised prog arrays included).
         for (tid, t) in
             userbpf_runtime::loader::prepare_tail_targets(&self.session, &rec, helpers(), self.engine, self.slots()?)?
         {
+            name_code(&t);
             self.programs.insert(tid, (t, stamp(tid)));
         }
         Ok(prog)

@@ -278,3 +278,42 @@ fn start_exits_as_a_shell_does_when_its_command_dies_of_a_signal() {
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "an exit code is passed on as it is");
 }
+
+/// `USERBPF_PERF_MAP=1`: the target names its stubs and JIT'd programs in /tmp/perf-PID.map
+/// (perf's JIT symbol map); without it, no file.
+#[test]
+fn perf_map_names_stubs_and_programs() {
+    let obj = object("examples/bpf/funclatency.bpf.c", "perfmap");
+    let target = workload();
+    // The shell prints its pid and execs the target: the same process, with the map of the
+    // target's image (the shell's own lines go when the target's agent writes its first).
+    let script = format!("echo pid $$; exec {} 300", target.display());
+    let pid_of = |out: &str| out.lines().find_map(|l| l.strip_prefix("pid ")).unwrap().trim().to_string();
+    let (out, err, ok) = userbpf_run_env(
+        &obj,
+        &["--attach", "enter=work", "--attach", "leave=work"],
+        &["sh", "-c", &script],
+        &[("USERBPF_PERF_MAP", "1")],
+    );
+    assert!(ok, "{err}");
+    let path = format!("/tmp/perf-{}.map", pid_of(&out));
+    let map = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}\n{err}"));
+    std::fs::remove_file(&path).unwrap();
+    let names: Vec<&str> = map.lines().map(|l| l.splitn(3, ' ').nth(2).unwrap()).collect();
+    for want in ["bpf_prog_enter", "bpf_prog_leave", "userbpf_entry_stub_light", "userbpf_return_trampoline"] {
+        assert!(names.contains(&want), "{want} in {map}");
+    }
+    assert!(names.iter().any(|n| n.starts_with("userbpf_site_stub@0x")), "{map}");
+    assert!(names.iter().any(|n| n.starts_with("userbpf_relocated@0x")), "{map}");
+    for l in map.lines() {
+        let mut f = l.split(' ');
+        let (at, len) = (u64::from_str_radix(f.next().unwrap(), 16), u64::from_str_radix(f.next().unwrap(), 16));
+        assert!(at.is_ok_and(|a| a > 0) && len.is_ok_and(|n| n > 0), "{l}");
+    }
+    // Off by default.
+    let (out, err, ok) =
+        userbpf_run(&obj, &["--attach", "enter=work", "--attach", "leave=work"], &["sh", "-c", &script]);
+    assert!(ok, "{err}");
+    let path = format!("/tmp/perf-{}.map", pid_of(&out));
+    assert!(!Path::new(&path).exists(), "{path} written unasked");
+}

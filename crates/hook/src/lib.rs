@@ -55,6 +55,7 @@ use std::sync::{Mutex, OnceLock};
 pub mod dlnotify;
 pub mod fork;
 mod patch;
+pub mod perfmap;
 mod placement;
 pub mod quiet;
 mod relocate;
@@ -405,6 +406,9 @@ fn init_inner() -> Result<Globals, String> {
         return Err("shared stubs do not fit in their pages".into());
     }
     patch::seal_pages(page, STUBS_LEN, &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)])?;
+    perfmap::note(page, full.len(), "userbpf_entry_stub_full");
+    perfmap::note(light_at, light.len(), "userbpf_entry_stub_light");
+    perfmap::note(ret_at, ret.len(), "userbpf_return_trampoline");
     RET_TRAMP.store(ret_at, SeqCst);
     CALL_PLANTING.store(!full_only, SeqCst);
     let mut key: libc::pthread_key_t = 0;
@@ -578,9 +582,11 @@ fn switch_target(site: &Site, lean: *const LeanHandler, has_ret: bool) -> usize 
         // SAFETY: the address of thread::ASYM, a static AtomicBool.
         asym: unsafe { &*(t.asym as *const AtomicBool) }.load(SeqCst),
     };
-    let sealed = stubs::fast_stub(at as u64, &f)
-        .map_err(|e| e.to_string())
-        .and_then(|code| patch::seal_page(page, &[(stubs::FAST_STUB_AT, &code)]));
+    let sealed = stubs::fast_stub(at as u64, &f).map_err(|e| e.to_string()).and_then(|code| {
+        patch::seal_page(page, &[(stubs::FAST_STUB_AT, &code)])?;
+        perfmap::note(at, code.len(), &format!("userbpf_generated_stub@{:#x}", site.addr));
+        Ok(())
+    });
     if sealed.is_err() {
         patch::free_near(page);
         return site.shared;
@@ -841,7 +847,10 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
         if stub.len() > stubs::RELOC_OFF - stubs::SITE_STUB_AT {
             return Err("site stub too long".to_string());
         }
-        patch::seal_page(page, &[(stubs::SITE_STUB_AT, &stub), (stubs::RELOC_OFF, &rcode)])
+        patch::seal_page(page, &[(stubs::SITE_STUB_AT, &stub), (stubs::RELOC_OFF, &rcode)])?;
+        perfmap::note(stub_at, stub.len(), &format!("userbpf_site_stub@{addr:#x}"));
+        perfmap::note(relocated, rcode.len(), &format!("userbpf_relocated@{addr:#x}"));
+        Ok(())
     });
     if let Err(e) = res {
         return Err(fail(e));

@@ -252,6 +252,7 @@ fn make_page() -> Result<usize, String> {
         let restorer = [0xB8u8, 15, 0, 0, 0, 0x0F, 0x05];
         std::ptr::copy_nonoverlapping(restorer.as_ptr(), (p as *mut u8).add(RESTORER), restorer.len());
     }
+    crate::perfmap::note(p as usize, PAGE_LEN, "userbpf_syscall_page");
     Ok(p as usize)
 }
 

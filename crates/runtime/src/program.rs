@@ -295,6 +295,13 @@ impl LoadedProgram {
         if j.needs_context() { None } else { j.fast_entry_address() }
     }
 
+    /// The JIT'd native code, as `(address, length)` (for profilers' symbol maps); None when
+    /// the program runs in the interpreter. Valid while `self` lives.
+    pub fn native_code(&self) -> Option<(usize, usize)> {
+        let code = self.jit.as_ref()?.code();
+        Some((code.as_ptr() as usize, code.len()))
+    }
+
     /// The native entry of a JIT'd program whose runs need a run context (it calls helpers
     /// or inlines per-CPU lookups) but no run state of the VM (no helper that may end the run,
     /// no `callx`, no callback): the JIT's fast entry, for [`run_fast`](Self::run_fast). None
