@@ -1,16 +1,20 @@
-// stepper PID: attaches to PID (stepme), waits for its first SIGSTOP, single-steps it to its
-// second and prints how many instructions it ran in between.
+// stepper PID [IPS MAPS]: attaches to PID (stepme), waits for its first SIGSTOP, single-steps it
+// to its second and prints how many instructions it ran in between. With IPS and MAPS, also
+// writes the address of every instruction stepped (hex, one a line) to IPS and the target's
+// /proc/PID/maps at the first stop to MAPS (bench/sslsniff/steps attributes them).
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/ptrace.h>
+#include <sys/user.h>
 #include <sys/wait.h>
 
 int main(int argc, char **argv)
 {
-	if (argc != 2)
+	if (argc != 2 && argc != 4)
 		return 2;
 	int pid = atoi(argv[1]), st;
+	FILE *ips = NULL;
 	long n = 0;
 	if (ptrace(PTRACE_SEIZE, pid, 0, 0)) {
 		perror("PTRACE_SEIZE");
@@ -25,7 +29,26 @@ int main(int argc, char **argv)
 			break;
 		ptrace(PTRACE_CONT, pid, 0, WSTOPSIG(st));
 	}
+	if (argc == 4) {
+		char path[64], line[512];
+		snprintf(path, sizeof path, "/proc/%d/maps", pid);
+		FILE *in = fopen(path, "r"), *out = fopen(argv[3], "w");
+		ips = fopen(argv[2], "w");
+		if (!in || !out || !ips) {
+			perror("stepper: maps or IPS");
+			return 1;
+		}
+		while (fgets(line, sizeof line, in))
+			fputs(line, out);
+		fclose(in);
+		fclose(out);
+	}
 	for (;;) {
+		if (ips) {
+			struct user_regs_struct r;
+			ptrace(PTRACE_GETREGS, pid, 0, &r);
+			fprintf(ips, "%llx\n", r.rip);
+		}
 		ptrace(PTRACE_SINGLESTEP, pid, 0, 0);
 		if (waitpid(pid, &st, 0) < 0 || !WIFSTOPPED(st)) {
 			fprintf(stderr, "stepper: the target went away\n");
@@ -35,6 +58,8 @@ int main(int argc, char **argv)
 			break;
 		n++;
 	}
+	if (ips)
+		fclose(ips);
 	printf("%ld\n", n);
 	ptrace(PTRACE_DETACH, pid, 0, 0);
 	kill(pid, SIGCONT);
