@@ -992,6 +992,7 @@ extern "C" fn leave_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(a) = AGENT.get().filter(|_| !detach::is_detached()) {
             let agent = lock(a);
+            userbpf_runtime::crash::disarm(agent.session.layout());
             let _ = agent.session.leave_process();
             std::mem::forget(agent);
         }

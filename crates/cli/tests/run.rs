@@ -134,26 +134,49 @@ fn unverified_garbage_map_pointers_do_not_kill_the_target() {
 /// faults can happen outside JIT code, where they are contained).
 #[test]
 fn a_target_killed_by_a_fault_is_reported_with_the_last_program_on_its_thread() {
-    let obj = object("crates/cli/tests/bpf/last_prog.bpf.c", "crash-last-prog");
-    let target = userbpf_testutil::compile_c(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/targets/crash_target.c"),
-        &common::tmp().join("crash_target"),
-        &[],
-    );
-    let out = std::process::Command::new(common::userbpf())
-        .env("USERBPF_SHM_DIR", common::tmp())
-        .args(["run", obj.to_str().unwrap(), "--attach", "last_prog=work", "--"])
-        .arg(&target)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(128 + 11), "{err}");
+    let (err, code) = crash_run(&[]);
+    assert_eq!(code, Some(128 + 11), "{err}");
     assert!(err.contains("was killed by signal SIGSEGV (11"), "{err}");
     assert!(
         err.contains("userbpf: the fault (SIGSEGV at 0x0 on thread ")
             && err.contains("came outside eBPF code; the last program that ran on that thread: `last_prog` (id "),
         "{err}"
     );
+}
+
+/// The same for a target that dropped root after it joined root's session (it can no longer
+/// create files there when it faults: the report goes to the file its agent made at start).
+#[test]
+fn a_target_that_dropped_root_is_reported_too() {
+    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target drops it)") {
+        return;
+    }
+    let (err, code) = crash_run(&["drop"]);
+    assert_eq!(code, Some(128 + 11), "{err}");
+    assert!(err.contains("the last program that ran on that thread: `last_prog` (id "), "{err}");
+}
+
+/// `userbpf run` of the crashing target with `args`: its stderr and exit code.
+fn crash_run(args: &[&str]) -> (String, Option<i32>) {
+    // Compiled once for both tests (they run in parallel).
+    static BUILT: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    let (obj, target) = BUILT.get_or_init(|| {
+        let obj = object("crates/cli/tests/bpf/last_prog.bpf.c", "crash-last-prog");
+        let target = userbpf_testutil::compile_c(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/targets/crash_target.c"),
+            &common::tmp().join("crash_target"),
+            &[],
+        );
+        (obj, target)
+    });
+    let out = std::process::Command::new(common::userbpf())
+        .env("USERBPF_SHM_DIR", common::tmp())
+        .args(["run", obj.to_str().unwrap(), "--attach", "last_prog=work", "--"])
+        .arg(target)
+        .args(args)
+        .output()
+        .unwrap();
+    (String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code())
 }
 
 /// `.rodata` is frozen at load (as libbpf freezes it) and its values are constants to the
