@@ -148,7 +148,9 @@ fn a_target_killed_by_a_fault_is_reported_with_the_last_program_on_its_thread() 
 /// create files there when it faults: the report goes to the file its agent made at start).
 #[test]
 fn a_target_that_dropped_root_is_reported_too() {
-    if !userbpf_testutil::require(unsafe { libc::geteuid() } == 0, "root (the target drops it)") {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !userbpf_testutil::require(root, "root (the target drops it)") {
         return;
     }
     let (err, code) = crash_run(&["drop"]);
