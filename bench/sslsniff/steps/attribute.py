@@ -7,7 +7,7 @@ IPS: the address of every instruction stepped (stepper's output); MAPS: the targ
 /proc/PID/maps; PERFMAP: its /tmp/perf-PID.map (USERBPF_PERF_MAP=1: userbpf's stubs and JIT'd
 programs by name). Prints instructions per pair by part and by function, one column per build.
 Every byte `rep movsb` copies is a step of its own: the guarded copy's steps are bytes, shown
-apart."""
+apart. libc's internal functions (its memcpy) show under the exported symbol before them."""
 import bisect
 import collections
 import re
@@ -95,26 +95,31 @@ def main():
     sep = args.index("--")
     files, labels = args[:sep], args[sep + 1 :]
     runs = [attribute(*files[i : i + 3]) for i in range(0, len(files), 3)]
-    width = max(12, *(len(x) for x in labels))
-    head = f"{'':44}" + "".join(f"{x:>{width}}" for x in labels)
-    print(head)
+    def row(cells):
+        print("| " + " | ".join(cells) + " |")
+
     by_part = [collections.Counter() for _ in runs]
     for r, c in zip(runs, by_part):
         for (o, f), n in r.items():
             c[part(o, f)] += n
-    for name, _ in PARTS:
-        print(f"{name:44}" + "".join(f"{c[name]:>{width},}" for c in by_part))
-    print(f"{'total':44}" + "".join(f"{sum(c.values()):>{width},}" for c in by_part))
+    print("Instructions a read+write pair, by part:")
     print()
-    print("By function (instructions a pair):")
-    print(head)
+    row(["part", *labels])
+    row(["---", *["---:"] * len(labels)])
+    for name, _ in PARTS:
+        row([name, *(f"{c[name]:,}" for c in by_part)])
+    row(["**total**", *(f"**{sum(c.values()):,}**" for c in by_part)])
+    print()
+    print("By function (the 30 largest):")
+    print()
+    row(["function (object)", *labels])
+    row(["---", *["---:"] * len(labels)])
     keys = collections.Counter()
     for r in runs:
         keys.update(r)
-    for (o, f), _ in keys.most_common(40):
-        label = f"{f[:60]} ({o})" if o != "userbpf code" else f
-        print(f"{label[:44]:44}" + "".join(f"{r[(o, f)]:>{width},}" for r in runs))
-
+    for (o, f), _ in keys.most_common(30):
+        label = f if o == "userbpf code" else f"{f[:70]} ({o})"
+        row([label.replace("|", "/"), *(f"{r[(o, f)]:,}" for r in runs)])
 
 if __name__ == "__main__":
     main()

@@ -67,7 +67,7 @@ for U in "$@"; do
 	wait $sniff || true
 	echo "$U: $((n - base)) instructions a pair more than unprobed"
 	files+=("$T/run$i.ips" "$T/run$i.maps" "$T/run$i.perfmap")
-	labels+=("#$i")
+	labels+=("$(basename "$(dirname "$U")")")
 done
 echo
 python3 "$HERE/attribute.py" "${files[@]}" -- "${labels[@]}"
