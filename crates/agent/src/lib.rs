@@ -383,8 +383,9 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         gate: userbpf_runtime::program::stats_gate(),
         failures: &a.prog.stats.errors,
         calls_out,
-        // `lean_run` hands the registers to helpers (stack walks read ip and sp).
-        reads_all: u64::from(!gprs_only || calls_out == 1),
+        // `lean_run` hands the registers to helpers: stack walks read ip and sp, an override
+        // writes ip (the stub then looks for the change), usdt.bpf.h reads sp.
+        reads_all: u64::from(!gprs_only || (calls_out == 1 && !a.prog.helpers_read_only_gprs())),
         regs_read,
     })))
 }

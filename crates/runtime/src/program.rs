@@ -274,6 +274,56 @@ impl LoadedProgram {
         self.program().insns().iter().any(|i| i.op == OP_CALL && i.src == 0 && i.imm as u32 == id)
     }
 
+    /// Whether every helper the program calls reads nothing of a probe's `pt_regs` but the
+    /// general-purpose registers (arguments, return value): none of the stack walks (ip, sp),
+    /// `bpf_override_return` (ip), the kernel-memory reads (`usdt.bpf.h` reads registers, sp
+    /// among them, through them) and tail calls (another program's reads). A probe whose
+    /// program reads only registers itself and calls only these may leave the rest of the
+    /// pt_regs unwritten (`userbpf_hook::LeanHandler::reads_all`).
+    pub fn helpers_read_only_gprs(&self) -> bool {
+        const GPRS_ONLY: [&str; 34] = [
+            "map_lookup_elem",
+            "map_update_elem",
+            "map_delete_elem",
+            "ktime_get_ns",
+            "trace_printk",
+            "get_prandom_u32",
+            "get_smp_processor_id",
+            "get_current_pid_tgid",
+            "get_current_uid_gid",
+            "get_current_comm",
+            "perf_event_output",
+            "map_push_elem",
+            "map_pop_elem",
+            "map_peek_elem",
+            "probe_read_user",
+            "probe_read_user_str",
+            "ktime_get_boot_ns",
+            "ringbuf_output",
+            "ringbuf_reserve",
+            "ringbuf_submit",
+            "ringbuf_discard",
+            "ringbuf_query",
+            "ktime_get_coarse_ns",
+            "get_func_ip",
+            "get_attach_cookie",
+            "get_func_arg",
+            "get_func_ret",
+            "get_func_arg_cnt",
+            "map_lookup_percpu_elem",
+            "trace_vprintk",
+            "snprintf",
+            "ktime_get_tai_ns",
+            "get_current_cgroup_id",
+            "spin_lock",
+        ];
+        self.program()
+            .insns()
+            .iter()
+            .filter(|i| i.op == OP_CALL && i.src == 0)
+            .all(|i| userbpf_isa::helper_names::helper_name(i.imm as u32).is_some_and(|n| GPRS_ONLY.contains(&n)))
+    }
+
     pub fn engine(&self) -> Engine {
         if self.jit.is_some() { Engine::Jit } else { Engine::Interpreter }
     }
@@ -913,5 +963,34 @@ mod tests {
         }
         assert_eq!(total(5), Some(before + 1));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    /// Which helpers let a probe's stub leave the pt_regs past the registers unwritten: the
+    /// stack walks, the override, kernel reads (usdt.bpf.h's sp) and tail calls do not.
+    #[test]
+    fn helpers_reading_only_registers_are_told_apart() {
+        let helpers = crate::helpers::registry();
+        let slots = Arc::new(CpuSlots::private().unwrap());
+        let calling = |ids: &[i32]| {
+            let mut p: Vec<Insn> = ids.iter().map(|&id| Insn::new(OP_CALL, 0, 0, 0, id)).collect();
+            p.push(Insn::new(OP_EXIT, 0, 0, 0, 0));
+            LoadedProgram::prepare(
+                1,
+                "t",
+                &p,
+                helpers.clone(),
+                &(&[] as &[(u32, Arc<Map>)]) as &dyn MapResolver,
+                Engine::Interpreter,
+                slots.clone(),
+            )
+            .unwrap()
+            .helpers_read_only_gprs()
+        };
+        assert!(calling(&[]));
+        // ktime_get_ns, get_current_pid_tgid, get_current_uid_gid, get_current_comm (sslsniff's)
+        assert!(calling(&[5, 14, 15]));
+        // get_stack, get_stackid, override_return, probe_read_kernel, probe_read, tail_call
+        for id in [67, 27, 58, 113, 4, 12] {
+            assert!(!calling(&[5, id]), "helper {id}");
+        }
     }
 }
