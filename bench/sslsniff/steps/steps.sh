@@ -67,7 +67,9 @@ for U in "$@"; do
 	wait $sniff || true
 	echo "$U: $((n - base)) instructions a pair more than unprobed"
 	files+=("$T/run$i.ips" "$T/run$i.maps" "$T/run$i.perfmap")
-	labels+=("$(basename "$(dirname "$U")")")
+	d=$(dirname "$U")
+	d=${d%/target/release}
+	labels+=("$(basename "$d")")
 done
 echo
 python3 "$HERE/attribute.py" "${files[@]}" -- "${labels[@]}"
