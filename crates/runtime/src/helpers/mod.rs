@@ -98,6 +98,7 @@ pub fn registry() -> Arc<HelperRegistry> {
         // off the first probe hit.
         guard::install();
         task::init();
+        time::init();
         Arc::new(reg)
     })
     .clone()
