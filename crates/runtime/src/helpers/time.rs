@@ -37,7 +37,9 @@
 //!   past `start + span`) at the current segment's value there: the clock is continuous. Its
 //!   rate is the measured one corrected so that the error seen now is gone one period later
 //!   (slewing, at most 1% off the measured rate); only an error above 10 ms with the clock
-//!   behind (a machine that skipped time) is closed by a jump forward.
+//!   behind is closed by a jump forward, and one above 10 ms with the clock ahead (the TSC
+//!   ran on through a suspend to idle while CLOCK_MONOTONIC stood still) by slowing down to
+//!   as little as half speed.
 //! - **Expiry.** A record is valid only below its `expire`: a reader beyond it (the first hit
 //!   after an idle second, or a writer that was preempted) becomes the writer, or, if one is
 //!   at work, waits for its record up to 20 µs and then answers the record's value at
@@ -508,13 +510,16 @@ impl TscClock {
 
 /// The base and rate of a segment starting at `v` whose error against the real clock is
 /// `err` ns there (positive: the clock is behind): the rate closes it within one period,
-/// changed by at most 1/[`SLEW_DIV`]; an error above [`JUMP_NS`] with the clock behind is
-/// closed at once (forward: still monotonic).
+/// changed by at most 1/[`SLEW_DIV`] (at most half, for the clock more than [`JUMP_NS`]
+/// ahead); an error above [`JUMP_NS`] with the clock behind is closed at once (forward:
+/// still monotonic).
 fn slew(v: u64, err: i64, rate: u64, period_ns: u64) -> (u64, u64) {
     if err > JUMP_NS {
         return (v + err as u64, rate);
     }
-    let max = rate / SLEW_DIV;
+    // Far ahead (the TSC ran while CLOCK_MONOTONIC stood still: a suspend to idle): up to
+    // half speed, so that a second ahead takes seconds, not minutes, to close.
+    let max = if err < -JUMP_NS { rate / 2 } else { rate / SLEW_DIV };
     let adj = (((err.unsigned_abs() as u128) * rate as u128) / period_ns.max(1) as u128).min(max as u128) as u64;
     (v, if err >= 0 { rate + adj } else { rate - adj })
 }
@@ -643,6 +648,20 @@ mod tests {
         assert!(!tsc_usable("kvm-clock\n", true, true, None));
         assert!(!tsc_usable("tsc\n", false, true, None));
         assert!(!tsc_usable("tsc\n", true, false, None));
+    }
+
+    #[test]
+    fn slewing_is_bounded() {
+        let rate = 1u64 << 32; // 1 ns a tick
+        let s = 1_000_000_000;
+        assert_eq!(slew(100, 0, rate, s), (100, rate));
+        assert_eq!(slew(100, 5_000_000, rate, s), (100, rate + rate / 200), "behind 5 ms: 0.5% faster");
+        assert_eq!(slew(100, -5_000_000, rate, s), (100, rate - rate / 200), "ahead 5 ms: 0.5% slower");
+        assert_eq!(slew(100, 9_000_000, rate, 100_000_000), (100, rate + rate / 100), "at most 1%");
+        assert_eq!(slew(100, -9_000_000, rate, 100_000_000), (100, rate - rate / 100), "at most 1%");
+        assert_eq!(slew(100, 20_000_000, rate, s), (20_000_100, rate), "far behind: a jump forward");
+        assert_eq!(slew(100, -800_000_000, rate, s), (100, rate / 2), "far ahead: half speed");
+        assert_eq!(slew(100, -20_000_000, rate, s), (100, rate - rate / 50), "ahead 20 ms: 2% slower");
     }
 
     #[test]
