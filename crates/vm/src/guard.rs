@@ -3,7 +3,8 @@
 //! killing the process, the way the kernel's exception tables work; and containment of faults
 //! in JIT code.
 //!
-//! The copy routines are a few lines of assembly. A SIGSEGV/SIGBUS handler, installed once,
+//! The copy routines are assembly: moves for copies up to 4 KiB (overlapping pairs up to 64
+//! bytes, 64-byte blocks above), `rep movsb` beyond, and a byte loop for strings. A SIGSEGV/SIGBUS handler, installed once,
 //! looks at the faulting instruction: inside one of these routines it resumes at the routine's
 //! fixup, which returns `-EFAULT`; anywhere else it hands the signal to whatever handler was
 //! there before (or the default action), so the process behaves as if we were not there.
