@@ -266,6 +266,10 @@ impl TscClock {
     #[inline]
     pub fn now(&self) -> u64 {
         let generation = self.generation.load(Ordering::Acquire);
+        if generation == 0 {
+            // No record (calibrating, or no TSC clock here): no TSC read.
+            return self.slow();
+        }
         let r = &self.records[(generation & 1) as usize];
         let start = r.start.load(Ordering::Relaxed);
         let span = r.span.load(Ordering::Relaxed);
@@ -346,12 +350,6 @@ impl TscClock {
     fn slow(&self) -> u64 {
         loop {
             let generation = self.generation.load(Ordering::Acquire);
-            let p = self.records[(generation & 1) as usize].load();
-            let t = rdtsc_ordered();
-            fence(Ordering::Acquire);
-            if self.generation.load(Ordering::Relaxed) != generation {
-                continue; // a torn record: read again
-            }
             if generation == 0 {
                 match self.mode() {
                     MODE_CALIBRATING => {
@@ -369,6 +367,12 @@ impl TscClock {
                     }
                     _ => return clock_ns(libc::CLOCK_MONOTONIC),
                 }
+            }
+            let p = self.records[(generation & 1) as usize].load();
+            let t = rdtsc_ordered();
+            fence(Ordering::Acquire);
+            if self.generation.load(Ordering::Relaxed) != generation {
+                continue; // a torn record: read again
             }
             if t >= p.start {
                 if t < p.expire {
