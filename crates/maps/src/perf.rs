@@ -554,12 +554,14 @@ impl PerfEventArray {
 
     // ---- views of the shared memory ----
 
+    #[inline]
     fn meta(&self) -> &PerfMeta {
         // SAFETY: PerfMeta lies in the header page, mapped for self's life; all atomics.
         unsafe { &*(self.inner.base.shm.as_ptr().add(META_OFF) as *const PerfMeta) }
     }
 
     /// Precondition: index < nr (callers check).
+    #[inline]
     fn ctl(&self, index: u32) -> &RingCtl {
         let off = self.inner.geo.ctl_off as usize + (index.min(self.inner.geo.nr - 1) as usize) * CTL_SIZE;
         // SAFETY: the control area holds nr 64-byte slots from ctl_off, inside the file
@@ -568,6 +570,7 @@ impl PerfEventArray {
     }
 
     /// The ring's perf_event_mmap_page. Precondition: index < nr.
+    #[inline]
     fn ring_page(&self, index: u32) -> *mut u8 {
         let off = self.inner.geo.rings_off as usize
             + (index.min(self.inner.geo.nr - 1) as usize) * self.inner.geo.stride as usize;
@@ -575,11 +578,13 @@ impl PerfEventArray {
         unsafe { self.inner.base.shm.as_ptr().add(off) }
     }
 
+    #[inline]
     fn head(&self, page: *mut u8) -> &AtomicU64 {
         // SAFETY: `page` is a ring's first page (from ring_page); data_head is at 1024, aligned.
         unsafe { &*(page.add(PERF_MMAP_DATA_HEAD) as *const AtomicU64) }
     }
 
+    #[inline]
     fn tail(&self, page: *mut u8) -> &AtomicU64 {
         // SAFETY: as for `head`, at 1032.
         unsafe { &*(page.add(PERF_MMAP_DATA_TAIL) as *const AtomicU64) }
