@@ -12,7 +12,9 @@
 //!   between batches.
 //!
 //! Rounds alternate between the rows; medians of 7 rounds. Load average printed before and
-//! after: the machine is shared. It reports; it never fails on timing.
+//! after: the machine is shared. It reports; it never fails on timing. Markdown tables (one
+//! per helper, `make bench` draws them). For a before/after comparison, run the binary of
+//! each build alternately (`make bench` runs this build's).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -59,15 +61,30 @@ fn group(title: &str, n: u64, rows: &mut [Row<'_>]) {
             samples[i].push(time(n, f.as_mut()));
         }
     }
-    println!("{title}");
-    let meds: Vec<f64> = samples.into_iter().map(median).collect();
-    for (i, (name, _)) in rows.iter().enumerate() {
-        println!("  {name:<44} {:>8.1} ns/call  {:>6.2}x {}", meds[i], meds[i] / meds[0], rows[0].0);
+    let names: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
+    table(title, &names, samples.into_iter().map(median).collect());
+}
+
+/// One Markdown table: a row per call, its median and its ratio to the first row.
+fn table(title: &str, names: &[&str], meds: Vec<f64>) {
+    println!("### {title}");
+    println!();
+    println!("| call | ns/call | / {} |", names[0]);
+    println!("|---|---:|---:|");
+    for (name, m) in names.iter().zip(&meds) {
+        println!("| {name} | {m:.1} | {:.2}× |", m / meds[0]);
     }
+    println!();
 }
 
 fn main() -> anyhow::Result<()> {
-    println!("helper-bench: ns per helper call (median of 7 rounds), load {}", loadavg());
+    println!("## Helpers of a probe hit: ns a call");
+    println!();
+    println!(
+        "Called through the helper registry as JIT'd programs call them; medians of 7 rounds. Load average {}.",
+        loadavg()
+    );
+    println!();
     let reg = helpers::registry();
     let h = |id: u32| reg.get(id).expect("helper").func;
     let (ktime, pid_tgid, uid_gid, comm, read_user, perf_output) = (h(5), h(14), h(15), h(16), h(112), h(25));
@@ -79,14 +96,15 @@ fn main() -> anyhow::Result<()> {
         // SAFETY: helper arguments as the verifier requires them (see main).
         unsafe { ktime(0, 0, 0, 0, 0) };
     }
-    println!("  (TSC clock in use: {})", helpers::time::tsc_in_use());
+    println!("TSC clock in use: {}.", helpers::time::tsc_in_use());
+    println!();
 
     group(
         "bpf_ktime_get_ns",
         2_000_000,
         &mut [
             (
-                "clock_gettime(CLOCK_MONOTONIC) (main build)",
+                "clock_gettime(CLOCK_MONOTONIC), the helper before",
                 Box::new(|| helpers::time::clock_ns(libc::CLOCK_MONOTONIC)),
             ),
             // SAFETY: helper arguments as the verifier requires them (see main).
@@ -190,13 +208,17 @@ fn main() -> anyhow::Result<()> {
             samples[i].push(ns as f64 / (4000.0 * 32.0));
         }
     }
-    println!("bpf_perf_event_output, 700 bytes (batches of 32 on an empty ring)");
-    let meds: Vec<f64> = samples.into_iter().map(median).collect();
-    for (i, (name, _)) in rows.iter().enumerate() {
-        println!("  {name:<44} {:>8.1} ns/call  {:>6.2}x {}", meds[i], meds[i] / meds[0], rows[0].0);
+    let names: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
+    table(
+        "bpf_perf_event_output, 700 bytes (batches of 32 on an empty ring)",
+        &names,
+        samples.into_iter().map(median).collect(),
+    );
+    if failed > 0 {
+        println!("{failed} outputs failed.");
+        println!();
     }
-    println!("  ({failed} outputs failed)");
     let _ = std::fs::remove_dir_all(&dir);
-    println!("load after: {}", loadavg());
+    println!("Load average {} at the end.", loadavg());
     Ok(())
 }
