@@ -98,6 +98,7 @@ bench-tables:
 	$(CARGO) run --release --locked -p userbpf-bench --bin vm-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin map-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin wakeup-bench
+	$(CARGO) run --release --locked -p userbpf-bench --bin helper-bench
 	$(CARGO) run --release --locked -p userbpf-bench --bin verifier-bench -- --bpftrace $(wildcard target/bpf/*.bpf.o) $(wildcard target/tools/*.bpf.o) $(wildcard target/libbpf/*.bpf.o)
 	USERBPF_VERIFY_FUZZ_COUNT=1000000 USERBPF_VERIFY_FUZZ_OBJECTS=100000 $(CARGO) test --release --locked -p userbpf-runtime --test verify_fuzz -- --nocapture
 	$(CARGO) run --release --locked -p userbpf-bench --bin kernel-map-bench

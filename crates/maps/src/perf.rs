@@ -554,12 +554,14 @@ impl PerfEventArray {
 
     // ---- views of the shared memory ----
 
+    #[inline]
     fn meta(&self) -> &PerfMeta {
         // SAFETY: PerfMeta lies in the header page, mapped for self's life; all atomics.
         unsafe { &*(self.inner.base.shm.as_ptr().add(META_OFF) as *const PerfMeta) }
     }
 
     /// Precondition: index < nr (callers check).
+    #[inline]
     fn ctl(&self, index: u32) -> &RingCtl {
         let off = self.inner.geo.ctl_off as usize + (index.min(self.inner.geo.nr - 1) as usize) * CTL_SIZE;
         // SAFETY: the control area holds nr 64-byte slots from ctl_off, inside the file
@@ -568,6 +570,7 @@ impl PerfEventArray {
     }
 
     /// The ring's perf_event_mmap_page. Precondition: index < nr.
+    #[inline]
     fn ring_page(&self, index: u32) -> *mut u8 {
         let off = self.inner.geo.rings_off as usize
             + (index.min(self.inner.geo.nr - 1) as usize) * self.inner.geo.stride as usize;
@@ -575,11 +578,13 @@ impl PerfEventArray {
         unsafe { self.inner.base.shm.as_ptr().add(off) }
     }
 
+    #[inline]
     fn head(&self, page: *mut u8) -> &AtomicU64 {
         // SAFETY: `page` is a ring's first page (from ring_page); data_head is at 1024, aligned.
         unsafe { &*(page.add(PERF_MMAP_DATA_HEAD) as *const AtomicU64) }
     }
 
+    #[inline]
     fn tail(&self, page: *mut u8) -> &AtomicU64 {
         // SAFETY: as for `head`, at 1032.
         unsafe { &*(page.add(PERF_MMAP_DATA_TAIL) as *const AtomicU64) }
@@ -624,6 +629,33 @@ impl PerfEventArray {
     /// # Safety
     /// `data` must be readable for `size` bytes.
     pub unsafe fn output(&self, index_flags: u64, cpu: u32, data: *const u8, size: u64) -> Result<(), MapError> {
+        self.output_with(index_flags, cpu, data, size, |dst, src, len| {
+            // SAFETY: `src` is within the `size` readable bytes of `data` (the caller's
+            // contract); `dst` is the record's place in the ring, `len` bytes, which
+            // `output_with` hands over and no other memory overlaps.
+            unsafe { ptr::copy_nonoverlapping(src, dst, len) };
+            true
+        })
+    }
+
+    /// [`PerfEventArray::output`] with the sample's bytes copied by `copy(dst, data, len)`
+    /// (possibly in two parts, when the record wraps around the ring's end), which may fail:
+    /// a copy from memory the caller could not vouch for, made by a fault-tolerant routine
+    /// (the helper's). Then nothing is published (the ring's head stays where it was; a
+    /// pending lost count stays pending) and the result is `EFAULT`. Nothing is read from
+    /// `data` other than through `copy`.
+    ///
+    /// The common case, a record that does not wrap and no lost count pending, is written
+    /// in place: a zero word over the record's last 8 bytes (its padding), the 12-byte header,
+    /// one copy of the data.
+    pub fn output_with(
+        &self,
+        index_flags: u64,
+        cpu: u32,
+        data: *const u8,
+        size: u64,
+        mut copy: impl FnMut(*mut u8, *const u8, usize) -> bool,
+    ) -> Result<(), MapError> {
         if index_flags & !BPF_F_INDEX_MASK != 0 {
             return Err(MapError::new(libc::EINVAL, "perf_event_output: unknown flags"));
         }
@@ -639,11 +671,9 @@ impl PerfEventArray {
         if ctl.attached.load(Ordering::Acquire) == 0 {
             return Err(MapError::new(libc::ENOENT, "perf_event_output: no perf event at this index"));
         }
-        if size > u16::MAX as u64 {
-            return Err(MapError::new(libc::E2BIG, "perf_event_output: sample too large"));
-        }
-        let raw_size = ((size + 4 + 7) & !7) - 4;
-        let rec = 8 + 4 + raw_size;
+        // Sizes past u16 fail here too: rec then exceeds u16::MAX.
+        let raw_size = ((size.min(1 << 20) + 4 + 7) & !7) - 4;
+        let rec = SAMPLE_HDR + raw_size;
         if rec > u16::MAX as u64 {
             return Err(MapError::new(libc::E2BIG, "perf_event_output: sample too large"));
         }
@@ -672,38 +702,31 @@ impl PerfEventArray {
             drop(guard);
             return Err(MapError::new(libc::ENOSPC, "perf_event_output: ring full"));
         }
-        let mut pos = head;
+        let off = head & (dsize - 1);
+        let hdr = PERF_RECORD_SAMPLE as u64 | (PERF_RECORD_MISC_USER as u64) << 32 | rec << 48;
+        let copied = if lost == 0 && off + rec <= dsize {
+            // SAFETY: [off, off + rec) lies inside the ring's data area (page + 4096, dsize
+            // bytes) and in its free space (checked above), which only this writer (holding
+            // the lock) touches; off and rec are multiples of 8, rec >= 16.
+            unsafe {
+                let r = page.add(PAGE_SIZE + off as usize);
+                r.add(rec as usize - 8).cast::<u64>().write(0);
+                r.cast::<u64>().write(hdr);
+                r.add(8).cast::<u32>().write(raw_size as u32);
+                copy(r.add(SAMPLE_HDR as usize), data, size as usize)
+            }
+        } else {
+            self.write_record_wrapped(page, dsize, head, lost, ctl, hdr, raw_size, data, size, &mut copy)
+        };
+        if !copied {
+            drop(guard);
+            return Err(MapError::new(libc::EFAULT, "perf_event_output: cannot read the sample's data"));
+        }
         if lost > 0 {
-            let n = ctl.lost.swap(0, Ordering::Relaxed);
-            let mut r = [0u8; LOST_REC as usize];
-            r[0..4].copy_from_slice(&PERF_RECORD_LOST.to_ne_bytes());
-            r[4..6].copy_from_slice(&0u16.to_ne_bytes());
-            r[6..8].copy_from_slice(&(LOST_REC as u16).to_ne_bytes());
-            r[8..16].copy_from_slice(&ctl.id.load(Ordering::Relaxed).to_ne_bytes());
-            r[16..24].copy_from_slice(&n.to_ne_bytes());
-            // SAFETY: page is ring `index`'s; 24 bytes <= data size (checked by space).
-            unsafe { self.write_wrapped(page, dsize, pos, r.as_ptr(), r.len()) };
-            pos = pos.wrapping_add(LOST_REC);
+            // Reported by the record just written; increments since then stay pending.
+            ctl.lost.fetch_sub(lost, Ordering::Relaxed);
         }
-        let mut h = [0u8; SAMPLE_HDR as usize];
-        h[0..4].copy_from_slice(&PERF_RECORD_SAMPLE.to_ne_bytes());
-        h[4..6].copy_from_slice(&PERF_RECORD_MISC_USER.to_ne_bytes());
-        h[6..8].copy_from_slice(&(rec as u16).to_ne_bytes());
-        h[8..12].copy_from_slice(&(raw_size as u32).to_ne_bytes());
-        // SAFETY: the whole record (rec bytes) fits in the free space, checked above; `data`
-        // is readable for `size` bytes by the caller's contract; the pad is zeroed.
-        unsafe {
-            self.write_wrapped(page, dsize, pos, h.as_ptr(), h.len());
-            self.write_wrapped(page, dsize, pos.wrapping_add(SAMPLE_HDR), data, size as usize);
-            self.write_wrapped(
-                page,
-                dsize,
-                pos.wrapping_add(SAMPLE_HDR + size),
-                ptr::null(),
-                (raw_size - size) as usize,
-            );
-        }
-        pos = pos.wrapping_add(rec);
+        let pos = head.wrapping_add(rec + if lost > 0 { LOST_REC } else { 0 });
         // Release publishes the records; sequentially consistent for the wakeup protocol.
         head_a.store(pos, Ordering::SeqCst);
         drop(guard);
@@ -713,6 +736,64 @@ impl PerfEventArray {
             futex_wake(&m.wake_seq);
         }
         Ok(())
+    }
+
+    /// The general case of [`PerfEventArray::output_with`]: a PERF_RECORD_LOST for `lost`
+    /// samples first if `lost` > 0, then the sample, each wrapping around the ring's end as
+    /// needed. The caller holds the ring's lock and checked the space. False if `copy` failed.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn write_record_wrapped(
+        &self,
+        page: *mut u8,
+        dsize: u64,
+        head: u64,
+        lost: u64,
+        ctl: &RingCtl,
+        hdr: u64,
+        raw_size: u64,
+        data: *const u8,
+        size: u64,
+        copy: &mut impl FnMut(*mut u8, *const u8, usize) -> bool,
+    ) -> bool {
+        let mut pos = head;
+        if lost > 0 {
+            let mut r = [0u8; LOST_REC as usize];
+            r[0..4].copy_from_slice(&PERF_RECORD_LOST.to_ne_bytes());
+            r[4..6].copy_from_slice(&0u16.to_ne_bytes());
+            r[6..8].copy_from_slice(&(LOST_REC as u16).to_ne_bytes());
+            r[8..16].copy_from_slice(&ctl.id.load(Ordering::Relaxed).to_ne_bytes());
+            r[16..24].copy_from_slice(&lost.to_ne_bytes());
+            // SAFETY: page is the ring's; 24 bytes <= data size (checked by the caller's space).
+            unsafe { self.write_wrapped(page, dsize, pos, r.as_ptr(), r.len()) };
+            pos = pos.wrapping_add(LOST_REC);
+        }
+        let mut h = [0u8; SAMPLE_HDR as usize];
+        h[0..8].copy_from_slice(&hdr.to_ne_bytes());
+        h[8..12].copy_from_slice(&(raw_size as u32).to_ne_bytes());
+        // SAFETY: the whole record fits in the free space (the caller checked).
+        unsafe {
+            self.write_wrapped(page, dsize, pos, h.as_ptr(), h.len());
+            self.write_wrapped(
+                page,
+                dsize,
+                pos.wrapping_add(SAMPLE_HDR + size),
+                ptr::null(),
+                (raw_size - size) as usize,
+            );
+        }
+        // The data, in at most two parts.
+        let size_us = dsize as usize;
+        let off = (pos.wrapping_add(SAMPLE_HDR) & (dsize - 1)) as usize;
+        let len = size as usize;
+        let first = len.min(size_us - off);
+        // SAFETY: data = page + 4096 spans dsize bytes; [off, off + first) and
+        // [0, len - first) are inside it and in the free space.
+        unsafe {
+            let d = page.add(PAGE_SIZE);
+            (first == 0 || copy(d.add(off), data, first))
+                && (len == first || copy(d, data.wrapping_add(first), len - first))
+        }
     }
 }
 

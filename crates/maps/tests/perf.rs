@@ -607,3 +607,54 @@ fn a_ring_watcher_is_woken_by_that_ring_only() {
     pa.wake_watchers();
     assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 2);
 }
+
+/// `output_with` whose copy fails (a fault in the program's data): nothing is published, a
+/// pending lost count stays pending, and the ring goes on as if the call had not been made,
+/// in the in-place case and when the record wraps around the ring's end.
+#[test]
+fn a_failed_copy_publishes_nothing() {
+    let d = test_dir("failcopy");
+    let pa = PerfEventArray::create_with_pages(&d.path("pa"), &spec(1), 1).unwrap();
+    let mut c = PerfConsumer::new(&pa).unwrap();
+    let fail = |_: *mut u8, _: *const u8, _: usize| false;
+    let sample = [0x33u8; 100]; // 112-byte records
+    let head =
+        |pa: &PerfEventArray| read_u64(&d.path("pa"), pa.ring_file_range(0).unwrap().0 + PERF_MMAP_DATA_HEAD as u64);
+    // In place, nothing pending.
+    let e = pa.output_with(0, 0, sample.as_ptr(), 100, fail).unwrap_err();
+    assert_eq!(e.errno(), libc::EFAULT);
+    assert_eq!(head(&pa), 0);
+    out(&pa, 0, 0, b"first").unwrap();
+    assert_eq!(collect(&mut c), vec![Ev::Sample(0, padded(b"first"))]);
+    // Lose 2, drain: the failed output keeps the 2 pending for the next good one.
+    while out(&pa, 0, 0, &sample).is_ok() {}
+    assert_eq!(out(&pa, 0, 0, &sample).unwrap_err().errno(), libc::ENOSPC);
+    let n = collect(&mut c).len();
+    let h = head(&pa);
+    assert_eq!(pa.output_with(0, 0, sample.as_ptr(), 100, fail).unwrap_err().errno(), libc::EFAULT);
+    assert_eq!(head(&pa), h, "nothing published");
+    out(&pa, 0, 0, b"second").unwrap();
+    assert_eq!(collect(&mut c), vec![Ev::Lost(0, 2), Ev::Sample(0, padded(b"second"))]);
+    assert!(n > 30);
+    // A record that wraps: the copy fails on its second part.
+    while (head(&pa) % PAGE) + 112 <= PAGE {
+        out(&pa, 0, 0, &sample).unwrap();
+        collect(&mut c);
+    }
+    let h = head(&pa);
+    let mut calls = 0;
+    let second_fails = |dst: *mut u8, src: *const u8, len: usize| {
+        calls += 1;
+        if calls == 1 {
+            // SAFETY: the first part: `dst` is the ring's, `len` bytes of `sample`.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        }
+        calls == 1
+    };
+    assert_eq!(pa.output_with(0, 0, sample.as_ptr(), 100, second_fails).unwrap_err().errno(), libc::EFAULT);
+    assert_eq!(calls, 2, "the wrapped record is copied in two parts");
+    assert_eq!(head(&pa), h, "nothing published");
+    out(&pa, 0, 0, &sample).unwrap();
+    assert_eq!(collect(&mut c), vec![Ev::Sample(0, sample.to_vec())]);
+    assert_eq!(pa.lost_total(0), 2);
+}

@@ -122,6 +122,15 @@ struct ThreadRun {
     /// in (0: never) and `tgid << 32 | tid`.
     pid_tgid_gen: Cell<u64>,
     pid_tgid: Cell<u64>,
+    /// `bpf_get_current_comm`'s and `bpf_get_current_uid_gid`'s caches (`helpers::task`):
+    /// the fork generation each was read in (0: never), when (CLOCK_MONOTONIC_COARSE), and
+    /// the value (the NUL-padded name; `gid << 32 | uid`).
+    comm_gen: Cell<u64>,
+    comm_at: Cell<u64>,
+    comm: Cell<[u8; 16]>,
+    uid_gid_gen: Cell<u64>,
+    uid_gid_at: Cell<u64>,
+    uid_gid: Cell<u64>,
     /// The run in progress looked up values of kernel maps reached through `bpf()`
     /// (`userbpf_maps::kernel`): they are written back when it ends.
     kernel_values: Cell<bool>,
@@ -237,6 +246,37 @@ pub(crate) fn set_cached_pid_tgid(generation: u64, value: u64) {
     let r = run_block();
     r.pid_tgid.set(value);
     r.pid_tgid_gen.set(generation);
+}
+
+/// A per-thread cache of the thread block: (fork generation, time read, value).
+pub(crate) type Cached<T> = (u64, u64, T);
+
+/// This thread's cached name (see [`ThreadRun`]), from the thread block (no `__tls_get_addr`).
+#[inline(always)]
+pub(crate) fn cached_comm() -> Cached<[u8; 16]> {
+    let r = run_block();
+    (r.comm_gen.get(), r.comm_at.get(), r.comm.get())
+}
+
+pub(crate) fn set_cached_comm(generation: u64, at: u64, name: [u8; 16]) {
+    let r = run_block();
+    r.comm.set(name);
+    r.comm_at.set(at);
+    r.comm_gen.set(generation);
+}
+
+/// This thread's cached `gid << 32 | uid` (see [`ThreadRun`]).
+#[inline(always)]
+pub(crate) fn cached_uid_gid() -> Cached<u64> {
+    let r = run_block();
+    (r.uid_gid_gen.get(), r.uid_gid_at.get(), r.uid_gid.get())
+}
+
+pub(crate) fn set_cached_uid_gid(generation: u64, at: u64, value: u64) {
+    let r = run_block();
+    r.uid_gid.set(value);
+    r.uid_gid_at.set(at);
+    r.uid_gid_gen.set(generation);
 }
 
 /// Tail calls made so far by the run in progress on this thread.

@@ -273,12 +273,35 @@ fn pid_uid_comm_random_cpu() {
     let mut small = [0xffu8; 6];
     assert_eq!(calli(16, &[addr_mut(&mut small), 5]), 0);
     assert_eq!(&small, b"help\0\xff");
+    // strscpy_pad at every size around the 16 bytes of a name: size - 1 bytes at most, NULs
+    // up to size, nothing written past it.
+    for size in 1..=20usize {
+        let mut b = [0xffu8; 24];
+        assert_eq!(calli(16, &[addr_mut(&mut b), size as u64]), 0, "size {size}");
+        let n = 11.min(size - 1);
+        assert_eq!(&b[..n], &b"helper-comm"[..n], "size {size}");
+        assert!(b[n..size].iter().all(|&x| x == 0), "size {size}: {b:?}");
+        assert!(b[size..].iter().all(|&x| x == 0xff), "size {size}: {b:?}");
+    }
+    // Each thread has its own name (and cache).
+    let theirs = std::thread::spawn(|| {
+        set_thread_name("other-thr");
+        let mut b = [0xffu8; 16];
+        assert_eq!(calli(16, &[addr_mut(&mut b), 16]), 0);
+        b
+    })
+    .join()
+    .unwrap();
+    assert_eq!(&theirs, b"other-thr\0\0\0\0\0\0\0");
+    assert_eq!(calli(16, &[addr_mut(&mut buf), 16]), 0);
+    assert_eq!(&buf[..12], b"helper-comm\0");
     assert_eq!(calli(16, &[BAD, 16]), neg(libc::EFAULT));
     // A rename is seen once the cache is older than its refresh period.
     set_thread_name("renamed");
     std::thread::sleep(std::time::Duration::from_nanos(2 * helpers::task::REFRESH_NS));
     assert_eq!(calli(16, &[addr_mut(&mut buf), 16]), 0);
     assert_eq!(cstr(&buf), b"renamed");
+    assert!(buf[7..16].iter().all(|&b| b == 0), "the old name's tail is not kept: {buf:?}");
 
     let r: Vec<u64> = (0..8).map(|_| call(7, &[])).collect();
     assert!(r.iter().all(|&x| x <= u32::MAX as u64));

@@ -3,7 +3,8 @@
 //! killing the process, the way the kernel's exception tables work; and containment of faults
 //! in JIT code.
 //!
-//! The copy routines are a few lines of assembly. A SIGSEGV/SIGBUS handler, installed once,
+//! The copy routines are assembly: moves for copies up to 4 KiB (overlapping pairs up to 64
+//! bytes, 64-byte blocks above), `rep movsb` beyond, and a byte loop for strings. A SIGSEGV/SIGBUS handler, installed once,
 //! looks at the faulting instruction: inside one of these routines it resumes at the routine's
 //! fixup, which returns `-EFAULT`; anywhere else it hands the signal to whatever handler was
 //! there before (or the default action), so the process behaves as if we were not there.
@@ -28,10 +29,97 @@ pub const EFAULT_RET: i64 = -(libc::EFAULT as i64);
 std::arch::global_asm!(
     ".pushsection .text.userbpf_guard,\"ax\",@progbits",
     ".balign 16",
-    // i64 userbpf_guard_copy(void *dst, const void *src, u64 len): 0 or -EFAULT.
+    // i64 userbpf_guard_copy(void *dst, const void *src, u64 len): 0 or -EFAULT. Sizes up
+    // to 4 KiB are copied with moves (overlapping pairs for up to 64 bytes, 64-byte blocks
+    // above, the last 64 bytes loaded first); `rep movsb` above that: on the EPYC this
+    // project measures on, its start-up costs ~14 ns (16 bytes: 14 ns against 4 ns; 612
+    // bytes: 47 ns against 26 ns for 16-byte moves, 2026-11-26).
     ".globl userbpf_guard_copy",
     ".hidden userbpf_guard_copy",
     "userbpf_guard_copy:",
+    "    cmp rdx, 16",
+    "    ja 20f",
+    "    cmp rdx, 8",
+    "    jb 10f",
+    "    mov rax, qword ptr [rsi]",
+    "    mov rcx, qword ptr [rsi + rdx - 8]",
+    "    mov qword ptr [rdi], rax",
+    "    mov qword ptr [rdi + rdx - 8], rcx",
+    "    xor eax, eax",
+    "    ret",
+    "10:",
+    "    cmp rdx, 4",
+    "    jb 11f",
+    "    mov eax, dword ptr [rsi]",
+    "    mov ecx, dword ptr [rsi + rdx - 4]",
+    "    mov dword ptr [rdi], eax",
+    "    mov dword ptr [rdi + rdx - 4], ecx",
+    "    xor eax, eax",
+    "    ret",
+    "11:",
+    "    test rdx, rdx",
+    "    jz 12f",
+    "    mov r9, rdx",
+    "    shr r9, 1",
+    "    movzx eax, byte ptr [rsi]",
+    "    movzx ecx, byte ptr [rsi + rdx - 1]",
+    "    movzx r8d, byte ptr [rsi + r9]",
+    "    mov byte ptr [rdi], al",
+    "    mov byte ptr [rdi + rdx - 1], cl",
+    "    mov byte ptr [rdi + r9], r8b",
+    "12:",
+    "    xor eax, eax",
+    "    ret",
+    "20:",
+    "    cmp rdx, 32",
+    "    ja 30f",
+    "    movups xmm0, xmmword ptr [rsi]",
+    "    movups xmm1, xmmword ptr [rsi + rdx - 16]",
+    "    movups xmmword ptr [rdi], xmm0",
+    "    movups xmmword ptr [rdi + rdx - 16], xmm1",
+    "    xor eax, eax",
+    "    ret",
+    "30:",
+    "    cmp rdx, 64",
+    "    ja 31f",
+    "    movups xmm0, xmmword ptr [rsi]",
+    "    movups xmm1, xmmword ptr [rsi + 16]",
+    "    movups xmm2, xmmword ptr [rsi + rdx - 32]",
+    "    movups xmm3, xmmword ptr [rsi + rdx - 16]",
+    "    movups xmmword ptr [rdi], xmm0",
+    "    movups xmmword ptr [rdi + 16], xmm1",
+    "    movups xmmword ptr [rdi + rdx - 32], xmm2",
+    "    movups xmmword ptr [rdi + rdx - 16], xmm3",
+    "    xor eax, eax",
+    "    ret",
+    "31:",
+    "    cmp rdx, 4096",
+    "    ja 40f",
+    "    movups xmm4, xmmword ptr [rsi + rdx - 64]",
+    "    movups xmm5, xmmword ptr [rsi + rdx - 48]",
+    "    movups xmm6, xmmword ptr [rsi + rdx - 32]",
+    "    movups xmm7, xmmword ptr [rsi + rdx - 16]",
+    "    lea r8, [rdx - 64]",
+    "    xor ecx, ecx",
+    "32:",
+    "    movups xmm0, xmmword ptr [rsi + rcx]",
+    "    movups xmm1, xmmword ptr [rsi + rcx + 16]",
+    "    movups xmm2, xmmword ptr [rsi + rcx + 32]",
+    "    movups xmm3, xmmword ptr [rsi + rcx + 48]",
+    "    movups xmmword ptr [rdi + rcx], xmm0",
+    "    movups xmmword ptr [rdi + rcx + 16], xmm1",
+    "    movups xmmword ptr [rdi + rcx + 32], xmm2",
+    "    movups xmmword ptr [rdi + rcx + 48], xmm3",
+    "    add rcx, 64",
+    "    cmp rcx, r8",
+    "    jb 32b",
+    "    movups xmmword ptr [rdi + rdx - 64], xmm4",
+    "    movups xmmword ptr [rdi + rdx - 48], xmm5",
+    "    movups xmmword ptr [rdi + rdx - 32], xmm6",
+    "    movups xmmword ptr [rdi + rdx - 16], xmm7",
+    "    xor eax, eax",
+    "    ret",
+    "40:",
     "    mov rcx, rdx",
     "    rep movsb",
     "    xor eax, eax",
@@ -440,6 +528,44 @@ mod tests {
             assert_eq!(&dst[..3], b"he\0");
             assert_eq!(copy_str(dst.as_mut_ptr(), 16 as *const u8, 3), EFAULT_RET);
             assert_eq!(copy_str(dst.as_mut_ptr(), src.as_ptr(), 0), -(libc::EINVAL as i64));
+        }
+    }
+
+    #[test]
+    fn copies_every_size_exactly_and_faults_at_the_last_byte() {
+        let src: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in (0..=300).chain([511, 512, 513, 4095, 4096, 4097, 8191]) {
+            for off in [0usize, 1, 7] {
+                let mut dst = vec![0xeeu8; len + 32];
+                // SAFETY: src holds off + len bytes, dst len + 32.
+                assert_eq!(unsafe { copy(dst.as_mut_ptr().add(8), src.as_ptr().add(off), len as u64) }, 0);
+                assert_eq!(&dst[8..8 + len], &src[off..off + len], "len {len} off {off}");
+                assert!(dst[..8].iter().chain(&dst[8 + len..]).all(|&b| b == 0xee), "len {len}: written outside");
+            }
+        }
+        // A readable page followed by an unreadable one: a copy ending on its last byte works,
+        // one byte further faults, at every size class.
+        // SAFETY: a private anonymous mapping of two pages, the second made inaccessible; the
+        // copies below read it only through the guard.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as *mut u8;
+            assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+            assert_eq!(libc::mprotect(p.add(4096).cast(), 4096, libc::PROT_NONE), 0);
+            let mut dst = vec![0u8; 4096];
+            for len in [1usize, 2, 3, 4, 7, 8, 15, 16, 17, 32, 33, 64, 65, 100, 612, 4096] {
+                let end = p.add(4096);
+                assert_eq!(copy(dst.as_mut_ptr(), end.sub(len), len as u64), 0, "len {len}");
+                assert_eq!(copy(dst.as_mut_ptr(), end.sub(len - 1), len as u64), EFAULT_RET, "len {len}");
+                assert_eq!(copy(end.sub(len - 1), dst.as_ptr(), len as u64), EFAULT_RET, "write, len {len}");
+            }
+            libc::munmap(p.cast(), 8192);
         }
     }
 

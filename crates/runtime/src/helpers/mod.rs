@@ -16,7 +16,8 @@
 //! - They run on the hot path of a probe hit: no allocation, no lock that can block, and no
 //!   system call unless the helper's nature needs one (`send_signal`, submitting to and
 //!   waiting on io_uring; a thread's ring is set up by its first such call); per-thread caches
-//!   (pid, comm, credentials, random state) live in thread-locals.
+//!   (pid, comm, credentials) live in the runtime's thread block ([`crate::context`],
+//!   initial-exec TLS, no `__tls_get_addr`), the random state in a thread-local.
 //! - They never panic (a panic across `extern "C"` aborts the process).
 //! - Errors are the kernel's, as a negative errno in the u64 return value.
 //!
@@ -25,9 +26,10 @@
 //! The kernel's verifier vouches for the memory arguments of helpers; userbpf has no such
 //! verifier, so:
 //! - memory the program names for a helper to read or write (format strings, `snprintf`
-//!   output, `probe_read` destinations, the data of `perf_event_output`, `get_stack`
-//!   buffers...) is accessed with the VM's fault-tolerant [`userbpf_vm::guard`] copies: a
-//!   bad address gives `-EFAULT`, never a crash;
+//!   output, `probe_read` destinations, the data of `perf_event_output` (copied by the guard
+//!   straight into the perf ring: a fault publishes nothing), `get_stack` buffers...) is
+//!   accessed with the VM's fault-tolerant [`userbpf_vm::guard`] copies: a bad address gives
+//!   `-EFAULT`, never a crash;
 //! - map arguments (r1 of map helpers) must be maps registered with
 //!   [`maps::register_map`] (the loader registers every map it creates); anything else is
 //!   refused (`-EINVAL`, or NULL for lookups);
@@ -98,6 +100,7 @@ pub fn registry() -> Arc<HelperRegistry> {
         // off the first probe hit.
         guard::install();
         task::init();
+        time::init();
         Arc::new(reg)
     })
     .clone()

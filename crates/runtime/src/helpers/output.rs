@@ -11,22 +11,28 @@
 use std::cell::Cell;
 
 use userbpf_maps::Map;
-use userbpf_vm::HelperRegistry;
+use userbpf_maps::perf::{BPF_F_CURRENT_CPU, BPF_F_INDEX_MASK};
+use userbpf_vm::{HelperRegistry, guard};
 
-use super::maps::{map_at, registered_maps};
+use super::maps::{map_at, map_ref, registered_maps};
 use super::{EFAULT, EINVAL, helper, readable};
 use crate::context::current_cpu;
 
 /// `long bpf_perf_event_output(ctx, map, flags, data, size)`: a sample on the perf ring of
 /// the index in `flags` (`BPF_F_CURRENT_CPU`: the run's CPU slot). The kernel's errors
-/// (`-EINVAL`, `-E2BIG`, `-ENOENT`, `-ENOSPC`); `-EFAULT` if `data` cannot be read.
+/// (`-EINVAL`, `-E2BIG`, `-ENOENT`, `-ENOSPC`); `-EFAULT` if `data` cannot be read. The data
+/// is copied into the ring by the guard's fault-tolerant copy (no separate readability
+/// probe): a fault publishes nothing.
 unsafe extern "C" fn perf_event_output(_ctx: u64, map: u64, flags: u64, data: u64, size: u64) -> u64 {
-    let Some((Map::PerfEventArray(pa), _)) = map_at(map) else { return EINVAL };
-    if !readable(data, size) {
-        return EFAULT;
-    }
-    // SAFETY: `data` was just checked readable for `size` bytes (memory the program owns).
-    match unsafe { pa.output(flags, current_cpu(), data as *const u8, size) } {
+    let Some(Map::PerfEventArray(pa)) = map_ref(map) else { return EINVAL };
+    // Only BPF_F_CURRENT_CPU needs the run's slot (a thread-block read).
+    let cpu = if flags & BPF_F_INDEX_MASK == BPF_F_CURRENT_CPU { current_cpu() } else { 0 };
+    let copy = |dst: *mut u8, src: *const u8, len: usize| {
+        // SAFETY: the guard tolerates any `src` (the program's data); `dst` is the record's
+        // place in the ring, which `output_with` hands over for `len` bytes.
+        unsafe { guard::copy(dst, src, len as u64) == 0 }
+    };
+    match pa.output_with(flags, cpu, data as *const u8, size, copy) {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }

@@ -15,6 +15,10 @@
 //!   within about that long;
 //! - the random generator is seeded once per thread (and again after a fork, so parent and
 //!   child do not produce the same numbers).
+//!
+//! The pid, comm and credential caches live in the runtime's thread block
+//! ([`crate::context`], initial-exec TLS: a load and an add), not in `thread_local!`s, which
+//! in the agent's shared object call `__tls_get_addr` on every access.
 
 use std::cell::Cell;
 use std::sync::Once;
@@ -61,14 +65,11 @@ pub(crate) fn fork_generation() -> u64 {
 #[derive(Clone, Copy)]
 struct Cached<T: Copy> {
     generation: u64,
-    at: u64,
     value: T,
 }
 
 thread_local! {
-    static UID_GID: Cell<Cached<u64>> = const { Cell::new(Cached { generation: 0, at: 0, value: 0 }) };
-    static COMM: Cell<Cached<[u8; 16]>> = const { Cell::new(Cached { generation: 0, at: 0, value: [0; 16] }) };
-    static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { generation: 0, at: 0, value: 0 }) };
+    static RNG: Cell<Cached<u64>> = const { Cell::new(Cached { generation: 0, value: 0 }) };
 }
 
 /// `tgid << 32 | tid` of the calling thread, cached in the runtime's thread block (reached
@@ -88,44 +89,57 @@ pub fn pid_tgid() -> u64 {
     value
 }
 
-/// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline).
+/// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline),
+/// cached in the runtime's thread block (reached without a call).
 #[inline]
 pub fn comm() -> [u8; 16] {
     let generation = generation();
     let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
-    COMM.with(|c| {
-        let v = c.get();
-        if v.generation == generation && now.wrapping_sub(v.at) < REFRESH_NS {
-            return v.value;
-        }
-        let mut name = [0u8; 16];
-        // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) to the buffer we own.
-        let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0) };
-        if r != 0 {
-            name = [0; 16];
-        }
-        name[15] = 0;
-        c.set(Cached { generation, at: now, value: name });
-        name
-    })
+    let (cached_gen, at, name) = context::cached_comm();
+    if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
+        return name;
+    }
+    read_comm(generation, now)
 }
 
-/// `gid << 32 | uid` (real ids) of the calling thread.
+#[cold]
+#[inline(never)]
+fn read_comm(generation: u64, now: u64) -> [u8; 16] {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes (NUL included) to the buffer we own.
+    let r = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr() as libc::c_ulong, 0, 0, 0) };
+    if r != 0 {
+        name = [0; 16];
+    }
+    // NUL-padded after the name, whatever the kernel left there: `get_current_comm` copies
+    // the padding as it is.
+    name[15] = 0;
+    let len = name.iter().position(|&b| b == 0).unwrap_or(15);
+    name[len..].fill(0);
+    context::set_cached_comm(generation, now, name);
+    name
+}
+
+/// `gid << 32 | uid` (real ids) of the calling thread, cached in the runtime's thread block.
 #[inline]
 pub fn uid_gid() -> u64 {
     let generation = generation();
     let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
-    UID_GID.with(|c| {
-        let v = c.get();
-        if v.generation == generation && now.wrapping_sub(v.at) < REFRESH_NS {
-            return v.value;
-        }
-        // SAFETY: getuid and getgid have no preconditions.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let value = (gid as u64) << 32 | uid as u64;
-        c.set(Cached { generation, at: now, value });
-        value
-    })
+    let (cached_gen, at, value) = context::cached_uid_gid();
+    if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
+        return value;
+    }
+    read_uid_gid(generation, now)
+}
+
+#[cold]
+#[inline(never)]
+fn read_uid_gid(generation: u64, now: u64) -> u64 {
+    // SAFETY: getuid and getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let value = (gid as u64) << 32 | uid as u64;
+    context::set_cached_uid_gid(generation, now, value);
+    value
 }
 
 /// The next number of the thread's generator (splitmix64, seeded from getrandom once per
@@ -143,7 +157,7 @@ pub fn prandom_u64() -> u64 {
             if n != 8 {
                 s ^= clock_ns(libc::CLOCK_MONOTONIC) ^ pid_tgid().rotate_left(17) ^ (c as *const _ as u64);
             }
-            v = Cached { generation, at: 0, value: s };
+            v = Cached { generation, value: s };
         }
         v.value = v.value.wrapping_add(0x9e37_79b9_7f4a_7c15);
         c.set(v);
@@ -179,17 +193,17 @@ unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64)
 
 /// `long bpf_get_current_comm(buf, size)`: the kernel's `strscpy_pad`: at most `size - 1`
 /// bytes of the name, then NULs up to `size`. 0, or `-EFAULT` if `buf` cannot be written.
+/// The cached name is NUL-padded: a copy of its first `size` bytes with a NUL at `size - 1`
+/// is that (one guarded copy of at most 16 bytes, then zeros past 16 for larger buffers).
 unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
     let size = size as u32 as u64;
     if size == 0 {
         return 0;
     }
-    let name = comm();
-    let len = name.iter().position(|&b| b == 0).unwrap_or(16).min(size as usize - 1);
-    let mut head = [0u8; 16];
-    head[..len].copy_from_slice(&name[..len]);
-    let first = (size as usize).min(16);
-    if !write_to(buf, &head[..first]) || !zero_at(buf.wrapping_add(first as u64), size - first as u64) {
+    let mut name = comm();
+    let first = size.min(16) as usize;
+    name[first - 1] = 0;
+    if !write_to(buf, &name[..first]) || (size > 16 && !zero_at(buf.wrapping_add(16), size - 16)) {
         return super::EFAULT;
     }
     0
