@@ -930,6 +930,8 @@ fn lean_entry_path(
     a.set_label(&mut plain)?;
     lean_call(a, unlock_general)?;
     a.set_label(&mut called)?;
+    // The thread's state for planting the return below (r12 is reused for a changed ip).
+    a.mov(rsi, qword_ptr(r12 + t.state))?;
     lean_rcu_exit(a)?;
     // A handler that reads only the registers neither reads nor writes `ip` (r14 is
     // callee-saved: still the handler).
@@ -941,14 +943,21 @@ fn lean_entry_path(
     let changed = a.create_label();
     a.jne(changed)?;
     a.set_label(&mut same_ip)?;
+    let mut no_ret = a.create_label();
+    let mut plant_slow = a.create_label();
     a.cmp(byte_ptr(r15 + has_ret), 0)?;
-    // Neither the loads nor lea change the flags of that comparison.
+    a.je(no_ret)?;
+    plant_inline(a, plant_slow)?;
+    a.set_label(&mut no_ret)?;
     restore_gprs_f(a, false)?;
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
-    a.jne(plant)?;
     a.ret()?; // back into the site stub
-    // Return probes too: the return-only path plants the trampoline, told by the tagged
-    // Site* (low bit) that the entry handlers ran (its general fallback then skips them).
+    // Return probes too, when the shadow stack could not take the entry here: the return-only
+    // path plants the trampoline (or its general fallback does), told by the tagged Site*
+    // (low bit) that the entry handlers ran (its general fallback then skips them).
+    a.set_label(&mut plant_slow)?;
+    restore_gprs_f(a, false)?;
+    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
     a.set_label(&mut plant)?;
     a.or(qword_ptr(rsp + 8), 1)?;
     a.jmp(*ret_only)?;
@@ -960,6 +969,67 @@ fn lean_entry_path(
     lean_ip_changed(a, changed, &general, redirect)?;
     // Not lean: the return-only path (which falls through to the general one) follows.
     a.set_label(ret_only)?;
+    Ok(())
+}
+
+/// The lean entry path's planting of the return trampoline, after the handler ran (rsp = the
+/// pt_regs, rsi = the thread's state, r15 = Site*): pushes the frame's shadow-stack entry as
+/// the return-only path does (same checks: the state's destructor registered, the recursion
+/// guard free, room left, no dead frame at or below this one; the guard held while the entry
+/// is written, so that a probe hit in a signal handler meanwhile pushes nothing), restores the
+/// registers and returns into the site stub with CF set and OF clear (call the relocated
+/// code). Anything else jumps to `slow` (rsp still at the pt_regs). Clobbers rax, rcx, rdx.
+fn plant_inline(a: &mut CodeAssembler, slow: CodeLabel) -> Result<(), IcedError> {
+    use crate::thread::{ShadowEntry, ThreadState};
+    use std::mem::{offset_of, size_of};
+    const _: () = assert!(size_of::<ShadowEntry>() == 32);
+    let site_addr = offset_of!(crate::Site, addr) as i32;
+    let in_handler = offset_of!(ThreadState, in_handler) as i32;
+    let registered = offset_of!(ThreadState, registered) as i32;
+    let top = offset_of!(ThreadState, top) as i32;
+    let entries = offset_of!(ThreadState, entries) as i32;
+    let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
+    let e_site = entries + offset_of!(ShadowEntry, site) as i32;
+    let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
+    let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
+    let mut push = a.create_label();
+    let mut slow_guarded = a.create_label();
+    a.cmp(dword_ptr(rsi + registered), 0)?;
+    a.je(slow)?;
+    a.cmp(dword_ptr(rsi + in_handler), 0)?;
+    a.jne(slow)?;
+    a.mov(rdx, qword_ptr(rsi + top))?;
+    a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
+    a.jae(slow)?;
+    a.mov(dword_ptr(rsi + in_handler), 1)?;
+    // rcx = the function's rsp (its return address at [rcx]); rax = &entries[top] - entries.
+    a.lea(rcx, ptr(rsp + ENTRY_FRAME as i32))?;
+    a.mov(rax, rdx)?;
+    a.shl(rax, 5)?;
+    a.add(rax, rsi)?;
+    a.test(rdx, rdx)?;
+    a.jz(push)?;
+    // A dead frame (longjmp'd over) at or below this one: the general path drops it.
+    a.cmp(qword_ptr(rax + (e_sp - 32)), rcx)?;
+    a.jbe(slow_guarded)?;
+    a.set_label(&mut push)?;
+    a.mov(rdx, qword_ptr(rcx))?;
+    a.mov(qword_ptr(rax + e_ret), rdx)?;
+    a.mov(qword_ptr(rax + e_site), r15)?;
+    a.mov(rdx, qword_ptr(r15 + site_addr))?;
+    a.mov(qword_ptr(rax + e_func), rdx)?;
+    a.mov(qword_ptr(rax + e_sp), rcx)?;
+    a.add(qword_ptr(rsi + top), 1)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    restore_gprs_f(a, false)?;
+    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
+    // CF set, OF clear: the site stub calls the relocated code (see `return_now_if_ret`).
+    a.test(rsp, rsp)?;
+    a.stc()?;
+    a.ret()?;
+    a.set_label(&mut slow_guarded)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.jmp(slow)?;
     Ok(())
 }
 

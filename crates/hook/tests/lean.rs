@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 
 use userbpf_hook::*;
 
+#[path = "support/asm_funcs.rs"]
+#[allow(dead_code)]
+mod asm_funcs;
+
 std::arch::global_asm!(
     ".pushsection .text.userbpf_lean_test,\"ax\",@progbits",
     // u64 t_lean_entry(u64 x): x * 2 + 1.
@@ -287,4 +291,35 @@ fn lean_return_probe_sees_the_return_value_through_recursion_and_threads() {
     // SAFETY: plain function.
     assert_eq!(unsafe { t_lean_rec(black_box(3)) }, 9);
     assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), after);
+}
+
+/// Lean entry and return probes on a function left by a longjmp, over and over: the entry
+/// path's planting finds the dead frame at or below the new one and hands the hit to the
+/// general path, which drops it; the entries are all seen, and the returns that happen.
+#[test]
+fn lean_entry_and_return_probes_survive_longjmp() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = asm_funcs::lj_probed as *const () as usize;
+    let (p, q) = (probe(), probe());
+    let ir = attach_p(addr, ProbeKind::Return, &p);
+    let ie = attach_p(addr, ProbeKind::Entry, &q);
+    let stale_before = stats().shadow_stale;
+    std::thread::spawn(|| {
+        for _ in 0..3000 {
+            // SAFETY: asm test functions; lj_probed(1) jumps back into lj_run.
+            assert_eq!(unsafe { asm_funcs::lj_run(asm_funcs::lj_probed, 1) }, 1);
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { asm_funcs::lj_run(asm_funcs::lj_probed, 0) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { asm_funcs::lj_probed(black_box(0)) }, 42);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(q.rec.hits.load(SeqCst) + q.general.load(SeqCst), 3002);
+    assert!(q.rec.hits.load(SeqCst) > 0, "the lean entry path ran");
+    assert_eq!(p.rec.hits.load(SeqCst) + p.general.load(SeqCst), 2);
+    assert!(stats().shadow_stale - stale_before >= 2999);
+    detach(ie).unwrap();
+    detach(ir).unwrap();
 }
