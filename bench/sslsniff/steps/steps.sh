@@ -5,7 +5,10 @@
 # attributed to stubs, programs, map operations and helpers (attribute.py; the stubs and
 # JIT'd programs named through USERBPF_PERF_MAP). Callgrind cannot count this path: valgrind
 # refuses rseq, so under it every hit takes the general path. One column per userbpf given,
-# to compare builds side by side.
+# to compare builds side by side. Stepping a pair takes a tenth of a second or so, so caches
+# that refresh by time (comm and uid/gid: 10 ms; the TSC clock's calibration: 1 s) refresh
+# inside the stepped pair: their refreshes (getuid, prctl, clock_gettime) show in its count,
+# where at full speed a thread pays them once per 10 ms or per second.
 #
 #   bench/sslsniff/steps/steps.sh [USERBPF ...]    (default target/release/userbpf)
 #
