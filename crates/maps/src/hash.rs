@@ -10,7 +10,8 @@
 //! 4096    buckets[n_buckets]: { lock: u32 (0 or holder thread id), head: u32 }
 //! L       (64-aligned) nr_cpus list records of 64 bytes (one cache line each):
 //!           +0 free: u64   this CPU's free list (tag << 32 | element index)
-//!           +8 live: u32   elements inserted minus deleted through this record (wrapping)
+//!           +8 (unused: zero; before 2026-11-26 a count of the elements linked through
+//!              this record, replaced by counting linked elements, see `HashMap::len`)
 //! E       elements[n_elems], each
 //!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
 //!           +4  hash: u32
@@ -75,12 +76,15 @@
 //! does these hits inline (the same checks, the same element lock), calling [`ProgOps`] only
 //! on a miss.
 //!
-//! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
-//! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
-//! the vDSO, no system call) and takes from the other CPUs' lists only when its own is empty,
-//! so two CPUs inserting and deleting share no free-list line. The free lists hold
-//! `max_entries` elements less the linked ones, which bounds the map (`E2BIG` when every list
-//! is empty); the element count is the sum of the per-CPU `live` deltas. LRU types evict
+//! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): a
+//! program's insert or delete pushes to and pops from the list of its run's CPU slot (the
+//! `cpu` its operation receives: runs at the same time hold different slots), the syscall
+//! side the list of the CPU it runs on (`sched_getcpu`: rseq or the vDSO, no system call);
+//! each takes from the other lists only when its own is empty, so two CPUs inserting and
+//! deleting share no free-list line. The free lists hold `max_entries` elements less the
+//! linked ones, which bounds the map (`E2BIG` when every list is empty). No element count is
+//! kept (an insert or delete would write it: an atomic read-modify-write a call);
+//! [`HashMap::len`] counts the linked elements. LRU types evict
 //! instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep clears it
 //! and takes the first element without it, locking the victim's bucket and element with a
 //! single try so two updaters never wait for each other). The sweep's hand is shared, but each
@@ -107,10 +111,8 @@ const H_SEED: usize = EXT_OFF + 8;
 
 /// Bytes of one CPU's list record (a cache line of its own).
 const LIST_SIZE: usize = 64;
-/// Offsets in a list record: the free list's head (tag << 32 | element index), the
-/// live-element delta counted by this CPU (wrapping u32).
+/// Offset in a list record: the free list's head (tag << 32 | element index).
 const L_FREE: usize = 0;
-const L_LIVE: usize = 8;
 /// Positions of the shared CLOCK hand a thread takes at a time (LRU types; see
 /// [`HashMap::sweep_step`]).
 const SWEEP_STRETCH: u32 = 64;
@@ -333,9 +335,6 @@ impl HashMap {
                 }
                 m.free_head(c as usize).store(if a < z { a as u64 } else { NIL as u64 }, Relaxed);
             }
-            for c in 0..m.nr_cpus as usize {
-                m.live(c).store(0, Relaxed);
-            }
             std::sync::atomic::fence(Release);
         }
         Ok(m)
@@ -371,13 +370,6 @@ impl HashMap {
     fn free_head(&self, c: usize) -> &AtomicU64 {
         // SAFETY: an aligned field of CPU c's list record.
         unsafe { a64(self.list(c).add(L_FREE)) }
-    }
-    /// Live elements inserted minus deleted through CPU `c`'s record (wrapping; the sum over
-    /// CPUs is the map's element count).
-    #[inline(always)]
-    fn live(&self, c: usize) -> &AtomicU32 {
-        // SAFETY: an aligned field of CPU c's list record.
-        unsafe { a32(self.list(c).add(L_LIVE)) }
     }
     #[inline(always)]
     fn hand(&self) -> &AtomicU32 {
@@ -506,10 +498,12 @@ impl HashMap {
         unsafe { self.elem(i).add(self.val_off + s as usize * self.vs8) }
     }
 
-    /// The list record an operation uses: that of the CPU the thread runs on (as the
-    /// kernel's this_cpu). Threads running at the same time are on different CPUs, so they
-    /// work on different lists; a thread migrated in the middle of an operation only uses
-    /// another CPU's list, which is correct too (every list is lock-free).
+    /// The list record an operation that holds no CPU slot uses (the syscall side, the
+    /// helpers' delete): that of the CPU the thread runs on (as the kernel's this_cpu).
+    /// Threads running at the same time are on different CPUs, so they work on different
+    /// lists; a thread migrated in the middle of an operation only uses another CPU's list,
+    /// which is correct too (every list is lock-free). A program's insert or delete uses its
+    /// run's CPU slot instead (no `sched_getcpu`; runs at the same time hold different slots).
     #[inline]
     fn home(&self) -> usize {
         let c = current_cpu();
@@ -745,7 +739,6 @@ impl HashMap {
     /// used.
     fn take_for_insert(&self, held: u32, home: usize) -> Result<u32, MapError> {
         if let Some(n) = self.pop(home) {
-            self.live(home).fetch_add(1, Relaxed);
             return Ok(n);
         }
         if !self.lru {
@@ -876,8 +869,14 @@ impl HashMap {
             let (map, i, word) = lookup_memo();
             // SAFETY: `key` is readable for the map's key size (the caller's contract).
             let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, self.ks) };
+            // The element must be linked: after a lookup, a delete of the key (sslsniff's return
+            // probe) leaves the memo naming a free element, which the next insert of the key
+            // would otherwise lock for nothing.
             // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
-            if memo_word && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
+            if memo_word
+                && i < self.n_elems
+                && unsafe { a8(self.elem(i).add(E_STATE)).load(Relaxed) == LINKED && self.key_eq(self.elem(i), key) }
+            {
                 // SAFETY: as above.
                 if unsafe { self.update_in_place(i, key, None, src, wait) }? {
                     return Ok(());
@@ -920,7 +919,11 @@ impl HashMap {
             }
             return Ok(());
         }
-        let n = self.take_for_insert(b, self.home())?;
+        let home = match src {
+            Src::Cpu(_, c) => c,
+            Src::All(_) => self.home(),
+        };
+        let n = self.take_for_insert(b, home)?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
             self.fill(n, key, h, src);
@@ -937,11 +940,18 @@ impl HashMap {
         Ok(())
     }
 
-    /// Delete (optionally copying the value out first).
+    /// Delete (optionally copying the value out first). `home`: the list record the freed
+    /// element goes to (a program's CPU slot), None for the CPU the thread runs on.
     ///
     /// # Safety
-    /// `key` readable; `out` null or writable for value_buf_size bytes.
-    unsafe fn delete_impl(&self, key: *const u8, out: *mut u8, wait: Wait) -> Result<(), MapError> {
+    /// `key` readable; `out` null or writable for value_buf_size bytes; `home` < nr_cpus.
+    unsafe fn delete_impl(
+        &self,
+        key: *const u8,
+        out: *mut u8,
+        wait: Wait,
+        home: Option<usize>,
+    ) -> Result<(), MapError> {
         // SAFETY: key readable (caller).
         let h = unsafe { self.hash(key) };
         let b = h & self.mask;
@@ -960,9 +970,7 @@ impl HashMap {
             drop(e);
         }
         drop(guard);
-        let home = self.home();
-        self.live(home).fetch_sub(1, Relaxed);
-        self.push(home, i);
+        self.push(home.unwrap_or_else(|| self.home()), i);
         Ok(())
     }
 
@@ -1092,7 +1100,17 @@ impl HashMap {
     /// `key` readable for key_size bytes.
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
         // SAFETY: forwarded contract; no value out.
-        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot) }
+        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot, None) }
+    }
+
+    /// `delete` by a program's run holding CPU slot `cpu`: the freed element goes to that
+    /// slot's free list.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes.
+    pub(crate) unsafe fn delete_in_slot(&self, key: *const u8, cpu: u32) -> Result<(), MapError> {
+        // SAFETY: forwarded contract; no value out; `self.cpu` is below nr_cpus.
+        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot, Some(self.cpu(cpu))) }
     }
 
     /// The program-side operations of this map as functions a caller (the JIT) can call
@@ -1197,12 +1215,12 @@ impl HashMap {
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes.
-        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys) }
+        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys, None) }
     }
 
     pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
-        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys) }
+        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys, None) }
     }
 
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
@@ -1234,11 +1252,14 @@ impl HashMap {
         Err(ENOENT)
     }
 
-    /// Live elements (approximate while updates run): the sum of the CPUs' counts.
+    /// The elements in the map: those marked linked (exact when no update or delete runs;
+    /// while they run, each element is counted as it is at the moment its state is read).
+    /// One pass over the elements' state bytes: the map keeps no count, so that inserts and
+    /// deletes write no shared counter (as the kernel's preallocated hash maps keep none).
     pub fn len(&self) -> u32 {
-        let n = (0..self.nr_cpus as usize).fold(0u32, |n, c| n.wrapping_add(self.live(c).load(Relaxed)));
-        // Transiently negative (a delete counted before the insert it undoes) reads as 0.
-        if (n as i32) < 0 { 0 } else { n.min(self.max) }
+        // SAFETY: i < n_elems; the state byte of element i.
+        let n = (0..self.n_elems).filter(|&i| unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == LINKED).count();
+        (n as u32).min(self.max)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -1289,7 +1310,7 @@ pub type ProgOp = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
 /// - `lookup(arg, key, _, _, cpu)`: `bpf_map_lookup_elem`: the value's address (`cpu`'s for a
 ///   per-CPU map; an LRU map's element is marked used), or 0;
 /// - `update(arg, key, value, flags, cpu)`: `bpf_map_update_elem`: 0 or `-errno`;
-/// - `delete(arg, key, _, _, _)`: `bpf_map_delete_elem`: 0 or `-errno`.
+/// - `delete(arg, key, _, _, cpu)`: `bpf_map_delete_elem`: 0 or `-errno`.
 ///
 /// Safety of the calls: `arg` names a live [`HashMap`] (its map is never unmapped while
 /// programs may call), `cpu` is a CPU slot the caller's run holds, and keys and values are
@@ -1380,9 +1401,9 @@ unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, c
 }
 
 /// [`ProgOps::delete`].
-unsafe extern "C" fn prog_delete(m: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
+unsafe extern "C" fn prog_delete(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
     // SAFETY: as for `prog_lookup`.
-    match unsafe { (*(m as *const HashMap)).delete(key as *const u8) } {
+    match unsafe { (*(m as *const HashMap)).delete_in_slot(key as *const u8, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
