@@ -195,9 +195,6 @@ pub struct HashMap {
     vs8: usize,
     val_off: usize,
     elem_size: usize,
-    /// log2(elem_size) when it is a power of two (element addressing by a shift, not a
-    /// multiply), else 0 (elements are at least 24 bytes, so 0 is never a real shift).
-    elem_shift: u32,
     n_elems: u32,
     n_buckets: u32,
     mask: u32,
@@ -282,7 +279,6 @@ impl HashMap {
             vs8: round8(spec.value_size as usize),
             val_off: E_KEY + round8(spec.key_size as usize),
             elem_size: g.elem_size,
-            elem_shift: if g.elem_size.is_power_of_two() { g.elem_size.trailing_zeros() } else { 0 },
             n_elems: g.n_elems,
             n_buckets: g.n_buckets,
             mask: g.n_buckets - 1,
@@ -402,9 +398,8 @@ impl HashMap {
     /// `i < n_elems`.
     #[inline(always)]
     unsafe fn elem(&self, i: u32) -> *mut u8 {
-        let off = if self.elem_shift != 0 { (i as usize) << self.elem_shift } else { i as usize * self.elem_size };
         // SAFETY: i < n_elems (caller): inside the element array.
-        unsafe { self.elems.add(off) }
+        unsafe { self.elems.add(i as usize * self.elem_size) }
     }
     /// # Safety
     /// `i < n_elems`.
@@ -546,6 +541,26 @@ impl HashMap {
         }
     }
 
+    /// `hash` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn hash_n<const N: usize>(&self, key: *const u8) -> u32 {
+        // SAFETY: forwarded.
+        unsafe { if N == 0 { self.hash(key) } else { hash_key(key, N, self.seed) } }
+    }
+
+    /// `key_eq` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// As for `key_eq`; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn key_eq_n<const N: usize>(&self, e: *mut u8, key: *const u8) -> bool {
+        // SAFETY: forwarded.
+        unsafe { if N == 0 { self.key_eq(e, key) } else { eq(e.add(E_KEY), key, N) } }
+    }
+
     /// Lock-free search: the element holding `key`, or NIL.
     ///
     /// # Safety
@@ -598,24 +613,29 @@ impl HashMap {
         NIL
     }
 
-    /// Search under bucket `b`'s lock: (predecessor or NIL for the head, element).
+    /// Search under bucket `b`'s lock, for a key size known at compile time (`N`, or 0:
+    /// key_size): (predecessor or NIL for the head, element).
     ///
     /// # Safety
-    /// `key` readable for key_size bytes; the caller holds `b`'s lock.
-    unsafe fn find_locked(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
+    /// `key` readable for key_size bytes; the caller holds `b`'s lock; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn find_locked<const N: usize>(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
         let mut prev = NIL;
         let mut cur = self.head(b).load(Relaxed);
         let mut steps = self.n_elems;
-        while cur & NULLS == 0 && cur < self.n_elems && steps > 0 {
+        // n_elems <= 2^30: an index below it is no nulls marker.
+        while cur < self.n_elems && steps > 0 {
             steps -= 1;
             // SAFETY: cur < n_elems; key readable (caller).
             unsafe {
                 let e = self.elem(cur);
-                if a32(e.add(E_HASH)).load(Relaxed) == h && self.key_eq(e, key) {
+                // Keys of one word: the key's comparison is as cheap as the hash's.
+                let hash_ok = N == 4 || N == 8 || a32(e.add(E_HASH)).load(Relaxed) == h;
+                if hash_ok && self.key_eq_n::<N>(e, key) {
                     return Some((prev, cur));
                 }
                 prev = cur;
-                cur = self.next(cur).load(Relaxed);
+                cur = a32(e.add(E_NEXT)).load(Relaxed);
             }
         }
         None
@@ -638,12 +658,14 @@ impl HashMap {
     ///
     /// # Safety
     /// `i < n_elems`, `prev` NIL or < n_elems; the caller holds `b`'s lock.
+    #[inline(always)]
     unsafe fn unlink(&self, b: u32, prev: u32, i: u32) {
         // SAFETY: bounds from the caller.
         unsafe {
-            let nxt = self.next(i).load(Relaxed);
+            let e = self.elem(i);
+            let nxt = a32(e.add(E_NEXT)).load(Relaxed);
             self.slot(b, prev).store(nxt, Release);
-            a8(self.elem(i).add(E_STATE)).store(FREE, Relaxed);
+            a8(e.add(E_STATE)).store(FREE, Relaxed);
         }
     }
 
@@ -658,6 +680,7 @@ impl HashMap {
     /// # Safety
     /// `i < n_elems`; `src` readable as its variant says; the caller holds `i`'s lock or
     /// owns the unpublished element.
+    #[inline(always)]
     unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
         // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
         unsafe {
@@ -665,27 +688,56 @@ impl HashMap {
                 let p = match src {
                     Src::Cpu(p, _) | Src::All(p) => p,
                 };
-                let seq = self.seq(i);
+                let e = self.elem(i);
+                let seq = a32(e.add(E_SEQ));
                 seq.store(seq.load(Relaxed).wrapping_add(1), Relaxed);
                 fence(Release);
-                let sel = self.sel(i);
+                let sel = a8(e.add(E_SEL));
                 let s = if fresh { 1 } else { sel.load(Relaxed) & 1 };
-                copy_in(self.vslot(i, s ^ 1), p, self.vs);
+                self.copy_value(e.add(self.val_off + (s ^ 1) as usize * self.vs8), p);
                 sel.store(s ^ 1, Release);
                 return;
             }
+            self.write_percpu(i, src, fresh);
+        }
+    }
+
+    /// A value of value_size bytes into shared memory at `dst`: one word store for 8-byte
+    /// values (sslsniff's, bpftrace's), else `copy_in`.
+    ///
+    /// # Safety
+    /// As for `copy_in` with value_size bytes.
+    #[inline(always)]
+    unsafe fn copy_value(&self, dst: *mut u8, src: *const u8) {
+        // SAFETY: forwarded (value_size is 8 in the first arm).
+        unsafe {
+            if self.vs == 8 {
+                a64(dst).store(read_word(src), Relaxed);
+            } else {
+                copy_in(dst, src, self.vs);
+            }
+        }
+    }
+
+    /// `write_value` for per-CPU maps.
+    ///
+    /// # Safety
+    /// As for `write_value`.
+    unsafe fn write_percpu(&self, i: u32, src: Src, fresh: bool) {
+        // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
+        unsafe {
             match src {
                 Src::Cpu(p, c) => {
                     if fresh {
                         for cpu in 0..self.nr_cpus as usize {
                             if cpu == c {
-                                copy_in(self.val(i, cpu), p, self.vs);
+                                self.copy_value(self.val(i, cpu), p);
                             } else {
                                 zero(self.val(i, cpu), self.vs);
                             }
                         }
                     } else {
-                        copy_in(self.val(i, c), p, self.vs);
+                        self.copy_value(self.val(i, c), p);
                     }
                 }
                 Src::All(p) => {
@@ -720,12 +772,13 @@ impl HashMap {
     /// linked: the insert does both, in that order).
     ///
     /// # Safety
-    /// `n < n_elems` owned by the caller; `key`, `src` readable.
-    unsafe fn fill(&self, n: u32, key: *const u8, h: u32, src: Src) {
+    /// `n < n_elems` owned by the caller; `key`, `src` readable; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn fill<const N: usize>(&self, n: u32, key: *const u8, h: u32, src: Src) {
         // SAFETY: bounds from the caller.
         unsafe {
             let e = self.elem(n);
-            copy_in(e.add(E_KEY), key, self.ks);
+            copy_in(e.add(E_KEY), key, if N == 0 { self.ks } else { N });
             a32(e.add(E_HASH)).store(h, Relaxed);
             self.write_value(n, src, true);
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
@@ -737,10 +790,18 @@ impl HashMap {
     /// A free element for a new key, under `held`'s lock: from the free pool (which holds
     /// max_entries elements less the linked ones), or (LRU) evicted from the least recently
     /// used.
+    #[inline(always)]
     fn take_for_insert(&self, held: u32, home: usize) -> Result<u32, MapError> {
-        if let Some(n) = self.pop(home) {
-            return Ok(n);
+        match self.pop(home) {
+            Some(n) => Ok(n),
+            None => self.take_when_empty(held),
         }
+    }
+
+    /// `take_for_insert` when every free list is empty: `E2BIG`, or (LRU) an eviction.
+    #[cold]
+    #[inline(never)]
+    fn take_when_empty(&self, held: u32) -> Result<u32, MapError> {
         if !self.lru {
             return Err(e2big("hash map is full"));
         }
@@ -856,26 +917,41 @@ impl HashMap {
     /// under its lock, it is linked and holds the key (as `update_in_place` checks the element
     /// `find` returned), else the update goes the general way.
     ///
+    /// Specialised for a key size known at compile time (`N`, or 0: key_size): the hash,
+    /// the searches, the key's copy. The insert of a new key, the common write of tracing
+    /// tools (sslsniff's `start_ns[tid]`), is the fall-through path; flags other than
+    /// `BPF_ANY`, `BPF_NOEXIST`, `BPF_EXIST` and an empty pool are cold calls.
+    ///
     /// # Safety
-    /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, memo: bool) -> Result<(), MapError> {
-        if (flags & !BPF_F_LOCK) > BPF_EXIST {
-            return Err(EBAD_FLAGS);
+    /// `key` readable for key_size bytes; `src` readable as its variant says; `N` is 0 or
+    /// key_size.
+    #[inline(always)]
+    unsafe fn update_impl<const N: usize>(
+        &self,
+        key: *const u8,
+        src: Src,
+        flags: u64,
+        wait: Wait,
+        memo: bool,
+    ) -> Result<(), MapError> {
+        if flags > BPF_EXIST {
+            return Err(bad_update_flags(flags));
         }
-        if flags & BPF_F_LOCK != 0 {
-            return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
-        }
+        let ks = if N == 0 { self.ks } else { N };
         if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
             let (map, i, word) = lookup_memo();
             // SAFETY: `key` is readable for the map's key size (the caller's contract).
-            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, self.ks) };
+            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, ks) };
             // The element must be linked: after a lookup, a delete of the key (sslsniff's return
             // probe) leaves the memo naming a free element, which the next insert of the key
             // would otherwise lock for nothing.
             // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
             if memo_word
                 && i < self.n_elems
-                && unsafe { a8(self.elem(i).add(E_STATE)).load(Relaxed) == LINKED && self.key_eq(self.elem(i), key) }
+                && unsafe {
+                    let e = self.elem(i);
+                    a8(e.add(E_STATE)).load(Relaxed) == LINKED && self.key_eq_n::<N>(e, key)
+                }
             {
                 // SAFETY: as above.
                 if unsafe { self.update_in_place(i, key, None, src, wait) }? {
@@ -884,14 +960,14 @@ impl HashMap {
             }
         }
         // SAFETY: key readable (caller).
-        let h = unsafe { self.hash(key) };
+        let h = unsafe { self.hash_n::<N>(key) };
         if flags != BPF_NOEXIST {
             // An existing key: found without a lock, written under its element's lock. The
             // bucket's cache line is only read, so threads updating different keys do not
             // pass it back and forth.
             for _ in 0..4 {
                 // SAFETY: key readable (caller).
-                let i = unsafe { self.find(key, h) };
+                let i = unsafe { if N == 0 { self.find(key, h) } else { self.find_n::<N>(key, h) } };
                 if i == NIL {
                     break;
                 }
@@ -904,13 +980,10 @@ impl HashMap {
         let b = h & self.mask;
         let _guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock; key readable.
-        let found = unsafe { self.find_locked(b, key, h) };
-        match (found, flags) {
-            (Some(_), BPF_NOEXIST) => return Err(EEXIST),
-            (None, BPF_EXIST) => return Err(ENOENT),
-            _ => {}
-        }
-        if let Some((_, old)) = found {
+        if let Some((_, old)) = unsafe { self.find_locked::<N>(b, key, h) } {
+            if flags == BPF_NOEXIST {
+                return Err(EEXIST);
+            }
             // Inserted meanwhile by another thread.
             // SAFETY: old < n_elems; linked in b's chain, which we hold; src readable.
             unsafe {
@@ -919,6 +992,10 @@ impl HashMap {
             }
             return Ok(());
         }
+        if flags == BPF_EXIST {
+            return Err(ENOENT);
+        }
+        // A program's run holds its CPU slot: that slot's list (see `home`).
         let home = match src {
             Src::Cpu(_, c) => c,
             Src::All(_) => self.home(),
@@ -926,9 +1003,10 @@ impl HashMap {
         let n = self.take_for_insert(b, home)?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
-            self.fill(n, key, h, src);
-            self.next(n).store(self.head(b).load(Relaxed), Relaxed);
-            self.head(b).store(n, Release);
+            self.fill::<N>(n, key, h, src);
+            let head = self.head(b);
+            a32(self.elem(n).add(E_NEXT)).store(head.load(Relaxed), Relaxed);
+            head.store(n, Release);
             // Marked linked once reachable, never before: whoever sees LINKED (acquire) with
             // our key sees the key and value written above (not a previous key's bytes) and
             // an element searches can find, which a program's lookup through its memo
@@ -940,12 +1018,15 @@ impl HashMap {
         Ok(())
     }
 
-    /// Delete (optionally copying the value out first). `home`: the list record the freed
-    /// element goes to (a program's CPU slot), None for the CPU the thread runs on.
+    /// Delete (optionally copying the value out first), for a key size known at compile
+    /// time (`N`, or 0: key_size). `home`: the list record the freed element goes to (a
+    /// program's CPU slot), None for the CPU the thread runs on.
     ///
     /// # Safety
-    /// `key` readable; `out` null or writable for value_buf_size bytes; `home` < nr_cpus.
-    unsafe fn delete_impl(
+    /// `key` readable; `out` null or writable for value_buf_size bytes; `home` < nr_cpus;
+    /// `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn delete_impl<const N: usize>(
         &self,
         key: *const u8,
         out: *mut u8,
@@ -953,11 +1034,11 @@ impl HashMap {
         home: Option<usize>,
     ) -> Result<(), MapError> {
         // SAFETY: key readable (caller).
-        let h = unsafe { self.hash(key) };
+        let h = unsafe { self.hash_n::<N>(key) };
         let b = h & self.mask;
         let guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock.
-        let Some((prev, i)) = (unsafe { self.find_locked(b, key, h) }) else {
+        let Some((prev, i)) = (unsafe { self.find_locked::<N>(b, key, h) }) else {
             return Err(ENOENT);
         };
         // SAFETY: i/prev in b's chain under its lock; out writable (caller).
@@ -1037,29 +1118,37 @@ impl HashMap {
     /// # Safety
     /// `key` readable for key_size bytes, `value` for value_size bytes.
     pub(crate) unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
-        if self.ids {
-            return Err(einval("hash of maps is not updated by programs"));
+        // SAFETY: forwarded contract; each arm's constant is key_size.
+        unsafe {
+            match self.ks {
+                4 => self.update_n::<4>(key, value, flags, cpu, true),
+                8 => self.update_n::<8>(key, value, flags, cpu, true),
+                16 => self.update_n::<16>(key, value, flags, cpu, true),
+                _ => self.update_n::<0>(key, value, flags, cpu, true),
+            }
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, true) }
     }
 
-    /// `update` for a caller that already tried the lookup memo (`update_memo_fast`).
+    /// `update` for a key size known at compile time (`N`, or 0: key_size); `memo`: whether
+    /// to try the thread's lookup memo (false for a caller that already tried it,
+    /// `update_memo_fast`).
     ///
     /// # Safety
-    /// As for `update`.
-    unsafe fn update_without_memo(
+    /// As for `update`; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn update_n<const N: usize>(
         &self,
         key: *const u8,
         value: *const u8,
         flags: u64,
         cpu: u32,
+        memo: bool,
     ) -> Result<(), MapError> {
         if self.ids {
             return Err(einval("hash of maps is not updated by programs"));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, false) }
+        unsafe { self.update_impl::<N>(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, memo) }
     }
 
     /// The common case of a program's update of a per-CPU map, done inline with no error
@@ -1099,18 +1188,27 @@ impl HashMap {
     /// # Safety
     /// `key` readable for key_size bytes.
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
-        // SAFETY: forwarded contract; no value out.
-        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot, None) }
+        // SAFETY: forwarded contract; no value out; each arm's constant is key_size.
+        unsafe {
+            let out = std::ptr::null_mut();
+            match self.ks {
+                4 => self.delete_impl::<4>(key, out, Wait::Hot, None),
+                8 => self.delete_impl::<8>(key, out, Wait::Hot, None),
+                16 => self.delete_impl::<16>(key, out, Wait::Hot, None),
+                _ => self.delete_impl::<0>(key, out, Wait::Hot, None),
+            }
+        }
     }
 
-    /// `delete` by a program's run holding CPU slot `cpu`: the freed element goes to that
-    /// slot's free list.
+    /// `delete` by a program's run holding CPU slot `cpu`, for a key size known at compile
+    /// time (`N`, or 0: key_size): the freed element goes to that slot's free list.
     ///
     /// # Safety
-    /// `key` readable for key_size bytes.
-    pub(crate) unsafe fn delete_in_slot(&self, key: *const u8, cpu: u32) -> Result<(), MapError> {
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn delete_in_slot<const N: usize>(&self, key: *const u8, cpu: u32) -> Result<(), MapError> {
         // SAFETY: forwarded contract; no value out; `self.cpu` is below nr_cpus.
-        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot, Some(self.cpu(cpu))) }
+        unsafe { self.delete_impl::<N>(key, std::ptr::null_mut(), Wait::Hot, Some(self.cpu(cpu))) }
     }
 
     /// The program-side operations of this map as functions a caller (the JIT) can call
@@ -1118,19 +1216,28 @@ impl HashMap {
     /// the helpers (which find the map in the registry by address, dispatch on its type and
     /// read the run's CPU from thread-local state): each is an `extern "C" fn(arg, r2, r3, r4,
     /// cpu) -> u64` returning what the helper of the same name returns for this map (see
-    /// [`ProgOps`]). The lookup is specialised for the key size. None for hashes of maps,
+    /// [`ProgOps`]). Each is specialised for the key size (4, 8, 16 or any). None for hashes of maps,
     /// whose lookups return inner maps (the runtime's registry knows them).
     pub fn prog_ops(&self) -> Option<ProgOps> {
         if self.ids {
             return None;
         }
-        let lookup: ProgOp = match self.ks {
-            4 => prog_lookup::<4>,
-            8 => prog_lookup::<8>,
-            16 => prog_lookup::<16>,
-            _ => prog_lookup::<0>,
+        let (lookup, mut update, delete): (ProgOp, ProgOp, ProgOp) = match self.ks {
+            4 => (prog_lookup::<4>, prog_update::<4>, prog_delete::<4>),
+            8 => (prog_lookup::<8>, prog_update::<8>, prog_delete::<8>),
+            16 => (prog_lookup::<16>, prog_update::<16>, prog_delete::<16>),
+            _ => (prog_lookup::<0>, prog_update::<0>, prog_delete::<0>),
         };
-        Some(ProgOps { arg: self as *const HashMap as u64, lookup, update: prog_update, delete: prog_delete })
+        if !self.percpu {
+            // No inline memo path to keep small: the general update is the function.
+            update = match self.ks {
+                4 => prog_update_shared::<4>,
+                8 => prog_update_shared::<8>,
+                16 => prog_update_shared::<16>,
+                _ => prog_update_shared::<0>,
+            };
+        }
+        Some(ProgOps { arg: self as *const HashMap as u64, lookup, update, delete })
     }
 
     /// Where generated code finds what a program's lookup and update of an existing key
@@ -1194,7 +1301,7 @@ impl HashMap {
             }
             let b = h & self.mask;
             let _g = SpinLock::new(self.lock_word(b)).lock(Wait::Sys)?;
-            match self.find_locked(b, k, h) {
+            match self.find_locked::<0>(b, k, h) {
                 Some((_, i)) => {
                     let _e = self.elock(i).lock(Wait::Sys)?;
                     self.read_value(i, out.as_mut_ptr());
@@ -1210,17 +1317,17 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
+        unsafe { self.update_impl::<0>(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes.
-        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys, None) }
+        unsafe { self.delete_impl::<0>(key.as_ptr(), std::ptr::null_mut(), Wait::Sys, None) }
     }
 
     pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
-        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys, None) }
+        unsafe { self.delete_impl::<0>(key.as_ptr(), out.as_mut_ptr(), Wait::Sys, None) }
     }
 
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
@@ -1287,6 +1394,17 @@ impl HashMap {
             let (val_off, vs8) = (self.val_off as u64, self.vs8 as u64);
             within >= val_off && within - val_off < 2 * vs8 && (within - val_off) % vs8 + len <= self.vs as u64
         }
+    }
+}
+
+/// The error of an update whose flags are not `BPF_ANY`, `BPF_NOEXIST` or `BPF_EXIST`.
+#[cold]
+#[inline(never)]
+fn bad_update_flags(flags: u64) -> MapError {
+    if (flags & !BPF_F_LOCK) > BPF_EXIST {
+        EBAD_FLAGS
+    } else {
+        einval("BPF_F_LOCK without a bpf_spin_lock in the value")
     }
 }
 
@@ -1365,18 +1483,30 @@ unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u6
     unsafe { (*(m as *const HashMap)).lookup_n::<N>(key as *const u8, cpu as u32) as u64 }
 }
 
-/// [`ProgOps::update`].
-unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+/// [`ProgOps::update`] of a map that is not per-CPU, for key size `N` (0: any): the general
+/// update, which tries the thread's lookup memo (their value write switches slots).
+unsafe extern "C" fn prog_update_shared<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes; `prog_ops` chose N
+    // as the map's key size (or 0).
+    match unsafe {
+        (*(m as *const HashMap)).update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, true)
+    } {
+        Ok(()) => 0,
+        Err(e) => e.to_helper_ret(),
+    }
+}
+
+/// [`ProgOps::update`] of a per-CPU map for key size `N` (0: any).
+unsafe extern "C" fn prog_update<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
     let map = unsafe { &*(m as *const HashMap) };
     // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element written inline.
-    // Others: the general update, which tries the memo too (their value write switches slots).
     // SAFETY: as above.
     if map.percpu && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
         return 0;
     }
     // SAFETY: as above.
-    unsafe { prog_update_general(map, key, value, flags, cpu) }
+    unsafe { prog_update_general::<N>(map, key, value, flags, cpu) }
 }
 
 /// [`prog_update`] when the memo's fast path does not apply (out of line, so that the fast
@@ -1385,25 +1515,19 @@ unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: 
 /// # Safety
 /// As for [`prog_update`].
 #[inline(never)]
-unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
-    // SAFETY: forwarded.
-    let r = if map.percpu {
-        // SAFETY: forwarded; `prog_update` tried the memo.
-        unsafe { map.update_without_memo(key as *const u8, value as *const u8, flags, cpu as u32) }
-    } else {
-        // SAFETY: forwarded.
-        unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) }
-    };
-    match r {
+unsafe fn prog_update_general<const N: usize>(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // Per-CPU maps: `prog_update` tried the memo.
+    // SAFETY: forwarded; `prog_ops` chose N as the map's key size (or 0).
+    match unsafe { map.update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
 }
 
-/// [`ProgOps::delete`].
-unsafe extern "C" fn prog_delete(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
-    // SAFETY: as for `prog_lookup`.
-    match unsafe { (*(m as *const HashMap)).delete_in_slot(key as *const u8, cpu as u32) } {
+/// [`ProgOps::delete`] for key size `N` (0: any).
+unsafe extern "C" fn prog_delete<const N: usize>(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`; `prog_ops` chose N as the map's key size (or 0).
+    match unsafe { (*(m as *const HashMap)).delete_in_slot::<N>(key as *const u8, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
