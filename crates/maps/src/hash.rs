@@ -879,9 +879,10 @@ impl HashMap {
     /// (equal keys have equal hashes, so the key's comparison alone decides).
     ///
     /// # Safety
-    /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
+    /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says; `N` is 0 or
+    /// key_size.
     #[inline(always)]
-    unsafe fn update_in_place(
+    unsafe fn update_in_place<const N: usize>(
         &self,
         i: u32,
         key: *const u8,
@@ -898,7 +899,7 @@ impl HashMap {
             // linked after publishing it).
             if a8(e.add(E_STATE)).load(Acquire) != LINKED
                 || h.is_some_and(|h| a32(e.add(E_HASH)).load(Relaxed) != h)
-                || !self.key_eq(e, key)
+                || !self.key_eq_n::<N>(e, key)
             {
                 return Ok(false);
             }
@@ -945,16 +946,16 @@ impl HashMap {
             // The element must be linked: after a lookup, a delete of the key (sslsniff's return
             // probe) leaves the memo naming a free element, which the next insert of the key
             // would otherwise lock for nothing.
-            // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
             if memo_word
                 && i < self.n_elems
+                // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
                 && unsafe {
                     let e = self.elem(i);
                     a8(e.add(E_STATE)).load(Relaxed) == LINKED && self.key_eq_n::<N>(e, key)
                 }
             {
                 // SAFETY: as above.
-                if unsafe { self.update_in_place(i, key, None, src, wait) }? {
+                if unsafe { self.update_in_place::<N>(i, key, None, src, wait) }? {
                     return Ok(());
                 }
             }
@@ -972,7 +973,7 @@ impl HashMap {
                     break;
                 }
                 // SAFETY: i < n_elems (find); key and src readable (caller).
-                if unsafe { self.update_in_place(i, key, Some(h), src, wait) }? {
+                if unsafe { self.update_in_place::<N>(i, key, Some(h), src, wait) }? {
                     return Ok(());
                 }
             }
@@ -1530,5 +1531,240 @@ unsafe extern "C" fn prog_delete<const N: usize>(m: u64, key: u64, _: u64, _: u6
     match unsafe { (*(m as *const HashMap)).delete_in_slot::<N>(key as *const u8, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Shm;
+    use std::path::PathBuf;
+
+    struct Tmp(PathBuf);
+
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tmp(name: &str) -> Tmp {
+        let root =
+            if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let d = root.join(format!("userbpf-hash-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Tmp(d)
+    }
+
+    /// A hash map with `nr_cpus` CPU slots, whatever the machine has (as `Map::create` makes
+    /// it, the published header aside).
+    fn map(t: &Tmp, name: &str, map_type: MapType, ks: u32, max: u32, nr_cpus: u32) -> HashMap {
+        let spec = MapSpec {
+            map_type,
+            key_size: ks,
+            value_size: 8,
+            max_entries: max,
+            map_flags: 0,
+            map_extra: 0,
+            name: name.into(),
+        };
+        HashMap::check(&spec).unwrap();
+        let size = HashMap::file_size(&spec, nr_cpus).unwrap() as usize;
+        let shm = Shm::create(&t.0.join(name), size).unwrap();
+        HashMap::create(Base { shm, spec, nr_cpus }).unwrap()
+    }
+
+    /// Key `k` as `ks` bytes.
+    fn key(k: u32, ks: u32) -> Vec<u8> {
+        let mut v = vec![0u8; ks as usize];
+        v[..4].copy_from_slice(&k.to_ne_bytes());
+        v
+    }
+
+    fn update(m: &HashMap, k: &[u8], v: u64, flags: u64, cpu: u32) -> i64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: a live map; key and value readable for its sizes; this thread is the only
+        // one using slot `cpu`.
+        unsafe { (ops.update)(ops.arg, k.as_ptr() as u64, &v as *const u64 as u64, flags, cpu as u64) as i64 }
+    }
+
+    fn delete(m: &HashMap, k: &[u8], cpu: u32) -> i64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: as in `update`.
+        unsafe { (ops.delete)(ops.arg, k.as_ptr() as u64, 0, 0, cpu as u64) as i64 }
+    }
+
+    /// A program's lookup: the value's address, 0 if absent.
+    fn lookup(m: &HashMap, k: &[u8], cpu: u32) -> u64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: as in `update`.
+        unsafe { (ops.lookup)(ops.arg, k.as_ptr() as u64, 0, 0, cpu as u64) }
+    }
+
+    /// The element holding `k` (found by a program's lookup, through its value's address).
+    fn elem_of(m: &HashMap, k: &[u8]) -> u32 {
+        let v = lookup(m, k, 0);
+        assert_ne!(v, 0, "key {k:?} absent");
+        let i = if m.percpu { (v - m.pcpu as u64) / m.vs8 as u64 } else { (v - m.elems as u64) / m.elem_size as u64 };
+        i as u32
+    }
+
+    /// CPU `c`'s share of the elements when the map was created.
+    fn share(m: &HashMap, c: u32) -> std::ops::Range<u32> {
+        let (n, nr) = (m.n_elems as u64, m.nr_cpus as u64);
+        (n * c as u64 / nr) as u32..(n * (c as u64 + 1) / nr) as u32
+    }
+
+    fn types() -> [MapType; 4] {
+        [
+            MapType::BPF_MAP_TYPE_HASH,
+            MapType::BPF_MAP_TYPE_PERCPU_HASH,
+            MapType::BPF_MAP_TYPE_LRU_HASH,
+            MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH,
+        ]
+    }
+
+    /// A program's insert takes its element from its run's CPU slot's free list, and its
+    /// delete gives the element back to that slot's list, whatever CPU the thread runs on.
+    #[test]
+    fn program_inserts_and_deletes_use_their_slots_free_list() {
+        let t = tmp("home");
+        for (n, mt) in types().into_iter().enumerate() {
+            for ks in [4, 8, 12, 16] {
+                let m = map(&t, &format!("m{n}-{ks}"), mt, ks, 64, 4);
+                for c in 0..4 {
+                    assert_eq!(update(&m, &key(c, ks), c as u64, BPF_ANY, c), 0);
+                    let i = elem_of(&m, &key(c, ks));
+                    assert!(share(&m, c).contains(&i), "{mt:?} key size {ks}: slot {c}'s insert took element {i}");
+                }
+                for c in 0..4 {
+                    // Deleted in slot c + 1: the next insert in that slot takes it back.
+                    let d = (c + 1) % 4;
+                    let i = elem_of(&m, &key(c, ks));
+                    assert_eq!(delete(&m, &key(c, ks), d), 0);
+                    assert_eq!(update(&m, &key(100 + c, ks), 7, BPF_NOEXIST, d), 0);
+                    assert_eq!(elem_of(&m, &key(100 + c, ks)), i, "{mt:?} key size {ks}: slot {d}'s free list");
+                }
+                assert_eq!(m.len(), 4);
+            }
+        }
+    }
+
+    /// The element count, kept by no counter, is what inserts and deletes from several threads
+    /// and slots left; the map holds exactly max_entries elements (E2BIG after), taking from
+    /// other slots' lists when a slot's own is empty.
+    #[test]
+    fn len_and_e2big_across_threads_and_slots() {
+        let t = tmp("len");
+        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+            const MAX: u32 = 240;
+            let m = map(&t, &format!("m{n}"), mt, 4, MAX, 4);
+            // Two threads, slots {0, 2} and {1, 3}: 100 keys each, every third deleted again
+            // (by the other slot of the pair).
+            std::thread::scope(|s| {
+                for th in 0..2u32 {
+                    let m = &m;
+                    s.spawn(move || {
+                        for k in 0..100 {
+                            let key = key(th * 1000 + k, 4);
+                            assert_eq!(update(m, &key, k as u64, BPF_ANY, th + 2 * (k % 2)), 0);
+                            if k % 3 == 0 {
+                                assert_eq!(delete(m, &key, th + 2 * (1 - k % 2)), 0);
+                            }
+                        }
+                    });
+                }
+            });
+            let kept = 2 * (100 - 34);
+            assert_eq!(m.len(), kept, "{mt:?}");
+            // Syscall-side deletes and inserts count too.
+            m.delete_elem(&key(1, 4)).unwrap();
+            m.update_elem(&key(5000, 4), &vec![1u8; 8 * if m.percpu { 4 } else { 1 }], BPF_NOEXIST).unwrap();
+            assert_eq!(m.len(), kept);
+            // Fill from slot 3 alone: its list empties, then it takes from the others'.
+            let room = MAX - kept;
+            for k in 0..room {
+                assert_eq!(update(&m, &key(10_000 + k, 4), 1, BPF_ANY, 3), 0, "{mt:?}: insert {k} of {room}");
+            }
+            assert_eq!(m.len(), MAX);
+            for c in 0..4 {
+                assert_eq!(update(&m, &key(20_000 + c, 4), 1, BPF_ANY, c), -(libc::E2BIG as i64), "{mt:?}");
+            }
+            // An existing key is still updated in place.
+            assert_eq!(update(&m, &key(10_000, 4), 2, BPF_ANY, 0), 0);
+            assert_eq!(delete(&m, &key(10_000, 4), 1), 0);
+            assert_eq!(m.len(), MAX - 1);
+            assert_eq!(update(&m, &key(20_000, 4), 1, BPF_ANY, 2), 0);
+            assert_eq!(update(&m, &key(20_001, 4), 1, BPF_ANY, 2), -(libc::E2BIG as i64));
+            assert_eq!(m.len(), MAX);
+        }
+    }
+
+    /// sslsniff's pattern: a key looked up (the thread's memo names its element), deleted,
+    /// then inserted again. The insert must not wait for the freed element's lock (here held
+    /// by a parked thread, as a racing in-place update would hold it): the memo's element is
+    /// not linked, so the insert goes the general way at once.
+    #[test]
+    fn insert_after_delete_ignores_the_memos_freed_element() {
+        let t = tmp("memo");
+        for (n, mt) in types().into_iter().enumerate() {
+            let m = map(&t, &format!("m{n}"), mt, 4, 16, 2);
+            let k = key(42, 4);
+            assert_eq!(update(&m, &k, 1, BPF_ANY, 0), 0);
+            assert_ne!(lookup(&m, &k, 0), 0);
+            let i = elem_of(&m, &k);
+            assert_eq!(delete(&m, &k, 0), 0);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let parked = std::thread::spawn(move || {
+                tid_tx.send(crate::sync::my_tid()).unwrap();
+                let _ = rx.recv();
+            });
+            // SAFETY: i < n_elems.
+            let lock = unsafe { a32(m.elem(i).add(E_LOCK)) };
+            lock.store(tid_rx.recv().unwrap(), Relaxed);
+            let r = update(&m, &k, 2, BPF_ANY, 0);
+            lock.store(0, Relaxed);
+            drop(tx);
+            parked.join().unwrap();
+            assert_eq!(r, 0, "{mt:?}");
+            let v = lookup(&m, &k, 0);
+            assert_ne!(v, 0);
+            // SAFETY: a value of this map (8 bytes, aligned).
+            assert_eq!(unsafe { (v as *const u64).read() }, 2, "{mt:?}");
+        }
+    }
+
+    /// The program-side operations (each key size's instance) answer as the helpers do.
+    #[test]
+    fn program_ops_errors_and_values() {
+        let t = tmp("ops");
+        for (n, mt) in types().into_iter().enumerate() {
+            for ks in [4, 8, 12, 16] {
+                let m = map(&t, &format!("m{n}-{ks}"), mt, ks, 8, 2);
+                let (a, b) = (key(1, ks), key(2, ks));
+                assert_eq!(update(&m, &a, 10, BPF_EXIST, 1), -(libc::ENOENT as i64));
+                assert_eq!(update(&m, &a, 11, BPF_NOEXIST, 1), 0);
+                assert_eq!(update(&m, &a, 12, BPF_NOEXIST, 0), -(libc::EEXIST as i64));
+                assert_eq!(update(&m, &a, 13, BPF_EXIST, 1), 0);
+                assert_eq!(update(&m, &a, 14, 3, 1), -(libc::EINVAL as i64));
+                assert_eq!(update(&m, &a, 15, BPF_F_LOCK, 1), -(libc::EINVAL as i64));
+                assert_eq!(update(&m, &b, 20, BPF_ANY, 0), 0);
+                // SAFETY: values of this map (8 bytes, aligned).
+                unsafe {
+                    assert_eq!((lookup(&m, &a, 1) as *const u64).read(), 13, "{mt:?} key size {ks}");
+                    assert_eq!((lookup(&m, &b, 0) as *const u64).read(), 20, "{mt:?} key size {ks}");
+                }
+                assert_eq!(delete(&m, &a, 1), 0);
+                assert_eq!(delete(&m, &a, 1), -(libc::ENOENT as i64));
+                assert_eq!(lookup(&m, &a, 1), 0);
+                assert_eq!(m.len(), 1);
+                // The syscall side sees what the programs wrote.
+                let mut out = vec![0u8; 8 * if m.percpu { 2 } else { 1 }];
+                m.lookup_elem(&b, &mut out).unwrap();
+                assert_eq!(u64::from_ne_bytes(out[..8].try_into().unwrap()), 20);
+            }
+        }
     }
 }
