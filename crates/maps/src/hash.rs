@@ -729,12 +729,15 @@ impl HashMap {
             match src {
                 Src::Cpu(p, c) => {
                     if fresh {
+                        // CPU 0's value, then one region further for each CPU.
+                        let mut v = self.pcpu.add(i as usize * self.vs8);
                         for cpu in 0..self.nr_cpus as usize {
                             if cpu == c {
-                                self.copy_value(self.val(i, cpu), p);
+                                self.copy_value(v, p);
                             } else {
-                                zero(self.val(i, cpu), self.vs);
+                                zero(v, self.vs);
                             }
+                            v = v.add(self.pcpu_stride);
                         }
                     } else {
                         self.copy_value(self.val(i, c), p);
@@ -1172,7 +1175,10 @@ impl HashMap {
         // SAFETY: i < n_elems; key and value readable (caller).
         unsafe {
             let e = self.elem(i);
-            if !self.key_eq(e, key) {
+            // Linked (as the JIT's inline hit checks): a lookup then a delete of the key leave
+            // the memo naming a free element, which a new insert of the key would lock for
+            // nothing.
+            if a8(e.add(E_STATE)).load(Relaxed) != LINKED || !self.key_eq(e, key) {
                 return false;
             }
             let Some(_e) = self.elock(i).try_lock_once() else { return false };
