@@ -926,9 +926,12 @@ impl HashMap {
     /// tools (sslsniff's `start_ns[tid]`), is the fall-through path; flags other than
     /// `BPF_ANY`, `BPF_NOEXIST`, `BPF_EXIST` and an empty pool are cold calls.
     ///
+    /// `home`: the list record a new element comes from (a program's CPU slot), None for the
+    /// CPU the thread runs on.
+    ///
     /// # Safety
     /// `key` readable for key_size bytes; `src` readable as its variant says; `N` is 0 or
-    /// key_size.
+    /// key_size; `home` < nr_cpus.
     #[inline(always)]
     unsafe fn update_impl<const N: usize>(
         &self,
@@ -937,6 +940,7 @@ impl HashMap {
         flags: u64,
         wait: Wait,
         memo: bool,
+        home: Option<usize>,
     ) -> Result<(), MapError> {
         if flags > BPF_EXIST {
             return Err(bad_update_flags(flags));
@@ -1000,11 +1004,7 @@ impl HashMap {
             return Err(ENOENT);
         }
         // A program's run holds its CPU slot: that slot's list (see `home`).
-        let home = match src {
-            Src::Cpu(_, c) => c,
-            Src::All(_) => self.home(),
-        };
-        let n = self.take_for_insert(b, home)?;
+        let n = self.take_for_insert(b, home.unwrap_or_else(|| self.home()))?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
             self.fill::<N>(n, key, h, src);
@@ -1119,23 +1119,28 @@ impl HashMap {
         }
     }
 
+    /// The helpers' update (`Map::update`). `cpu` is the slot whose per-CPU value is written;
+    /// the helpers pass 0 for maps that are not per-CPU, so a new element comes from the free
+    /// list of the CPU the thread runs on (`home`), not from `cpu`'s.
+    ///
     /// # Safety
     /// `key` readable for key_size bytes, `value` for value_size bytes.
     pub(crate) unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
         // SAFETY: forwarded contract; each arm's constant is key_size.
         unsafe {
             match self.ks {
-                4 => self.update_n::<4>(key, value, flags, cpu, true),
-                8 => self.update_n::<8>(key, value, flags, cpu, true),
-                16 => self.update_n::<16>(key, value, flags, cpu, true),
-                _ => self.update_n::<0>(key, value, flags, cpu, true),
+                4 => self.update_n::<4>(key, value, flags, cpu, true, false),
+                8 => self.update_n::<8>(key, value, flags, cpu, true, false),
+                16 => self.update_n::<16>(key, value, flags, cpu, true, false),
+                _ => self.update_n::<0>(key, value, flags, cpu, true, false),
             }
         }
     }
 
     /// `update` for a key size known at compile time (`N`, or 0: key_size); `memo`: whether
     /// to try the thread's lookup memo (false for a caller that already tried it,
-    /// `update_memo_fast`).
+    /// `update_memo_fast`); `slot`: whether `cpu` is the CPU slot the caller's run holds
+    /// (the program ops), whose free list a new element then comes from.
     ///
     /// # Safety
     /// As for `update`; `N` is 0 or key_size.
@@ -1147,12 +1152,14 @@ impl HashMap {
         flags: u64,
         cpu: u32,
         memo: bool,
+        slot: bool,
     ) -> Result<(), MapError> {
         if self.ids {
             return Err(einval("hash of maps is not updated by programs"));
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.update_impl::<N>(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, memo) }
+        let c = self.cpu(cpu);
+        // SAFETY: forwarded contract; c < nr_cpus.
+        unsafe { self.update_impl::<N>(key, Src::Cpu(value, c), flags, Wait::Hot, memo, slot.then_some(c)) }
     }
 
     /// The common case of a program's update of a per-CPU map, done inline with no error
@@ -1324,7 +1331,7 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl::<0>(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
+        unsafe { self.update_impl::<0>(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false, None) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
@@ -1496,7 +1503,7 @@ unsafe extern "C" fn prog_update_shared<const N: usize>(m: u64, key: u64, value:
     // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes; `prog_ops` chose N
     // as the map's key size (or 0).
     match unsafe {
-        (*(m as *const HashMap)).update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, true)
+        (*(m as *const HashMap)).update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, true, true)
     } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
@@ -1525,7 +1532,7 @@ unsafe extern "C" fn prog_update<const N: usize>(m: u64, key: u64, value: u64, f
 unsafe fn prog_update_general<const N: usize>(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // Per-CPU maps: `prog_update` tried the memo.
     // SAFETY: forwarded; `prog_ops` chose N as the map's key size (or 0).
-    match unsafe { map.update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu) } {
+    match unsafe { map.update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu, true) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
@@ -1655,6 +1662,48 @@ mod tests {
                 assert_eq!(m.len(), 4);
             }
         }
+    }
+
+    /// The helpers' update and delete (`Map::update`, `Map::delete`) are given no CPU slot of
+    /// their own for maps that are not per-CPU (the helpers pass 0): their elements come from
+    /// and go back to the free list of the CPU the thread runs on.
+    #[test]
+    fn helper_updates_use_the_running_cpus_free_list() {
+        let t = tmp("helper");
+        std::thread::spawn(move || {
+            // Pinned to one CPU it may run on.
+            // SAFETY: a zeroed cpu_set_t filled by sched_getaffinity, then one CPU set in a
+            // fresh one; both calls are for this thread (pid 0).
+            let cpu = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+                let cpu = (0..libc::CPU_SETSIZE as usize).rev().find(|&c| libc::CPU_ISSET(c, &set)).unwrap();
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut one);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one), 0);
+                cpu as u32
+            };
+            assert_eq!(crate::sync::current_cpu(), cpu);
+            let m = map(&t, "m", MapType::BPF_MAP_TYPE_HASH, 4, 64, 4);
+            let home = cpu % 4;
+            let other = (home + 1) % 4;
+            let v = 5u64;
+            for k in 0..3 {
+                // SAFETY: a 4-byte key and an 8-byte value.
+                unsafe { m.update(key(k, 4).as_ptr(), &v as *const u64 as *const u8, BPF_ANY, other) }.unwrap();
+                let i = elem_of(&m, &key(k, 4));
+                assert!(share(&m, home).contains(&i), "CPU {cpu}: the helper's insert took element {i}");
+            }
+            // Deleted by a program in slot `other`, then by the helper: the helper's goes to
+            // the running CPU's list, whose next insert takes it back.
+            let i = elem_of(&m, &key(0, 4));
+            // SAFETY: a 4-byte key.
+            unsafe { m.delete(key(0, 4).as_ptr()) }.unwrap();
+            assert_eq!(update(&m, &key(9, 4), 1, BPF_ANY, home), 0);
+            assert_eq!(elem_of(&m, &key(9, 4)), i);
+        })
+        .join()
+        .unwrap();
     }
 
     /// The element count, kept by no counter, is what inserts and deletes from several threads
