@@ -78,10 +78,10 @@
 //! searching again, after the same checks under the element's lock as an update found by
 //! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
 //! sends the lookup or update the general way, without locking the element when it is not
-//! linked (a key looked up, deleted, then inserted again: sslsniff's pattern). For per-CPU maps with keys of 1, 2, 4 or 8
-//! bytes, [`HashMap::memo_layout`] tells the JIT where the memo and the elements are, and it
-//! does these hits inline (the same checks, the same element lock), calling [`ProgOps`] only
-//! on a miss.
+//! linked (a key looked up, deleted, then inserted again: sslsniff's pattern). For per-CPU
+//! maps with keys of 1, 2, 4 or 8 bytes, [`HashMap::memo_layout`] tells the JIT where the
+//! memo and the elements are, and it does these hits inline (the same checks, the same
+//! element lock), calling [`ProgOps`] only on a miss.
 //!
 //! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): a
 //! program's insert or delete through [`ProgOps`] pushes to and pops from the list of its
@@ -502,7 +502,7 @@ impl HashMap {
     }
 
     /// The list record an operation that holds no CPU slot uses (the syscall side, the
-    /// helpers' delete): that of the CPU the thread runs on (as the kernel's this_cpu).
+    /// helpers' update and delete): that of the CPU the thread runs on (as the kernel's this_cpu).
     /// Threads running at the same time are on different CPUs, so they work on different
     /// lists; a thread migrated in the middle of an operation only uses another CPU's list,
     /// which is correct too (every list is lock-free). A program's insert or delete uses its
