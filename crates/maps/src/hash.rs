@@ -63,10 +63,17 @@
 //! `delete(start[tid])` on return) costs a bucket lock and a free-list pop (two atomic
 //! read-modify-writes), a delete a bucket lock, the element's lock and a free-list push
 //! (three): about 150 and 110 instructions with 4-byte keys (2026-11-26, `hashop-bench`
-//! under callgrind; 380 and 230 before). A program's lookup leaves the element it
-//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8
-//! bytes, so that other keys pass it by without touching the element). The thread's next
-//! lookup of the same map first checks that element: linked (acquire) and holding the key,
+//! under callgrind; 380 and 230 before). A program's lookup leaves the element it found in
+//! a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8 bytes, so
+//! that other keys pass it by without touching the element), and the memo it replaces, if it
+//! was another map's, becomes the thread's second memo (`sync::lookup_memo2`: a thread
+//! looking up two maps in turn, as sslsniff's return probe does `bufs` and `start_ns`, finds
+//! both). Memos name a map by its hash seed (`HashMap::memo_id`), the same for every opening
+//! of the map file: the runtime opens a map for each program that uses it, and the lookup
+//! that follows an insert is often another program's (an entry probe's `start[tid] = ts`, its
+//! return probe's lookup). The thread's next lookup of the same map first checks the first
+//! memo's element, then the second's (which then becomes the first): linked (acquire) and
+//! holding the key,
 //! it is the key's element, found without hashing and walking the chain (a thread looking up
 //! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
 //! Inserts mark an element linked only after publishing it in its chain, and deletes unlink
@@ -106,7 +113,8 @@ use crate::map::*;
 use crate::mem::{a8, a32, a64, copy_in, copy_out, eq, hash_key, read_tail, read_word, round_up, round8, zero};
 use crate::shm::PAGE_SIZE;
 use crate::sync::{
-    FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, set_lookup_memo, set_sweep_stretch, sweep_stretch,
+    FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, lookup_memo2, set_lookup_memo, set_sweep_stretch,
+    swap_lookup_memos, sweep_stretch,
 };
 use crate::types::*;
 
@@ -957,7 +965,7 @@ impl HashMap {
         if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
             let (map, i, word) = lookup_memo();
             // SAFETY: `key` is readable for the map's key size (the caller's contract).
-            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, ks) };
+            let memo_word = map == self.memo_id() && word == unsafe { key_word(key, ks) };
             // The element must be linked: after a lookup, a delete of the key (sslsniff's return
             // probe) leaves the memo naming a free element, which the next insert of the key
             // would otherwise lock for nothing.
@@ -1085,6 +1093,34 @@ impl HashMap {
         }
     }
 
+    /// The map's name in the threads' lookup memos: its hash seed (random per map file), the
+    /// same in every process and for every [`HashMap`] of the file. The runtime opens a map
+    /// anew for each program that uses it (sslsniff's entry and return programs each have
+    /// their own), so the address of this struct would not find a memo another program left.
+    /// Two maps may share a seed (`BPF_F_ZERO_SEED`): the memo is a hint whose element is
+    /// checked in this map (linked and holding the key, so the key's element of this map),
+    /// and a shared name only costs that check.
+    #[inline(always)]
+    fn memo_id(&self) -> u64 {
+        self.seed
+    }
+
+    /// Whether a memo's element `i` is the key's: below n_elems, linked (acquire: its key
+    /// and value as published) and holding the key.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn memo_holds<const N: usize>(&self, i: u32, key: *const u8) -> bool {
+        let ks = if N == 0 { self.ks } else { N };
+        // SAFETY: i < n_elems is checked first; key readable for ks bytes (caller).
+        i < self.n_elems
+            && unsafe {
+                let e = self.elem(i);
+                a8(e.add(E_STATE)).load(Acquire) == LINKED && eq(e.add(E_KEY), key, ks)
+            }
+    }
+
     /// `lookup` for a key size known at compile time (`N`, or 0: key_size).
     ///
     /// # Safety
@@ -1092,28 +1128,33 @@ impl HashMap {
     #[inline(always)]
     unsafe fn lookup_n<const N: usize>(&self, key: *const u8, cpu: u32) -> *mut u8 {
         let ks = if N == 0 { self.ks } else { N };
-        let me = self as *const HashMap as u64;
+        let me = self.memo_id();
         let (memo_map, memo, memo_word) = lookup_memo();
         // SAFETY: key readable for ks bytes (caller).
         let word = unsafe { key_word(key, ks) };
         // The thread's last lookup found the key's element, which is still linked and holds
         // it: that element, without hashing and searching again (see the module docs).
         // SAFETY: memo < n_elems is checked first; key readable for ks bytes (caller).
-        let i = if memo_map == me
-            && memo_word == word
-            && memo < self.n_elems
-            && unsafe {
-                a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks)
-            } {
+        let i = if memo_map == me && memo_word == word && unsafe { self.memo_holds::<N>(memo, key) } {
             memo
         } else {
+            // The thread's memo before its last lookup of another map (two maps looked up in
+            // turn, as sslsniff's `bufs` and `start_ns`): the same checks, then it becomes
+            // the first memo (the one an update of the key checks).
+            let (memo2_map, memo2, memo2_word) = lookup_memo2();
             // SAFETY: key readable for ks bytes (caller).
-            let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
-            if i == NIL {
-                return std::ptr::null_mut();
+            if memo2_map == me && memo2_word == word && unsafe { self.memo_holds::<N>(memo2, key) } {
+                swap_lookup_memos();
+                memo2
+            } else {
+                // SAFETY: key readable for ks bytes (caller).
+                let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
+                if i == NIL {
+                    return std::ptr::null_mut();
+                }
+                set_lookup_memo(me, i, word);
+                i
             }
-            set_lookup_memo(me, i, word);
-            i
         };
         // SAFETY: i < n_elems (the memo's was checked, find returns such indices).
         unsafe {
@@ -1184,7 +1225,7 @@ impl HashMap {
         }
         let (map, i, word) = lookup_memo();
         // SAFETY: key readable for key_size bytes (caller).
-        if map != self as *const HashMap as u64 || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
+        if map != self.memo_id() || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
             return false;
         }
         // SAFETY: i < n_elems; key and value readable (caller).
@@ -1279,7 +1320,7 @@ impl HashMap {
         let elem_size = u32::try_from(self.elem_size).ok().filter(|&s| s <= i32::MAX as u32)?;
         let pcpu_stride = u32::try_from(self.pcpu_stride).ok().filter(|&s| s <= i32::MAX as u32)?;
         Some(MemoLayout {
-            map: self as *const HashMap as u64,
+            map: self.memo_id(),
             thread_words: crate::sync::thread_words_tls_offset(),
             n_elems: self.n_elems,
             elems: self.elems as u64,
@@ -1468,7 +1509,9 @@ pub struct ProgOps {
 ///
 /// - the thread's words at `thread_words` from the thread pointer: +0 its id (u32, 0: not
 ///   read yet), +4 the memo's element index (u32), +8 the memo's map (u64, compared with
-///   `map`), +16 the memo's key word (u64: the key's `key_size` bytes, zero-padded);
+///   `map`, the map's name in memos: its hash seed, the same for every process's and every
+///   program's opening of the map file), +16 the memo's key word (u64: the key's `key_size`
+///   bytes, zero-padded);
 /// - element `i < n_elems` at `elems + i * elem_size`: its state byte at `+state` (`linked`:
 ///   in its chain), its lock word at `+lock` (u32: 0 or the holder's thread id; an update
 ///   takes it with one compare-and-swap, and gives up when it is held), its key word at
@@ -1797,6 +1840,40 @@ mod tests {
             // SAFETY: a value of this map (8 bytes, aligned).
             assert_eq!(unsafe { (v as *const u64).read() }, 2, "{mt:?}");
         }
+    }
+
+    /// A map file opened twice (as the runtime opens a map for each program that uses it:
+    /// sslsniff's entry and return programs) is one map to the threads' lookup memos, and a
+    /// thread looking up two maps in turn has both remembered.
+    #[test]
+    fn lookup_memos_name_the_map_file_and_remember_two_maps() {
+        let t = tmp("memo2");
+        let a1 = map(&t, "a", MapType::BPF_MAP_TYPE_HASH, 4, 64, 2);
+        let a2 =
+            HashMap::open(Base { shm: Shm::open(&t.0.join("a")).unwrap(), spec: a1.base.spec.clone(), nr_cpus: 2 });
+        let b = map(&t, "b", MapType::BPF_MAP_TYPE_HASH, 4, 64, 2);
+        let k = key(7, 4);
+        assert_eq!(update(&a1, &k, 11, BPF_ANY, 0), 0);
+        assert_eq!(update(&b, &k, 22, BPF_ANY, 0), 0);
+        let (ia, ib) = (elem_of(&a1, &k), elem_of(&b, &k));
+        assert_ne!(lookup(&a1, &k, 0), 0);
+        assert_ne!(lookup(&b, &k, 0), 0);
+        assert_eq!(crate::sync::lookup_memo(), (b.memo_id(), ib, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (a1.memo_id(), ia, 7));
+        // Through the other opening: the second memo is the key's element, now the first.
+        let v = lookup(&a2, &k, 0);
+        // SAFETY: a value of this map (8 bytes, aligned).
+        assert_eq!(unsafe { (v as *const u64).read() }, 11);
+        assert_eq!(crate::sync::lookup_memo(), (a2.memo_id(), ia, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (b.memo_id(), ib, 7));
+        // And again through the first opening: the first memo, nothing moved.
+        assert_ne!(lookup(&a1, &k, 0), 0);
+        assert_eq!(crate::sync::lookup_memo(), (a1.memo_id(), ia, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (b.memo_id(), ib, 7));
+        // An update through either opening after the lookup writes the element in place.
+        assert_eq!(update(&a2, &k, 33, BPF_EXIST, 0), 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { (lookup(&a1, &k, 0) as *const u64).read() }, 33);
     }
 
     /// The program-side operations (each key size's instance) answer as the helpers do.
