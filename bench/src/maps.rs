@@ -58,6 +58,9 @@ const ID_CNT_PCPU_HASH: u32 = 8;
 const ID_LRU_FULL: u32 = 9;
 /// Entries of the LRU map kept full for the evicting-insert row.
 const LRU_FULL_MAX: u32 = 4096;
+/// sslsniff's `BPF_HASH`es: 4-byte keys (thread ids), 8-byte values, BCC's default size.
+const ID_SSL_HASH: u32 = 10;
+const SSL_HASH_MAX: u32 = 10240;
 
 const FN_LOOKUP: i32 = 1;
 const FN_UPDATE: i32 = 2;
@@ -203,6 +206,34 @@ fn op_loop(map: u32, key_size: u8, op: Op, empty: bool) -> Vec<Insn> {
     // A failure: counted, and its result left in context word 3.
     a.alu_k(BPF_ADD, 8, 1).ldx(BPF_DW, 1, 10, -40).stx(BPF_DW, 1, 0, 24);
     a.label("ok").alu_k(BPF_ADD, 7, 1).j_x(BPF_JNE, 7, 6, "top").mov_x(0, 8).exit();
+    a.finish()
+}
+
+/// N times what BCC's sslsniff does to each of its `BPF_HASH`es per SSL call: the entry
+/// probe's `bpf_map_update_elem(map, &tid, &v, BPF_ANY)` of a key not present, the return
+/// probe's `bpf_map_delete_elem(map, &tid)`. Context (u64 words): N, the key (4 bytes), -,
+/// the result of the last failed call (written by the program). Returns the failed calls.
+/// `empty`: both calls replaced by a mov of 0.
+fn insert_delete_loop(map: u32, empty: bool) -> Vec<Insn> {
+    let mut a = Asm::default();
+    a.stx(BPF_DW, 10, 1, -40).ldx(BPF_DW, 6, 1, 0).ldx(BPF_DW, 2, 1, 8).stx(BPF_W, 10, 2, -8);
+    a.mov_k(7, 0).mov_k(8, 0).st(BPF_DW, 10, -16, 7);
+    a.label("top");
+    if empty {
+        a.mov_k(0, 0);
+    } else {
+        a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -8).mov_x(3, 10).alu_k(BPF_ADD, 3, -16).mov_k(4, 0);
+        a.call(FN_UPDATE);
+    }
+    a.j_k(BPF_JEQ, 0, 0, "inserted").alu_k(BPF_ADD, 8, 1).ldx(BPF_DW, 1, 10, -40).stx(BPF_DW, 1, 0, 24);
+    a.label("inserted");
+    if empty {
+        a.mov_k(0, 0);
+    } else {
+        a.ld_map(1, map).mov_x(2, 10).alu_k(BPF_ADD, 2, -8).call(FN_DELETE);
+    }
+    a.j_k(BPF_JEQ, 0, 0, "next").alu_k(BPF_ADD, 8, 1).ldx(BPF_DW, 1, 10, -40).stx(BPF_DW, 1, 0, 24);
+    a.label("next").alu_k(BPF_ADD, 7, 1).j_x(BPF_JNE, 7, 6, "top").mov_x(0, 8).exit();
     a.finish()
 }
 
@@ -891,6 +922,7 @@ fn main() {
     let cnt_pcpu_hash = env.create(ID_CNT_PCPU_HASH, "cnt_pcpu_hash", MapType::BPF_MAP_TYPE_PERCPU_HASH, 8, 8, 1024);
     let ringbuf = env.create(ID_RINGBUF, "ringbuf", MapType::BPF_MAP_TYPE_RINGBUF, 0, 0, 1 << 20);
     let lru_full = env.create(ID_LRU_FULL, "lru_full", MapType::BPF_MAP_TYPE_LRU_HASH, 8, 8, LRU_FULL_MAX);
+    let ssl_hash = env.create(ID_SSL_HASH, "ssl_hash", MapType::BPF_MAP_TYPE_HASH, 4, 8, SSL_HASH_MAX);
     for k in 0..u64::from(LRU_FULL_MAX) {
         lru_full.update_elem(&((1u64 << 40) + k).to_ne_bytes(), &7u64.to_ne_bytes(), BPF_ANY).expect("filling the LRU");
     }
@@ -954,6 +986,24 @@ fn main() {
             rows.last_mut().unwrap().note =
                 Some(format!("{left} keys in the map after the cycles, {HASH_KEYS} expected"));
         }
+    }
+    // sslsniff's pattern: each thread inserts its own key (its "tid") and deletes it again.
+    {
+        let prog = env.prog("ssl_insert_delete", &insert_delete_loop(ID_SSL_HASH, false));
+        let empty = env.prog("ssl_insert_delete_empty", &insert_delete_loop(ID_SSL_HASH, true));
+        let ctx_of = |t: usize| [0, 1000 + t as u64, 0, 0];
+        let n = calibrate(&prog, ctx_of(0));
+        let one = measure(&prog, &empty, 1, n, &ctx_of);
+        let two = measure(&prog, &empty, 2, n, &ctx_of);
+        let left = ssl_hash.get_next_key(None, &mut [0u8; 4]).is_ok();
+        rows.push(Row {
+            map: "hash",
+            op: "insert new key (BPF_ANY) + delete it, 4-byte key per thread (sslsniff's pattern; ns per pair)".into(),
+            one,
+            two,
+            failures_expected: false,
+            note: left.then(|| "keys left in the map after the runs, none expected".to_string()),
+        });
     }
     // Inserts into a full LRU map: each thread cycles through 1M keys of its own (evicted long
     // before they come round again), so every update evicts an element.

@@ -10,7 +10,8 @@
 //! 4096    buckets[n_buckets]: { lock: u32 (0 or holder thread id), head: u32 }
 //! L       (64-aligned) nr_cpus list records of 64 bytes (one cache line each):
 //!           +0 free: u64   this CPU's free list (tag << 32 | element index)
-//!           +8 live: u32   elements inserted minus deleted through this record (wrapping)
+//!           +8 (unused: zero; before 2026-11-26 a count of the elements linked through
+//!              this record, replaced by counting linked elements, see `HashMap::len`)
 //! E       elements[n_elems], each
 //!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
 //!           +4  hash: u32
@@ -53,13 +54,26 @@
 //! update (profiled: most of an update's time from two threads). Deletes and inserts still
 //! write their bucket.
 //!
-//! Programs' operations. [`HashMap::prog_ops`] gives the program-side lookup (specialised
-//! for the key size), update and delete as plain functions with the CPU slot as an argument,
-//! which the JIT calls directly instead of the helpers (no registry probe, no dispatch on the
-//! map type, no thread-local read of the run's CPU). A program's lookup leaves the element it
-//! found in a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8
-//! bytes, so that other keys pass it by without touching the element). The thread's next
-//! lookup of the same map first checks that element: linked (acquire) and holding the key,
+//! Programs' operations. [`HashMap::prog_ops`] gives the program-side lookup, update and
+//! delete as plain functions with the CPU slot as an argument, which the JIT calls directly
+//! instead of the helpers (no registry probe, no dispatch on the map type, no thread-local
+//! read of the run's CPU). Each is an instance for the map's key size (4, 8, 16 bytes, or
+//! any): the hash, the searches and the key's copy are fixed-size loads and stores, with no
+//! branch on the key size. The insert of a new key (tracing tools' `start[tid] = ts`, then
+//! `delete(start[tid])` on return) costs a bucket lock and a free-list pop (two atomic
+//! read-modify-writes), a delete a bucket lock, the element's lock and a free-list push
+//! (three): about 150 and 110 instructions with 4-byte keys (2026-11-26, `hashop-bench`
+//! under callgrind; 380 and 230 before). A program's lookup leaves the element it found in
+//! a per-thread memo (initial-exec TLS, `sync::lookup_memo`, with the key's first 8 bytes, so
+//! that other keys pass it by without touching the element), and the memo it replaces, if it
+//! was another map's, becomes the thread's second memo (`sync::lookup_memo2`: a thread
+//! looking up two maps in turn, as sslsniff's return probe does `bufs` and `start_ns`, finds
+//! both). Memos name a map by its hash seed (`HashMap::memo_id`), the same for every opening
+//! of the map file: the runtime opens a map for each program that uses it, and the lookup
+//! that follows an insert is often another program's (an entry probe's `start[tid] = ts`, its
+//! return probe's lookup). The thread's next lookup of the same map first checks the first
+//! memo's element, then the second's (which then becomes the first): linked (acquire) and
+//! holding the key,
 //! it is the key's element, found without hashing and walking the chain (a thread looking up
 //! the same key on every hit, as bpftrace's `@x[tid]`, `sum()` and most `hist()` hits do).
 //! Inserts mark an element linked only after publishing it in its chain, and deletes unlink
@@ -70,17 +84,22 @@
 //! up, compute, then update it) writes the memo's element in place without hashing and
 //! searching again, after the same checks under the element's lock as an update found by
 //! `find` (linked, holding the key); a stale memo (another key's element, a deleted one) just
-//! sends the lookup or update the general way. For per-CPU maps with keys of 1, 2, 4 or 8
-//! bytes, [`HashMap::memo_layout`] tells the JIT where the memo and the elements are, and it
-//! does these hits inline (the same checks, the same element lock), calling [`ProgOps`] only
-//! on a miss.
+//! sends the lookup or update the general way, without locking the element when it is not
+//! linked (a key looked up, deleted, then inserted again: sslsniff's pattern). For per-CPU
+//! maps with keys of 1, 2, 4 or 8 bytes, [`HashMap::memo_layout`] tells the JIT where the
+//! memo and the elements are, and it does these hits inline (the same checks, the same
+//! element lock), calling [`ProgOps`] only on a miss.
 //!
-//! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): an
-//! operation pushes to and pops from the list of the CPU it runs on (`sched_getcpu`: rseq or
-//! the vDSO, no system call) and takes from the other CPUs' lists only when its own is empty,
-//! so two CPUs inserting and deleting share no free-list line. The free lists hold
-//! `max_entries` elements less the linked ones, which bounds the map (`E2BIG` when every list
-//! is empty); the element count is the sum of the per-CPU `live` deltas. LRU types evict
+//! Free elements sit on per-CPU lock-free [`FreeList`]s (as the kernel's pcpu_freelist): a
+//! program's insert or delete through [`ProgOps`] pushes to and pops from the list of its
+//! run's CPU slot (the `cpu` its operation receives: runs at the same time hold different
+//! slots), the syscall side and the helpers (given no slot for maps that are not per-CPU)
+//! the list of the CPU they run on (`sched_getcpu`: rseq or the vDSO, no system call);
+//! each takes from the other lists only when its own is empty, so two CPUs inserting and
+//! deleting share no free-list line. The free lists hold `max_entries` elements less the
+//! linked ones, which bounds the map (`E2BIG` when every list is empty). No element count is
+//! kept (an insert or delete would write it: an atomic read-modify-write a call);
+//! [`HashMap::len`] counts the linked elements. LRU types evict
 //! instead: a CLOCK sweep over the elements (program lookups set `ref`, the sweep clears it
 //! and takes the first element without it, locking the victim's bucket and element with a
 //! single try so two updaters never wait for each other). The sweep's hand is shared, but each
@@ -94,7 +113,8 @@ use crate::map::*;
 use crate::mem::{a8, a32, a64, copy_in, copy_out, eq, hash_key, read_tail, read_word, round_up, round8, zero};
 use crate::shm::PAGE_SIZE;
 use crate::sync::{
-    FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, set_lookup_memo, set_sweep_stretch, sweep_stretch,
+    FreeList, NIL, SpinLock, Wait, current_cpu, lookup_memo, lookup_memo2, set_lookup_memo, set_sweep_stretch,
+    swap_lookup_memos, sweep_stretch,
 };
 use crate::types::*;
 
@@ -107,10 +127,8 @@ const H_SEED: usize = EXT_OFF + 8;
 
 /// Bytes of one CPU's list record (a cache line of its own).
 const LIST_SIZE: usize = 64;
-/// Offsets in a list record: the free list's head (tag << 32 | element index), the
-/// live-element delta counted by this CPU (wrapping u32).
+/// Offset in a list record: the free list's head (tag << 32 | element index).
 const L_FREE: usize = 0;
-const L_LIVE: usize = 8;
 /// Positions of the shared CLOCK hand a thread takes at a time (LRU types; see
 /// [`HashMap::sweep_step`]).
 const SWEEP_STRETCH: u32 = 64;
@@ -193,9 +211,6 @@ pub struct HashMap {
     vs8: usize,
     val_off: usize,
     elem_size: usize,
-    /// log2(elem_size) when it is a power of two (element addressing by a shift, not a
-    /// multiply), else 0 (elements are at least 24 bytes, so 0 is never a real shift).
-    elem_shift: u32,
     n_elems: u32,
     n_buckets: u32,
     mask: u32,
@@ -280,7 +295,6 @@ impl HashMap {
             vs8: round8(spec.value_size as usize),
             val_off: E_KEY + round8(spec.key_size as usize),
             elem_size: g.elem_size,
-            elem_shift: if g.elem_size.is_power_of_two() { g.elem_size.trailing_zeros() } else { 0 },
             n_elems: g.n_elems,
             n_buckets: g.n_buckets,
             mask: g.n_buckets - 1,
@@ -333,9 +347,6 @@ impl HashMap {
                 }
                 m.free_head(c as usize).store(if a < z { a as u64 } else { NIL as u64 }, Relaxed);
             }
-            for c in 0..m.nr_cpus as usize {
-                m.live(c).store(0, Relaxed);
-            }
             std::sync::atomic::fence(Release);
         }
         Ok(m)
@@ -372,13 +383,6 @@ impl HashMap {
         // SAFETY: an aligned field of CPU c's list record.
         unsafe { a64(self.list(c).add(L_FREE)) }
     }
-    /// Live elements inserted minus deleted through CPU `c`'s record (wrapping; the sum over
-    /// CPUs is the map's element count).
-    #[inline(always)]
-    fn live(&self, c: usize) -> &AtomicU32 {
-        // SAFETY: an aligned field of CPU c's list record.
-        unsafe { a32(self.list(c).add(L_LIVE)) }
-    }
     #[inline(always)]
     fn hand(&self) -> &AtomicU32 {
         // SAFETY: aligned field of the type header.
@@ -410,9 +414,8 @@ impl HashMap {
     /// `i < n_elems`.
     #[inline(always)]
     unsafe fn elem(&self, i: u32) -> *mut u8 {
-        let off = if self.elem_shift != 0 { (i as usize) << self.elem_shift } else { i as usize * self.elem_size };
         // SAFETY: i < n_elems (caller): inside the element array.
-        unsafe { self.elems.add(off) }
+        unsafe { self.elems.add(i as usize * self.elem_size) }
     }
     /// # Safety
     /// `i < n_elems`.
@@ -506,10 +509,12 @@ impl HashMap {
         unsafe { self.elem(i).add(self.val_off + s as usize * self.vs8) }
     }
 
-    /// The list record an operation uses: that of the CPU the thread runs on (as the
-    /// kernel's this_cpu). Threads running at the same time are on different CPUs, so they
-    /// work on different lists; a thread migrated in the middle of an operation only uses
-    /// another CPU's list, which is correct too (every list is lock-free).
+    /// The list record an operation that holds no CPU slot uses (the syscall side, the
+    /// helpers' update and delete): that of the CPU the thread runs on (as the kernel's this_cpu).
+    /// Threads running at the same time are on different CPUs, so they work on different
+    /// lists; a thread migrated in the middle of an operation only uses another CPU's list,
+    /// which is correct too (every list is lock-free). A program's insert or delete uses its
+    /// run's CPU slot instead (no `sched_getcpu`; runs at the same time hold different slots).
     #[inline]
     fn home(&self) -> usize {
         let c = current_cpu();
@@ -550,6 +555,26 @@ impl HashMap {
                 n => eq(e.add(E_KEY), key, n),
             }
         }
+    }
+
+    /// `hash` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn hash_n<const N: usize>(&self, key: *const u8) -> u32 {
+        // SAFETY: forwarded.
+        unsafe { if N == 0 { self.hash(key) } else { hash_key(key, N, self.seed) } }
+    }
+
+    /// `key_eq` for a key size known at compile time (`N`, or 0: key_size).
+    ///
+    /// # Safety
+    /// As for `key_eq`; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn key_eq_n<const N: usize>(&self, e: *mut u8, key: *const u8) -> bool {
+        // SAFETY: forwarded.
+        unsafe { if N == 0 { self.key_eq(e, key) } else { eq(e.add(E_KEY), key, N) } }
     }
 
     /// Lock-free search: the element holding `key`, or NIL.
@@ -604,24 +629,29 @@ impl HashMap {
         NIL
     }
 
-    /// Search under bucket `b`'s lock: (predecessor or NIL for the head, element).
+    /// Search under bucket `b`'s lock, for a key size known at compile time (`N`, or 0:
+    /// key_size): (predecessor or NIL for the head, element).
     ///
     /// # Safety
-    /// `key` readable for key_size bytes; the caller holds `b`'s lock.
-    unsafe fn find_locked(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
+    /// `key` readable for key_size bytes; the caller holds `b`'s lock; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn find_locked<const N: usize>(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
         let mut prev = NIL;
         let mut cur = self.head(b).load(Relaxed);
         let mut steps = self.n_elems;
-        while cur & NULLS == 0 && cur < self.n_elems && steps > 0 {
+        // n_elems <= 2^30: an index below it is no nulls marker.
+        while cur < self.n_elems && steps > 0 {
             steps -= 1;
             // SAFETY: cur < n_elems; key readable (caller).
             unsafe {
                 let e = self.elem(cur);
-                if a32(e.add(E_HASH)).load(Relaxed) == h && self.key_eq(e, key) {
+                // Keys of one word: the key's comparison is as cheap as the hash's.
+                let hash_ok = N == 4 || N == 8 || a32(e.add(E_HASH)).load(Relaxed) == h;
+                if hash_ok && self.key_eq_n::<N>(e, key) {
                     return Some((prev, cur));
                 }
                 prev = cur;
-                cur = self.next(cur).load(Relaxed);
+                cur = a32(e.add(E_NEXT)).load(Relaxed);
             }
         }
         None
@@ -644,12 +674,14 @@ impl HashMap {
     ///
     /// # Safety
     /// `i < n_elems`, `prev` NIL or < n_elems; the caller holds `b`'s lock.
+    #[inline(always)]
     unsafe fn unlink(&self, b: u32, prev: u32, i: u32) {
         // SAFETY: bounds from the caller.
         unsafe {
-            let nxt = self.next(i).load(Relaxed);
+            let e = self.elem(i);
+            let nxt = a32(e.add(E_NEXT)).load(Relaxed);
             self.slot(b, prev).store(nxt, Release);
-            a8(self.elem(i).add(E_STATE)).store(FREE, Relaxed);
+            a8(e.add(E_STATE)).store(FREE, Relaxed);
         }
     }
 
@@ -664,6 +696,7 @@ impl HashMap {
     /// # Safety
     /// `i < n_elems`; `src` readable as its variant says; the caller holds `i`'s lock or
     /// owns the unpublished element.
+    #[inline(always)]
     unsafe fn write_value(&self, i: u32, src: Src, fresh: bool) {
         // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
         unsafe {
@@ -671,27 +704,59 @@ impl HashMap {
                 let p = match src {
                     Src::Cpu(p, _) | Src::All(p) => p,
                 };
-                let seq = self.seq(i);
+                let e = self.elem(i);
+                let seq = a32(e.add(E_SEQ));
                 seq.store(seq.load(Relaxed).wrapping_add(1), Relaxed);
                 fence(Release);
-                let sel = self.sel(i);
+                let sel = a8(e.add(E_SEL));
                 let s = if fresh { 1 } else { sel.load(Relaxed) & 1 };
-                copy_in(self.vslot(i, s ^ 1), p, self.vs);
+                self.copy_value(e.add(self.val_off + (s ^ 1) as usize * self.vs8), p);
                 sel.store(s ^ 1, Release);
                 return;
             }
+            self.write_percpu(i, src, fresh);
+        }
+    }
+
+    /// A value of value_size bytes into shared memory at `dst`: one word store for 8-byte
+    /// values (sslsniff's, bpftrace's), else `copy_in`.
+    ///
+    /// # Safety
+    /// As for `copy_in` with value_size bytes.
+    #[inline(always)]
+    unsafe fn copy_value(&self, dst: *mut u8, src: *const u8) {
+        // SAFETY: forwarded (value_size is 8 in the first arm).
+        unsafe {
+            if self.vs == 8 {
+                a64(dst).store(read_word(src), Relaxed);
+            } else {
+                copy_in(dst, src, self.vs);
+            }
+        }
+    }
+
+    /// `write_value` for per-CPU maps.
+    ///
+    /// # Safety
+    /// As for `write_value`.
+    unsafe fn write_percpu(&self, i: u32, src: Src, fresh: bool) {
+        // SAFETY: i < n_elems, cpu < nr_cpus; sources readable (caller).
+        unsafe {
             match src {
                 Src::Cpu(p, c) => {
                     if fresh {
+                        // CPU 0's value, then one region further for each CPU.
+                        let mut v = self.pcpu.add(i as usize * self.vs8);
                         for cpu in 0..self.nr_cpus as usize {
                             if cpu == c {
-                                copy_in(self.val(i, cpu), p, self.vs);
+                                self.copy_value(v, p);
                             } else {
-                                zero(self.val(i, cpu), self.vs);
+                                zero(v, self.vs);
                             }
+                            v = v.add(self.pcpu_stride);
                         }
                     } else {
-                        copy_in(self.val(i, c), p, self.vs);
+                        self.copy_value(self.val(i, c), p);
                     }
                 }
                 Src::All(p) => {
@@ -726,12 +791,13 @@ impl HashMap {
     /// linked: the insert does both, in that order).
     ///
     /// # Safety
-    /// `n < n_elems` owned by the caller; `key`, `src` readable.
-    unsafe fn fill(&self, n: u32, key: *const u8, h: u32, src: Src) {
+    /// `n < n_elems` owned by the caller; `key`, `src` readable; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn fill<const N: usize>(&self, n: u32, key: *const u8, h: u32, src: Src) {
         // SAFETY: bounds from the caller.
         unsafe {
             let e = self.elem(n);
-            copy_in(e.add(E_KEY), key, self.ks);
+            copy_in(e.add(E_KEY), key, if N == 0 { self.ks } else { N });
             a32(e.add(E_HASH)).store(h, Relaxed);
             self.write_value(n, src, true);
             // Not yet used: a program's lookup marks it (as the kernel's LRU nodes start
@@ -743,11 +809,18 @@ impl HashMap {
     /// A free element for a new key, under `held`'s lock: from the free pool (which holds
     /// max_entries elements less the linked ones), or (LRU) evicted from the least recently
     /// used.
+    #[inline(always)]
     fn take_for_insert(&self, held: u32, home: usize) -> Result<u32, MapError> {
-        if let Some(n) = self.pop(home) {
-            self.live(home).fetch_add(1, Relaxed);
-            return Ok(n);
+        match self.pop(home) {
+            Some(n) => Ok(n),
+            None => self.take_when_empty(held),
         }
+    }
+
+    /// `take_for_insert` when every free list is empty: `E2BIG`, or (LRU) an eviction.
+    #[cold]
+    #[inline(never)]
+    fn take_when_empty(&self, held: u32) -> Result<u32, MapError> {
         if !self.lru {
             return Err(e2big("hash map is full"));
         }
@@ -825,9 +898,10 @@ impl HashMap {
     /// (equal keys have equal hashes, so the key's comparison alone decides).
     ///
     /// # Safety
-    /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says.
+    /// `i < n_elems`; `key` readable for key_size bytes, `src` as its variant says; `N` is 0 or
+    /// key_size.
     #[inline(always)]
-    unsafe fn update_in_place(
+    unsafe fn update_in_place<const N: usize>(
         &self,
         i: u32,
         key: *const u8,
@@ -844,7 +918,7 @@ impl HashMap {
             // linked after publishing it).
             if a8(e.add(E_STATE)).load(Acquire) != LINKED
                 || h.is_some_and(|h| a32(e.add(E_HASH)).load(Relaxed) != h)
-                || !self.key_eq(e, key)
+                || !self.key_eq_n::<N>(e, key)
             {
                 return Ok(false);
             }
@@ -863,41 +937,66 @@ impl HashMap {
     /// under its lock, it is linked and holds the key (as `update_in_place` checks the element
     /// `find` returned), else the update goes the general way.
     ///
+    /// Specialised for a key size known at compile time (`N`, or 0: key_size): the hash,
+    /// the searches, the key's copy. The insert of a new key, the common write of tracing
+    /// tools (sslsniff's `start_ns[tid]`), is the fall-through path; flags other than
+    /// `BPF_ANY`, `BPF_NOEXIST`, `BPF_EXIST` and an empty pool are cold calls.
+    ///
+    /// `home`: the list record a new element comes from (a program's CPU slot), None for the
+    /// CPU the thread runs on.
+    ///
     /// # Safety
-    /// `key` readable for key_size bytes; `src` readable as its variant says.
-    unsafe fn update_impl(&self, key: *const u8, src: Src, flags: u64, wait: Wait, memo: bool) -> Result<(), MapError> {
-        if (flags & !BPF_F_LOCK) > BPF_EXIST {
-            return Err(EBAD_FLAGS);
+    /// `key` readable for key_size bytes; `src` readable as its variant says; `N` is 0 or
+    /// key_size; `home` < nr_cpus.
+    #[inline(always)]
+    unsafe fn update_impl<const N: usize>(
+        &self,
+        key: *const u8,
+        src: Src,
+        flags: u64,
+        wait: Wait,
+        memo: bool,
+        home: Option<usize>,
+    ) -> Result<(), MapError> {
+        if flags > BPF_EXIST {
+            return Err(bad_update_flags(flags));
         }
-        if flags & BPF_F_LOCK != 0 {
-            return Err(einval("BPF_F_LOCK without a bpf_spin_lock in the value"));
-        }
+        let ks = if N == 0 { self.ks } else { N };
         if memo && flags != BPF_NOEXIST && matches!(src, Src::Cpu(..)) {
             let (map, i, word) = lookup_memo();
             // SAFETY: `key` is readable for the map's key size (the caller's contract).
-            let memo_word = map == self as *const HashMap as u64 && word == unsafe { key_word(key, self.ks) };
-            // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
-            if memo_word && i < self.n_elems && unsafe { self.key_eq(self.elem(i), key) } {
+            let memo_word = map == self.memo_id() && word == unsafe { key_word(key, ks) };
+            // The element must be linked: after a lookup, a delete of the key (sslsniff's return
+            // probe) leaves the memo naming a free element, which the next insert of the key
+            // would otherwise lock for nothing.
+            if memo_word
+                && i < self.n_elems
+                // SAFETY: i < n_elems is checked first; key readable (the caller's contract).
+                && unsafe {
+                    let e = self.elem(i);
+                    a8(e.add(E_STATE)).load(Relaxed) == LINKED && self.key_eq_n::<N>(e, key)
+                }
+            {
                 // SAFETY: as above.
-                if unsafe { self.update_in_place(i, key, None, src, wait) }? {
+                if unsafe { self.update_in_place::<N>(i, key, None, src, wait) }? {
                     return Ok(());
                 }
             }
         }
         // SAFETY: key readable (caller).
-        let h = unsafe { self.hash(key) };
+        let h = unsafe { self.hash_n::<N>(key) };
         if flags != BPF_NOEXIST {
             // An existing key: found without a lock, written under its element's lock. The
             // bucket's cache line is only read, so threads updating different keys do not
             // pass it back and forth.
             for _ in 0..4 {
                 // SAFETY: key readable (caller).
-                let i = unsafe { self.find(key, h) };
+                let i = unsafe { if N == 0 { self.find(key, h) } else { self.find_n::<N>(key, h) } };
                 if i == NIL {
                     break;
                 }
                 // SAFETY: i < n_elems (find); key and src readable (caller).
-                if unsafe { self.update_in_place(i, key, Some(h), src, wait) }? {
+                if unsafe { self.update_in_place::<N>(i, key, Some(h), src, wait) }? {
                     return Ok(());
                 }
             }
@@ -905,13 +1004,10 @@ impl HashMap {
         let b = h & self.mask;
         let _guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock; key readable.
-        let found = unsafe { self.find_locked(b, key, h) };
-        match (found, flags) {
-            (Some(_), BPF_NOEXIST) => return Err(EEXIST),
-            (None, BPF_EXIST) => return Err(ENOENT),
-            _ => {}
-        }
-        if let Some((_, old)) = found {
+        if let Some((_, old)) = unsafe { self.find_locked::<N>(b, key, h) } {
+            if flags == BPF_NOEXIST {
+                return Err(EEXIST);
+            }
             // Inserted meanwhile by another thread.
             // SAFETY: old < n_elems; linked in b's chain, which we hold; src readable.
             unsafe {
@@ -920,12 +1016,17 @@ impl HashMap {
             }
             return Ok(());
         }
-        let n = self.take_for_insert(b, self.home())?;
+        if flags == BPF_EXIST {
+            return Err(ENOENT);
+        }
+        // A program's run holds its CPU slot: that slot's list (see `home`).
+        let n = self.take_for_insert(b, home.unwrap_or_else(|| self.home()))?;
         // SAFETY: n is ours; we hold b's lock, so the head is stable until the store.
         unsafe {
-            self.fill(n, key, h, src);
-            self.next(n).store(self.head(b).load(Relaxed), Relaxed);
-            self.head(b).store(n, Release);
+            self.fill::<N>(n, key, h, src);
+            let head = self.head(b);
+            a32(self.elem(n).add(E_NEXT)).store(head.load(Relaxed), Relaxed);
+            head.store(n, Release);
             // Marked linked once reachable, never before: whoever sees LINKED (acquire) with
             // our key sees the key and value written above (not a previous key's bytes) and
             // an element searches can find, which a program's lookup through its memo
@@ -937,17 +1038,27 @@ impl HashMap {
         Ok(())
     }
 
-    /// Delete (optionally copying the value out first).
+    /// Delete (optionally copying the value out first), for a key size known at compile
+    /// time (`N`, or 0: key_size). `home`: the list record the freed element goes to (a
+    /// program's CPU slot), None for the CPU the thread runs on.
     ///
     /// # Safety
-    /// `key` readable; `out` null or writable for value_buf_size bytes.
-    unsafe fn delete_impl(&self, key: *const u8, out: *mut u8, wait: Wait) -> Result<(), MapError> {
+    /// `key` readable; `out` null or writable for value_buf_size bytes; `home` < nr_cpus;
+    /// `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn delete_impl<const N: usize>(
+        &self,
+        key: *const u8,
+        out: *mut u8,
+        wait: Wait,
+        home: Option<usize>,
+    ) -> Result<(), MapError> {
         // SAFETY: key readable (caller).
-        let h = unsafe { self.hash(key) };
+        let h = unsafe { self.hash_n::<N>(key) };
         let b = h & self.mask;
         let guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock.
-        let Some((prev, i)) = (unsafe { self.find_locked(b, key, h) }) else {
+        let Some((prev, i)) = (unsafe { self.find_locked::<N>(b, key, h) }) else {
             return Err(ENOENT);
         };
         // SAFETY: i/prev in b's chain under its lock; out writable (caller).
@@ -960,9 +1071,7 @@ impl HashMap {
             drop(e);
         }
         drop(guard);
-        let home = self.home();
-        self.live(home).fetch_sub(1, Relaxed);
-        self.push(home, i);
+        self.push(home.unwrap_or_else(|| self.home()), i);
         Ok(())
     }
 
@@ -984,6 +1093,34 @@ impl HashMap {
         }
     }
 
+    /// The map's name in the threads' lookup memos: its hash seed (random per map file), the
+    /// same in every process and for every [`HashMap`] of the file. The runtime opens a map
+    /// anew for each program that uses it (sslsniff's entry and return programs each have
+    /// their own), so the address of this struct would not find a memo another program left.
+    /// Two maps may share a seed (`BPF_F_ZERO_SEED`): the memo is a hint whose element is
+    /// checked in this map (linked and holding the key, so the key's element of this map),
+    /// and a shared name only costs that check.
+    #[inline(always)]
+    fn memo_id(&self) -> u64 {
+        self.seed
+    }
+
+    /// Whether a memo's element `i` is the key's: below n_elems, linked (acquire: its key
+    /// and value as published) and holding the key.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn memo_holds<const N: usize>(&self, i: u32, key: *const u8) -> bool {
+        let ks = if N == 0 { self.ks } else { N };
+        // SAFETY: i < n_elems is checked first; key readable for ks bytes (caller).
+        i < self.n_elems
+            && unsafe {
+                let e = self.elem(i);
+                a8(e.add(E_STATE)).load(Acquire) == LINKED && eq(e.add(E_KEY), key, ks)
+            }
+    }
+
     /// `lookup` for a key size known at compile time (`N`, or 0: key_size).
     ///
     /// # Safety
@@ -991,28 +1128,33 @@ impl HashMap {
     #[inline(always)]
     unsafe fn lookup_n<const N: usize>(&self, key: *const u8, cpu: u32) -> *mut u8 {
         let ks = if N == 0 { self.ks } else { N };
-        let me = self as *const HashMap as u64;
+        let me = self.memo_id();
         let (memo_map, memo, memo_word) = lookup_memo();
         // SAFETY: key readable for ks bytes (caller).
         let word = unsafe { key_word(key, ks) };
         // The thread's last lookup found the key's element, which is still linked and holds
         // it: that element, without hashing and searching again (see the module docs).
         // SAFETY: memo < n_elems is checked first; key readable for ks bytes (caller).
-        let i = if memo_map == me
-            && memo_word == word
-            && memo < self.n_elems
-            && unsafe {
-                a8(self.elem(memo).add(E_STATE)).load(Acquire) == LINKED && eq(self.elem(memo).add(E_KEY), key, ks)
-            } {
+        let i = if memo_map == me && memo_word == word && unsafe { self.memo_holds::<N>(memo, key) } {
             memo
         } else {
+            // The thread's memo before its last lookup of another map (two maps looked up in
+            // turn, as sslsniff's `bufs` and `start_ns`): the same checks, then it becomes
+            // the first memo (the one an update of the key checks).
+            let (memo2_map, memo2, memo2_word) = lookup_memo2();
             // SAFETY: key readable for ks bytes (caller).
-            let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
-            if i == NIL {
-                return std::ptr::null_mut();
+            if memo2_map == me && memo2_word == word && unsafe { self.memo_holds::<N>(memo2, key) } {
+                swap_lookup_memos();
+                memo2
+            } else {
+                // SAFETY: key readable for ks bytes (caller).
+                let i = unsafe { self.find_n::<N>(key, hash_key(key, ks, self.seed)) };
+                if i == NIL {
+                    return std::ptr::null_mut();
+                }
+                set_lookup_memo(me, i, word);
+                i
             }
-            set_lookup_memo(me, i, word);
-            i
         };
         // SAFETY: i < n_elems (the memo's was checked, find returns such indices).
         unsafe {
@@ -1026,32 +1168,47 @@ impl HashMap {
         }
     }
 
+    /// The helpers' update (`Map::update`). `cpu` is the slot whose per-CPU value is written;
+    /// the helpers pass 0 for maps that are not per-CPU, so a new element comes from the free
+    /// list of the CPU the thread runs on (`home`), not from `cpu`'s.
+    ///
     /// # Safety
     /// `key` readable for key_size bytes, `value` for value_size bytes.
     pub(crate) unsafe fn update(&self, key: *const u8, value: *const u8, flags: u64, cpu: u32) -> Result<(), MapError> {
-        if self.ids {
-            return Err(einval("hash of maps is not updated by programs"));
+        // SAFETY: forwarded contract; each arm's constant is key_size.
+        unsafe {
+            match self.ks {
+                4 => self.update_n::<4>(key, value, flags, cpu, true, false),
+                8 => self.update_n::<8>(key, value, flags, cpu, true, false),
+                16 => self.update_n::<16>(key, value, flags, cpu, true, false),
+                _ => self.update_n::<0>(key, value, flags, cpu, true, false),
+            }
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, true) }
     }
 
-    /// `update` for a caller that already tried the lookup memo (`update_memo_fast`).
+    /// `update` for a key size known at compile time (`N`, or 0: key_size); `memo`: whether
+    /// to try the thread's lookup memo (false for a caller that already tried it,
+    /// `update_memo_fast`); `slot`: whether `cpu` is the CPU slot the caller's run holds
+    /// (the program ops), whose free list a new element then comes from.
     ///
     /// # Safety
-    /// As for `update`.
-    unsafe fn update_without_memo(
+    /// As for `update`; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn update_n<const N: usize>(
         &self,
         key: *const u8,
         value: *const u8,
         flags: u64,
         cpu: u32,
+        memo: bool,
+        slot: bool,
     ) -> Result<(), MapError> {
         if self.ids {
             return Err(einval("hash of maps is not updated by programs"));
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.update_impl(key, Src::Cpu(value, self.cpu(cpu)), flags, Wait::Hot, false) }
+        let c = self.cpu(cpu);
+        // SAFETY: forwarded contract; c < nr_cpus.
+        unsafe { self.update_impl::<N>(key, Src::Cpu(value, c), flags, Wait::Hot, memo, slot.then_some(c)) }
     }
 
     /// The common case of a program's update of a per-CPU map, done inline with no error
@@ -1068,13 +1225,16 @@ impl HashMap {
         }
         let (map, i, word) = lookup_memo();
         // SAFETY: key readable for key_size bytes (caller).
-        if map != self as *const HashMap as u64 || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
+        if map != self.memo_id() || word != unsafe { key_word(key, self.ks) } || i >= self.n_elems {
             return false;
         }
         // SAFETY: i < n_elems; key and value readable (caller).
         unsafe {
             let e = self.elem(i);
-            if !self.key_eq(e, key) {
+            // Linked (as the JIT's inline hit checks): a lookup then a delete of the key leave
+            // the memo naming a free element, which a new insert of the key would lock for
+            // nothing.
+            if a8(e.add(E_STATE)).load(Relaxed) != LINKED || !self.key_eq(e, key) {
                 return false;
             }
             let Some(_e) = self.elock(i).try_lock_once() else { return false };
@@ -1091,8 +1251,27 @@ impl HashMap {
     /// # Safety
     /// `key` readable for key_size bytes.
     pub(crate) unsafe fn delete(&self, key: *const u8) -> Result<(), MapError> {
-        // SAFETY: forwarded contract; no value out.
-        unsafe { self.delete_impl(key, std::ptr::null_mut(), Wait::Hot) }
+        // SAFETY: forwarded contract; no value out; each arm's constant is key_size.
+        unsafe {
+            let out = std::ptr::null_mut();
+            match self.ks {
+                4 => self.delete_impl::<4>(key, out, Wait::Hot, None),
+                8 => self.delete_impl::<8>(key, out, Wait::Hot, None),
+                16 => self.delete_impl::<16>(key, out, Wait::Hot, None),
+                _ => self.delete_impl::<0>(key, out, Wait::Hot, None),
+            }
+        }
+    }
+
+    /// `delete` by a program's run holding CPU slot `cpu`, for a key size known at compile
+    /// time (`N`, or 0: key_size): the freed element goes to that slot's free list.
+    ///
+    /// # Safety
+    /// `key` readable for key_size bytes; `N` is 0 or key_size.
+    #[inline(always)]
+    unsafe fn delete_in_slot<const N: usize>(&self, key: *const u8, cpu: u32) -> Result<(), MapError> {
+        // SAFETY: forwarded contract; no value out; `self.cpu` is below nr_cpus.
+        unsafe { self.delete_impl::<N>(key, std::ptr::null_mut(), Wait::Hot, Some(self.cpu(cpu))) }
     }
 
     /// The program-side operations of this map as functions a caller (the JIT) can call
@@ -1100,19 +1279,28 @@ impl HashMap {
     /// the helpers (which find the map in the registry by address, dispatch on its type and
     /// read the run's CPU from thread-local state): each is an `extern "C" fn(arg, r2, r3, r4,
     /// cpu) -> u64` returning what the helper of the same name returns for this map (see
-    /// [`ProgOps`]). The lookup is specialised for the key size. None for hashes of maps,
+    /// [`ProgOps`]). Each is specialised for the key size (4, 8, 16 or any). None for hashes of maps,
     /// whose lookups return inner maps (the runtime's registry knows them).
     pub fn prog_ops(&self) -> Option<ProgOps> {
         if self.ids {
             return None;
         }
-        let lookup: ProgOp = match self.ks {
-            4 => prog_lookup::<4>,
-            8 => prog_lookup::<8>,
-            16 => prog_lookup::<16>,
-            _ => prog_lookup::<0>,
+        let (lookup, mut update, delete): (ProgOp, ProgOp, ProgOp) = match self.ks {
+            4 => (prog_lookup::<4>, prog_update::<4>, prog_delete::<4>),
+            8 => (prog_lookup::<8>, prog_update::<8>, prog_delete::<8>),
+            16 => (prog_lookup::<16>, prog_update::<16>, prog_delete::<16>),
+            _ => (prog_lookup::<0>, prog_update::<0>, prog_delete::<0>),
         };
-        Some(ProgOps { arg: self as *const HashMap as u64, lookup, update: prog_update, delete: prog_delete })
+        if !self.percpu {
+            // No inline memo path to keep small: the general update is the function.
+            update = match self.ks {
+                4 => prog_update_shared::<4>,
+                8 => prog_update_shared::<8>,
+                16 => prog_update_shared::<16>,
+                _ => prog_update_shared::<0>,
+            };
+        }
+        Some(ProgOps { arg: self as *const HashMap as u64, lookup, update, delete })
     }
 
     /// Where generated code finds what a program's lookup and update of an existing key
@@ -1132,7 +1320,7 @@ impl HashMap {
         let elem_size = u32::try_from(self.elem_size).ok().filter(|&s| s <= i32::MAX as u32)?;
         let pcpu_stride = u32::try_from(self.pcpu_stride).ok().filter(|&s| s <= i32::MAX as u32)?;
         Some(MemoLayout {
-            map: self as *const HashMap as u64,
+            map: self.memo_id(),
             thread_words: crate::sync::thread_words_tls_offset(),
             n_elems: self.n_elems,
             elems: self.elems as u64,
@@ -1176,7 +1364,7 @@ impl HashMap {
             }
             let b = h & self.mask;
             let _g = SpinLock::new(self.lock_word(b)).lock(Wait::Sys)?;
-            match self.find_locked(b, k, h) {
+            match self.find_locked::<0>(b, k, h) {
                 Some((_, i)) => {
                     let _e = self.elock(i).lock(Wait::Sys)?;
                     self.read_value(i, out.as_mut_ptr());
@@ -1192,17 +1380,17 @@ impl HashMap {
             return Err(MapError::new(libc::EBADF, "id 0 names no map"));
         }
         // SAFETY: key holds key_size bytes, value value_buf_size bytes (checked by Map).
-        unsafe { self.update_impl(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false) }
+        unsafe { self.update_impl::<0>(key.as_ptr(), Src::All(value.as_ptr()), flags, Wait::Sys, false, None) }
     }
 
     pub(crate) fn delete_elem(&self, key: &[u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes.
-        unsafe { self.delete_impl(key.as_ptr(), std::ptr::null_mut(), Wait::Sys) }
+        unsafe { self.delete_impl::<0>(key.as_ptr(), std::ptr::null_mut(), Wait::Sys, None) }
     }
 
     pub(crate) fn lookup_and_delete_elem(&self, key: &[u8], out: &mut [u8]) -> Result<(), MapError> {
         // SAFETY: key holds key_size bytes, out value_buf_size bytes (checked by Map).
-        unsafe { self.delete_impl(key.as_ptr(), out.as_mut_ptr(), Wait::Sys) }
+        unsafe { self.delete_impl::<0>(key.as_ptr(), out.as_mut_ptr(), Wait::Sys, None) }
     }
 
     pub(crate) fn get_next_key(&self, key: Option<&[u8]>, out: &mut [u8]) -> Result<(), MapError> {
@@ -1234,11 +1422,14 @@ impl HashMap {
         Err(ENOENT)
     }
 
-    /// Live elements (approximate while updates run): the sum of the CPUs' counts.
+    /// The elements in the map: those marked linked (exact when no update or delete runs;
+    /// while they run, each element is counted as it is at the moment its state is read).
+    /// One pass over the elements' state bytes: the map keeps no count, so that inserts and
+    /// deletes write no shared counter (as the kernel's preallocated hash maps keep none).
     pub fn len(&self) -> u32 {
-        let n = (0..self.nr_cpus as usize).fold(0u32, |n, c| n.wrapping_add(self.live(c).load(Relaxed)));
-        // Transiently negative (a delete counted before the insert it undoes) reads as 0.
-        if (n as i32) < 0 { 0 } else { n.min(self.max) }
+        // SAFETY: i < n_elems; the state byte of element i.
+        let n = (0..self.n_elems).filter(|&i| unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == LINKED).count();
+        (n as u32).min(self.max)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -1269,6 +1460,17 @@ impl HashMap {
     }
 }
 
+/// The error of an update whose flags are not `BPF_ANY`, `BPF_NOEXIST` or `BPF_EXIST`.
+#[cold]
+#[inline(never)]
+fn bad_update_flags(flags: u64) -> MapError {
+    if (flags & !BPF_F_LOCK) > BPF_EXIST {
+        EBAD_FLAGS
+    } else {
+        einval("BPF_F_LOCK without a bpf_spin_lock in the value")
+    }
+}
+
 /// The first 8 bytes of a key of `ks` bytes (zero-padded), the lookup memo's filter: a memo
 /// of another key is told apart without touching its element.
 ///
@@ -1289,7 +1491,7 @@ pub type ProgOp = unsafe extern "C" fn(u64, u64, u64, u64, u64) -> u64;
 /// - `lookup(arg, key, _, _, cpu)`: `bpf_map_lookup_elem`: the value's address (`cpu`'s for a
 ///   per-CPU map; an LRU map's element is marked used), or 0;
 /// - `update(arg, key, value, flags, cpu)`: `bpf_map_update_elem`: 0 or `-errno`;
-/// - `delete(arg, key, _, _, _)`: `bpf_map_delete_elem`: 0 or `-errno`.
+/// - `delete(arg, key, _, _, cpu)`: `bpf_map_delete_elem`: 0 or `-errno`.
 ///
 /// Safety of the calls: `arg` names a live [`HashMap`] (its map is never unmapped while
 /// programs may call), `cpu` is a CPU slot the caller's run holds, and keys and values are
@@ -1307,7 +1509,9 @@ pub struct ProgOps {
 ///
 /// - the thread's words at `thread_words` from the thread pointer: +0 its id (u32, 0: not
 ///   read yet), +4 the memo's element index (u32), +8 the memo's map (u64, compared with
-///   `map`), +16 the memo's key word (u64: the key's `key_size` bytes, zero-padded);
+///   `map`, the map's name in memos: its hash seed, the same for every process's and every
+///   program's opening of the map file), +16 the memo's key word (u64: the key's `key_size`
+///   bytes, zero-padded);
 /// - element `i < n_elems` at `elems + i * elem_size`: its state byte at `+state` (`linked`:
 ///   in its chain), its lock word at `+lock` (u32: 0 or the holder's thread id; an update
 ///   takes it with one compare-and-swap, and gives up when it is held), its key word at
@@ -1344,18 +1548,30 @@ unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u6
     unsafe { (*(m as *const HashMap)).lookup_n::<N>(key as *const u8, cpu as u32) as u64 }
 }
 
-/// [`ProgOps::update`].
-unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+/// [`ProgOps::update`] of a map that is not per-CPU, for key size `N` (0: any): the general
+/// update, which tries the thread's lookup memo (their value write switches slots).
+unsafe extern "C" fn prog_update_shared<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes; `prog_ops` chose N
+    // as the map's key size (or 0).
+    match unsafe {
+        (*(m as *const HashMap)).update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, true, true)
+    } {
+        Ok(()) => 0,
+        Err(e) => e.to_helper_ret(),
+    }
+}
+
+/// [`ProgOps::update`] of a per-CPU map for key size `N` (0: any).
+unsafe extern "C" fn prog_update<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
     // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
     let map = unsafe { &*(m as *const HashMap) };
     // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element written inline.
-    // Others: the general update, which tries the memo too (their value write switches slots).
     // SAFETY: as above.
     if map.percpu && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
         return 0;
     }
     // SAFETY: as above.
-    unsafe { prog_update_general(map, key, value, flags, cpu) }
+    unsafe { prog_update_general::<N>(map, key, value, flags, cpu) }
 }
 
 /// [`prog_update`] when the memo's fast path does not apply (out of line, so that the fast
@@ -1364,26 +1580,331 @@ unsafe extern "C" fn prog_update(m: u64, key: u64, value: u64, flags: u64, cpu: 
 /// # Safety
 /// As for [`prog_update`].
 #[inline(never)]
-unsafe fn prog_update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
-    // SAFETY: forwarded.
-    let r = if map.percpu {
-        // SAFETY: forwarded; `prog_update` tried the memo.
-        unsafe { map.update_without_memo(key as *const u8, value as *const u8, flags, cpu as u32) }
-    } else {
-        // SAFETY: forwarded.
-        unsafe { map.update(key as *const u8, value as *const u8, flags, cpu as u32) }
-    };
-    match r {
+unsafe fn prog_update_general<const N: usize>(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+    // Per-CPU maps: `prog_update` tried the memo.
+    // SAFETY: forwarded; `prog_ops` chose N as the map's key size (or 0).
+    match unsafe { map.update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu, true) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
     }
 }
 
-/// [`ProgOps::delete`].
-unsafe extern "C" fn prog_delete(m: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
-    // SAFETY: as for `prog_lookup`.
-    match unsafe { (*(m as *const HashMap)).delete(key as *const u8) } {
+/// [`ProgOps::delete`] for key size `N` (0: any).
+unsafe extern "C" fn prog_delete<const N: usize>(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
+    // SAFETY: as for `prog_lookup`; `prog_ops` chose N as the map's key size (or 0).
+    match unsafe { (*(m as *const HashMap)).delete_in_slot::<N>(key as *const u8, cpu as u32) } {
         Ok(()) => 0,
         Err(e) => e.to_helper_ret(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Shm;
+    use std::path::PathBuf;
+
+    struct Tmp(PathBuf);
+
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tmp(name: &str) -> Tmp {
+        let root =
+            if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let d = root.join(format!("userbpf-hash-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Tmp(d)
+    }
+
+    /// A hash map with `nr_cpus` CPU slots, whatever the machine has (as `Map::create` makes
+    /// it, the published header aside).
+    fn map(t: &Tmp, name: &str, map_type: MapType, ks: u32, max: u32, nr_cpus: u32) -> HashMap {
+        let spec = MapSpec {
+            map_type,
+            key_size: ks,
+            value_size: 8,
+            max_entries: max,
+            map_flags: 0,
+            map_extra: 0,
+            name: name.into(),
+        };
+        HashMap::check(&spec).unwrap();
+        let size = HashMap::file_size(&spec, nr_cpus).unwrap() as usize;
+        let shm = Shm::create(&t.0.join(name), size).unwrap();
+        HashMap::create(Base { shm, spec, nr_cpus }).unwrap()
+    }
+
+    /// Key `k` as `ks` bytes.
+    fn key(k: u32, ks: u32) -> Vec<u8> {
+        let mut v = vec![0u8; ks as usize];
+        v[..4].copy_from_slice(&k.to_ne_bytes());
+        v
+    }
+
+    fn update(m: &HashMap, k: &[u8], v: u64, flags: u64, cpu: u32) -> i64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: a live map; key and value readable for its sizes; this thread is the only
+        // one using slot `cpu`.
+        unsafe { (ops.update)(ops.arg, k.as_ptr() as u64, &v as *const u64 as u64, flags, cpu as u64) as i64 }
+    }
+
+    fn delete(m: &HashMap, k: &[u8], cpu: u32) -> i64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: as in `update`.
+        unsafe { (ops.delete)(ops.arg, k.as_ptr() as u64, 0, 0, cpu as u64) as i64 }
+    }
+
+    /// A program's lookup: the value's address, 0 if absent.
+    fn lookup(m: &HashMap, k: &[u8], cpu: u32) -> u64 {
+        let ops = m.prog_ops().unwrap();
+        // SAFETY: as in `update`.
+        unsafe { (ops.lookup)(ops.arg, k.as_ptr() as u64, 0, 0, cpu as u64) }
+    }
+
+    /// The element holding `k` (found by a program's lookup, through its value's address).
+    fn elem_of(m: &HashMap, k: &[u8]) -> u32 {
+        let v = lookup(m, k, 0);
+        assert_ne!(v, 0, "key {k:?} absent");
+        let i = if m.percpu { (v - m.pcpu as u64) / m.vs8 as u64 } else { (v - m.elems as u64) / m.elem_size as u64 };
+        i as u32
+    }
+
+    /// CPU `c`'s share of the elements when the map was created.
+    fn share(m: &HashMap, c: u32) -> std::ops::Range<u32> {
+        let (n, nr) = (m.n_elems as u64, m.nr_cpus as u64);
+        (n * c as u64 / nr) as u32..(n * (c as u64 + 1) / nr) as u32
+    }
+
+    fn types() -> [MapType; 4] {
+        [
+            MapType::BPF_MAP_TYPE_HASH,
+            MapType::BPF_MAP_TYPE_PERCPU_HASH,
+            MapType::BPF_MAP_TYPE_LRU_HASH,
+            MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH,
+        ]
+    }
+
+    /// A program's insert takes its element from its run's CPU slot's free list, and its
+    /// delete gives the element back to that slot's list, whatever CPU the thread runs on.
+    #[test]
+    fn program_inserts_and_deletes_use_their_slots_free_list() {
+        let t = tmp("home");
+        for (n, mt) in types().into_iter().enumerate() {
+            for ks in [4, 8, 12, 16] {
+                let m = map(&t, &format!("m{n}-{ks}"), mt, ks, 64, 4);
+                for c in 0..4 {
+                    assert_eq!(update(&m, &key(c, ks), c as u64, BPF_ANY, c), 0);
+                    let i = elem_of(&m, &key(c, ks));
+                    assert!(share(&m, c).contains(&i), "{mt:?} key size {ks}: slot {c}'s insert took element {i}");
+                }
+                for c in 0..4 {
+                    // Deleted in slot c + 1: the next insert in that slot takes it back.
+                    let d = (c + 1) % 4;
+                    let i = elem_of(&m, &key(c, ks));
+                    assert_eq!(delete(&m, &key(c, ks), d), 0);
+                    assert_eq!(update(&m, &key(100 + c, ks), 7, BPF_NOEXIST, d), 0);
+                    assert_eq!(elem_of(&m, &key(100 + c, ks)), i, "{mt:?} key size {ks}: slot {d}'s free list");
+                }
+                assert_eq!(m.len(), 4);
+            }
+        }
+    }
+
+    /// The helpers' update and delete (`Map::update`, `Map::delete`) are given no CPU slot of
+    /// their own for maps that are not per-CPU (the helpers pass 0): their elements come from
+    /// and go back to the free list of the CPU the thread runs on.
+    #[test]
+    fn helper_updates_use_the_running_cpus_free_list() {
+        let t = tmp("helper");
+        std::thread::spawn(move || {
+            // Pinned to one CPU it may run on.
+            // SAFETY: a zeroed cpu_set_t filled by sched_getaffinity, then one CPU set in a
+            // fresh one; both calls are for this thread (pid 0).
+            let cpu = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+                let cpu = (0..libc::CPU_SETSIZE as usize).rev().find(|&c| libc::CPU_ISSET(c, &set)).unwrap();
+                let mut one: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut one);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one), 0);
+                cpu as u32
+            };
+            assert_eq!(crate::sync::current_cpu(), cpu);
+            let m = map(&t, "m", MapType::BPF_MAP_TYPE_HASH, 4, 64, 4);
+            let home = cpu % 4;
+            let other = (home + 1) % 4;
+            let v = 5u64;
+            for k in 0..3 {
+                // SAFETY: a 4-byte key and an 8-byte value.
+                unsafe { m.update(key(k, 4).as_ptr(), &v as *const u64 as *const u8, BPF_ANY, other) }.unwrap();
+                let i = elem_of(&m, &key(k, 4));
+                assert!(share(&m, home).contains(&i), "CPU {cpu}: the helper's insert took element {i}");
+            }
+            // Deleted by a program in slot `other`, then by the helper: the helper's goes to
+            // the running CPU's list, whose next insert takes it back.
+            let i = elem_of(&m, &key(0, 4));
+            // SAFETY: a 4-byte key.
+            unsafe { m.delete(key(0, 4).as_ptr()) }.unwrap();
+            assert_eq!(update(&m, &key(9, 4), 1, BPF_ANY, home), 0);
+            assert_eq!(elem_of(&m, &key(9, 4)), i);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The element count, kept by no counter, is what inserts and deletes from several threads
+    /// and slots left; the map holds exactly max_entries elements (E2BIG after), taking from
+    /// other slots' lists when a slot's own is empty.
+    #[test]
+    fn len_and_e2big_across_threads_and_slots() {
+        let t = tmp("len");
+        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+            const MAX: u32 = 240;
+            let m = map(&t, &format!("m{n}"), mt, 4, MAX, 4);
+            // Two threads, slots {0, 2} and {1, 3}: 100 keys each, every third deleted again
+            // (by the other slot of the pair).
+            std::thread::scope(|s| {
+                for th in 0..2u32 {
+                    let m = &m;
+                    s.spawn(move || {
+                        for k in 0..100 {
+                            let key = key(th * 1000 + k, 4);
+                            assert_eq!(update(m, &key, k as u64, BPF_ANY, th + 2 * (k % 2)), 0);
+                            if k % 3 == 0 {
+                                assert_eq!(delete(m, &key, th + 2 * (1 - k % 2)), 0);
+                            }
+                        }
+                    });
+                }
+            });
+            let kept = 2 * (100 - 34);
+            assert_eq!(m.len(), kept, "{mt:?}");
+            // Syscall-side deletes and inserts count too.
+            m.delete_elem(&key(1, 4)).unwrap();
+            m.update_elem(&key(5000, 4), &vec![1u8; 8 * if m.percpu { 4 } else { 1 }], BPF_NOEXIST).unwrap();
+            assert_eq!(m.len(), kept);
+            // Fill from slot 3 alone: its list empties, then it takes from the others'.
+            let room = MAX - kept;
+            for k in 0..room {
+                assert_eq!(update(&m, &key(10_000 + k, 4), 1, BPF_ANY, 3), 0, "{mt:?}: insert {k} of {room}");
+            }
+            assert_eq!(m.len(), MAX);
+            for c in 0..4 {
+                assert_eq!(update(&m, &key(20_000 + c, 4), 1, BPF_ANY, c), -(libc::E2BIG as i64), "{mt:?}");
+            }
+            // An existing key is still updated in place.
+            assert_eq!(update(&m, &key(10_000, 4), 2, BPF_ANY, 0), 0);
+            assert_eq!(delete(&m, &key(10_000, 4), 1), 0);
+            assert_eq!(m.len(), MAX - 1);
+            assert_eq!(update(&m, &key(20_000, 4), 1, BPF_ANY, 2), 0);
+            assert_eq!(update(&m, &key(20_001, 4), 1, BPF_ANY, 2), -(libc::E2BIG as i64));
+            assert_eq!(m.len(), MAX);
+        }
+    }
+
+    /// sslsniff's pattern: a key looked up (the thread's memo names its element), deleted,
+    /// then inserted again. The insert must not wait for the freed element's lock (here held
+    /// by a parked thread, as a racing in-place update would hold it): the memo's element is
+    /// not linked, so the insert goes the general way at once.
+    #[test]
+    fn insert_after_delete_ignores_the_memos_freed_element() {
+        let t = tmp("memo");
+        for (n, mt) in types().into_iter().enumerate() {
+            let m = map(&t, &format!("m{n}"), mt, 4, 16, 2);
+            let k = key(42, 4);
+            assert_eq!(update(&m, &k, 1, BPF_ANY, 0), 0);
+            assert_ne!(lookup(&m, &k, 0), 0);
+            let i = elem_of(&m, &k);
+            assert_eq!(delete(&m, &k, 0), 0);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let parked = std::thread::spawn(move || {
+                tid_tx.send(crate::sync::my_tid()).unwrap();
+                let _ = rx.recv();
+            });
+            // SAFETY: i < n_elems.
+            let lock = unsafe { a32(m.elem(i).add(E_LOCK)) };
+            lock.store(tid_rx.recv().unwrap(), Relaxed);
+            let r = update(&m, &k, 2, BPF_ANY, 0);
+            lock.store(0, Relaxed);
+            drop(tx);
+            parked.join().unwrap();
+            assert_eq!(r, 0, "{mt:?}");
+            let v = lookup(&m, &k, 0);
+            assert_ne!(v, 0);
+            // SAFETY: a value of this map (8 bytes, aligned).
+            assert_eq!(unsafe { (v as *const u64).read() }, 2, "{mt:?}");
+        }
+    }
+
+    /// A map file opened twice (as the runtime opens a map for each program that uses it:
+    /// sslsniff's entry and return programs) is one map to the threads' lookup memos, and a
+    /// thread looking up two maps in turn has both remembered.
+    #[test]
+    fn lookup_memos_name_the_map_file_and_remember_two_maps() {
+        let t = tmp("memo2");
+        let a1 = map(&t, "a", MapType::BPF_MAP_TYPE_HASH, 4, 64, 2);
+        let a2 =
+            HashMap::open(Base { shm: Shm::open(&t.0.join("a")).unwrap(), spec: a1.base.spec.clone(), nr_cpus: 2 });
+        let b = map(&t, "b", MapType::BPF_MAP_TYPE_HASH, 4, 64, 2);
+        let k = key(7, 4);
+        assert_eq!(update(&a1, &k, 11, BPF_ANY, 0), 0);
+        assert_eq!(update(&b, &k, 22, BPF_ANY, 0), 0);
+        let (ia, ib) = (elem_of(&a1, &k), elem_of(&b, &k));
+        assert_ne!(lookup(&a1, &k, 0), 0);
+        assert_ne!(lookup(&b, &k, 0), 0);
+        assert_eq!(crate::sync::lookup_memo(), (b.memo_id(), ib, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (a1.memo_id(), ia, 7));
+        // Through the other opening: the second memo is the key's element, now the first.
+        let v = lookup(&a2, &k, 0);
+        // SAFETY: a value of this map (8 bytes, aligned).
+        assert_eq!(unsafe { (v as *const u64).read() }, 11);
+        assert_eq!(crate::sync::lookup_memo(), (a2.memo_id(), ia, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (b.memo_id(), ib, 7));
+        // And again through the first opening: the first memo, nothing moved.
+        assert_ne!(lookup(&a1, &k, 0), 0);
+        assert_eq!(crate::sync::lookup_memo(), (a1.memo_id(), ia, 7));
+        assert_eq!(crate::sync::lookup_memo2(), (b.memo_id(), ib, 7));
+        // An update through either opening after the lookup writes the element in place.
+        assert_eq!(update(&a2, &k, 33, BPF_EXIST, 0), 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { (lookup(&a1, &k, 0) as *const u64).read() }, 33);
+    }
+
+    /// The program-side operations (each key size's instance) answer as the helpers do.
+    #[test]
+    fn program_ops_errors_and_values() {
+        let t = tmp("ops");
+        for (n, mt) in types().into_iter().enumerate() {
+            for ks in [4, 8, 12, 16] {
+                let m = map(&t, &format!("m{n}-{ks}"), mt, ks, 8, 2);
+                let (a, b) = (key(1, ks), key(2, ks));
+                assert_eq!(update(&m, &a, 10, BPF_EXIST, 1), -(libc::ENOENT as i64));
+                assert_eq!(update(&m, &a, 11, BPF_NOEXIST, 1), 0);
+                assert_eq!(update(&m, &a, 12, BPF_NOEXIST, 0), -(libc::EEXIST as i64));
+                assert_eq!(update(&m, &a, 13, BPF_EXIST, 1), 0);
+                assert_eq!(update(&m, &a, 14, 3, 1), -(libc::EINVAL as i64));
+                assert_eq!(update(&m, &a, 15, BPF_F_LOCK, 1), -(libc::EINVAL as i64));
+                assert_eq!(update(&m, &b, 20, BPF_ANY, 0), 0);
+                // SAFETY: values of this map (8 bytes, aligned).
+                unsafe {
+                    assert_eq!((lookup(&m, &a, 1) as *const u64).read(), 13, "{mt:?} key size {ks}");
+                    assert_eq!((lookup(&m, &b, 0) as *const u64).read(), 20, "{mt:?} key size {ks}");
+                }
+                assert_eq!(delete(&m, &a, 1), 0);
+                assert_eq!(delete(&m, &a, 1), -(libc::ENOENT as i64));
+                assert_eq!(lookup(&m, &a, 1), 0);
+                assert_eq!(m.len(), 1);
+                // The syscall side sees what the programs wrote.
+                let mut out = vec![0u8; 8 * if m.percpu { 2 } else { 1 }];
+                m.lookup_elem(&b, &mut out).unwrap();
+                assert_eq!(u64::from_ne_bytes(out[..8].try_into().unwrap()), 20);
+            }
+        }
     }
 }

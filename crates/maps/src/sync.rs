@@ -57,15 +57,18 @@ use crate::types::MapError;
 //   +24 sweep_map: u64 the LRU map whose CLOCK hand the thread took a stretch of (0: none)
 //   +32 sweep_pos: u32 the next position of that stretch, +36 sweep_end: u32 its end; see
 //                      `hash::HashMap::sweep_step`
+//   +40 memo2_idx: u32, +48 memo2_map: u64, +56 memo2_key: u64: the lookup memo the thread
+//                      had before its last lookup of another map (its second memo: a thread
+//                      alternating between two maps, as sslsniff's probes do, finds both)
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
     ".p2align 3",
     ".globl userbpf_maps_thread_words",
     ".hidden userbpf_maps_thread_words",
     ".type userbpf_maps_thread_words,@object",
-    ".size userbpf_maps_thread_words, 40",
+    ".size userbpf_maps_thread_words, 64",
     "userbpf_maps_thread_words:",
-    ".zero 40",
+    ".zero 64",
     ".popsection",
 );
 
@@ -113,14 +116,51 @@ pub(crate) fn lookup_memo() -> (u64, u32, u64) {
     unsafe { (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read(), w.add(16).cast::<u64>().read()) }
 }
 
+/// Makes (map, element index, key word) the thread's memo; the memo it replaces becomes the
+/// second one (`lookup_memo2`) if it was another map's.
 #[inline(always)]
 pub(crate) fn set_lookup_memo(map: u64, idx: u32, key_word: u64) {
     let w = thread_words();
     // SAFETY: as in `lookup_memo`.
     unsafe {
+        let old = w.add(8).cast::<u64>().read();
+        if old != map {
+            w.add(48).cast::<u64>().write(old);
+            w.add(40).cast::<u32>().write(w.add(4).cast::<u32>().read());
+            w.add(56).cast::<u64>().write(w.add(16).cast::<u64>().read());
+        }
         w.add(8).cast::<u64>().write(map);
         w.add(4).cast::<u32>().write(idx);
         w.add(16).cast::<u64>().write(key_word);
+    }
+}
+
+/// The thread's second lookup memo (see `set_lookup_memo`): (map, element index, key word),
+/// map 0 for none. A hint only, as the first.
+#[inline(always)]
+pub(crate) fn lookup_memo2() -> (u64, u32, u64) {
+    let w = thread_words();
+    // SAFETY: as in `lookup_memo`.
+    unsafe { (w.add(48).cast::<u64>().read(), w.add(40).cast::<u32>().read(), w.add(56).cast::<u64>().read()) }
+}
+
+/// Swaps the thread's two lookup memos (a lookup found its element through the second: it
+/// becomes the first, the one an update of the same key then checks).
+#[inline(always)]
+pub(crate) fn swap_lookup_memos() {
+    let w = thread_words();
+    // SAFETY: as in `lookup_memo`.
+    unsafe {
+        let (m1, i1, k1) =
+            (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read(), w.add(16).cast::<u64>().read());
+        let (m2, i2, k2) =
+            (w.add(48).cast::<u64>().read(), w.add(40).cast::<u32>().read(), w.add(56).cast::<u64>().read());
+        w.add(8).cast::<u64>().write(m2);
+        w.add(4).cast::<u32>().write(i2);
+        w.add(16).cast::<u64>().write(k2);
+        w.add(48).cast::<u64>().write(m1);
+        w.add(40).cast::<u32>().write(i1);
+        w.add(56).cast::<u64>().write(k1);
     }
 }
 
