@@ -486,26 +486,18 @@ fn return_now_if_ret(a: &mut CodeAssembler, tail: CodeLabel) -> Result<(), IcedE
 /// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*, then the
 /// 128-byte red-zone gap, then the probed function's return address (its entry rsp).
 fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    use crate::thread::{ShadowEntry, ThreadState};
-    use std::mem::{offset_of, size_of};
-    const _: () = assert!(size_of::<ShadowEntry>() == 32);
+    use crate::thread::ThreadState;
+    use std::mem::offset_of;
     let t = crate::thread::table_layout();
     let has_entry = offset_of!(crate::Site, has_entry) as i32;
     let has_ret = offset_of!(crate::Site, has_ret) as i32;
-    let site_addr = offset_of!(crate::Site, addr) as i32;
     let in_handler = offset_of!(ThreadState, in_handler) as i32;
     let registered = offset_of!(ThreadState, registered) as i32;
     let top = offset_of!(ThreadState, top) as i32;
-    let entries = offset_of!(ThreadState, entries) as i32;
-    let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
-    let e_site = entries + offset_of!(ShadowEntry, site) as i32;
-    let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
-    let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
     // After the four pushes below.
     const SITE: i32 = 32 + 8;
     const FN_SP: i32 = 32 + 8 + 8 + 128;
     let mut slow = a.create_label();
-    let mut push = a.create_label();
     let mut slow_guarded = a.create_label();
     a.push(rax)?;
     a.push(rcx)?;
@@ -538,27 +530,14 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     // pushes nothing.
     a.mov(dword_ptr(rsi + in_handler), 1)?;
     a.lea(rcx, ptr(rsp + FN_SP))?;
-    a.test(rdx, rdx)?;
-    a.jz(push)?;
-    // A dead frame (longjmp'd over) at or below this one: the general path drops it.
-    a.mov(rax, rdx)?;
-    a.shl(rax, 5)?;
-    a.add(rax, rsi)?;
-    a.cmp(qword_ptr(rax + (e_sp - 32)), rcx)?;
-    a.jbe(slow_guarded)?;
-    a.set_label(&mut push)?;
-    a.mov(rax, rdx)?;
-    a.shl(rax, 5)?;
-    a.add(rax, rsi)?;
-    a.mov(rdx, qword_ptr(rcx))?;
-    a.mov(qword_ptr(rax + e_ret), rdx)?;
-    a.mov(rdx, qword_ptr(rsp + SITE))?;
-    a.and(rdx, -2)?;
-    a.mov(qword_ptr(rax + e_site), rdx)?;
-    a.mov(rdx, qword_ptr(rdx + site_addr))?;
-    a.mov(qword_ptr(rax + e_func), rdx)?;
-    a.mov(qword_ptr(rax + e_sp), rcx)?;
-    a.add(qword_ptr(rsi + top), 1)?;
+    push_shadow_entry(
+        a,
+        |a| {
+            a.mov(rdx, qword_ptr(rsp + SITE))?;
+            a.and(rdx, -2)
+        },
+        slow_guarded,
+    )?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.pop(rsi)?;
     a.pop(rdx)?;
@@ -972,6 +951,47 @@ fn lean_entry_path(
     Ok(())
 }
 
+/// Pushes a frame's shadow-stack entry (rsi = the thread's state, rdx = its `top`, below the
+/// capacity, rcx = the function's rsp, its return address at [rcx]; the recursion guard held
+/// by the caller); `site` puts the Site* in rdx. Jumps to `dead` instead when the entry below
+/// is a dead frame (longjmp'd over) at or below this one, which the general path drops.
+/// Clobbers rax, rdx.
+fn push_shadow_entry(
+    a: &mut CodeAssembler,
+    site: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
+    dead: CodeLabel,
+) -> Result<(), IcedError> {
+    use crate::thread::{ShadowEntry, ThreadState};
+    use std::mem::{offset_of, size_of};
+    const _: () = assert!(size_of::<ShadowEntry>() == 32);
+    let site_addr = offset_of!(crate::Site, addr) as i32;
+    let top = offset_of!(ThreadState, top) as i32;
+    let entries = offset_of!(ThreadState, entries) as i32;
+    let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
+    let e_site = entries + offset_of!(ShadowEntry, site) as i32;
+    let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
+    let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
+    let mut push = a.create_label();
+    // rax = &entries[top] - entries.
+    a.mov(rax, rdx)?;
+    a.shl(rax, 5)?;
+    a.add(rax, rsi)?;
+    a.test(rdx, rdx)?;
+    a.jz(push)?;
+    a.cmp(qword_ptr(rax + (e_sp - 32)), rcx)?;
+    a.jbe(dead)?;
+    a.set_label(&mut push)?;
+    a.mov(rdx, qword_ptr(rcx))?;
+    a.mov(qword_ptr(rax + e_ret), rdx)?;
+    site(a)?;
+    a.mov(qword_ptr(rax + e_site), rdx)?;
+    a.mov(rdx, qword_ptr(rdx + site_addr))?;
+    a.mov(qword_ptr(rax + e_func), rdx)?;
+    a.mov(qword_ptr(rax + e_sp), rcx)?;
+    a.add(qword_ptr(rsi + top), 1)?;
+    Ok(())
+}
+
 /// The lean entry path's planting of the return trampoline, after the handler ran (rsp = the
 /// pt_regs, rsi = the thread's state, r15 = Site*): pushes the frame's shadow-stack entry as
 /// the return-only path does (same checks: the state's destructor registered, the recursion
@@ -980,19 +1000,11 @@ fn lean_entry_path(
 /// registers and returns into the site stub with CF set and OF clear (call the relocated
 /// code). Anything else jumps to `slow` (rsp still at the pt_regs). Clobbers rax, rcx, rdx.
 fn plant_inline(a: &mut CodeAssembler, slow: CodeLabel) -> Result<(), IcedError> {
-    use crate::thread::{ShadowEntry, ThreadState};
-    use std::mem::{offset_of, size_of};
-    const _: () = assert!(size_of::<ShadowEntry>() == 32);
-    let site_addr = offset_of!(crate::Site, addr) as i32;
+    use crate::thread::ThreadState;
+    use std::mem::offset_of;
     let in_handler = offset_of!(ThreadState, in_handler) as i32;
     let registered = offset_of!(ThreadState, registered) as i32;
     let top = offset_of!(ThreadState, top) as i32;
-    let entries = offset_of!(ThreadState, entries) as i32;
-    let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
-    let e_site = entries + offset_of!(ShadowEntry, site) as i32;
-    let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
-    let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
-    let mut push = a.create_label();
     let mut slow_guarded = a.create_label();
     a.cmp(dword_ptr(rsi + registered), 0)?;
     a.je(slow)?;
@@ -1002,24 +1014,9 @@ fn plant_inline(a: &mut CodeAssembler, slow: CodeLabel) -> Result<(), IcedError>
     a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
     a.jae(slow)?;
     a.mov(dword_ptr(rsi + in_handler), 1)?;
-    // rcx = the function's rsp (its return address at [rcx]); rax = &entries[top] - entries.
+    // rcx = the function's rsp (its return address at [rcx]).
     a.lea(rcx, ptr(rsp + ENTRY_FRAME as i32))?;
-    a.mov(rax, rdx)?;
-    a.shl(rax, 5)?;
-    a.add(rax, rsi)?;
-    a.test(rdx, rdx)?;
-    a.jz(push)?;
-    // A dead frame (longjmp'd over) at or below this one: the general path drops it.
-    a.cmp(qword_ptr(rax + (e_sp - 32)), rcx)?;
-    a.jbe(slow_guarded)?;
-    a.set_label(&mut push)?;
-    a.mov(rdx, qword_ptr(rcx))?;
-    a.mov(qword_ptr(rax + e_ret), rdx)?;
-    a.mov(qword_ptr(rax + e_site), r15)?;
-    a.mov(rdx, qword_ptr(r15 + site_addr))?;
-    a.mov(qword_ptr(rax + e_func), rdx)?;
-    a.mov(qword_ptr(rax + e_sp), rcx)?;
-    a.add(qword_ptr(rsi + top), 1)?;
+    push_shadow_entry(a, |a| a.mov(rdx, r15), slow_guarded)?;
     a.mov(dword_ptr(rsi + in_handler), 0)?;
     restore_gprs_f(a, false)?;
     a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
