@@ -109,6 +109,16 @@ fn target(bin: &std::path::Path, session: Option<&str>) -> Child {
     if let Some(s) = session {
         c.env("LD_PRELOAD", server_lib()).env("USERBPF_SESSION", s).env("USERBPF_SHM_DIR", shm());
     }
+    // ETXTBSY: a child another test thread forked while `own_target` had the fresh copy open
+    // for writing holds that descriptor until it execs; try again shortly.
+    for _ in 0..100 {
+        match c.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.unwrap(),
+        }
+    }
     c.spawn().unwrap()
 }
 
