@@ -486,19 +486,14 @@ fn return_now_if_ret(a: &mut CodeAssembler, tail: CodeLabel) -> Result<(), IcedE
 /// At the start: [rsp] = return address into the site stub, [rsp+8] = Site*, then the
 /// 128-byte red-zone gap, then the probed function's return address (its entry rsp).
 fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    use crate::thread::ThreadState;
     use std::mem::offset_of;
     let t = crate::thread::table_layout();
     let has_entry = offset_of!(crate::Site, has_entry) as i32;
     let has_ret = offset_of!(crate::Site, has_ret) as i32;
-    let in_handler = offset_of!(ThreadState, in_handler) as i32;
-    let registered = offset_of!(ThreadState, registered) as i32;
-    let top = offset_of!(ThreadState, top) as i32;
     // After the four pushes below.
     const SITE: i32 = 32 + 8;
     const FN_SP: i32 = 32 + 8 + 8 + 128;
     let mut slow = a.create_label();
-    let mut slow_guarded = a.create_label();
     a.push(rax)?;
     a.push(rcx)?;
     a.push(rdx)?;
@@ -519,38 +514,21 @@ fn ret_only_fast_path(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.mov(rsi, qword_ptr(rsi + t.state))?;
     a.test(rsi, rsi)?;
     a.jz(slow)?;
-    a.cmp(dword_ptr(rsi + in_handler), 0)?;
-    a.jne(slow)?;
-    a.cmp(dword_ptr(rsi + registered), 0)?;
-    a.je(slow)?;
-    a.mov(rdx, qword_ptr(rsi + top))?;
-    a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
-    a.jae(slow)?;
-    // The recursion guard, as entry_dispatch holds it: a hit in a signal handler meanwhile
-    // pushes nothing.
-    a.mov(dword_ptr(rsi + in_handler), 1)?;
-    a.lea(rcx, ptr(rsp + FN_SP))?;
-    push_shadow_entry(
+    plant_return(
         a,
+        FN_SP,
         |a| {
             a.mov(rdx, qword_ptr(rsp + SITE))?;
             a.and(rdx, -2)
         },
-        slow_guarded,
+        |a| {
+            a.pop(rsi)?;
+            a.pop(rdx)?;
+            a.pop(rcx)?;
+            a.pop(rax)
+        },
+        slow,
     )?;
-    a.mov(dword_ptr(rsi + in_handler), 0)?;
-    a.pop(rsi)?;
-    a.pop(rdx)?;
-    a.pop(rcx)?;
-    a.pop(rax)?;
-    // Back into the site stub, which calls the relocated code (CF set, OF clear: see
-    // `return_now_if_ret`): that call puts the stub's return landing where the return
-    // address was.
-    a.test(rsp, rsp)?;
-    a.stc()?;
-    a.ret()?;
-    a.set_label(&mut slow_guarded)?;
-    a.mov(dword_ptr(rsi + in_handler), 0)?;
     a.set_label(&mut slow)?;
     a.pop(rsi)?;
     a.pop(rdx)?;
@@ -951,20 +929,28 @@ fn lean_entry_path(
     Ok(())
 }
 
-/// Pushes a frame's shadow-stack entry (rsi = the thread's state, rdx = its `top`, below the
-/// capacity, rcx = the function's rsp, its return address at [rcx]; the recursion guard held
-/// by the caller); `site` puts the Site* in rdx. Jumps to `dead` instead when the entry below
-/// is a dead frame (longjmp'd over) at or below this one, which the general path drops.
-/// Clobbers rax, rdx.
-fn push_shadow_entry(
+/// Plants the return trampoline for a frame (rsi = the thread's state; the function's rsp at
+/// `[rsp + fn_sp]`, its return address there): when the thread's state has its destructor
+/// registered, the recursion guard is free and the shadow stack has room, pushes the frame's
+/// entry with the guard held (a probe hit in a signal handler meanwhile pushes nothing),
+/// `site` putting the Site* in rdx, then `restore`s the registers and returns into the site
+/// stub with CF set and OF clear (it calls the relocated code, whose return lands in the
+/// trampoline: see `return_now_if_ret`). Anything else, or a dead frame (longjmp'd over) at or
+/// below this one, which the general path drops, jumps to `slow` with the guard free and the
+/// stack as it was. Clobbers rax, rcx, rdx.
+fn plant_return(
     a: &mut CodeAssembler,
+    fn_sp: i32,
     site: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
-    dead: CodeLabel,
+    restore: impl FnOnce(&mut CodeAssembler) -> Result<(), IcedError>,
+    slow: CodeLabel,
 ) -> Result<(), IcedError> {
     use crate::thread::{ShadowEntry, ThreadState};
     use std::mem::{offset_of, size_of};
     const _: () = assert!(size_of::<ShadowEntry>() == 32);
     let site_addr = offset_of!(crate::Site, addr) as i32;
+    let in_handler = offset_of!(ThreadState, in_handler) as i32;
+    let registered = offset_of!(ThreadState, registered) as i32;
     let top = offset_of!(ThreadState, top) as i32;
     let entries = offset_of!(ThreadState, entries) as i32;
     let e_ret = entries + offset_of!(ShadowEntry, ret) as i32;
@@ -972,6 +958,16 @@ fn push_shadow_entry(
     let e_func = entries + offset_of!(ShadowEntry, func_ip) as i32;
     let e_sp = entries + offset_of!(ShadowEntry, sp) as i32;
     let mut push = a.create_label();
+    let mut dead = a.create_label();
+    a.cmp(dword_ptr(rsi + in_handler), 0)?;
+    a.jne(slow)?;
+    a.cmp(dword_ptr(rsi + registered), 0)?;
+    a.je(slow)?;
+    a.mov(rdx, qword_ptr(rsi + top))?;
+    a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
+    a.jae(slow)?;
+    a.mov(dword_ptr(rsi + in_handler), 1)?;
+    a.lea(rcx, ptr(rsp + fn_sp))?;
     // rax = &entries[top] - entries.
     a.mov(rax, rdx)?;
     a.shl(rax, 5)?;
@@ -989,45 +985,32 @@ fn push_shadow_entry(
     a.mov(qword_ptr(rax + e_func), rdx)?;
     a.mov(qword_ptr(rax + e_sp), rcx)?;
     a.add(qword_ptr(rsi + top), 1)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    restore(a)?;
+    a.test(rsp, rsp)?;
+    a.stc()?;
+    a.ret()?;
+    a.set_label(&mut dead)?;
+    a.mov(dword_ptr(rsi + in_handler), 0)?;
+    a.jmp(slow)?;
     Ok(())
 }
 
 /// The lean entry path's planting of the return trampoline, after the handler ran (rsp = the
-/// pt_regs, rsi = the thread's state, r15 = Site*): pushes the frame's shadow-stack entry as
-/// the return-only path does (same checks: the state's destructor registered, the recursion
-/// guard free, room left, no dead frame at or below this one; the guard held while the entry
-/// is written, so that a probe hit in a signal handler meanwhile pushes nothing), restores the
-/// registers and returns into the site stub with CF set and OF clear (call the relocated
-/// code). Anything else jumps to `slow` (rsp still at the pt_regs). Clobbers rax, rcx, rdx.
+/// pt_regs, rsi = the thread's state, r15 = Site*), as the return-only path plants it; then
+/// back into the site stub with the registers restored. Anything else jumps to `slow` (rsp
+/// still at the pt_regs).
 fn plant_inline(a: &mut CodeAssembler, slow: CodeLabel) -> Result<(), IcedError> {
-    use crate::thread::ThreadState;
-    use std::mem::offset_of;
-    let in_handler = offset_of!(ThreadState, in_handler) as i32;
-    let registered = offset_of!(ThreadState, registered) as i32;
-    let top = offset_of!(ThreadState, top) as i32;
-    let mut slow_guarded = a.create_label();
-    a.cmp(dword_ptr(rsi + registered), 0)?;
-    a.je(slow)?;
-    a.cmp(dword_ptr(rsi + in_handler), 0)?;
-    a.jne(slow)?;
-    a.mov(rdx, qword_ptr(rsi + top))?;
-    a.cmp(rdx, crate::thread::SHADOW_CAPACITY as i32)?;
-    a.jae(slow)?;
-    a.mov(dword_ptr(rsi + in_handler), 1)?;
-    // rcx = the function's rsp (its return address at [rcx]).
-    a.lea(rcx, ptr(rsp + ENTRY_FRAME as i32))?;
-    push_shadow_entry(a, |a| a.mov(rdx, r15), slow_guarded)?;
-    a.mov(dword_ptr(rsi + in_handler), 0)?;
-    restore_gprs_f(a, false)?;
-    a.lea(rsp, ptr(rsp + PT_REGS_SIZE))?;
-    // CF set, OF clear: the site stub calls the relocated code (see `return_now_if_ret`).
-    a.test(rsp, rsp)?;
-    a.stc()?;
-    a.ret()?;
-    a.set_label(&mut slow_guarded)?;
-    a.mov(dword_ptr(rsi + in_handler), 0)?;
-    a.jmp(slow)?;
-    Ok(())
+    plant_return(
+        a,
+        ENTRY_FRAME as i32,
+        |a| a.mov(rdx, r15),
+        |a| {
+            restore_gprs_f(a, false)?;
+            a.lea(rsp, ptr(rsp + PT_REGS_SIZE))
+        },
+        slow,
+    )
 }
 
 /// Turns the flags the lean entry path stored at `FLAGS_OFF` (lahf's AH and seto's AL) into
