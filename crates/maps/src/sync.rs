@@ -107,61 +107,64 @@ fn tid_word() -> *mut u32 {
     thread_words().cast()
 }
 
+/// Where a lookup memo lies in the thread's words: (map, element index, key word) offsets.
+type MemoAt = (usize, usize, usize);
+/// The first memo (the one the JIT reads: see `thread_words_tls_offset`).
+const MEMO1: MemoAt = (8, 4, 16);
+/// The second (see `set_lookup_memo`).
+const MEMO2: MemoAt = (48, 40, 56);
+
+#[inline(always)]
+fn read_memo((map, idx, key): MemoAt) -> (u64, u32, u64) {
+    let w = thread_words();
+    // SAFETY: this thread's words, 8-aligned, 64 bytes; the offsets are MEMO1's or MEMO2's,
+    // aligned for their types; nothing else uses them.
+    unsafe { (w.add(map).cast::<u64>().read(), w.add(idx).cast::<u32>().read(), w.add(key).cast::<u64>().read()) }
+}
+
+#[inline(always)]
+fn write_memo((map, idx, key): MemoAt, (m, i, k): (u64, u32, u64)) {
+    let w = thread_words();
+    // SAFETY: as in `read_memo`.
+    unsafe {
+        w.add(map).cast::<u64>().write(m);
+        w.add(idx).cast::<u32>().write(i);
+        w.add(key).cast::<u64>().write(k);
+    }
+}
+
 /// The thread's memo of its last program-side hash lookup: (map, element index, the key's
 /// first 8 bytes), map 0 for none. A hint only: whoever uses it checks the element.
 #[inline(always)]
 pub(crate) fn lookup_memo() -> (u64, u32, u64) {
-    let w = thread_words();
-    // SAFETY: this thread's words, 8-aligned; nothing else uses them.
-    unsafe { (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read(), w.add(16).cast::<u64>().read()) }
+    read_memo(MEMO1)
 }
 
 /// Makes (map, element index, key word) the thread's memo; the memo it replaces becomes the
 /// second one (`lookup_memo2`) if it was another map's.
 #[inline(always)]
 pub(crate) fn set_lookup_memo(map: u64, idx: u32, key_word: u64) {
-    let w = thread_words();
-    // SAFETY: as in `lookup_memo`.
-    unsafe {
-        let old = w.add(8).cast::<u64>().read();
-        if old != map {
-            w.add(48).cast::<u64>().write(old);
-            w.add(40).cast::<u32>().write(w.add(4).cast::<u32>().read());
-            w.add(56).cast::<u64>().write(w.add(16).cast::<u64>().read());
-        }
-        w.add(8).cast::<u64>().write(map);
-        w.add(4).cast::<u32>().write(idx);
-        w.add(16).cast::<u64>().write(key_word);
+    let old = read_memo(MEMO1);
+    if old.0 != map {
+        write_memo(MEMO2, old);
     }
+    write_memo(MEMO1, (map, idx, key_word));
 }
 
 /// The thread's second lookup memo (see `set_lookup_memo`): (map, element index, key word),
 /// map 0 for none. A hint only, as the first.
 #[inline(always)]
 pub(crate) fn lookup_memo2() -> (u64, u32, u64) {
-    let w = thread_words();
-    // SAFETY: as in `lookup_memo`.
-    unsafe { (w.add(48).cast::<u64>().read(), w.add(40).cast::<u32>().read(), w.add(56).cast::<u64>().read()) }
+    read_memo(MEMO2)
 }
 
 /// Swaps the thread's two lookup memos (a lookup found its element through the second: it
 /// becomes the first, the one an update of the same key then checks).
 #[inline(always)]
 pub(crate) fn swap_lookup_memos() {
-    let w = thread_words();
-    // SAFETY: as in `lookup_memo`.
-    unsafe {
-        let (m1, i1, k1) =
-            (w.add(8).cast::<u64>().read(), w.add(4).cast::<u32>().read(), w.add(16).cast::<u64>().read());
-        let (m2, i2, k2) =
-            (w.add(48).cast::<u64>().read(), w.add(40).cast::<u32>().read(), w.add(56).cast::<u64>().read());
-        w.add(8).cast::<u64>().write(m2);
-        w.add(4).cast::<u32>().write(i2);
-        w.add(16).cast::<u64>().write(k2);
-        w.add(48).cast::<u64>().write(m1);
-        w.add(40).cast::<u32>().write(i1);
-        w.add(56).cast::<u64>().write(k1);
-    }
+    let (first, second) = (read_memo(MEMO1), read_memo(MEMO2));
+    write_memo(MEMO1, second);
+    write_memo(MEMO2, first);
 }
 
 /// The thread's stretch of an LRU map's CLOCK hand: (map, next position, end), map 0 for none.
