@@ -332,6 +332,11 @@ impl TscClock {
     }
 
     fn publish(&self, generation: u64, p: &Params) {
+        // Orders the generation this writer (or the previous one) published before the
+        // record's stores: a reader of the slot that sees a field written here, and then
+        // the generation it began with, sees at least that generation (the seqlock's
+        // re-check; on x86 a compiler barrier only).
+        fence(Ordering::Release);
         self.records[((generation + 1) & 1) as usize].store(p);
         self.generation.store(generation + 1, Ordering::Release);
     }
