@@ -2,27 +2,14 @@
 // asked), makes 200,000 read+write pairs of nginx's sizes (a 100-byte request read, a
 // 612-byte response written), waits for a tracer, then stops itself (SIGSTOP), makes one pair
 // and stops again: the tracer single-steps everything in between.
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../../uprobe/steps/stepped.h"
+
 int SSL_read(void *ssl, void *buf, int num);
 int SSL_write(void *ssl, const void *buf, int num);
-
-static int traced(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char l[256];
-	int t = 0;
-	while (f && fgets(l, sizeof l, f))
-		if (!strncmp(l, "TracerPid:", 10))
-			t = atoi(l + 10);
-	if (f)
-		fclose(f);
-	return t != 0;
-}
 
 int main(int argc, char **argv)
 {
@@ -38,10 +25,7 @@ int main(int argc, char **argv)
 		SSL_read(NULL, req, sizeof req);
 		SSL_write(NULL, resp, sizeof resp);
 	}
-	fprintf(stderr, "ready %d\n", getpid());
-	while (!traced())
-		usleep(1000);
-	raise(SIGSTOP);
+	stop_for_tracer();
 	SSL_read(NULL, req, sizeof req);
 	SSL_write(NULL, resp, sizeof resp);
 	raise(SIGSTOP);

@@ -1,29 +1,16 @@
 // The target of steps.sh: waits until bench_fn is patched (when waiting is asked), calls it
 // 200,000 times with the same argument, waits for a tracer, then stops itself (SIGSTOP), calls
 // bench_fn(7) once and stops again: the tracer single-steps everything in between.
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "stepped.h"
 
 __attribute__((noinline)) long bench_fn(long x)
 {
 	__asm__ volatile("" : "+r"(x));
 	return x * 3 + 1;
-}
-
-static int traced(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char l[256];
-	int t = 0;
-	while (f && fgets(l, sizeof l, f))
-		if (!strncmp(l, "TracerPid:", 10))
-			t = atoi(l + 10);
-	if (f)
-		fclose(f);
-	return t != 0;
 }
 
 int main(int argc, char **argv)
@@ -35,10 +22,7 @@ int main(int argc, char **argv)
 	long s = 0;
 	for (long i = 0; i < 200000; i++)
 		s += bench_fn(7 + (i & 0));
-	fprintf(stderr, "ready %d\n", getpid());
-	while (!traced())
-		usleep(1000);
-	raise(SIGSTOP);
+	stop_for_tracer();
 	s += bench_fn(7);
 	raise(SIGSTOP);
 	printf("%ld\n", s);
