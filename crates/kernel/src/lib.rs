@@ -354,6 +354,20 @@ impl KernelObject {
         (fd >= 0).then_some(fd)
     }
 
+    /// The programs the kernel skipped runs of, with how many: a tracepoint, kprobe or perf
+    /// event program does not run while another one runs on the same CPU (an interrupt's
+    /// event inside a program's run is dropped), so whatever the program counts may be short
+    /// by that much.
+    pub fn recursion_misses(&self) -> Vec<(String, u64)> {
+        self.programs
+            .iter()
+            .filter_map(|(name, _)| {
+                let n = sys::prog_recursion_misses(self.program_fd(name)?).ok()?;
+                (n > 0).then(|| (name.clone(), n))
+            })
+            .collect()
+    }
+
     /// The descriptor of the kernel map matching the caller's map `ours`, if it was created.
     pub fn map_fd(&self, ours: &str) -> Option<c_int> {
         let (m, _) = self.all_maps().into_iter().find(|(_, n)| same_map_name(ours, n))?;

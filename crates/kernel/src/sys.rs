@@ -40,6 +40,22 @@ pub fn map_info(fd: RawFd) -> io::Result<MapInfo> {
     Ok(info)
 }
 
+/// `struct bpf_prog_info`'s size on 6.x kernels (older ones fill a prefix; the rest stays 0).
+const PROG_INFO_LEN: usize = 232;
+/// Where `recursion_misses` (5.12+) lies in it.
+const RECURSION_MISSES_AT: usize = 208;
+
+/// How many times the kernel skipped program `fd` because another tracing program was
+/// already running on that CPU (`bpf_prog_info.recursion_misses`; 0 before 5.12).
+pub fn prog_recursion_misses(fd: RawFd) -> io::Result<u64> {
+    let mut info = [0u64; PROG_INFO_LEN / 8];
+    let mut attr = [0u64; 4];
+    attr[0] = fd as u32 as u64 | ((PROG_INFO_LEN as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info[RECURSION_MISSES_AT / 8])
+}
+
 fn elem_attr(fd: RawFd, key: *const u8, value: u64, flags: u64) -> [u64; 4] {
     // map_fd (u32, padded), key (u64), value / next_key (u64), flags (u64).
     [fd as u32 as u64, key as u64, value, flags]

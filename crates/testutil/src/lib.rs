@@ -224,3 +224,19 @@ pub fn traced_sleep() -> (std::process::Child, u32) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// The runs of kernel programs a tool reports the kernel skipped (`userbpf: the kernel skipped
+/// N runs of PROG`, printed when another eBPF program ran on the CPU an event came on): what
+/// the tool's counts may be short by.
+pub fn kernel_skipped(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("userbpf: the kernel skipped ")?.split(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Whether a count `got` the kernel made is `want`, short by at most `skipped` runs the kernel
+/// reported skipping (an event it dropped is never counted twice: never more than `want`).
+pub fn counted(got: Option<u64>, want: u64, skipped: u64) -> bool {
+    got.or((want <= skipped).then_some(0)).is_some_and(|g| g <= want && g + skipped >= want)
+}

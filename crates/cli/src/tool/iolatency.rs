@@ -189,9 +189,6 @@ pub fn run(args: Args) -> Result<()> {
     let end =
         running.run_intervals(&args.common, &mut last, || read_hists(&tracer), |now, last| print(now, last, &names))?;
     let code = conclude(&mut tracer, &mut running, end);
-    for e in tracer.attach_errors() {
-        eprintln!("userbpf: {e}");
-    }
     let now = read_hists(&tracer)?;
     if args.common.interval.is_some() && args.common.timestamp {
         println!("{}", time_of_day());

@@ -404,6 +404,12 @@ impl Tracer {
             .with_context(|| format!("reading kernel map `{name}`"))
     }
 
+    /// The kernel half's programs the kernel skipped runs of, with how many
+    /// ([`userbpf_kernel::KernelObject::recursion_misses`]).
+    pub fn kernel_recursion_misses(&self) -> Vec<(String, u64)> {
+        self.kernel.as_ref().map(|k| k.recursion_misses()).unwrap_or_default()
+    }
+
     /// The object's map `name`.
     pub fn map(&self, name: &str) -> Result<&Map> {
         self.loaded.map(name).map(|m| &*m.map).with_context(|| format!("the tool's object has no map `{name}`"))
@@ -712,6 +718,13 @@ pub fn conclude(tracer: &mut Tracer, running: &mut Running, end: End) -> Option<
         eprintln!("userbpf: could not probe {e}");
     }
     tracer.finish();
+    for (prog, n) in tracer.kernel_recursion_misses() {
+        eprintln!(
+            "userbpf: the kernel skipped {n} run{} of {prog}: another eBPF program was running on that CPU \
+             (the kernel does not nest them); its counts may be short by as many",
+            if n == 1 { "" } else { "s" }
+        );
+    }
     match status {
         Some(s) if !s.success() && matches!(end, End::Exited(_)) => Some(crate::run::exit_code(&running.name, s)),
         _ => None,
