@@ -549,12 +549,19 @@ pub fn prepare_record(
     }
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
     for &id in &record.map_ids {
-        let map = Arc::new(session.open_map(id).map_err(|e| match e {
+        let map = open_shared(session, id).map_err(|e| match e {
             // The other errors name the map already.
             SessionError::Map(m) => format!("map {id}: {m}"),
             e => e.to_string(),
-        })?);
-        crate::helpers::maps::register_map(id, map.clone());
+        })?;
+        if !crate::helpers::maps::register_map(id, map.clone()) {
+            return Err(format!(
+                "program `{}`: map {id}: this process already holds {} maps (they stay mapped while it \
+                 lives), no room for another",
+                record.name,
+                crate::helpers::maps::MAX_MAPS
+            ));
+        }
         maps.push((id, map));
     }
     crate::verify::check(
@@ -571,6 +578,45 @@ pub fn prepare_record(
     )?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
+}
+
+/// A session map opened in this process: by session directory and id, with the identity
+/// (device, inode) of the file it was opened from.
+struct OpenedMap {
+    dir: std::path::PathBuf,
+    id: u32,
+    file: (u64, u64),
+    map: Arc<Map>,
+}
+
+/// The session maps this process opened for the programs it prepared ([`open_shared`]).
+static OPENED: std::sync::Mutex<Vec<OpenedMap>> = std::sync::Mutex::new(Vec::new());
+
+/// Map `id` of `session`, opened once per process: every program prepared here that uses it
+/// shares one opening (one mapping, one entry of the helpers' registry, whose maps stay
+/// mapped while the process lives). An opening is reused only while the session's file is
+/// the same one (a session made again under the same name numbers its maps from 1 again).
+fn open_shared(session: &Session, id: u32) -> Result<Arc<Map>, SessionError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = session.map_path(id);
+    let file = || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
+    let dir = session.dir().to_path_buf();
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    // A process that cannot stat the file (it reaches the session through the broker) opens
+    // the map each time.
+    let before = file();
+    if let Some(f) = before
+        && let Some(o) = opened.iter().find(|o| o.id == id && o.file == f && o.dir == dir)
+    {
+        return Ok(o.map.clone());
+    }
+    let map = Arc::new(session.open_map(id)?);
+    // Kept only if the file opened is the one looked for (not replaced meanwhile).
+    if let Some(f) = before.filter(|f| file() == Some(*f)) {
+        opened.retain(|o| !(o.id == id && o.dir == dir));
+        opened.push(OpenedMap { dir, id, file: f, map: map.clone() });
+    }
+    Ok(map)
 }
 
 /// Prepares, in this process, the programs `record` can tail-call: those in the prog arrays

@@ -148,3 +148,42 @@ fn a_failed_load_unpins_what_it_pinned() {
     assert!(!s.layout().pin(b"/sys/fs/bpf/doomed_pin").exists(), "the pin was removed");
     assert!(s.maps().unwrap().iter().all(|r| r.pinned.is_none()), "no map record is left pinned");
 }
+
+/// The programs a process prepares from the session's records (as an agent does for each link
+/// it runs) share one opening of each map: preparing a program again finds the map already
+/// opened and registered, instead of mapping and registering another copy (the registry keeps
+/// what it holds for the process's life).
+#[test]
+fn programs_prepared_from_the_session_share_one_opening_of_each_map() {
+    let _turn = TRACE.lock().unwrap_or_else(|e| e.into_inner());
+    let path = common::compile("control");
+    let s = common::session("shared-opening");
+    let obj = common::load(&s, &path, Engine::Jit, None);
+    let rec = obj.programs.iter().find(|(r, _)| r.name == "tail_target").unwrap().0.clone();
+    let hits = obj.map("hits").unwrap();
+    let (key, id) = (userbpf_runtime::helpers::maps::session_key_of(&hits.map), hits.record.id);
+    let slots = Arc::new(CpuSlots::open(&s.layout().cpus()).unwrap());
+    let prepare = || {
+        userbpf_runtime::loader::prepare_record(
+            &s,
+            &rec,
+            userbpf_runtime::helpers::registry(),
+            Engine::Jit,
+            slots.clone(),
+        )
+        .unwrap()
+    };
+    let registered = || userbpf_runtime::helpers::maps::map_by_session_id(key, id).unwrap() as *const userbpf_maps::Map;
+    let first = prepare();
+    let opening = registered();
+    let second = prepare();
+    assert_eq!(registered(), opening, "the second program found the first's opening of `hits`");
+    // Both count into the session's map.
+    for p in [&first, &second] {
+        let mut regs = [0u8; 168];
+        p.run(regs.as_mut_ptr(), regs.len(), userbpf_runtime::context::RunContext::default()).unwrap();
+    }
+    let mut v = [0u8; 8];
+    hits.map.lookup_elem(&0u32.to_ne_bytes(), &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 2);
+}

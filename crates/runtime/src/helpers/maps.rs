@@ -10,7 +10,7 @@
 //!
 //! Ids are per session, and one process may use several sessions (tests do), so entries are
 //! keyed by (session, id). The session of a map is the directory holding its file (found
-//! once, at registration, through `/proc/self/fd`), reduced to a 64-bit hash.
+//! once, at registration, through `/proc/thread-self/fd`), reduced to a 64-bit hash.
 //!
 //! Reads are lock-free: fixed open-addressing tables of atomics (by map address and by
 //! (session, id)), written under a mutex by registration only. A registered map stays mapped
@@ -102,10 +102,12 @@ fn id_hash(session: u64, id: u32) -> usize {
         % TBL
 }
 
-/// The session key of a map: a hash of the directory holding its file ("" if unknown).
+/// The session key of a map: a hash of the directory holding its file ("" if unknown). Read
+/// through `/proc/thread-self`: the agent's thread has a descriptor table of its own (its maps'
+/// descriptors are not the process's), and the map was opened on the calling thread.
 pub fn session_key_of(map: &Map) -> u64 {
     let fd = map.shm().fd().as_raw_fd();
-    let dir = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+    let dir = std::fs::read_link(format!("/proc/thread-self/fd/{fd}"))
         .ok()
         .and_then(|p| p.parent().map(|d| d.as_os_str().to_owned()))
         .unwrap_or_default();
