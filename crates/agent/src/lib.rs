@@ -800,7 +800,9 @@ impl Agent {
             .cloned()
             .ok_or(format!("program {id} is not in the session"))?;
         let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
-        userbpf_runtime::program_table::register(prog.clone());
+        if !userbpf_runtime::program_table::register(prog.clone()) {
+            return Err(userbpf_runtime::program_table::full_message(&rec.name));
+        }
         name_code(&prog);
         self.programs.insert(id, (prog.clone(), stamp(id)));
         // The programs it may tail-call (statically initialised prog arrays included).

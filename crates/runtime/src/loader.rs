@@ -358,7 +358,9 @@ fn load_object_pinning(
         .map_err(|e| perr(explain(e)))?;
         prog_ids[pi] = Some(record.id);
         let prog = Arc::new(prog);
-        crate::program_table::register(prog.clone());
+        if !crate::program_table::register(prog.clone()) {
+            return Err(perr(crate::program_table::full_message(&record.name)));
+        }
         programs.push((record, prog));
     }
     // Prog-array slots (libbpf fills them once the programs are loaded, and fails the load
@@ -675,7 +677,9 @@ pub fn prepare_tail_targets(
                 let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
                     .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
                 let prog = Arc::new(prog);
-                crate::program_table::register(prog.clone());
+                if !crate::program_table::register(prog.clone()) {
+                    return Err(crate::program_table::full_message(&rec.name));
+                }
                 work.push(rec.map_ids.clone());
                 out.push((target, prog));
             }

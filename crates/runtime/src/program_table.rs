@@ -22,6 +22,17 @@ struct Slot {
 const EMPTY: Slot = Slot { id: AtomicU32::new(0), prog: AtomicPtr::new(std::ptr::null_mut()) };
 static TABLE: [Slot; SLOTS] = [EMPTY; SLOTS];
 
+/// How many programs the table holds (for the process's life).
+pub const MAX_PROGRAMS: usize = SLOTS;
+
+/// Why [`register`] failed, for an error message.
+pub fn full_message(name: &str) -> String {
+    format!(
+        "program `{name}`: this process already holds {MAX_PROGRAMS} programs (they stay mapped while it lives), \
+         no room for another"
+    )
+}
+
 /// Makes `prog` findable by its id. Returns false if the table is full (4096 programs).
 pub fn register(prog: Arc<LoadedProgram>) -> bool {
     let id = prog.id;
