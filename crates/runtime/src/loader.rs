@@ -234,7 +234,9 @@ fn load_object_pinning(
             && let Some((record, map)) = reuse_pinned(session, path, &spec).map_err(map_err)?
         {
             let map = Arc::new(map);
-            crate::helpers::maps::register_map(record.id, map.clone());
+            if !crate::helpers::maps::register_map(record.id, map.clone()) {
+                return Err(map_err(registry_full()));
+            }
             maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
             continue;
         }
@@ -266,7 +268,9 @@ fn load_object_pinning(
             }
         }
         let map = Arc::new(map);
-        crate::helpers::maps::register_map(record.id, map.clone());
+        if !crate::helpers::maps::register_map(record.id, map.clone()) {
+            return Err(map_err(registry_full()));
+        }
         maps.push(LoadedMap { record, map, def: def.clone(), reused: false });
     }
     // Map-in-map slots (not in a reused pinned map, as libbpf).
@@ -557,12 +561,7 @@ pub fn prepare_record(
             e => e.to_string(),
         })?;
         if !crate::helpers::maps::register_map(id, map.clone()) {
-            return Err(format!(
-                "program `{}`: map {id}: this process already holds {} maps (they stay mapped while it \
-                 lives), no room for another",
-                record.name,
-                crate::helpers::maps::MAX_MAPS
-            ));
+            return Err(format!("program `{}`: map {id}: {}", record.name, registry_full()));
         }
         maps.push((id, map));
     }
@@ -580,6 +579,14 @@ pub fn prepare_record(
     )?;
     LoadedProgram::prepare(record.id, &record.name, &insns, helpers, &maps.as_slice(), engine, slots)
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
+}
+
+/// Why a map could not be registered.
+fn registry_full() -> String {
+    format!(
+        "this process already holds {} maps (they stay mapped while it lives), no room for another",
+        crate::helpers::maps::MAX_MAPS
+    )
 }
 
 /// A session map opened in this process: by session directory and id, with the identity
