@@ -44,7 +44,7 @@ fn a_full_map_registry_is_an_error_naming_the_program() {
     let err = userbpf_runtime::load_object(&s2, object, &opts, slots.clone()).err().expect("no room for its maps");
     assert!(err.to_string().contains(&full), "{err}");
     // A program recorded there by another process (as the agent prepares it) names itself.
-    let map = s2.create_map(&hits.map.spec(), hits.record.clone()).unwrap().0;
+    let map = s2.create_map(hits.map.spec(), hits.record.clone()).unwrap().0;
     let mut rec2 = rec.clone();
     rec2.map_ids = vec![map.id];
     let err = prepare_record(&s2, &rec2, userbpf_runtime::helpers::registry(), Engine::Jit, slots.clone())
