@@ -423,7 +423,9 @@ fn iolatency_draws_each_histogram_it_prints() {
         "oflag=direct",
         "status=none",
     ];
-    let out = ok(&args, tool(&args));
+    let run = tool(&args);
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    let out = ok(&args, run);
     // The text's histograms (other processes' I/O may add the kernel's totals of other disks):
     // header, non-empty buckets.
     let mut text: Vec<(String, usize)> = Vec::new();
@@ -438,13 +440,12 @@ fn iolatency_draws_each_histogram_it_prints() {
         }
     }
     let disk = dev.0.trim_start_matches("/dev/");
-    // dd's requests drawn: tests/iolatency.rs checks their number (here, in CI's first run of
-    // a fresh clone, one of the 200 went uncounted twice without a skip reported; not
-    // reproduced since, see the note).
+    // dd's 200 requests, unless the kernel skipped runs of the block programs (reported: the
+    // other tests of this binary run beside this one, aiocost's direct reads among them).
     let mine = format!("function libc:write, disk = {disk}, op = write: ");
     let got: Option<u64> =
         text.iter().find_map(|(h, _)| h.strip_prefix(&mine)?.strip_suffix(" requests")?.parse().ok());
-    assert!(got.is_some_and(|n| n > 0 && n <= 200), "{out}");
+    assert!(userbpf_testutil::counted(got, 200, userbpf_testutil::kernel_skipped(&err)), "{out}\n{err}");
     let svg = panels(&file, |s| s.ends_with(" requests"));
     let svg: Vec<(String, usize)> = svg.into_iter().map(|(t, b, _)| (t, b)).collect();
     assert_eq!(svg, text, "the chart's panels (title, bars) against the text's histograms\n{out}");
