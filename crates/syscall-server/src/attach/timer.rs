@@ -30,7 +30,10 @@ fn prepared(prog_id: u32) -> Result<Arc<LoadedProgram>, i32> {
             libc::EINVAL
         })?;
     let prog = Arc::new(prog);
-    userbpf_runtime::program_table::register(prog.clone());
+    if !userbpf_runtime::program_table::register(prog.clone()) {
+        eprintln!("userbpf: {}", userbpf_runtime::program_table::full_message(&rec.name));
+        return Err(libc::ENOMEM);
+    }
     cache.insert(prog_id, prog.clone());
     Ok(prog)
 }

@@ -119,7 +119,9 @@ impl ProgEntry {
                 )
                 .map_err(|e| e.to_string())?;
                 let p = Arc::new(p);
-                userbpf_runtime::program_table::register(p.clone());
+                if !userbpf_runtime::program_table::register(p.clone()) {
+                    return Err(userbpf_runtime::program_table::full_message(&self.name));
+                }
                 Ok(p)
             })
             .clone()
