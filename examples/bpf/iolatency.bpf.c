@@ -3,7 +3,8 @@
 // fdatasync, ...; the link's cookie names the function) marks the calling thread in `marks`,
 // an array shared with the kernel (its values mapped into the process); the block tracepoints
 // run in the kernel: block_bio_queue (in the submitting thread) reads the mark and remembers
-// the function and the operation of the request's first sector, block_rq_issue its start,
+// the function and the operation of the request's first sector (block_split hands them to
+// the rest of a bio split into several requests), block_rq_issue its start,
 // block_rq_complete adds the latency to a log2 histogram per function, device and
 // operation, and to the kernel's totals (every request, attributed or not).
 //
@@ -147,6 +148,33 @@ int bio_queue(struct bio_queue_args *ctx)
 	if (m && m->tid == tid)
 		q.func = m->func;
 	bpf_map_update_elem(&queued, &key, &q, BPF_ANY);
+	return 0;
+}
+
+/* block_split: dev, sector (the front part's), new_sector (the rest's), at these offsets
+ * since 4.x. */
+struct split_args {
+	__u64 common;
+	__u32 dev;
+	__u32 pad;
+	__u64 sector;
+	__u64 new_sector;
+};
+
+/* A bio larger than the device takes is split: the rest goes on as requests of its own, from
+ * new_sector, without another block_bio_queue; it keeps the bio's function and operation. */
+SEC("tracepoint/block/block_split")
+int bio_split(struct split_args *ctx)
+{
+	struct req_key key = { .dev = ctx->dev, .sector = ctx->sector };
+	struct queued *q = bpf_map_lookup_elem(&queued, &key);
+	struct queued rest;
+
+	if (!q)
+		return 0;
+	rest = *q;
+	key.sector = ctx->new_sector;
+	bpf_map_update_elem(&queued, &key, &rest, BPF_ANY);
 	return 0;
 }
 

@@ -137,3 +137,32 @@ fn dd_writes_are_libc_writes_and_fio_ios_are_td_io_queue() {
     let t = totals(&out);
     assert!(counted(count(&t, "function c:pwrite64", dev.name(), "write"), 256, skipped), "{out}");
 }
+
+/// A bio larger than the device takes is split into several requests (here 1 MiB writes on a
+/// loop device taking 64 KiB a request: 16 each); every one of them keeps the write's function
+/// and operation (block_split hands them on), none counts as an unattributed "other".
+#[test]
+fn the_requests_of_a_split_bio_keep_its_function() {
+    if !ok() {
+        return;
+    }
+    let dev = Loop::new("split");
+    // Put back when the test ends (the device is reused by others, and may keep its limits).
+    struct Limit(String, String);
+    impl Drop for Limit {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, &self.1);
+        }
+    }
+    let path = format!("/sys/block/{}/queue/max_sectors_kb", dev.name());
+    let _limit = Limit(path.clone(), std::fs::read_to_string(&path).unwrap());
+    std::fs::write(&path, "64").unwrap();
+    let of = format!("of={}", dev.0);
+    let (out, skipped) =
+        iolatency(&["--", "dd", "if=/dev/zero", &of, "bs=1M", "count=8", "oflag=direct", "status=none"]);
+    let t = totals(&out);
+    let got = |who: &str, op: &str| count(&t, who, dev.name(), op);
+    assert!(counted(got("function libc:write", "write"), 128, skipped), "{out}");
+    assert!(counted(got("all requests (the kernel's totals)", "write"), 128, skipped), "{out}");
+    assert_eq!(got("all requests (the kernel's totals)", "other"), None, "{out}");
+}
