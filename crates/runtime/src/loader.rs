@@ -235,7 +235,7 @@ fn load_object_pinning(
         {
             let map = Arc::new(map);
             if !crate::helpers::maps::register_map(record.id, map.clone()) {
-                return Err(map_err(registry_full()));
+                return Err(map_err(crate::helpers::maps::full_message()));
             }
             maps.push(LoadedMap { record, map, def: def.clone(), reused: true });
             continue;
@@ -269,7 +269,7 @@ fn load_object_pinning(
         }
         let map = Arc::new(map);
         if !crate::helpers::maps::register_map(record.id, map.clone()) {
-            return Err(map_err(registry_full()));
+            return Err(map_err(crate::helpers::maps::full_message()));
         }
         maps.push(LoadedMap { record, map, def: def.clone(), reused: false });
     }
@@ -555,13 +555,13 @@ pub fn prepare_record(
     }
     let mut maps: Vec<(u32, Arc<Map>)> = Vec::new();
     for &id in &record.map_ids {
-        let map = open_shared(session, id).map_err(|e| match e {
+        let (map, key) = open_shared(session, id).map_err(|e| match e {
             // The other errors name the map already.
             SessionError::Map(m) => format!("map {id}: {m}"),
             e => e.to_string(),
         })?;
-        if !crate::helpers::maps::register_map(id, map.clone()) {
-            return Err(format!("program `{}`: map {id}: {}", record.name, registry_full()));
+        if !crate::helpers::maps::register_map_in(key, id, map.clone()) {
+            return Err(format!("program `{}`: map {id}: {}", record.name, crate::helpers::maps::full_message()));
         }
         maps.push((id, map));
     }
@@ -581,21 +581,16 @@ pub fn prepare_record(
         .map_err(|e| format!("program `{}` (id {}): {}", record.name, record.id, explain(e)))
 }
 
-/// Why a map could not be registered.
-fn registry_full() -> String {
-    format!(
-        "this process already holds {} maps (they stay mapped while it lives), no room for another",
-        crate::helpers::maps::MAX_MAPS
-    )
-}
-
 /// A session map opened in this process: by session directory and id, with the identity
-/// (device, inode) of the file it was opened from.
+/// (device, inode) of the file it was opened from and its session key for the helpers'
+/// registry (computed where it was opened: the key is read through the opening thread's
+/// descriptor, see `session_key_of`).
 struct OpenedMap {
     dir: std::path::PathBuf,
     id: u32,
     file: (u64, u64),
     map: Arc<Map>,
+    key: u64,
 }
 
 /// The session maps this process opened for the programs it prepared ([`open_shared`]).
@@ -605,7 +600,8 @@ static OPENED: std::sync::Mutex<Vec<OpenedMap>> = std::sync::Mutex::new(Vec::new
 /// shares one opening (one mapping, one entry of the helpers' registry, whose maps stay
 /// mapped while the process lives). An opening is reused only while the session's file is
 /// the same one (a session made again under the same name numbers its maps from 1 again).
-fn open_shared(session: &Session, id: u32) -> Result<Arc<Map>, SessionError> {
+/// Returns the map and its session key.
+fn open_shared(session: &Session, id: u32) -> Result<(Arc<Map>, u64), SessionError> {
     use std::os::unix::fs::MetadataExt;
     let path = session.map_path(id);
     let file = || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())).ok();
@@ -617,15 +613,16 @@ fn open_shared(session: &Session, id: u32) -> Result<Arc<Map>, SessionError> {
     if let Some(f) = before
         && let Some(o) = opened.iter().find(|o| o.id == id && o.file == f && o.dir == dir)
     {
-        return Ok(o.map.clone());
+        return Ok((o.map.clone(), o.key));
     }
     let map = Arc::new(session.open_map(id)?);
+    let key = crate::helpers::maps::session_key_of(&map);
     // Kept only if the file opened is the one looked for (not replaced meanwhile).
     if let Some(f) = before.filter(|f| file() == Some(*f)) {
         opened.retain(|o| !(o.id == id && o.dir == dir));
-        opened.push(OpenedMap { dir, id, file: f, map: map.clone() });
+        opened.push(OpenedMap { dir, id, file: f, map: map.clone(), key });
     }
-    Ok(map)
+    Ok((map, key))
 }
 
 /// Prepares, in this process, the programs `record` can tail-call: those in the prog arrays

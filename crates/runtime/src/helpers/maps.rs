@@ -102,6 +102,11 @@ fn id_hash(session: u64, id: u32) -> usize {
         % TBL
 }
 
+/// Why [`register_map`] failed, for an error message.
+pub fn full_message() -> String {
+    format!("this process already holds {MAX_MAPS} maps (they stay mapped while it lives), no room for another")
+}
+
 /// The session key of a map: a hash of the directory holding its file ("" if unknown). Read
 /// through `/proc/thread-self`: the agent's thread has a descriptor table of its own (its maps'
 /// descriptors are not the process's), and the map was opened on the calling thread.
