@@ -10,9 +10,10 @@
 //!   `pthread_atfork` child handler bumps a process-wide generation that every cache
 //!   compares with;
 //! - the thread's name (`comm`, from `prctl(PR_GET_NAME)`) and the credentials (real uid and
-//!   gid) can change at any time; they are re-read when the coarse monotonic clock (vDSO,
-//!   no system call) shows the cached copy is older than [`REFRESH_NS`], so a change is seen
-//!   within about that long;
+//!   gid) can change at any time; they are re-read when the process's clock, read without
+//!   ordering (an `rdtsc`; no vDSO call, whose code and data pages a cold hit would also touch),
+//!   shows the cached copy is older than [`REFRESH_NS`], so a change is seen within about that
+//!   long;
 //! - the random generator is seeded once per thread (and again after a fork, so parent and
 //!   child do not produce the same numbers).
 //!
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use userbpf_vm::HelperRegistry;
 
-use super::time::clock_ns;
+use super::time::{approx_monotonic_ns, clock_ns};
 use super::{EINVAL, helper, neg, write_to, zero_at};
 use crate::context;
 
@@ -94,7 +95,7 @@ pub fn pid_tgid() -> u64 {
 #[inline]
 pub fn comm() -> [u8; 16] {
     let generation = generation();
-    let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+    let now = approx_monotonic_ns();
     let (cached_gen, at, name) = context::cached_comm();
     if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
         return name;
@@ -124,7 +125,7 @@ fn read_comm(generation: u64, now: u64) -> [u8; 16] {
 #[inline]
 pub fn uid_gid() -> u64 {
     let generation = generation();
-    let now = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+    let now = approx_monotonic_ns();
     let (cached_gen, at, value) = context::cached_uid_gid();
     if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
         return value;

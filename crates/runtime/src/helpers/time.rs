@@ -88,6 +88,14 @@ pub fn monotonic_ns() -> u64 {
     CLOCK.now()
 }
 
+/// CLOCK_MONOTONIC within tens of nanoseconds, or the coarse clock before the TSC clock is
+/// calibrated and where it cannot be used: the helpers' caches' staleness checks (no `lfence`,
+/// no vDSO call).
+#[inline]
+pub fn approx_monotonic_ns() -> u64 {
+    CLOCK.now_approx()
+}
+
 /// Checks once whether the TSC clock can be used and takes its first calibration reading.
 /// Called when the helper registry is built (the check reads a sysfs file); the clock calls
 /// it itself otherwise.
@@ -115,6 +123,18 @@ fn rdtsc_ordered() -> u64 {
     // process did not ask for rdtsc to fault, PR_SET_TSC). No memory is touched; the asm is
     // not marked `nomem` so the compiler keeps it after the loads that precede it.
     unsafe { std::arch::asm!("lfence", "rdtsc", out("eax") lo, out("edx") hi, options(nostack, preserves_flags)) };
+    (hi as u64) << 32 | lo as u64
+}
+
+/// `rdtsc` alone: the time-stamp counter, possibly read before earlier instructions completed
+/// (for staleness checks, where tens of nanoseconds do not matter and `lfence` would wait for
+/// every cache miss before it).
+#[inline(always)]
+fn rdtsc_unordered() -> u64 {
+    let lo: u32;
+    let hi: u32;
+    // SAFETY: as in `rdtsc_ordered`, without the fence.
+    unsafe { std::arch::asm!("rdtsc", out("eax") lo, out("edx") hi, options(nostack, preserves_flags)) };
     (hi as u64) << 32 | lo as u64
 }
 
@@ -281,6 +301,27 @@ impl TscClock {
             return base.wrapping_add(scale(d, mult));
         }
         self.slow()
+    }
+
+    /// CLOCK_MONOTONIC within tens of nanoseconds, for deciding whether a cache is stale: as
+    /// [`TscClock::now`] with an unordered TSC read; without a record, the coarse clock (a
+    /// tick's resolution).
+    #[inline]
+    pub fn now_approx(&self) -> u64 {
+        let generation = self.generation.load(Ordering::Acquire);
+        if generation != 0 {
+            let r = &self.records[(generation & 1) as usize];
+            let start = r.start.load(Ordering::Relaxed);
+            let span = r.span.load(Ordering::Relaxed);
+            let base = r.base.load(Ordering::Relaxed);
+            let mult = r.mult.load(Ordering::Relaxed);
+            let d = rdtsc_unordered().wrapping_sub(start);
+            fence(Ordering::Acquire);
+            if d < span && self.generation.load(Ordering::Relaxed) == generation {
+                return base.wrapping_add(scale(d, mult));
+            }
+        }
+        clock_ns(libc::CLOCK_MONOTONIC_COARSE)
     }
 
     /// Starts calibrating (`tsc` true) or settles on `clock_gettime`.
@@ -851,6 +892,19 @@ mod tests {
             assert!(v >= last);
             assert!(off(a, v, b) < 5_000, "{a} {v} {b}");
             last = v;
+        }
+    }
+
+    #[test]
+    fn the_approximate_clock_follows_clock_monotonic() {
+        init();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(120) {
+            let (a, v, b) = (clock_ns(libc::CLOCK_MONOTONIC), approx_monotonic_ns(), clock_ns(libc::CLOCK_MONOTONIC));
+            // With the TSC clock, within its error; before calibration or without it, the coarse
+            // clock, up to a tick behind (at most 10 ms at HZ=100).
+            let slack = if tsc_in_use() { 5_000 } else { 10_000_000 };
+            assert!(v <= b + 5_000 && v + slack >= a, "{a} {v} {b}");
         }
     }
 }
