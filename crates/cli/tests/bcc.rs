@@ -1,7 +1,8 @@
 //! BCC's Python tools (Debian's bpfcc-tools 0.26) that probe user space, run unchanged once
 //! through the kernel and once through `userbpf load` (the target under `userbpf start`), on
 //! targets with known calls: funclatency-bpfcc, trace-bpfcc (uprobes, uretprobes, strings,
-//! USDT), argdist-bpfcc, stackcount-bpfcc, bashreadline-bpfcc, and the language tools ucalls,
+//! USDT), argdist-bpfcc, stackcount-bpfcc, bashreadline-bpfcc, gethostlatency-bpfcc (libc's
+//! resolver), and the language tools ucalls,
 //! uflow and ustat on a Python target. The outputs must be equal up to what legitimately
 //! differs (pids, times, the order of entries the tool does not order), and the counts must be
 //! the known ones.
@@ -263,6 +264,44 @@ fn funclatency_counts_every_call() {
             let total = |o: &str| histogram(o).iter().map(|r| r.1).sum::<u64>();
             same("funclatency's histogram total", &total(k), &total(u), (k, ke, u, ue));
             assert_eq!(total(u), 40, "{u}");
+        },
+    );
+}
+
+/// gethostlatency's rows as (COMM, HOST), sorted (TIME, PID and LATms differ between runs).
+fn lookups(out: &str) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 5 && w[1].parse::<u32>().is_ok()).then(|| (w[2].to_string(), w[4].to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// gethostlatency-bpfcc: uprobes and uretprobes on libc's resolver functions of one process
+/// (`-p PID`); the return program copies the comm and host name its entry program stored in a
+/// hash map's value with `bpf_probe_read_kernel` (kernel memory in the kernel: a map value).
+#[test]
+fn gethostlatency_times_the_resolver_calls() {
+    if !have_bcc("gethostlatency-bpfcc") {
+        return;
+    }
+    // 3 rounds of getaddrinfo, gethostbyname and gethostbyname2 on "localhost".
+    let expected = 9;
+    both(
+        "gethostlatency",
+        Target::C,
+        &["gethostlatency-bpfcc", "-p", "{PID}"],
+        "HOST",
+        &|| Probed::Functions(&["getaddrinfo", "gethostbyname", "gethostbyname2"]),
+        &|o| lookups(o).len() >= expected,
+        &|k, ke, u, ue| {
+            let rows = lookups(k);
+            assert_eq!(rows, vec![("bcc_target".to_string(), "localhost".to_string()); expected], "kernel:\n{k}\n{ke}");
+            same("gethostlatency's rows", &rows, &lookups(u), (k, ke, u, ue));
         },
     );
 }

@@ -123,7 +123,8 @@ struct ThreadRun {
     pid_tgid_gen: Cell<u64>,
     pid_tgid: Cell<u64>,
     /// `bpf_get_current_comm`'s and `bpf_get_current_uid_gid`'s caches (`helpers::task`):
-    /// the fork generation each was read in (0: never), when (CLOCK_MONOTONIC_COARSE), and
+    /// the fork generation each was read in (0: never), when (`helpers::time`'s approximate
+    /// clock), and
     /// the value (the NUL-padded name; `gid << 32 | uid`).
     comm_gen: Cell<u64>,
     comm_at: Cell<u64>,
@@ -134,6 +135,10 @@ struct ThreadRun {
     /// The run in progress looked up values of kernel maps reached through `bpf()`
     /// (`userbpf_maps::kernel`): they are written back when it ends.
     kernel_values: Cell<bool>,
+    /// The stack pointer where the run in progress began: its program's frames (the JIT's
+    /// on the thread's stack, the interpreter's array) lie below it, down to a helper's own
+    /// stack pointer (see [`run_stack`]).
+    stack_top: Cell<u64>,
     /// The context of the run in progress: written before `active` is set, read only while
     /// it is (uninitialised, i.e. zero, in a new thread).
     ctx: Cell<MaybeUninit<RunContext>>,
@@ -201,6 +206,28 @@ pub fn current() -> Option<RunContext> {
     } else {
         None
     }
+}
+
+/// The stack pointer (of the caller, where this is inlined).
+#[inline(always)]
+fn stack_pointer() -> u64 {
+    let sp: u64;
+    // SAFETY: copies rsp into a register; touches no memory.
+    unsafe { std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+    sp
+}
+
+/// The stack of the run in progress on this thread, as `[low, high)`: from the caller's stack
+/// pointer (a helper's, below the program's frames) up to where the run began. What the
+/// kernel's eBPF has as kernel memory (the program's stack) lies in it; so do the frames of
+/// the runtime between (the run's set-up, the helper's callers), never the target's own.
+/// None outside a run.
+#[inline(never)]
+pub fn run_stack() -> Option<(u64, u64)> {
+    let r = run_block();
+    let low = stack_pointer();
+    let high = r.stack_top.get();
+    (r.active.get() && low < high).then_some((low, high))
 }
 
 /// The program running or last run on this thread (its [`RunContext::prog`], a
@@ -471,6 +498,7 @@ pub fn enter(slots: &CpuSlots, mut ctx: RunContext) -> Result<RunGuard<'_>, Miss
     }
     let cpu = claim(slots, t)?;
     ctx.cpu = cpu;
+    t.stack_top.set(stack_pointer());
     t.ctx.set(MaybeUninit::new(ctx));
     t.tail_calls.set(0);
     t.active.set(true);

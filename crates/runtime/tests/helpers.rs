@@ -421,6 +421,55 @@ fn probe_reads_and_writes() {
     unsafe { libc::munmap(pages as *mut libc::c_void, 8192) };
 }
 
+/// A frame below the run's start, as a program's stack is: reads its own buffer with
+/// `bpf_probe_read_kernel` (113) and `bpf_probe_read_kernel_str` (115).
+#[inline(never)]
+fn read_own_frame() -> (i64, [u8; 16], i64, [u8; 16]) {
+    let frame = std::hint::black_box(*b"on the stack\0xyz");
+    let (mut a, mut b) = ([0xffu8; 16], [0xffu8; 16]);
+    let r1 = calli(113, &[addr_mut(&mut a), 16, addr(&frame)]);
+    let r2 = calli(115, &[addr_mut(&mut b), 16, addr(&frame)]);
+    (r1, a, r2, b)
+}
+
+#[test]
+fn kernel_reads_of_the_programs_own_memory() {
+    // In the kernel a program's stack and its maps' values are kernel memory: BCC's
+    // gethostlatency copies strings out of a map value with bpf_probe_read_kernel.
+    let d = tmpdir("readkernel");
+    let hash = map(&d, 1, spec(MapType::BPF_MAP_TYPE_HASH, 4, 16, 4));
+    let (h, k) = (map_addr(&hash), 3u32);
+    let value = *b"localhost\0abcdef";
+    assert_eq!(calli(2, &[h, addr(&k), addr(&value), 0]), 0);
+    let vp = call(1, &[h, addr(&k)]);
+    assert_ne!(vp, 0);
+    let mut dst = [0xffu8; 16];
+    let d8 = addr_mut(&mut dst);
+    assert_eq!(calli(113, &[d8, 16, vp]), 0);
+    assert_eq!(&dst, &value);
+    dst = [0xff; 16];
+    assert_eq!(calli(115, &[d8, 16, vp]), 10);
+    assert_eq!(&dst[..10], b"localhost\0");
+    assert_eq!(calli(113, &[d8, 0, vp]), 0);
+    // Past the map's memory: refused as a user address.
+    assert_eq!(calli(113, &[d8, 16, vp + (1 << 30)]), neg(libc::ERANGE));
+
+    // The run's stack, only while the run lasts.
+    let slots = slots();
+    let g = context::enter(&slots, RunContext::default()).unwrap();
+    let (r1, a, r2, b) = read_own_frame();
+    assert_eq!((r1, &a), (0, b"on the stack\0xyz"));
+    assert_eq!((r2, &b[..13]), (13, &b"on the stack\0"[..]));
+    // Memory above where the run began is the process's own (here: the test's frame).
+    let local = *b"test frame data!";
+    assert_eq!(calli(113, &[d8, 16, addr(&local)]), neg(libc::ERANGE));
+    drop(g);
+    let (r1, a, r2, _) = read_own_frame();
+    assert_eq!((r1, a), (neg(libc::ERANGE), [0; 16]), "no run: a user address");
+    assert_eq!(r2, neg(libc::ERANGE));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 // ---- printf ----
 
 static SINK_LOCK: Mutex<()> = Mutex::new(());

@@ -3,9 +3,13 @@
 //!
 //! Every access goes through the VM's guard: an unmapped or protected address gives
 //! `-EFAULT` instead of a crash. On failure the destination is zeroed, as the kernel does.
-//! There is no kernel memory in a process: the kernel forms fail as the kernel's own do on
-//! addresses they may not read (`-ERANGE` for user and non-canonical addresses) or on
-//! unmapped ones (`-EFAULT` for the kernel half).
+//! What is kernel memory to the kernel's eBPF and lies in the process here, the program's
+//! own stack and the memory of its maps (a map value a program looked up, a ring buffer
+//! sample), the kernel forms read as the kernel's do (BCC's gethostlatency copies strings out
+//! of a map value with `bpf_probe_read_kernel`). On any other address they fail as the
+//! kernel's own do on addresses they may not read (`-ERANGE` for user and non-canonical
+//! addresses) or on unmapped ones (`-EFAULT` for the kernel half). (The agent also gives
+//! probes' `pt_regs`, kernel memory in the kernel, to `bpf_probe_read_kernel`.)
 
 use userbpf_vm::{HelperRegistry, guard};
 
@@ -30,13 +34,38 @@ pub(crate) fn read_user(dst: u64, size: u64, src: u64) -> u64 {
     }
 }
 
-/// `copy_from_kernel_nofault` in user space: `-ERANGE` where the kernel refuses the
-/// address, `-EFAULT` elsewhere (nothing is mapped there); `dst` zeroed.
-fn read_kernel(dst: u64, size: u64, src: u64) -> u64 {
-    let allowed = src >= KERNEL_START;
-    if allowed && size == 0 {
-        return 0;
+/// Whether `[src, src+len)` is what the kernel's eBPF has as kernel memory and lies in the
+/// process: the run's stack (see [`crate::context::run_stack`]) or a registered map's memory.
+/// Off the hit path (a scan of the map registry).
+fn program_memory(src: u64, len: u64) -> bool {
+    let Some(end) = src.checked_add(len) else {
+        return false;
+    };
+    if let Some((low, high)) = crate::context::run_stack()
+        && src >= low
+        && end <= high
+    {
+        return true;
     }
+    super::maps::registry_contains(src, len)
+}
+
+/// `copy_from_kernel_nofault` in user space: a copy from the program's own memory (its stack,
+/// its maps'); else `-ERANGE` where the kernel refuses the address, `-EFAULT` elsewhere
+/// (nothing is mapped there); `dst` zeroed on failure.
+fn read_kernel(dst: u64, size: u64, src: u64) -> u64 {
+    if size == 0 {
+        return if src >= KERNEL_START || program_memory(src, 1) { 0 } else { neg(libc::ERANGE) };
+    }
+    if src < KERNEL_START && program_memory(src, size) {
+        // SAFETY: the guard tolerates any src and dst; dst is the program's buffer.
+        if unsafe { guard::copy(dst as *mut u8, src as *const u8, size) } == 0 {
+            return 0;
+        }
+        zero_at(dst, size);
+        return EFAULT;
+    }
+    let allowed = src >= KERNEL_START;
     zero_at(dst, size);
     if allowed { EFAULT } else { neg(libc::ERANGE) }
 }
@@ -58,10 +87,21 @@ pub(crate) fn read_user_str(dst: u64, size: u64, src: u64) -> u64 {
     EFAULT
 }
 
-/// `strncpy_from_kernel_nofault` in user space.
+/// `strncpy_from_kernel_nofault` in user space: from the program's own memory (see
+/// [`read_kernel`]; as in the kernel, the copy goes on to the NUL or `size`, wherever the
+/// object the string starts in ends).
 fn read_kernel_str(dst: u64, size: u64, src: u64) -> u64 {
     if size == 0 {
         return 0;
+    }
+    if src < KERNEL_START && program_memory(src, 1) {
+        // SAFETY: the guard tolerates any src and dst; dst is the program's buffer.
+        let r = unsafe { guard::copy_str(dst as *mut u8, src as *const u8, size) };
+        if r > 0 {
+            return r as u64;
+        }
+        zero_at(dst, size);
+        return EFAULT;
     }
     zero_at(dst, size);
     if src >= KERNEL_START { EFAULT } else { neg(libc::ERANGE) }

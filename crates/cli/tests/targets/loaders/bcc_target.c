@@ -5,8 +5,11 @@
 // function, then "end", and waits for a line on stdin; runs the workload, prints "done", and
 // waits for stdin to close before exiting (so a tracer can still read /proc/PID/maps to
 // symbolise stacks). Built without PIE, so the USDT notes' addresses are the run-time ones.
+#include <dlfcn.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/sdt.h>
@@ -55,6 +58,31 @@ static void pause_a_little(void)
 	nanosleep(&ts, NULL);
 }
 
+// gethostlatency: LOOKUPS calls each of libc's getaddrinfo, gethostbyname and gethostbyname2
+// for "localhost" (answered from /etc/hosts; the tool times them whatever the answer).
+#define LOOKUPS 3
+static void lookups(void)
+{
+	for (int i = 0; i < LOOKUPS; i++) {
+		struct addrinfo *res = NULL;
+		if (getaddrinfo("localhost", NULL, NULL, &res) == 0)
+			freeaddrinfo(res);
+		pause_a_little();
+		(void)gethostbyname("localhost");
+		pause_a_little();
+		(void)gethostbyname2("localhost", AF_INET);
+		pause_a_little();
+	}
+}
+
+// libc's own definition of `name` (not a PLT entry of this executable, which is built
+// without PIE): where a uprobe on libc's function lands in this process.
+static void *in_libc(const char *name)
+{
+	void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+	return libc ? dlsym(libc, name) : NULL;
+}
+
 static long workload(void)
 {
 	static const char *names[] = { "alpha", "beta", "gamma", "delta" };
@@ -71,6 +99,7 @@ static long workload(void)
 		sum += via_a();
 	for (int i = 0; i < B_CALLS; i++)
 		sum += via_b();
+	lookups();
 	return sum;
 }
 
@@ -82,8 +111,10 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	printf("ready %d\n", (int)getpid());
-	printf("fn work %p\nfn greet %p\nfn leaf %p\nfn middle %p\nfn via_a %p\nfn via_b %p\nend\n", (void *)work,
+	printf("fn work %p\nfn greet %p\nfn leaf %p\nfn middle %p\nfn via_a %p\nfn via_b %p\n", (void *)work,
 	       (void *)greet, (void *)leaf, (void *)middle, (void *)via_a, (void *)via_b);
+	printf("fn getaddrinfo %p\nfn gethostbyname %p\nfn gethostbyname2 %p\nend\n", in_libc("getaddrinfo"),
+	       in_libc("gethostbyname"), in_libc("gethostbyname2"));
 	fflush(stdout);
 	if (!fgets(line, sizeof line, stdin))
 		return 1;
