@@ -80,7 +80,7 @@ fn named_session() -> Option<String> {
 pub struct Common {
     /// Trace this running process: the agent is put into it (as `userbpf attach` does) unless
     /// it already runs it, the probes are removed when the tool ends, and the agent stays in
-    /// the process (there is no detach yet).
+    /// the process (a later tool run on it finds it there) until `userbpf detach PID`.
     #[arg(short = 'p', long = "pid", conflicts_with = "command")]
     pub pid: Option<i32>,
     /// Print (and, for counts, start over) every SECS seconds.
