@@ -220,9 +220,38 @@ fn forked_children(pid: i32) -> Vec<i32> {
 /// `userbpf detach --unused`: the processes loaders injected (`perf/injected-PID.START`)
 /// whose links are all gone are detached, their lists removed.
 fn detach_unused(session: &str) -> Result<()> {
-    use std::os::unix::io::AsRawFd;
     let l = userbpf_runtime::session::Layout::new(Session::dir_of(session));
     let Ok(rd) = std::fs::read_dir(l.perf_dir()) else { return Ok(()) };
+    let _lock = lock_injected(&l)?;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((pid, start)) = name
+            .strip_prefix("injected-")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        if !live_injected_links(&l, pid, start, &[]).is_empty() {
+            continue;
+        }
+        let _ = std::fs::remove_file(e.path());
+        if userbpf_runtime::session::start_time(pid) != Some(start) {
+            continue;
+        }
+        match detach_one(pid as i32) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("userbpf: {e:#}"),
+        }
+    }
+    Ok(())
+}
+
+/// Takes the session's `perf/injected.lock` (held while the returned file is open): the lists
+/// of processes injected for links (`perf/injected-PID.START`) change only under it.
+pub fn lock_injected(l: &userbpf_runtime::session::Layout) -> Result<std::fs::File> {
+    use std::os::unix::io::AsRawFd;
+    std::fs::create_dir_all(l.perf_dir()).with_context(|| format!("creating {}", l.perf_dir().display()))?;
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -236,29 +265,18 @@ fn detach_unused(session: &str) -> Result<()> {
             bail!("flock {}: {e}", l.injected_lock().display());
         }
     }
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some((pid, start)) = name
-            .strip_prefix("injected-")
-            .and_then(|r| r.split_once('.'))
-            .and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.parse::<u64>().ok()?)))
-        else {
-            continue;
-        };
-        let ids = std::fs::read_to_string(e.path()).unwrap_or_default();
-        if ids.lines().filter_map(|w| w.trim().parse::<u32>().ok()).any(|id| l.link(id).exists()) {
-            continue;
-        }
-        let _ = std::fs::remove_file(e.path());
-        if userbpf_runtime::session::start_time(pid) != Some(start) {
-            continue;
-        }
-        match detach_one(pid as i32) {
-            Ok(line) => println!("{line}"),
-            Err(e) => eprintln!("userbpf: {e:#}"),
-        }
-    }
-    Ok(())
+    Ok(lock)
+}
+
+/// Link ids of process `pid`'s injected list (`perf/injected-PID.START`) whose links still
+/// exist, leaving out `gone`.
+pub fn live_injected_links(l: &userbpf_runtime::session::Layout, pid: u32, start: u64, gone: &[u32]) -> Vec<u32> {
+    std::fs::read_to_string(l.injected(pid, start))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|w| w.trim().parse::<u32>().ok())
+        .filter(|id| !gone.contains(id) && l.link(*id).exists())
+        .collect()
 }
 
 /// Detaches process `pid`: the line `detach` prints.
@@ -306,7 +324,7 @@ fn remove_leftover_membership(pid: u32) {
     }
 }
 
-fn detach_one(pid: i32) -> Result<String> {
+pub fn detach_one(pid: i32) -> Result<String> {
     let agent = crate::run::agent_path()?;
     let started = Instant::now();
     let done = match userbpf_inject::call_loaded(pid, &agent, "userbpf_agent_detach", b"") {

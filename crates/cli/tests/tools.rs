@@ -5,11 +5,13 @@
 //! aiocost's tables for the three async-I/O interfaces through userbpf and the kernel.
 
 mod common;
+mod procmem;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use common::{Proc, here, repo, tmp, userbpf};
+use common::{Proc, here, interrupt, repo, tmp, userbpf};
+use procmem::{agent_threads, code_as_in_files};
 
 /// The tools' objects, built from tools/*.bpf.c once per test binary.
 fn tools_dir() -> PathBuf {
@@ -170,6 +172,37 @@ fn funclatency_and_calls_on_a_running_process() {
     let out = calls.stdout();
     assert_eq!(call_rows(&out), [("tt_gamma".to_string(), 30), ("tt_beta".to_string(), 20)], "{out}");
     assert!(out.contains("(2 more functions called; -n shows more)"), "{out}");
+}
+
+/// A tool that put the agent into a running process takes it out again when it ends, as the
+/// kernel's tools leave a process: its code is its files' and no agent thread runs; a second
+/// run does the same; the process runs on.
+#[test]
+fn a_tool_on_a_running_process_leaves_it_as_it_found_it() {
+    let mut t = waiting_target();
+    let pid = t.pid() as u32;
+    let p = pid.to_string();
+    // Rounds of 5 and 6 calls (tt_beta: 10 and 12 calls).
+    for n in [5u64, 6] {
+        let round = n - 4;
+        let mut calls = Proc::spawn("calls", tool(&["calls", "-p", &p, &spec("tt_beta")]));
+        calls.wait_for("Tracing 1 function", "the probes in place");
+        assert_eq!(agent_threads(pid), 1, "round {round}: no agent in the process");
+        t.send(&format!("{n}\n"));
+        t.wait_for(&format!("done {n}\n"), "a round");
+        interrupt(&mut calls);
+        let st = calls.wait_exit("interrupted");
+        assert!(st.success(), "round {round}: {st:?}\n{}", calls.stderr());
+        let err = calls.stderr();
+        assert!(err.contains(&format!("attached to process {pid}")), "round {round}: {err}");
+        assert!(err.contains(&format!("detached from process {pid}")), "round {round}: {err}");
+        let out = calls.stdout();
+        assert_eq!(call_rows(&out), [("tt_beta".to_string(), 2 * n)], "round {round}: {out}");
+        assert_eq!(agent_threads(pid), 0, "round {round}: the agent's thread is left");
+        code_as_in_files(pid);
+    }
+    t.close_stdin();
+    assert!(t.wait_exit("end of input").success(), "{}", t.stderr());
 }
 
 #[test]

@@ -79,8 +79,9 @@ fn named_session() -> Option<String> {
 #[derive(Args, Clone)]
 pub struct Common {
     /// Trace this running process: the agent is put into it (as `userbpf attach` does) unless
-    /// it already runs it, the probes are removed when the tool ends, and the agent stays in
-    /// the process (a later tool run on it finds it there) until `userbpf detach PID`.
+    /// it already runs it, and when the tool ends its probes are removed and the agent it put
+    /// there is taken out again (once no other tool or loader traces the process; one the
+    /// process ran before stays).
     #[arg(short = 'p', long = "pid", conflicts_with = "command")]
     pub pid: Option<i32>,
     /// Print (and, for counts, start over) every SECS seconds.
@@ -301,6 +302,10 @@ pub struct Tracer {
     links: Vec<(u32, String)>,
     /// For `-p`: whether the process already runs the agent (in this session).
     has_agent: bool,
+    /// For `-p` into a process a tool or loader injected the agent into: the process (pid,
+    /// start time), whose list of links (`perf/injected-PID.START`) holds this tool's; the
+    /// last to leave it takes the agent out.
+    injected: Option<(u32, u64)>,
     finished: bool,
     /// Where the command's stdout goes (default: the tool's).
     pub stdout: Option<std::process::Stdio>,
@@ -389,6 +394,7 @@ impl Tracer {
             interpreter,
             links: Vec::new(),
             has_agent,
+            injected: None,
             finished: false,
             stdout: None,
             kernel,
@@ -478,13 +484,68 @@ impl Tracer {
             Target::Pid(pid) => {
                 let pid = *pid;
                 let generation = publish_links_gen(&self.session)?;
-                if !self.has_agent {
-                    let msg = crate::attach::inject_agent(&self.session, pid)?;
-                    eprintln!("userbpf: {msg} (the agent stays in the process after the tool ends; its probes do not)");
-                }
+                self.join_injected(pid)?;
                 wait_acked(&self.session, pid, generation, Duration::from_secs(10));
                 Ok(Running { child: None, pid: Some(pid), started: Instant::now(), name: format!("process {pid}") })
             }
+        }
+    }
+
+    /// Puts the agent into process `pid` unless it runs it, under the session's injected lock
+    /// (as loaders do: `userbpf load bpftrace -p`): a process injected (now, or by another tool
+    /// or loader still tracing it) gets this tool's link ids in its list, so that the agent is
+    /// taken out when the last of them goes ([`Tracer::finish`]). A process that ran the agent
+    /// on its own (`userbpf start`, `userbpf attach`) keeps it.
+    fn join_injected(&mut self, pid: i32) -> Result<()> {
+        let l = self.session.layout();
+        let _lock = crate::attach::lock_injected(l)?;
+        let start =
+            userbpf_runtime::session::start_time(pid as u32).with_context(|| format!("process {pid} is gone"))?;
+        let list = l.injected(pid as u32, start);
+        if !self.has_agent {
+            let msg = crate::attach::inject_agent(&self.session, pid)?;
+            eprintln!("userbpf: {msg} (taken out again when the tool ends)");
+            if let Err(e) = std::fs::write(&list, b"") {
+                eprintln!("userbpf: {}: {e} (the agent will stay in process {pid})", list.display());
+            }
+        }
+        if !list.exists() {
+            return Ok(());
+        }
+        let ids: String = self.links.iter().map(|(id, _)| format!("{id}\n")).collect();
+        let appended = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&list)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, ids.as_bytes()));
+        match appended {
+            Ok(()) => self.injected = Some((pid as u32, start)),
+            Err(e) => eprintln!("userbpf: {}: {e} (the agent will stay in process {pid})", list.display()),
+        }
+        Ok(())
+    }
+
+    /// This tool's links are gone: they leave the process's injected list, and the agent
+    /// leaves the process with the last of them.
+    fn leave_injected(&mut self, gone: &[u32]) {
+        let Some((pid, start)) = self.injected.take() else { return };
+        let l = self.session.layout();
+        let Ok(_lock) = crate::attach::lock_injected(l) else { return };
+        let list = l.injected(pid, start);
+        let live = crate::attach::live_injected_links(l, pid, start, gone);
+        if !live.is_empty() {
+            let body: String = live.iter().map(|id| format!("{id}\n")).collect();
+            let _ = userbpf_runtime::session::layout::write_atomic(&list, body.as_bytes());
+            return;
+        }
+        let _ = std::fs::remove_file(&list);
+        if userbpf_runtime::session::start_time(pid) != Some(start) {
+            return; // gone, or its pid reused
+        }
+        match crate::attach::detach_one(pid as i32) {
+            Ok(line) => eprintln!("userbpf: {line}"),
+            // Detached meanwhile by hand (`userbpf detach PID`).
+            Err(e) if format!("{e:#}").contains("nothing to detach") => {}
+            Err(e) => eprintln!("userbpf: {e:#}"),
         }
     }
 
@@ -511,8 +572,10 @@ impl Tracer {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
+        let mut gone = Vec::new();
         for (id, _) in self.links.drain(..) {
             let _ = self.session.remove_link(id);
+            gone.push(id);
         }
         if let Some(k) = self.kernel.as_mut() {
             k.detach();
@@ -522,6 +585,7 @@ impl Tracer {
         {
             wait_acked(&self.session, pid, generation, Duration::from_secs(5));
         }
+        self.leave_injected(&gone);
     }
 }
 
