@@ -285,43 +285,35 @@ impl TscClock {
     /// multiply and a second generation load.
     #[inline]
     pub fn now(&self) -> u64 {
+        // No record (calibrating, or no TSC clock here: no TSC read), or one that does not
+        // cover the reading: the slow path.
+        self.record_time(rdtsc_ordered).unwrap_or_else(|| self.slow())
+    }
+
+    /// CLOCK_MONOTONIC within tens of nanoseconds, for deciding whether a cache is stale: as
+    /// [`TscClock::now`] with an unordered TSC read; without a record that covers it, the
+    /// coarse clock (a tick's resolution).
+    #[inline]
+    pub fn now_approx(&self) -> u64 {
+        self.record_time(rdtsc_unordered).unwrap_or_else(|| clock_ns(libc::CLOCK_MONOTONIC_COARSE))
+    }
+
+    /// The published record's time for the TSC `read` gives, if there is a record and it
+    /// covers that reading (the seqlock's check: the generation unchanged after the read).
+    #[inline(always)]
+    fn record_time(&self, read: fn() -> u64) -> Option<u64> {
         let generation = self.generation.load(Ordering::Acquire);
         if generation == 0 {
-            // No record (calibrating, or no TSC clock here): no TSC read.
-            return self.slow();
+            return None;
         }
         let r = &self.records[(generation & 1) as usize];
         let start = r.start.load(Ordering::Relaxed);
         let span = r.span.load(Ordering::Relaxed);
         let base = r.base.load(Ordering::Relaxed);
         let mult = r.mult.load(Ordering::Relaxed);
-        let d = rdtsc_ordered().wrapping_sub(start);
+        let d = read().wrapping_sub(start);
         fence(Ordering::Acquire);
-        if d < span && self.generation.load(Ordering::Relaxed) == generation {
-            return base.wrapping_add(scale(d, mult));
-        }
-        self.slow()
-    }
-
-    /// CLOCK_MONOTONIC within tens of nanoseconds, for deciding whether a cache is stale: as
-    /// [`TscClock::now`] with an unordered TSC read; without a record, the coarse clock (a
-    /// tick's resolution).
-    #[inline]
-    pub fn now_approx(&self) -> u64 {
-        let generation = self.generation.load(Ordering::Acquire);
-        if generation != 0 {
-            let r = &self.records[(generation & 1) as usize];
-            let start = r.start.load(Ordering::Relaxed);
-            let span = r.span.load(Ordering::Relaxed);
-            let base = r.base.load(Ordering::Relaxed);
-            let mult = r.mult.load(Ordering::Relaxed);
-            let d = rdtsc_unordered().wrapping_sub(start);
-            fence(Ordering::Acquire);
-            if d < span && self.generation.load(Ordering::Relaxed) == generation {
-                return base.wrapping_add(scale(d, mult));
-            }
-        }
-        clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+        (d < span && self.generation.load(Ordering::Relaxed) == generation).then(|| base.wrapping_add(scale(d, mult)))
     }
 
     /// Starts calibrating (`tsc` true) or settles on `clock_gettime`.
