@@ -11,9 +11,10 @@
 //! while it runs); for `-p PID`, the session the process already belongs to, else the named
 //! one or a `tool-pid-PID` session, the agent injected as `userbpf attach` does; the links,
 //! the run loop (intervals, duration, Ctrl-C, the command's or the process's end) and the
-//! clean-up (links removed so that a process entered with `-p` runs on unprobed; the agent
-//! stays in it; links a killed tool left in a `tool-pid-PID` session are removed by the next
-//! tool on that process).
+//! clean-up (links removed so that a process entered with `-p` runs on unprobed; the agent a
+//! tool injected leaves with the last tool or loader tracing the process, see
+//! [`Tracer::finish`]; links a killed tool left in a `tool-pid-PID` session are removed by the
+//! next tool on that process).
 
 mod aiocost;
 mod calls;
