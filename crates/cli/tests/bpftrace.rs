@@ -87,6 +87,22 @@ fn count_sum_avg_min_max_stats() {
     );
 }
 
+/// Several programs on one function run in the kernel's order: the consumers of one uprobe
+/// from the last attached (bpftrace attaches these in the reverse of the script's order), at
+/// the entry and at the return; each appends its digit to a number they share.
+#[test]
+fn programs_on_one_function_run_in_the_kernels_order() {
+    // greet(...) 8 times: 16 digits at the entry and at the return.
+    compare(
+        "order",
+        "uprobe:{T}:greet { @e = @e * 10 + 1; } uprobe:{T}:greet { @e = @e * 10 + 2; } \
+         uretprobe:{T}:greet { @r = @r * 10 + 3; } uretprobe:{T}:greet { @r = @r * 10 + 4; }",
+        Ending::Interrupt,
+        BOTH,
+        &["@e: 1212121212121212\n", "@r: 3434343434343434\n"],
+    );
+}
+
 #[test]
 fn hist_and_lhist() {
     // add(i, 2i) for i < 20, then add(100 + i, i) for i < 10.

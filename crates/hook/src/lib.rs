@@ -497,7 +497,11 @@ pub fn attach_lean(
         // SAFETY: lists are only replaced under the registry lock, which we hold.
         unsafe { (*old).items.clone() }
     };
-    items.push(Entry { id, kind, handler, data: data as usize, lean });
+    // Newest first: the kernel runs the consumers of one uprobe from the last registered
+    // (its list adds at the head), so programs attached to one function run in the reverse
+    // of their attach order there too, and a program can tell (the order of their output,
+    // or of their updates of a map they share).
+    items.insert(0, Entry { id, kind, handler, data: data as usize, lean });
     publish(site, items);
     if !site.patched.load(SeqCst)
         && let Err(e) = patch_in(site)
