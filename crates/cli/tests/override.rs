@@ -92,15 +92,16 @@ fn the_caller_keeps_what_the_abi_says() {
     }
 }
 
-/// Several programs on one function: they run in attach order (`userbpf run` attaches in the
-/// object's order: `first`, then `second`), as the kernel runs them, and the last override
-/// is what the caller gets.
+/// Several programs on one function: they run as the kernel runs a probe's consumers, the last
+/// attached first (`userbpf run` attaches in the object's order: `first`, then `second`; so
+/// `second` runs, then `first`), and the last override to run is what the caller gets:
+/// `first`'s 5.
 #[test]
 fn the_last_override_wins() {
     let obj = object("override");
     for engine in ENGINES {
         let out = run(&obj, engine, &["second=ov_c", "first=ov_c"], &["sizes", "100"]);
-        assert_eq!(line_value(&out, "ov_c sum "), 600, "{engine:?}: {out}");
+        assert_eq!(line_value(&out, "ov_c sum "), 500, "{engine:?}: {out}");
     }
 }
 

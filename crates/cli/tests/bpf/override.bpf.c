@@ -17,7 +17,7 @@ int odd(struct pt_regs *ctx)
 	return 0;
 }
 
-// Every call: 5 (the first of two overrides on one function).
+// Every call: 5 (the first of two overrides on one function: it runs last, so its value wins).
 SEC("uprobe")
 int first(struct pt_regs *ctx)
 {
@@ -25,7 +25,7 @@ int first(struct pt_regs *ctx)
 	return 0;
 }
 
-// Every call: 6 (attached after `first`: its value wins).
+// Every call: 6 (attached after `first`: it runs first, and `first` overrides it).
 SEC("uprobe")
 int second(struct pt_regs *ctx)
 {

@@ -8,8 +8,8 @@
 //! `ret`. The hook resumes the thread at the changed `ip` with the registers of the
 //! `pt_regs` (every callee-saved register, `rsp` and the flags as they were at the call),
 //! so the `ret` goes straight back to the caller with `value` in `rax`: the probed function
-//! does not run. Other programs on the same function still run (in attach order, the
-//! kernel's); the last override's value is the one the caller gets. Return probes on the
+//! does not run. Other programs on the same function still run (in the kernel's order, the
+//! last attached first); the value of the last override to run is the one the caller gets. Return probes on the
 //! function still fire, with the overridden value (the kernel's kretprobes do the same: the
 //! return address was already redirected when the override ran); see `userbpf_hook`.
 //!
