@@ -124,8 +124,7 @@ struct ThreadRun {
     pid_tgid: Cell<u64>,
     /// `bpf_get_current_comm`'s and `bpf_get_current_uid_gid`'s caches (`helpers::task`):
     /// the fork generation each was read in (0: never), when (`helpers::time`'s approximate
-    /// clock), and
-    /// the value (the NUL-padded name; `gid << 32 | uid`).
+    /// clock), and the value (the NUL-padded name; `gid << 32 | uid`).
     comm_gen: Cell<u64>,
     comm_at: Cell<u64>,
     comm: Cell<[u8; 16]>,

@@ -9,8 +9,8 @@
 //! `pt_regs` (every callee-saved register, `rsp` and the flags as they were at the call),
 //! so the `ret` goes straight back to the caller with `value` in `rax`: the probed function
 //! does not run. Other programs on the same function still run (in the kernel's order, the
-//! last attached first); the value of the last override to run is the one the caller gets. Return probes on the
-//! function still fire, with the overridden value (the kernel's kretprobes do the same: the
+//! last attached first); the value of the last override to run is the one the caller gets.
+//! Return probes on the function still fire, with the overridden value (the kernel's kretprobes do the same: the
 //! return address was already redirected when the override ran); see `userbpf_hook`.
 //!
 //! The kernel allows the override only on a probe at a function's entry (it refuses to
