@@ -61,6 +61,7 @@ mod usdt;
 mod watcher;
 
 use fork::install_fork_handlers;
+pub use watcher::environ_before_libc;
 use watcher::{kick, log};
 
 /// Environment variable choosing the interpreter (`1`) over the JIT.
@@ -1005,4 +1006,4 @@ extern "C" fn leave_at_exit() {
 /// Runs when the library is loaded (LD_PRELOAD or dlopen).
 #[used]
 #[unsafe(link_section = ".init_array")]
-static AGENT_INIT: extern "C" fn() = watcher::agent_init;
+static AGENT_INIT: extern "C" fn(libc::c_int, *const *const libc::c_char, *mut *mut libc::c_char) = watcher::agent_init;

@@ -477,8 +477,16 @@ fn agent_thread(
 }
 
 /// The library's constructor (`LD_PRELOAD`): starts the agent on its thread and waits until
-/// the session's links are attached.
-pub(crate) extern "C" fn agent_init() {
+/// the session's links are attached. The dynamic loader calls it with the program's `argc`,
+/// `argv` and `envp`, first of all the constructors of the libraries loaded with the program
+/// (the library is linked `-z initfirst`, see build.rs), so before libc's own: see
+/// [`environ_before_libc`].
+pub(crate) extern "C" fn agent_init(
+    _argc: libc::c_int,
+    _argv: *const *const libc::c_char,
+    envp: *mut *mut libc::c_char,
+) {
+    environ_before_libc(envp);
     if std::env::var_os("USERBPF_SESSION").is_none() {
         return;
     }
@@ -509,6 +517,27 @@ pub(crate) extern "C" fn agent_init() {
             }
         }
     });
+}
+
+/// For a constructor that may run before libc's (a library linked `-z initfirst`, as the agent
+/// and the syscall server are): libc's initialiser sets `environ`, which `getenv` (Rust's
+/// `std::env`) reads, from the `envp` the dynamic loader passes to every initialiser. Before
+/// that `environ` is null and every variable looks unset: this sets it to that same `envp`.
+/// Once libc has set it (later constructors, a `dlopen`), it does nothing.
+pub fn environ_before_libc(envp: *mut *mut libc::c_char) {
+    unsafe extern "C" {
+        static mut environ: *mut *mut libc::c_char;
+    }
+    // SAFETY: `environ` is null only before libc's initialiser ran, i.e. while the dynamic
+    // loader runs the first constructors of the program on its one thread: nothing else reads
+    // or writes it then. Later (a dlopen by `userbpf attach`) it is not null and is only read,
+    // as getenv reads it. `envp` is the environment block the loader passes to every
+    // initialiser, the one libc's initialiser stores in `environ` after this.
+    unsafe {
+        if (&raw const environ).read_volatile().is_null() && !envp.is_null() {
+            environ = envp;
+        }
+    }
 }
 
 /// Whether this library is one `LD_PRELOAD` names (by file name).

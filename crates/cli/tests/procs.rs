@@ -66,6 +66,26 @@ fn a_library_loaded_later_is_probed_from_its_constructor_on_and_survives_unloadi
 }
 
 #[test]
+fn a_library_the_program_links_is_probed_from_its_constructor_on() {
+    // The dynamic loader runs the constructors of the program's libraries before main; the
+    // agent's runs first of them (it is linked `-z initfirst`), so the library's constructor
+    // call is counted, as a kernel uprobe counts it.
+    let dir = tmp().join("linked");
+    let lib = userbpf_testutil::compile_c(&here("targets/dl_lib.c"), &dir.join("libdl_lib.so"), &["-shared", "-fPIC"]);
+    let exe = userbpf_testutil::compile_c(
+        &here("targets/linked_target.c"),
+        &dir.join("linked_target"),
+        &[lib.to_str().unwrap(), &format!("-Wl,-rpath,{}", dir.display())],
+    );
+    let lib = lib.to_str().unwrap();
+    let (out, err, ok) = userbpf_run(&["--attach", &format!("hit={lib}:lib_work")], &[exe.to_str().unwrap(), "300"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("linked_target: 300 calls"), "{out}\n{err}");
+    assert!(!err.contains("userbpf-agent:"), "{err}");
+    assert_eq!(hits(&out), 300 + 1, "main's calls and the constructor's: {out}");
+}
+
+#[test]
 fn a_missing_function_of_a_library_loaded_later_is_reported_once() {
     let lib = userbpf_testutil::compile_c(
         &here("targets/dl_lib.c"),

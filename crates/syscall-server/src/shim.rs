@@ -275,8 +275,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 }
 
 /// At load: in a process the loader started (not the loader: it starts its agent when it
-/// makes links), act as the agent of the session.
-extern "C" fn server_init() {
+/// makes links), act as the agent of the session. Like the agent's library, this one is linked
+/// `-z initfirst` (the agent crate's build.rs): its constructors run before libc's.
+extern "C" fn server_init(_argc: c_int, _argv: *const *const c_char, envp: *mut *mut c_char) {
+    userbpf_agent::environ_before_libc(envp);
     if serving() || std::env::var_os(userbpf_runtime::session::SESSION_ENV).is_none() {
         return;
     }
@@ -292,7 +294,7 @@ extern "C" fn server_init() {
 
 #[used]
 #[unsafe(link_section = ".init_array")]
-static SERVER_INIT: extern "C" fn() = server_init;
+static SERVER_INIT: extern "C" fn(c_int, *const *const c_char, *mut *mut c_char) = server_init;
 
 /// libc's `open(2)` (variadic in C: on x86-64 the optional mode arrives in the third
 /// argument register, as a non-variadic third argument would).
