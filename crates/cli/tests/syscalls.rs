@@ -62,6 +62,23 @@ fn tracepoints_a_process_cannot_have_are_refused() {
 }
 
 #[test]
+fn signals_the_program_sends_only_because_userbpfs_threads_exist_are_not_seen() {
+    // Each setresuid makes glibc signal every other thread: the program's worker (seen, as on
+    // the kernel) and the agent's threads (which the kernel's programs would not see: they do
+    // not exist there). bpftrace on the kernel counts the same 26 tgkill and 1 tkill.
+    let exe = userbpf_testutil::compile_c(
+        &here("targets/setxid_target.c"),
+        &tmp().join("syscalls/setxid_target"),
+        &["-pthread"],
+    );
+    let (out, err, ok) = common::userbpf_run(&object("signals_sent"), &[], &[exe.to_str().unwrap(), "25"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!err.contains("userbpf-agent:"), "{err}");
+    assert!(out.contains("setxid_target: 25 setresuid calls, 0 failed"), "{out}\n{err}");
+    assert!(out.contains(".counts = { .tgkill = 26, .tgkill_setxid = 25, .tkill = 1 }"), "{out}\n{err}");
+}
+
+#[test]
 fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
     let exe = userbpf_testutil::compile_c(
         &here("targets/raw_syscalls_target.c"),

@@ -580,7 +580,7 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     let nr = regs.orig_ax;
     let mut args = [regs.di, regs.si, regs.dx, regs.r10, regs.r8, regs.r9];
     // The program's call, or userbpf's own (probes off on this thread: no callbacks).
-    let traced = run_callbacks(|c| (c.enter)(&regs));
+    let traced = !for_ours(nr, &args) && run_callbacks(|c| (c.enter)(&regs));
     let ret = match nr as i64 {
         libc::SYS_rt_sigreturn => {
             // Run it at the page's `syscall` with the registers it was made with.
@@ -646,6 +646,23 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
     }
     // SAFETY: restoring this thread's errno.
     unsafe { *libc::__errno_location() = errno };
+}
+
+/// Whether system call `nr` with `args` is one the program makes only because userbpf's threads
+/// exist, which its programs must not see (the kernel's would not: there these threads do not
+/// exist): a signal to one of them with `tgkill` or `tkill`, as glibc's setxid broadcast sends
+/// `SIGSETXID` to every thread when the program changes its credentials. The call is made all
+/// the same.
+fn for_ours(nr: u64, args: &[u64; 6]) -> bool {
+    match nr as i64 {
+        // SAFETY: getpid has no arguments and cannot fail.
+        libc::SYS_tgkill => {
+            crate::thread::is_tid_ours(args[1] as i32)
+                && args[0] as i32 == unsafe { libc::syscall(libc::SYS_getpid) } as i32
+        }
+        libc::SYS_tkill => crate::thread::is_tid_ours(args[0] as i32),
+        _ => false,
+    }
 }
 
 /// Makes system call `nr` for the program (from the page, so that it never traps), with what
@@ -742,6 +759,7 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
     let (want_enter, want_exit) = (wanted(&WANT_ENTER, nr), wanted(&WANT_EXIT, nr));
     let traced = ENABLED.load(Relaxed)
         && (want_enter || want_exit)
+        && !for_ours(nr, &args)
         && run_callbacks(|c| {
             if want_enter {
                 (c.enter)(regs)

@@ -11,7 +11,7 @@
 //! thread's first probe hit) and unmapped by a pthread key destructor when
 //! the thread exits.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 
 use crate::PtRegs;
 
@@ -285,7 +285,11 @@ pub(crate) unsafe extern "C" fn destroy(p: *mut libc::c_void) {
         return;
     }
     // SAFETY: p is the state registered by this thread in register_destructor.
-    let key = unsafe { (*st).key };
+    let (key, ours) = unsafe { ((*st).key, (*st).in_handler == OURS_FOREVER) };
+    if ours {
+        // SAFETY: gettid has no arguments and cannot fail.
+        forget_tid(unsafe { libc::syscall(libc::SYS_gettid) } as i32);
+    }
     let mut i = hash(key);
     for _ in 0..TABLE_SIZE {
         let k = TABLE[i].key.load(Acquire);
@@ -470,9 +474,36 @@ pub fn mark_thread_ours() -> bool {
     if st.is_null() {
         return false;
     }
+    // Its exit destructor (registered with its state) forgets it.
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    for t in &OURS_TIDS {
+        if t.compare_exchange(0, tid, AcqRel, Relaxed).is_ok() {
+            break;
+        }
+    }
     // SAFETY: this thread's state, only written by this thread.
     unsafe { (*st).in_handler = OURS_FOREVER };
     true
+}
+
+/// The thread ids of userbpf's own threads ([`mark_thread_ours`]) while they live (a thread's
+/// exit destructor clears its entry; a forked child clears them all): system calls the
+/// program makes only because they exist (glibc's setxid broadcast signals every thread) are
+/// not shown to its programs (see `sud::for_ours`). With every slot taken a thread is not
+/// recorded (its signals are then seen).
+static OURS_TIDS: [AtomicI32; 32] = [const { AtomicI32::new(0) }; 32];
+
+/// Whether `tid` is one of userbpf's own threads in this process.
+pub(crate) fn is_tid_ours(tid: i32) -> bool {
+    tid > 0 && OURS_TIDS.iter().any(|t| t.load(Acquire) == tid)
+}
+
+/// The exiting thread `tid` is no longer ours to hide (its tid can be reused).
+fn forget_tid(tid: i32) {
+    for t in &OURS_TIDS {
+        let _ = t.compare_exchange(tid, 0, AcqRel, Relaxed);
+    }
 }
 
 /// Threads userbpf is creating (a `clone`/`clone3` made with probes off), by their TCB
@@ -641,6 +672,10 @@ pub(crate) fn _regs_size_check() {
 /// drops the states of the threads that were not copied (their slots become tombstones, their
 /// RCU generations even, their states unmapped) and registers for membarrier again.
 pub(crate) fn after_fork_in_child() {
+    // userbpf's threads were not copied (the calling thread, if one of them, has a new tid).
+    for t in &OURS_TIDS {
+        t.store(0, Release);
+    }
     let me = thread_key();
     for slot in TABLE.iter() {
         let k = slot.key.load(Acquire);
