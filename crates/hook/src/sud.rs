@@ -655,10 +655,9 @@ extern "C" fn on_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
 /// the same.
 fn for_ours(nr: u64, args: &[u64; 6]) -> bool {
     match nr as i64 {
-        // SAFETY: getpid has no arguments and cannot fail.
+        // getpid from the page (never trapping), only for a signal to a thread of ours.
         libc::SYS_tgkill => {
-            crate::thread::is_tid_ours(args[1] as i32)
-                && args[0] as i32 == unsafe { libc::syscall(libc::SYS_getpid) } as i32
+            crate::thread::is_tid_ours(args[1] as i32) && args[0] as i32 == raw(libc::SYS_getpid as u64, [0; 6]) as i32
         }
         libc::SYS_tkill => crate::thread::is_tid_ours(args[0] as i32),
         _ => false,
