@@ -115,6 +115,21 @@ fn programs_on_one_function_run_in_the_kernels_order() {
 }
 
 #[test]
+fn curtask_is_the_threads_task_with_its_leader_and_parent() {
+    // tadd(t, i) runs on 4 threads: `curtask` (bpf_get_current_task) is each thread's, read
+    // through bpf_probe_read_kernel at the kernel's offsets (bpftrace takes them from the
+    // kernel's BTF): its pid and name, its main thread as group_leader, a parent process.
+    compare(
+        "curtask",
+        "uprobe:{T}:tadd { @[curtask->comm, curtask->group_leader->comm, curtask->pid == tid, curtask->tgid == pid, \
+         curtask->pid != pid, curtask->group_leader->pid == pid, curtask->real_parent->tgid > 1] = count(); }",
+        Ending::Interrupt,
+        BOTH,
+        &["@[bt_target, bt_target, 1, 1, 1, 1, 1]: 200\n"],
+    );
+}
+
+#[test]
 fn hist_and_lhist() {
     // add(i, 2i) for i < 20, then add(100 + i, i) for i < 10.
     compare(

@@ -103,6 +103,28 @@ fn a_refused_program_gives_libbpf_the_verifiers_log() {
     }
 }
 
+/// A tracepoint program using one map at more than 64 places loads, on the kernel and
+/// through `userbpf load` (whose trial load in the kernel once copied the map for each use:
+/// "The total number of maps per program has reached the limit of 64", libbpf-tools'
+/// execsnoop refused).
+#[test]
+fn a_program_using_one_map_at_many_places_loads_as_on_the_kernel() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let dir = tmp().join("load/many-uses");
+    let obj = userbpf_testutil::compile_bpf(&here.join("bpf/many_map_uses.bpf.c"), &dir);
+    let ldr =
+        userbpf_testutil::compile_c(&here.join("targets/loaders/load_object.c"), &dir.join("load_object"), &["-lbpf"]);
+    let (ldr, obj) = (ldr.to_str().unwrap(), obj.to_str().unwrap());
+    let user = load("load-many-uses", &[ldr, obj]);
+    assert_eq!(String::from_utf8_lossy(&user.stdout), "loaded\n", "{user:?}");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if userbpf_testutil::require(root, "root, to load the same program into the kernel") {
+        let kernel = Command::new(ldr).arg(obj).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&kernel.stdout), "loaded\n", "{kernel:?}");
+    }
+}
+
 /// `userbpf load --no-verify`: the refused program loads, with a warning (for experiments).
 #[test]
 fn no_verify_lets_a_refused_program_load_with_a_warning() {

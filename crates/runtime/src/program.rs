@@ -248,6 +248,10 @@ impl LoadedProgram {
         // The policy needs the maps the relocation finds; load once to find them, then build
         // the program with the policy (loading is cheap next to compiling).
         Program::load(insns, &LoadOptions { helpers: helpers.clone(), ..Default::default() }, Some(&resolve))?;
+        if insns.iter().any(|i| i.op == OP_CALL && i.src == 0 && i.imm == 35) {
+            // bpf_get_current_task: the kernel's task_struct layout, found once per process.
+            let _ = crate::helpers::current_task::prepare();
+        }
         let policy = Arc::new(ProgramMaps { maps: resolve.found.take() });
         let options = LoadOptions { helpers, memory: Some(policy), allow_callx: false };
         let prog = Arc::new(Program::load(insns, &options, Some(&resolve))?);

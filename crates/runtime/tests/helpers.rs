@@ -470,6 +470,80 @@ fn kernel_reads_of_the_programs_own_memory() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+#[test]
+fn the_current_task_has_the_kernels_layout_and_this_threads_ids() {
+    use userbpf_runtime::helpers::current_task;
+    let layout = current_task::prepare().expect("the kernel's task_struct layout (/sys/kernel/btf/vmlinux)");
+    assert!(layout.size > layout.comm && layout.size > 1000, "{layout:?}");
+    // The offsets of the kernel's BTF, as libbpf's CO-RE relocations find them.
+    let btf = userbpf_object::btf::Btf::parse_file("/sys/kernel/btf/vmlinux").unwrap().unwrap();
+    assert_eq!(current_task::TaskLayout::from_btf(&btf).unwrap(), layout);
+
+    let read = |src: u64, len: usize| {
+        let mut b = vec![0xffu8; len];
+        let r = calli(113, &[addr_mut(&mut b[0]), len as u64, src]);
+        (r, b)
+    };
+    let int_at = |base: u64, off: usize| {
+        let (r, b) = read(base + off as u64, 4);
+        assert_eq!(r, 0, "read at {off}");
+        i32::from_ne_bytes(b[..4].try_into().unwrap())
+    };
+    let ptr_at = |base: u64, off: usize| {
+        let (r, b) = read(base + off as u64, 8);
+        assert_eq!(r, 0, "read at {off}");
+        u64::from_ne_bytes(b[..8].try_into().unwrap())
+    };
+    let comm_at = |base: u64| {
+        let mut b = [0xffu8; 16];
+        let n = calli(115, &[addr_mut(&mut b), 16, base + layout.comm as u64]);
+        assert!(n > 0, "comm read: {n}");
+        String::from_utf8_lossy(&b[..n as usize - 1]).into_owned()
+    };
+    let proc_comm = |path: String| std::fs::read_to_string(path).unwrap().trim_end().to_string();
+    // SAFETY: getpid, gettid and getppid cannot fail.
+    let (pid, ppid) = unsafe { (libc::getpid(), libc::getppid()) };
+    let main_comm = proc_comm(format!("/proc/{pid}/comm"));
+    let parent_comm = proc_comm(format!("/proc/{ppid}/comm"));
+
+    // On another thread of the process, named: its own task, the main thread as its leader.
+    let other = std::thread::scope(|sc| {
+        std::thread::Builder::new()
+            .name("task-probe".into())
+            .spawn_scoped(sc, || {
+                // SAFETY: gettid cannot fail.
+                let tid = unsafe { libc::gettid() };
+                let task = call(35, &[]);
+                assert_ne!(task, 0);
+                assert_eq!(call(35, &[]), task, "one task a thread");
+                assert_eq!((int_at(task, layout.pid), int_at(task, layout.tgid)), (tid, pid));
+                assert_eq!(comm_at(task), "task-probe");
+                let leader = ptr_at(task, layout.group_leader);
+                assert_eq!((int_at(leader, layout.pid), int_at(leader, layout.tgid)), (pid, pid));
+                assert_eq!(comm_at(leader), main_comm);
+                assert_eq!(ptr_at(leader, layout.group_leader), leader);
+                let parent = ptr_at(task, layout.real_parent);
+                assert_eq!(ptr_at(task, layout.parent), parent);
+                assert_eq!(ptr_at(leader, layout.real_parent), parent);
+                assert_eq!((int_at(parent, layout.pid), int_at(parent, layout.tgid)), (ppid, ppid));
+                assert_eq!(comm_at(parent), parent_comm);
+                // Past the parent's block: not this thread's memory.
+                let after = parent + layout.size.div_ceil(64) as u64 * 64;
+                assert_eq!(read(after, 8).0, neg(libc::ERANGE));
+                task
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    // Another thread's task is not this thread's to read.
+    assert_eq!(read(other + layout.pid as u64, 4).0, neg(libc::ERANGE));
+    let mine = call(35, &[]);
+    assert_ne!(mine, 0);
+    // SAFETY: gettid cannot fail.
+    assert_eq!(int_at(mine, layout.pid), unsafe { libc::gettid() });
+}
+
 // ---- printf ----
 
 static SINK_LOCK: Mutex<()> = Mutex::new(());

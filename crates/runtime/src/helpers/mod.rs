@@ -2,7 +2,8 @@
 //! values and errno codes, for programs running in user space.
 //!
 //! One module per family: [`maps`] (map helpers and the process-wide map registry),
-//! [`time`], [`task`] (pid, uid, comm, random numbers, CPU, signals), [`probe`]
+//! [`time`], [`task`] (pid, uid, comm, random numbers, CPU, signals), [`current_task`] (a
+//! stand-in `task_struct` at the kernel's offsets), [`probe`]
 //! (`probe_read*`, `probe_write_user`), [`printf`] (`trace_printk`, `trace_vprintk`,
 //! `snprintf` and the trace sink), [`output`] (perf event and ring buffer output),
 //! [`stack`] (`get_stackid`, `get_stack`), [`func`] (function ip, cookie, arguments, return
@@ -50,6 +51,7 @@ use userbpf_vm::guard;
 use userbpf_vm::{Helper, HelperFn, HelperRegistry};
 
 pub mod cgroup;
+pub mod current_task;
 pub mod func;
 pub mod io_uring;
 pub mod maps;

@@ -47,7 +47,7 @@ fn program_memory(src: u64, len: u64) -> bool {
     {
         return true;
     }
-    super::maps::registry_contains(src, len)
+    super::maps::registry_contains(src, len) || super::current_task::contains(src, len)
 }
 
 /// `copy_from_kernel_nofault` in user space: a copy from the program's own memory (its stack,

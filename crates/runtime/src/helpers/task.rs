@@ -220,9 +220,10 @@ unsafe extern "C" fn get_smp_processor_id(_: u64, _: u64, _: u64, _: u64, _: u64
     context::current_cpu() as u64
 }
 
-/// `u64 bpf_get_current_task(void)`: there is no `task_struct` in user space: 0.
+/// `u64 bpf_get_current_task(void)`: the thread's stand-in `task_struct` (see
+/// [`super::current_task`]).
 unsafe extern "C" fn get_current_task(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
-    0
+    super::current_task::current_task()
 }
 
 const NSIG: u32 = 64;

@@ -449,6 +449,9 @@ fn kernel_insns(
     // would call `unknown#ID`.
     userbpf_runtime::loader::check_kernel_helpers(insns).map_err(Error::inval)?;
     let mut out = insns.to_vec();
+    // A trial's temporary copy of each map, made once however many instructions use it (the
+    // kernel counts the distinct maps of a program, at most 64).
+    let mut copies: HashMap<u32, i32> = HashMap::new();
     let mut i = 0;
     while i < out.len() {
         if out[i].is_lddw() {
@@ -470,13 +473,15 @@ fn kernel_insns(
                 out[i].imm = match trial.as_deref_mut() {
                     // A trial load: the kernel map if there is one already, else a temporary
                     // copy (the session map stays ours).
-                    Some(temps) => match st.maps.get(&id) {
-                        Some((fd, _)) => fd.as_raw_fd(),
-                        None => {
+                    Some(temps) => match (st.maps.get(&id), copies.get(&id)) {
+                        (Some((fd, _)), _) => fd.as_raw_fd(),
+                        (None, Some(&raw)) => raw,
+                        (None, None) => {
                             let e = map_by_id(id).map_err(|e| Error::new(e, format!("instruction {i}: map {id}")))?;
                             let fd = create_like(st, &e).context(|| format!("instruction {i}"))?;
                             let raw = fd.as_raw_fd();
                             temps.push(fd);
+                            copies.insert(id, raw);
                             raw
                         }
                     },
