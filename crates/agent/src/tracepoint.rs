@@ -250,6 +250,18 @@ fn raw_exit(regs: &PtRegs) {
     raw_run(regs, true);
 }
 
+/// The return of the `execve` that made this process image, run by the image's constructor
+/// once the session's links are attached: the kernel reports it in the new image (`ret` 0,
+/// the new name), and the previous image's agent, whose call never returned, could not. (The
+/// number is `execve`'s: an image made by `execveat` reports it as `execve`.)
+pub fn exec_returned() {
+    if raw_table().is_empty() {
+        return;
+    }
+    let regs = PtRegs { orig_ax: libc::SYS_execve as u64, ax: 0, ..Default::default() };
+    raw_run(&regs, true);
+}
+
 /// Removes probes added by `attach` (addresses of their leaked `Probe`s) from the table.
 pub fn raw_remove(probes: &[usize]) {
     if !probes.is_empty() {

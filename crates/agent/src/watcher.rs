@@ -509,8 +509,12 @@ pub(crate) extern "C" fn agent_init(
             agent_thread(links, || Agent::start_with(true), Some(tx), "")
         });
         match spawned {
-            // The sender goes when the start-up sync is done (or failed).
-            Ok(_) => drop(rx.recv()),
+            // The sender goes when the start-up sync is done (or failed); then the return of
+            // the execve that made this image, as the kernel reports it here.
+            Ok(_) => {
+                let _ = rx.recv();
+                crate::tracepoint::exec_returned();
+            }
             Err(e) => {
                 STARTING.store(false, Ordering::SeqCst);
                 log(&format!("starting the agent's thread: {e}"))

@@ -79,6 +79,17 @@ fn signals_the_program_sends_only_because_userbpfs_threads_exist_are_not_seen() 
 }
 
 #[test]
+fn an_execve_returns_in_the_new_image() {
+    // sh, started with the agent, execs true: the kernel reports each execve's return (0) in
+    // the image it made, under the new name: sh's own (its entry made by userbpf, not seen)
+    // and true's (its entry seen in sh).
+    let (out, err, ok) = common::userbpf_run(&object("exec_exit"), &[], &["sh", "-c", "exec /bin/true"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!err.contains("userbpf-agent:"), "{err}");
+    assert!(out.contains(".counts = { .enter = 1, .exit = 2, .exit_ok = 2, .exit_in_true = 1 }"), "{out}\n{err}");
+}
+
+#[test]
 fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
     let exe = userbpf_testutil::compile_c(
         &here("targets/raw_syscalls_target.c"),
