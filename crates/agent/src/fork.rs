@@ -29,6 +29,9 @@ static HELD: Held = Held(UnsafeCell::new(None));
 pub(crate) fn install_fork_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        // The runtime's own work on the program's threads (its fork child handler) runs in
+        // the hook engine's `ours` scope: no probe or system call tracepoint sees it.
+        userbpf_runtime::own_work::set(userbpf_hook::ours_begin, userbpf_hook::ours_end);
         // SAFETY: registers the handlers below, which follow the rules of their comments.
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     });

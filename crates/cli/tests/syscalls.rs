@@ -90,6 +90,21 @@ fn an_execve_returns_in_the_new_image() {
 }
 
 #[test]
+fn a_forked_childs_calls_are_the_programs_only() {
+    // Five children, each calling getppid: the calls bpftrace counts on the kernel for the
+    // same program (after its dynamic loader's), and none of the agent's fork handlers (its
+    // statistics file, membarrier's registration), which the kernel would never see.
+    let exe = userbpf_testutil::compile_c(&here("targets/forks_target.c"), &tmp().join("syscalls/forks_target"), &[]);
+    let (out, err, ok) = common::userbpf_run(&object("fork_calls"), &[], &[exe.to_str().unwrap(), "5"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!err.contains("userbpf-agent:"), "{err}");
+    assert!(out.contains("forks_target: 5 of 5 children ok"), "{out}\n{err}");
+    let want =
+        ".counts = { .clone = 5, .getppid = 5, .wait4 = 5, .getpid = 0, .openat = 0, .ftruncate = 0, .membarrier = 0 }";
+    assert!(out.contains(want), "{out}\n{err}");
+}
+
+#[test]
 fn system_calls_made_outside_libc_are_seen_through_syscall_user_dispatch() {
     let exe = userbpf_testutil::compile_c(
         &here("targets/raw_syscalls_target.c"),

@@ -41,6 +41,9 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // userbpf's work on the program's thread: its system calls (membarrier's registration)
+    // are not the program's.
+    let _ours = crate::thread::ours();
     // SAFETY: see `Held`. In the child only this thread exists; releasing the lock is an atomic
     // store (and a futex wake if a parent thread was waiting: a system call, harmless here).
     drop(unsafe { (*HELD.0.get()).take() });

@@ -70,7 +70,7 @@ pub mod usdt;
 pub use patch::fixup_signal;
 pub use placement::Method;
 pub use thread::SHADOW_CAPACITY;
-pub use thread::{Ours, is_thread_ours, mark_thread_ours, ours, probes_off};
+pub use thread::{Ours, is_thread_ours, mark_thread_ours, ours, ours_begin, ours_end, probes_off};
 
 /// The kernel's x86-64 `struct pt_regs` (libbpf `PT_REGS_*` work unchanged).
 #[repr(C)]

@@ -653,6 +653,24 @@ impl Ours {
     }
 }
 
+/// [`ours`] for callers that cannot hold the guard (another crate's C-style hooks, see
+/// `userbpf_runtime::own_work`): starts the scope and returns what [`ours_end`] restores.
+pub fn ours_begin() -> u32 {
+    let g = ours();
+    let prev = if g.st.is_null() { u32::MAX } else { g.prev };
+    std::mem::forget(g);
+    prev
+}
+
+/// Ends a scope [`ours_begin`] started on the calling thread.
+pub fn ours_end(prev: u32) {
+    let st = lookup();
+    if prev != u32::MAX && !st.is_null() {
+        // SAFETY: this thread's live state, only written by this thread.
+        unsafe { (*st).in_handler = prev };
+    }
+}
+
 impl Drop for Ours {
     fn drop(&mut self) {
         if !self.st.is_null() {

@@ -288,6 +288,11 @@ fn push_decimal(buf: &mut [u8], at: &mut usize, mut v: u64) -> Option<()> {
 /// documentation). Only system calls and stores to memory this module owns: no allocation, no
 /// lock (the child has one thread, and the parent's locks may be held).
 extern "C" fn remap_in_child() {
+    // Its system calls are userbpf's, not the program's.
+    crate::own_work::run(remap_in_child_quietly)
+}
+
+fn remap_in_child_quietly() {
     let base = REGION.load(Ordering::Acquire);
     let dir = DIR.load(Ordering::Acquire);
     if base == 0 || dir.is_null() {
