@@ -120,3 +120,26 @@ fn every_system_call_of_the_target_and_none_of_the_agent() {
         );
     }
 }
+
+/// Through `userbpf load`, the loader is a process of the session too: its programs see the
+/// loader's system calls, never those of userbpf's threads in it (the syscall server's, made
+/// as the loader attaches: one of them, a freshly started thread, had its first
+/// `rt_sigprocmask` counted under its own name).
+#[test]
+fn the_loaders_userbpf_threads_make_no_calls_the_programs_see() {
+    let session = session_name("loader-threads", Via::Userbpf, Order::LoaderFirst);
+    let script = "tracepoint:raw_syscalls:sys_exit { @[comm] = count(); }";
+    let mut loader = Proc::spawn("bpftrace", loader_command(Via::Userbpf, &session, &["bpftrace", "-e", script]));
+    loader.wait_for("Attaching", "bpftrace attaching");
+    for _ in 0..3 {
+        let st = target_command(Via::Userbpf, &session, &["/bin/true"]).status().unwrap();
+        assert!(st.success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    interrupt(&mut loader);
+    let _ = loader.wait_exit("bpftrace");
+    let out = loader.stdout();
+    remove_session(&session);
+    assert!(out.contains("@[true]: "), "the target's calls are seen: {out}\n{}", loader.stderr());
+    assert!(!out.contains("@[userbpf"), "a userbpf thread's call was seen: {out}");
+}

@@ -466,6 +466,10 @@ fn current_registered() -> *mut ThreadState {
 /// state could not be made (mmap failed or the table is full).
 pub fn mark_thread_ours() -> bool {
     let st = current_registered();
+    if !st.is_null() {
+        // SAFETY: this thread's state, only written by this thread.
+        unsafe { (*st).in_handler = OURS_FOREVER };
+    }
     crate::sud::leave_this_thread();
     let k = thread_key();
     for s in &OURS_PENDING {
@@ -637,8 +641,10 @@ pub(crate) fn enter_guard() -> Option<Ours> {
         // A thread userbpf is starting, before it marks itself ours, has no state yet.
         return if pending_ours() { None } else { Some(Ours { st, prev: 0 }) };
     }
-    // SAFETY: this thread's live state.
-    if unsafe { (*st).in_handler } != 0 {
+    // SAFETY: this thread's live state. A thread userbpf is starting may already have one
+    // (a cached stack's TCB whose previous thread left its state, or made while it marks
+    // itself): still not the program's.
+    if unsafe { (*st).in_handler } != 0 || pending_ours() {
         return None;
     }
     // SAFETY: as above.
