@@ -262,6 +262,15 @@ pub fn exec_returned() {
     raw_run(&regs, true);
 }
 
+/// An exec in a `vfork` child (see `sud::set_vfork_exec_callback`): the programs run with the
+/// child's pid as its pid and tid (the runtime's cache is the parent's, whose thread block the
+/// child shares; restored after the run).
+fn vfork_exec(regs: &PtRegs, exit: bool) {
+    // SAFETY: getpid has no preconditions; made in the child, it gives the child's pid.
+    let pid = unsafe { libc::getpid() } as u32 as u64;
+    userbpf_runtime::helpers::task::with_pid_tgid(pid << 32 | pid, || raw_run(regs, exit));
+}
+
 /// Removes probes added by `attach` (addresses of their leaked `Probe`s) from the table.
 pub fn raw_remove(probes: &[usize]) {
     if !probes.is_empty() {
@@ -272,7 +281,10 @@ pub fn raw_remove(probes: &[usize]) {
 /// Adds a probe for raw system calls and turns dispatch on; `Err` when it cannot be.
 fn raw_add(rp: RawProbe) -> Result<(), String> {
     static CALLBACKS: std::sync::Once = std::sync::Once::new();
-    CALLBACKS.call_once(|| sud::set_callbacks(raw_enter, raw_exit));
+    CALLBACKS.call_once(|| {
+        sud::set_callbacks(raw_enter, raw_exit);
+        sud::set_vfork_exec_callback(vfork_exec);
+    });
     sud::enable()?;
     if let Some(e) = sud::rewrite_error() {
         static ONCE: std::sync::Once = std::sync::Once::new();

@@ -206,34 +206,39 @@ fn gethostlatency_sees_each_resolution() {
     }
 }
 
-/// execsnoop's lines for the commands of `marker`'s script: (PCOMM, RET, ARGS), and whether
-/// the parents are right: bash forks the first two commands (their PPID is bash's pid) and
-/// execs the last itself (its PID is bash's).
-fn execs(out: &str, marker: &str) -> (Vec<String>, bool) {
+/// execsnoop's lines for the commands of `marker`'s script: (PCOMM, RET, ARGS), and how their
+/// PIDs and PPIDs relate (each pid named by its first appearance: `a<b` is PID a, PPID b), so
+/// that runs with other pids compare.
+fn execs(out: &str, marker: &str) -> (Vec<String>, String) {
     let mut v = Vec::new();
-    let mut ids = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut rel = Vec::new();
+    let mut name = |p: &str| match names.iter().position(|n| n == p) {
+        Some(i) => i,
+        None => {
+            names.push(p.to_string());
+            names.len() - 1
+        }
+    };
     for l in out.lines().filter(|l| l.contains(marker)) {
         let w: Vec<&str> = l.split_whitespace().collect();
         // PCOMM PID PPID RET ARGS...
         if w.len() >= 5 && (w[4] == "/bin/true" || w[4] == "/bin/echo") {
-            ids.push((w[1].to_string(), w[2].to_string()));
+            rel.push(format!("{}<{}", name(w[1]), name(w[2])));
             v.push(format!("{} {} {}", w[0], w[3], w[4..].join(" ")));
         }
     }
-    let parents = ids.len() == 3 && ids[0].1 == ids[2].0 && ids[1].1 == ids[2].0;
-    (v, parents)
+    (v, rel.join(" "))
 }
 
 /// One run of execsnoop (kernel, or through `userbpf load` with the script under `userbpf
-/// start`): its output once the script's commands ran.
-fn execsnoop_run(via: Via, marker: &str) -> (String, String) {
-    let session = session_name("execsnoop", via, Order::LoaderFirst);
+/// start`), the script run by `shell`: its output once the script's commands ran.
+fn execsnoop_run(via: Via, shell: &str, marker: &str) -> (String, String) {
+    let session = session_name(&format!("execsnoop-{shell}"), via, Order::LoaderFirst);
     let mut tool = Proc::spawn("execsnoop", loader_command(via, &session, &["stdbuf", "-oL", "/usr/sbin/execsnoop"]));
     tool.wait_for("PCOMM", "execsnoop's header");
     let script = format!("/bin/true {marker}; /bin/echo {marker} > /dev/null; /bin/true {marker} again");
-    // bash forks its commands (dash vforks them: a vfork child's calls before its exec are
-    // not seen through userbpf, so its execve's entry is missing and execsnoop prints nothing).
-    let st = target_command(via, &session, &["bash", "-c", &script]).status().unwrap();
+    let st = target_command(via, &session, &[shell, "-c", &script]).status().unwrap();
     assert!(st.success());
     let start = Instant::now();
     while execs(&tool.stdout(), marker).0.len() < 3 && start.elapsed() < Duration::from_secs(5) {
@@ -250,18 +255,24 @@ fn execsnoop_run(via: Via, marker: &str) -> (String, String) {
 #[test]
 fn execsnoop_sees_what_a_shell_runs() {
     let _g = serial();
-    let marker = format!("marker-{}", std::process::id());
-    let (kout, kerr) = execsnoop_run(Via::Kernel, &marker);
-    let k = execs(&kout, &marker);
-    let want: Vec<String> = [
-        format!("true 0 /bin/true {marker}"),
-        format!("echo 0 /bin/echo {marker}"),
-        format!("true 0 /bin/true {marker} again"),
-    ]
-    .into();
-    assert_eq!(k, (want, true), "kernel:\n{kout}\n{kerr}");
-    // Entered in the shell's forked child, returned (ret 0, the new name) in the new image;
-    // the parent's pid read through bpf_get_current_task.
-    let (uout, uerr) = execsnoop_run(Via::Userbpf, &marker);
-    assert_eq!(execs(&uout, &marker), k, "execsnoop through userbpf:\n{uout}\n{uerr}\n--- kernel ---\n{kout}");
+    // bash forks its first two commands and execs the last itself; dash (sh) vforks all
+    // three: the execve entry made in a vfork child, the return in the new image.
+    for shell in ["bash", "sh"] {
+        let marker = format!("marker-{}-{shell}", std::process::id());
+        let (kout, kerr) = execsnoop_run(Via::Kernel, shell, &marker);
+        let k = execs(&kout, &marker);
+        let want: Vec<String> = [
+            format!("true 0 /bin/true {marker}"),
+            format!("echo 0 /bin/echo {marker}"),
+            format!("true 0 /bin/true {marker} again"),
+        ]
+        .into();
+        assert_eq!(k.0, want, "{shell}, kernel:\n{kout}\n{kerr}");
+        let (uout, uerr) = execsnoop_run(Via::Userbpf, shell, &marker);
+        assert_eq!(
+            execs(&uout, &marker),
+            k,
+            "{shell}, execsnoop through userbpf:\n{uout}\n{uerr}\n--- kernel ---\n{kout}"
+        );
+    }
 }

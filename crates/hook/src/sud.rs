@@ -209,6 +209,30 @@ pub fn set_callbacks(enter: EnterFn, exit: ExitFn) {
     CALLBACKS.swap(new, SeqCst);
 }
 
+/// Runs the programs of an `execve`/`execveat` made in a `vfork` child (before the call, and
+/// after it when it fails): set by the agent, which runs them with the child's own ids (the
+/// child shares the parent's memory, its per-thread caches included). 0: none.
+static VFORK_EXEC: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets what runs for an exec in a vfork child (see [`VFORK_EXEC`]): `f(regs, exit)`.
+pub fn set_vfork_exec_callback(f: fn(&PtRegs, bool)) {
+    VFORK_EXEC.store(f as usize, SeqCst);
+}
+
+/// The vfork-exec callback, when this call is an exec made in a vfork child whose programs
+/// should run (a vfork made by the program, not by userbpf's own work).
+fn vfork_exec(nr: u64) -> Option<fn(&PtRegs, bool)> {
+    if !matches!(nr as i64, libc::SYS_execve | libc::SYS_execveat) || !crate::thread::in_vfork_child() {
+        return None;
+    }
+    let f = VFORK_EXEC.load(Relaxed);
+    if f == 0 || crate::thread::probes_off() {
+        return None;
+    }
+    // SAFETY: stored from a `fn(&PtRegs, bool)` by `set_vfork_exec_callback`.
+    Some(unsafe { std::mem::transmute::<usize, fn(&PtRegs, bool)>(f) })
+}
+
 fn set_dispatch(on: bool) -> i64 {
     let page = PAGE.load(SeqCst);
     let a = if on {
@@ -756,6 +780,24 @@ pub(crate) fn site_call(regs: &mut PtRegs) {
     regs.ax = (-(libc::ENOSYS as i64)) as u64;
     // Whether this call is the program's (probes are on), when either side has work.
     let (want_enter, want_exit) = (wanted(&WANT_ENTER, nr), wanted(&WANT_EXIT, nr));
+    // An exec in a vfork child (whose calls are otherwise not seen: see `thread::VFORKING`):
+    // its programs, run with the child's ids; the exit only when the exec failed (a
+    // successful one returns in the new image, whose agent reports it).
+    if ENABLED.load(Relaxed)
+        && (want_enter || want_exit)
+        && let Some(f) = vfork_exec(nr)
+    {
+        if want_enter {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(regs, false)));
+        }
+        regs.ax = call_as_program(nr, &mut args) as u64;
+        if want_exit {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(regs, true)));
+        }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+        return;
+    }
     let traced = ENABLED.load(Relaxed)
         && (want_enter || want_exit)
         && !for_ours(nr, &args)

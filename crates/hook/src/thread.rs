@@ -569,7 +569,7 @@ pub(crate) fn vfork_end() {
     }
 }
 
-fn in_vfork_child() -> bool {
+pub(crate) fn in_vfork_child() -> bool {
     if VFORKS.load(Relaxed) == 0 {
         return false;
     }

@@ -90,6 +90,17 @@ pub fn pid_tgid() -> u64 {
     value
 }
 
+/// Runs `f` with [`pid_tgid`] (and the programs' own reads of the cache) giving `value`, the
+/// thread's cache restored after: for a `vfork` child, which runs on its parent's thread block
+/// (shared memory) while the parent is suspended until the child's exec or exit.
+pub fn with_pid_tgid<T>(value: u64, f: impl FnOnce() -> T) -> T {
+    let saved = context::cached_pid_tgid();
+    context::set_cached_pid_tgid(generation(), value);
+    let r = f();
+    context::set_cached_pid_tgid(saved.0, saved.1);
+    r
+}
+
 /// The calling thread's name, NUL-padded (`/proc/self/task/TID/comm` without the newline),
 /// cached in the runtime's thread block (reached without a call).
 #[inline]
