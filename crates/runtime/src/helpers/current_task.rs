@@ -159,18 +159,9 @@ fn pool(layout: &TaskLayout) -> Option<&'static Pool> {
     POOL.get_or_init(|| {
         let stride = layout.size.div_ceil(64) * 64;
         let len = SLOTS * 3 * stride;
-        // SAFETY: a fresh private anonymous mapping (zero-filled), never unmapped.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        (p != libc::MAP_FAILED).then_some(Pool {
+        // Never unmapped: a thread's task stays readable to its last system call.
+        let p = super::anonymous_memory(len)?;
+        Some(Pool {
             base: p as usize,
             stride,
             owner: [const { AtomicI32::new(0) }; SLOTS],

@@ -171,23 +171,12 @@ impl Ring {
             return Ok(self.arena);
         }
         let len = DEPTH as usize * MAX_WRITE as usize;
-        // SAFETY: a new private anonymous mapping; nothing else is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        let Some(p) = super::anonymous_memory(len) else {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
-        }
+        };
         // SAFETY: `p` is the mapping just made, `len` long. A child of fork must not see
         // it: its slots belong to the parent's operations.
-        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
+        unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTFORK) };
         self.arena = p.cast();
         Ok(self.arena)
     }

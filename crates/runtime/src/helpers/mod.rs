@@ -50,6 +50,23 @@ use std::sync::{Arc, OnceLock};
 use userbpf_vm::guard;
 use userbpf_vm::{Helper, HelperFn, HelperRegistry};
 
+/// A new private anonymous mapping of `len` bytes (zero-filled, no swap reserved: untouched
+/// pages cost nothing), never shared with another process; `None` when the kernel refuses.
+pub(crate) fn anonymous_memory(len: usize) -> Option<*mut u8> {
+    // SAFETY: a new private anonymous mapping; nothing else is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as *mut u8)
+}
+
 pub mod cgroup;
 pub mod current_task;
 pub mod func;
