@@ -61,6 +61,7 @@ mod usdt;
 mod watcher;
 
 use fork::install_fork_handlers;
+pub use tracepoint::exec_returned;
 pub use watcher::environ_before_libc;
 use watcher::{kick, log};
 

@@ -255,7 +255,10 @@ fn raw_exit(regs: &PtRegs) {
 /// the new name), and the previous image's agent, whose call never returned, could not. (The
 /// number is `execve`'s: an image made by `execveat` reports it as `execve`.)
 pub fn exec_returned() {
-    if raw_table().is_empty() {
+    // Once an image: the syscall server's library, acting as the agent, calls it from both its
+    // constructors.
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if raw_table().is_empty() || DONE.swap(true, Ordering::SeqCst) {
         return;
     }
     let regs = PtRegs { orig_ax: libc::SYS_execve as u64, ax: 0, ..Default::default() };

@@ -243,6 +243,42 @@ fn bpftrace_dash_c_starts_the_target() {
     assert_same_output(test, &normalise_bpftrace(&k.0), &normalise_bpftrace(&u.0), &k.0, &u.0, &u.1);
 }
 
+/// `bpftrace -c` with the return of execve: the command's image (started by bpftrace, the
+/// syscall server's library acting as its agent) and the one it execs each report it once,
+/// under their names, as on the kernel.
+#[test]
+fn bpftrace_dash_c_sees_each_execs_return_once() {
+    let test = "dash_c_exec";
+    let dir = tmp().join("loaders").join(test);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Copies of sh and true with names of this run's own: the kernel's tracepoint sees every
+    // process of the machine.
+    let n = std::process::id() % 100_000;
+    let (sh, tr) = (dir.join(format!("sh{n}")), dir.join(format!("tr{n}")));
+    std::fs::copy("/bin/sh", &sh).unwrap();
+    std::fs::copy("/bin/true", &tr).unwrap();
+    let script_file = dir.join("exec.sh");
+    std::fs::write(&script_file, format!("exec {}\n", tr.display())).unwrap();
+    let cmd = format!("{} {}", sh.display(), script_file.display());
+    let script = format!(
+        "tracepoint:syscalls:sys_exit_execve /comm == \"sh{n}\" || comm == \"tr{n}\"/ {{ @[comm, args->ret] = count(); }}"
+    );
+    let mut outs = Vec::new();
+    for via in [Via::Kernel, Via::Userbpf] {
+        let session = session_name(test, via, Order::LoaderFirst);
+        let mut p = Proc::spawn("bpftrace -c", loader_command(via, &session, &["bpftrace", "-e", &script, "-c", &cmd]));
+        let st = p.wait_exit("when its command exits");
+        assert!(st.success(), "bpftrace -c ({via:?}) failed: {st:?}\n{}\n{}", p.stdout(), p.stderr());
+        remove_session(&session);
+        outs.push((p.stdout(), p.stderr()));
+    }
+    let (k, u) = (&outs[0], &outs[1]);
+    for e in [format!("@[sh{n}, 0]: 1\n"), format!("@[tr{n}, 0]: 1\n")] {
+        assert!(k.0.contains(&e), "kernel output lacks {e:?}\n{}", k.0);
+    }
+    assert_same_output(test, &normalise_bpftrace(&k.0), &normalise_bpftrace(&u.0), &k.0, &u.0, &u.1);
+}
+
 #[test]
 fn normalising_keeps_values_and_orders_only_ties() {
     let a = "Attaching 1 probe...\nx 2\nx 1\n\n@[\n    a+1\n]: 3\n@[\n    b+1\n]: 3\n@h: \n[0]  1 |@|\n\n@m[2]: 1\n@m[1]: 1\n";

@@ -283,8 +283,11 @@ extern "C" fn server_init(_argc: c_int, _argv: *const *const c_char, envp: *mut 
         return;
     }
     let _ = ours_catch(|| {
-        if let Err(e) = userbpf_agent::Agent::start() {
-            eprintln!("userbpf-agent: {e}");
+        match userbpf_agent::Agent::start() {
+            // The links are attached: the return of the execve that made this image, as the
+            // kernel reports it here (as the agent's own constructor does).
+            Ok(_) => userbpf_agent::exec_returned(),
+            Err(e) => eprintln!("userbpf-agent: {e}"),
         }
         attach::semaphores::raise_own(&userbpf_runtime::session::Layout::new(userbpf_runtime::Session::dir_of(
             &userbpf_runtime::Session::default_name(),
