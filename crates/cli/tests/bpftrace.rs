@@ -218,17 +218,13 @@ fn clear_delete_and_print() {
     );
 }
 
-#[test]
-fn bpftrace_dash_c_starts_the_target() {
-    let test = "dash_c";
+/// `bpftrace -e SCRIPT -c CMD` through the kernel, then through `userbpf load` (`run(via)`
+/// gives each side's script and command): `expect` in the kernel's output, and the same
+/// output from both.
+fn compare_dash_c(test: &str, run: impl Fn(Via) -> (String, String), expect: &[String]) {
     let mut outs = Vec::new();
     for via in [Via::Kernel, Via::Userbpf] {
-        let dir = tmp().join("loaders").join(test).join(format!("{via:?}").to_lowercase());
-        let target = private_copy(&bt_target(), &dir);
-        let t = target.to_str().unwrap();
-        let script =
-            format!("uprobe:{t}:add {{ @c = count(); @h = hist(arg0); }} uprobe:{t}:tadd {{ @t[arg0] = sum(arg1); }}");
-        let cmd = format!("{t} --now");
+        let (script, cmd) = run(via);
         let session = session_name(test, via, Order::LoaderFirst);
         let mut p = Proc::spawn("bpftrace -c", loader_command(via, &session, &["bpftrace", "-e", &script, "-c", &cmd]));
         let st = p.wait_exit("when its command exits");
@@ -237,10 +233,24 @@ fn bpftrace_dash_c_starts_the_target() {
         outs.push((p.stdout(), p.stderr()));
     }
     let (k, u) = (&outs[0], &outs[1]);
-    for e in ["target: sum ", "@c: 30\n", "@t[0]: 1225\n"] {
-        assert!(k.0.contains(e), "kernel output lacks {e:?}\n{}", k.0);
+    for e in expect {
+        assert!(k.0.contains(e.as_str()), "kernel output lacks {e:?}\n{}", k.0);
     }
     assert_same_output(test, &normalise_bpftrace(&k.0), &normalise_bpftrace(&u.0), &k.0, &u.0, &u.1);
+}
+
+#[test]
+fn bpftrace_dash_c_starts_the_target() {
+    let test = "dash_c";
+    let run = |via: Via| {
+        let dir = tmp().join("loaders").join(test).join(format!("{via:?}").to_lowercase());
+        let target = private_copy(&bt_target(), &dir);
+        let t = target.to_str().unwrap();
+        let script =
+            format!("uprobe:{t}:add {{ @c = count(); @h = hist(arg0); }} uprobe:{t}:tadd {{ @t[arg0] = sum(arg1); }}");
+        (script, format!("{t} --now"))
+    };
+    compare_dash_c(test, run, &["target: sum ".into(), "@c: 30\n".into(), "@t[0]: 1225\n".into()]);
 }
 
 /// `bpftrace -c` with the return of execve: the command's image (started by bpftrace, the
@@ -259,24 +269,13 @@ fn bpftrace_dash_c_sees_each_execs_return_once() {
     std::fs::copy("/bin/true", &tr).unwrap();
     let script_file = dir.join("exec.sh");
     std::fs::write(&script_file, format!("exec {}\n", tr.display())).unwrap();
-    let cmd = format!("{} {}", sh.display(), script_file.display());
-    let script = format!(
-        "tracepoint:syscalls:sys_exit_execve /comm == \"sh{n}\" || comm == \"tr{n}\"/ {{ @[comm, args->ret] = count(); }}"
-    );
-    let mut outs = Vec::new();
-    for via in [Via::Kernel, Via::Userbpf] {
-        let session = session_name(test, via, Order::LoaderFirst);
-        let mut p = Proc::spawn("bpftrace -c", loader_command(via, &session, &["bpftrace", "-e", &script, "-c", &cmd]));
-        let st = p.wait_exit("when its command exits");
-        assert!(st.success(), "bpftrace -c ({via:?}) failed: {st:?}\n{}\n{}", p.stdout(), p.stderr());
-        remove_session(&session);
-        outs.push((p.stdout(), p.stderr()));
-    }
-    let (k, u) = (&outs[0], &outs[1]);
-    for e in [format!("@[sh{n}, 0]: 1\n"), format!("@[tr{n}, 0]: 1\n")] {
-        assert!(k.0.contains(&e), "kernel output lacks {e:?}\n{}", k.0);
-    }
-    assert_same_output(test, &normalise_bpftrace(&k.0), &normalise_bpftrace(&u.0), &k.0, &u.0, &u.1);
+    let run = |_| {
+        let script = format!(
+            "tracepoint:syscalls:sys_exit_execve /comm == \"sh{n}\" || comm == \"tr{n}\"/ {{ @[comm, args->ret] = count(); }}"
+        );
+        (script, format!("{} {}", sh.display(), script_file.display()))
+    };
+    compare_dash_c(test, run, &[format!("@[sh{n}, 0]: 1\n"), format!("@[tr{n}, 0]: 1\n")]);
 }
 
 #[test]

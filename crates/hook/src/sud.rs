@@ -66,8 +66,8 @@
 //! without entering the kernel are not system calls (the kernel does not see them either).
 
 use std::ffi::c_void;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock};
 
 use crate::PtRegs;
 
@@ -211,12 +211,13 @@ pub fn set_callbacks(enter: EnterFn, exit: ExitFn) {
 
 /// Runs the programs of an `execve`/`execveat` made in a `vfork` child (before the call, and
 /// after it when it fails): set by the agent, which runs them with the child's own ids (the
-/// child shares the parent's memory, its per-thread caches included). 0: none.
-static VFORK_EXEC: AtomicUsize = AtomicUsize::new(0);
+/// child shares the parent's memory, its per-thread caches included).
+static VFORK_EXEC: OnceLock<fn(&PtRegs, bool)> = OnceLock::new();
 
-/// Sets what runs for an exec in a vfork child (see [`VFORK_EXEC`]): `f(regs, exit)`.
+/// Sets what runs for an exec in a vfork child (see [`VFORK_EXEC`]): `f(regs, exit)`. Once a
+/// process; later calls do nothing.
 pub fn set_vfork_exec_callback(f: fn(&PtRegs, bool)) {
-    VFORK_EXEC.store(f as usize, SeqCst);
+    let _ = VFORK_EXEC.set(f);
 }
 
 /// The vfork-exec callback, when this call is an exec made in a vfork child whose programs
@@ -225,12 +226,7 @@ fn vfork_exec(nr: u64) -> Option<fn(&PtRegs, bool)> {
     if !matches!(nr as i64, libc::SYS_execve | libc::SYS_execveat) || !crate::thread::in_vfork_child() {
         return None;
     }
-    let f = VFORK_EXEC.load(Relaxed);
-    if f == 0 || crate::thread::probes_off() {
-        return None;
-    }
-    // SAFETY: stored from a `fn(&PtRegs, bool)` by `set_vfork_exec_callback`.
-    Some(unsafe { std::mem::transmute::<usize, fn(&PtRegs, bool)>(f) })
+    VFORK_EXEC.get().copied().filter(|_| !crate::thread::probes_off())
 }
 
 fn set_dispatch(on: bool) -> i64 {

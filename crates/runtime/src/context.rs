@@ -138,6 +138,9 @@ struct ThreadRun {
     /// on the thread's stack, the interpreter's array) lie below it, down to a helper's own
     /// stack pointer (see [`run_stack`]).
     stack_top: Cell<u64>,
+    /// `bpf_get_current_task`'s slot in its pool (`helpers::current_task`), plus one (0: none
+    /// taken yet).
+    task_slot: Cell<usize>,
     /// The context of the run in progress: written before `active` is set, read only while
     /// it is (uninitialised, i.e. zero, in a new thread).
     ctx: Cell<MaybeUninit<RunContext>>,
@@ -279,6 +282,15 @@ pub(crate) type Cached<T> = (u64, u64, T);
 
 /// This thread's cached name (see [`ThreadRun`]), from the thread block (no `__tls_get_addr`).
 #[inline(always)]
+/// The slot of `bpf_get_current_task`'s pool this thread last took, if any.
+pub(crate) fn task_slot() -> Option<usize> {
+    run_block().task_slot.get().checked_sub(1)
+}
+
+pub(crate) fn set_task_slot(slot: usize) {
+    run_block().task_slot.set(slot + 1);
+}
+
 pub(crate) fn cached_comm() -> Cached<[u8; 16]> {
     let r = run_block();
     (r.comm_gen.get(), r.comm_at.get(), r.comm.get())

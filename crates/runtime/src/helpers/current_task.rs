@@ -6,7 +6,8 @@
 //! relocates them). There is no `task_struct` in user space, so each thread gets a
 //! zero-filled block the size of the kernel's, with the fields programs read about a process
 //! written at the kernel's offsets (found in `/sys/kernel/btf/vmlinux` when a program that
-//! calls the helper is prepared, see [`prepare`]):
+//! calls the helper is prepared, see [`prepare`], and kept in `/dev/shm` for the next
+//! process):
 //!
 //! - `pid` (the thread id), `tgid` (the process id), `comm` (the thread's name);
 //! - `group_leader`: a second block, the process's main thread (`pid` = `tgid`, its name);
@@ -23,7 +24,6 @@
 //! its last system call (no destructor: an exiting thread's last calls still see their task);
 //! a slot is taken back once its thread is gone.
 
-use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
@@ -61,18 +61,104 @@ impl TaskLayout {
             real_parent: at(4)?,
             parent: at(5)?,
         };
-        let fits = |off: usize, len: usize| off.checked_add(len).is_some_and(|e| e <= l.size);
-        if !(fits(l.pid, 4)
-            && fits(l.tgid, 4)
-            && fits(l.comm, 16)
-            && fits(l.group_leader, 8)
-            && fits(l.real_parent, 8)
-            && fits(l.parent, 8))
-        {
-            return Err("task_struct's members lie outside its size".into());
-        }
-        Ok(l)
+        l.checked().ok_or_else(|| "task_struct's members lie outside its size".to_string())
     }
+
+    /// The layout, if every member the helper writes lies within the size (and the size is a
+    /// task_struct's, not some huge number read from a damaged cache).
+    fn checked(self) -> Option<TaskLayout> {
+        let fits = |off: usize, len: usize| off.checked_add(len).is_some_and(|e| e <= self.size);
+        (self.size <= 1 << 20
+            && fits(self.pid, 4)
+            && fits(self.tgid, 4)
+            && fits(self.comm, 16)
+            && fits(self.group_leader, 8)
+            && fits(self.real_parent, 8)
+            && fits(self.parent, 8))
+        .then_some(self)
+    }
+
+    fn fields(&self) -> [usize; 7] {
+        [self.size, self.pid, self.tgid, self.comm, self.group_leader, self.real_parent, self.parent]
+    }
+
+    fn from_fields(f: [usize; 7]) -> Option<TaskLayout> {
+        let [size, pid, tgid, comm, group_leader, real_parent, parent] = f;
+        TaskLayout { size, pid, tgid, comm, group_leader, real_parent, parent }.checked()
+    }
+}
+
+const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// Where the layout found in the kernel's BTF is kept for the next process (parsing the 5 MB
+/// takes about 25 ms, which every process image calling the helper would otherwise pay at
+/// start-up): a file of this user's in `/dev/shm`, named after this boot and the BTF file's
+/// size and time.
+fn cache_path() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(VMLINUX).ok()?;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    Some(std::path::PathBuf::from(format!(
+        "/dev/shm/.userbpf-task-layout-{uid}-v1-{}-{:x}-{:x}",
+        boot.trim(),
+        m.size(),
+        m.mtime()
+    )))
+}
+
+/// The layout kept at `path`: only from a regular file of this user's that no one else may
+/// write, and only if it passes [`TaskLayout::checked`].
+fn from_cache(path: &std::path::Path) -> Option<TaskLayout> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
+    let m = f.metadata().ok()?;
+    // SAFETY: geteuid has no preconditions.
+    if !m.is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o022 != 0 {
+        return None;
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    let v: Vec<usize> = text.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+    TaskLayout::from_fields(v.try_into().ok()?)
+}
+
+/// Keeps `l` at `path` for the next process (best effort: written whole under another name,
+/// then renamed).
+fn to_cache(path: &std::path::Path, l: &TaskLayout) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = l.fields().map(|v| v.to_string()).join(" ");
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// The running kernel's layout: from the cache of an earlier process, else from the BTF.
+fn kernel_layout() -> Result<TaskLayout, String> {
+    let cache = cache_path();
+    if let Some(l) = cache.as_deref().and_then(from_cache) {
+        return Ok(l);
+    }
+    let l = match userbpf_object::btf::Btf::parse_file(VMLINUX) {
+        Ok(Ok(btf)) => TaskLayout::from_btf(&btf)?,
+        Ok(Err(e)) => return Err(format!("{VMLINUX}: {e}")),
+        Err(e) => return Err(format!("{VMLINUX}: {e}")),
+    };
+    if let Some(c) = cache {
+        to_cache(&c, &l);
+    }
+    Ok(l)
 }
 
 /// Records the byte offsets of the members of `c` named in `names` (at `base` bytes), looking
@@ -111,20 +197,11 @@ fn find_members(
 /// The running kernel's layout, once [`prepare`] found it.
 static LAYOUT: OnceLock<Result<TaskLayout, String>> = OnceLock::new();
 
-/// Finds the kernel's `task_struct` layout in `/sys/kernel/btf/vmlinux` (once per process):
+/// Finds the kernel's `task_struct` layout (once per process; see [`kernel_layout`]):
 /// called when a program calling `bpf_get_current_task` is prepared, off the hit path. The
 /// error says why the helper will return 0 (as it does before this is called).
 pub fn prepare() -> Result<TaskLayout, String> {
-    let layout = LAYOUT
-        .get_or_init(|| {
-            let path = "/sys/kernel/btf/vmlinux";
-            match userbpf_object::btf::Btf::parse_file(path) {
-                Ok(Ok(btf)) => TaskLayout::from_btf(&btf),
-                Ok(Err(e)) => Err(format!("{path}: {e}")),
-                Err(e) => Err(format!("{path}: {e}")),
-            }
-        })
-        .clone()?;
+    let layout = LAYOUT.get_or_init(kernel_layout).clone()?;
     pool(&layout).ok_or("no memory for the tasks' blocks")?;
     Ok(layout)
 }
@@ -147,13 +224,6 @@ struct Pool {
 }
 
 static POOL: OnceLock<Option<Pool>> = OnceLock::new();
-
-thread_local! {
-    /// The slot this thread last had (checked against the slot's owner on every use: a child
-    /// of fork has another thread id). No destructor: it stays valid to the thread's very last
-    /// system call (a slot is taken back only once its thread is gone).
-    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-}
 
 fn pool(layout: &TaskLayout) -> Option<&'static Pool> {
     POOL.get_or_init(|| {
@@ -180,8 +250,13 @@ impl Pool {
 
     /// The calling thread's slot (thread id `tid`), taken at its first call.
     fn slot(&self, tid: i32) -> Option<usize> {
-        let s = SLOT.try_with(|s| s.get()).unwrap_or(usize::MAX);
-        if s < SLOTS && self.owner[s].load(Ordering::Relaxed) == tid {
+        // The slot this thread last had (in the runtime's thread block, which has no
+        // destructor: it stays valid to the thread's very last system call), checked against
+        // the slot's owner on every use (a child of fork has another thread id).
+        if let Some(s) = crate::context::task_slot()
+            && s < SLOTS
+            && self.owner[s].load(Ordering::Relaxed) == tid
+        {
             return Some(s);
         }
         self.claim(tid)
@@ -211,7 +286,7 @@ impl Pool {
                 })
             })?;
         self.names_at[found].store(0, Ordering::Relaxed);
-        let _ = SLOT.try_with(|c| c.set(found));
+        crate::context::set_task_slot(found);
         Some(found)
     }
 }
@@ -220,7 +295,7 @@ impl Pool {
 /// may read of them).
 pub(crate) fn contains(addr: u64, len: u64) -> bool {
     let Some(p) = POOL.get().and_then(|p| p.as_ref()) else { return false };
-    let s = SLOT.try_with(|s| s.get()).unwrap_or(usize::MAX);
+    let Some(s) = crate::context::task_slot() else { return false };
     if s >= SLOTS || p.owner[s].load(Ordering::Relaxed) != super::task::pid_tgid() as u32 as i32 {
         return false;
     }
@@ -335,4 +410,37 @@ pub(crate) fn current_task() -> u64 {
         refresh_names(p, s, l, tgid, tid, now);
     }
     task as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_a_layout_and_refuses_a_damaged_or_foreign_one() {
+        let dir = std::env::temp_dir().join(format!("userbpf-task-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let l = TaskLayout {
+            size: 3264,
+            pid: 1264,
+            tgid: 1268,
+            comm: 1752,
+            group_leader: 1328,
+            real_parent: 1280,
+            parent: 1288,
+        };
+        let path = dir.join("layout");
+        to_cache(&path, &l);
+        assert_eq!(from_cache(&path), Some(l));
+        for bad in ["", "1 2 3", "3264 1264 1268 1752 1328 1280 1288 9", "3264 1264 1268 3260 1328 1280 1288", "x"] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(from_cache(&path), None, "{bad:?}");
+        }
+        // Writable by others: not trusted.
+        std::fs::write(&path, "3264 1264 1268 1752 1328 1280 1288").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(from_cache(&path), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
