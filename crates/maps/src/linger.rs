@@ -26,7 +26,7 @@
 //! consumer that has been idle for [`LINGER_IDLE`]. A consumer that lingers may so see a
 //! record a producer committed with `BPF_RB_NO_WAKEUP` sooner than the kernel would show it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering, compiler_fence, fence};
 use std::time::{Duration, Instant};
 
 use crate::ringbuf::futex_wait;
@@ -41,6 +41,75 @@ pub const LINGER_MAX: Duration = Duration::from_millis(1);
 pub const LINGER_IDLE: Duration = Duration::from_millis(20);
 /// The share of the fullest ring a lingering sleep lets fill, at the rate last seen.
 pub const LINGER_FILL: f64 = 0.125;
+
+// ---- The wakeup handshake's barriers ----
+//
+// Producer and deep-sleeping consumer each store, then load what the other stored (Dekker):
+// the producer publishes its record (perf ring: `data_head`) then loads `waiting`; the
+// consumer stores `waiting` then looks for records. Each side needs a store-load barrier, or
+// both can miss the other's store (the consumer then sleeps on a record nobody wakes it for).
+// A full fence on x86 waits for every store the producer has in flight, and a perf record is a
+// few hundred bytes of stores to lines the consumer just read: on nginx under sslsniff that
+// wait was most of a perf output's time. So the barrier is asymmetric, as `membarrier(2)`
+// allows: producers only keep the compiler from reordering their store and load
+// ([`publish_fence`]), and a consumer about to sleep deep makes every running thread of the
+// system pass a full barrier (`MEMBARRIER_CMD_GLOBAL`, [`waiter_fence`]): a producer's load of
+// `waiting` either follows that barrier (and sees the consumer's store) or preceded it, with
+// its record stored before it, which the consumer's check sees. The command waits for an RCU
+// grace period (about 12 ms here), taking no CPU; consumers sleep deep only after
+// [`LINGER_IDLE`] without records, and a record that comes meanwhile is seen when the barrier
+// returns. (`MEMBARRIER_CMD_GLOBAL_EXPEDITED`, with IPIs to registered processes, takes
+// microseconds, but a CPU that ran a producer's process idly before it registered can keep an
+// unregistered state: the handshake test missed a record once in about 30 runs with it.)
+// Where the kernel lacks the command (`nohz_full` CPUs), producers fence.
+
+const MEMBARRIER_CMD_QUERY: i64 = 0;
+const MEMBARRIER_CMD_GLOBAL: i64 = 1;
+
+/// Whether consumers can use `MEMBARRIER_CMD_GLOBAL`: 0 not asked, 1 yes, 2 no (fences).
+static GLOBAL_BARRIER: AtomicU8 = AtomicU8::new(0);
+
+fn membarrier(cmd: i64) -> i64 {
+    // SAFETY: membarrier takes no pointers; an unknown or refused command returns -1.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0u32, 0i32) as i64 }
+}
+
+/// Asks the kernel once whether consumers can make the system-wide barrier (see above): called
+/// when a process opens a perf event array, before it writes any record, so the hot path reads
+/// one relaxed byte.
+pub fn prepare_producer() {
+    if GLOBAL_BARRIER.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let q = membarrier(MEMBARRIER_CMD_QUERY);
+    let ok = q >= 0 && q & MEMBARRIER_CMD_GLOBAL != 0;
+    GLOBAL_BARRIER.store(if ok { 1 } else { 2 }, Ordering::Release);
+}
+
+/// The producer's barrier between publishing a record and loading the consumers' `waiting`
+/// words: a compiler barrier where consumers make the system-wide one, a full fence otherwise.
+#[inline(always)]
+pub fn publish_fence() {
+    if GLOBAL_BARRIER.load(Ordering::Relaxed) == 1 {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The consumer's barrier between storing its `waiting` word(s) and looking for records once
+/// more before a deep sleep. False if the system refused it: the sleep must then be bounded
+/// ([`deep_timeout`]), as a producer may not have seen `waiting`.
+pub fn waiter_fence() -> bool {
+    fence(Ordering::SeqCst);
+    membarrier(MEMBARRIER_CMD_GLOBAL) == 0
+}
+
+/// The timeout of a deep sleep that wanted `timeout`, after a [`waiter_fence`] that returned
+/// `fenced`.
+pub fn deep_timeout(timeout: Option<Duration>, fenced: bool) -> Option<Duration> {
+    if fenced { timeout } else { Some(timeout.map_or(LINGER_MAX, |t| t.min(LINGER_MAX))) }
+}
 
 /// The state of one consumer's waiting (see the module).
 #[derive(Debug, Clone)]
@@ -166,16 +235,20 @@ pub(crate) fn poll<C: Waiting>(
 /// The deep sleep: sets `waiting` (producers that see it bump `wake_seq` and wake it), looks
 /// once more (`ready`, sequentially consistent with the producers' publication, see the
 /// consumers' `ready`), and sleeps on `wake_seq` unless something came; clears `waiting`.
+/// `producers_fence`: the producers publish with a full barrier of their own (the ring
+/// buffer's commit is a compare-and-swap), so the consumer needs no system-wide one.
 pub(crate) fn sleep_deep(
     waiting: &AtomicU32,
     wake_seq: &AtomicU32,
     ready: impl FnOnce() -> bool,
     timeout: Option<Duration>,
+    producers_fence: bool,
 ) {
     waiting.store(1, Ordering::SeqCst);
+    let fenced = producers_fence || waiter_fence();
     let seq = wake_seq.load(Ordering::SeqCst);
     if !ready() {
-        futex_wait(wake_seq, seq, timeout);
+        futex_wait(wake_seq, seq, deep_timeout(timeout, fenced));
     }
     waiting.store(0, Ordering::SeqCst);
 }

@@ -32,15 +32,21 @@
 //!
 //! Writers to one ring are serialised by a spinlock in its control slot (the crate's
 //! `SpinLock`: bounded spinning, giving up counts the sample as lost and returns `EBUSY`; the
-//! lock of a dead process is taken over). The writer reads `data_tail` with acquire, writes
-//! the records past `data_head`, then stores `data_head` (release). The consumer reads
+//! lock of a dead process is taken over). The writer keeps its own copy of `data_head` and
+//! the last `data_tail` it read in the ring's control slot (the ring page's line is the one
+//! the consumer writes `data_tail` into after each record: reading it is a cache miss while
+//! the consumer keeps up); it reads `data_tail` (acquire) only when the tail it saw leaves too
+//! little space, writes the records past its head, then stores `data_head` (release). The
+//! consumer reads
 //! `data_head` with acquire and stores `data_tail` with release after each record; it trusts
 //! no size (a ring whose positions or records do not add up is reset to empty and reported as
 //! `EINVAL`). Wakeups as in the ring buffer module: a map-wide `waiting` word and futex word;
 //! writers make the `FUTEX_WAKE` call only when the consumer waits, and a consumer sets
 //! `waiting` only after [`crate::linger::LINGER_IDLE`] without records (until then it
 //! lingers in short timed sleeps, see [`crate::linger`]), so a steady stream of outputs makes
-//! no system call. One consumer at a time
+//! no system call. The writer's barrier between its store of `data_head` and its load of
+//! `waiting` is the asymmetric one of [`crate::linger`] (no fence on the writer's side where
+//! the kernel offers `MEMBARRIER_CMD_GLOBAL`). One consumer at a time
 //! (an `flock`, as for the ring buffer). A watcher that wants to hear of new data in some
 //! rings only (a loader's poll on perf event descriptors) sets those rings' own `waiting`
 //! words ([`PerfEventArray::set_ring_waiting`]) instead of the map-wide one, under the same
@@ -172,7 +178,14 @@ struct RingCtl {
     /// 1 while a watcher waits for data in this ring (see `set_ring_waiting`).
     waiting: AtomicU32,
     _pad1: u32,
-    _pad: [u64; 2],
+    /// The writers' own `data_head` (as the kernel keeps `rb->head`): written under the lock
+    /// with the ring page's copy, read instead of it, so a writer does not load the ring
+    /// page's line the consumer keeps writing `data_tail` into.
+    head: AtomicU64,
+    /// A `data_tail` a writer read: the consumer's is at least this far, so the space it
+    /// leaves is at least what this one leaves (the real one is read only when that is not
+    /// enough).
+    tail_seen: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<RingCtl>() == CTL_SIZE);
@@ -338,12 +351,15 @@ impl PerfEventArray {
             };
         }
         let data_size = active_pages.min(data_pages) as u64 * PAGE;
+        crate::linger::prepare_producer();
         let pa = PerfEventArray { inner: Arc::new(Inner { base, path, geo }) };
         for i in 0..nr {
             let ctl = pa.ctl(i);
             ctl.id.store(i as u64, Ordering::Relaxed);
             ctl.attached.store(1, Ordering::Relaxed);
             ctl.data_size.store(data_size, Ordering::Relaxed);
+            ctl.head.store(0, Ordering::Relaxed);
+            ctl.tail_seen.store(0, Ordering::Relaxed);
             // SAFETY: the ring's first page is inside the fresh file and nobody else uses
             // the file yet.
             unsafe { init_page(pa.ring_page(i), data_size) };
@@ -400,6 +416,7 @@ impl PerfEventArray {
         {
             return Err(bad("perf_event_array: file does not match its geometry"));
         }
+        crate::linger::prepare_producer();
         Ok(PerfEventArray { inner: Arc::new(Inner { base, path, geo }) })
     }
 
@@ -466,6 +483,8 @@ impl PerfEventArray {
         // SAFETY: the ring's first page lies inside the file (index checked); writers are
         // excluded by the lock and see data_size 0 until the store below.
         unsafe { init_page(self.ring_page(index), size) };
+        ctl.head.store(0, Ordering::Relaxed);
+        ctl.tail_seen.store(0, Ordering::Relaxed);
         ctl.lost.store(0, Ordering::Relaxed);
         ctl.id.store(id, Ordering::Relaxed);
         ctl.data_size.store(size, Ordering::Release);
@@ -689,13 +708,17 @@ impl PerfEventArray {
             return Err(MapError::new(libc::ENOSPC, "perf_event_output: the perf event has no ring buffer"));
         }
         let page = self.ring_page(index);
-        let head_a = self.head(page);
-        let head = head_a.load(Ordering::Relaxed);
-        // Pairs with the consumer's release store: its reads of the data are done.
-        let tail = self.tail(page).load(Ordering::Acquire);
+        let head = ctl.head.load(Ordering::Relaxed);
         let lost = ctl.lost.load(Ordering::Relaxed);
         let need = rec + if lost > 0 { LOST_REC } else { 0 };
-        let space = tail.wrapping_sub(head).wrapping_sub(1) & (dsize - 1);
+        let space_after = |tail: u64| tail.wrapping_sub(head).wrapping_sub(1) & (dsize - 1);
+        let mut space = space_after(ctl.tail_seen.load(Ordering::Relaxed));
+        if space < need {
+            // Pairs with the consumer's release store: its reads of the data are done.
+            let tail = self.tail(page).load(Ordering::Acquire);
+            ctl.tail_seen.store(tail, Ordering::Relaxed);
+            space = space_after(tail);
+        }
         if space < need {
             ctl.lost.fetch_add(1, Ordering::Relaxed);
             ctl.total_lost.fetch_add(1, Ordering::Relaxed);
@@ -727,11 +750,14 @@ impl PerfEventArray {
             ctl.lost.fetch_sub(lost, Ordering::Relaxed);
         }
         let pos = head.wrapping_add(rec + if lost > 0 { LOST_REC } else { 0 });
-        // Release publishes the records; sequentially consistent for the wakeup protocol.
-        head_a.store(pos, Ordering::SeqCst);
+        ctl.head.store(pos, Ordering::Relaxed);
+        // Release publishes the records to the consumer.
+        self.head(page).store(pos, Ordering::Release);
         drop(guard);
+        // The wakeup handshake's store-load barrier (see `crate::linger`).
+        crate::linger::publish_fence();
         let m = self.meta();
-        if m.waiting.load(Ordering::SeqCst) != 0 || ctl.waiting.load(Ordering::SeqCst) != 0 {
+        if m.waiting.load(Ordering::Relaxed) != 0 || ctl.waiting.load(Ordering::Relaxed) != 0 {
             m.wakeups.fetch_add(1, Ordering::Relaxed);
             futex_wake(&m.wake_seq);
         }
@@ -995,7 +1021,7 @@ impl crate::linger::Waiting for PerfConsumer {
 
     fn sleep_deep(&self, timeout: Option<Duration>) {
         let m = self.pa.meta();
-        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout);
+        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout, false);
     }
 }
 

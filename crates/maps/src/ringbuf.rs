@@ -950,7 +950,7 @@ impl crate::linger::Waiting for RingBufConsumer {
 
     fn sleep_deep(&self, timeout: Option<Duration>) {
         let m = self.rb.meta();
-        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout);
+        crate::linger::sleep_deep(&m.waiting, &m.wake_seq, || self.ready(), timeout, true);
     }
 }
 

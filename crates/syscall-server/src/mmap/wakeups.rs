@@ -155,14 +155,18 @@ impl Watcher {
             // Idle: arm, then check once more (the wakeup handshake: a producer that stored
             // its data before our store of `waiting` is seen here, one after it sees
             // `waiting` and bumps the word).
+            for r in &rings {
+                if !r.signalled.load(Ordering::SeqCst) {
+                    self.arm(r.index, true);
+                    armed.push(r.index);
+                }
+            }
+            // Perf rings' writers publish without a fence of their own (the ring buffer's
+            // commit is a full barrier): see `userbpf_maps::linger`.
+            let fenced = !matches!(&*self.map, Map::PerfEventArray(_)) || userbpf_maps::linger::waiter_fence();
             let mut found = false;
             for r in &rings {
-                if r.signalled.load(Ordering::SeqCst) {
-                    continue;
-                }
-                self.arm(r.index, true);
-                armed.push(r.index);
-                if self.ready(r.index) {
+                if armed.contains(&r.index) && self.ready(r.index) {
                     self.signal(r);
                     found = true;
                 }
@@ -170,7 +174,7 @@ impl Watcher {
             if found {
                 linger.saw_data(0.0);
             } else {
-                futex_wait(word, seq, None);
+                futex_wait(word, seq, userbpf_maps::linger::deep_timeout(None, fenced));
             }
         }
     }
