@@ -123,7 +123,7 @@ struct ThreadRun {
     pid_tgid_gen: Cell<u64>,
     pid_tgid: Cell<u64>,
     /// `bpf_get_current_comm`'s and `bpf_get_current_uid_gid`'s caches (`helpers::task`):
-    /// the fork generation each was read in (0: never), when (`helpers::time`'s approximate
+    /// the fork generation each was read in (0: never), when (`helpers::time`'s coarse
     /// clock), and the value (the NUL-padded name; `gid << 32 | uid`).
     comm_gen: Cell<u64>,
     comm_at: Cell<u64>,

@@ -27,7 +27,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
-use super::time::approx_monotonic_ns;
+use super::time::coarse_monotonic_ns;
 
 /// Byte offsets in the kernel's `struct task_struct`, and its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,7 +401,7 @@ pub(crate) fn current_task() -> u64 {
         put(leader, l.real_parent, parent as u64);
         put(leader, l.parent, parent as u64);
     }
-    let now = approx_monotonic_ns();
+    let now = coarse_monotonic_ns();
     let at = p.names_at[s].load(Ordering::Relaxed);
     if at == 0
         || now.wrapping_sub(at) >= super::task::REFRESH_NS

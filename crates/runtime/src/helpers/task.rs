@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use userbpf_vm::HelperRegistry;
 
-use super::time::{approx_monotonic_ns, clock_ns};
+use super::time::{clock_ns, coarse_monotonic_ns};
 use super::{EINVAL, helper, neg, write_to, zero_at};
 use crate::context;
 
@@ -106,7 +106,7 @@ pub fn with_pid_tgid<T>(value: u64, f: impl FnOnce() -> T) -> T {
 #[inline]
 pub fn comm() -> [u8; 16] {
     let generation = generation();
-    let now = approx_monotonic_ns();
+    let now = coarse_monotonic_ns();
     let (cached_gen, at, name) = context::cached_comm();
     if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
         return name;
@@ -136,7 +136,7 @@ fn read_comm(generation: u64, now: u64) -> [u8; 16] {
 #[inline]
 pub fn uid_gid() -> u64 {
     let generation = generation();
-    let now = approx_monotonic_ns();
+    let now = coarse_monotonic_ns();
     let (cached_gen, at, value) = context::cached_uid_gid();
     if cached_gen == generation && now.wrapping_sub(at) < REFRESH_NS {
         return value;
