@@ -130,11 +130,12 @@ CONFIGS = {
     "none": "untraced",
     "kernel": "sslsniff-bpfcc, kernel uprobes",
     "userbpf": "sslsniff-bpfcc through userbpf load (nginx under userbpf start)",
+    "agent": "no tool, nginx under userbpf start (the agent alone)",
 }
 if BASE:
     CONFIGS["userbpf-base"] = f"the same, userbpf of {BASE}"
 # The CLI each configuration through userbpf runs.
-CLIS = {"userbpf": USERBPF, "userbpf-base": os.path.join(os.path.abspath(BASE), "userbpf") if BASE else ""}
+CLIS = {"userbpf": USERBPF, "agent": USERBPF, "userbpf-base": os.path.join(os.path.abspath(BASE), "userbpf") if BASE else ""}
 TRACED = [c for c in os.environ.get("SBENCH_CONFIGS", "kernel,userbpf-base,userbpf").split(",") if c in CONFIGS
           and c != "none"]
 # `struct PerfMeta` in a perf event array's map file (crates/maps/src/perf.rs): its magic at 128,
@@ -676,11 +677,11 @@ def wrk(port):
 
 
 def timed(s, config, workdir):
-    session = f"sbench-{os.getpid()}-{config}" if config.startswith("userbpf") else None
+    session = f"sbench-{os.getpid()}-{config}" if config.startswith("userbpf") or config == "agent" else None
     cli = CLIS.get(config, USERBPF)
     sniff = nginx = None
     try:
-        if config != "none":
+        if config not in ("none", "agent"):
             sniff = Sslsniff(s, workdir, session, cli)
         nginx = Nginx(s, workdir, session, cli)
         if sniff:
@@ -838,9 +839,9 @@ def main():
             added = statistics.median(r["cpu_us"] - cb for r, _, cb in pairs[c])
             cpu_share = statistics.median(100 * cb / r["cpu_us"] for r, _, cb in pairs[c])
             cpu_shares[c] = cpu_share
-            tool_cpu = statistics.median(r["tool_cpu"] for r, _, _ in pairs[c])
-            printed = statistics.median(r["reads"] + r["writes"] for r, _, _ in pairs[c])
-            lost = statistics.median(r["lost"] for r, _, _ in pairs[c])
+            tool_cpu = statistics.median(r["tool_cpu"] or 0 for r, _, _ in pairs[c])
+            printed = statistics.median(r.get("reads", 0) + r.get("writes", 0) for r, _, _ in pairs[c])
+            lost = statistics.median(r.get("lost", 0) for r, _, _ in pairs[c])
             wakes = [r["wakes"] for r, _, _ in pairs[c] if r.get("wakes") is not None]
             watch = [r["watch_cpu"] for r, _, _ in pairs[c] if r.get("wakes") is not None]
             print(f"| {CONFIGS[c]} | {rate:,.0f} | {base:,.0f} | {shares[c]:.1f}% ({min(each):.0f}–{max(each):.0f}%) | "
