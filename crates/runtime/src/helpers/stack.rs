@@ -83,15 +83,15 @@ pub fn uprobe_at_func_entry(insn: [u8; 4]) -> bool {
 }
 
 /// Whether the running kernel was built with `CONFIG_X86_KERNEL_IBT`: from its configuration
-/// in /boot when the distribution installs it there (Debian, Ubuntu, Fedora...), else from
-/// the `ibt` CPU flag, which only such kernels show (`X86_DISABLED_FEATURE_IBT` otherwise; a
-/// kernel with IBT on a CPU without it is then taken for one without). Read once.
+/// where libbpf finds it (`/boot/config-RELEASE`, which Debian, Ubuntu and Fedora install, else
+/// `/proc/config.gz`), else from the `ibt` CPU flag, a guess: kernels up to 6.1 hide it without
+/// IBT (`X86_DISABLED_FEATURE_IBT`), but a 6.18 kernel built without IBT shows it (a kernel
+/// with IBT on a CPU without it is taken for one without). Read once.
 fn kernel_ibt() -> bool {
     static IBT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *IBT.get_or_init(|| {
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        if let Ok(config) = std::fs::read_to_string(format!("/boot/config-{}", release.trim())) {
-            return config.lines().any(|l| l.trim() == "CONFIG_X86_KERNEL_IBT=y");
+        if let Ok((_, config)) = userbpf_object::system_kconfig(None) {
+            return config.get("CONFIG_X86_KERNEL_IBT") == Some(&userbpf_object::KconfigValue::Yes);
         }
         std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
             c.lines().find(|l| l.starts_with("flags")).is_some_and(|l| l.split_whitespace().any(|f| f == "ibt"))
