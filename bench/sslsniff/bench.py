@@ -58,7 +58,8 @@ target/sslbench), USERBPF (the CLI, default target/release/userbpf), SBENCH_BASE
 holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall_server.so`, e.g.
 main's: its timed runs go beside ours in each round, "before" and "after" side by side),
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
-`userbpf-base`, `userbpf`; default all that apply), SBENCH_PROFILE (a directory: each run
+`userbpf-base`, `userbpf`, and `agent`: nginx under `userbpf start` with no tool, what the
+agent costs without probes; default the first three that apply), SBENCH_PROFILE (a directory: each run
 records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
 the untraced runs' as none.data; the last run's of each is kept), SBENCH_PIN (`1`: nginx and
 wrk on CPU 0, the tool on CPU 1, in every run: the tool's Python then has a CPU of its own and
@@ -131,6 +132,7 @@ CONFIGS = {
     "kernel": "sslsniff-bpfcc, kernel uprobes",
     "userbpf": "sslsniff-bpfcc through userbpf load (nginx under userbpf start)",
     "agent": "no tool, nginx under userbpf start (the agent alone)",
+    "busy": "no tool, a busy loop on the tool's CPU (what another CPU's load costs nginx)",
 }
 if BASE:
     CONFIGS["userbpf-base"] = f"the same, userbpf of {BASE}"
@@ -681,13 +683,16 @@ def timed(s, config, workdir):
     cli = CLIS.get(config, USERBPF)
     sniff = nginx = None
     try:
-        if config not in ("none", "agent"):
+        if config not in ("none", "agent", "busy"):
             sniff = Sslsniff(s, workdir, session, cli)
         nginx = Nginx(s, workdir, session, cli)
         if sniff:
             wait_probed(nginx.worker, s, "nginx's worker")
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
         watch0, wakes0 = (sniff.watcher_seconds(), sniff.futex_wakes()) if sniff else (0, None)
+        busy = None
+        if config == "busy":
+            busy = subprocess.Popen(pinned([sys.executable, "-c", "while True: pass"], 1))
         prof = None
         if PROFILE:
             os.makedirs(PROFILE, exist_ok=True)
@@ -695,6 +700,9 @@ def timed(s, config, workdir):
                                      "-o", os.path.join(PROFILE, f"{config}.data")],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rate, wrk_cpu = wrk(nginx.port)
+        if busy:
+            busy.kill()
+            busy.wait()
         if prof:
             prof.send_signal(signal.SIGINT)
             prof.wait()
