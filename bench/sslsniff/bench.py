@@ -59,7 +59,8 @@ holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall
 main's: its timed runs go beside ours in each round, "before" and "after" side by side),
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
 `userbpf-base`, `userbpf`, and `agent`: nginx under `userbpf start` with no tool, what the
-agent costs without probes; default the first three that apply), SBENCH_PROFILE (a directory: each run
+agent costs without probes, and `busy`: untraced nginx with a busy loop on the tool's CPU,
+what another CPU's load costs nginx; default the first three that apply), SBENCH_PROFILE (a directory: each run
 records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
 the untraced runs' as none.data; the last run's of each is kept), SBENCH_PIN (`1`: nginx and
 wrk on CPU 0, the tool on CPU 1, in every run: the tool's Python then has a CPU of its own and
