@@ -149,7 +149,8 @@ struct PerfMeta {
     rings_off: AtomicU64,
     ring_stride: AtomicU64,
     _pad0: [u64; 11],
-    /// 1 while the consumer is about to sleep or sleeping in `poll`.
+    /// 1 while the consumer is about to sleep or sleeping in `poll`, until a writer takes it
+    /// to wake the consumer.
     waiting: AtomicU32,
     /// Futex word, bumped by each wakeup.
     wake_seq: AtomicU32,
@@ -175,7 +176,8 @@ struct RingCtl {
     /// Bytes of the ring's data area (a power of 2 of pages, at most the slot's), or 0: no
     /// ring yet (outputs get `ENOSPC`, as for a perf event nobody mmapped).
     data_size: AtomicU64,
-    /// 1 while a watcher waits for data in this ring (see `set_ring_waiting`).
+    /// 1 while a watcher waits for data in this ring (see `set_ring_waiting`), until a writer
+    /// takes it to wake the watcher.
     waiting: AtomicU32,
     _pad1: u32,
     /// The writers' own `data_head` (as the kernel keeps `rb->head`): written under the lock
@@ -492,8 +494,9 @@ impl PerfEventArray {
         Ok(self.ring_file_range(index).unwrap_or((0, 0)))
     }
 
-    /// Sets or clears ring `index`'s `waiting` word: while set, a writer to that ring bumps the
-    /// map's futex word ([`PerfEventArray::wake_word`]) and wakes its waiters.
+    /// Sets or clears ring `index`'s `waiting` word: while set, the next writer to that ring
+    /// clears it, bumps the map's futex word ([`PerfEventArray::wake_word`]) and wakes its
+    /// waiters.
     pub fn set_ring_waiting(&self, index: u32, on: bool) {
         if index < self.inner.geo.nr {
             self.ctl(index).waiting.store(on as u32, Ordering::SeqCst);
@@ -757,7 +760,11 @@ impl PerfEventArray {
         // The wakeup handshake's store-load barrier (see `crate::linger`).
         crate::linger::publish_fence();
         let m = self.meta();
-        if m.waiting.load(Ordering::Relaxed) != 0 || ctl.waiting.load(Ordering::Relaxed) != 0 {
+        // A writer that sees a `waiting` word takes it (sets it to 0) and wakes; the writers
+        // after it see nobody waiting. So a consumer's sleep costs one wake-up, although its
+        // barrier keeps the word set for milliseconds before it sleeps.
+        let take = |w: &AtomicU32| w.load(Ordering::Relaxed) != 0 && w.swap(0, Ordering::SeqCst) != 0;
+        if take(&m.waiting) | take(&ctl.waiting) {
             m.wakeups.fetch_add(1, Ordering::Relaxed);
             futex_wake(&m.wake_seq);
         }

@@ -660,6 +660,8 @@ fn a_ring_watcher_is_woken_by_that_ring_only() {
     assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq, "ring 0 is not watched");
     out(&pa, 1, 0, b"c").unwrap();
     assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 1);
+    out(&pa, 1, 0, b"d").unwrap();
+    assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 1, "the first writer took the word: one wake-up a wait");
     pa.set_ring_waiting(1, false);
     pa.wake_watchers();
     assert_eq!(pa.wake_word().load(Ordering::SeqCst), seq + 2);
