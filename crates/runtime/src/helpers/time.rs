@@ -74,19 +74,11 @@ use super::helper;
 #[inline]
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    let vdso = VDSO_CLOCK_GETTIME.load(Ordering::Relaxed);
-    let r = if vdso != 0 {
-        // SAFETY: `vdso` is the address of the vDSO's `__vdso_clock_gettime` (see
-        // `vdso_symbol`), a C function of this signature mapped for the process's life; it
-        // writes the timespec we own.
-        unsafe {
-            let f =
-                std::mem::transmute::<usize, unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> i32>(vdso);
-            f(clock, &mut ts)
-        }
-    } else {
+    let r = match VDSO_CLOCK_GETTIME.get() {
+        // SAFETY: the vDSO's `__vdso_clock_gettime` (see `init`) writes the timespec we own.
+        Some(Some(f)) => unsafe { f(clock, &mut ts) },
         // SAFETY: clock_gettime writes the timespec we own; no other effect.
-        unsafe { libc::clock_gettime(clock, &mut ts) }
+        _ => unsafe { libc::clock_gettime(clock, &mut ts) },
     };
     if r != 0 {
         return 0;
@@ -102,8 +94,10 @@ pub fn coarse_monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC_COARSE)
 }
 
-/// The address of the vDSO's `__vdso_clock_gettime`, or 0 (libc's is used).
-static VDSO_CLOCK_GETTIME: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+type ClockGettime = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int;
+
+/// The vDSO's `__vdso_clock_gettime` once [`init`] looked for it (None: libc's is used).
+static VDSO_CLOCK_GETTIME: std::sync::OnceLock<Option<ClockGettime>> = std::sync::OnceLock::new();
 
 /// The address of the vDSO's dynamic symbol `name`, from the image the kernel maps (its ELF
 /// header at `AT_SYSINFO_EHDR`, its section headers at the end of the image).
@@ -146,11 +140,10 @@ pub fn monotonic_ns() -> u64 {
 /// Called when the helper registry is built (the check reads a sysfs file); the clock calls
 /// it itself otherwise.
 pub fn init() {
-    static VDSO: Once = Once::new();
-    VDSO.call_once(|| {
-        if let Some(f) = vdso_symbol("__vdso_clock_gettime") {
-            VDSO_CLOCK_GETTIME.store(f, Ordering::Relaxed);
-        }
+    VDSO_CLOCK_GETTIME.get_or_init(|| {
+        // SAFETY: the address is the vDSO's definition of `__vdso_clock_gettime`, a C function
+        // of this signature (the kernel's vDSO ABI), mapped for the process's life.
+        vdso_symbol("__vdso_clock_gettime").map(|a| unsafe { std::mem::transmute::<usize, ClockGettime>(a) })
     });
     CLOCK.init_global();
 }
@@ -922,7 +915,7 @@ mod tests {
     #[test]
     fn the_coarse_clock_is_the_vdsos_clock_monotonic_at_its_last_tick() {
         init();
-        assert_ne!(VDSO_CLOCK_GETTIME.load(Ordering::Relaxed), 0, "the vDSO's clock_gettime was not found");
+        assert!(matches!(VDSO_CLOCK_GETTIME.get(), Some(Some(_))), "the vDSO's clock_gettime was not found");
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(30) {
             let c = coarse_monotonic_ns();
