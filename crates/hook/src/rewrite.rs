@@ -311,16 +311,7 @@ const CACHE_MAGIC: &[u8; 8] = b"ubpfsys3";
 /// that no one else may write, and each window decoded again from the file's bytes and
 /// checked (whole instructions ending at a `syscall`). `None`: scan again.
 fn from_cache(path: &std::path::Path, bytes: &[u8], start: u64) -> Option<Vec<Found>> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
-    let m = f.metadata().ok()?;
-    // SAFETY: geteuid has no preconditions.
-    if !m.is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o022 != 0 {
-        return None;
-    }
-    let mut data = Vec::new();
-    f.read_to_end(&mut data).ok()?;
+    let data = userbpf_cachefile::read(path)?;
     let body = data.strip_prefix(CACHE_MAGIC)?;
     if body.len() % 5 != 0 {
         return None;
@@ -354,24 +345,12 @@ fn from_cache(path: &std::path::Path, bytes: &[u8], start: u64) -> Option<Vec<Fo
 /// Keeps the windows found for the next process (best effort: a file made whole under
 /// another name, then renamed).
 fn to_cache(path: &std::path::Path, found: &[Found], start: u64) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut data = CACHE_MAGIC.to_vec();
     for f in found {
         data.extend_from_slice(&((f.at as u64 - start) as u32).to_le_bytes());
         data.push(f.len as u8);
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(&data));
-    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    userbpf_cachefile::write(path, &data);
 }
 
 /// Instructions kept before each `syscall` (a window takes at most six).

@@ -111,16 +111,7 @@ fn cache_path() -> Option<std::path::PathBuf> {
 /// The layout kept at `path`: only from a regular file of this user's that no one else may
 /// write, and only if it passes [`TaskLayout::checked`].
 fn from_cache(path: &std::path::Path) -> Option<TaskLayout> {
-    use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
-    let m = f.metadata().ok()?;
-    // SAFETY: geteuid has no preconditions.
-    if !m.is_file() || m.uid() != unsafe { libc::geteuid() } || m.mode() & 0o022 != 0 {
-        return None;
-    }
-    let mut text = String::new();
-    f.read_to_string(&mut text).ok()?;
+    let text = String::from_utf8(userbpf_cachefile::read(path)?).ok()?;
     let v: Vec<usize> = text.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
     TaskLayout::from_fields(v.try_into().ok()?)
 }
@@ -128,20 +119,7 @@ fn from_cache(path: &std::path::Path) -> Option<TaskLayout> {
 /// Keeps `l` at `path` for the next process (best effort: written whole under another name,
 /// then renamed).
 fn to_cache(path: &std::path::Path, l: &TaskLayout) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let text = l.fields().map(|v| v.to_string()).join(" ");
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(text.as_bytes()));
-    if written.is_err() || std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    userbpf_cachefile::write(path, l.fields().map(|v| v.to_string()).join(" ").as_bytes());
 }
 
 /// The running kernel's layout: from the cache of an earlier process, else from the BTF.
