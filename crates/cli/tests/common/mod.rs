@@ -534,9 +534,10 @@ pub fn run_with(
     (loader.stdout(), err)
 }
 
-/// Interrupts a loader once it waits in its event loop (its main thread blocked in an event
-/// loop's wait or sleep, as /proc/PID/syscall shows), not while it may still be finishing its
-/// set-up (at most a few seconds). A loader that missed the signal (seen with the kernel's
+/// Interrupts a loader once it waits idle in its event loop (its main thread blocked in an
+/// event loop's wait or sleep, as /proc/PID/syscall shows, and no thread runnable, for 100 ms:
+/// [`wait_in_event_loop`]), not while it may still be finishing its set-up or reading records
+/// (at most a few seconds). A loader that missed the signal (seen with the kernel's
 /// bpftrace under load) gets it again after 10 s; one that ignores both fails its caller's
 /// wait for its exit.
 pub fn interrupt(loader: &mut Proc) {
@@ -552,21 +553,43 @@ pub fn interrupt(loader: &mut Proc) {
     }
 }
 
-/// Waits (at most 3 s) until process `pid`'s main thread is blocked in one of the calls an
-/// event loop waits in: epoll_wait (232), epoll_pwait (281), poll (7), ppoll (271), or a sleep
-/// between reports (nanosleep 35, clock_nanosleep 230, pause 34, rt_sigsuspend 130).
+/// Waits (at most 3 s) until process `pid` is idle in its event loop: its main thread blocked
+/// in one of the calls an event loop waits in (epoll_wait 232, epoll_pwait 281, poll 7, ppoll
+/// 271, or a sleep between reports: nanosleep 35, clock_nanosleep 230, pause 34, rt_sigsuspend
+/// 130) and none of its threads runnable, at every look over [`IDLE_FOR`]. A loader woken for
+/// records it has not read yet is runnable while /proc still shows the wait it is leaving; one
+/// interrupted then drops them (bpftrace ignores the events it reads after SIGINT), and through
+/// userbpf a record reaches the loader a thread hop later than through the kernel (the
+/// syscall server's ring watcher).
 fn wait_in_event_loop(pid: u32) {
+    const IDLE_FOR: Duration = Duration::from_millis(100);
     let start = Instant::now();
+    let mut idle_since: Option<Instant> = None;
     while start.elapsed() < Duration::from_secs(3) {
-        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-        if matches!(
-            sc.split_whitespace().next(),
-            Some("232" | "281" | "7" | "271" | "35" | "230" | "34" | "130") | None
-        ) {
+        if !loader_idle(pid) {
+            idle_since = None;
+        } else if idle_since.get_or_insert_with(Instant::now).elapsed() >= IDLE_FOR {
             return;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether `pid`'s main thread waits in an event loop's call and no thread of it is runnable
+/// (true also once the process is gone: nothing to wait for).
+fn loader_idle(pid: u32) -> bool {
+    let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    let waiting =
+        matches!(sc.split_whitespace().next(), Some("232" | "281" | "7" | "271" | "35" | "230" | "34" | "130") | None);
+    if !waiting {
+        return false;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command's closing parenthesis.
+        stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) != Some("R")
+    })
 }
 
 /// Output cut into entries: a line, a multi-line map entry (`@[` ... `]: N`, a histogram with
