@@ -859,14 +859,30 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
     if let Err(e) = res {
         return Err(fail(e));
     }
-    // A thread meeting the int3 of a jump being written goes on with the relocated copy (the
-    // probe is not fired for it); one meeting a breakpoint goes to the site stub.
-    let trap_to = if place.method == Method::Breakpoint { stub_at | 1 } else { relocated };
+    // A thread meeting the int3 of a jump being written goes to the site stub, as the jump
+    // will send it (the probe fires from the moment the first byte changes, as a kernel
+    // uprobe fires from its int3; while the last probe is detached, the stub's list is
+    // empty and it goes on with the relocated copy); one meeting a breakpoint goes there too
+    // (the low bit counts it as a breakpoint hit).
+    let trap_to = if place.method == Method::Breakpoint { stub_at | 1 } else { stub_at };
     if !patch::register_trap_site(patch_at, trap_to) {
         return Err(HookError::TooManySites(patch::MAX_SITES));
     }
     let _ = site.page;
     Ok(site)
+}
+
+/// A function called by [`patch_in`] while a jump's `int3` is in place, before the rest of
+/// the jump is written (0: none). For tests of that window only.
+static PATCH_PAUSE: AtomicUsize = AtomicUsize::new(0);
+
+/// Makes every jump patch call `f` (with the probed address) while its `int3` is in place
+/// (None: stop). For tests: a thread calling the function then meets the patch in progress.
+/// `f` runs on the attaching thread, with the engine's registry lock held: it must not attach
+/// or detach.
+#[doc(hidden)]
+pub fn set_patch_pause(f: Option<fn(usize)>) {
+    PATCH_PAUSE.store(f.map_or(0, |f| f as usize), SeqCst);
 }
 
 fn patch_in(site: &Site) -> Result<(), HookError> {
@@ -884,6 +900,11 @@ fn patch_in(site: &Site) -> Result<(), HookError> {
     patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
     patch::set_fixup(at, site.len, &site.fix_map);
     patch::broadcast();
+    let pause = PATCH_PAUSE.load(SeqCst);
+    if pause != 0 {
+        // SAFETY: a `fn(usize)` stored by `set_patch_pause` (tests only).
+        unsafe { std::mem::transmute::<usize, fn(usize)>(pause)(site.addr) };
+    }
     if let Err(e) = patch::write_text(at + 1, &site.jmp[1..], site.prot) {
         patch::clear_fixup();
         let _ = patch::write_text(at, &site.orig[..1], site.prot);

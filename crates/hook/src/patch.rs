@@ -11,8 +11,10 @@
 //!    stream, and the handler moves a thread whose `rip` lies *inside* the
 //!    displaced instructions (it was between two of them) to the same
 //!    instruction in the relocated copy. A thread reaching the first byte
-//!    from now on traps: the SIGTRAP handler sends it to the relocated copy
-//!    (the original behaviour, the probe is simply not fired for that hit);
+//!    from now on traps: the SIGTRAP handler sends it to the site's stub, where
+//!    the jump will send it (the probe fires from the first byte's change on, as a
+//!    kernel uprobe from its `int3`; while the last probe is being detached the
+//!    stub's handler list is empty and it goes on with the relocated copy);
 //! 3. write bytes 1..5 (the rel32), broadcast again;
 //! 4. write the first byte (`0xE9`).
 //!
@@ -361,9 +363,9 @@ fn trap_lookup(addr: usize) -> Option<usize> {
     None
 }
 
-/// Makes a site known to the SIGTRAP handler: a thread trapping at `addr` goes to
-/// `relocated` while the `int3` is there (registry lock held).
-pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
+/// Makes a site known to the SIGTRAP handler: a thread trapping at `addr` goes to `target`
+/// while the `int3` is there (registry lock held).
+pub(crate) fn register_trap_site(addr: usize, target: usize) -> bool {
     if TRAP_COUNT.load(Acquire) >= MAX_SITES {
         return false;
     }
@@ -374,7 +376,7 @@ pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
     for _ in 0..TRAP_SLOTS {
         match TRAP_ADDR[i].load(Acquire) {
             a if a == addr => {
-                TRAP_RELOC[i].store(relocated, Release);
+                TRAP_RELOC[i].store(target, Release);
                 return true;
             }
             0 => {
@@ -388,7 +390,7 @@ pub(crate) fn register_trap_site(addr: usize, relocated: usize) -> bool {
     }
     let Some(i) = free else { return false };
     // The handler reads the address (Acquire) before the target.
-    TRAP_RELOC[i].store(relocated, Release);
+    TRAP_RELOC[i].store(target, Release);
     TRAP_ADDR[i].store(addr, Release);
     TRAP_COUNT.fetch_add(1, AcqRel);
     true
@@ -633,9 +635,10 @@ fn rip_of(ctx: *mut libc::c_void) -> *mut i64 {
 ///
 /// Ours: the trap comes from an `int3` (`si_code` `SI_KERNEL`, not a `kill`) and the byte
 /// before the saved `rip` is a registered site (a lock-free hash lookup: no lock, no
-/// allocation). The saved `rip` becomes the site's target (the stub of a breakpoint
-/// site, which runs the handlers after the signal returned; the relocated copy of a jump
-/// being written), or the site's own address when its `int3` is gone by now (detached).
+/// allocation). The saved `rip` becomes the site's target (its stub, which runs the
+/// handlers after the signal returned: a breakpoint site's, or that of a jump being written,
+/// where the jump will lead), or the site's own address when its `int3` is gone by now (the
+/// jump complete, or the original bytes back).
 extern "C" fn trap_handler(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: info is the siginfo the kernel passed to an SA_SIGINFO handler.
     let code = unsafe { (*info).si_code };

@@ -344,6 +344,57 @@ fn four_threads_while_attaching_and_detaching() {
     eprintln!("stress: {rounds} attach/detach rounds, {hits} entry hits, {rets} return hits, {:?}", stats());
 }
 
+// ------------------------------------------------- patch in progress ----
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn t_window(x: u64) -> u64 {
+    WINDOW_CALLS.fetch_add(1, SeqCst);
+    black_box(x * 3)
+}
+static WINDOW_CALLS: AtomicU64 = AtomicU64::new(0);
+static WINDOW_RESULT: AtomicU64 = AtomicU64::new(0);
+
+/// Called by the engine while a jump's int3 is in place: when it is t_window's, another thread
+/// calls t_window, meeting the patch in progress.
+fn call_t_window_in_the_window(addr: usize) {
+    if addr == symbols::resolve("t_window").unwrap().addr {
+        let r = std::thread::spawn(|| t_window(black_box(7))).join().unwrap();
+        WINDOW_RESULT.store(r, SeqCst);
+    }
+}
+
+/// A call that meets the `int3` of a jump being written fires the probe, as a kernel uprobe
+/// fires from its `int3` on (a test harness that starts its workload once the probed bytes
+/// changed saw both calls of a function missed, once, under load: the patch was in
+/// progress). Here the return probe's attach makes the patch; its return handler sees the
+/// call made in the window.
+#[test]
+fn a_call_meeting_the_patch_in_progress_fires_the_probe() {
+    static RETS: AtomicU64 = AtomicU64::new(0);
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let r = symbols::resolve("t_window").unwrap();
+    let ext = Some(FuncExtent { start: r.func_start, len: r.size.unwrap() });
+    let orig = bytes_at(r.addr);
+    let traps = stats().traps;
+    set_patch_pause(Some(call_t_window_in_the_window));
+    let rr = attach_with(r.addr, ProbeKind::Return, sum_ret_handler, &RETS as *const _ as *mut c_void, ext);
+    set_patch_pause(None);
+    let rr = rr.unwrap();
+    assert_eq!(WINDOW_CALLS.load(SeqCst), 1, "the call in the window ran the function once");
+    assert_eq!(WINDOW_RESULT.load(SeqCst), 21, "and returned its value");
+    assert!(stats().traps > traps, "the call met the int3: {:?}", stats());
+    assert_eq!(RETS.load(SeqCst), 21, "the return probe saw the call made while the jump was written");
+    let e = attach_with(r.addr, ProbeKind::Entry, count_handler, &HITS as *const _ as *mut c_void, ext).unwrap();
+    assert_eq!(t_window(black_box(5)), 15);
+    assert_eq!((HITS.load(SeqCst), RETS.load(SeqCst)), (1, 36));
+    detach(e).unwrap();
+    detach(rr).unwrap();
+    assert_eq!(bytes_at(r.addr), orig);
+    assert_eq!(t_window(black_box(1)), 3);
+    assert_eq!((HITS.load(SeqCst), RETS.load(SeqCst)), (1, 36));
+}
+
 // ---------------------------------------------------------- recursion ----
 
 #[inline(never)]
