@@ -886,6 +886,37 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// What the agent did in this process, on stderr (`USERBPF_EXIT_REPORT`, a diagnostic for
+    /// runs whose probes seem not to have fired): the hook engine's counters, the links
+    /// attached (with their probes) and each program's skipped and failed runs.
+    fn exit_report(&self) {
+        let pid = std::process::id();
+        let mut lines = vec![format!("hook {:?}", userbpf_hook::stats())];
+        let mut ids: Vec<&u32> = self.links.keys().collect();
+        ids.sort();
+        for id in ids {
+            let l = &self.links[id];
+            lines.push(format!("link {id}: probes {:?}, system call probes {}", l.probes, l.raw.len()));
+        }
+        let mut progs: Vec<&(Arc<LoadedProgram>, Option<FileStamp>)> = self.programs.values().collect();
+        progs.sort_by_key(|(p, _)| p.id);
+        for (p, _) in progs {
+            lines.push(format!(
+                "program {} `{}`: runs {} (counted only with statistics on), missed {}, errors {}",
+                p.id,
+                p.name,
+                p.stats.run_cnt.load(Ordering::Relaxed),
+                p.stats.missed.load(Ordering::Relaxed),
+                p.stats.errors.load(Ordering::Relaxed)
+            ));
+        }
+        for l in lines {
+            eprintln!("userbpf exit report (pid {pid}): {l}");
+        }
+    }
+}
+
 /// Consecutive syncs that found a broker listening for the session but got no answer.
 static BROKER_RETRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -997,6 +1028,9 @@ extern "C" fn leave_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(a) = AGENT.get().filter(|_| !detach::is_detached()) {
             let agent = lock(a);
+            if std::env::var_os("USERBPF_EXIT_REPORT").is_some_and(|v| !v.is_empty() && v != "0") {
+                agent.exit_report();
+            }
             userbpf_runtime::crash::disarm(agent.session.layout());
             let _ = agent.session.leave_process();
             std::mem::forget(agent);

@@ -470,7 +470,12 @@ pub fn run_with(
         l
     };
     let start_target = || {
-        let mut t = Proc::spawn(&format!("target ({via:?}, {order:?})"), target_command(via, &session, &[&tpath]));
+        let mut c = target_command(via, &session, &[&tpath]);
+        if via != Via::Kernel {
+            // The agent's counters at exit, in the target's stderr (shown on a failure).
+            c.env("USERBPF_EXIT_REPORT", "1");
+        }
+        let mut t = Proc::spawn(&format!("target ({via:?}, {order:?})"), c);
         t.wait_for("\nend\n", "its ready lines");
         t
     };
