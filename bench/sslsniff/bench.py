@@ -15,8 +15,10 @@ and what the probes add to it (one SSL_read and one SSL_write a request, each wi
 and return probe: the per-call cost side by side, on the traced process itself, which the other
 work on the machine moves less than the request rate), the share per second of nginx's CPU, the
 events sslsniff printed and the samples its perf buffers reported lost, the CPU the tool's own
-process took, and the load average. Two verdicts against the issue's target (userbpf loses at
-most 5%): on requests per second, and per second of nginx's CPU.
+process took, and the load average; with SBENCH_PIN, nginx's CPU a request relative to wrk's
+in the same run (both on CPU 0), whose share cancels the machine's drift between runs. Verdicts
+against the issue's target (userbpf loses at most 5%): on requests per second, per second of
+nginx's CPU, and (pinned) by nginx's CPU relative to wrk's.
 
 After wrk, the tool's perf buffers are drained and every CPU's buffer is made to report the
 samples it lost (see `Sslsniff.drain`), so printed + lost must equal the SSL_read/SSL_write
@@ -59,8 +61,10 @@ holding another build's `userbpf`, `libuserbpf_agent.so` and `libuserbpf_syscall
 main's: its timed runs go beside ours in each round, "before" and "after" side by side),
 SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated among `kernel`,
 `userbpf-base`, `userbpf`, and `agent`: nginx under `userbpf start` with no tool, what the
-agent costs without probes, and `busy`: untraced nginx with a busy loop on the tool's CPU,
-what another CPU's load costs nginx; default the first three that apply), SBENCH_PROFILE (a directory: each run
+agent costs without probes, `busy`: untraced nginx with a busy loop on the tool's CPU,
+what another CPU's load costs nginx, and `thread`: untraced nginx with an idle thread
+preloaded into each of its processes (bench/sslsniff/idle_thread), what being multi-threaded
+costs it, as the agent's thread makes it; default the first three that apply), SBENCH_PROFILE (a directory: each run
 records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
 the untraced runs' as none.data; the last run's of each is kept), SBENCH_PIN (`1`: nginx and
 wrk on CPU 0, the tool on CPU 1, in every run: the tool's Python then has a CPU of its own and
@@ -134,6 +138,7 @@ CONFIGS = {
     "userbpf": "sslsniff-bpfcc through userbpf load (nginx under userbpf start)",
     "agent": "no tool, nginx under userbpf start (the agent alone)",
     "busy": "no tool, a busy loop on the tool's CPU (what another CPU's load costs nginx)",
+    "thread": "no tool, an idle thread preloaded into nginx (what being multi-threaded costs it)",
 }
 if BASE:
     CONFIGS["userbpf-base"] = f"the same, userbpf of {BASE}"
@@ -375,7 +380,7 @@ def no_sigint_ignored():
 class Nginx:
     """nginx (one worker) on a private copy of libssl, under `userbpf start` when asked."""
 
-    def __init__(self, s, workdir, session=None, cli=USERBPF):
+    def __init__(self, s, workdir, session=None, cli=USERBPF, preload=None):
         self.workdir = workdir
         self.port = free_port()
         conf = nginx_conf(s, workdir, port=self.port)
@@ -383,6 +388,8 @@ class Nginx:
             if os.path.exists(os.path.join(workdir, f)):
                 os.unlink(os.path.join(workdir, f))
         env = dict(os.environ, LD_LIBRARY_PATH=s["libdir"])
+        if preload:
+            env["LD_PRELOAD"] = preload
         cmd = [NGINX, "-c", conf, "-p", workdir]
         if session:
             env["USERBPF_SESSION"] = session
@@ -458,7 +465,7 @@ class Sslsniff:
     """sslsniff-bpfcc on the private libssl, through `userbpf load` when given a session. Started
     before nginx, so the probes are in place from nginx's first request."""
 
-    def __init__(self, s, workdir, session=None, cli=USERBPF):
+    def __init__(self, s, workdir, session=None, cli=USERBPF, preload=None):
         self.session = session
         self.outp, self.errp = os.path.join(workdir, "sslsniff.out"), os.path.join(workdir, "sslsniff.err")
         env = dict(os.environ, BCC_KERNEL_SOURCE=s["ksrc"])
@@ -679,14 +686,24 @@ def wrk(port):
     return float(rate.group(1)), cpu
 
 
+def idle_thread_lib(workdir):
+    """bench/sslsniff/idle_thread/idle_thread.c built into `workdir` (the `thread` configuration's
+    preload), once."""
+    so = os.path.join(workdir, "libidle_thread.so")
+    if not os.path.exists(so):
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "idle_thread", "idle_thread.c")
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-pthread", "-o", so, src], check=True)
+    return so
+
+
 def timed(s, config, workdir):
     session = f"sbench-{os.getpid()}-{config}" if config.startswith("userbpf") or config == "agent" else None
     cli = CLIS.get(config, USERBPF)
     sniff = nginx = None
     try:
-        if config not in ("none", "agent", "busy"):
+        if config not in ("none", "agent", "busy", "thread"):
             sniff = Sslsniff(s, workdir, session, cli)
-        nginx = Nginx(s, workdir, session, cli)
+        nginx = Nginx(s, workdir, session, cli, preload=idle_thread_lib(workdir) if config == "thread" else None)
         if sniff:
             wait_probed(nginx.worker, s, "nginx's worker")
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
@@ -784,6 +801,33 @@ def print_cpu_budget(traced, pairs, untraced):
     print()
 
 
+def print_relative_cpu(traced, ratios):
+    """nginx's CPU a request relative to wrk's in the same run (SBENCH_PIN: both on CPU 0). wrk
+    does the same work a request whether nginx is traced or not, and the machine's speed, which
+    moves the request rate by a third from one run to the next here, moves both alike: the
+    ratio's share (untraced ratio over traced) is what the probes cost nginx, with that drift
+    cancelled (wrk's own time still carries what sharing CPU 0's caches with the probes costs
+    it)."""
+    shares = {}
+    if not PIN or not any(ratios[c] for c in traced):
+        return shares
+    print("nginx's CPU a request over wrk's, in the same run (both on CPU 0: the machine's drift cancels out); "
+          "share: the untraced runs' ratio beside each traced run over the traced run's.")
+    print()
+    print("| nginx | nginx ÷ wrk CPU a request (untraced) | share by it |")
+    print("|---|---:|---:|")
+    for c in traced:
+        if not ratios[c]:
+            continue
+        each = [100 * b / t for t, b in ratios[c]]
+        shares[c] = statistics.median(each)
+        print(f"| {CONFIGS[c]} | {statistics.median(t for t, _ in ratios[c]):.3f} "
+              f"({statistics.median(b for _, b in ratios[c]):.3f}) | {statistics.median(each):.1f}% "
+              f"({min(each):.0f}–{max(each):.0f}%) |")
+    print()
+    return shares
+
+
 def main():
     s = setup()
     cpu = ""
@@ -803,6 +847,8 @@ def main():
     if ONLY in ("", "timed"):
         traced = TRACED
         pairs = {c: [] for c in traced}
+        # nginx's CPU a request over wrk's, in the untraced runs beside each traced run and in it.
+        ratios = {c: [] for c in traced}
         untraced = []
         with tempfile.TemporaryDirectory(prefix="sbench-") as workdir:
             before = timed(s, "none", workdir)
@@ -818,6 +864,9 @@ def main():
                     if r and sides:
                         pairs[c].append((r, sum(x["rate"] for x in sides) / len(sides),
                                          sum(x["cpu_us"] for x in sides) / len(sides)))
+                        if r.get("wrk_us") and all(x.get("wrk_us") for x in sides):
+                            ratios[c].append((r["cpu_us"] / r["wrk_us"],
+                                              sum(x["cpu_us"] / x["wrk_us"] for x in sides) / len(sides)))
                     before = after
                 loads.append(loadavg())
         print(f"### wrk -t{THREADS} -c{CONNECTIONS} -d{SECONDS}s on a {PAGES['index.html']}-byte page, {ROUNDS} rounds, "
@@ -859,6 +908,7 @@ def main():
                   f"{f'{statistics.median(watch):.1f}% of a CPU' if watch else '–'} |")
         print()
         print_cpu_budget(traced, pairs, untraced)
+        ratio_shares = print_relative_cpu(traced, ratios)
         if "userbpf" in shares:
             print(f"- {'met' if shares['userbpf'] >= TARGET else 'NOT met'}: nginx traced by sslsniff-bpfcc through "
                   f"userbpf keeps ≥ {TARGET:.0f}% of its untraced requests/s: {shares['userbpf']:.1f}%"
@@ -867,6 +917,10 @@ def main():
                   f"(what the probes cost the traced process, less moved by other work and by the tool's own Python "
                   f"taking a CPU): {cpu_shares['userbpf']:.1f}%"
                   + (f" (the kernel: {cpu_shares['kernel']:.1f}%)" if "kernel" in cpu_shares else ""))
+            if "userbpf" in ratio_shares:
+                print(f"- {'met' if ratio_shares['userbpf'] >= TARGET else 'NOT met'}: the same by nginx's CPU a "
+                      f"request relative to wrk's in the same run (the machine's drift cancelled): "
+                      f"{ratio_shares['userbpf']:.1f}%")
     if problems:
         print()
         print("### Problems")
