@@ -64,8 +64,8 @@ SBENCH_CONFIGS (the traced configurations of the timed runs, comma-separated amo
 agent costs without probes, `busy`: untraced nginx with a busy loop on the tool's CPU,
 what another CPU's load costs nginx, and `thread`: untraced nginx with an idle thread
 preloaded into each of its processes (bench/sslsniff/idle_thread), what being multi-threaded
-costs it, as the agent's thread makes it; default the first three that apply), SBENCH_PROFILE (a directory: each run
-records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
+costs it, as the agent's thread makes it; default the first three that apply), SBENCH_PROFILE
+(a directory: each run records a `perf record -e cpu-clock` profile of nginx's worker during wrk there, CONFIG.data,
 the untraced runs' as none.data; the last run's of each is kept), SBENCH_PIN (`1`: nginx and
 wrk on CPU 0, the tool on CPU 1, in every run: the tool's Python then has a CPU of its own and
 keeps up with the events, and nginx's CPU time a request shows what the probes cost it without
@@ -465,7 +465,7 @@ class Sslsniff:
     """sslsniff-bpfcc on the private libssl, through `userbpf load` when given a session. Started
     before nginx, so the probes are in place from nginx's first request."""
 
-    def __init__(self, s, workdir, session=None, cli=USERBPF, preload=None):
+    def __init__(self, s, workdir, session=None, cli=USERBPF):
         self.session = session
         self.outp, self.errp = os.path.join(workdir, "sslsniff.out"), os.path.join(workdir, "sslsniff.err")
         env = dict(os.environ, BCC_KERNEL_SOURCE=s["ksrc"])

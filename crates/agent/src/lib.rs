@@ -884,9 +884,7 @@ impl Agent {
             .map_err(|e| e.to_string())?;
         Ok(Outcome::Attached(AttachedLink { probes: vec![id], object: library, ..Default::default() }))
     }
-}
 
-impl Agent {
     /// What the agent did in this process, on stderr (`USERBPF_EXIT_REPORT`, a diagnostic for
     /// runs whose probes seem not to have fired): the hook engine's counters, the links
     /// attached (with their probes) and each program's skipped and failed runs.

@@ -873,8 +873,8 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
 }
 
 /// A function called by [`patch_in`] while a jump's `int3` is in place, before the rest of
-/// the jump is written (0: none). For tests of that window only.
-static PATCH_PAUSE: AtomicUsize = AtomicUsize::new(0);
+/// the jump is written. For tests of that window only.
+static PATCH_PAUSE: Mutex<Option<fn(usize)>> = Mutex::new(None);
 
 /// Makes every jump patch call `f` (with the probed address) while its `int3` is in place
 /// (None: stop). For tests: a thread calling the function then meets the patch in progress.
@@ -882,7 +882,7 @@ static PATCH_PAUSE: AtomicUsize = AtomicUsize::new(0);
 /// or detach.
 #[doc(hidden)]
 pub fn set_patch_pause(f: Option<fn(usize)>) {
-    PATCH_PAUSE.store(f.map_or(0, |f| f as usize), SeqCst);
+    *PATCH_PAUSE.lock().unwrap_or_else(|p| p.into_inner()) = f;
 }
 
 fn patch_in(site: &Site) -> Result<(), HookError> {
@@ -900,10 +900,9 @@ fn patch_in(site: &Site) -> Result<(), HookError> {
     patch::write_text(at, &[0xCC], site.prot).map_err(perr)?;
     patch::set_fixup(at, site.len, &site.fix_map);
     patch::broadcast();
-    let pause = PATCH_PAUSE.load(SeqCst);
-    if pause != 0 {
-        // SAFETY: a `fn(usize)` stored by `set_patch_pause` (tests only).
-        unsafe { std::mem::transmute::<usize, fn(usize)>(pause)(site.addr) };
+    let pause = *PATCH_PAUSE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = pause {
+        f(site.addr);
     }
     if let Err(e) = patch::write_text(at + 1, &site.jmp[1..], site.prot) {
         patch::clear_fixup();
