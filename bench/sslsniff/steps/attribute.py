@@ -52,23 +52,27 @@ def attribute(ips_path, maps_path, perfmap_path):
     except FileNotFoundError:
         pass
     funcs = collections.Counter()
+    where = collections.defaultdict(set)  # (object, function) -> the addresses stepped there
     for ip in ips:
         hit = next((n for lo, hi, n in named if lo <= ip < hi), None)
         if hit:
             funcs[("userbpf code", hit)] += 1
+            where[("userbpf code", hit)].add(ip)
             continue
         for lo, hi, name in maps:
             if lo <= ip < hi:
                 if name.startswith("/"):
                     addrs, names = symbols(name)
                     i = bisect.bisect_right(addrs, ip - base[name]) - 1
-                    funcs[(name.rsplit("/", 1)[-1], names[i] if i >= 0 else "?")] += 1
+                    key = (name.rsplit("/", 1)[-1], names[i] if i >= 0 else "?")
                 else:
-                    funcs[(name, "?")] += 1
+                    key = (name, "?")
                 break
         else:
-            funcs[("?", "?")] += 1
-    return funcs
+            key = ("?", "?")
+        funcs[key] += 1
+        where[key].add(ip)
+    return funcs, where
 
 
 PARTS = [
@@ -94,7 +98,8 @@ def main():
     args = sys.argv[1:]
     sep = args.index("--")
     files, labels = args[:sep], args[sep + 1 :]
-    runs = [attribute(*files[i : i + 3]) for i in range(0, len(files), 3)]
+    both = [attribute(*files[i : i + 3]) for i in range(0, len(files), 3)]
+    runs = [r for r, _ in both]
     def row(cells):
         print("| " + " | ".join(cells) + " |")
 
@@ -109,6 +114,22 @@ def main():
     for name, _ in PARTS:
         row([name, *(f"{c[name]:,}" for c in by_part)])
     row(["**total**", *(f"**{sum(c.values()):,}**" for c in by_part)])
+    print()
+    # What a hit on cold caches has to fetch: each distinct 64-byte line of code is an
+    # instruction cache fill, each distinct 4 KiB page an instruction TLB entry.
+    print("Distinct code lines (64 bytes) / pages (4 KiB) a pair, by part:")
+    print()
+    row(["part", *labels])
+    row(["---", *["---:"] * len(labels)])
+    spans = []
+    for _, w in both:
+        sp = collections.defaultdict(set)
+        for (o, f), a in w.items():
+            sp[part(o, f)] |= a
+        sp["**total**"] = set().union(*w.values())
+        spans.append(sp)
+    for name in [n for n, _ in PARTS] + ["**total**"]:
+        row([name, *(f"{len({a >> 6 for a in sp[name]})} / {len({a >> 12 for a in sp[name]})}" for sp in spans)])
     print()
     print("By function (the 30 largest):")
     print()

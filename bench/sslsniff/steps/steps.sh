@@ -11,6 +11,8 @@
 # where at full speed a thread pays them once per 10 ms or per second.
 #
 #   bench/sslsniff/steps/steps.sh [USERBPF ...]    (default target/release/userbpf)
+#   KEEP_STEPS=DIR keeps the stepped addresses, maps and perf maps in DIR (attribute.py reads
+#   them again).
 #
 # Needs BCC's kernel headers as bench/sslsniff/bench.py sets them up (target/sslbench/kheaders:
 # run `SBENCH_ONLY=check python3 bench/sslsniff/bench.py` once), or BCC_KERNEL_SOURCE.
@@ -26,7 +28,7 @@ cc -O2 -shared -fPIC -o "$B/libssl.so.3" "$HERE/fakessl.c"
 cc -O2 -fcf-protection=none -o "$B/sslstep" "$HERE/sslstep.c" -L"$B" -l:libssl.so.3 -Wl,-rpath,"$B"
 cc -O2 -o "$B/stepper" "$ROOT/bench/uprobe/steps/stepper.c"
 T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+trap '[ -n "$KEEP_STEPS" ] && cp -r "$T" "$KEEP_STEPS"; rm -rf "$T"' EXIT
 
 # step OUT CMD...: runs CMD (which starts sslstep), prints the steps of one pair; with OUT,
 # OUT.ips and OUT.maps get the addresses and the maps.
