@@ -158,6 +158,17 @@
 //! so a short jump stays short, and once a pass lays out everything as the previous one did,
 //! its displacements (computed from the previous layout) are exact. After
 //! `max_passes` (16) a final pass keeps the previous decisions, which reproduces that layout.
+//!
+//! # Calls
+//!
+//! Helpers, direct map operations and the runtime's functions are called at absolute
+//! addresses. Compiled without knowing where its code will lie, a call is `mov rax, func;
+//! call rax` (up to 12 bytes, an indirect call); `JitProgram::compile_with` then maps the
+//! code and compiles it again at that address (`Options::code_base`), where every call whose
+//! target is within ±2 GiB (the JIT's mappings usually lie next to the libraries that hold
+//! the helpers) is a `call rel32`: 5 bytes, and a target the processor knows from the
+//! instruction's bytes, before anything ran (see [`Emitter::call_abs`]). The second layout is
+//! never longer than the first (the same code, some calls shorter), so it fits the mapping.
 
 use userbpf_isa::*;
 
@@ -401,6 +412,9 @@ pub(crate) struct Options {
     /// The slot claim every run of the claiming entry will be given, known when compiling:
     /// its words become constants of the code (see `claim_entry`).
     pub claim: Option<super::SlotClaim>,
+    /// Where the code will be mapped, when known (see "Calls"): calls to the runtime's
+    /// functions within reach of a `call rel32` are made with one.
+    pub code_base: Option<u64>,
 }
 
 impl Options {
@@ -410,7 +424,7 @@ impl Options {
         let bmi2 = std::arch::is_x86_feature_detected!("bmi2");
         #[cfg(not(target_arch = "x86_64"))]
         let bmi2 = false;
-        Options { bmi2, max_passes: MAX_PASSES, claim: None }
+        Options { bmi2, max_passes: MAX_PASSES, claim: None, code_base: None }
     }
 }
 
@@ -1416,8 +1430,7 @@ impl<'a> Emitter<'a> {
         self.a.mov_rr(true, Reg::RDI, Reg::R9);
         self.a.mov_rr(true, Reg::RSI, Reg::R10);
         self.a.mov_rr(true, Reg::RDX, Reg::R11);
-        self.a.mov_imm(Reg::RAX, self.rt.abort_fn);
-        self.a.call_r(Reg::RAX);
+        self.call_abs(self.rt.abort_fn, Reg::RAX);
         self.a.mov_ri32(Reg::RAX, 1);
         // The run ends with rax: unwind to the innermost entry (again, after an abort).
         self.bind(Label::Unwind);
@@ -1993,8 +2006,7 @@ impl<'a> Emitter<'a> {
                 // state as needed); the others need the run context of the caller.
                 self.calls_helpers = true;
                 let may_exit = h.may_exit;
-                self.a.mov_imm(Reg::RAX, h.func as usize as u64);
-                self.a.call_r(Reg::RAX);
+                self.call_abs(h.func as usize as u64, Reg::RAX);
                 if may_exit {
                     self.end_if_requested();
                 }
@@ -2363,13 +2375,31 @@ impl<'a> Emitter<'a> {
         self.a.test_rr(true, Reg::R11, Reg::R11);
         let plain = self.a.jump_fwd(Some(Cond::E));
         self.a.mov_imm(Reg::R11, func);
-        self.a.mov_imm(Reg::RAX, self.rt.preserving_call);
-        self.a.call_r(Reg::RAX);
+        self.call_abs(self.rt.preserving_call, Reg::RAX);
         let done = self.a.jump_fwd(None);
         self.a.bind(plain);
-        self.a.mov_imm(Reg::RAX, func);
-        self.a.call_r(Reg::RAX);
+        self.call_abs(func, Reg::RAX);
         self.a.bind(done);
+    }
+
+    /// A call of the function at `func`: `call rel32` when the code's address is known
+    /// (`Options::code_base`) and `func` lies within its reach (with a margin of 16 MiB, so
+    /// that the form never changes between layout passes, whose positions move by far less),
+    /// else `mov scratch, func; call scratch`. The direct form is 5 bytes instead of 7 to 12,
+    /// and its target is known when the instruction is decoded: on a probe hit that starts
+    /// on cold caches (nothing of the program in the branch predictor), an indirect call
+    /// waits for its register to know where to fetch from.
+    fn call_abs(&mut self, func: u64, scratch: Reg) {
+        if let Some(base) = self.opts.code_base {
+            let end = (base as i64).wrapping_add(self.a.pos() as i64 + 5);
+            let d = (func as i64).wrapping_sub(end);
+            if d.unsigned_abs() < (1 << 31) - (1 << 24) {
+                self.a.call_rel32(d as i32);
+                return;
+            }
+        }
+        self.a.mov_imm(scratch, func);
+        self.a.call_r(scratch);
     }
 
     /// `callx dst`: call `fn_table[dst]`, or abort with `UnknownHelper` when the id is out of
@@ -2406,8 +2436,7 @@ impl<'a> Emitter<'a> {
     fn end_if_requested(&mut self) {
         self.needs_run_state = true;
         self.a.mov_rr(true, Reg::RDI, Reg::RAX);
-        self.a.mov_imm(Reg::R11, self.rt.after_helper_fn);
-        self.a.call_r(Reg::R11);
+        self.call_abs(self.rt.after_helper_fn, Reg::R11);
         self.a.test_rr(true, Reg::RDX, Reg::RDX);
         self.jump(Some(Cond::Ne), Label::Unwind);
     }

@@ -1,6 +1,7 @@
 //! Executable memory, W^X: code is copied into an anonymous read-write mapping, which is then
 //! switched to read+execute. It is never writable and executable at once, and never written
-//! again after that.
+//! again after that. The mapping can be made before the code ([`ExecMemory::reserve`]), for
+//! code compiled for its address.
 
 use std::ptr::NonNull;
 
@@ -32,23 +33,70 @@ fn os_error(what: &str) -> VmError {
     VmError::Jit(format!("{what}: {}", std::io::Error::last_os_error()))
 }
 
+/// A mapping made for code that is not written yet: its address is known, so code that
+/// depends on where it lies (relative calls out of it) can be compiled for it, then placed
+/// with [`place`](Self::place).
+pub(crate) struct Reserved(ExecMemory);
+
+impl Reserved {
+    /// Where the code will start.
+    pub fn addr(&self) -> usize {
+        self.0.addr()
+    }
+
+    /// Bytes of code it can take.
+    pub fn capacity(&self) -> usize {
+        self.0.map_len
+    }
+
+    /// Copies `code` (at most [`capacity`](Self::capacity) bytes) in, fills the rest of the
+    /// last page with `int3` and makes the mapping executable.
+    pub fn place(self, code: &[u8]) -> Result<ExecMemory, VmError> {
+        let mut mem = self.0;
+        if code.is_empty() || code.len() > mem.map_len {
+            return Err(VmError::Jit(format!("{} bytes of code for a mapping of {}", code.len(), mem.map_len)));
+        }
+        mem.len = code.len();
+        let ptr = mem.ptr;
+        // SAFETY: the mapping is `map_len >= code.len()` bytes, readable and writable (not
+        // yet protected: `reserve` made it so and nothing changed it), and freshly made, so
+        // it overlaps neither `code` nor any reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(code.as_ptr(), ptr.as_ptr(), code.len());
+            std::ptr::write_bytes(ptr.as_ptr().add(code.len()), 0xcc, mem.map_len - code.len());
+        }
+        // SAFETY: `ptr`/`map_len` are exactly the mapping `reserve` made; from here on it is
+        // never written again.
+        let rc = unsafe { libc::mprotect(ptr.as_ptr().cast(), mem.map_len, libc::PROT_READ | libc::PROT_EXEC) };
+        if rc != 0 {
+            // `mem` is dropped here, which unmaps it.
+            return Err(os_error("mprotect of the code to read+execute failed"));
+        }
+        Ok(mem)
+    }
+}
+
 impl ExecMemory {
-    /// Maps `code` executable. The rest of the last page is filled with `int3`.
-    pub fn new(code: &[u8]) -> Result<ExecMemory, VmError> {
-        if code.is_empty() {
+    /// A read-write mapping for `len` bytes of code (whole pages), which
+    /// [`Reserved::place`] fills and makes executable; asked for 1 GiB below `near` (the
+    /// runtime's code), so that its calls there can be `call rel32`s (see compile.rs,
+    /// "Calls"). The kernel takes the hint only when that range is free, else maps where it
+    /// would have anyway.
+    pub fn reserve(len: usize, near: usize) -> Result<Reserved, VmError> {
+        if len == 0 {
             return Err(VmError::Jit("no code to map".into()));
         }
         let page = page_size();
-        let map_len = code
-            .len()
+        let map_len = len
             .checked_add(page - 1)
             .map(|l| l / page * page)
             .ok_or_else(|| VmError::Jit("code too large to map".into()))?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
-        // no existing memory; the arguments are valid (non-zero length, no fd).
+        // SAFETY: an anonymous private mapping without MAP_FIXED touches no existing memory
+        // (the address is a hint the kernel follows only where nothing is mapped); the
+        // arguments are valid (non-zero length, no fd).
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                (near & !(page - 1)).saturating_sub(1 << 30) as *mut libc::c_void,
                 map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
@@ -62,21 +110,8 @@ impl ExecMemory {
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
             return Err(VmError::Jit("mmap returned a null mapping".into()));
         };
-        let mem = ExecMemory { ptr, len: code.len(), map_len };
-        // SAFETY: the mapping is `map_len >= code.len()` bytes, readable and writable, and
-        // freshly made, so it overlaps neither `code` nor any reference.
-        unsafe {
-            std::ptr::copy_nonoverlapping(code.as_ptr(), ptr.as_ptr(), code.len());
-            std::ptr::write_bytes(ptr.as_ptr().add(code.len()), 0xcc, map_len - code.len());
-        }
-        // SAFETY: `ptr`/`map_len` are exactly the mapping made above; from here on it is
-        // never written again.
-        let rc = unsafe { libc::mprotect(ptr.as_ptr().cast(), map_len, libc::PROT_READ | libc::PROT_EXEC) };
-        if rc != 0 {
-            // `mem` is dropped here, which unmaps it.
-            return Err(os_error("mprotect of the code to read+execute failed"));
-        }
-        Ok(mem)
+        // Unmapped by its drop, whether or not code is placed in it.
+        Ok(Reserved(ExecMemory { ptr, len: 0, map_len }))
     }
 
     /// Address of the first byte of code.

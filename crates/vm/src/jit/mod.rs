@@ -181,8 +181,16 @@ impl JitProgram {
             after_helper_fn: run::jit_after_helper as extern "C" fn(u64) -> run::AfterHelper as usize as u64,
             preserving_call: preserve::address(),
         };
-        let out = compile::compile(&prog, opts, rt).map_err(VmError::Jit)?;
-        let mem = ExecMemory::new(&out.code)?;
+        // Compiled once without knowing where it will lie, then again for the mapping made
+        // for that length, with direct calls (see compile.rs, "Calls"): never longer.
+        let first = compile::compile(&prog, opts, rt).map_err(VmError::Jit)?;
+        let reserved = ExecMemory::reserve(first.code.len(), rt.abort_fn as usize)?;
+        let placed = Options { code_base: Some(reserved.addr() as u64), ..opts };
+        let out = match compile::compile(&prog, placed, rt) {
+            Ok(o) if o.code.len() <= reserved.capacity() => o,
+            _ => first,
+        };
+        let mem = reserved.place(&out.code)?;
         let (offs, pcs): (Vec<u32>, Vec<u32>) = out.pc_map.into_iter().unzip();
         let faults = Box::new(FaultMap {
             start: mem.addr(),

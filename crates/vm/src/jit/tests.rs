@@ -16,7 +16,8 @@ use crate::{HelperRegistry, LoadOptions, Program};
 fn jit(insns: &[Insn], bmi2: bool) -> JitProgram {
     let opts = LoadOptions { helpers: Arc::new(HelperRegistry::new()), allow_callx: true, ..Default::default() };
     let prog = Program::load(insns, &opts, None).unwrap_or_else(|e| panic!("load failed: {e}\n{insns:?}"));
-    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16, claim: None }).expect("compile")
+    JitProgram::compile_with(Arc::new(prog), Options { bmi2, max_passes: 16, claim: None, code_base: None })
+        .expect("compile")
 }
 
 fn lddw(dst: u8, v: u64) -> [Insn; 2] {
@@ -529,7 +530,8 @@ fn jump_layout_with_few_passes_is_still_exact() {
     let mut sizes = Vec::new();
     for max_passes in [1, 2, 3, 16] {
         let j =
-            JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes, claim: None }).expect("compile");
+            JitProgram::compile_with(prog.clone(), Options { bmi2: true, max_passes, claim: None, code_base: None })
+                .expect("compile");
         // SAFETY: no memory access.
         assert_eq!(unsafe { j.run(0, 0) }, Ok(want), "max_passes {max_passes}");
         sizes.push(j.code().len());
@@ -617,4 +619,64 @@ fn mov_add_pairs_give_the_same_result_fused_or_not() {
         [movk(2, 100), Insn::new(BPF_JMP | BPF_K | BPF_JEQ, 1, 0, 1, 0), movx(2, 10), addk(2, -16), movx(0, 2), EXIT];
     // SAFETY: as above.
     assert_eq!(unsafe { jit(&split, true).run(0, 0) }, Ok(84));
+}
+
+/// The helper of the call-form tests: r0 = r1 * 3 + r2.
+extern "C" fn triple_plus(a: u64, b: u64, _: u64, _: u64, _: u64) -> u64 {
+    a.wrapping_mul(3).wrapping_add(b)
+}
+
+/// `r0 = triple_plus(r1, 7); exit`, with `triple_plus` as helper 1.
+fn calling_program() -> Arc<Program> {
+    let mut helpers = HelperRegistry::new();
+    helpers.register(crate::Helper::new(1, "triple_plus", triple_plus));
+    let opts = LoadOptions { helpers: Arc::new(helpers), ..Default::default() };
+    let insns = [Insn::new(BPF_ALU64 | BPF_MOV | BPF_K, 2, 0, 0, 7), Insn::new(OP_CALL, 0, 0, 0, 1), EXIT];
+    Arc::new(Program::load(&insns, &opts, None).expect("load"))
+}
+
+/// Where the code's `call rel32`s (E8) go, read from every offset (the scan may also decode
+/// bytes inside other instructions: the tests look for one target or its absence).
+fn rel32_targets(code: &[u8], base: usize) -> Vec<usize> {
+    (0..code.len().saturating_sub(4))
+        .filter(|&i| code[i] == 0xe8)
+        .map(|i| {
+            (base as i64 + i as i64 + 5 + i32::from_le_bytes(code[i + 1..i + 5].try_into().unwrap()) as i64) as usize
+        })
+        .collect()
+}
+
+/// Whether the code holds `func`'s address as an immediate (the indirect form's `mov`).
+fn holds_address(code: &[u8], func: usize) -> bool {
+    code.windows(8).any(|w| w == (func as u64).to_le_bytes())
+}
+
+#[test]
+fn a_helper_within_reach_is_called_with_call_rel32() {
+    let j = JitProgram::compile_with(calling_program(), Options::detect()).expect("compile");
+    let func = triple_plus as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize;
+    let (code, base) = (j.code(), j.code().as_ptr() as usize);
+    // The mapping was asked for next to the runtime's code, which is this test binary's, as
+    // the helper is.
+    assert!((func as i64 - base as i64).unsigned_abs() < 1 << 31, "code at {base:#x}, the helper at {func:#x}");
+    assert!(rel32_targets(code, base).contains(&func), "no call rel32 to the helper in {code:02x?}");
+    assert!(!holds_address(code, func), "the helper's address is still loaded as an immediate");
+    // SAFETY: the program only calls `triple_plus`, which reads no memory.
+    assert_eq!(unsafe { j.run(5, 0) }, Ok(22));
+}
+
+#[test]
+fn a_helper_out_of_reach_is_called_through_a_register() {
+    let func = triple_plus as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize;
+    // Code said to lie 4 GiB away from the helper: no rel32 reaches it.
+    let far = (func as u64).wrapping_add(1 << 32);
+    let rt = super::compile::Runtime { abort_fn: 0, after_helper_fn: 0, preserving_call: 0 };
+    let opts = Options { code_base: Some(far), ..Options::detect() };
+    let out = super::compile::compile(&calling_program(), opts, rt).expect("compile");
+    assert!(holds_address(&out.code, func), "the helper's address is not loaded: {:02x?}", out.code);
+    assert!(!rel32_targets(&out.code, far as usize).contains(&func));
+    // And the same program compiled for where it lies is never longer.
+    let near = Options { code_base: Some(func as u64 + 4096), ..Options::detect() };
+    let short = super::compile::compile(&calling_program(), near, rt).expect("compile");
+    assert!(short.code.len() < out.code.len(), "{} bytes direct, {} indirect", short.code.len(), out.code.len());
 }
