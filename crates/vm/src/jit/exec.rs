@@ -29,6 +29,17 @@ fn page_size() -> usize {
     if p > 0 { p as usize } else { 4096 }
 }
 
+/// An anonymous read-write mapping of `len` bytes, at `hint` if that range is free.
+fn map_rw(hint: *mut libc::c_void, len: usize) -> Result<*mut libc::c_void, VmError> {
+    // SAFETY: an anonymous private mapping without MAP_FIXED touches no existing memory (the
+    // address is a hint the kernel follows only where nothing is mapped); the arguments are
+    // valid (non-zero length, no fd).
+    let p = unsafe {
+        libc::mmap(hint, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if p == libc::MAP_FAILED { Err(os_error("mmap of the code failed")) } else { Ok(p) }
+}
+
 fn os_error(what: &str) -> VmError {
     VmError::Jit(format!("{what}: {}", std::io::Error::last_os_error()))
 }
@@ -78,10 +89,13 @@ impl Reserved {
 
 impl ExecMemory {
     /// A read-write mapping for `len` bytes of code (whole pages), which
-    /// [`Reserved::place`] fills and makes executable; asked for 1 GiB below `near` (the
-    /// runtime's code), so that its calls there can be `call rel32`s (see compile.rs,
-    /// "Calls"). The kernel takes the hint only when that range is free, else maps where it
-    /// would have anyway.
+    /// [`Reserved::place`] fills and makes executable, within 1 GiB of `near` (the runtime's
+    /// code) when the kernel can place it there, so that calls from it to the runtime can be
+    /// `call rel32`s (see compile.rs, "Calls"). Where the kernel maps by default (below the
+    /// shared libraries, the agent's among them) is used when it is that close: it shares
+    /// the page-table pages of what lies around it. Else (the runtime in an executable, far
+    /// from the libraries) it is asked for just below `near`, and taken wherever the kernel
+    /// puts it if that range is taken.
     pub fn reserve(len: usize, near: usize) -> Result<Reserved, VmError> {
         if len == 0 {
             return Err(VmError::Jit("no code to map".into()));
@@ -91,21 +105,20 @@ impl ExecMemory {
             .checked_add(page - 1)
             .map(|l| l / page * page)
             .ok_or_else(|| VmError::Jit("code too large to map".into()))?;
-        // SAFETY: an anonymous private mapping without MAP_FIXED touches no existing memory
-        // (the address is a hint the kernel follows only where nothing is mapped); the
-        // arguments are valid (non-zero length, no fd).
-        let p = unsafe {
-            libc::mmap(
-                (near & !(page - 1)).saturating_sub(1 << 30) as *mut libc::c_void,
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os_error("mmap of the code failed"));
+        let close = |p: usize| (p as i64).wrapping_sub(near as i64).unsigned_abs() < 1 << 30;
+        let mut p = map_rw(std::ptr::null_mut(), map_len)?;
+        if !close(p as usize) {
+            let hint = (near & !(page - 1)).saturating_sub(map_len + (64 << 20));
+            if let Ok(q) = map_rw(hint as *mut libc::c_void, map_len) {
+                if close(q as usize) {
+                    // SAFETY: `p` is the mapping made above, of `map_len` bytes, not used.
+                    unsafe { libc::munmap(p, map_len) };
+                    p = q;
+                } else {
+                    // SAFETY: `q` was just made, of `map_len` bytes, and is not used.
+                    unsafe { libc::munmap(q, map_len) };
+                }
+            }
         }
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
             return Err(VmError::Jit("mmap returned a null mapping".into()));
