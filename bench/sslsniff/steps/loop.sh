@@ -11,18 +11,13 @@
 #   bench/sslsniff/steps/loop.sh [USERBPF ...]    (default target/release/userbpf)
 #   LOOP_RUNS (5), LOOP_REQUESTS (20000), LOOP_ROUNDS (21), LOOP_DLINES (1000), LOOP_IKB (24), LOOP_STRIDE (64: 4160 evicts TLB entries too)
 #
-# Needs BCC's kernel headers as steps.sh does.
+# Needs BCC's kernel headers (see setup.sh).
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
+. "$HERE/setup.sh"
 [ $# -gt 0 ] || set -- "$ROOT/target/release/userbpf"
-B=$ROOT/target/sslbench/steps
-export BCC_KERNEL_SOURCE=${BCC_KERNEL_SOURCE:-$ROOT/target/sslbench/kheaders}
-[ -d "$BCC_KERNEL_SOURCE" ] || { echo "no $BCC_KERNEL_SOURCE: run SBENCH_ONLY=check python3 bench/sslsniff/bench.py once" >&2; exit 1; }
 RUNS=${LOOP_RUNS:-5}
 ARGS="${LOOP_REQUESTS:-20000} ${LOOP_ROUNDS:-21} ${LOOP_DLINES:-1000} ${LOOP_IKB:-24} 1 ${LOOP_STRIDE:-64}"
-mkdir -p "$B"
-cc -O2 -shared -fPIC -o "$B/libssl.so.3" "$HERE/fakessl.c"
 cc -O2 -fcf-protection=none -o "$B/sslloop" "$HERE/sslloop.c" -L"$B" -l:libssl.so.3 -Wl,-rpath,"$B"
 T=$(mktemp -d)
 sniffs=()

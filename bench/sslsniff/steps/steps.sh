@@ -14,17 +14,11 @@
 #   KEEP_STEPS=DIR keeps the stepped addresses, maps and perf maps in DIR (attribute.py reads
 #   them again).
 #
-# Needs BCC's kernel headers as bench/sslsniff/bench.py sets them up (target/sslbench/kheaders:
-# run `SBENCH_ONLY=check python3 bench/sslsniff/bench.py` once), or BCC_KERNEL_SOURCE.
+# Needs BCC's kernel headers (see setup.sh).
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
+. "$HERE/setup.sh"
 [ $# -gt 0 ] || set -- "$ROOT/target/release/userbpf"
-B=$ROOT/target/sslbench/steps
-export BCC_KERNEL_SOURCE=${BCC_KERNEL_SOURCE:-$ROOT/target/sslbench/kheaders}
-[ -d "$BCC_KERNEL_SOURCE" ] || { echo "no $BCC_KERNEL_SOURCE: run SBENCH_ONLY=check python3 bench/sslsniff/bench.py once" >&2; exit 1; }
-mkdir -p "$B"
-cc -O2 -shared -fPIC -o "$B/libssl.so.3" "$HERE/fakessl.c"
 cc -O2 -fcf-protection=none -o "$B/sslstep" "$HERE/sslstep.c" -L"$B" -l:libssl.so.3 -Wl,-rpath,"$B"
 cc -O2 -o "$B/stepper" "$ROOT/bench/uprobe/steps/stepper.c"
 T=$(mktemp -d)
