@@ -112,6 +112,7 @@ bench-tables:
 	python3 bench/wakeups/latency.py
 	python3 bench/sslsniff/bench.py
 	bash bench/sslsniff/steps/steps.sh
+	bash bench/sslsniff/steps/loop.sh
 
 # userbpf's headers: <userbpf/helpers.h> for eBPF C programs (its own helpers, the override
 # extensions), <userbpf/libbpf.h> for libbpf loaders.
