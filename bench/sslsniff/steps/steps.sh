@@ -3,7 +3,8 @@
 # by single-stepping one pair (SSL_read of 100 bytes, SSL_write of 612, nginx's sizes in
 # bench/sslsniff) of a stand-in libssl (fakessl.c) after 200,000 warm-up pairs, then
 # attributed to stubs, programs, map operations and helpers (attribute.py; the stubs and
-# JIT'd programs named through USERBPF_PERF_MAP). Callgrind cannot count this path: valgrind
+# JIT'd programs named through USERBPF_PERF_MAP), with the code lines and pages they ran and
+# the data lines and pages they touched (bench/src/datapages.rs). Callgrind cannot count this path: valgrind
 # refuses rseq, so under it every hit takes the general path. One column per userbpf given,
 # to compare builds side by side. Stepping a pair takes a tenth of a second or so, so caches
 # that refresh by time (comm and uid/gid: 10 ms; the TSC clock's calibration: 1 s) refresh
@@ -38,7 +39,7 @@ step() {
 	done
 	[ -n "$pid" ] || { echo "sslstep did not start: $(tail -3 "$T/err")" >&2; kill $job; return 1; }
 	if [ -n "$out" ]; then
-		timeout 120 "$B/stepper" "$pid" "$out.ips" "$out.maps"
+		timeout 120 "$B/stepper" "$pid" "$out.ips" "$out.maps" "$out.states"
 		cp "/tmp/perf-$pid.map" "$out.perfmap" 2>/dev/null || true
 		rm -f "/tmp/perf-$pid.map"
 	else
@@ -49,7 +50,7 @@ step() {
 
 base=$(step "" "$B/sslstep" 0)
 echo "unprobed: $base instructions a read+write pair"
-files=() labels=() i=0
+files=() states=() labels=() i=0
 for U in "$@"; do
 	U=$(realpath "$U")
 	i=$((i + 1))
@@ -66,9 +67,12 @@ for U in "$@"; do
 	wait $sniff || true
 	echo "$U: $((n - base)) instructions a pair more than unprobed"
 	files+=("$T/run$i.ips" "$T/run$i.maps" "$T/run$i.perfmap")
+	states+=("$T/run$i.states" "$T/run$i.maps")
 	d=$(dirname "$U")
 	d=${d%/target/release}
 	labels+=("$(basename "$d")")
 done
 echo
 python3 "$HERE/attribute.py" "${files[@]}" -- "${labels[@]}"
+echo
+"$ROOT/target/release/data-pages" --skip libssl.so.3 "${states[@]}" -- "${labels[@]}"
