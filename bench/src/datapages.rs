@@ -120,7 +120,7 @@ fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog) -
     let mut info = InstructionInfoFactory::new();
     let mut out = Touched::new();
     // The last record is the stop after the stepped stretch.
-    for rec in data.chunks_exact(RECORD).take(data.len() / RECORD - 1) {
+    for rec in data.chunks_exact(RECORD).take((data.len() / RECORD).saturating_sub(1)) {
         let mut regs = [0u64; REGS];
         for (k, w) in regs.iter_mut().enumerate() {
             *w = u64::from_ne_bytes(rec[8 * k..8 * k + 8].try_into()?);
@@ -139,7 +139,7 @@ fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog) -
             let size = m.memory_size().size().max(1) as u64;
             let name = find(addr).map_or("?".to_string(), |m| short(&m.name));
             let e = out.entry(name.clone()).or_default();
-            for a in [addr, addr + size - 1] {
+            for a in [addr, addr.saturating_add(size - 1)] {
                 e.0.insert(a >> 6);
                 e.1.insert(a >> 12);
                 log.entry(a >> 12).or_insert_with(|| (name.clone(), BTreeSet::new(), rip)).1.insert(a >> 6);

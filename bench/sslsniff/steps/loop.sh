@@ -10,8 +10,8 @@
 # prints each run and the medians, and how many times the userbpf's added time the kernel's is.
 #
 #   bench/sslsniff/steps/loop.sh [USERBPF ...]    (default target/release/userbpf)
-#   LOOP_RUNS (5), LOOP_REQUESTS (20000), LOOP_ROUNDS (21), LOOP_DLINES (1000), LOOP_IKB (24), LOOP_STRIDE (64: 4160 evicts TLB entries too),
-#   LOOP_KERNEL (1)
+#   LOOP_RUNS (5), LOOP_REQUESTS (20000), LOOP_ROUNDS (21), LOOP_DLINES (1000), LOOP_IKB (24),
+#   LOOP_STRIDE (64; 4160 evicts TLB entries too), LOOP_KERNEL (1)
 #
 # Needs BCC's kernel headers (see setup.sh).
 set -e

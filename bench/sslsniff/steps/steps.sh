@@ -4,16 +4,16 @@
 # bench/sslsniff) of a stand-in libssl (fakessl.c) after 200,000 warm-up pairs, then
 # attributed to stubs, programs, map operations and helpers (attribute.py; the stubs and
 # JIT'd programs named through USERBPF_PERF_MAP), with the code lines and pages they ran and
-# the data lines and pages they touched (bench/src/datapages.rs). Callgrind cannot count this path: valgrind
-# refuses rseq, so under it every hit takes the general path. One column per userbpf given,
+# the data lines and pages they touched (bench/src/datapages.rs). Callgrind cannot count this
+# path: valgrind refuses rseq, so under it every hit takes the general path. One column per userbpf given,
 # to compare builds side by side. Stepping a pair takes a tenth of a second or so, so caches
 # that refresh by time (comm and uid/gid: 10 ms; the TSC clock's calibration: 1 s) refresh
 # inside the stepped pair: their refreshes (getuid, prctl, clock_gettime) show in its count,
 # where at full speed a thread pays them once per 10 ms or per second.
 #
 #   bench/sslsniff/steps/steps.sh [USERBPF ...]    (default target/release/userbpf)
-#   KEEP_STEPS=DIR keeps the stepped addresses, maps and perf maps in DIR (attribute.py reads
-#   them again).
+#   KEEP_STEPS=DIR keeps the stepped addresses, states, maps and perf maps in DIR
+#   (attribute.py and data-pages read them again).
 #
 # Needs BCC's kernel headers (see setup.sh).
 set -e
@@ -26,7 +26,8 @@ T=$(mktemp -d)
 trap '[ -n "$KEEP_STEPS" ] && cp -r "$T" "$KEEP_STEPS"; rm -rf "$T"' EXIT
 
 # step OUT CMD...: runs CMD (which starts sslstep), prints the steps of one pair; with OUT,
-# OUT.ips and OUT.maps get the addresses and the maps.
+# OUT.ips, OUT.states and OUT.maps get the addresses, the registers and bytes of every
+# instruction, and the maps.
 step() {
 	local out=$1 job pid=
 	shift
