@@ -8,10 +8,12 @@
 //! executable and the objects given with `--skip`) are left out: what remains is the probes'.
 //!
 //! ```text
-//! data-pages [--skip NAME]... [--pages] STATES MAPS [STATES MAPS ...] -- LABEL [LABEL ...]
+//! data-pages [--skip NAME]... [--pages] [--lines] STATES MAPS [STATES MAPS ...] -- LABEL [LABEL ...]
 //! ```
 //!
-//! `--pages` also lists every page with its lines and the first instruction that touched it.
+//! `--pages` also lists every page with its lines and the first instruction that touched it;
+//! `--lines`, every line with the instructions that touched it (to tell which objects share a
+//! page, the instructions resolved with the target's maps and perf map).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -109,7 +111,10 @@ type Touched = BTreeMap<String, (BTreeSet<u64>, BTreeSet<u64>)>;
 /// Every page touched: its mapping, its lines, the first instruction to touch it.
 type PageLog = BTreeMap<u64, (String, BTreeSet<u64>, u64)>;
 
-fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog) -> Result<Touched> {
+/// Every line touched: its mapping and the instructions that touched it.
+type LineLog = BTreeMap<u64, (String, BTreeSet<u64>)>;
+
+fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog, lines: &mut LineLog) -> Result<Touched> {
     let data = std::fs::read(states).with_context(|| format!("reading {states}"))?;
     if data.len() % RECORD != 0 {
         bail!("{states}: {} bytes, not whole records of {RECORD}", data.len());
@@ -143,6 +148,7 @@ fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog) -
                 e.0.insert(a >> 6);
                 e.1.insert(a >> 12);
                 log.entry(a >> 12).or_insert_with(|| (name.clone(), BTreeSet::new(), rip)).1.insert(a >> 6);
+                lines.entry(a >> 6).or_insert_with(|| (name.clone(), BTreeSet::new())).1.insert(rip);
             }
         }
     }
@@ -154,10 +160,13 @@ fn main() -> Result<()> {
     let mut skip = Vec::new();
     let mut rest = Vec::new();
     let mut pages = false;
+    let mut by_line = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--pages" {
             pages = true;
+        } else if a == "--lines" {
+            by_line = true;
         } else if a == "--skip" {
             skip.push(it.next().context("--skip needs a name")?.clone());
         } else {
@@ -165,18 +174,23 @@ fn main() -> Result<()> {
         }
     }
     let Some(sep) = rest.iter().position(|a| a == "--") else {
-        bail!("usage: data-pages [--skip NAME]... STATES MAPS [STATES MAPS ...] -- LABEL [LABEL ...]");
+        bail!(
+            "usage: data-pages [--skip NAME]... [--pages] [--lines] STATES MAPS [STATES MAPS ...] -- LABEL [LABEL ...]"
+        );
     };
     let (files, labels) = (&rest[..sep], &rest[sep + 1..]);
     if files.len() % 2 != 0 || files.len() / 2 != labels.len() {
         bail!("give STATES MAPS pairs and one label each");
     }
     let mut logs = Vec::new();
+    let mut line_logs = Vec::new();
     let mut runs = Vec::new();
     for p in files.chunks(2) {
         let mut log = PageLog::new();
-        runs.push(touched(&p[0], &read_maps(&p[1])?, &skip, &mut log)?);
+        let mut lines = LineLog::new();
+        runs.push(touched(&p[0], &read_maps(&p[1])?, &skip, &mut log, &mut lines)?);
         logs.push(log);
+        line_logs.push(lines);
     }
     println!("Distinct data lines (64 bytes) / pages (4 KiB) the probes' instructions touched, by mapping:");
     println!();
@@ -205,6 +219,16 @@ fn main() -> Result<()> {
             println!("Pages of {label}: page, mapping, lines, the first instruction to touch it");
             for (page, (name, lines, rip)) in log {
                 println!("{:#x} {name} {} {rip:#x}", page << 12, lines.len());
+            }
+        }
+    }
+    if by_line {
+        for (label, log) in labels.iter().zip(&line_logs) {
+            println!();
+            println!("Lines of {label}: line, mapping, the instructions that touched it");
+            for (line, (name, rips)) in log {
+                let rips: Vec<String> = rips.iter().map(|r| format!("{r:#x}")).collect();
+                println!("{:#x} {name} {}", line << 6, rips.join(" "));
             }
         }
     }

@@ -159,13 +159,14 @@ unsafe impl Send for Reclaim {}
 
 static LEAKED: Mutex<Vec<Reclaim>> = Mutex::new(Vec::new());
 
-/// Remembers `b` (leaked for a probe's handler) to be freed at detach; returns it.
-pub(crate) fn leak<T: Send + Sync + 'static>(b: Box<T>) -> &'static mut T {
+/// Boxes `value` for a probe's handler where the hit path's objects sit together (see
+/// `userbpf_arena`) and remembers it to be freed at detach; returns it.
+pub(crate) fn leak<T: Send + Sync + 'static>(value: T) -> &'static mut T {
     unsafe fn free<T>(p: *mut c_void) {
         // SAFETY: `p` came from `Box::into_raw` of a `Box<T>` (see `leak`), freed once.
         drop(unsafe { Box::from_raw(p.cast::<T>()) });
     }
-    let p = Box::into_raw(b);
+    let p = Box::into_raw(userbpf_arena::scope(|| Box::new(value)));
     LEAKED.lock().unwrap_or_else(|e| e.into_inner()).push(Reclaim { ptr: p.cast(), free: free::<T> });
     // SAFETY: just leaked; freed only by `run` once no handler can use it.
     unsafe { &mut *p }

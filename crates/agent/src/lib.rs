@@ -65,6 +65,12 @@ pub use tracepoint::exec_returned;
 pub use watcher::environ_before_libc;
 use watcher::{kick, log};
 
+/// The objects a probe hit reads (the probes' handlers and run arguments, the programs, the
+/// maps' and CPU slots' descriptors, the hook's sites) are allocated together, inside
+/// `userbpf_arena::scope`s; everything else as before, by the system allocator.
+#[global_allocator]
+static ALLOC: userbpf_arena::HitAlloc = userbpf_arena::HitAlloc;
+
 /// Environment variable choosing the interpreter (`1`) over the JIT.
 pub const INTERPRETER_ENV: &str = "USERBPF_INTERPRETER";
 
@@ -368,18 +374,18 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
     let (func, arg, calls_out) = if let Some(f) = a.prog.native_entry() {
         (f, 0, 0)
     } else if let Some((f, claim)) = a.prog.claim_entry() {
-        let claim: &'static userbpf_vm::jit::SlotClaim = detach::leak(Box::new(claim));
+        let claim: &'static userbpf_vm::jit::SlotClaim = detach::leak(claim);
         // Calls out of the run (memo misses, cache refills) keep the vector registers
         // themselves; the stub holds the recursion guard around them.
         let calls_out = if a.prog.claim_calls_out() { userbpf_hook::LEAN_GUARD_ONLY } else { 0 };
         (f, claim as *const userbpf_vm::jit::SlotClaim as u64, calls_out)
     } else if let Some(entry) = a.prog.context_entry() {
-        let run: &'static LeanRun = detach::leak(Box::new(LeanRun { a, entry }));
+        let run: &'static LeanRun = detach::leak(LeanRun { a, entry });
         (lean_run as *const () as usize, run as *const LeanRun as u64, 1)
     } else {
         return None;
     };
-    Some(detach::leak(Box::new(userbpf_hook::LeanHandler {
+    Some(detach::leak(userbpf_hook::LeanHandler {
         func,
         arg,
         gate: userbpf_runtime::program::stats_gate(),
@@ -389,7 +395,7 @@ fn lean_handler(a: &'static Attached) -> Option<&'static userbpf_hook::LeanHandl
         // writes ip (the stub then looks for the change), usdt.bpf.h reads sp.
         reads_all: u64::from(!gprs_only || (calls_out == 1 && !a.prog.helpers_read_only_gprs())),
         regs_read,
-    })))
+    }))
 }
 
 // The claiming entry's "ran nothing" is the hook's "take the general path".
@@ -532,7 +538,9 @@ impl Agent {
         let (programs, slots) = kept.unwrap_or_default();
         let slots = match slots {
             Some(s) => s,
-            None => Arc::new(CpuSlots::open(&session.layout().cpus()).map_err(|e| format!("CPU slots: {e}"))?),
+            // Every run reads the slots' descriptor: with the hit path's other objects.
+            None => userbpf_arena::scope(|| CpuSlots::open(&session.layout().cpus()).map(Arc::new))
+                .map_err(|e| format!("CPU slots: {e}"))?,
         };
         let cpus_stamp = FileStamp::of(&session.layout().cpus(), true);
         // While the process can still read the session: what it needs to reach it through the
@@ -801,7 +809,9 @@ impl Agent {
             .find(|p| p.id == id)
             .cloned()
             .ok_or(format!("program {id} is not in the session"))?;
-        let prog = Arc::new(prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?);
+        let prog = prepare_record(&self.session, &rec, helpers(), self.engine, self.slots()?)?;
+        // Every run reads the program's descriptor: with the hit path's other objects.
+        let prog = userbpf_arena::scope(|| Arc::new(prog));
         if !userbpf_runtime::program_table::register(prog.clone()) {
             return Err(userbpf_runtime::program_table::full_message(&rec.name));
         }
@@ -867,14 +877,14 @@ impl Agent {
         let prog = self.program(link.prog_id)?;
         overrides_at_entry(&prog, kind, &resolved, &target_spec(link))?;
         let entry = kind == ProbeKind::Entry && at_func_entry(resolved.addr);
-        let data: *mut Attached = detach::leak(Box::new(Attached {
+        let data: *mut Attached = detach::leak(Attached {
             prog,
             cookie: link.cookie,
             func_ip: resolved.func_start as u64,
             retprobe: kind == ProbeKind::Return,
             ip: 0,
             at_func_entry: entry,
-        }));
+        });
         let ext =
             resolved.size.filter(|s| *s > 0).map(|len| userbpf_hook::FuncExtent { start: resolved.func_start, len });
         // SAFETY: `data` was just leaked above; it is freed only at detach, once no handler

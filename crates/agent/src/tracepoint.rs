@@ -401,14 +401,16 @@ pub fn attach(link: &LinkRecord, prog: Arc<LoadedProgram>) -> Result<AttachedLin
         None => None,
     };
     // Every system call, through dispatch.
-    let probe: &'static Probe = Box::leak(Box::new(Probe {
-        prog: prog.clone(),
-        cookie: link.cookie,
-        exit,
-        shape,
-        nr: None,
-        only: None,
-        args: [ArgSrc::Const(0); 6],
+    let probe: &'static Probe = Box::leak(userbpf_arena::scope(|| {
+        Box::new(Probe {
+            prog: prog.clone(),
+            cookie: link.cookie,
+            exit,
+            shape,
+            nr: None,
+            only: None,
+            args: [ArgSrc::Const(0); 6],
+        })
     }));
     let dispatch_err = match raw_add(RawProbe { probe, nr: only }) {
         Ok(()) => return Ok(AttachedLink { raw: vec![probe as *const Probe as usize], ..Default::default() }),

@@ -179,14 +179,14 @@ pub fn attach(session: &Session, link: &LinkRecord, prog: Arc<LoadedProgram>) ->
         let ext = userbpf_hook::symbols::lookup_addr(s.anchor)
             .and_then(|r| r.size.filter(|n| *n > 0).map(|len| userbpf_hook::FuncExtent { start: r.func_start, len }));
         let ip = if s.anchor == s.addr { 0 } else { s.addr as u64 };
-        let data: *mut Attached = crate::detach::leak(Box::new(Attached {
+        let data: *mut Attached = crate::detach::leak(Attached {
             prog: prog.clone(),
             cookie: cookie as u64,
             func_ip: s.addr as u64,
             retprobe: false,
             ip,
             at_func_entry: false,
-        }));
+        });
         match userbpf_hook::attach_with(s.anchor, ProbeKind::Entry, on_hit, data.cast(), ext) {
             Ok(id) => done.probes.push(id),
             Err(e) => {

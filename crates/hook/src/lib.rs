@@ -620,7 +620,17 @@ fn publish(site: &Site, items: Vec<Entry>) {
     site.lean_ret.store(lean_ret, SeqCst);
     // Before the wait below: a generated stub checks the switch inside its read-side section.
     site.switch.store(switch_target(site, lean_entry, has_ret) as u64, SeqCst);
-    let new = if items.is_empty() { std::ptr::null_mut() } else { Box::into_raw(Box::new(HandlerList { items })) };
+    // Hits read the list and its entries: with the hit path's other objects (the entries copied
+    // into a vector made there).
+    let new = if items.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        Box::into_raw(userbpf_arena::scope(|| {
+            let mut placed = Vec::with_capacity(items.len());
+            placed.extend(items);
+            Box::new(HandlerList { items: placed })
+        }))
+    };
     let old = site.list.swap(new, SeqCst);
     if !old.is_null() && thread::synchronize() {
         // SAFETY: old came from Box::into_raw and no reader can hold it any more.
@@ -816,27 +826,30 @@ fn create_site(g: &Globals, addr: usize, func: Option<FuncExtent>, reg: &Registr
         return Err(fail("no memory for the site's switch word within rel32 reach".into()));
     };
     switch.store(shared as u64, SeqCst);
-    let site: &'static Site = Box::leak(Box::new(Site {
-        addr,
-        is_entry,
-        page,
-        relocated,
-        len: disp.len,
-        prot: map.prot,
-        orig,
-        jmp,
-        fix_map,
-        patch_at,
-        method: place.method,
-        list: AtomicPtr::new(std::ptr::null_mut()),
-        has_entry: AtomicBool::new(false),
-        has_ret: AtomicBool::new(false),
-        lean_entry: AtomicPtr::new(std::ptr::null_mut()),
-        lean_ret: AtomicPtr::new(std::ptr::null_mut()),
-        patched: AtomicBool::new(false),
-        switch,
-        shared,
-        fast: Mutex::new(Vec::new()),
+    // The stubs read the site on every hit: with the hit path's other objects.
+    let site: &'static Site = Box::leak(userbpf_arena::scope(|| {
+        Box::new(Site {
+            addr,
+            is_entry,
+            page,
+            relocated,
+            len: disp.len,
+            prot: map.prot,
+            orig,
+            jmp,
+            fix_map,
+            patch_at,
+            method: place.method,
+            list: AtomicPtr::new(std::ptr::null_mut()),
+            has_entry: AtomicBool::new(false),
+            has_ret: AtomicBool::new(false),
+            lean_entry: AtomicPtr::new(std::ptr::null_mut()),
+            lean_ret: AtomicPtr::new(std::ptr::null_mut()),
+            patched: AtomicBool::new(false),
+            switch,
+            shared,
+            fast: Mutex::new(Vec::new()),
+        })
     }));
     let common = if site.is_entry { g.common_light } else { g.common_full };
     let stub = stubs::site_stub(

@@ -615,7 +615,8 @@ fn open_shared(session: &Session, id: u32) -> Result<(Arc<Map>, u64), SessionErr
     {
         return Ok((o.map.clone(), o.key));
     }
-    let map = Arc::new(session.open_map(id)?);
+    // Every hit that uses the map reads its descriptor: with the hit path's other objects.
+    let map = userbpf_arena::scope(|| session.open_map(id).map(Arc::new))?;
     let key = crate::helpers::maps::session_key_of(&map);
     // Kept only if the file opened is the one looked for (not replaced meanwhile).
     if let Some(f) = before.filter(|f| file() == Some(*f)) {
@@ -680,7 +681,7 @@ pub fn prepare_tail_targets(
                 let Some(rec) = all.iter().find(|p| p.id == target).cloned() else { continue };
                 let prog = prepare_record(session, &rec, helpers.clone(), engine, slots.clone())
                     .map_err(|e| format!("tail call target in slot {slot} of prog array {id}: {e}"))?;
-                let prog = Arc::new(prog);
+                let prog = userbpf_arena::scope(|| Arc::new(prog));
                 if !crate::program_table::register(prog.clone()) {
                     return Err(crate::program_table::full_message(&rec.name));
                 }
