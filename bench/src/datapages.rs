@@ -12,8 +12,9 @@
 //! ```
 //!
 //! `--pages` also lists every page with its lines and the first instruction that touched it;
-//! `--lines`, every line with the instructions that touched it (to tell which objects share a
-//! page, the instructions resolved with the target's maps and perf map).
+//! `--lines`, every line with the offsets reached in it and the instructions that touched it
+//! (to tell which objects share a page: the offsets named with the object's symbols, the
+//! instructions with the target's maps and perf map).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -111,8 +112,9 @@ type Touched = BTreeMap<String, (BTreeSet<u64>, BTreeSet<u64>)>;
 /// Every page touched: its mapping, its lines, the first instruction to touch it.
 type PageLog = BTreeMap<u64, (String, BTreeSet<u64>, u64)>;
 
-/// Every line touched: its mapping and the instructions that touched it.
-type LineLog = BTreeMap<u64, (String, BTreeSet<u64>)>;
+/// Every line touched: its mapping, the instructions that touched it and the offsets in the
+/// line they reached (each access's first byte).
+type LineLog = BTreeMap<u64, (String, BTreeSet<u64>, BTreeSet<u64>)>;
 
 fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog, lines: &mut LineLog) -> Result<Touched> {
     let data = std::fs::read(states).with_context(|| format!("reading {states}"))?;
@@ -144,11 +146,14 @@ fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog, l
             let size = m.memory_size().size().max(1) as u64;
             let name = find(addr).map_or("?".to_string(), |m| short(&m.name));
             let e = out.entry(name.clone()).or_default();
+            let l = lines.entry(addr >> 6).or_insert_with(|| (name.clone(), BTreeSet::new(), BTreeSet::new()));
+            l.1.insert(rip);
+            l.2.insert(addr & 63);
             for a in [addr, addr.saturating_add(size - 1)] {
                 e.0.insert(a >> 6);
                 e.1.insert(a >> 12);
                 log.entry(a >> 12).or_insert_with(|| (name.clone(), BTreeSet::new(), rip)).1.insert(a >> 6);
-                lines.entry(a >> 6).or_insert_with(|| (name.clone(), BTreeSet::new())).1.insert(rip);
+                lines.entry(a >> 6).or_insert_with(|| (name.clone(), BTreeSet::new(), BTreeSet::new())).1.insert(rip);
             }
         }
     }
@@ -225,10 +230,11 @@ fn main() -> Result<()> {
     if by_line {
         for (label, log) in labels.iter().zip(&line_logs) {
             println!();
-            println!("Lines of {label}: line, mapping, the instructions that touched it");
-            for (line, (name, rips)) in log {
+            println!("Lines of {label}: line, mapping, offsets reached in it, the instructions that touched it");
+            for (line, (name, rips, offsets)) in log {
                 let rips: Vec<String> = rips.iter().map(|r| format!("{r:#x}")).collect();
-                println!("{:#x} {name} {}", line << 6, rips.join(" "));
+                let offsets: Vec<String> = offsets.iter().map(|o| format!("+{o}")).collect();
+                println!("{:#x} {name} {} {}", line << 6, offsets.join(","), rips.join(" "));
             }
         }
     }

@@ -67,6 +67,8 @@ const MEMBARRIER_CMD_QUERY: i64 = 0;
 const MEMBARRIER_CMD_GLOBAL: i64 = 1;
 
 /// Whether consumers can use `MEMBARRIER_CMD_GLOBAL`: 0 not asked, 1 yes, 2 no (fences).
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static GLOBAL_BARRIER: AtomicU8 = AtomicU8::new(0);
 
 fn membarrier(cmd: i64) -> i64 {

@@ -491,6 +491,8 @@ impl LoadedProgram {
 }
 
 /// Whether runs are counted and timed (`RunStats::run_cnt`, `run_time_ns`); off by default.
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static STATS_ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Turns the counting of runs and their time on or off for this process (the kernel's

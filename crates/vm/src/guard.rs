@@ -216,6 +216,8 @@ static HIGH: AtomicUsize = AtomicUsize::new(0);
 
 static mut OLD_SEGV: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
 static mut OLD_BUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::zeroed();
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static INSTALL: Once = Once::new();
 
 /// A registered range, for [`remove`].

@@ -91,9 +91,14 @@ pub fn write_back_kernel_values(slot: u32) {
     }
 }
 
+/// The address table's first slot for map address `p`: its 16-byte granule, unmixed. Maps
+/// are distinct objects at least that far apart, and the agent makes its maps' objects
+/// together (`userbpf_arena`): their slots then sit side by side, on one page of the table
+/// for every map a process's probes use, where a mixing hash gives each map a page of its
+/// own to reach on a hit.
 #[inline(always)]
 fn ptr_hash(p: usize) -> usize {
-    ((p as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 51) as usize % TBL
+    (p >> 4) % TBL
 }
 
 #[inline(always)]
@@ -307,6 +312,8 @@ unsafe fn slot_id(p: *const u8) -> u32 {
 
 /// Whether keys and values given to map helpers are trusted: true while every program loaded
 /// into this process was verified (see the module docs of `helpers`).
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static TRUST_POINTERS: AtomicBool = AtomicBool::new(true);
 
 /// From now on, map helpers distrust their key and value pointers (a program was loaded

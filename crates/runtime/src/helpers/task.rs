@@ -35,7 +35,11 @@ use crate::context;
 pub const REFRESH_NS: u64 = 10_000_000;
 
 /// Bumped in the child after each fork: caches of another generation are stale.
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static FORK_GEN: AtomicU64 = AtomicU64::new(1);
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static INIT: Once = Once::new();
 
 extern "C" fn after_fork_in_child() {

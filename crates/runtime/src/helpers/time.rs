@@ -97,6 +97,8 @@ pub fn coarse_monotonic_ns() -> u64 {
 type ClockGettime = unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int;
 
 /// The vDSO's `__vdso_clock_gettime` once [`init`] looked for it (None: libc's is used).
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static VDSO_CLOCK_GETTIME: std::sync::OnceLock<Option<ClockGettime>> = std::sync::OnceLock::new();
 
 /// The address of the vDSO's dynamic symbol `name`, from the image the kernel maps (its ELF
@@ -155,6 +157,8 @@ pub fn tsc_in_use() -> bool {
 }
 
 /// The process's clock: 1 s periods, a 50 ms first calibration window.
+// The hit path reads it: with its other statics on one page (see `userbpf_arena`).
+#[unsafe(link_section = "userbpf_hot")]
 static CLOCK: TscClock = TscClock::new(1_000_000_000, 50_000_000);
 static CLOCK_INIT: Once = Once::new();
 
