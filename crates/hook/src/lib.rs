@@ -335,9 +335,12 @@ struct Site {
     /// (`shared`) or a stub generated for the site's lean handler (`stubs::fast_stub`).
     switch: &'static AtomicU64,
     shared: usize,
-    /// The stubs generated for this site so far, by lean handler (registry lock held; never
-    /// freed: a thread may still be in one).
-    fast: Mutex<Vec<(usize, usize)>>,
+    /// The stubs generated for this site so far, by what each was generated from (registry
+    /// lock held; never freed: a thread may still be in one). Not by lean handler: a handler
+    /// is freed at detach, and the next attach's may be made at its address with other
+    /// contents (another program's entry, another claim), which a stub found by address
+    /// would not call.
+    fast: Mutex<Vec<(stubs::Fast, usize)>>,
 }
 
 struct Registry {
@@ -564,14 +567,6 @@ fn switch_target(site: &Site, lean: *const LeanHandler, has_ret: bool) -> usize 
     if l.reads_all != 0 || !(l.calls_out == 0 || guard) || l.regs_read & !LEAN_READS_GPRS != 0 {
         return site.shared;
     }
-    let mut fast = site.fast.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&(_, stub)) = fast.iter().find(|(h, _)| *h == lean as usize) {
-        return stub;
-    }
-    let Some(page) = patch::alloc_near(site.addr) else {
-        return site.shared;
-    };
-    let at = page + stubs::FAST_STUB_AT;
     let t = thread::table_layout();
     let f = stubs::Fast {
         func: l.func as u64,
@@ -586,6 +581,14 @@ fn switch_target(site: &Site, lean: *const LeanHandler, has_ret: bool) -> usize 
         // SAFETY: the address of thread::ASYM, a static AtomicBool.
         asym: unsafe { &*(t.asym as *const AtomicBool) }.load(SeqCst),
     };
+    let mut fast = site.fast.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, stub)) = fast.iter().find(|(made_from, _)| *made_from == f) {
+        return stub;
+    }
+    let Some(page) = patch::alloc_near(site.addr) else {
+        return site.shared;
+    };
+    let at = page + stubs::FAST_STUB_AT;
     let sealed = stubs::fast_stub(at as u64, &f).map_err(|e| e.to_string()).and_then(|code| {
         patch::seal_page(page, &[(stubs::FAST_STUB_AT, &code)])?;
         perfmap::note(at, code.len(), &format!("userbpf_generated_stub@{:#x}", site.addr));
@@ -595,7 +598,7 @@ fn switch_target(site: &Site, lean: *const LeanHandler, has_ret: bool) -> usize 
         patch::free_near(page);
         return site.shared;
     }
-    fast.push((lean as usize, at));
+    fast.push((f, at));
     at
 }
 

@@ -1252,6 +1252,7 @@ pub(crate) const SWITCH_AT: usize = 0xb40;
 /// return probe, whose [`crate::LeanHandler`] reads at most the 15 registers and changes no
 /// `ip` (`reads_all == 0`), calling out not at all (`calls_out == 0`) or keeping the vector
 /// registers itself ([`crate::LEAN_GUARD_ONLY`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fast {
     pub func: u64,
     pub arg: u64,

@@ -222,6 +222,57 @@ fn registers_only_handler_sees_the_registers_and_falls_back_whole() {
     detach(id).unwrap();
 }
 
+/// A lean handler freed at detach and made again at the same address with other contents (as
+/// the agent's allocator hands its block out again at the next attach) is what runs: the stub
+/// generated for the site the first time is not taken for the second handler's.
+#[test]
+fn a_handler_made_again_at_a_freed_ones_address_runs_with_its_own_argument() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let addr = t_lean_entry as *const () as usize;
+    let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+    let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let handler = |rec: &'static Rec| LeanHandler {
+        func: t_lean_handler as *const () as usize,
+        arg: rec as *const Rec as u64,
+        gate: gate.as_ptr(),
+        failures,
+        calls_out: 0,
+        reads_all: 0,
+        regs_read: LEAN_READS_GPRS,
+    };
+    let first: &'static Rec = Box::leak(Box::default());
+    let second: &'static Rec = Box::leak(Box::default());
+    let lean: *mut LeanHandler = Box::into_raw(Box::new(handler(first)));
+    let g: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let attach = || {
+        // SAFETY: `lean` stays allocated for the test's life; it is only rewritten while
+        // detached (no hit can read it then).
+        let l: &'static LeanHandler = unsafe { &*lean };
+        attach_lean(addr, ProbeKind::Entry, general, g as *const AtomicU64 as *mut c_void, None, Some(l)).unwrap()
+    };
+    let id = attach();
+    for i in 0..100u64 {
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_lean_entry(black_box(i)) }, 2 * i + 1);
+    }
+    assert_eq!(first.hits.load(SeqCst) + g.load(SeqCst), 100);
+    assert!(first.hits.load(SeqCst) >= 99);
+    detach(id).unwrap();
+    let before = (first.hits.load(SeqCst), g.load(SeqCst));
+    // The next attach's handler, at the freed one's address.
+    // SAFETY: detached: nothing reads the handler; same type, a plain overwrite.
+    unsafe { lean.write(handler(second)) };
+    let id = attach();
+    for i in 0..100u64 {
+        // SAFETY: plain function.
+        assert_eq!(unsafe { t_lean_entry(black_box(i)) }, 2 * i + 1);
+    }
+    assert_eq!(first.hits.load(SeqCst), before.0, "the first handler's argument was used after its detach");
+    assert_eq!(second.hits.load(SeqCst) + g.load(SeqCst) - before.1, 100);
+    assert_eq!(second.di.load(SeqCst), 99);
+    detach(id).unwrap();
+}
+
 #[test]
 fn lean_return_probe_sees_the_return_value_through_recursion_and_threads() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
