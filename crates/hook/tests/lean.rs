@@ -92,19 +92,26 @@ struct Probe {
     lean: &'static LeanHandler,
 }
 
-fn probe() -> Probe {
-    let rec: &'static Rec = Box::leak(Box::default());
-    let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
-    let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
-    let lean = Box::leak(Box::new(LeanHandler {
+/// `t_lean_handler` as a lean handler writing to `rec`; `reads_all`: it may read all of the
+/// pt_regs, else only the registers (which a site alone at a function entry serves with a stub
+/// generated for it).
+fn handler(rec: &'static Rec, gate: &'static AtomicU8, failures: &'static AtomicU64, reads_all: bool) -> LeanHandler {
+    LeanHandler {
         func: t_lean_handler as *const () as usize,
         arg: rec as *const Rec as u64,
         gate: gate.as_ptr(),
         failures,
         calls_out: 0,
-        reads_all: 1,
+        reads_all: u64::from(reads_all),
         regs_read: LEAN_READS_GPRS,
-    }));
+    }
+}
+
+fn probe() -> Probe {
+    let rec: &'static Rec = Box::leak(Box::default());
+    let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
+    let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let lean = Box::leak(Box::new(handler(rec, gate, failures, true)));
     Probe { rec, general: Box::leak(Box::new(AtomicU64::new(0))), gate, failures, lean }
 }
 
@@ -186,15 +193,7 @@ fn registers_only_handler_sees_the_registers_and_falls_back_whole() {
     let rec: &'static Rec = Box::leak(Box::default());
     let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
     let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
-    let lean = Box::leak(Box::new(LeanHandler {
-        func: t_lean_handler as *const () as usize,
-        arg: rec as *const Rec as u64,
-        gate: gate.as_ptr(),
-        failures,
-        calls_out: 0,
-        reads_all: 0,
-        regs_read: LEAN_READS_GPRS,
-    }));
+    let lean = Box::leak(Box::new(handler(rec, gate, failures, false)));
     let g: &'static [AtomicU64; 3] = Box::leak(Box::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]));
     let id =
         attach_lean(addr, ProbeKind::Entry, general_flags, g as *const _ as *mut c_void, None, Some(lean)).unwrap();
@@ -231,18 +230,10 @@ fn a_handler_made_again_at_a_freed_ones_address_runs_with_its_own_argument() {
     let addr = t_lean_entry as *const () as usize;
     let gate: &'static AtomicU8 = Box::leak(Box::new(AtomicU8::new(0)));
     let failures: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
-    let handler = |rec: &'static Rec| LeanHandler {
-        func: t_lean_handler as *const () as usize,
-        arg: rec as *const Rec as u64,
-        gate: gate.as_ptr(),
-        failures,
-        calls_out: 0,
-        reads_all: 0,
-        regs_read: LEAN_READS_GPRS,
-    };
+    let registers_only = |rec: &'static Rec| handler(rec, gate, failures, false);
     let first: &'static Rec = Box::leak(Box::default());
     let second: &'static Rec = Box::leak(Box::default());
-    let lean: *mut LeanHandler = Box::into_raw(Box::new(handler(first)));
+    let lean: *mut LeanHandler = Box::into_raw(Box::new(registers_only(first)));
     let g: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
     let attach = || {
         // SAFETY: `lean` stays allocated for the test's life; it is only rewritten while
@@ -261,7 +252,7 @@ fn a_handler_made_again_at_a_freed_ones_address_runs_with_its_own_argument() {
     let before = (first.hits.load(SeqCst), g.load(SeqCst));
     // The next attach's handler, at the freed one's address.
     // SAFETY: detached: nothing reads the handler; same type, a plain overwrite.
-    unsafe { lean.write(handler(second)) };
+    unsafe { lean.write(registers_only(second)) };
     let id = attach();
     for i in 0..100u64 {
         // SAFETY: plain function.
