@@ -94,9 +94,12 @@ impl ExecMemory {
     /// `call rel32`s (see compile.rs, "Calls"). Where the kernel maps by default (below the
     /// shared libraries, the agent's among them) is used when it is that close: it shares
     /// the page-table pages of what lies around it. Else (the runtime in an executable, far
-    /// from the libraries) it is asked for just below `near`, and taken wherever the kernel
-    /// puts it if that range is taken.
+    /// from the libraries) it is asked for just below `near`, then further down while those
+    /// ranges are taken, and taken wherever the kernel puts it if none of them is free.
     pub fn reserve(len: usize, near: usize) -> Result<Reserved, VmError> {
+        /// Ranges asked for below `near` before taking the kernel's place, and how far apart.
+        const HINT_TRIES: usize = 32;
+        const HINT_STEP: usize = 1 << 20;
         if len == 0 {
             return Err(VmError::Jit("no code to map".into()));
         }
@@ -108,16 +111,22 @@ impl ExecMemory {
         let close = |p: usize| (p as i64).wrapping_sub(near as i64).unsigned_abs() < 1 << 30;
         let mut p = map_rw(std::ptr::null_mut(), map_len)?;
         if !close(p as usize) {
-            let hint = (near & !(page - 1)).saturating_sub(map_len + (64 << 20));
-            if let Ok(q) = map_rw(hint as *mut libc::c_void, map_len) {
-                if close(q as usize) {
-                    // SAFETY: `p` is the mapping made above, of `map_len` bytes, not used.
-                    unsafe { libc::munmap(p, map_len) };
-                    p = q;
-                } else {
+            // The range just below is the first asked for; when something is mapped there (the
+            // programs compiled before, other threads' among them), the kernel answers a hint
+            // with its default place, and the next range down is asked for, a few times.
+            let mut hint = (near & !(page - 1)).saturating_sub(map_len + (64 << 20));
+            for _ in 0..HINT_TRIES {
+                if let Ok(q) = map_rw(hint as *mut libc::c_void, map_len) {
+                    if close(q as usize) {
+                        // SAFETY: `p` is the mapping made above, of `map_len` bytes, not used.
+                        unsafe { libc::munmap(p, map_len) };
+                        p = q;
+                        break;
+                    }
                     // SAFETY: `q` was just made, of `map_len` bytes, and is not used.
                     unsafe { libc::munmap(q, map_len) };
                 }
+                hint = hint.saturating_sub(map_len.max(HINT_STEP));
             }
         }
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {

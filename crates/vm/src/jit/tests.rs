@@ -666,6 +666,24 @@ fn a_helper_within_reach_is_called_with_call_rel32() {
 }
 
 #[test]
+fn programs_compiled_while_others_hold_the_range_below_are_still_within_reach() {
+    let func = triple_plus as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize;
+    // Each holds its mapping while the next is placed (a process's programs, or other tests'
+    // on other threads): the range asked for first is taken after the first of them.
+    let progs: Vec<JitProgram> =
+        (0..24).map(|_| JitProgram::compile_with(calling_program(), Options::detect()).expect("compile")).collect();
+    for (k, j) in progs.iter().enumerate() {
+        let base = j.code().as_ptr() as usize;
+        assert!(
+            rel32_targets(j.code(), base).contains(&func),
+            "program {k}: no call rel32 to the helper (at {base:#x})"
+        );
+        // SAFETY: the program only calls `triple_plus`, which reads no memory.
+        assert_eq!(unsafe { j.run(5, 0) }, Ok(22));
+    }
+}
+
+#[test]
 fn a_helper_out_of_reach_is_called_through_a_register() {
     let func = triple_plus as extern "C" fn(u64, u64, u64, u64, u64) -> u64 as usize;
     // Code said to lie 4 GiB away from the helper: no rel32 reaches it.
