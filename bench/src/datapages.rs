@@ -146,9 +146,11 @@ fn touched(states: &str, maps: &[Mapping], skip: &[String], log: &mut PageLog, l
             let size = m.memory_size().size().max(1) as u64;
             let name = find(addr).map_or("?".to_string(), |m| short(&m.name));
             let e = out.entry(name.clone()).or_default();
-            let l = lines.entry(addr >> 6).or_insert_with(|| (name.clone(), BTreeSet::new(), BTreeSet::new()));
-            l.1.insert(rip);
-            l.2.insert(addr & 63);
+            lines
+                .entry(addr >> 6)
+                .or_insert_with(|| (name.clone(), BTreeSet::new(), BTreeSet::new()))
+                .2
+                .insert(addr & 63);
             for a in [addr, addr.saturating_add(size - 1)] {
                 e.0.insert(a >> 6);
                 e.1.insert(a >> 12);

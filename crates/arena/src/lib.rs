@@ -12,8 +12,9 @@
 //! inside a [`scope`]: there, allocations of up to [`MAX_SMALL`] bytes come from one region
 //! of their own, handed out in order (so objects made together sit together) and reused by
 //! size once freed. An object of up to 64 bytes never straddles two cache lines. Memory
-//! freed anywhere goes back to where it came from (the region's bounds tell). Outside the
-//! agent (where [`HitAlloc`] is not the global allocator) a scope changes nothing.
+//! freed anywhere goes back to where it came from (the region's bounds tell). It is the
+//! global allocator of the agent's library, and so of the syscall server's, which links the
+//! agent's crate; where it is not (the CLI, tests of other crates) a scope changes nothing.
 //!
 //! Allocation takes a spin lock (attach time only: a hit never allocates); nothing here
 //! calls the Rust allocator, so the hooked function may be `malloc` itself.
@@ -101,8 +102,9 @@ static ARENA: Arena = Arena {
 static AT_FORK: Once = Once::new();
 
 /// In a fork's child, only the forking thread exists: a lock another thread held is free.
-/// Every change to the state under the lock is a single store of a consistent value, so the
-/// child's copy is consistent whatever the parent's other threads were doing.
+/// Every change to the state under the lock is a single store of a consistent value (a freed
+/// block's link is written before the list's head names it, in that order: see `free`), so
+/// the child's copy is consistent whatever the parent's other threads were doing.
 extern "C" fn after_fork_child() {
     ARENA.locked.store(false, Ordering::Release);
 }
@@ -202,6 +204,8 @@ impl Arena {
         // SAFETY: `p` is a block of at least GRAIN bytes in the region that its owner gave
         // back: it is ours to hold the list's link.
         unsafe { (p as *mut usize).write(s.free[class]) };
+        // The link before the head that names the block (see `after_fork_child`).
+        std::sync::atomic::compiler_fence(Ordering::Release);
         s.free[class] = p as usize;
         self.unlock();
     }

@@ -348,7 +348,8 @@ pub struct CpuSlots {
 
 /// glibc's `__rseq_offset` (the offset of the thread's `struct rseq` from the thread
 /// pointer) when glibc registered rseq for its threads (`__rseq_size` > 0), else
-/// `RSEQ_NONE`. Read once, when the first slot file is opened (never on the hit path).
+/// `RSEQ_NONE`. Set once, when the first slot file is opened; every claim reads it (the CPU
+/// number from the thread's `struct rseq`).
 // The hit path reads it: with its other statics on one page (see `userbpf_arena`).
 #[unsafe(link_section = "userbpf_hot")]
 static RSEQ_OFFSET: AtomicIsize = AtomicIsize::new(RSEQ_UNKNOWN);
