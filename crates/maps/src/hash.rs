@@ -1708,9 +1708,12 @@ impl HashMap {
             let h = unsafe { self.hash(k.as_ptr()) };
             // SAFETY: as above.
             let i = unsafe { self.find(k.as_ptr(), h) };
-            // The key's element (a deleted one too: iterations that delete the keys they
-            // visit, as programs' may, go on from it).
-            if i < self.n_elems {
+            // The key's element, if linked. A key not in the map, deleted ones included,
+            // gives the first key, as the kernel's: loaders start iterations from a key they
+            // found absent (bpftrace's `print` from the first key its lookup does not find,
+            // often all zeros, which a program may have deleted).
+            // SAFETY: i < n_elems is checked first.
+            if i < self.n_elems && unsafe { a8(self.elem(i).add(E_STATE)) }.load(Acquire) == LINKED {
                 // SAFETY: i < n_elems.
                 if let Some(j) = self.first_linked(unsafe { self.next(i) }.load(Acquire)) {
                     // SAFETY: j < n_elems; out holds key_size bytes.
@@ -2217,6 +2220,48 @@ mod tests {
             let mut next = [0u8; 4];
             m.get_next_key(None, &mut next).unwrap();
             assert_eq!(next[..], k[..]);
+        }
+    }
+
+    /// An iteration from a key a program deleted (its element still in its chain) starts
+    /// from the first key, as from any key not in the map (the kernel's answer, which loaders
+    /// rely on: bpftrace's `print` starts from the first key its lookup finds absent, often
+    /// all zeros).
+    #[test]
+    fn iteration_from_a_deleted_key_starts_from_the_first() {
+        let t = tmp("iter");
+        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+            let m = map(&t, &format!("m{n}"), mt, 4, 64, 2);
+            for k in 0..40 {
+                assert_eq!(update(&m, &key(k, 4), 1, BPF_NOEXIST, 0), 0);
+            }
+            let mut first = [0u8; 4];
+            m.get_next_key(None, &mut first).unwrap();
+            for k in 0..40 {
+                assert_eq!(delete(&m, &key(k, 4), 1), 0);
+                assert_eq!(update(&m, &key(k, 4), 1, BPF_NOEXIST, 0), 0);
+            }
+            for k in 0..40 {
+                let gone = key(k, 4);
+                assert_eq!(delete(&m, &gone, 1), 0);
+                let mut from_gone = [0u8; 4];
+                m.get_next_key(Some(&gone), &mut from_gone).unwrap();
+                let mut from_none = [0u8; 4];
+                m.get_next_key(None, &mut from_none).unwrap();
+                assert_eq!(from_gone, from_none, "{mt:?}: from deleted key {k}");
+                let mut count = 0;
+                let mut cur = from_gone;
+                loop {
+                    count += 1;
+                    let mut next = [0u8; 4];
+                    if m.get_next_key(Some(&cur), &mut next).is_err() {
+                        break;
+                    }
+                    cur = next;
+                }
+                assert_eq!(count, 39, "{mt:?}: keys seen from deleted key {k}");
+                assert_eq!(update(&m, &gone, 1, BPF_NOEXIST, 0), 0);
+            }
         }
     }
 
