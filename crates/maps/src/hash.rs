@@ -10,10 +10,11 @@
 //! 4096    buckets[n_buckets]: { lock: u32 (0 or holder thread id), head: u32 }
 //! L       (64-aligned) nr_cpus list records of 64 bytes (one cache line each):
 //!           +0 free: u64   this CPU's free list (tag << 32 | element index)
-//!           +8 ring position: u32, +12 ring[13]: u32  the elements this CPU slot's
-//!              programs deleted last (element index + 1, 0: none; see "Deletes" below;
-//!              zero in files made before 2026-11-27, an empty ring)
-//! E       elements[n_elems], each
+//!           +8 ring position: u32, +12 ring[12]: u32  the elements this CPU slot's
+//!              programs deleted last (element index + 1, 0: none), +60 score: u32 (how
+//!              often deleted keys did not come back; see "Deletes" below; zero in files
+//!              made before 2026-11-27: an empty ring)
+//! E       elements[n_elems], each a whole number of cache lines (64 bytes), holding
 //!           +0  next: u32   chain link: element index, or NULLS | bucket at the chain's end
 //!           +4  hash: u32
 //!           +8  flink: u32  free-list link
@@ -159,9 +160,18 @@ const L_FREE: usize = 0;
 const L_RING_POS: usize = 8;
 /// Offset in a list record: its ring of deleted elements (see [`HashMap::note_deleted`]).
 const L_RING: usize = 12;
-/// Deleted elements a CPU slot keeps in its chains for their keys to come back (the rest of
-/// the list record's line).
-const RING: u32 = 13;
+/// Deleted elements a CPU slot keeps in its chains for their keys to come back.
+const RING: u32 = 12;
+/// Offset in a list record: its score, which rises when deleted keys do not come back (see
+/// [`HashMap::note_deleted`]).
+const L_SCORE: usize = L_RING + 4 * RING as usize;
+/// What a deleted element given back to a free list by the ring (its key did not come back
+/// in `RING` deletes) adds to its slot's score.
+const SCORE_WASTED: u32 = 4;
+/// From this score on, a slot's program deletes free at once (each lowering it by one).
+const SCORE_FREE_AT_ONCE: u32 = 16;
+/// The score's ceiling.
+const SCORE_MAX: u32 = 64;
 /// Positions of the shared CLOCK hand a thread takes at a time (LRU types; see
 /// [`HashMap::sweep_step`]).
 const SWEEP_STRETCH: u32 = 64;
@@ -220,7 +230,10 @@ fn geometry(spec: &MapSpec, nr_cpus: u32) -> Option<Geometry> {
     let n_elems = spec.max_entries;
     let ks8 = round_up(spec.key_size as u64, 8);
     let vs8 = round_up(spec.value_size as u64, 8);
-    let elem_size = E_KEY as u64 + ks8 + if percpu { 0 } else { 2 * vs8 };
+    // Whole cache lines: two keys' elements never share a line (threads writing their own
+    // keys, as each thread's `start[tid]`, would pass it back and forth), and an element of
+    // up to 64 bytes is one line.
+    let elem_size = round_up(E_KEY as u64 + ks8 + if percpu { 0 } else { 2 * vs8 }, 64);
     let lists_off = round_up(DATA_OFF as u64 + BUCKET_SIZE as u64 * n_buckets as u64, 64);
     let elems_off = lists_off + LIST_SIZE as u64 * nr_cpus as u64;
     let pcpu_off = round_up(elems_off.checked_add(elem_size.checked_mul(n_elems as u64)?)?, 64);
@@ -1222,9 +1235,15 @@ impl HashMap {
     /// `key` readable for key_size bytes; `N` is 0 or key_size; `home` < nr_cpus.
     #[inline(always)]
     unsafe fn delete_mark<const N: usize>(&self, key: *const u8, wait: Wait, home: usize) -> Result<(), MapError> {
-        if self.ids || self.lru {
+        let score = self.score(home);
+        let s = score.load(Relaxed);
+        if self.ids || self.lru || s >= SCORE_FREE_AT_ONCE {
             // LRU maps free at once: the kernel's evict only when no element is free, and a
-            // sweep that met live elements before a deleted one would evict one of them.
+            // sweep that met live elements before a deleted one would evict one of them. So
+            // do slots whose deleted keys have not been coming back (see `note_deleted`).
+            if s >= SCORE_FREE_AT_ONCE {
+                score.store(s - 1, Relaxed);
+            }
             // SAFETY: forwarded.
             return unsafe { self.delete_impl::<N>(key, std::ptr::null_mut(), wait, Some(home)) };
         }
@@ -1270,6 +1289,13 @@ impl HashMap {
         unsafe { self.delete_impl::<N>(key, std::ptr::null_mut(), wait, Some(home)) }
     }
 
+    /// `home`'s score (see `note_deleted`).
+    #[inline(always)]
+    fn score(&self, home: usize) -> &AtomicU32 {
+        // SAFETY: an aligned u32 field of home's list record (L_SCORE + 4 <= LIST_SIZE).
+        unsafe { a32(self.list(home).add(L_SCORE)) }
+    }
+
     /// Records deleted element `i` in `home`'s ring, whose oldest element, if still
     /// deleted, goes back to `home`'s free list (`reclaim`): each CPU slot keeps up to
     /// [`RING`] deleted elements in their chains, so that the free lists do not run dry
@@ -1277,6 +1303,14 @@ impl HashMap {
     /// ring is a hint (two threads using the same record at once may lose an entry, whose
     /// element then waits in its chain for an insert in its bucket or the sweep of a full
     /// map, or record one twice, which `reclaim`'s checks make harmless).
+    ///
+    /// A deleted element freed by the ring cost its delete more than freeing it at once
+    /// (its element lock, then the bucket lock, the element lock and the free list again),
+    /// so the slot's score counts them: each adds [`SCORE_WASTED`], a key deleted again
+    /// that the ring still holds (its key came back) resets it, and from
+    /// [`SCORE_FREE_AT_ONCE`] on the slot's deletes free at once (`delete_mark`), each
+    /// taking one off, so that one delete in five or so still tries the ring and finds out
+    /// when keys come back again.
     fn note_deleted(&self, home: usize, i: u32) {
         let rec = self.list(home);
         let tag = i + 1;
@@ -1288,44 +1322,51 @@ impl HashMap {
         // The last one recorded first: a thread deleting its own key again (`start[tid]`).
         let last = if pos == 0 { RING - 1 } else { pos - 1 };
         if word(last).load(Relaxed) == tag || (0..RING).any(|k| word(k).load(Relaxed) == tag) {
+            let score = self.score(home);
+            if score.load(Relaxed) != 0 {
+                score.store(0, Relaxed);
+            }
             return;
         }
         let old = word(pos).load(Relaxed);
         word(pos).store(tag, Relaxed);
         pos_word.store(if pos + 1 == RING { 0 } else { pos + 1 }, Relaxed);
-        if old != 0 {
-            self.reclaim(old - 1, home);
+        if old != 0 && self.reclaim(old - 1, home) {
+            let score = self.score(home);
+            score.store((score.load(Relaxed) + SCORE_WASTED).min(SCORE_MAX), Relaxed);
         }
     }
 
     /// Gives deleted element `x` back to `home`'s free list if it is still deleted: unlinked
-    /// under its bucket's lock and its own (as a delete that frees at once would).
+    /// under its bucket's lock and its own (as a delete that frees at once would). True when
+    /// it did.
     #[inline(never)]
-    fn reclaim(&self, x: u32, home: usize) {
+    fn reclaim(&self, x: u32, home: usize) -> bool {
         if x >= self.n_elems {
-            return;
+            return false;
         }
         // SAFETY: x < n_elems.
         let e = unsafe { self.elem(x) };
         // SAFETY: fields of element x.
         if unsafe { a8(e.add(E_STATE)) }.load(Relaxed) != DELETED {
-            return;
+            return false;
         }
         // SAFETY: as above.
         let b = unsafe { a32(e.add(E_HASH)) }.load(Relaxed) & self.mask;
-        let Ok(guard) = SpinLock::new(self.lock_word(b)).lock(Wait::Hot) else { return };
-        let Some(prev) = self.predecessor(b, x) else { return };
+        let Ok(guard) = SpinLock::new(self.lock_word(b)).lock(Wait::Hot) else { return false };
+        let Some(prev) = self.predecessor(b, x) else { return false };
         // SAFETY: x < n_elems.
-        let Ok(el) = (unsafe { self.elock(x) }).lock(Wait::Hot) else { return };
+        let Ok(el) = (unsafe { self.elock(x) }).lock(Wait::Hot) else { return false };
         // SAFETY: a field of element x.
         if unsafe { a8(e.add(E_STATE)) }.load(Relaxed) != DELETED {
-            return;
+            return false;
         }
         // SAFETY: x and prev are elements of b's chain; we hold b's and x's locks.
         unsafe { self.unlink(b, prev, x) };
         drop(el);
         drop(guard);
         self.push(home, x);
+        true
     }
 
     /// Delete that frees the element at once (the syscall side, hashes of maps), optionally
@@ -2345,6 +2386,46 @@ mod tests {
             assert_eq!(update(&m, &key(100, 4), 5, BPF_NOEXIST, 0), 0, "{mt:?}");
             assert_eq!(m.len(), MAX);
             assert_eq!(lookup(&m, &key(3, 4), 0), 0);
+        }
+    }
+
+    /// A slot whose deleted keys do not come back (keys by request) soon frees at once, as
+    /// a delete did before deleted elements were kept; one whose keys come back again goes
+    /// back to keeping them.
+    #[test]
+    fn a_slots_deletes_free_at_once_while_its_keys_do_not_come_back() {
+        let t = tmp("score");
+        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+            // Chains of one element mostly: a deleted element seldom taken by a new key of its
+            // chain (which also counts as its coming back).
+            let m = map(&t, &format!("m{n}"), mt, 4, 4096, 2);
+            // Keys that never come back: every delete's element kept at first (not freed),
+            // then four in five freed at once.
+            let mut freed_at_once = 0;
+            for k in 0..100 {
+                assert_eq!(update(&m, &key(1000 + k, 4), 1, BPF_NOEXIST, 0), 0);
+                let i = elem_of(&m, &key(1000 + k, 4));
+                assert_eq!(delete(&m, &key(1000 + k, 4), 0), 0);
+                if free_top(&m, 0) == i {
+                    freed_at_once += 1;
+                }
+                if k < RING + 4 {
+                    assert_ne!(free_top(&m, 0), i, "{mt:?}: key {k} freed at once");
+                }
+            }
+            assert!(freed_at_once >= 50, "{mt:?}: {freed_at_once} of 100 deletes freed at once");
+            // A key that comes back: after a while, kept again.
+            let k = key(7, 4);
+            let mut kept = false;
+            for _ in 0..100 {
+                assert_eq!(update(&m, &k, 1, BPF_ANY, 0), 0);
+                let i = elem_of(&m, &k);
+                assert_eq!(delete(&m, &k, 0), 0);
+                kept = free_top(&m, 0) != i;
+            }
+            assert!(kept, "{mt:?}: a key that comes back is still freed at once");
+            assert_eq!(m.score(0).load(Relaxed), 0);
+            assert_eq!(m.len(), 0);
         }
     }
 
