@@ -201,6 +201,15 @@ const HTAB_CREATE_FLAG_MASK: u32 =
 /// sizeof(struct htab_elem) in the kernel (x86-64), which enters its size check.
 const KERNEL_HTAB_ELEM: u64 = 48;
 
+/// What a search of a chain under its bucket's lock found (`HashMap::scan_locked`): the
+/// key's element (NIL: none) and its predecessor (NIL: the head), and the first deleted
+/// element of another key met before it (NIL: none).
+struct Scan {
+    prev: u32,
+    found: u32,
+    spare: u32,
+}
+
 /// Where an update's value comes from.
 #[derive(Clone, Copy)]
 enum Src {
@@ -691,25 +700,9 @@ impl HashMap {
     /// `key` readable for key_size bytes; the caller holds `b`'s lock; `N` is 0 or key_size.
     #[inline(always)]
     unsafe fn find_locked<const N: usize>(&self, b: u32, key: *const u8, h: u32) -> Option<(u32, u32)> {
-        let mut prev = NIL;
-        let mut cur = self.head(b).load(Relaxed);
-        let mut steps = self.n_elems;
-        // n_elems <= 2^30: an index below it is no nulls marker.
-        while cur < self.n_elems && steps > 0 {
-            steps -= 1;
-            // SAFETY: cur < n_elems; key readable (caller).
-            unsafe {
-                let e = self.elem(cur);
-                // Keys of one word: the key's comparison is as cheap as the hash's.
-                let hash_ok = N == 4 || N == 8 || a32(e.add(E_HASH)).load(Relaxed) == h;
-                if hash_ok && self.key_eq_n::<N>(e, key) {
-                    return Some((prev, cur));
-                }
-                prev = cur;
-                cur = a32(e.add(E_NEXT)).load(Relaxed);
-            }
-        }
-        None
+        // SAFETY: forwarded.
+        let w = unsafe { self.scan_locked::<N>(b, key, h) };
+        (w.found != NIL).then_some((w.prev, w.found))
     }
 
     /// The link that points at the element after `prev` (the head if `prev` is NIL).
@@ -1057,31 +1050,35 @@ impl HashMap {
     }
 
     /// Bucket `b`'s chain under its lock: the element holding `key` (linked or deleted) and
-    /// the first deleted element holding another key (NIL for none).
+    /// its predecessor, and the first deleted element holding another key before it.
     ///
     /// # Safety
     /// `key` readable for key_size bytes; the caller holds `b`'s lock; `N` is 0 or key_size.
     #[inline(always)]
-    unsafe fn scan_locked<const N: usize>(&self, b: u32, key: *const u8, h: u32) -> (u32, u32) {
-        let mut spare = NIL;
+    unsafe fn scan_locked<const N: usize>(&self, b: u32, key: *const u8, h: u32) -> Scan {
+        let mut w = Scan { prev: NIL, found: NIL, spare: NIL };
         let mut cur = self.head(b).load(Relaxed);
         let mut steps = self.n_elems;
+        // n_elems <= 2^30: an index below it is no nulls marker.
         while cur < self.n_elems && steps > 0 {
             steps -= 1;
             // SAFETY: cur < n_elems; key readable (caller).
             unsafe {
                 let e = self.elem(cur);
+                // Keys of one word: the key's comparison is as cheap as the hash's.
                 let hash_ok = N == 4 || N == 8 || a32(e.add(E_HASH)).load(Relaxed) == h;
                 if hash_ok && self.key_eq_n::<N>(e, key) {
-                    return (cur, spare);
+                    w.found = cur;
+                    return w;
                 }
-                if spare == NIL && a8(e.add(E_STATE)).load(Relaxed) == DELETED {
-                    spare = cur;
+                if w.spare == NIL && a8(e.add(E_STATE)).load(Relaxed) == DELETED {
+                    w.spare = cur;
                 }
+                w.prev = cur;
                 cur = a32(e.add(E_NEXT)).load(Relaxed);
             }
         }
-        (NIL, spare)
+        w
     }
 
     /// The update every entry point shares.
@@ -1147,7 +1144,7 @@ impl HashMap {
         let b = h & self.mask;
         let _guard = SpinLock::new(self.lock_word(b)).lock(wait)?;
         // SAFETY: we hold b's lock; key readable.
-        let (old, spare) = unsafe { self.scan_locked::<N>(b, key, h) };
+        let Scan { found: old, spare, .. } = unsafe { self.scan_locked::<N>(b, key, h) };
         if old != NIL {
             // Inserted (or deleted) meanwhile by another thread. In b's chain, which we hold,
             // with our key: `update_found` cannot find it changed.
@@ -2057,6 +2054,11 @@ mod tests {
         (n * c as u64 / nr) as u32..(n * (c as u64 + 1) / nr) as u32
     }
 
+    /// The types whose program deletes keep the element (not LRU).
+    fn kept_types() -> [MapType; 2] {
+        [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH]
+    }
+
     fn types() -> [MapType; 4] {
         [
             MapType::BPF_MAP_TYPE_HASH,
@@ -2183,7 +2185,7 @@ mod tests {
     #[test]
     fn len_and_e2big_across_threads_and_slots() {
         let t = tmp("len");
-        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+        for (n, mt) in kept_types().into_iter().enumerate() {
             const MAX: u32 = 240;
             let m = map(&t, &format!("m{n}"), mt, 4, MAX, 4);
             // Two threads, slots {0, 2} and {1, 3}: 100 keys each, every third deleted again
@@ -2272,7 +2274,7 @@ mod tests {
     #[test]
     fn iteration_from_a_deleted_key_starts_from_the_first() {
         let t = tmp("iter");
-        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+        for (n, mt) in kept_types().into_iter().enumerate() {
             let m = map(&t, &format!("m{n}"), mt, 4, 64, 2);
             for k in 0..40 {
                 assert_eq!(update(&m, &key(k, 4), 1, BPF_NOEXIST, 0), 0);
@@ -2314,11 +2316,7 @@ mod tests {
     #[test]
     fn deleted_elements_are_free_space() {
         let t = tmp("space");
-        for (n, mt) in types()
-            .into_iter()
-            .filter(|t| !matches!(t, MapType::BPF_MAP_TYPE_LRU_HASH | MapType::BPF_MAP_TYPE_LRU_PERCPU_HASH))
-            .enumerate()
-        {
+        for (n, mt) in kept_types().into_iter().enumerate() {
             const MAX: u32 = 8;
             let m = map(&t, &format!("m{n}"), mt, 4, MAX, 2);
             for k in 0..MAX {
@@ -2365,7 +2363,7 @@ mod tests {
     #[test]
     fn a_deleted_element_lost_from_the_rings_is_found_by_the_search() {
         let t = tmp("orphan");
-        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+        for (n, mt) in kept_types().into_iter().enumerate() {
             const MAX: u32 = 16;
             let m = map(&t, &format!("m{n}"), mt, 4, MAX, 2);
             for k in 0..MAX {
@@ -2396,7 +2394,7 @@ mod tests {
     #[test]
     fn a_slots_deletes_free_at_once_while_its_keys_do_not_come_back() {
         let t = tmp("score");
-        for (n, mt) in [MapType::BPF_MAP_TYPE_HASH, MapType::BPF_MAP_TYPE_PERCPU_HASH].into_iter().enumerate() {
+        for (n, mt) in kept_types().into_iter().enumerate() {
             // Chains of one element mostly: a deleted element seldom taken by a new key of its
             // chain (which also counts as its coming back).
             let m = map(&t, &format!("m{n}"), mt, 4, 4096, 2);
