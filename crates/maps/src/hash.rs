@@ -100,12 +100,14 @@
 //! most of the locked instructions of sslsniff's hits (20 of 26 a read+write pair,
 //! 2026-11-26) and a fifth of their time with hot caches (measured without them). So that
 //! keys that do not come back (by request, by pointer) do not hold the elements, each CPU
-//! slot's list record keeps a ring of the last `RING` (13) elements its programs deleted
+//! slot's list record keeps a ring of the last `RING` (12) elements its programs deleted
 //! (plain loads and stores: a hint, see [`HashMap::note_deleted`]); the oldest, if still
-//! deleted, is then unlinked and freed to the slot's list as a delete that frees would.
+//! deleted, is then unlinked and freed to the slot's list as a delete that frees would, and
+//! a slot whose ring keeps doing so (its keys do not come back) frees most deletes at once.
 //! Deleted elements stay free space: an insert of a new key takes a deleted element of its
-//! own chain first (under the bucket lock it holds), and when every free list is empty, a
-//! sweep finds one anywhere (`E2BIG` only when every element holds a key). The syscall
+//! own chain first (under the bucket lock it holds), and when every free list is empty, the
+//! rings' elements or a search of every element give one (`E2BIG` only when every element
+//! holds a key; see [`HashMap::take_deleted`]). The syscall
 //! side's deletes, LRU maps' (whose eviction must not meet a live element before a deleted
 //! one) and hashes of maps' free at once. The invariant that makes the lock-free paths safe:
 //! a chain holds at most one element per key, linked or deleted (elements are added under
