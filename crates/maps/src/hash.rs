@@ -896,7 +896,7 @@ impl HashMap {
             if i < self.n_elems
                 // SAFETY: i < n_elems, checked first.
                 && unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == DELETED
-                && self.try_unlink(i, held, true)
+                && self.try_unlink(i, held, Wait::Try, true)
             {
                 return Some(i);
             }
@@ -909,7 +909,8 @@ impl HashMap {
         }
         let found = (0..self.n_elems).find(|&i| {
             // SAFETY: i < n_elems.
-            unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == DELETED && self.try_unlink(i, held, true)
+            unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == DELETED
+                && self.try_unlink(i, held, Wait::Try, true)
         });
         if found.is_none() {
             swept.store(now + SWEEP_EVERY_NS, Relaxed);
@@ -938,30 +939,32 @@ impl HashMap {
                 }
                 continue;
             }
-            if self.try_unlink(i, held, false) {
+            if self.try_unlink(i, held, Wait::Try, false) {
                 return Some(i);
             }
         }
-        if fallback != NIL && self.try_unlink(fallback, held, false) {
+        if fallback != NIL && self.try_unlink(fallback, held, Wait::Try, false) {
             return Some(fallback);
         }
         (0..n).find(|&i| {
             // SAFETY: i < n_elems.
-            unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == LINKED && self.try_unlink(i, held, false)
+            unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed) == LINKED
+                && self.try_unlink(i, held, Wait::Try, false)
         })
     }
 
     /// Unlinks element `i` if it is in its bucket's chain (and, with `deleted`, still
-    /// deleted), taking that bucket's lock with a single try unless it is `held` (already
-    /// ours), and the element's.
-    fn try_unlink(&self, i: u32, held: u32, deleted: bool) -> bool {
+    /// deleted), taking that bucket's lock unless it is `held` (already ours; NIL: none),
+    /// then the element's, each waiting as `wait` says (evictions: a single try, so that two
+    /// inserters holding their buckets never wait for each other).
+    fn try_unlink(&self, i: u32, held: u32, wait: Wait, deleted: bool) -> bool {
         // SAFETY: i < n_elems (callers).
         let h = unsafe { a32(self.elem(i).add(E_HASH)) }.load(Relaxed);
         let b = h & self.mask;
         let _guard = if b == held {
             None
         } else {
-            match SpinLock::new(self.lock_word(b)).lock(Wait::Try) {
+            match SpinLock::new(self.lock_word(b)).lock(wait) {
                 Ok(g) => Some(g),
                 Err(_) => return false,
             }
@@ -969,7 +972,7 @@ impl HashMap {
         let Some(prev) = self.predecessor(b, i) else { return false };
         // A victim whose value is being written in place is passed over.
         // SAFETY: i < n_elems.
-        let Ok(_e) = (unsafe { self.elock(i) }).lock(Wait::Try) else { return false };
+        let Ok(_e) = (unsafe { self.elock(i) }).lock(wait) else { return false };
         // SAFETY: a field of element i.
         let state = unsafe { a8(self.elem(i).add(E_STATE)) }.load(Relaxed);
         if state == FREE || deleted && state != DELETED {
@@ -1266,7 +1269,7 @@ impl HashMap {
             }
             // SAFETY: i < n_elems; key readable (caller).
             unsafe {
-                let _e = self.elock(i).lock(wait)?;
+                let guard = self.elock(i).lock(wait)?;
                 let e = self.elem(i);
                 let state = a8(e.add(E_STATE)).load(Acquire);
                 // As in `update_found`: under its lock an element holding our key stays so.
@@ -1278,7 +1281,7 @@ impl HashMap {
                         return Err(ENOENT);
                     }
                     a8(e.add(E_STATE)).store(DELETED, Release);
-                    drop(_e);
+                    drop(guard);
                     self.note_deleted(home, i);
                     return Ok(());
                 }
@@ -1342,31 +1345,14 @@ impl HashMap {
     /// it did.
     #[inline(never)]
     fn reclaim(&self, x: u32, home: usize) -> bool {
-        if x >= self.n_elems {
-            return false;
+        let freed = x < self.n_elems
+            // SAFETY: x < n_elems, checked first.
+            && unsafe { a8(self.elem(x).add(E_STATE)) }.load(Relaxed) == DELETED
+            && self.try_unlink(x, NIL, Wait::Hot, true);
+        if freed {
+            self.push(home, x);
         }
-        // SAFETY: x < n_elems.
-        let e = unsafe { self.elem(x) };
-        // SAFETY: fields of element x.
-        if unsafe { a8(e.add(E_STATE)) }.load(Relaxed) != DELETED {
-            return false;
-        }
-        // SAFETY: as above.
-        let b = unsafe { a32(e.add(E_HASH)) }.load(Relaxed) & self.mask;
-        let Ok(guard) = SpinLock::new(self.lock_word(b)).lock(Wait::Hot) else { return false };
-        let Some(prev) = self.predecessor(b, x) else { return false };
-        // SAFETY: x < n_elems.
-        let Ok(el) = (unsafe { self.elock(x) }).lock(Wait::Hot) else { return false };
-        // SAFETY: a field of element x.
-        if unsafe { a8(e.add(E_STATE)) }.load(Relaxed) != DELETED {
-            return false;
-        }
-        // SAFETY: x and prev are elements of b's chain; we hold b's and x's locks.
-        unsafe { self.unlink(b, prev, x) };
-        drop(el);
-        drop(guard);
-        self.push(home, x);
-        true
+        freed
     }
 
     /// Delete that frees the element at once (the syscall side, hashes of maps), optionally
