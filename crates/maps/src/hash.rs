@@ -2367,10 +2367,15 @@ mod tests {
                 // SAFETY: aligned u32 fields of slot 1's list record.
                 unsafe { a32(m.list(1).add(L_RING + 4 * k as usize)) }.store(0, Relaxed);
             }
+            // A new key of another chain than key 3's (whose deleted element an insert into
+            // its own chain would take without any search).
+            // SAFETY: 4-byte keys.
+            let bucket = |k: u32| unsafe { m.hash(key(k, 4).as_ptr()) } & m.mask;
+            let new = key((100..).find(|&k| bucket(k) != bucket(3)).unwrap(), 4);
             // Within the standing search: full.
-            assert_eq!(update(&m, &key(100, 4), 1, BPF_NOEXIST, 0), -(libc::E2BIG as i64), "{mt:?}");
+            assert_eq!(update(&m, &new, 1, BPF_NOEXIST, 0), -(libc::E2BIG as i64), "{mt:?}");
             swept.store(0, Relaxed);
-            assert_eq!(update(&m, &key(100, 4), 5, BPF_NOEXIST, 0), 0, "{mt:?}");
+            assert_eq!(update(&m, &new, 5, BPF_NOEXIST, 0), 0, "{mt:?}");
             assert_eq!(m.len(), MAX);
             assert_eq!(lookup(&m, &key(3, 4), 0), 0);
         }
