@@ -411,6 +411,7 @@ struct LeanRun {
 /// [`on_hit`] does, through `LoadedProgram::run_fast` (a CPU slot and the run context, then the
 /// program's native code; no FP state saved by the stub beyond the live vector registers, no
 /// Rust handler dispatch, no statistics).
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn lean_run(regs: *mut PtRegs, arg: u64, record: *mut [u64; 3]) -> u64 {
     // SAFETY: `arg` is the `LeanRun` leaked for this probe by `lean_handler` (never freed).
     let run = unsafe { &*(arg as *const LeanRun) };

@@ -1314,6 +1314,7 @@ impl HashMap {
     /// [`SCORE_FREE_AT_ONCE`] on the slot's deletes free at once (`delete_mark`), each
     /// taking one off, so that one delete in nine still tries the ring and finds out when
     /// keys come back again.
+    #[unsafe(link_section = ".text.hot.userbpf")]
     fn note_deleted(&self, home: usize, i: u32) {
         let rec = self.list(home);
         let tag = i + 1;
@@ -1609,20 +1610,15 @@ impl HashMap {
         if self.ids {
             return None;
         }
-        let (lookup, mut update, delete): (ProgOp, ProgOp, ProgOp) = match self.ks {
-            4 => (prog_lookup::<4>, prog_update::<4>, prog_delete::<4>),
-            8 => (prog_lookup::<8>, prog_update::<8>, prog_delete::<8>),
-            16 => (prog_lookup::<16>, prog_update::<16>, prog_delete::<16>),
-            _ => (prog_lookup::<0>, prog_update::<0>, prog_delete::<0>),
+        let (lookup, mut update, delete, shared): (ProgOp, ProgOp, ProgOp, ProgOp) = match self.ks {
+            4 => (key4::lookup, key4::update, key4::delete, key4::update_shared),
+            8 => (key8::lookup, key8::update, key8::delete, key8::update_shared),
+            16 => (key16::lookup, key16::update, key16::delete, key16::update_shared),
+            _ => (key_any::lookup, key_any::update, key_any::delete, key_any::update_shared),
         };
         if !self.percpu {
             // No inline memo path to keep small: the general update is the function.
-            update = match self.ks {
-                4 => prog_update_shared::<4>,
-                8 => prog_update_shared::<8>,
-                16 => prog_update_shared::<16>,
-                _ => prog_update_shared::<0>,
-            };
+            update = shared;
         }
         Some(ProgOps { arg: self as *const HashMap as u64, lookup, update, delete })
     }
@@ -1903,62 +1899,99 @@ pub struct MemoLayout {
     pub value_size: u32,
 }
 
-/// [`ProgOps::lookup`] for key size `N` (0: any).
-unsafe extern "C" fn prog_lookup<const N: usize>(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
-    // SAFETY: `m` is a live HashMap and `key` readable for key_size bytes (ProgOps' contract);
-    // `prog_ops` chose N as the map's key size (or 0).
-    unsafe { (*(m as *const HashMap)).lookup_n::<N>(key as *const u8, cpu as u32) as u64 }
+/// The program-side operations for key size `N` (0: any), as [`ProgOps`] holds them: one
+/// module per key size, each in code sections of its own (`.text.hot.userbpf.hashN`, and
+/// `.hashN.percpu` for the per-CPU maps' updates; see
+/// `userbpf_agent`'s build script): a program's lookups, updates and deletes of one map
+/// then run code on two or three neighbouring pages, not spread over the 64 KiB that the
+/// four sizes' functions take together (a probe hit on a target's cold caches pays a
+/// translation and a fill for every page and line of code it runs).
+macro_rules! key_size_ops {
+    ($module:ident, $n:literal, $section:literal, $percpu_section:literal) => {
+        mod $module {
+            use super::HashMap;
+
+            /// [`ProgOps::lookup`](super::ProgOps::lookup).
+            #[unsafe(link_section = $section)]
+            pub(super) unsafe extern "C" fn lookup(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
+                // SAFETY: `m` is a live HashMap and `key` readable for key_size bytes
+                // (ProgOps' contract); `prog_ops` chose this module for the map's key size.
+                unsafe { (*(m as *const HashMap)).lookup_n::<$n>(key as *const u8, cpu as u32) as u64 }
+            }
+
+            /// [`ProgOps::update`](super::ProgOps::update) of a map that is not per-CPU: the
+            /// general update, which tries the thread's lookup memo (their value write
+            /// switches slots).
+            #[unsafe(link_section = $section)]
+            pub(super) unsafe extern "C" fn update_shared(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+                // SAFETY: as for `lookup`; `value` readable for value_size bytes.
+                match unsafe {
+                    (*(m as *const HashMap)).update_n::<$n>(
+                        key as *const u8,
+                        value as *const u8,
+                        flags,
+                        cpu as u32,
+                        true,
+                        true,
+                    )
+                } {
+                    Ok(()) => 0,
+                    Err(e) => e.to_helper_ret(),
+                }
+            }
+
+            /// [`ProgOps::update`](super::ProgOps::update) of a per-CPU map.
+            #[unsafe(link_section = $percpu_section)]
+            pub(super) unsafe extern "C" fn update(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+                // SAFETY: as for `lookup`; `value` readable for value_size bytes.
+                let map = unsafe { &*(m as *const HashMap) };
+                // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element
+                // written inline.
+                let fast = map.percpu
+                    // SAFETY: as above.
+                    && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) };
+                if fast {
+                    return 0;
+                }
+                // SAFETY: as above.
+                unsafe { update_general(map, key, value, flags, cpu) }
+            }
+
+            /// [`update`] when the memo's fast path does not apply (out of line, so that
+            /// the fast path does not pay for its frame).
+            ///
+            /// # Safety
+            /// As for [`update`].
+            #[inline(never)]
+            #[unsafe(link_section = $percpu_section)]
+            unsafe fn update_general(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
+                // Per-CPU maps: `update` tried the memo.
+                // SAFETY: forwarded.
+                match unsafe {
+                    map.update_n::<$n>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu, true)
+                } {
+                    Ok(()) => 0,
+                    Err(e) => e.to_helper_ret(),
+                }
+            }
+
+            /// [`ProgOps::delete`](super::ProgOps::delete).
+            #[unsafe(link_section = $section)]
+            pub(super) unsafe extern "C" fn delete(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
+                // SAFETY: as for `lookup`.
+                match unsafe { (*(m as *const HashMap)).delete_in_slot::<$n>(key as *const u8, cpu as u32) } {
+                    Ok(()) => 0,
+                    Err(e) => e.to_helper_ret(),
+                }
+            }
+        }
+    };
 }
 
-/// [`ProgOps::update`] of a map that is not per-CPU, for key size `N` (0: any): the general
-/// update, which tries the thread's lookup memo (their value write switches slots).
-unsafe extern "C" fn prog_update_shared<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
-    // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes; `prog_ops` chose N
-    // as the map's key size (or 0).
-    match unsafe {
-        (*(m as *const HashMap)).update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, true, true)
-    } {
-        Ok(()) => 0,
-        Err(e) => e.to_helper_ret(),
-    }
-}
-
-/// [`ProgOps::update`] of a per-CPU map for key size `N` (0: any).
-unsafe extern "C" fn prog_update<const N: usize>(m: u64, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
-    // SAFETY: as for `prog_lookup`; `value` readable for value_size bytes.
-    let map = unsafe { &*(m as *const HashMap) };
-    // Per-CPU maps (bpftrace's count(), sum(), hist()): the memo's element written inline.
-    // SAFETY: as above.
-    if map.percpu && unsafe { map.update_memo_fast(key as *const u8, value as *const u8, flags, cpu as u32) } {
-        return 0;
-    }
-    // SAFETY: as above.
-    unsafe { prog_update_general::<N>(map, key, value, flags, cpu) }
-}
-
-/// [`prog_update`] when the memo's fast path does not apply (out of line, so that the fast
-/// path does not pay for its frame).
-///
-/// # Safety
-/// As for [`prog_update`].
-#[inline(never)]
-unsafe fn prog_update_general<const N: usize>(map: &HashMap, key: u64, value: u64, flags: u64, cpu: u64) -> u64 {
-    // Per-CPU maps: `prog_update` tried the memo.
-    // SAFETY: forwarded; `prog_ops` chose N as the map's key size (or 0).
-    match unsafe { map.update_n::<N>(key as *const u8, value as *const u8, flags, cpu as u32, !map.percpu, true) } {
-        Ok(()) => 0,
-        Err(e) => e.to_helper_ret(),
-    }
-}
-
-/// [`ProgOps::delete`] for key size `N` (0: any).
-unsafe extern "C" fn prog_delete<const N: usize>(m: u64, key: u64, _: u64, _: u64, cpu: u64) -> u64 {
-    // SAFETY: as for `prog_lookup`; `prog_ops` chose N as the map's key size (or 0).
-    match unsafe { (*(m as *const HashMap)).delete_in_slot::<N>(key as *const u8, cpu as u32) } {
-        Ok(()) => 0,
-        Err(e) => e.to_helper_ret(),
-    }
-}
+key_size_ops!(key4, 4, ".text.hot.userbpf.hash4", ".text.hot.userbpf.hash4.percpu");
+key_size_ops!(key8, 8, ".text.hot.userbpf.hash8", ".text.hot.userbpf.hash8.percpu");
+key_size_ops!(key16, 16, ".text.hot.userbpf.hash16", ".text.hot.userbpf.hash16.percpu");
+key_size_ops!(key_any, 0, ".text.hot.userbpf.hash0", ".text.hot.userbpf.hash0.percpu");
 
 #[cfg(test)]
 mod tests {

@@ -670,6 +670,7 @@ impl PerfEventArray {
     /// The common case, a record that does not wrap and no lost count pending, is written
     /// in place: a zero word over the record's last 8 bytes (its padding), the 12-byte header,
     /// one copy of the data.
+    #[unsafe(link_section = ".text.hot.userbpf")]
     pub fn output_with(
         &self,
         index_flags: u64,

@@ -583,6 +583,7 @@ impl RingBuf {
     /// The returned pointer is valid for `size` bytes until `submit`/`discard`, and only while
     /// `self` (or a clone) lives. It must be committed exactly once: an uncommitted record
     /// stops the consumer forever, as in the kernel.
+    #[unsafe(link_section = ".text.hot.userbpf")]
     pub unsafe fn reserve(&self, size: u64) -> *mut u8 {
         if size > RINGBUF_MAX_RECORD_SZ {
             return ptr::null_mut();
@@ -650,6 +651,7 @@ impl RingBuf {
     /// # Safety
     /// `sample` was returned by this ring's `reserve` and not committed yet. A pointer that
     /// is not one of this ring's sample positions, or whose record is not busy, is ignored.
+    #[unsafe(link_section = ".text.hot.userbpf")]
     pub unsafe fn submit(&self, sample: *mut u8, flags: u64) {
         self.commit(sample, flags, false)
     }
@@ -658,6 +660,7 @@ impl RingBuf {
     ///
     /// # Safety
     /// As for [`RingBuf::submit`].
+    #[unsafe(link_section = ".text.hot.userbpf")]
     pub unsafe fn discard(&self, sample: *mut u8, flags: u64) {
         self.commit(sample, flags, true)
     }
@@ -711,6 +714,7 @@ impl RingBuf {
     ///
     /// # Safety
     /// `data` must be readable for `size` bytes.
+    #[unsafe(link_section = ".text.hot.userbpf")]
     pub unsafe fn output(&self, data: *const u8, size: u64, flags: u64) -> Result<(), MapError> {
         if flags & !(BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP) != 0 {
             return Err(MapError::new(libc::EINVAL, "ringbuf output: unknown flags"));

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, fence};
 pub const EFAULT_RET: i64 = -(libc::EFAULT as i64);
 
 std::arch::global_asm!(
-    ".pushsection .text.userbpf_guard,\"ax\",@progbits",
+    ".pushsection .text.hot.userbpf_guard,\"ax\",@progbits",
     ".balign 16",
     // i64 userbpf_guard_copy(void *dst, const void *src, u64 len): 0 or -EFAULT. Sizes up
     // to 4 KiB are copied with moves (overlapping pairs for up to 64 bytes, 64-byte blocks
@@ -489,6 +489,7 @@ extern "C" fn handler(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
 /// # Safety
 /// `dst` must not overlap memory Rust code holds references to, other than as plain bytes
 /// the caller owns; any `src` is fine.
+#[unsafe(link_section = ".text.hot.userbpf")]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: u64) -> i64 {
     install();
     // SAFETY: the routine only touches [src, src+len) and [dst, dst+len); faults there are

@@ -387,6 +387,7 @@ const EFAULT: u64 = -(libc::EFAULT as i64) as u64;
 /// `void *bpf_map_lookup_elem(map, key)`: the value's address in this process, or NULL. For
 /// arrays and hashes of maps, the inner map's address (NULL if the slot is empty or names no
 /// registered map of the session). Prog arrays: NULL (the kernel forbids the call).
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return 0 };
     let mut buf = MaybeUninit::uninit();
@@ -415,6 +416,7 @@ unsafe extern "C" fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64)
 }
 
 /// `long bpf_map_update_elem(map, key, value, flags)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
     let (mut kbuf, mut vbuf) = (MaybeUninit::uninit(), MaybeUninit::uninit());
@@ -428,6 +430,7 @@ unsafe extern "C" fn map_update_elem(map: u64, key: u64, value: u64, flags: u64,
 }
 
 /// `long bpf_map_delete_elem(map, key)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn map_delete_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
     let Some(m) = map_ref(map) else { return EINVAL };
     let mut buf = MaybeUninit::uninit();

@@ -23,6 +23,7 @@ use crate::context::current_cpu;
 /// (`-EINVAL`, `-E2BIG`, `-ENOENT`, `-ENOSPC`); `-EFAULT` if `data` cannot be read. The data
 /// is copied into the ring by the guard's fault-tolerant copy (no separate readability
 /// probe): a fault publishes nothing.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn perf_event_output(_ctx: u64, map: u64, flags: u64, data: u64, size: u64) -> u64 {
     let Some(Map::PerfEventArray(pa)) = map_ref(map) else { return EINVAL };
     // Only BPF_F_CURRENT_CPU needs the run's slot (a thread-block read).
@@ -40,6 +41,7 @@ unsafe extern "C" fn perf_event_output(_ctx: u64, map: u64, flags: u64, data: u6
 
 /// `long bpf_ringbuf_output(ringbuf, data, size, flags)`: `-EINVAL` for unknown flags,
 /// `-EAGAIN` when there is no room.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn ringbuf_output(map: u64, data: u64, size: u64, flags: u64, _: u64) -> u64 {
     let Some((Map::RingBuf(rb), _)) = map_at(map) else { return EINVAL };
     if !readable(data, size) {
@@ -93,6 +95,7 @@ fn take_ring(sample: u64) -> Option<&'static userbpf_maps::ringbuf::RingBuf> {
 
 /// `void *bpf_ringbuf_reserve(ringbuf, size, flags)`: a sample of `size` bytes, or NULL
 /// (no room, size too large, or flags other than 0).
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn ringbuf_reserve(map: u64, size: u64, flags: u64, _: u64, _: u64) -> u64 {
     if flags != 0 {
         return 0;
@@ -117,11 +120,13 @@ fn commit(sample: u64, flags: u64, discard: bool) -> u64 {
 }
 
 /// `void bpf_ringbuf_submit(data, flags)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn ringbuf_submit(sample: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
     commit(sample, flags, false)
 }
 
 /// `void bpf_ringbuf_discard(data, flags)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn ringbuf_discard(sample: u64, flags: u64, _: u64, _: u64, _: u64) -> u64 {
     commit(sample, flags, true)
 }

@@ -115,6 +115,7 @@ unsafe extern "C" fn probe_read(dst: u64, size: u64, src: u64, _: u64, _: u64) -
 }
 
 /// `long bpf_probe_read_user(dst, size, unsafe_ptr)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn probe_read_user(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     read_user(dst, size as u32 as u64, src)
 }
@@ -131,6 +132,7 @@ unsafe extern "C" fn probe_read_str(dst: u64, size: u64, src: u64, _: u64, _: u6
 }
 
 /// `long bpf_probe_read_user_str(dst, size, unsafe_ptr)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn probe_read_user_str(dst: u64, size: u64, src: u64, _: u64, _: u64) -> u64 {
     read_user_str(dst, size as u32 as u64, src)
 }

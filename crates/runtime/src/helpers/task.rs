@@ -203,6 +203,7 @@ pub(crate) fn pid_tgid_cache(f: userbpf_vm::HelperFn) -> Option<userbpf_vm::Cach
 }
 
 /// `u64 bpf_get_current_uid_gid(void)`.
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     uid_gid()
 }
@@ -211,6 +212,7 @@ unsafe extern "C" fn get_current_uid_gid(_: u64, _: u64, _: u64, _: u64, _: u64)
 /// bytes of the name, then NULs up to `size`. 0, or `-EFAULT` if `buf` cannot be written.
 /// The cached name is NUL-padded: a copy of its first `size` bytes with a NUL at `size - 1`
 /// is that (one guarded copy of at most 16 bytes, then zeros past 16 for larger buffers).
+#[unsafe(link_section = ".text.hot.userbpf")]
 unsafe extern "C" fn get_current_comm(buf: u64, size: u64, _: u64, _: u64, _: u64) -> u64 {
     let size = size as u32 as u64;
     if size == 0 {
