@@ -391,7 +391,10 @@ fn init_inner() -> Result<Globals, String> {
         (stubs::SaveKind::Light(8), stubs::SaveKind::Light(2))
     };
     // Two pages: the light entry stub's lean paths (plain, calling out, guard only) and the
-    // full stub together pass one.
+    // full stub together pass one. The light stub and the return trampoline, what a function's
+    // entry and return probes run, come first and share the first page (a hit on cold caches
+    // pays a translation for every page of code it runs); the full stub (probes inside
+    // functions) follows.
     const STUBS_LEN: usize = 8192;
     let page = thread::raw_mmap(STUBS_LEN) as usize;
     if page == 0 {
@@ -400,16 +403,17 @@ fn init_inner() -> Result<Globals, String> {
     let e = |x: iced_x86::IcedError| x.to_string();
     let align = |x: usize| (x + 63) & !63;
     let disp = entry_dispatch as *const () as usize as u64;
-    let full = stubs::common_entry(page as u64, fp, stubs::SaveKind::Full, disp).map_err(e)?;
-    let light_at = page + align(full.len());
+    let light_at = page;
     let light = stubs::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
     let ret_at = light_at + align(light.len());
     let ret = stubs::ret_tramp(ret_at as u64, fp, ret_kind, ret_dispatch as *const () as usize as u64).map_err(e)?;
-    if ret_at + ret.len() > page + STUBS_LEN {
+    let full_at = ret_at + align(ret.len());
+    let full = stubs::common_entry(full_at as u64, fp, stubs::SaveKind::Full, disp).map_err(e)?;
+    if full_at + full.len() > page + STUBS_LEN {
         return Err("shared stubs do not fit in their pages".into());
     }
-    patch::seal_pages(page, STUBS_LEN, &[(0, &full), (light_at - page, &light), (ret_at - page, &ret)])?;
-    perfmap::note(page, full.len(), "userbpf_entry_stub_full");
+    patch::seal_pages(page, STUBS_LEN, &[(0, &light), (ret_at - page, &ret), (full_at - page, &full)])?;
+    perfmap::note(full_at, full.len(), "userbpf_entry_stub_full");
     perfmap::note(light_at, light.len(), "userbpf_entry_stub_light");
     perfmap::note(ret_at, ret.len(), "userbpf_return_trampoline");
     RET_TRAMP.store(ret_at, SeqCst);
@@ -423,7 +427,7 @@ fn init_inner() -> Result<Globals, String> {
     thread::PTHREAD_KEY.store(key as usize, SeqCst);
     patch::install_handlers()?;
     patch::handlers_installed();
-    Ok(Globals { common_full: page, common_light: light_at })
+    Ok(Globals { common_full: full_at, common_light: light_at })
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Option<Registry>> {
