@@ -4,17 +4,19 @@
 //!
 //! Programs of up to [`ARENA_MAX`] bytes share pages: a probe hit on a target's cold caches
 //! pays an instruction-TLB fill for every page of code it runs, and a tool's programs (an
-//! entry and a return program, sslsniff's three) run one after the other. They are placed
-//! in chunks of [`CHUNK`] bytes, each a shared anonymous mapping seen twice: read+execute
-//! where the code runs, and a read-write alias (`mremap` of the same pages, never
-//! executable) through which it is written. A chunk takes programs one after another, each
-//! on its own 64-byte lines, the rest of its lines `int3`; space a dropped program leaves is
+//! entry and a return program, sslsniff's three) run one after the other. They are placed in
+//! chunks of [`CHUNK`] bytes, each a shared anonymous mapping seen twice: read+execute where
+//! the code runs, and a read-write alias (`mremap` of the same pages, never executable)
+//! through which it is written. A chunk takes programs one after another, each on its own
+//! 64-byte lines, the rest of its lines `int3` (a page is filled with `int3` when the first
+//! place reaches it: the pages not reached take no memory). Space a dropped program leaves is
 //! not used again (no code is ever written over code a thread may still be in). When a
 //! program does not fit, a new chunk is opened and the old one closed (its alias unmapped
-//! once the places it handed out are written: from then on its pages are only executable); a
-//! closed chunk is unmapped when its last program is dropped. A child of `fork` shares the chunks' pages with its parent (shared mappings),
-//! so it writes into none it inherited: a chunk is open only in the process that made it.
-//! Larger programs get a mapping of their own, written and then switched to read+execute.
+//! once the places it handed out are written: from then on its pages are only executable);
+//! a closed chunk is unmapped when its last program is dropped. A child of `fork` shares the
+//! chunks' pages with its parent (shared mappings), so it writes into none it inherited: a
+//! chunk is open only in the process that made it. Larger programs get a mapping of their
+//! own, written and then switched to read+execute.
 
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -217,6 +219,8 @@ struct Chunk {
     pid: libc::pid_t,
     /// Bytes handed out (whole lines).
     used: usize,
+    /// Bytes filled with `int3` (whole pages, at least `used`).
+    filled: usize,
     /// Places handed out and not dropped yet.
     live: usize,
     /// Places handed out whose code is not written yet: the alias stays until they are.
@@ -224,6 +228,25 @@ struct Chunk {
     /// A program did not fit: no more places are handed out, and the alias is unmapped once
     /// none is pending.
     full: bool,
+}
+
+impl Chunk {
+    /// Hands out the next `cap` bytes (the chunk is open and has room), filling the pages
+    /// they reach with `int3` first: the code's address.
+    fn hand_out(&mut self, cap: usize) -> usize {
+        let end = (self.used + cap).next_multiple_of(page_size()).min(CHUNK);
+        if end > self.filled {
+            // SAFETY: the chunk is open (its alias `rw`, CHUNK bytes, mapped read-write) and
+            // [filled, end) lies inside it, past every place handed out: no code is there.
+            unsafe { std::ptr::write_bytes((self.rw + self.filled) as *mut u8, 0xcc, end - self.filled) };
+            self.filled = end;
+        }
+        let at = self.rx + self.used;
+        self.used += cap;
+        self.live += 1;
+        self.pending += 1;
+        at
+    }
 }
 
 #[derive(Default)]
@@ -251,10 +274,7 @@ impl Arena {
             if c.rw != 0 && !c.full && c.pid == pid && close(c.rx, near) {
                 let c = &mut self.chunks[k];
                 if c.used + cap <= CHUNK {
-                    let at = c.rx + c.used;
-                    c.used += cap;
-                    c.live += 1;
-                    c.pending += 1;
+                    let at = c.hand_out(cap);
                     return Some((at, cap, c.id));
                 }
                 // Full for this program: closed (once the places handed out are written), and
@@ -273,14 +293,12 @@ impl Arena {
             k += 1;
         }
         let c = self.open(near, pid)?;
-        let (at, id) = (c.rx, c.id);
-        c.used = cap;
-        c.live = 1;
-        c.pending = 1;
-        Some((at, cap, id))
+        let at = c.hand_out(cap);
+        Some((at, cap, c.id))
     }
 
-    /// A new chunk, all `int3`: its executable view near `near`, its alias anywhere.
+    /// A new chunk: its executable view near `near`, its alias anywhere (its pages are filled
+    /// with `int3` as places reach them: the rest stays untouched, taking no memory).
     fn open(&mut self, near: usize, pid: libc::pid_t) -> Option<&mut Chunk> {
         let rx = map_near(CHUNK, near, libc::MAP_SHARED).ok()?.as_ptr() as usize;
         // SAFETY: `rx` is a shared mapping of CHUNK bytes made above; an old size of 0 asks
@@ -296,8 +314,6 @@ impl Arena {
             return None;
         }
         let rw = rw as usize;
-        // SAFETY: `rw` is the alias just made, read-write (as `rx` was), CHUNK bytes.
-        unsafe { std::ptr::write_bytes(rw as *mut u8, 0xcc, CHUNK) };
         // SAFETY: `rx` is ours (above); from here on its pages are written only through `rw`.
         if unsafe { libc::mprotect(rx as *mut libc::c_void, CHUNK, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
             // SAFETY: the alias made above, not used.
@@ -307,7 +323,7 @@ impl Arena {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.chunks.push(Chunk { id, rx, rw, pid, used: 0, live: 0, pending: 0, full: false });
+        self.chunks.push(Chunk { id, rx, rw, pid, used: 0, filled: 0, live: 0, pending: 0, full: false });
         self.chunks.last_mut()
     }
 
@@ -468,6 +484,28 @@ mod tests {
         let k = arena.chunks.iter().position(|c| c.id == last_id).unwrap();
         assert!(arena.close_chunk(k));
         assert_eq!(prot_of(last), "unmapped");
+    }
+
+    #[test]
+    fn a_chunk_takes_memory_only_for_the_pages_its_places_reach() {
+        let mut arena = Arena::default();
+        let code = returning(3, 100);
+        let (at, cap, id) = arena.take(code.len(), near()).unwrap();
+        arena.write(id, at, &code, cap).unwrap();
+        let resident = |addr: usize| {
+            let mut v = [0u8; 1];
+            // SAFETY: mincore of one page of the chunk's mapping, into a vector we own.
+            let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 1, v.as_mut_ptr()) };
+            assert_eq!(rc, 0);
+            v[0] & 1 != 0
+        };
+        assert!(resident(at));
+        // SAFETY: the rest of the code's page, inside the chunk, readable.
+        assert!((at + 100..at + 4096 - (at % 4096)).all(|p| unsafe { *(p as *const u8) } == 0xcc));
+        assert!(!resident(at + CHUNK - 4096), "the chunk's last page was never filled");
+        arena.give_back(id, true);
+        let k = arena.chunks.iter().position(|c| c.id == id).unwrap();
+        assert!(arena.close_chunk(k));
     }
 
     #[test]
