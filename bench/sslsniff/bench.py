@@ -77,6 +77,9 @@ untraced runs' nginx + wrk CPU a request over that plus the tool's, i.e. the sha
 run would keep if its probes cost nginx nothing. The tool's CPU is the same work on the kernel
 and through userbpf (its Python reads and prints each event).
 
+Each run's line also gives the context switches of nginx's worker a request (voluntary: it waited
+for events; involuntary: it was preempted).
+
 Also printed for the runs through userbpf: the `FUTEX_WAKE` calls nginx's probes made per request
 (producers wake the tool's watcher thread: the counter in each perf event array's map file,
 read before the tool stops) and the CPU the tool's watcher threads took (`userbpf-wake-*`, the
@@ -309,6 +312,17 @@ def cpu_seconds(pid):
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def context_switches(pid):
+    """Voluntary and involuntary context switches of process `pid`'s main thread (nginx's
+    worker: its only thread of its own), (0, 0) once it is gone."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return 0, 0
+    get = lambda name: int(re.search(rf"^{name}:\s+(\d+)", status, re.M).group(1))
+    return get("voluntary_ctxt_switches"), get("nonvoluntary_ctxt_switches")
 
 
 def children(pid):
@@ -707,6 +721,7 @@ def timed(s, config, workdir):
         if sniff:
             wait_probed(nginx.worker, s, "nginx's worker")
         cpu0, tool0, wall0 = nginx.cpu_seconds(), sniff.cpu_seconds() if sniff else 0, time.time()
+        switches0 = context_switches(nginx.worker)
         watch0, wakes0 = (sniff.watcher_seconds(), sniff.futex_wakes()) if sniff else (0, None)
         busy = None
         if config == "busy":
@@ -725,6 +740,7 @@ def timed(s, config, workdir):
             prof.send_signal(signal.SIGINT)
             prof.wait()
         cpu = nginx.cpu_seconds() - cpu0
+        switches = [b - a for a, b in zip(switches0, context_switches(nginx.worker))]
         wall = time.time() - wall0
         tool_cpu = 100 * (sniff.cpu_seconds() - tool0) / wall if sniff else None
         watch_cpu = 100 * (sniff.watcher_seconds() - watch0) / wall if sniff else None
@@ -744,7 +760,8 @@ def timed(s, config, workdir):
     tool_s = tool_cpu * wall / 100 if sniff else 0.0
     res = {"rate": rate, "requests": reqs, "cpu_us": 1e6 * cpu / reqs if reqs else None, "tool_cpu": tool_cpu,
            "wrk_us": 1e6 * wrk_cpu / reqs if reqs else None, "tool_us": 1e6 * tool_s / reqs if reqs else None,
-           "watch_cpu": watch_cpu, "wakes": wakes / reqs if wakes is not None and reqs else None}
+           "watch_cpu": watch_cpu, "wakes": wakes / reqs if wakes is not None and reqs else None,
+           "switches": [x / reqs for x in switches] if reqs else None}
     if sniff:
         res.update(got)
         if got["stderr"]:
@@ -755,6 +772,8 @@ def timed(s, config, workdir):
             problem(f"{CONFIGS[config]}: sslsniff printed {got['reads'] + got['writes']} events and lost {got['lost']}, "
                     f"for {reqs} requests nginx logged (2 events each)")
     log(f"{CONFIGS[config]}: {rate:,.0f} requests/s, {reqs} requests, nginx {res['cpu_us'] or 0:.1f} µs CPU a request"
+        + (f" ({res['switches'][0]:.3f} voluntary and {res['switches'][1]:.3f} involuntary context switches a request)"
+           if res["switches"] else "")
         + f", wrk {res['wrk_us'] or 0:.1f} µs" + (f", the tool {res['tool_us'] or 0:.1f} µs" if sniff else "")
         + (f", sslsniff printed {got['reads'] + got['writes']} lost {got['lost']}, its CPU {tool_cpu:.0f}%" if sniff else "")
         + (f", FUTEX_WAKE {res['wakes']:.4f} a request, watcher CPU {watch_cpu:.1f}%" if res.get("wakes") is not None else ""))
