@@ -702,19 +702,21 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
         a.movdqu(xmmword_ptr(rsp + (VECS + 16 * i as i32)), *r)?;
     }
     a.mov(byte_ptr(rsp + WIDE), 0)?;
-    a.jmp(call)?;
-    a.set_label(&mut wide)?;
-    a.mov(byte_ptr(rsp + WIDE), 1)?;
-    if fp.avx512 {
-        for (i, r) in ZMMS.iter().take(n).enumerate() {
-            a.vmovdqu64(zmmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
-        }
-    } else if fp.avx {
-        for (i, r) in YMMS.iter().take(n).enumerate() {
-            a.vmovdqu(ymmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
-        }
-    }
+    // Without AVX there are no upper halves: no whole-register path (its labels would fall
+    // on the next instruction with nothing between them).
     if avx {
+        a.jmp(call)?;
+        a.set_label(&mut wide)?;
+        a.mov(byte_ptr(rsp + WIDE), 1)?;
+        if fp.avx512 {
+            for (i, r) in ZMMS.iter().take(n).enumerate() {
+                a.vmovdqu64(zmmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
+            }
+        } else {
+            for (i, r) in YMMS.iter().take(n).enumerate() {
+                a.vmovdqu(ymmword_ptr(rsp + (VECS + 64 * i as i32)), *r)?;
+            }
+        }
         a.vzeroupper()?;
     }
     a.set_label(&mut call)?;
@@ -729,23 +731,25 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
     a.mov(rax, qword_ptr(r14 + failures))?;
     a.lock().inc(qword_ptr(rax))?;
     a.set_label(&mut ok)?;
-    a.cmp(byte_ptr(rsp + WIDE), 0)?;
-    a.jne(wide_back)?;
     if avx {
+        a.cmp(byte_ptr(rsp + WIDE), 0)?;
+        a.jne(wide_back)?;
         a.vzeroupper()?;
     }
     for (i, r) in XMMS.iter().take(n).enumerate() {
         a.movdqu(*r, xmmword_ptr(rsp + (VECS + 16 * i as i32)))?;
     }
-    a.jmp(back)?;
-    a.set_label(&mut wide_back)?;
-    if fp.avx512 {
-        for (i, r) in ZMMS.iter().take(n).enumerate() {
-            a.vmovdqu64(*r, zmmword_ptr(rsp + (VECS + 64 * i as i32)))?;
-        }
-    } else if fp.avx {
-        for (i, r) in YMMS.iter().take(n).enumerate() {
-            a.vmovdqu(*r, ymmword_ptr(rsp + (VECS + 64 * i as i32)))?;
+    if avx {
+        a.jmp(back)?;
+        a.set_label(&mut wide_back)?;
+        if fp.avx512 {
+            for (i, r) in ZMMS.iter().take(n).enumerate() {
+                a.vmovdqu64(*r, zmmword_ptr(rsp + (VECS + 64 * i as i32)))?;
+            }
+        } else {
+            for (i, r) in YMMS.iter().take(n).enumerate() {
+                a.vmovdqu(*r, ymmword_ptr(rsp + (VECS + 64 * i as i32)))?;
+            }
         }
     }
     a.set_label(&mut back)?;
@@ -1605,4 +1609,32 @@ pub(crate) fn syscall_common(
     a.lea(rsp, ptr(rsp + (PT_REGS_SIZE + 8 + 128)))?;
     a.jmp(r11)?;
     a.assemble(ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every combination of FP state the machine may have (no XSAVE: `fxsave64`; XSAVE with
+    /// x87/SSE only, with AVX, with AVX-512; with and without XINUSE) makes every shared stub.
+    #[test]
+    fn shared_stubs_assemble_for_every_fp_state() {
+        let states = [
+            FpSave { xsave: false, size: 512, avx: false, avx512: false, xinuse: false },
+            FpSave { xsave: true, size: 576, avx: false, avx512: false, xinuse: false },
+            FpSave { xsave: true, size: 576, avx: false, avx512: false, xinuse: true },
+            FpSave { xsave: true, size: 832, avx: true, avx512: false, xinuse: false },
+            FpSave { xsave: true, size: 832, avx: true, avx512: false, xinuse: true },
+            FpSave { xsave: true, size: 2688, avx: true, avx512: true, xinuse: true },
+        ];
+        let at = 0x7f00_0000_0000u64;
+        for fp in states {
+            for kind in [SaveKind::Full, SaveKind::Light(8), SaveKind::Light(2)] {
+                let entry = common_entry(at, fp, kind, at + 0x10_0000);
+                assert!(entry.is_ok_and(|c| !c.is_empty()), "entry stub, {fp:?}, {kind:?}");
+                let ret = ret_tramp(at, fp, kind, at + 0x10_0000);
+                assert!(ret.is_ok_and(|c| !c.is_empty()), "return trampoline, {fp:?}, {kind:?}");
+            }
+        }
+    }
 }
