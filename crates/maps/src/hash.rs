@@ -1903,9 +1903,9 @@ pub struct MemoLayout {
 /// module per key size, each in code sections of its own (`.text.hot.userbpf.hashN`, and
 /// `.hashN.percpu` for the per-CPU maps' updates; see `userbpf_agent`'s build script): a
 /// program's lookups, updates and deletes of one map then run code on two or three
-/// neighbouring pages, not spread over the 64 KiB that the
-/// four sizes' functions take together (a probe hit on a target's cold caches pays a
-/// translation and a fill for every page and line of code it runs).
+/// neighbouring pages, not spread over the 64 KiB that the four sizes' functions take
+/// together (a probe hit on a target's cold caches pays a translation and a fill for every
+/// page and line of code it runs).
 macro_rules! key_size_ops {
     ($module:ident, $n:literal, $section:literal, $percpu_section:literal) => {
         mod $module {
