@@ -403,7 +403,9 @@ fn init_inner() -> Result<Globals, String> {
     let e = |x: iced_x86::IcedError| x.to_string();
     let align = |x: usize| (x + 63) & !63;
     let disp = entry_dispatch as *const () as usize as u64;
-    let light_at = page;
+    // Not at the page's start: the target's page-aligned objects all compete for the level-1
+    // set of offset 0 (see `stubs::SITE_STUB_AT`); the two still fit in the page after it.
+    let light_at = page + 64;
     let light = stubs::common_entry(light_at as u64, fp, entry_kind, disp).map_err(e)?;
     let ret_at = light_at + align(light.len());
     let ret = stubs::ret_tramp(ret_at as u64, fp, ret_kind, ret_dispatch as *const () as usize as u64).map_err(e)?;
@@ -412,7 +414,7 @@ fn init_inner() -> Result<Globals, String> {
     if full_at + full.len() > page + STUBS_LEN {
         return Err("shared stubs do not fit in their pages".into());
     }
-    patch::seal_pages(page, STUBS_LEN, &[(0, &light), (ret_at - page, &ret), (full_at - page, &full)])?;
+    patch::seal_pages(page, STUBS_LEN, &[(light_at - page, &light), (ret_at - page, &ret), (full_at - page, &full)])?;
     perfmap::note(full_at, full.len(), "userbpf_entry_stub_full");
     perfmap::note(light_at, light.len(), "userbpf_entry_stub_light");
     perfmap::note(ret_at, ret.len(), "userbpf_return_trampoline");

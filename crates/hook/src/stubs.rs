@@ -701,10 +701,10 @@ fn lean_call_out(a: &mut CodeAssembler, fp: FpSave, n: usize) -> Result<(), Iced
     for (i, r) in XMMS.iter().take(n).enumerate() {
         a.movdqu(xmmword_ptr(rsp + (VECS + 16 * i as i32)), *r)?;
     }
-    a.mov(byte_ptr(rsp + WIDE), 0)?;
     // Without AVX there are no upper halves: no whole-register path (its labels would fall
-    // on the next instruction with nothing between them).
+    // on the next instruction with nothing between them), and no flag saying which was taken.
     if avx {
+        a.mov(byte_ptr(rsp + WIDE), 0)?;
         a.jmp(call)?;
         a.set_label(&mut wide)?;
         a.mov(byte_ptr(rsp + WIDE), 1)?;

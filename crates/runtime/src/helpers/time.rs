@@ -195,13 +195,7 @@ fn rdtsc_ordered() -> u64 {
 
 /// CPUID `0x8000_0001` EDX bit 27: the CPU has `rdtscp`.
 fn have_rdtscp() -> bool {
-    use std::arch::x86_64::__cpuid;
-    #[allow(unused_unsafe)]
-    // SAFETY: cpuid exists on every x86-64 CPU; the extended leaf is read only if the CPU
-    // reports it.
-    unsafe {
-        __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).edx & (1 << 27) != 0
-    }
+    extended_edx(0x8000_0001) & (1 << 27) != 0
 }
 
 /// `d * mult / 2^32`.
@@ -631,12 +625,17 @@ extern "C" fn clock_after_fork() {
 
 /// CPUID `0x8000_0007` EDX bit 8: the TSC runs at a constant rate in every state.
 fn invariant_tsc() -> bool {
+    extended_edx(0x8000_0007) & (1 << 8) != 0
+}
+
+/// EDX of CPUID's extended leaf `leaf`, 0 where the CPU does not report it.
+fn extended_edx(leaf: u32) -> u32 {
     use std::arch::x86_64::__cpuid;
     #[allow(unused_unsafe)]
     // SAFETY: cpuid exists on every x86-64 CPU; the extended leaf is read only if the CPU
     // reports it.
     unsafe {
-        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
+        if __cpuid(0x8000_0000).eax >= leaf { __cpuid(leaf).edx } else { 0 }
     }
 }
 

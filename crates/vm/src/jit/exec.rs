@@ -126,11 +126,13 @@ impl Reserved {
         if code.is_empty() || code.len() > mem.cap {
             return Err(VmError::Jit(format!("{} bytes of code for a place of {}", code.len(), mem.cap)));
         }
-        mem.len = code.len();
         if let Some(id) = mem.chunk {
+            // On failure `mem` is dropped unwritten (len 0): its place stops being pending.
             arena().write(id, mem.addr(), code, mem.cap)?;
+            mem.len = code.len();
             return Ok(mem);
         }
+        mem.len = code.len();
         let ptr = mem.ptr;
         // SAFETY: the mapping is `cap >= code.len()` bytes, readable and writable (not yet
         // protected: `reserve` made it so and nothing changed it), and freshly made, so it
@@ -217,10 +219,8 @@ struct Chunk {
     rw: usize,
     /// The process that made it: the only one that writes into it.
     pid: libc::pid_t,
-    /// Bytes handed out (whole lines).
+    /// Bytes handed out (whole lines); the pages they reach are filled with `int3`.
     used: usize,
-    /// Bytes filled with `int3` (whole pages, at least `used`).
-    filled: usize,
     /// Places handed out and not dropped yet.
     live: usize,
     /// Places handed out whose code is not written yet: the alias stays until they are.
@@ -234,12 +234,12 @@ impl Chunk {
     /// Hands out the next `cap` bytes (the chunk is open and has room), filling the pages
     /// they reach with `int3` first: the code's address.
     fn hand_out(&mut self, cap: usize) -> usize {
-        let end = (self.used + cap).next_multiple_of(page_size()).min(CHUNK);
-        if end > self.filled {
+        let page = page_size();
+        let (filled, end) = (self.used.next_multiple_of(page), (self.used + cap).next_multiple_of(page).min(CHUNK));
+        if end > filled {
             // SAFETY: the chunk is open (its alias `rw`, CHUNK bytes, mapped read-write) and
-            // [filled, end) lies inside it, past every place handed out: no code is there.
-            unsafe { std::ptr::write_bytes((self.rw + self.filled) as *mut u8, 0xcc, end - self.filled) };
-            self.filled = end;
+            // [filled, end) lies inside it, on pages no place reached yet: no code is there.
+            unsafe { std::ptr::write_bytes((self.rw + filled) as *mut u8, 0xcc, end - filled) };
         }
         let at = self.rx + self.used;
         self.used += cap;
@@ -323,7 +323,7 @@ impl Arena {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.chunks.push(Chunk { id, rx, rw, pid, used: 0, filled: 0, live: 0, pending: 0, full: false });
+        self.chunks.push(Chunk { id, rx, rw, pid, used: 0, live: 0, pending: 0, full: false });
         self.chunks.last_mut()
     }
 
@@ -414,6 +414,13 @@ mod tests {
         f() & 0xffff_ffff
     }
 
+    /// `code` placed in `arena` (not the process's): its address and chunk.
+    fn put(arena: &mut Arena, code: &[u8]) -> (usize, u64) {
+        let (at, cap, id) = arena.take(code.len(), near()).unwrap();
+        arena.write(id, at, code, cap).unwrap();
+        (at, id)
+    }
+
     fn place(code: &[u8]) -> ExecMemory {
         let r = ExecMemory::reserve(code.len(), near()).unwrap();
         r.place(code).unwrap()
@@ -453,9 +460,7 @@ mod tests {
     fn a_closed_chunk_is_unmapped_with_its_last_program() {
         // An arena of the test's own (the process's is shared with the tests running beside).
         let mut arena = Arena::default();
-        let code = returning(7, 64);
-        let (first, cap, id) = arena.take(code.len(), near()).unwrap();
-        arena.write(id, first, &code, cap).unwrap();
+        let (first, id) = put(&mut arena, &returning(7, 64));
         // SAFETY: the code is `mov eax, 7; ret` after nops, placed above.
         let f: extern "C" fn() -> u64 = unsafe { std::mem::transmute(first) };
         assert_eq!(f() & 0xffff_ffff, 7);
@@ -464,9 +469,7 @@ mod tests {
         let big = returning(8, ARENA_MAX);
         let mut more = Vec::new();
         while more.len() < CHUNK / ARENA_MAX + 1 {
-            let (at, cap, id) = arena.take(big.len(), near()).unwrap();
-            arena.write(id, at, &big, cap).unwrap();
-            more.push((at, id));
+            more.push(put(&mut arena, &big));
         }
         let (last, last_id) = *more.last().unwrap();
         assert_ne!(last_id, id, "a new chunk opened");
@@ -489,9 +492,7 @@ mod tests {
     #[test]
     fn a_chunk_takes_memory_only_for_the_pages_its_places_reach() {
         let mut arena = Arena::default();
-        let code = returning(3, 100);
-        let (at, cap, id) = arena.take(code.len(), near()).unwrap();
-        arena.write(id, at, &code, cap).unwrap();
+        let (at, id) = put(&mut arena, &returning(3, 100));
         let resident = |addr: usize| {
             let mut v = [0u8; 1];
             // SAFETY: mincore of one page of the chunk's mapping, into a vector we own.
@@ -506,6 +507,29 @@ mod tests {
         arena.give_back(id, true);
         let k = arena.chunks.iter().position(|c| c.id == id).unwrap();
         assert!(arena.close_chunk(k));
+    }
+
+    #[test]
+    fn a_place_dropped_unwritten_does_not_keep_a_full_chunk_open() {
+        let mut arena = Arena::default();
+        let (first, id) = put(&mut arena, &returning(5, 64));
+        // A place handed out, then a program that does not fit: the chunk is full but its
+        // alias stays while the place is pending.
+        let (_, _, pending_id) = arena.take(ARENA_MAX, near()).unwrap();
+        assert_eq!(pending_id, id);
+        let mut more = Vec::new();
+        while arena.chunks.iter().any(|c| c.id == id && !c.full) {
+            more.push(put(&mut arena, &returning(6, ARENA_MAX)).1);
+        }
+        assert_ne!(arena.chunks.iter().find(|c| c.id == id).unwrap().rw, 0, "kept for the pending place");
+        // Dropped without its code (a failed compile): the alias goes.
+        arena.give_back(id, false);
+        assert_eq!(arena.chunks.iter().find(|c| c.id == id).unwrap().rw, 0);
+        assert_eq!(prot_of(first).get(..3), Some("r-x"), "the first program still lives there");
+        for i in more.into_iter().chain([id]) {
+            arena.give_back(i, true);
+        }
+        assert_eq!(prot_of(first), "unmapped");
     }
 
     #[test]
