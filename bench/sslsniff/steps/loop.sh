@@ -11,7 +11,8 @@
 #
 #   bench/sslsniff/steps/loop.sh [USERBPF ...]    (default target/release/userbpf)
 #   LOOP_RUNS (5), LOOP_REQUESTS (20000), LOOP_ROUNDS (21), LOOP_DLINES (1000), LOOP_IKB (24),
-#   LOOP_STRIDE (64; 4160 evicts TLB entries too), LOOP_KERNEL (1)
+#   LOOP_STRIDE (64; 4160 evicts TLB entries too), LOOP_KERNEL (1), LOOP_BRANCHES (0; 1: the
+#   code between requests is conditional branches, which evict the branch predictors' state)
 #
 # Needs BCC's kernel headers (see setup.sh).
 set -e
@@ -21,6 +22,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 RUNS=${LOOP_RUNS:-5}
 COMMON="${LOOP_REQUESTS:-20000} ${LOOP_ROUNDS:-21} ${LOOP_DLINES:-1000} ${LOOP_IKB:-24}"
 ARGS="$COMMON 1 ${LOOP_STRIDE:-64}"
+export SSLLOOP_BRANCHES=${LOOP_BRANCHES:-0}
 cc -O2 -fcf-protection=none -o "$B/sslloop" "$HERE/sslloop.c" -L"$B" -l:libssl.so.3 -Wl,-rpath,"$B"
 # The kernel's side: the same loop on a copy of the stand-in of its own (another file, so that
 # neither tool's probes reach the other's target), sslsniff-bpfcc attached to it by BCC.

@@ -2,7 +2,10 @@
 // SSL_read finding no data, SSL_write of a 612-byte response) on the stand-in libssl
 // (fakessl.c), with other work between requests that evicts caches as nginx's own code and
 // the kernel's do: it touches DLINES lines of a data buffer and runs IKB KiB of code (no-ops)
-// between requests. Rounds alternate between the probed functions and unprobed copies of
+// between requests. With SSLLOOP_BRANCHES=1 in the environment that code is conditional
+// branches instead, one a 16 bytes, each taken or not by a bit of a fixed number (predictable,
+// as most of nginx's are): as nginx's own code does, it evicts the branch predictors' entries
+// (taken branches' targets, outcome history) as well as the code lines. Rounds alternate between the probed functions and unprobed copies of
 // them (plain_read, plain_write), so that the machine's drift moves both alike. Prints the
 // medians of a request's time, probed and unprobed, and the median of the differences of
 // consecutive rounds (ROUNDS of each).
@@ -58,8 +61,18 @@ int main(int argc, char **argv)
 		return 1;
 	memset(code, 0x90, clen - 1);
 	code[clen - 1] = 0xc3;
+	const char *br = getenv("SSLLOOP_BRANCHES");
+	if (br && *br && strcmp(br, "0") != 0 && clen > 32) {
+		// mov eax, edi; then slots of 16 bytes: bt eax, k; jc to the next slot; no-ops.
+		code[0] = 0x89;
+		code[1] = 0xf8;
+		for (size_t at = 2, k = 0; at + 16 < clen; at += 16, k++) {
+			unsigned char slot[6] = {0x0f, 0xba, 0xe0, (unsigned char)(k * 7 % 32), 0x72, 10};
+			memcpy(code + at, slot, sizeof slot);
+		}
+	}
 	mprotect(code, clen, PROT_READ | PROT_EXEC);
-	void (*work)(void) = (void (*)(void))code;
+	void (*work)(unsigned) = (void (*)(unsigned))code;
 	memset(req, 'r', sizeof req);
 	memset(resp, 'x', sizeof resp);
 	double *t[3];
@@ -73,7 +86,7 @@ int main(int argc, char **argv)
 			for (long i = 0; i < n; i++) {
 				for (long j = 0; j < dlines; j++)
 					data[j * stride]++;
-				work();
+				work(0x9e3779b9);
 				rd(NULL, req, sizeof req);
 				rd(NULL, req, 0);
 				wr(NULL, resp, sizeof resp);
