@@ -121,6 +121,7 @@ pub fn check(
     let mut opts = Options::new(prog_type);
     opts.gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(license);
     opts.writable_args = userbpf_object::section::writable_args(section);
+    opts.snprintf_format = Some(crate::helpers::printf::snprintf_format_is_valid);
     let mut pc = 0;
     while pc < insns.len() {
         let insn = insns[pc];

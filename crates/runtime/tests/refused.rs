@@ -50,3 +50,13 @@ fn kernel_only_programs() {
     let obj = common::load(&s, &path, Engine::Interpreter, Some(&only));
     assert_eq!(common::run(&obj, "user_side"), 0);
 }
+
+#[test]
+fn snprintf_formats_are_checked_when_loading() {
+    // As the kernel's verifier: a constant format bpf_snprintf would refuse fails the load.
+    for (prog, insn) in [("with_precision", "Invalid format string"), ("with_too_few", "Invalid format string")] {
+        let only = [prog.to_string()];
+        let e = load_err("bad_format", Some(&only));
+        assert!(e.contains(&format!("program `{prog}` (section uprobe): instruction ")) && e.contains(insn), "{e}");
+    }
+}

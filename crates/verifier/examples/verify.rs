@@ -62,6 +62,8 @@ fn main() {
             gpl_compatible,
             writable_args: userbpf_object::section::writable_args(&p.section),
             log_level: level,
+            // The format rules are the runtime's, which this example does not link.
+            snprintf_format: None,
         };
         match verify(&p.insns, &opts) {
             Ok(s) => {

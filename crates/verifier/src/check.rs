@@ -839,6 +839,24 @@ impl Verifier<'_> {
     }
 
     /// The kernel's `check_helper_call`.
+    /// `check_bpf_snprintf_call`: a format in a frozen map is checked when loading, with as
+    /// many arguments as `data_len` (r5) gives; `data_len` must be a multiple of 8.
+    fn check_snprintf_format(&self, st: &State, valid: fn(&[u8], usize) -> bool) -> Result<(), Fail> {
+        let (fmt, len) = (self.read_reg(st, 3)?, self.read_reg(st, 5)?);
+        let Some(data_len) = len.val.const_value() else { return Ok(()) };
+        if data_len % 8 != 0 {
+            return Err("Invalid format string: data_len is not a multiple of 8".into());
+        }
+        let m = self.map(fmt.map)?;
+        let (Some(data), Some(v)) = (&m.frozen, fmt.val.const_value()) else { return Ok(()) };
+        let start = (fmt.off as i64 + v as i64) as usize;
+        let Some(text) = data.get(start..).and_then(|d| d.split(|&b| b == 0).next()) else { return Ok(()) };
+        if !valid(text, (data_len / 8) as usize) {
+            return Err("Invalid format string".into());
+        }
+        Ok(())
+    }
+
     fn check_helper(&mut self, st: &mut State, pc: usize, id: i32) -> Result<Next, Fail> {
         let idu = id as u32;
         let Some(proto) = helpers::proto(idu) else {
@@ -1003,6 +1021,11 @@ impl Verifier<'_> {
                     self.helper_mem(st, pc, regno, 8, Access::Write, true)?;
                 }
             }
+        }
+        if idu == 165
+            && let Some(valid) = self.opts.snprintf_format
+        {
+            self.check_snprintf_format(st, valid)?;
         }
         // As the kernel, a lookup in an array with a constant key below max_entries cannot
         // fail: its result needs no null check.

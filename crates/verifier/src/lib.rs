@@ -95,6 +95,11 @@ pub struct Options {
     /// 0: no log; 1: the instructions of each path and the state where paths start; 2: the
     /// state after every instruction.
     pub log_level: u32,
+    /// Checks `bpf_snprintf`'s format when it is a constant string (a frozen read-only map's,
+    /// as the helper demands), given the format's bytes (to its NUL) and the number of 8-byte
+    /// arguments `data_len` gives: false refuses the program ("Invalid format string"), as the
+    /// kernel's verifier does. The rules are the runtime's (its `printf`); `None`: unchecked.
+    pub snprintf_format: Option<fn(&[u8], usize) -> bool>,
 }
 
 impl Options {
@@ -106,6 +111,7 @@ impl Options {
             gpl_compatible: true,
             writable_args: false,
             log_level: 0,
+            snprintf_format: None,
         }
     }
 }

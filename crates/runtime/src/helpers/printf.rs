@@ -5,7 +5,8 @@
 //! # Formats
 //!
 //! As in the kernel, a format is checked and its arguments captured first, then printed:
-//! - characters must be printable ASCII or white space; `%%` prints `%`;
+//! - characters must be printable ASCII, white space or bytes from 0x80 (UTF-8 text; ASCII
+//!   control characters are refused); `%%` prints `%`;
 //! - a conversion is `%`, flags among `0 + - space`, an optional width (no precision, no
 //!   `*`, no `#`), then one of `d i u x X` (with `l` or `ll`), `c`, `s`, `p`, `pK`, `px`,
 //!   `ps`, `pS`, `pB`, `pi4`, `pI4`, `pi6`, `pI6`, `pks`, `pus`; `%s` and `%pks`/`%pus` must
@@ -388,7 +389,9 @@ pub(crate) fn prepare(fmt: &[u8], raw: &[u64], a: &mut Args) -> Result<(), i32> 
     };
     while i < n {
         let c = at(i);
-        if !(is_print(c) || is_space(c)) {
+        // ASCII control characters are refused; bytes from 0x80 (UTF-8 text) pass, as the
+        // kernel (6.18) lets them.
+        if c.is_ascii() && !(is_print(c) || is_space(c)) {
             return Err(libc::EINVAL);
         }
         if c != b'%' {
@@ -778,6 +781,17 @@ unsafe extern "C" fn trace_vprintk(fmt: u64, fmt_size: u64, data: u64, data_len:
     trace_common(&fbuf[..len], &raw[..n])
 }
 
+/// Whether `fmt` is a format `bpf_snprintf` takes with `nargs` arguments (what the kernel's
+/// verifier checks of a constant format when loading): false where [`prepare`] refuses it as
+/// `-EINVAL` (the arguments' values do not matter to that; zeros stand for them).
+pub fn snprintf_format_is_valid(fmt: &[u8], nargs: usize) -> bool {
+    if nargs > MAX_BPRINTF_VARARGS {
+        return false;
+    }
+    let raw = [0u64; MAX_BPRINTF_VARARGS];
+    prepare(fmt, &raw[..nargs], &mut Args::new()) != Err(libc::EINVAL)
+}
+
 /// `long bpf_snprintf(str, str_size, fmt, data, data_len)`: the length of the whole output
 /// including the NUL (the output is cut to `str_size`, NUL-terminated if `str_size` > 0), or
 /// `-EINVAL` / `-ENOSPC` / `-EFAULT` (bad memory; the kernel's verifier prevents it).
@@ -890,8 +904,10 @@ mod tests {
         assert_eq!(fmt("%pz", &[1]), e);
         assert_eq!(fmt("%pI5", &[1]), e);
         assert_eq!(fmt("%", &[1]), e);
-        assert_eq!(fmt("caf\u{e9}", &[]), e);
+        // UTF-8 passes (the kernel 6.18 lets bytes from 0x80 through), ASCII controls do not.
+        assert_eq!(fmt("caf\u{e9}", &[]), Ok("caf\u{e9}".into()));
         assert_eq!(fmt("a\x01", &[]), e);
+        assert_eq!(fmt("a\x7f", &[]), e);
         assert!(fmt("tab\tnl\n", &[]).is_ok());
     }
 

@@ -195,7 +195,15 @@ pub fn map_info(m: &MapDef) -> MapInfo {
 pub fn options(obj: &Object, ptype: ProgType) -> Options {
     let gpl_compatible = userbpf_verifier::helpers::license_is_gpl_compatible(&obj.license);
     let maps = obj.maps.iter().enumerate().map(|(i, m)| (i as u32, map_info(m))).collect::<BTreeMap<_, _>>();
-    Options { prog_type: ptype, maps, privileged: true, gpl_compatible, writable_args: false, log_level: 0 }
+    Options {
+        prog_type: ptype,
+        maps,
+        privileged: true,
+        gpl_compatible,
+        writable_args: false,
+        log_level: 0,
+        snprintf_format: None,
+    }
 }
 
 /// One program judged by both verifiers.
