@@ -2,8 +2,12 @@
 //! prepared memory and maps, inside a run context; and a small program calling helpers in
 //! both executors.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use userbpf_testutil::TmpDir;
+
+use common::{Registered, lddw};
 
 use userbpf_isa::Insn;
 use userbpf_maps::perf::{BPF_F_CURRENT_CPU, PerfConsumer, PerfEvent};
@@ -11,7 +15,7 @@ use userbpf_maps::ringbuf::RingBufConsumer;
 use userbpf_maps::*;
 use userbpf_runtime::context::{self, CpuSlots, RunContext};
 use userbpf_runtime::helpers::{self, maps::register_map, stack::pt_regs};
-use userbpf_vm::{HelperFn, Interpreter, JitProgram, LoadOptions, MemoryPolicy, Program, Region};
+use userbpf_vm::{HelperFn, Interpreter, JitProgram, LoadOptions, Program, Region};
 
 // ---- support ----
 
@@ -1027,17 +1031,6 @@ fn strncmp_and_strtol() {
 }
 
 // ---- a program calling helpers, in both executors ----
-
-struct Registered;
-impl MemoryPolicy for Registered {
-    fn allows(&self, addr: u64, len: u64, _write: bool) -> bool {
-        helpers::registry_contains(addr, len)
-    }
-}
-
-fn lddw(dst: u8, v: u64) -> [Insn; 2] {
-    [Insn::new(0x18, dst, 0, 0, v as u32 as i32), Insn::new(0, 0, 0, 0, (v >> 32) as u32 as i32)]
-}
 
 #[test]
 fn program_calls_helpers_in_the_interpreter_and_the_jit() {

@@ -17,14 +17,18 @@
 //! A difference prints the case's seed, map kind, operations and both results;
 //! `KMAPS_SEED=<seed> KMAPS_COUNT=1` reproduces it.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{Registered, lddw, run_on_packet};
 use userbpf_isa::Insn;
 use userbpf_maps::{Map, MapSpec, MapType};
-use userbpf_runtime::context::{self, CpuSlots, RunContext};
+use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::helpers::{self, maps::register_map};
+use userbpf_testutil::kernel::{self, Fd};
 use userbpf_testutil::{Rng, TmpDir};
-use userbpf_vm::{Interpreter, JitProgram, LoadOptions, MemoryPolicy, Program, Region};
+use userbpf_vm::{LoadOptions, Program};
 
 const OPS: usize = 24;
 /// The output array's element: 16 bytes an operation.
@@ -218,50 +222,9 @@ fn program(kind: Kind, ops: &[Op], map: impl Fn() -> [Insn; 2], out: [Insn; 2]) 
 
 // ---- the kernel's side ----
 
-/// A `union bpf_attr`, filled by offset.
-struct Attr([u64; 16]);
-
-impl Attr {
-    fn new() -> Attr {
-        Attr([0; 16])
-    }
-    fn u32(mut self, off: usize, v: u32) -> Attr {
-        let w = &mut self.0[off / 8];
-        let shift = (off % 8) * 8;
-        *w = (*w & !(0xffff_ffffu64 << shift)) | (v as u64) << shift;
-        self
-    }
-    fn u64(mut self, off: usize, v: u64) -> Attr {
-        self.0[off / 8] = v;
-        self
-    }
-    fn get_u32(&self, off: usize) -> u32 {
-        (self.0[off / 8] >> ((off % 8) * 8)) as u32
-    }
-    fn call(&mut self, cmd: libc::c_long) -> Result<libc::c_long, std::io::Error> {
-        // SAFETY: the attribute is a `union bpf_attr` of 128 bytes whose pointers (set by the
-        // callers) point to live buffers of the sizes the command reads and writes.
-        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), 128u32) };
-        if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
-    }
-}
-
-struct Fd(libc::c_int);
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: a descriptor this test opened, closed once.
-        unsafe { libc::close(self.0) };
-    }
-}
-
 fn kernel_map(spec: &MapSpec) -> Fd {
-    let mut a = Attr::new()
-        .u32(0, spec.map_type as u32)
-        .u32(4, spec.key_size)
-        .u32(8, spec.value_size)
-        .u32(12, spec.max_entries)
-        .u32(16, spec.map_flags);
-    Fd(a.call(0).unwrap_or_else(|e| panic!("BPF_MAP_CREATE {:?}: {e}", spec.map_type)) as libc::c_int)
+    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
+        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE {:?}: {e}", spec.map_type))
 }
 
 /// The output array, as the kernel and our maps both have it.
@@ -280,42 +243,13 @@ fn out_spec() -> MapSpec {
 /// Runs `insns` in the kernel as a socket filter (`BPF_PROG_TEST_RUN` on a 64-byte packet of
 /// zeros: a program type that may use every map kind here) and returns the output element.
 fn kernel_run(insns: &[Insn], out: &Fd) -> Vec<u8> {
-    let bytes = userbpf_isa::encode(insns);
-    let mut log = vec![0u8; 1 << 20];
-    let mut a = Attr::new()
-        .u32(0, 1) // BPF_PROG_TYPE_SOCKET_FILTER
-        .u32(4, insns.len() as u32)
-        .u64(8, bytes.as_ptr() as u64)
-        .u64(16, c"GPL".as_ptr() as u64)
-        .u32(24, 1)
-        .u32(28, log.len() as u32)
-        .u64(32, log.as_mut_ptr() as u64);
-    let fd = match a.call(5) {
-        Ok(fd) => Fd(fd as libc::c_int),
-        Err(e) => {
-            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-            panic!("the kernel refuses the program: {e}\n{text}");
-        }
-    };
-    let key = 0u32;
-    let zeros = vec![0u8; OUT_LEN];
-    Attr::new()
-        .u32(0, out.0 as u32)
-        .u64(8, &key as *const u32 as u64)
-        .u64(16, zeros.as_ptr() as u64)
-        .call(2)
-        .expect("zeroing the output element");
-    let packet = [0u8; 64];
-    let mut a = Attr::new().u32(0, fd.0 as u32).u32(8, packet.len() as u32).u64(16, packet.as_ptr() as u64);
-    a.call(10).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
-    assert_eq!(a.get_u32(4), 0, "the kernel's run returned non-zero");
+    kernel::map_update(out, &0u32.to_ne_bytes(), &[0; OUT_LEN], 0).expect("zeroing the output element");
+    let prog = kernel::prog_load(kernel::PROG_SOCKET_FILTER, &userbpf_isa::encode(insns), 0)
+        .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"));
+    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
+    assert_eq!(ret, 0, "the kernel's run returned non-zero");
     let mut value = vec![0u8; OUT_LEN];
-    Attr::new()
-        .u32(0, out.0 as u32)
-        .u64(8, &key as *const u32 as u64)
-        .u64(16, value.as_mut_ptr() as u64)
-        .call(1)
-        .expect("the output element");
+    kernel::map_lookup(out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
     value
 }
 
@@ -332,27 +266,21 @@ fn values(buf: &[u8]) -> Vec<u64> {
 
 /// The kernel map's [`Contents`] (a queue or stack is emptied).
 fn kernel_contents(fd: &Fd, kind: Kind) -> Contents {
-    let ks = kind.spec().key_size as usize;
     let mut out = Vec::new();
     let mut value = vec![0u8; kind.value_len()];
     if !kind.keyed() {
-        while Attr::new().u32(0, fd.0 as u32).u64(16, value.as_mut_ptr() as u64).call(21).is_ok() {
+        while kernel::map_pop(fd, &mut value).is_ok() {
             out.push((Vec::new(), values(&value)));
         }
         return out;
     }
     let mut key: Option<Vec<u8>> = None;
     loop {
-        let mut next = vec![0u8; ks];
-        let mut a = Attr::new().u32(0, fd.0 as u32).u64(16, next.as_mut_ptr() as u64);
-        if let Some(k) = &key {
-            a = a.u64(8, k.as_ptr() as u64);
-        }
-        if a.call(4).is_err() {
+        let mut next = vec![0u8; kind.spec().key_size as usize];
+        if !kernel::map_next_key(fd, key.as_deref(), &mut next) {
             break;
         }
-        let mut a = Attr::new().u32(0, fd.0 as u32).u64(8, next.as_ptr() as u64).u64(16, value.as_mut_ptr() as u64);
-        a.call(1).expect("lookup of a key get_next_key gave");
+        kernel::map_lookup(fd, &next, &mut value).expect("lookup of a key get_next_key gave");
         out.push((next.clone(), values(&value)));
         key = Some(next);
     }
@@ -361,17 +289,6 @@ fn kernel_contents(fd: &Fd, kind: Kind) -> Contents {
 }
 
 // ---- ours ----
-
-struct Registered;
-impl MemoryPolicy for Registered {
-    fn allows(&self, addr: u64, len: u64, _write: bool) -> bool {
-        helpers::registry_contains(addr, len)
-    }
-}
-
-fn lddw(dst: u8, v: u64) -> [Insn; 2] {
-    [Insn::new(0x18, dst, 0, 0, v as u32 as i32), Insn::new(0, 0, 0, 0, (v >> 32) as u32 as i32)]
-}
 
 /// Empties one of our maps (an array's elements back to zero).
 fn clear(map: &Map, kind: Kind) {
@@ -423,23 +340,10 @@ fn words(ctx: &[u8]) -> Vec<i64> {
     ctx.chunks(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 #[test]
 fn map_helpers_agree_with_the_kernel() {
-    let seed = match std::env::var("KMAPS_SEED").ok().as_deref() {
-        Some("time") => {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }
-        _ => env_u64("KMAPS_SEED").unwrap_or(0x6b6d_6170),
-    };
-    let count = env_u64("KMAPS_COUNT").unwrap_or(1000);
+    let seed = userbpf_testutil::seed_from_env("KMAPS_SEED", 0x6b6d_6170);
+    let count = userbpf_testutil::env_u64("KMAPS_COUNT").unwrap_or(1000);
     let dir = TmpDir::new("kernel-maps-differential");
     let kinds = [Kind::Hash, Kind::Array, Kind::PercpuHash, Kind::PercpuArray, Kind::Lpm, Kind::Queue, Kind::Stack];
     // Our maps, two of each kind (one per executor), registered once and emptied between cases.
@@ -490,17 +394,7 @@ fn map_helpers_agree_with_the_kernel() {
             our_out.update_elem(&0u32.to_ne_bytes(), &[0; OUT_LEN], 0).unwrap();
             let insns = program(kind, &ops, || lddw(1, addr), lddw(1, out_addr));
             let prog = Arc::new(Program::load(&insns, &opts, None).unwrap());
-            let mut packet = [0u8; 64];
-            let g = context::enter(&slots, RunContext::default()).unwrap();
-            let r = if e == 1 {
-                let jit = JitProgram::compile(prog).unwrap();
-                // SAFETY: the program touches its stack and the map values its lookups return.
-                unsafe { jit.run(packet.as_mut_ptr() as u64, 0) }
-            } else {
-                Interpreter::new(prog).run(packet.as_mut_ptr() as u64, 0, &[Region::of_mut(&mut packet)])
-            };
-            drop(g);
-            assert_eq!(r.unwrap(), 0, "{engine}");
+            assert_eq!(run_on_packet(&prog, e == 1, &slots), 0, "{engine}");
             let mut out = vec![0u8; OUT_LEN];
             our_out.lookup_elem(&0u32.to_ne_bytes(), &mut out).unwrap();
             let contents = our_contents(m, kind);

@@ -11,14 +11,18 @@
 //! A difference prints the case's seed, its strings and arguments and both results;
 //! `KSTR_SEED=<seed> KSTR_COUNT=1` reproduces it.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::{Registered, lddw, run_on_packet};
 use userbpf_isa::Insn;
 use userbpf_maps::{Map, MapSpec, MapType};
-use userbpf_runtime::context::{self, CpuSlots, RunContext};
+use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::helpers::{self, maps::register_map};
+use userbpf_testutil::kernel::{self, Fd};
 use userbpf_testutil::{Rng, TmpDir};
-use userbpf_vm::{Interpreter, JitProgram, LoadOptions, MemoryPolicy, Program, Region};
+use userbpf_vm::{LoadOptions, Program};
 
 /// The read-only strings: the format (or the number) at 0, then `%s` arguments.
 const RO_LEN: usize = 512;
@@ -48,28 +52,6 @@ struct Case {
     seed: u64,
     ro: Vec<u8>,
     call: Call,
-}
-
-fn edge(rng: &mut Rng) -> u64 {
-    const EDGES: [u64; 12] = [
-        0,
-        1,
-        9,
-        10,
-        0x7f,
-        0xff,
-        0x7fff_ffff,
-        0x8000_0000,
-        0xffff_ffff,
-        0x7fff_ffff_ffff_ffff,
-        0x8000_0000_0000_0000,
-        u64::MAX,
-    ];
-    match rng.below(3) {
-        0 => rng.pick(&EDGES),
-        1 => rng.range(-300, 300) as u64,
-        _ => rng.next_u64(),
-    }
 }
 
 /// A random format string and its arguments.
@@ -117,7 +99,7 @@ fn format(rng: &mut Rng) -> (String, Vec<Arg>) {
                 args.push(if conv == 's' {
                     Arg::Str(rng.below(STR_AT.len() as u64) as usize)
                 } else {
-                    Arg::Value(edge(rng))
+                    Arg::Value(rng.edge_u64())
                 });
             }
         }
@@ -128,7 +110,7 @@ fn format(rng: &mut Rng) -> (String, Vec<Arg>) {
     }
     // Sometimes an argument too many or too few.
     match rng.below(16) {
-        0 => args.push(Arg::Value(edge(rng))),
+        0 => args.push(Arg::Value(rng.edge_u64())),
         1 => {
             args.pop();
         }
@@ -185,7 +167,7 @@ impl Case {
             ro[..f.len()].copy_from_slice(f);
             let size = rng.pick(&[0, 1, 5, 16, 64, 200, 256]);
             // KSTR_SIZE: another output size for the case (to see a cut output whole).
-            let size = env_u64("KSTR_SIZE").map_or(size, |s| s as i32);
+            let size = userbpf_testutil::env_u64("KSTR_SIZE").map_or(size, |s| s as i32);
             Call::Snprintf { size, args }
         } else {
             let num = number(&mut rng);
@@ -275,42 +257,6 @@ impl Case {
 
 // ---- the kernel's side ----
 
-/// A `union bpf_attr`, filled by offset.
-struct Attr([u64; 16]);
-
-impl Attr {
-    fn new() -> Attr {
-        Attr([0; 16])
-    }
-    fn u32(mut self, off: usize, v: u32) -> Attr {
-        let w = &mut self.0[off / 8];
-        let shift = (off % 8) * 8;
-        *w = (*w & !(0xffff_ffffu64 << shift)) | (v as u64) << shift;
-        self
-    }
-    fn u64(mut self, off: usize, v: u64) -> Attr {
-        self.0[off / 8] = v;
-        self
-    }
-    fn get_u32(&self, off: usize) -> u32 {
-        (self.0[off / 8] >> ((off % 8) * 8)) as u32
-    }
-    fn call(&mut self, cmd: libc::c_long) -> Result<libc::c_long, std::io::Error> {
-        // SAFETY: the attribute is a `union bpf_attr` of 128 bytes whose pointers (set by the
-        // callers) point to live buffers of the sizes the command reads and writes.
-        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), 128u32) };
-        if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
-    }
-}
-
-struct Fd(libc::c_int);
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: a descriptor this test opened, closed once.
-        unsafe { libc::close(self.0) };
-    }
-}
-
 fn array(value_size: usize, flags: u32) -> MapSpec {
     MapSpec {
         map_type: MapType::BPF_MAP_TYPE_ARRAY,
@@ -324,23 +270,8 @@ fn array(value_size: usize, flags: u32) -> MapSpec {
 }
 
 fn kernel_map(spec: &MapSpec) -> Fd {
-    let mut a = Attr::new()
-        .u32(0, 2)
-        .u32(4, spec.key_size)
-        .u32(8, spec.value_size)
-        .u32(12, spec.max_entries)
-        .u32(16, spec.map_flags);
-    Fd(a.call(0).unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}")) as libc::c_int)
-}
-
-fn kernel_update(fd: &Fd, value: &[u8]) {
-    let key = 0u32;
-    Attr::new()
-        .u32(0, fd.0 as u32)
-        .u64(8, &key as *const u32 as u64)
-        .u64(16, value.as_ptr() as u64)
-        .call(2)
-        .expect("BPF_MAP_UPDATE_ELEM");
+    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
+        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}"))
 }
 
 /// Runs the case in the kernel: its output element, or `Err` when the verifier refuses the
@@ -348,79 +279,32 @@ fn kernel_update(fd: &Fd, value: &[u8]) {
 fn kernel_run(case: &Case) -> Result<Vec<u8>, String> {
     // The read-only strings, frozen (`bpf_snprintf` takes its format only from such a map).
     let ro = kernel_map(&array(RO_LEN, BPF_F_RDONLY_PROG));
-    kernel_update(&ro, &case.ro);
-    Attr::new().u32(0, ro.0 as u32).call(22).expect("BPF_MAP_FREEZE");
+    kernel::map_update(&ro, &0u32.to_ne_bytes(), &case.ro, 0).expect("BPF_MAP_UPDATE_ELEM");
+    kernel::map_freeze(&ro).expect("BPF_MAP_FREEZE");
     let out = kernel_map(&array(OUT_LEN, 0));
     // BPF_PSEUDO_MAP_VALUE (src 2): the map's value at an offset; BPF_PSEUDO_MAP_FD (src 1).
     let insns = case.program(
         |off| [Insn::new(0x18, 1, 2, 0, ro.0), Insn::new(0, 0, 0, 0, off)],
         [Insn::new(0x18, 1, 1, 0, out.0), Insn::new(0, 0, 0, 0, 0)],
     );
-    let bytes = userbpf_isa::encode(&insns);
-    let mut log = vec![0u8; 1 << 20];
-    let mut a = Attr::new()
-        .u32(0, 1) // BPF_PROG_TYPE_SOCKET_FILTER
-        .u32(4, insns.len() as u32)
-        .u64(8, bytes.as_ptr() as u64)
-        .u64(16, c"GPL".as_ptr() as u64)
-        .u32(24, 1)
-        .u32(28, log.len() as u32)
-        .u64(32, log.as_mut_ptr() as u64);
-    let prog = match a.call(5) {
-        Ok(fd) => Fd(fd as libc::c_int),
-        Err(e) => {
-            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned();
-            if text.contains("Invalid format string") {
-                return Err(text);
-            }
-            panic!("case seed {:#x}: the kernel refuses the program: {e}\n{text}", case.seed);
-        }
+    let prog = match kernel::prog_load(kernel::PROG_SOCKET_FILTER, &userbpf_isa::encode(&insns), 0) {
+        Ok(p) => p,
+        Err((_, log)) if log.contains("Invalid format string") => return Err(log),
+        Err((e, log)) => panic!("case seed {:#x}: the kernel refuses the program: {e}\n{log}", case.seed),
     };
-    let packet = [0u8; 64];
-    let mut a = Attr::new().u32(0, prog.0 as u32).u32(8, packet.len() as u32).u64(16, packet.as_ptr() as u64);
-    a.call(10).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
-    assert_eq!(a.get_u32(4), 0, "the kernel's run returned non-zero");
-    let key = 0u32;
+    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
+    assert_eq!(ret, 0, "the kernel's run returned non-zero");
     let mut value = vec![0u8; OUT_LEN];
-    Attr::new()
-        .u32(0, out.0 as u32)
-        .u64(8, &key as *const u32 as u64)
-        .u64(16, value.as_mut_ptr() as u64)
-        .call(1)
-        .expect("the output element");
+    kernel::map_lookup(&out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
     Ok(value)
 }
 
 // ---- ours ----
 
-struct Registered;
-impl MemoryPolicy for Registered {
-    fn allows(&self, addr: u64, len: u64, _write: bool) -> bool {
-        helpers::registry_contains(addr, len)
-    }
-}
-
-fn lddw(dst: u8, v: u64) -> [Insn; 2] {
-    [Insn::new(0x18, dst, 0, 0, v as u32 as i32), Insn::new(0, 0, 0, 0, (v >> 32) as u32 as i32)]
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 #[test]
 fn string_helpers_agree_with_the_kernel() {
-    let seed = match std::env::var("KSTR_SEED").ok().as_deref() {
-        Some("time") => {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }
-        _ => env_u64("KSTR_SEED").unwrap_or(0x6b73_7472),
-    };
-    let count = env_u64("KSTR_COUNT").unwrap_or(2000);
+    let seed = userbpf_testutil::seed_from_env("KSTR_SEED", 0x6b73_7472);
+    let count = userbpf_testutil::env_u64("KSTR_COUNT").unwrap_or(2000);
     let dir = TmpDir::new("kernel-strings-differential");
     let out = Arc::new(Map::create(&dir.path("out"), &array(OUT_LEN, 0)).unwrap());
     out.set_id(1);
@@ -474,17 +358,7 @@ fn string_helpers_agree_with_the_kernel() {
         let prog = Arc::new(Program::load(&insns, &opts, None).unwrap());
         for (e, engine) in ["interpreter", "JIT"].iter().enumerate() {
             out.update_elem(&0u32.to_ne_bytes(), &[0; OUT_LEN], 0).unwrap();
-            let mut packet = [0u8; 64];
-            let g = context::enter(&slots, RunContext::default()).unwrap();
-            let r = if e == 1 {
-                let jit = JitProgram::compile(prog.clone()).unwrap();
-                // SAFETY: the program touches its stack and the output element.
-                unsafe { jit.run(packet.as_mut_ptr() as u64, 0) }
-            } else {
-                Interpreter::new(prog.clone()).run(packet.as_mut_ptr() as u64, 0, &[Region::of_mut(&mut packet)])
-            };
-            drop(g);
-            assert_eq!(r.unwrap(), 0, "{engine}");
+            assert_eq!(run_on_packet(&prog, e == 1, &slots), 0, "{engine}");
             let mut o = vec![0u8; OUT_LEN];
             out.lookup_elem(&0u32.to_ne_bytes(), &mut o).unwrap();
             if o != k_out {

@@ -108,11 +108,63 @@ impl Rng {
         items[self.index(items.len())]
     }
 
+    /// A value near the edges of integer arithmetic (0, 1, 2, 10 and the limits of 8-, 16-,
+    /// 32- and 64-bit signed and unsigned numbers, or their negations), a small signed one, or
+    /// any: what fuzz loops give instructions and helpers to meet their corner cases often.
+    pub fn edge_u64(&mut self) -> u64 {
+        const EDGES: [u64; 17] = [
+            0,
+            1,
+            2,
+            10,
+            0x7f,
+            0x80,
+            0xff,
+            0x7fff,
+            0x8000,
+            0xffff,
+            0x7fff_ffff,
+            0x8000_0000,
+            0xffff_ffff,
+            0x1_0000_0000,
+            0x7fff_ffff_ffff_ffff,
+            0x8000_0000_0000_0000,
+            u64::MAX,
+        ];
+        match self.below(4) {
+            0 => self.pick(&EDGES),
+            1 => self.pick(&EDGES).wrapping_neg(),
+            2 => self.range(-300, 300) as u64,
+            _ => self.next_u64(),
+        }
+    }
+
     /// `n` random bytes.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
+
+/// The number in environment variable `name`, decimal or `0x` hex.
+pub fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+/// A fuzz loop's first seed: environment variable `name` as a number ([`env_u64`]), or
+/// `time` for one from the clock (printed by the loops, so that a failure can be
+/// reproduced), else `default`.
+pub fn seed_from_env(name: &str, default: u64) -> u64 {
+    if std::env::var(name).ok().as_deref() == Some("time") {
+        return std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    }
+    env_u64(name).unwrap_or(default)
+}
+
+pub mod kernel;
 
 /// Environment variable: `1` lets tests whose requirement (a tool, a privilege, the kernel's
 /// BTF, the shared conformance suite) is missing pass with a `SKIPPED` line on stderr, on a

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use userbpf_isa::disasm::format_insn;
 use userbpf_isa::*;
-use userbpf_testutil::Rng;
+use userbpf_testutil::{Rng, kernel};
 use userbpf_vm::{HelperRegistry, Interpreter, JitProgram, LoadOptions, Program};
 
 /// Registers the body reads and writes (all but r6, the context, and r10).
@@ -55,128 +55,24 @@ const MAX_BRANCHES: usize = 10;
 const DEFAULT_SEED: u64 = 0x6b64_6966;
 const DEFAULT_COUNT: u64 = 3000;
 
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-const BPF_PROG_TYPE_SYSCALL: u32 = 31;
-const BPF_F_SLEEPABLE: u32 = 1 << 4;
-
-/// `union bpf_attr` as `BPF_PROG_LOAD` reads it (the fields up to `prog_flags`; the rest
-/// zero).
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    rest: [u64; 12],
-}
-
-/// `union bpf_attr` as `BPF_PROG_TEST_RUN` reads it.
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    pad: u32,
-    rest: [u64; 4],
-}
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
-    // SAFETY: `attr` is a `union bpf_attr` prefix of its full size for `cmd`; the pointers in it
-    // point to live buffers of the sizes it gives.
-    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>() as u32) }
-}
-
 /// Loads `insns` into the kernel as a syscall program: its descriptor, or the verifier's log.
-fn kernel_load(insns: &[Insn]) -> Result<libc::c_int, String> {
-    let bytes = encode(insns);
-    let mut log = vec![0u8; 1 << 20];
-    let mut attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_SYSCALL,
-        insn_cnt: insns.len() as u32,
-        insns: bytes.as_ptr() as u64,
-        license: c"GPL".as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-        prog_flags: BPF_F_SLEEPABLE,
-        ..Default::default()
-    };
-    let fd = bpf(BPF_PROG_LOAD, &mut attr);
-    if fd >= 0 {
-        return Ok(fd as libc::c_int);
-    }
-    let err = std::io::Error::last_os_error();
-    // The log's last lines say why.
-    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).into_owned();
-    let tail: Vec<&str> = text.lines().rev().take(12).collect();
-    Err(format!("{err}; the verifier's log ends:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")))
+fn kernel_load(insns: &[Insn]) -> Result<kernel::Fd, String> {
+    kernel::prog_load(kernel::PROG_SYSCALL, &encode(insns), kernel::F_SLEEPABLE).map_err(|(err, log)| {
+        // The log's last lines say why.
+        let tail: Vec<&str> = log.lines().rev().take(12).collect();
+        format!("{err}; the verifier's log ends:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+    })
 }
 
 /// Runs the kernel's program on a copy of `ctx`: its return value and the context after.
-fn kernel_run(fd: libc::c_int, ctx: &[u8]) -> Result<(u32, Vec<u8>), String> {
+fn kernel_run(prog: &kernel::Fd, ctx: &[u8]) -> Result<(u32, Vec<u8>), String> {
     let mut buf = ctx.to_vec();
-    let mut attr = TestRunAttr {
-        prog_fd: fd as u32,
-        ctx_size_in: buf.len() as u32,
-        ctx_in: buf.as_mut_ptr() as u64,
-        ..Default::default()
-    };
-    if bpf(BPF_PROG_TEST_RUN, &mut attr) < 0 {
-        return Err(format!("BPF_PROG_TEST_RUN: {}", std::io::Error::last_os_error()));
-    }
-    Ok((attr.retval, buf))
-}
-
-/// Values near the edges of ALU, shift and comparison instructions, and some at random.
-fn value(rng: &mut Rng) -> u64 {
-    const EDGES: [u64; 16] = [
-        0,
-        1,
-        2,
-        0x7f,
-        0x80,
-        0xff,
-        0x7fff,
-        0x8000,
-        0xffff,
-        0x7fff_ffff,
-        0x8000_0000,
-        0xffff_ffff,
-        0x1_0000_0000,
-        0x7fff_ffff_ffff_ffff,
-        0x8000_0000_0000_0000,
-        u64::MAX,
-    ];
-    match rng.below(4) {
-        0 => rng.pick(&EDGES),
-        1 => rng.pick(&EDGES).wrapping_neg(),
-        2 => rng.range(-64, 64) as u64,
-        _ => rng.next_u64(),
-    }
+    let ret = kernel::test_run_ctx(prog, &mut buf).map_err(|e| format!("BPF_PROG_TEST_RUN: {e}"))?;
+    Ok((ret, buf))
 }
 
 fn imm(rng: &mut Rng) -> i32 {
-    value(rng) as i32
+    rng.edge_u64() as i32
 }
 
 fn reg(rng: &mut Rng) -> u8 {
@@ -355,7 +251,7 @@ impl Case {
         let mut rng = Rng::new(seed);
         let mut insns = vec![Insn::new(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0)];
         for r in REGS {
-            let v = value(&mut rng);
+            let v = rng.edge_u64();
             insns.push(Insn::new(OP_LDDW, r, 0, 0, v as u32 as i32));
             insns.push(Insn::new(0, 0, 0, 0, (v >> 32) as u32 as i32));
         }
@@ -460,13 +356,10 @@ fn ctx_diff(a: &[u8], b: &[u8]) -> String {
 }
 
 fn run_case(case: &Case, options: &LoadOptions) -> Result<(), String> {
-    let fd =
+    let kprog =
         kernel_load(&case.insns).map_err(|e| case.report(&format!("the kernel refuses it (generator bug): {e}")))?;
     let ctx = vec![0u8; CTX_LEN];
-    let kernel = kernel_run(fd, &ctx);
-    // SAFETY: `fd` is the program's descriptor, opened above and closed once.
-    unsafe { libc::close(fd) };
-    let (k_ret, k_ctx) = kernel.map_err(|e| case.report(&e))?;
+    let (k_ret, k_ctx) = kernel_run(&kprog, &ctx).map_err(|e| case.report(&e))?;
     let prog = match Program::load(&case.insns, options, None) {
         Ok(p) => Arc::new(p),
         Err(e) => return Err(case.report(&format!("the kernel accepts it, we refuse it: {e}"))),
@@ -494,23 +387,10 @@ fn run_case(case: &Case, options: &LoadOptions) -> Result<(), String> {
     if problems.is_empty() { Ok(()) } else { Err(case.report(&problems.join("\n  "))) }
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 #[test]
 fn random_programs_agree_with_the_kernel() {
-    let seed = match std::env::var("KDIFF_SEED").ok().as_deref() {
-        Some("time") => {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }
-        _ => env_u64("KDIFF_SEED").unwrap_or(DEFAULT_SEED),
-    };
-    let count = env_u64("KDIFF_COUNT").unwrap_or(DEFAULT_COUNT);
+    let seed = userbpf_testutil::seed_from_env("KDIFF_SEED", DEFAULT_SEED);
+    let count = userbpf_testutil::env_u64("KDIFF_COUNT").unwrap_or(DEFAULT_COUNT);
     let print = std::env::var_os("KDIFF_PRINT").is_some_and(|v| v != "0");
     let options = LoadOptions { helpers: Arc::new(HelperRegistry::new()), memory: None, allow_callx: false };
     let mut failures = Vec::new();

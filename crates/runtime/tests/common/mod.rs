@@ -51,3 +51,43 @@ pub fn run_args(obj: &LoadedObject, prog: &str, args: &[u64]) -> u64 {
     let info = userbpf_runtime::context::RunContext { regs: regs.as_mut_ptr() as u64, ..Default::default() };
     p.run(regs.as_mut_ptr(), regs.len(), info).unwrap().expect("run skipped")
 }
+
+/// The memory a test's program may touch besides its stack and context: what the helpers'
+/// registry holds (the registered maps' memory, as map lookups return it).
+pub struct Registered;
+
+impl userbpf_vm::MemoryPolicy for Registered {
+    fn allows(&self, addr: u64, len: u64, _write: bool) -> bool {
+        userbpf_runtime::helpers::registry_contains(addr, len)
+    }
+}
+
+/// `lddw dst, v` (a map's address, as a program of the tests refers to it).
+pub fn lddw(dst: u8, v: u64) -> [userbpf_isa::Insn; 2] {
+    [
+        userbpf_isa::Insn::new(0x18, dst, 0, 0, v as u32 as i32),
+        userbpf_isa::Insn::new(0, 0, 0, 0, (v >> 32) as u32 as i32),
+    ]
+}
+
+/// Runs `prog` once in the interpreter or (`jit`) the JIT, inside a run context holding a CPU
+/// slot, on a 64-byte packet of zeros (what the kernel's socket filters of the difference
+/// tests run on); its memory policy must allow what it touches besides ([`Registered`]).
+pub fn run_on_packet(prog: &Arc<userbpf_vm::Program>, jit: bool, slots: &CpuSlots) -> u64 {
+    let mut packet = [0u8; 64];
+    let g = userbpf_runtime::context::enter(slots, userbpf_runtime::context::RunContext::default()).unwrap();
+    let r = if jit {
+        let jit = userbpf_vm::JitProgram::compile(prog.clone()).unwrap();
+        // SAFETY: the tests' programs touch their stack, the packet and memory of registered
+        // maps (which the interpreter's policy checks when it runs them).
+        unsafe { jit.run(packet.as_mut_ptr() as u64, 0) }
+    } else {
+        userbpf_vm::Interpreter::new(prog.clone()).run(
+            packet.as_mut_ptr() as u64,
+            0,
+            &[userbpf_vm::Region::of_mut(&mut packet)],
+        )
+    };
+    drop(g);
+    r.unwrap()
+}

@@ -1,0 +1,138 @@
+//! Raw `bpf(2)` calls for the tests that compare userbpf with the kernel (its verifier, its
+//! interpreter and JIT, its maps and helpers): maps, programs and `BPF_PROG_TEST_RUN`, with
+//! `union bpf_attr` filled by the uapi's offsets.
+
+use std::io;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+const BPF_MAP_FREEZE: libc::c_long = 22;
+
+/// `BPF_PROG_TYPE_SOCKET_FILTER`: runs on a packet, may use every kind of map.
+pub const PROG_SOCKET_FILTER: u32 = 1;
+/// `BPF_PROG_TYPE_SYSCALL`: runs on a context buffer the kernel copies in and back out; must
+/// be sleepable ([`F_SLEEPABLE`]), and may then use only array and hash maps.
+pub const PROG_SYSCALL: u32 = 31;
+/// `BPF_F_SLEEPABLE`.
+pub const F_SLEEPABLE: u32 = 1 << 4;
+
+/// A `union bpf_attr` of 128 bytes, filled by offset.
+struct Attr([u64; 16]);
+
+impl Attr {
+    fn new() -> Attr {
+        Attr([0; 16])
+    }
+    fn u32(mut self, off: usize, v: u32) -> Attr {
+        let w = &mut self.0[off / 8];
+        let shift = (off % 8) * 8;
+        *w = (*w & !(0xffff_ffffu64 << shift)) | (v as u64) << shift;
+        self
+    }
+    fn u64(mut self, off: usize, v: u64) -> Attr {
+        self.0[off / 8] = v;
+        self
+    }
+    fn get_u32(&self, off: usize) -> u32 {
+        (self.0[off / 8] >> ((off % 8) * 8)) as u32
+    }
+    fn call(&mut self, cmd: libc::c_long) -> io::Result<libc::c_long> {
+        // SAFETY: the attribute is a `union bpf_attr` of 128 bytes whose pointers (set by the
+        // functions below from their arguments) point to live buffers of the sizes the command
+        // reads and writes.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), 128u32) };
+        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    }
+}
+
+/// A descriptor of the kernel's (a map or a program), closed when dropped.
+pub struct Fd(pub libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: a descriptor this process opened, closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// `BPF_MAP_CREATE`.
+pub fn map_create(map_type: u32, key_size: u32, value_size: u32, max_entries: u32, flags: u32) -> io::Result<Fd> {
+    let mut a = Attr::new().u32(0, map_type).u32(4, key_size).u32(8, value_size).u32(12, max_entries).u32(16, flags);
+    Ok(Fd(a.call(BPF_MAP_CREATE)? as libc::c_int))
+}
+
+/// `BPF_MAP_UPDATE_ELEM`.
+pub fn map_update(map: &Fd, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut a =
+        Attr::new().u32(0, map.0 as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_ptr() as u64).u64(24, flags);
+    a.call(BPF_MAP_UPDATE_ELEM).map(drop)
+}
+
+/// `BPF_MAP_LOOKUP_ELEM` into `value` (a per-CPU map's value for every possible CPU).
+pub fn map_lookup(map: &Fd, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    let mut a = Attr::new().u32(0, map.0 as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_mut_ptr() as u64);
+    a.call(BPF_MAP_LOOKUP_ELEM).map(drop)
+}
+
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` of a map without keys (a queue's or stack's pop).
+pub fn map_pop(map: &Fd, value: &mut [u8]) -> io::Result<()> {
+    let mut a = Attr::new().u32(0, map.0 as u32).u64(16, value.as_mut_ptr() as u64);
+    a.call(BPF_MAP_LOOKUP_AND_DELETE_ELEM).map(drop)
+}
+
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`) into `next`; false at
+/// the end.
+pub fn map_next_key(map: &Fd, key: Option<&[u8]>, next: &mut [u8]) -> bool {
+    let mut a = Attr::new().u32(0, map.0 as u32).u64(16, next.as_mut_ptr() as u64);
+    if let Some(k) = key {
+        a = a.u64(8, k.as_ptr() as u64);
+    }
+    a.call(BPF_MAP_GET_NEXT_KEY).is_ok()
+}
+
+/// `BPF_MAP_FREEZE`.
+pub fn map_freeze(map: &Fd) -> io::Result<()> {
+    Attr::new().u32(0, map.0 as u32).call(BPF_MAP_FREEZE).map(drop)
+}
+
+/// `BPF_PROG_LOAD` of `insns` (encoded), GPL, with the verifier's log at level 1: the
+/// program, or the error and the log.
+pub fn prog_load(prog_type: u32, insns: &[u8], flags: u32) -> Result<Fd, (io::Error, String)> {
+    let mut log = vec![0u8; 1 << 20];
+    let mut a = Attr::new()
+        .u32(0, prog_type)
+        .u32(4, (insns.len() / 8) as u32)
+        .u64(8, insns.as_ptr() as u64)
+        .u64(16, c"GPL".as_ptr() as u64)
+        .u32(24, 1)
+        .u32(28, log.len() as u32)
+        .u64(32, log.as_mut_ptr() as u64)
+        .u32(44, flags);
+    match a.call(BPF_PROG_LOAD) {
+        Ok(fd) => Ok(Fd(fd as libc::c_int)),
+        Err(e) => {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            Err((e, String::from_utf8_lossy(&log[..end]).into_owned()))
+        }
+    }
+}
+
+/// `BPF_PROG_TEST_RUN` on `packet`: the program's return value.
+pub fn test_run_packet(prog: &Fd, packet: &[u8]) -> io::Result<u32> {
+    let mut a = Attr::new().u32(0, prog.0 as u32).u32(8, packet.len() as u32).u64(16, packet.as_ptr() as u64);
+    a.call(BPF_PROG_TEST_RUN)?;
+    Ok(a.get_u32(4))
+}
+
+/// `BPF_PROG_TEST_RUN` with `ctx` as the context (copied in, and back out for the program
+/// types that write it): the program's return value (its low 32 bits).
+pub fn test_run_ctx(prog: &Fd, ctx: &mut [u8]) -> io::Result<u32> {
+    let mut a = Attr::new().u32(0, prog.0 as u32).u32(40, ctx.len() as u32).u64(48, ctx.as_mut_ptr() as u64);
+    a.call(BPF_PROG_TEST_RUN)?;
+    Ok(a.get_u32(4))
+}
