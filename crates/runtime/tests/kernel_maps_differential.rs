@@ -342,6 +342,9 @@ fn words(ctx: &[u8]) -> Vec<i64> {
 
 #[test]
 fn map_helpers_agree_with_the_kernel() {
+    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+        return;
+    }
     let seed = userbpf_testutil::seed_from_env("KMAPS_SEED", 0x6b6d_6170);
     let count = userbpf_testutil::env_u64("KMAPS_COUNT").unwrap_or(1000);
     let dir = TmpDir::new("kernel-maps-differential");

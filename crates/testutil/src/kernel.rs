@@ -21,6 +21,13 @@ pub const PROG_SYSCALL: u32 = 31;
 /// `BPF_F_SLEEPABLE`.
 pub const F_SLEEPABLE: u32 = 1 << 4;
 
+/// Whether this process may load programs into the kernel (it runs as root); the difference
+/// tests [`require`](crate::require) it.
+pub fn may_load() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// A `union bpf_attr` of 128 bytes, filled by offset.
 struct Attr([u64; 16]);
 

@@ -19,7 +19,10 @@ fn corpus() -> Vec<PathBuf> {
 
 #[test]
 fn corpus_verdicts_match_the_kernel() {
-    if !userbpf_testutil::require(common::is_root(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+    if !userbpf_testutil::require(
+        userbpf_testutil::kernel::may_load(),
+        "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))",
+    ) {
         return;
     }
     let files = corpus();
@@ -143,7 +146,10 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
 
 #[test]
 fn project_objects_match_the_kernel() {
-    if !userbpf_testutil::require(common::is_root(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+    if !userbpf_testutil::require(
+        userbpf_testutil::kernel::may_load(),
+        "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))",
+    ) {
         return;
     }
     let out = common::out_dir().join("project");

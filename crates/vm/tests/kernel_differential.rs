@@ -389,6 +389,9 @@ fn run_case(case: &Case, options: &LoadOptions) -> Result<(), String> {
 
 #[test]
 fn random_programs_agree_with_the_kernel() {
+    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+        return;
+    }
     let seed = userbpf_testutil::seed_from_env("KDIFF_SEED", DEFAULT_SEED);
     let count = userbpf_testutil::env_u64("KDIFF_COUNT").unwrap_or(DEFAULT_COUNT);
     let print = std::env::var_os("KDIFF_PRINT").is_some_and(|v| v != "0");

@@ -275,8 +275,3 @@ pub fn judge_object(path: &Path, shown: &str) -> Result<Vec<Verdicts>, String> {
 pub fn out_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("verifier-oracle")
 }
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
