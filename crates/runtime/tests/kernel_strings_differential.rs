@@ -1,4 +1,5 @@
-//! Differential testing of the string helpers against the kernel: `bpf_snprintf` with random
+//! Differential testing of the string helpers against the kernel: `bpf_strncmp` on strings
+//! sharing prefixes, `bpf_snprintf` with random
 //! format strings (every conversion the kernel knows and some it refuses, flags, widths,
 //! precisions, length modifiers, `%s` of strings in read-only memory, stray `%`) and
 //! arguments, and `bpf_strtol` / `bpf_strtoul` on random numbers (signs, bases and their
@@ -34,12 +35,13 @@ const OUT_LEN: usize = 16 + 256;
 const BPF_F_RDONLY_PROG: u32 = 1 << 7;
 const NOTHING: i32 = -12345;
 
-/// A case: the read-only bytes, then either snprintf's output size and arguments (a `None`
-/// argument is a pointer to the `%s` string with that index) or strtol's length and flags.
+/// A case's call: snprintf's output size and arguments, strtol's length and flags, or
+/// strncmp's length of its first string (the `%s` string 0; the second, constant, is 1).
 #[derive(Debug)]
 enum Call {
     Snprintf { size: i32, args: Vec<Arg> },
     Strtol { unsigned: bool, len: i32, flags: i32 },
+    Strncmp { len: i32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +162,16 @@ impl Case {
             let w = rng.pick(&words).as_bytes();
             ro[at..at + w.len()].copy_from_slice(w);
         }
-        let call = if rng.chance(1, 2) {
+        let call = if rng.chance(1, 3) {
+            // Strings that share prefixes, cases and bytes above 0x7f.
+            let words = ["", "a", "A", "hell", "hello", "help", "hello world", "hellO", "é", "\u{7f}", "\t"];
+            for at in &STR_AT[..2] {
+                ro[*at..*at + 64].fill(0);
+                let w = rng.pick(&words).as_bytes();
+                ro[*at..*at + w.len()].copy_from_slice(w);
+            }
+            Call::Strncmp { len: 1 + rng.below(64) as i32 }
+        } else if rng.chance(1, 2) {
             let (fmt, args) = format(&mut rng);
             let f = fmt.as_bytes();
             let f = &f[..f.len().min(STR_AT[0] - 1)];
@@ -231,6 +242,14 @@ impl Case {
                     p.push(mov_k(4, 0));
                 }
                 p.push(Insn::new(0x85, 0, 0, 0, 165));
+                p.push(Insn::new(0x7b, 6, 0, 0, 0));
+            }
+            Call::Strncmp { len } => {
+                p.extend(ro(STR_AT[1] as i32));
+                p.push(mov_x(3, 1));
+                p.extend(ro(STR_AT[0] as i32));
+                p.push(mov_k(2, *len));
+                p.push(Insn::new(0x85, 0, 0, 0, 182));
                 p.push(Insn::new(0x7b, 6, 0, 0, 0));
             }
             Call::Strtol { unsigned, len, flags } => {
@@ -389,7 +408,7 @@ fn string_helpers_agree_with_the_kernel() {
         }
     }
     println!(
-        "{count} calls of bpf_snprintf, bpf_strtol and bpf_strtoul (first seed {seed:#x}): the kernel refused {refused_at_load} formats when loading, {refused} calls with EINVAL"
+        "{count} calls of bpf_snprintf, bpf_strtol, bpf_strtoul and bpf_strncmp (first seed {seed:#x}): the kernel refused {refused_at_load} formats when loading, {refused} calls with EINVAL"
     );
     assert!(failures.is_empty(), "{} difference(s):\n\n{}", failures.len(), failures.join("\n\n"));
 }
