@@ -110,9 +110,15 @@ fn format(rng: &mut Rng) -> (String, Vec<Arg>) {
     if rng.chance(1, 32) {
         fmt.push('%');
     }
-    // Sometimes an argument too many or too few.
+    // Sometimes an argument too many or too few, or more than the helper takes (12: the
+    // kernel loads the program, the call fails).
     match rng.below(16) {
         0 => args.push(Arg::Value(rng.edge_u64())),
+        2 if rng.chance(1, 4) => {
+            while args.len() < 13 {
+                args.push(Arg::Value(rng.edge_u64()));
+            }
+        }
         1 => {
             args.pop();
         }

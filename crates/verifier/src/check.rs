@@ -838,7 +838,6 @@ impl Verifier<'_> {
         Ok(())
     }
 
-    /// The kernel's `check_helper_call`.
     /// `check_bpf_snprintf_call`: a format in a frozen map is checked when loading, with as
     /// many arguments as `data_len` (r5) gives; `data_len` must be a multiple of 8.
     fn check_snprintf_format(&self, st: &State, valid: fn(&[u8], usize) -> bool) -> Result<(), Fail> {
@@ -857,6 +856,7 @@ impl Verifier<'_> {
         Ok(())
     }
 
+    /// The kernel's `check_helper_call`.
     fn check_helper(&mut self, st: &mut State, pc: usize, id: i32) -> Result<Next, Fail> {
         let idu = id as u32;
         let Some(proto) = helpers::proto(idu) else {

@@ -784,12 +784,12 @@ unsafe extern "C" fn trace_vprintk(fmt: u64, fmt_size: u64, data: u64, data_len:
 /// Whether `fmt` is a format `bpf_snprintf` takes with `nargs` arguments (what the kernel's
 /// verifier checks of a constant format when loading): false where [`prepare`] refuses it as
 /// `-EINVAL` (the arguments' values do not matter to that; zeros stand for them).
+///
+/// More arguments than the helper takes (12) do not make the format invalid: the kernel loads
+/// such a program, and the call fails when run (`-EINVAL`, as here).
 pub fn snprintf_format_is_valid(fmt: &[u8], nargs: usize) -> bool {
-    if nargs > MAX_BPRINTF_VARARGS {
-        return false;
-    }
     let raw = [0u64; MAX_BPRINTF_VARARGS];
-    prepare(fmt, &raw[..nargs], &mut Args::new()) != Err(libc::EINVAL)
+    prepare(fmt, &raw[..nargs.min(MAX_BPRINTF_VARARGS)], &mut Args::new()) != Err(libc::EINVAL)
 }
 
 /// `long bpf_snprintf(str, str_size, fmt, data, data_len)`: the length of the whole output
