@@ -12,6 +12,7 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_FREEZE: libc::c_long = 22;
+const BPF_BTF_LOAD: libc::c_long = 18;
 
 /// `BPF_PROG_TYPE_SOCKET_FILTER`: runs on a packet, may use every kind of map.
 pub const PROG_SOCKET_FILTER: u32 = 1;
@@ -107,9 +108,63 @@ pub fn map_freeze(map: &Fd) -> io::Result<()> {
     Attr::new().u32(0, map.0 as u32).call(BPF_MAP_FREEZE).map(drop)
 }
 
+/// `BPF_BTF_LOAD` of the smallest BTF that names a program's functions, for programs whose
+/// subprograms the kernel wants described (callbacks, as `bpf_loop`'s): one `FUNC_PROTO`
+/// (no arguments, void) and a static `FUNC` per function. Its descriptor, and the `func_info`
+/// records (instruction offset, type id) for [`prog_load_with_funcs`].
+fn funcs_btf(starts: &[u32]) -> io::Result<(Fd, Vec<[u32; 2]>)> {
+    const BTF_KIND_FUNC: u32 = 12;
+    const BTF_KIND_FUNC_PROTO: u32 = 13;
+    let mut strings = vec![0u8];
+    let mut types: Vec<u32> = vec![0, BTF_KIND_FUNC_PROTO << 24, 0];
+    let mut infos = Vec::new();
+    for (i, &start) in starts.iter().enumerate() {
+        let name = strings.len() as u32;
+        strings.extend_from_slice(format!("f{i}").as_bytes());
+        strings.push(0);
+        types.extend([name, BTF_KIND_FUNC << 24, 1]);
+        infos.push([start, 2 + i as u32]);
+    }
+    let type_len = (types.len() * 4) as u32;
+    let mut btf = Vec::new();
+    btf.extend_from_slice(&0xeb9fu16.to_ne_bytes());
+    btf.extend_from_slice(&[1, 0]);
+    for v in [24u32, 0, type_len, type_len, strings.len() as u32] {
+        btf.extend_from_slice(&v.to_ne_bytes());
+    }
+    for t in types {
+        btf.extend_from_slice(&t.to_ne_bytes());
+    }
+    btf.extend_from_slice(&strings);
+    let mut a = Attr::new().u64(0, btf.as_ptr() as u64).u32(16, btf.len() as u32);
+    Ok((Fd(a.call(BPF_BTF_LOAD)? as libc::c_int), infos))
+}
+
+/// [`prog_load`] of a program whose functions start at `starts` (the main one at 0), with the
+/// BTF and `func_info` the kernel asks of programs that pass callbacks.
+pub fn prog_load_with_funcs(
+    prog_type: u32,
+    insns: &[u8],
+    flags: u32,
+    starts: &[u32],
+) -> Result<Fd, (io::Error, String)> {
+    let (btf, infos) = funcs_btf(starts).map_err(|e| (e, "BPF_BTF_LOAD".to_string()))?;
+    let funcs = (btf.0 as u32, infos);
+    prog_load_inner(prog_type, insns, flags, Some(&funcs))
+}
+
 /// `BPF_PROG_LOAD` of `insns` (encoded), GPL, with the verifier's log at level 1: the
 /// program, or the error and the log.
 pub fn prog_load(prog_type: u32, insns: &[u8], flags: u32) -> Result<Fd, (io::Error, String)> {
+    prog_load_inner(prog_type, insns, flags, None)
+}
+
+fn prog_load_inner(
+    prog_type: u32,
+    insns: &[u8],
+    flags: u32,
+    funcs: Option<&(u32, Vec<[u32; 2]>)>,
+) -> Result<Fd, (io::Error, String)> {
     let mut log = vec![0u8; 1 << 20];
     let mut a = Attr::new()
         .u32(0, prog_type)
@@ -120,6 +175,9 @@ pub fn prog_load(prog_type: u32, insns: &[u8], flags: u32) -> Result<Fd, (io::Er
         .u32(28, log.len() as u32)
         .u64(32, log.as_mut_ptr() as u64)
         .u32(44, flags);
+    if let Some((btf, infos)) = funcs {
+        a = a.u32(72, *btf).u32(76, 8).u64(80, infos.as_ptr() as u64).u32(88, infos.len() as u32);
+    }
     match a.call(BPF_PROG_LOAD) {
         Ok(fd) => Ok(Fd(fd as libc::c_int)),
         Err(e) => {
