@@ -18,11 +18,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Registered, lddw, run_on_packet};
+use common::{Registered, lddw};
 use userbpf_isa::{BPF_PSEUDO_FUNC, Insn};
-use userbpf_maps::{Map, MapSpec, MapType};
+use userbpf_maps::MapSpec;
 use userbpf_runtime::context::CpuSlots;
-use userbpf_runtime::helpers::{self, maps::register_map};
+use userbpf_runtime::helpers;
 use userbpf_testutil::kernel::{self, Fd};
 use userbpf_testutil::{Rng, TmpDir};
 use userbpf_vm::{LoadOptions, Program};
@@ -64,14 +64,7 @@ impl Case {
         // r7 = the packet's mark (0; the kernel's context is a __sk_buff, whose `mark` is at 8,
         // ours the packet itself): the flags added to it are unknown to the verifier.
         let mut p = vec![Insn::new(0x61, 7, 1, 8, 0)];
-        p.push(Insn::new(0x62, 10, 0, -20, 0)); // *(u32 *)(fp - 20) = 0
-        p.extend(out);
-        p.push(mov_x(2, 10));
-        p.push(add_k(2, -20));
-        p.push(Insn::new(0x85, 0, 0, 0, 1));
-        let null_check = p.len();
-        p.push(Insn::new(0x15, 0, 0, 0, 0)); // if r0 == 0 goto the end
-        p.push(mov_x(6, 0));
+        let null_check = common::output_frame_start(&mut p, out, -20);
         // The callback's context at fp - 16: the index to stop at, then the accumulator.
         p.extend(lddw_k(1, self.stop_at));
         p.push(Insn::new(0x7b, 10, 1, -16, 0));
@@ -89,11 +82,7 @@ impl Case {
         p.push(Insn::new(0x7b, 6, 0, 0, 0));
         p.push(Insn::new(0x79, 1, 10, -8, 0));
         p.push(Insn::new(0x7b, 6, 1, 8, 0));
-        p.push(mov_k(0, 0));
-        p.push(Insn::new(0x95, 0, 0, 0, 0));
-        p[null_check].off = (p.len() - null_check - 1) as i16;
-        p.push(mov_k(0, 1));
-        p.push(Insn::new(0x95, 0, 0, 0, 0));
+        common::output_frame_end(&mut p, null_check);
         // callback(index r1, ctx r2): acc = acc * 31 + index; 1 (stop) at the index drawn.
         p[func].imm = (p.len() - func - 1) as i32;
         p.push(Insn::new(0x79, 3, 2, 8, 0));
@@ -111,26 +100,10 @@ impl Case {
 
 #[test]
 fn bpf_loop_agrees_with_the_kernel() {
-    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
-        return;
-    }
-    let seed = userbpf_testutil::seed_from_env("KLOOP_SEED", 0x6b6c_6f6f);
-    let count = userbpf_testutil::env_u64("KLOOP_COUNT").unwrap_or(200);
-    let spec = MapSpec {
-        map_type: MapType::BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size: OUT_LEN as u32,
-        max_entries: 1,
-        map_flags: 0,
-        map_extra: 0,
-        name: "out".into(),
-    };
+    let Some((seed, count)) = kernel::fuzz_setup("KLOOP_SEED", 0x6b6c_6f6f, "KLOOP_COUNT", 200) else { return };
     let dir = TmpDir::new("kernel-loop-differential");
-    let out = Arc::new(Map::create(&dir.path("out"), &spec).unwrap());
-    out.set_id(1);
-    assert!(register_map(1, out.clone()));
-    let out_addr = Arc::as_ptr(&out) as u64;
-    let kout = kernel::map_create(2, 4, OUT_LEN as u32, 1, 0).expect("BPF_MAP_CREATE");
+    let out = common::Output::new(&dir, OUT_LEN, 1);
+    let kout = kernel_map(&common::Output::spec(OUT_LEN));
     let opts = LoadOptions { helpers: helpers::registry(), memory: Some(Arc::new(Registered)), allow_callx: false };
     let slots = CpuSlots::private().unwrap();
     let mut failures = Vec::new();
@@ -138,12 +111,9 @@ fn bpf_loop_agrees_with_the_kernel() {
         let case_seed = seed.wrapping_add(c);
         let case = Case::new(&mut Rng::new(case_seed));
         let k_out = kernel_run(&case, &kout);
-        let prog = Arc::new(Program::load(&case.program(lddw(1, out_addr)), &opts, None).unwrap());
+        let prog = Arc::new(Program::load(&case.program(lddw(1, out.addr)), &opts, None).unwrap());
         for (e, engine) in ["interpreter", "JIT"].iter().enumerate() {
-            out.update_elem(&0u32.to_ne_bytes(), &[0; OUT_LEN], 0).unwrap();
-            assert_eq!(run_on_packet(&prog, e == 1, &slots), 0, "{engine}");
-            let mut o = vec![0u8; OUT_LEN];
-            out.lookup_elem(&0u32.to_ne_bytes(), &mut o).unwrap();
+            let o = out.run(&prog, e == 1, &slots);
             if o != k_out {
                 let w = |b: &[u8], at: usize| i64::from_ne_bytes(b[at..at + 8].try_into().unwrap());
                 failures.push(format!(
@@ -163,18 +133,16 @@ fn bpf_loop_agrees_with_the_kernel() {
     assert!(failures.is_empty(), "{} difference(s):\n\n{}", failures.len(), failures.join("\n\n"));
 }
 
+fn kernel_map(spec: &MapSpec) -> Fd {
+    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
+        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}"))
+}
+
 /// Runs the case in the kernel as a socket filter: the output element.
 fn kernel_run(case: &Case, out: &Fd) -> Vec<u8> {
-    kernel::map_update(out, &0u32.to_ne_bytes(), &[0; OUT_LEN], 0).expect("zeroing the output element");
     let insns = case.program([Insn::new(0x18, 1, 1, 0, out.0), Insn::new(0, 0, 0, 0, 0)]);
     // The callback is the function after the main one's two exits.
     let callback = insns.iter().rposition(|i| i.op == 0x79 && i.dst == 3 && i.src == 2).unwrap() as u32;
-    let prog =
-        kernel::prog_load_with_funcs(kernel::PROG_SOCKET_FILTER, &userbpf_isa::encode(&insns), 0, &[0, callback])
-            .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"));
-    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
-    assert_eq!(ret, 0, "the kernel's run returned non-zero");
-    let mut value = vec![0u8; OUT_LEN];
-    kernel::map_lookup(out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
-    value
+    common::kernel_run_output(&insns, out, OUT_LEN, Some(&[0, callback]))
+        .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"))
 }

@@ -21,7 +21,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Registered, lddw, run_on_packet};
+use common::{Registered, lddw};
 use userbpf_isa::Insn;
 use userbpf_maps::{Map, MapSpec, MapType};
 use userbpf_runtime::context::CpuSlots;
@@ -142,14 +142,8 @@ fn program(kind: Kind, ops: &[Op], map: impl Fn() -> [Insn; 2], out: [Insn; 2]) 
     let st_dw = |off, k| Insn::new(0x7a, 10, 0, off, k);
     let st_w = |off, k| Insn::new(0x62, 10, 0, off, k);
     let stx_ctx = |off, r| Insn::new(0x7b, 6, r, off, 0);
-    let mut p = vec![st_w(-8, 0)];
-    p.extend(out);
-    p.push(mov_x(2, 10));
-    p.push(add_k(2, -8));
-    p.push(call(1));
-    let null_check = p.len();
-    p.push(Insn::new(0x15, 0, 0, 0, 0)); // if r0 == 0 goto the end (patched below)
-    p.push(mov_x(6, 0));
+    let mut p = Vec::new();
+    let null_check = common::output_frame_start(&mut p, out, -8);
     for (i, op) in ops.iter().enumerate() {
         let out = 16 * i as i16;
         let key = |p: &mut Vec<Insn>, key: u64| {
@@ -212,11 +206,7 @@ fn program(kind: Kind, ops: &[Op], map: impl Fn() -> [Insn; 2], out: [Insn; 2]) 
             }
         }
     }
-    p.push(mov_k(0, 0));
-    p.push(Insn::new(0x95, 0, 0, 0, 0));
-    p[null_check].off = (p.len() - null_check - 1) as i16;
-    p.push(mov_k(0, 1));
-    p.push(Insn::new(0x95, 0, 0, 0, 0));
+    common::output_frame_end(&mut p, null_check);
     p
 }
 
@@ -227,30 +217,9 @@ fn kernel_map(spec: &MapSpec) -> Fd {
         .unwrap_or_else(|e| panic!("BPF_MAP_CREATE {:?}: {e}", spec.map_type))
 }
 
-/// The output array, as the kernel and our maps both have it.
-fn out_spec() -> MapSpec {
-    MapSpec {
-        map_type: MapType::BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size: OUT_LEN as u32,
-        max_entries: 1,
-        map_flags: 0,
-        map_extra: 0,
-        name: "out".into(),
-    }
-}
-
-/// Runs `insns` in the kernel as a socket filter (`BPF_PROG_TEST_RUN` on a 64-byte packet of
-/// zeros: a program type that may use every map kind here) and returns the output element.
 fn kernel_run(insns: &[Insn], out: &Fd) -> Vec<u8> {
-    kernel::map_update(out, &0u32.to_ne_bytes(), &[0; OUT_LEN], 0).expect("zeroing the output element");
-    let prog = kernel::prog_load(kernel::PROG_SOCKET_FILTER, &userbpf_isa::encode(insns), 0)
-        .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"));
-    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
-    assert_eq!(ret, 0, "the kernel's run returned non-zero");
-    let mut value = vec![0u8; OUT_LEN];
-    kernel::map_lookup(out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
-    value
+    common::kernel_run_output(insns, out, OUT_LEN, None)
+        .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"))
 }
 
 /// A map's elements: each key with its value, or for the per-CPU kinds its values on every
@@ -342,11 +311,7 @@ fn words(ctx: &[u8]) -> Vec<i64> {
 
 #[test]
 fn map_helpers_agree_with_the_kernel() {
-    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
-        return;
-    }
-    let seed = userbpf_testutil::seed_from_env("KMAPS_SEED", 0x6b6d_6170);
-    let count = userbpf_testutil::env_u64("KMAPS_COUNT").unwrap_or(1000);
+    let Some((seed, count)) = kernel::fuzz_setup("KMAPS_SEED", 0x6b6d_6170, "KMAPS_COUNT", 1000) else { return };
     let dir = TmpDir::new("kernel-maps-differential");
     let kinds = [Kind::Hash, Kind::Array, Kind::PercpuHash, Kind::PercpuArray, Kind::Lpm, Kind::Queue, Kind::Stack];
     // Our maps, two of each kind (one per executor), registered once and emptied between cases.
@@ -363,11 +328,8 @@ fn map_helpers_agree_with_the_kernel() {
             })
         })
         .collect();
-    let our_out = Arc::new(Map::create(&dir.path("out"), &out_spec()).unwrap());
-    our_out.set_id(99);
-    assert!(register_map(99, our_out.clone()));
-    let out_addr = Arc::as_ptr(&our_out) as u64;
-    let kout = kernel_map(&out_spec());
+    let out = common::Output::new(&dir, OUT_LEN, 99);
+    let kout = kernel_map(&common::Output::spec(OUT_LEN));
     let opts = LoadOptions { helpers: helpers::registry(), memory: Some(Arc::new(Registered)), allow_callx: false };
     let slots = CpuSlots::private().unwrap();
     let mut failures = Vec::new();
@@ -394,14 +356,11 @@ fn map_helpers_agree_with_the_kernel() {
             let m = &ours[k][e];
             clear(m, kind);
             let addr = Arc::as_ptr(m) as u64;
-            our_out.update_elem(&0u32.to_ne_bytes(), &[0; OUT_LEN], 0).unwrap();
-            let insns = program(kind, &ops, || lddw(1, addr), lddw(1, out_addr));
+            let insns = program(kind, &ops, || lddw(1, addr), lddw(1, out.addr));
             let prog = Arc::new(Program::load(&insns, &opts, None).unwrap());
-            assert_eq!(run_on_packet(&prog, e == 1, &slots), 0, "{engine}");
-            let mut out = vec![0u8; OUT_LEN];
-            our_out.lookup_elem(&0u32.to_ne_bytes(), &mut out).unwrap();
+            let o = out.run(&prog, e == 1, &slots);
             let contents = our_contents(m, kind);
-            let (kw, ow) = (words(&k_out), words(&out));
+            let (kw, ow) = (words(&k_out), words(&o));
             let mut what = Vec::new();
             for (i, op) in ops.iter().enumerate() {
                 if kw[2 * i..2 * i + 2] != ow[2 * i..2 * i + 2] {

@@ -16,11 +16,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Registered, lddw, run_on_packet};
+use common::{Registered, lddw};
 use userbpf_isa::Insn;
-use userbpf_maps::{Map, MapSpec, MapType};
+use userbpf_maps::{MapSpec, MapType};
 use userbpf_runtime::context::CpuSlots;
-use userbpf_runtime::helpers::{self, maps::register_map};
+use userbpf_runtime::helpers;
 use userbpf_testutil::kernel::{self, Fd};
 use userbpf_testutil::{Rng, TmpDir};
 use userbpf_vm::{LoadOptions, Program};
@@ -214,14 +214,8 @@ impl Case {
         let mov_x = |d, s| Insn::new(0xbf, d, s, 0, 0);
         let mov_k = |d, k| Insn::new(0xb7, d, 0, 0, k);
         let add_k = |d, k| Insn::new(0x07, d, 0, 0, k);
-        let mut p = vec![Insn::new(0x62, 10, 0, -4, 0)]; // *(u32 *)(fp - 4) = 0
-        p.extend(out);
-        p.push(mov_x(2, 10));
-        p.push(add_k(2, -4));
-        p.push(Insn::new(0x85, 0, 0, 0, 1));
-        let null_check = p.len();
-        p.push(Insn::new(0x15, 0, 0, 0, 0)); // if r0 == 0 goto the end
-        p.push(mov_x(6, 0));
+        let mut p = Vec::new();
+        let null_check = common::output_frame_start(&mut p, out, -4);
         match &self.call {
             Call::Snprintf { size, args } => {
                 // The arguments at fp - 8 * 13 and up.
@@ -271,11 +265,7 @@ impl Case {
                 p.push(Insn::new(0x7b, 6, 7, 8, 0));
             }
         }
-        p.push(mov_k(0, 0));
-        p.push(Insn::new(0x95, 0, 0, 0, 0));
-        p[null_check].off = (p.len() - null_check - 1) as i16;
-        p.push(mov_k(0, 1));
-        p.push(Insn::new(0x95, 0, 0, 0, 0));
+        common::output_frame_end(&mut p, null_check);
         p
     }
 }
@@ -306,38 +296,26 @@ fn kernel_run(case: &Case) -> Result<Vec<u8>, String> {
     let ro = kernel_map(&array(RO_LEN, BPF_F_RDONLY_PROG));
     kernel::map_update(&ro, &0u32.to_ne_bytes(), &case.ro, 0).expect("BPF_MAP_UPDATE_ELEM");
     kernel::map_freeze(&ro).expect("BPF_MAP_FREEZE");
-    let out = kernel_map(&array(OUT_LEN, 0));
+    let out = kernel_map(&common::Output::spec(OUT_LEN));
     // BPF_PSEUDO_MAP_VALUE (src 2): the map's value at an offset; BPF_PSEUDO_MAP_FD (src 1).
     let insns = case.program(
         |off| [Insn::new(0x18, 1, 2, 0, ro.0), Insn::new(0, 0, 0, 0, off)],
         [Insn::new(0x18, 1, 1, 0, out.0), Insn::new(0, 0, 0, 0, 0)],
     );
-    let prog = match kernel::prog_load(kernel::PROG_SOCKET_FILTER, &userbpf_isa::encode(&insns), 0) {
-        Ok(p) => p,
-        Err((_, log)) if log.contains("Invalid format string") => return Err(log),
+    match common::kernel_run_output(&insns, &out, OUT_LEN, None) {
+        Ok(value) => Ok(value),
+        Err((_, log)) if log.contains("Invalid format string") => Err(log),
         Err((e, log)) => panic!("case seed {:#x}: the kernel refuses the program: {e}\n{log}", case.seed),
-    };
-    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
-    assert_eq!(ret, 0, "the kernel's run returned non-zero");
-    let mut value = vec![0u8; OUT_LEN];
-    kernel::map_lookup(&out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
-    Ok(value)
+    }
 }
 
 // ---- ours ----
 
 #[test]
 fn string_helpers_agree_with_the_kernel() {
-    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
-        return;
-    }
-    let seed = userbpf_testutil::seed_from_env("KSTR_SEED", 0x6b73_7472);
-    let count = userbpf_testutil::env_u64("KSTR_COUNT").unwrap_or(2000);
+    let Some((seed, count)) = kernel::fuzz_setup("KSTR_SEED", 0x6b73_7472, "KSTR_COUNT", 2000) else { return };
     let dir = TmpDir::new("kernel-strings-differential");
-    let out = Arc::new(Map::create(&dir.path("out"), &array(OUT_LEN, 0)).unwrap());
-    out.set_id(1);
-    assert!(register_map(1, out.clone()));
-    let out_addr = Arc::as_ptr(&out) as u64;
+    let out = common::Output::new(&dir, OUT_LEN, 1);
     let opts = LoadOptions { helpers: helpers::registry(), memory: Some(Arc::new(Registered)), allow_callx: false };
     let slots = CpuSlots::private().unwrap();
     let mut failures = Vec::new();
@@ -382,13 +360,10 @@ fn string_helpers_agree_with_the_kernel() {
         // Ours read the same bytes, from memory of the test's.
         let ro = case.ro.clone();
         let ro_addr = ro.as_ptr() as u64;
-        let insns = case.program(|off| lddw(1, ro_addr + off as u64), lddw(1, out_addr));
+        let insns = case.program(|off| lddw(1, ro_addr + off as u64), lddw(1, out.addr));
         let prog = Arc::new(Program::load(&insns, &opts, None).unwrap());
         for (e, engine) in ["interpreter", "JIT"].iter().enumerate() {
-            out.update_elem(&0u32.to_ne_bytes(), &[0; OUT_LEN], 0).unwrap();
-            assert_eq!(run_on_packet(&prog, e == 1, &slots), 0, "{engine}");
-            let mut o = vec![0u8; OUT_LEN];
-            out.lookup_elem(&0u32.to_ne_bytes(), &mut o).unwrap();
+            let o = out.run(&prog, e == 1, &slots);
             if o != k_out {
                 let word = |b: &[u8], at: usize| i64::from_ne_bytes(b[at..at + 8].try_into().unwrap());
                 let text = |b: &[u8]| String::from_utf8_lossy(&b[16..]).trim_end_matches('\0').to_string();

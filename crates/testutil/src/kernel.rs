@@ -29,6 +29,17 @@ pub fn may_load() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The start of a difference test's fuzz loop: `None` when this process may not load
+/// programs (the test then returns; see [`require`](crate::require)), else the first seed and
+/// the number of cases from the environment ([`seed_from_env`](crate::seed_from_env),
+/// `count_env`) or the defaults.
+pub fn fuzz_setup(seed_env: &str, default_seed: u64, count_env: &str, default_count: u64) -> Option<(u64, u64)> {
+    if !crate::require(may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+        return None;
+    }
+    Some((crate::seed_from_env(seed_env, default_seed), crate::env_u64(count_env).unwrap_or(default_count)))
+}
+
 /// A `union bpf_attr` of 128 bytes, filled by offset.
 struct Attr([u64; 16]);
 

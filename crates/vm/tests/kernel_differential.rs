@@ -444,11 +444,9 @@ fn run_case(case: &Case, options: &LoadOptions) -> Result<(), String> {
 
 #[test]
 fn random_programs_agree_with_the_kernel() {
-    if !userbpf_testutil::require(kernel::may_load(), "root, to load programs into the kernel (bpf(BPF_PROG_LOAD))") {
+    let Some((seed, count)) = kernel::fuzz_setup("KDIFF_SEED", DEFAULT_SEED, "KDIFF_COUNT", DEFAULT_COUNT) else {
         return;
-    }
-    let seed = userbpf_testutil::seed_from_env("KDIFF_SEED", DEFAULT_SEED);
-    let count = userbpf_testutil::env_u64("KDIFF_COUNT").unwrap_or(DEFAULT_COUNT);
+    };
     let print = std::env::var_os("KDIFF_PRINT").is_some_and(|v| v != "0");
     let options = LoadOptions { helpers: Arc::new(HelperRegistry::new()), memory: None, allow_callx: false };
     let mut failures = Vec::new();

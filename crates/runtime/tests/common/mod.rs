@@ -91,3 +91,97 @@ pub fn run_on_packet(prog: &Arc<userbpf_vm::Program>, jit: bool, slots: &CpuSlot
     drop(g);
     r.unwrap()
 }
+
+/// The start of a difference test's program: element 0 of the output array (`out` loads its
+/// reference into r1; the key at `fp + key_at`) in r6. Returns where the null check is, for
+/// [`output_frame_end`].
+pub fn output_frame_start(p: &mut Vec<userbpf_isa::Insn>, out: [userbpf_isa::Insn; 2], key_at: i16) -> usize {
+    use userbpf_isa::Insn;
+    p.push(Insn::new(0x62, 10, 0, key_at, 0)); // *(u32 *)(fp + key_at) = 0
+    p.extend(out);
+    p.push(Insn::new(0xbf, 2, 10, 0, 0));
+    p.push(Insn::new(0x07, 2, 0, 0, i32::from(key_at)));
+    p.push(Insn::new(0x85, 0, 0, 0, 1)); // map_lookup_elem
+    let null_check = p.len();
+    p.push(Insn::new(0x15, 0, 0, 0, 0)); // if r0 == 0 goto the end (set by output_frame_end)
+    p.push(Insn::new(0xbf, 6, 0, 0, 0));
+    null_check
+}
+
+/// The end of a difference test's program: returns 0, or 1 where the output element was not
+/// found (the null check's target).
+pub fn output_frame_end(p: &mut Vec<userbpf_isa::Insn>, null_check: usize) {
+    use userbpf_isa::Insn;
+    p.push(Insn::new(0xb7, 0, 0, 0, 0));
+    p.push(Insn::new(0x95, 0, 0, 0, 0));
+    p[null_check].off = (p.len() - null_check - 1) as i16;
+    p.push(Insn::new(0xb7, 0, 0, 0, 1));
+    p.push(Insn::new(0x95, 0, 0, 0, 0));
+}
+
+/// Runs `insns` in the kernel as a socket filter (`BPF_PROG_TEST_RUN` on a 64-byte packet of
+/// zeros: a program type that may use every map kind and the callbacks of these tests; with
+/// `funcs`, the functions' starts for the BTF callbacks need) after zeroing element 0 of the
+/// kernel's output array `out`, and returns that element. `Err`: the kernel refused the
+/// program (the error and the verifier's log).
+pub fn kernel_run_output(
+    insns: &[userbpf_isa::Insn],
+    out: &userbpf_testutil::kernel::Fd,
+    out_len: usize,
+    funcs: Option<&[u32]>,
+) -> Result<Vec<u8>, (std::io::Error, String)> {
+    use userbpf_testutil::kernel;
+    kernel::map_update(out, &0u32.to_ne_bytes(), &vec![0; out_len], 0).expect("zeroing the output element");
+    let code = userbpf_isa::encode(insns);
+    let prog = match funcs {
+        Some(starts) => kernel::prog_load_with_funcs(kernel::PROG_SOCKET_FILTER, &code, 0, starts)?,
+        None => kernel::prog_load(kernel::PROG_SOCKET_FILTER, &code, 0)?,
+    };
+    let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
+    assert_eq!(ret, 0, "the kernel's run returned non-zero");
+    let mut value = vec![0u8; out_len];
+    kernel::map_lookup(out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
+    Ok(value)
+}
+
+/// The output array of a difference test's programs on our side (one element of `len`
+/// bytes, registered for the helpers), and the spec the kernel's twin is made from.
+pub struct Output {
+    pub map: Arc<userbpf_maps::Map>,
+    /// The map's address, as the programs load it.
+    pub addr: u64,
+    len: usize,
+}
+
+impl Output {
+    pub fn spec(len: usize) -> userbpf_maps::MapSpec {
+        userbpf_maps::MapSpec {
+            map_type: userbpf_maps::MapType::BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: len as u32,
+            max_entries: 1,
+            map_flags: 0,
+            map_extra: 0,
+            name: "out".into(),
+        }
+    }
+
+    /// Creates it in `dir` and registers it under `id`.
+    pub fn new(dir: &userbpf_testutil::TmpDir, len: usize, id: u32) -> Output {
+        let map = Arc::new(userbpf_maps::Map::create(&dir.path("out"), &Output::spec(len)).unwrap());
+        map.set_id(id);
+        assert!(userbpf_runtime::helpers::maps::register_map(id, map.clone()));
+        let addr = Arc::as_ptr(&map) as u64;
+        Output { map, addr, len }
+    }
+
+    /// Zeroes the element, runs `prog` ([`run_on_packet`]: it must return 0) and returns the
+    /// element.
+    pub fn run(&self, prog: &Arc<userbpf_vm::Program>, jit: bool, slots: &CpuSlots) -> Vec<u8> {
+        self.map.update_elem(&0u32.to_ne_bytes(), &vec![0; self.len], 0).unwrap();
+        assert_eq!(run_on_packet(prog, jit, slots), 0, "{}", if jit { "JIT" } else { "interpreter" });
+        let mut o = vec![0u8; self.len];
+        self.map.lookup_elem(&0u32.to_ne_bytes(), &mut o).unwrap();
+        o
+    }
+}
