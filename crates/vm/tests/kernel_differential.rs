@@ -27,6 +27,8 @@
 //!   seed N + i);
 //! - `KDIFF_COUNT=N`: number of cases (default 3000, about 2 s; 200,000 took 90 s);
 //! - `KDIFF_PRINT=1`: print each program before running it;
+//! - `KDIFF_KERNEL_QUIRKS=1`: do not steer around the kernel's departures from the ISA (the
+//!   test then finds them, reduced to reproducers);
 //! - `KDIFF_DUMP=FILE`, `KDIFF_DUMP_REDUCED=FILE`: write the last case's program, or the last
 //!   failing case's reduced program, as raw instructions (for `bpftool` and the verifier's log
 //!   at level 2).
@@ -91,13 +93,27 @@ fn stack_off(rng: &mut Rng, size: i16) -> i16 {
     -(size * (1 + rng.below((STACK / size) as u64) as i16))
 }
 
+/// `KDIFF_KERNEL_QUIRKS=1`: the generator does not steer around the kernel's departures from
+/// the ISA (see [`body_insn`]), so that the test finds them again and reduces them to
+/// reproducers (for a report, or to see whether a kernel still has them).
+fn quirks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("KDIFF_KERNEL_QUIRKS").is_some_and(|v| v != "0"))
+}
+
 /// An aligned stack offset for a store of `size` bytes: below the atomics' words.
 fn store_off(rng: &mut Rng, size: i16) -> i16 {
+    if quirks() {
+        return stack_off(rng, size);
+    }
     -ATOMIC_BYTES - size * rng.below(((STACK - ATOMIC_BYTES) / size) as u64) as i16 - size
 }
 
 /// An aligned stack offset for an atomic operation of `size` bytes: in the atomics' words.
 fn atomic_off(rng: &mut Rng, size: i16) -> i16 {
+    if quirks() {
+        return stack_off(rng, size);
+    }
     -(size * (1 + rng.below((ATOMIC_BYTES / size) as u64) as i16))
 }
 
@@ -131,7 +147,7 @@ fn size_code(size: i16) -> u8 {
 ///   on every path).
 fn body_insn(rng: &mut Rng, pc: usize, end: usize, branches: &mut usize) -> Vec<Insn> {
     let one = body_one(rng, pc, end, branches);
-    if is_cmpxchg32(one) {
+    if is_cmpxchg32(one) && !quirks() {
         if pc + 2 <= end {
             return vec![Insn::new(BPF_ALU | BPF_MOV | BPF_X, 0, 0, 0, 0), one];
         }
@@ -261,7 +277,7 @@ fn frame_prologue(rng: &mut Rng, insns: &mut Vec<Insn>, regs: &[u8]) {
     for k in 1..=STACK / 8 {
         insns.push(Insn::new(BPF_STX | BPF_MEM | BPF_DW, 10, rng.pick(regs), -8 * k, 0));
     }
-    for k in 1..=ATOMIC_BYTES / 8 {
+    for k in (1..=ATOMIC_BYTES / 8).filter(|_| !quirks()) {
         insns.push(Insn::new(BPF_STX | BPF_ATOMIC | BPF_DW, 10, rng.pick(regs), -8 * k, BPF_ADD as i32));
     }
 }
@@ -293,7 +309,7 @@ fn body(rng: &mut Rng, insns: &mut Vec<Insn>, end: usize, mut calls: Option<&mut
         let i = insns[pc];
         if i.class() == BPF_JMP || i.class() == BPF_JMP32 {
             let target = (pc as i64 + 1 + i64::from(i.off)) as usize;
-            if target < end && is_cmpxchg32(insns[target]) {
+            if target < end && is_cmpxchg32(insns[target]) && !quirks() {
                 insns[pc].off -= 1;
             }
         }
