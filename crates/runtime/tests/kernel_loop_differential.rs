@@ -20,7 +20,6 @@ use std::sync::Arc;
 
 use common::{Registered, lddw};
 use userbpf_isa::{BPF_PSEUDO_FUNC, Insn};
-use userbpf_maps::MapSpec;
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::helpers;
 use userbpf_testutil::kernel::{self, Fd};
@@ -103,7 +102,7 @@ fn bpf_loop_agrees_with_the_kernel() {
     let Some((seed, count)) = kernel::fuzz_setup("KLOOP_SEED", 0x6b6c_6f6f, "KLOOP_COUNT", 200) else { return };
     let dir = TmpDir::new("kernel-loop-differential");
     let out = common::Output::new(&dir, OUT_LEN, 1);
-    let kout = kernel_map(&common::Output::spec(OUT_LEN));
+    let kout = common::kernel_map(&common::Output::spec(OUT_LEN));
     let opts = LoadOptions { helpers: helpers::registry(), memory: Some(Arc::new(Registered)), allow_callx: false };
     let slots = CpuSlots::private().unwrap();
     let mut failures = Vec::new();
@@ -131,11 +130,6 @@ fn bpf_loop_agrees_with_the_kernel() {
     }
     println!("{count} bpf_loop calls (first seed {seed:#x}) run by the kernel, the interpreter and the JIT");
     assert!(failures.is_empty(), "{} difference(s):\n\n{}", failures.len(), failures.join("\n\n"));
-}
-
-fn kernel_map(spec: &MapSpec) -> Fd {
-    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
-        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}"))
 }
 
 /// Runs the case in the kernel as a socket filter: the output element.

@@ -212,11 +212,6 @@ fn program(kind: Kind, ops: &[Op], map: impl Fn() -> [Insn; 2], out: [Insn; 2]) 
 
 // ---- the kernel's side ----
 
-fn kernel_map(spec: &MapSpec) -> Fd {
-    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
-        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE {:?}: {e}", spec.map_type))
-}
-
 fn kernel_run(insns: &[Insn], out: &Fd) -> Vec<u8> {
     common::kernel_run_output(insns, out, OUT_LEN, None)
         .unwrap_or_else(|(e, log)| panic!("the kernel refuses the program: {e}\n{log}"))
@@ -235,24 +230,17 @@ fn values(buf: &[u8]) -> Vec<u64> {
 
 /// The kernel map's [`Contents`] (a queue or stack is emptied).
 fn kernel_contents(fd: &Fd, kind: Kind) -> Contents {
-    let mut out = Vec::new();
-    let mut value = vec![0u8; kind.value_len()];
     if !kind.keyed() {
+        let mut out = Vec::new();
+        let mut value = vec![0u8; kind.value_len()];
         while kernel::map_pop(fd, &mut value).is_ok() {
             out.push((Vec::new(), values(&value)));
         }
         return out;
     }
-    let mut key: Option<Vec<u8>> = None;
-    loop {
-        let mut next = vec![0u8; kind.spec().key_size as usize];
-        if !kernel::map_next_key(fd, key.as_deref(), &mut next) {
-            break;
-        }
-        kernel::map_lookup(fd, &next, &mut value).expect("lookup of a key get_next_key gave");
-        out.push((next.clone(), values(&value)));
-        key = Some(next);
-    }
+    let entries = userbpf_kernel::sys::entries(fd.0, kind.spec().key_size as usize, kind.value_len());
+    let mut out: Contents =
+        entries.expect("the kernel map's elements").into_iter().map(|(k, v)| (k, values(&v))).collect();
     out.sort();
     out
 }
@@ -329,7 +317,7 @@ fn map_helpers_agree_with_the_kernel() {
         })
         .collect();
     let out = common::Output::new(&dir, OUT_LEN, 99);
-    let kout = kernel_map(&common::Output::spec(OUT_LEN));
+    let kout = common::kernel_map(&common::Output::spec(OUT_LEN));
     let opts = LoadOptions { helpers: helpers::registry(), memory: Some(Arc::new(Registered)), allow_callx: false };
     let slots = CpuSlots::private().unwrap();
     let mut failures = Vec::new();
@@ -341,7 +329,7 @@ fn map_helpers_agree_with_the_kernel() {
         let k = rng.below(kinds.len() as u64) as usize;
         let kind = kinds[k];
         let ops = draw_ops(&mut rng, kind);
-        let kmap = kernel_map(&kind.spec());
+        let kmap = common::kernel_map(&kind.spec());
         // BPF_PSEUDO_MAP_FD loads of the kernel's maps.
         let kref = |fd: &Fd| [Insn::new(0x18, 1, 1, 0, fd.0), Insn::new(0, 0, 0, 0, 0)];
         let k_out = kernel_run(&program(kind, &ops, || kref(&kmap), kref(&kout)), &kout);

@@ -21,7 +21,7 @@ use userbpf_isa::Insn;
 use userbpf_maps::{MapSpec, MapType};
 use userbpf_runtime::context::CpuSlots;
 use userbpf_runtime::helpers;
-use userbpf_testutil::kernel::{self, Fd};
+use userbpf_testutil::kernel;
 use userbpf_testutil::{Rng, TmpDir};
 use userbpf_vm::{LoadOptions, Program};
 
@@ -284,19 +284,14 @@ fn array(value_size: usize, flags: u32) -> MapSpec {
     }
 }
 
-fn kernel_map(spec: &MapSpec) -> Fd {
-    kernel::map_create(spec.map_type as u32, spec.key_size, spec.value_size, spec.max_entries, spec.map_flags)
-        .unwrap_or_else(|e| panic!("BPF_MAP_CREATE: {e}"))
-}
-
 /// Runs the case in the kernel: its output element, or `Err` when the verifier refuses the
 /// program for its format string (which it checks when loading, as a constant).
 fn kernel_run(case: &Case) -> Result<Vec<u8>, String> {
     // The read-only strings, frozen (`bpf_snprintf` takes its format only from such a map).
-    let ro = kernel_map(&array(RO_LEN, BPF_F_RDONLY_PROG));
-    kernel::map_update(&ro, &0u32.to_ne_bytes(), &case.ro, 0).expect("BPF_MAP_UPDATE_ELEM");
+    let ro = common::kernel_map(&array(RO_LEN, BPF_F_RDONLY_PROG));
+    userbpf_kernel::sys::update(ro.0, &0u32.to_ne_bytes(), &case.ro, 0).expect("BPF_MAP_UPDATE_ELEM");
     kernel::map_freeze(&ro).expect("BPF_MAP_FREEZE");
-    let out = kernel_map(&common::Output::spec(OUT_LEN));
+    let out = common::kernel_map(&common::Output::spec(OUT_LEN));
     // BPF_PSEUDO_MAP_VALUE (src 2): the map's value at an offset; BPF_PSEUDO_MAP_FD (src 1).
     let insns = case.program(
         |off| [Insn::new(0x18, 1, 2, 0, ro.0), Insn::new(0, 0, 0, 0, off)],

@@ -31,15 +31,6 @@ use userbpf_verifier::{MapInfo, Options, ProgType};
 /// Helpers whose runs act on this process (signals, writes to its memory, its return path).
 const NOT_RUN: &[i32] = &[36, 58, 109, 117];
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16).ok(),
-        None => v.parse().ok(),
-    }
-}
-
 /// Opcodes of every valid instruction form (as [`random_insn`] draws them).
 fn opcodes() -> Vec<u8> {
     let mut v = Vec::new();
@@ -257,8 +248,8 @@ fn verifier_fuzz_program_mutants_never_panic_and_accepted_ones_never_fault() {
         (0..212).filter(|&id| userbpf_verifier::helpers::proto(id).is_some()).map(|id| id as i32).collect();
     let slots = Arc::new(CpuSlots::open(&session.layout().cpus()).unwrap());
     let registry = userbpf_runtime::helpers::registry();
-    let count = env_u64("USERBPF_VERIFY_FUZZ_COUNT").unwrap_or(10_000);
-    let seed = env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x5eed_f022);
+    let count = userbpf_testutil::env_u64("USERBPF_VERIFY_FUZZ_COUNT").unwrap_or(10_000);
+    let seed = userbpf_testutil::env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x5eed_f022);
     // A readable string for the programs reading user memory through a context argument.
     let text = *b"fuzzing the verifier\0\0\0\0\0\0\0\0\0\0\0\0";
     let started = std::time::Instant::now();
@@ -370,8 +361,8 @@ fn verifier_fuzz_program_mutants_never_panic_and_accepted_ones_never_fault() {
 fn verifier_fuzz_mutated_objects_are_refused_with_an_error() {
     let path = common::compile("fuzz_seed");
     let obj = std::fs::read(&path).unwrap();
-    let count = env_u64("USERBPF_VERIFY_FUZZ_OBJECTS").unwrap_or(2000);
-    let mut rng = Rng::new(env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x00b1_ec75));
+    let count = userbpf_testutil::env_u64("USERBPF_VERIFY_FUZZ_OBJECTS").unwrap_or(2000);
+    let mut rng = Rng::new(userbpf_testutil::env_u64("USERBPF_VERIFY_FUZZ_SEED").unwrap_or(0x00b1_ec75));
     let (mut parsed, mut refused_by_loader, mut verified, mut refused_by_verifier) = (0u64, 0u64, 0u64, 0u64);
     for k in 0..count {
         let mut b = obj.clone();

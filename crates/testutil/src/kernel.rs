@@ -1,13 +1,11 @@
 //! Raw `bpf(2)` calls for the tests that compare userbpf with the kernel (its verifier, its
-//! interpreter and JIT, its maps and helpers): maps, programs and `BPF_PROG_TEST_RUN`, with
-//! `union bpf_attr` filled by the uapi's offsets.
+//! interpreter and JIT, its maps and helpers): map creation, freezing and pops, programs and
+//! `BPF_PROG_TEST_RUN`, with `union bpf_attr` filled by the uapi's offsets. A map's element
+//! lookups, updates and iteration are `userbpf_kernel::sys`'s.
 
 use std::io;
 
 const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
@@ -85,33 +83,10 @@ pub fn map_create(map_type: u32, key_size: u32, value_size: u32, max_entries: u3
     Ok(Fd(a.call(BPF_MAP_CREATE)? as libc::c_int))
 }
 
-/// `BPF_MAP_UPDATE_ELEM`.
-pub fn map_update(map: &Fd, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
-    let mut a =
-        Attr::new().u32(0, map.0 as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_ptr() as u64).u64(24, flags);
-    a.call(BPF_MAP_UPDATE_ELEM).map(drop)
-}
-
-/// `BPF_MAP_LOOKUP_ELEM` into `value` (a per-CPU map's value for every possible CPU).
-pub fn map_lookup(map: &Fd, key: &[u8], value: &mut [u8]) -> io::Result<()> {
-    let mut a = Attr::new().u32(0, map.0 as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_mut_ptr() as u64);
-    a.call(BPF_MAP_LOOKUP_ELEM).map(drop)
-}
-
 /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` of a map without keys (a queue's or stack's pop).
 pub fn map_pop(map: &Fd, value: &mut [u8]) -> io::Result<()> {
     let mut a = Attr::new().u32(0, map.0 as u32).u64(16, value.as_mut_ptr() as u64);
     a.call(BPF_MAP_LOOKUP_AND_DELETE_ELEM).map(drop)
-}
-
-/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`) into `next`; false at
-/// the end.
-pub fn map_next_key(map: &Fd, key: Option<&[u8]>, next: &mut [u8]) -> bool {
-    let mut a = Attr::new().u32(0, map.0 as u32).u64(16, next.as_mut_ptr() as u64);
-    if let Some(k) = key {
-        a = a.u64(8, k.as_ptr() as u64);
-    }
-    a.call(BPF_MAP_GET_NEXT_KEY).is_ok()
 }
 
 /// `BPF_MAP_FREEZE`.

@@ -145,13 +145,19 @@ impl Rng {
     }
 }
 
-/// The number in environment variable `name`, decimal or `0x` hex.
+/// The number in environment variable `name`, decimal or `0x` hex; `None` when it is unset.
+///
+/// # Panics
+/// When it is set to something else than a number (a test run with a mistyped seed or count
+/// must not quietly run the default).
 pub fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
+    let v = v.trim();
+    let parsed = match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => v.parse(),
+    };
+    Some(parsed.unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
 }
 
 /// A fuzz loop's first seed: environment variable `name` as a number ([`env_u64`]), or

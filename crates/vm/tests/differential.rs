@@ -1090,16 +1090,6 @@ fn install_crash_reporter() {
     });
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    let parsed = match v.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => v.parse(),
-    };
-    Some(parsed.unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
 struct Case {
     seed: u64,
     insns: Vec<Insn>,
@@ -1203,13 +1193,10 @@ fn run_case(case: &Case, options: &LoadOptions, stats: &mut Stats) -> Result<(),
 }
 
 fn seeds(default_count: u64) -> (u64, u64) {
-    let seed = match std::env::var("DIFF_SEED").ok().as_deref() {
-        Some("time") => {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }
-        _ => env_u64("DIFF_SEED").unwrap_or(DEFAULT_SEED),
-    };
-    (seed, env_u64("DIFF_COUNT").unwrap_or(default_count))
+    (
+        userbpf_testutil::seed_from_env("DIFF_SEED", DEFAULT_SEED),
+        userbpf_testutil::env_u64("DIFF_COUNT").unwrap_or(default_count),
+    )
 }
 
 /// What a register holds, for [`check_registers`].

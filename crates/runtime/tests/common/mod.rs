@@ -131,7 +131,7 @@ pub fn kernel_run_output(
     funcs: Option<&[u32]>,
 ) -> Result<Vec<u8>, (std::io::Error, String)> {
     use userbpf_testutil::kernel;
-    kernel::map_update(out, &0u32.to_ne_bytes(), &vec![0; out_len], 0).expect("zeroing the output element");
+    userbpf_kernel::sys::update(out.0, &0u32.to_ne_bytes(), &vec![0; out_len], 0).expect("zeroing the output element");
     let code = userbpf_isa::encode(insns);
     let prog = match funcs {
         Some(starts) => kernel::prog_load_with_funcs(kernel::PROG_SOCKET_FILTER, &code, 0, starts)?,
@@ -140,7 +140,7 @@ pub fn kernel_run_output(
     let ret = kernel::test_run_packet(&prog, &[0; 64]).unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e}"));
     assert_eq!(ret, 0, "the kernel's run returned non-zero");
     let mut value = vec![0u8; out_len];
-    kernel::map_lookup(out, &0u32.to_ne_bytes(), &mut value).expect("the output element");
+    userbpf_kernel::sys::lookup(out.0, &0u32.to_ne_bytes(), &mut value).expect("the output element");
     Ok(value)
 }
 
@@ -184,4 +184,16 @@ impl Output {
         self.map.lookup_elem(&0u32.to_ne_bytes(), &mut o).unwrap();
         o
     }
+}
+
+/// The kernel's map of `spec` (`BPF_MAP_CREATE`).
+pub fn kernel_map(spec: &userbpf_maps::MapSpec) -> userbpf_testutil::kernel::Fd {
+    userbpf_testutil::kernel::map_create(
+        spec.map_type as u32,
+        spec.key_size,
+        spec.value_size,
+        spec.max_entries,
+        spec.map_flags,
+    )
+    .unwrap_or_else(|e| panic!("BPF_MAP_CREATE {:?}: {e}", spec.map_type))
 }
